@@ -1,0 +1,40 @@
+// engine/layer.hpp — a GNN layer: what it holds, forward, backward. No autograd tape: each layer
+// keeps what its backward needs from the last training forward.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/graph.hpp"
+#include "engine/tensor.hpp"
+
+namespace gale::engine {
+
+struct Parameter {
+  std::string name;   // unique within a model, e.g. "layers.0.weight"; checkpoints key on it
+  Tensor value;
+  Tensor grad;        // same shape; accumulated by backward, zeroed by Model::zero_grad
+};
+
+struct ForwardContext {
+  bool training = false;
+  uint64_t rng_key = 0;   // per step and layer; attention dropout draws from it
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual std::string kind() const = 0;
+  virtual int64_t in_dim() const = 0;
+  virtual int64_t out_dim() const = 0;
+  // x: num_src x in_dim. Returns num_dst x out_dim.
+  virtual Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) = 0;
+  // grad_out: num_dst x out_dim, for the last training forward. Accumulates parameter gradients;
+  // returns the num_src x in_dim input gradient when need_input_grad, else an undefined Tensor.
+  virtual Tensor backward(const GraphOperand& g, const Tensor& grad_out, bool need_input_grad) = 0;
+  virtual std::vector<Parameter*> parameters() = 0;
+};
+
+}  // namespace gale::engine

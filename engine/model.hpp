@@ -1,0 +1,84 @@
+// engine/model.hpp — a stack of GNN layers with activation and dropout between them, the loss,
+// and Adam. What the trainer drives; the layers themselves live in engine/layers/.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/graph.hpp"
+#include "engine/layer.hpp"
+#include "engine/tensor.hpp"
+
+namespace gale::engine {
+
+enum class Activation { kRelu, kElu };
+
+struct ModelConfig {
+  std::string model = "sage";     // gcn | sage | gin | gat
+  int layers = 2;
+  int64_t in_dim = 0;
+  int64_t hidden = 16;
+  int64_t out_dim = 0;            // classes
+  int heads = 8;                  // GAT: hidden layers have `heads` heads of `hidden` features each,
+                                  // concatenated; the output layer has one head (as PyG's example)
+  float dropout = 0.5f;           // on the input of every layer (PyG examples' placement)
+  float attn_dropout = 0.6f;      // GAT attention coefficients
+  Activation activation = Activation::kRelu;  // between layers (GAT examples use ELU)
+  float gin_eps = 0.0f;           // GIN: (1 + eps) * x_i + sum_j x_j
+  int gin_mlp_layers = 2;         // GIN's MLP depth (Linear-ReLU-Linear)
+};
+
+// Builds the model with Glorot-uniform weights and zero biases drawn from `seed`.
+class Model {
+ public:
+  Model(const ModelConfig& config, uint64_t seed);
+  const ModelConfig& config() const { return config_; }
+
+  // One graph per layer (the same full graph for all, or the sampled blocks outermost first).
+  // x: graphs[0]->num_src x in_dim. Returns graphs.back()->num_dst x out_dim logits.
+  Tensor forward(const std::vector<const GraphOperand*>& graphs, const Tensor& x, bool training,
+                 uint64_t rng_key);
+  // Backpropagates d(loss)/d(logits) through the last training forward.
+  void backward(const Tensor& grad_logits);
+
+  std::vector<Parameter*> parameters();
+  void zero_grad();
+  int64_t num_parameters();
+
+ private:
+  ModelConfig config_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  // Saved by forward for backward: per layer, its input after dropout, dropout key, pre-activation.
+  struct Saved;
+  std::vector<std::shared_ptr<Saved>> saved_;
+  std::vector<const GraphOperand*> graphs_;
+};
+
+// Mean softmax cross-entropy over `rows` of logits (labels indexed by row). Writes
+// d(loss)/d(logits) into grad (zero for rows not listed) when grad is non-null; returns the loss.
+// `correct`, when non-null, receives how many of those rows are argmax-correct.
+double softmax_cross_entropy(const Tensor& logits, const int32_t* labels,
+                             const std::vector<int64_t>& rows, Tensor* grad, int64_t* correct);
+
+// Adam with L2 weight decay added to the gradient (torch.optim.Adam's weight_decay).
+class Adam {
+ public:
+  Adam(std::vector<Parameter*> params, float lr, float weight_decay, float beta1 = 0.9f,
+       float beta2 = 0.999f, float eps = 1e-8f);
+  void step();
+  int64_t steps() const { return step_; }
+  // State for checkpoints: first and second moments, one pair per parameter in order.
+  std::vector<Tensor>& first_moments() { return m_; }
+  std::vector<Tensor>& second_moments() { return v_; }
+  void set_steps(int64_t s) { step_ = s; }
+
+ private:
+  std::vector<Parameter*> params_;
+  float lr_, weight_decay_, beta1_, beta2_, eps_;
+  int64_t step_ = 0;
+  std::vector<Tensor> m_, v_;
+};
+
+}  // namespace gale::engine

@@ -1,0 +1,63 @@
+// engine/tensor.hpp — a dense tensor: dtype, shape (rank <= 2), device, shared storage.
+//
+// No autograd: layers implement forward and backward explicitly. Copies share storage (like
+// torch.Tensor); clone() deep-copies. Row slices are views over the same storage.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/device.hpp"
+#include "kernels/dtype.hpp"
+#include "kernels/views.hpp"
+
+namespace gale::engine {
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Uninitialised rows x cols tensor (cols = 1 for vectors) on `device`.
+  static Tensor empty(int64_t rows, int64_t cols, DType dtype = DType::kF32,
+                      Device device = Device::cpu());
+  static Tensor zeros(int64_t rows, int64_t cols, DType dtype = DType::kF32,
+                      Device device = Device::cpu());
+  // Copies host data into a new f32 tensor.
+  static Tensor from_vector(const std::vector<float>& values, int64_t rows, int64_t cols);
+
+  bool defined() const { return storage_ != nullptr; }
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  int64_t numel() const { return rows_ * cols_; }
+  DType dtype() const { return dtype_; }
+  const Device& device() const { return device_; }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+
+  template <typename T> T* data() { return reinterpret_cast<T*>(base() + offset_); }
+  template <typename T> const T* data() const { return reinterpret_cast<const T*>(base() + offset_); }
+  float* f32() { return data<float>(); }
+  const float* f32() const { return data<float>(); }
+
+  // f32 views for kernels.
+  kernels::MatrixView view();
+  kernels::ConstMatrixView view() const;
+
+  // Rows [begin, end) as a view sharing storage.
+  Tensor rows_slice(int64_t begin, int64_t end) const;
+  Tensor clone() const;
+  void fill(float value);           // f32 only
+  std::vector<float> to_vector() const;  // f32 only, host copy
+
+ private:
+  struct Storage;
+  unsigned char* base() const;
+
+  std::shared_ptr<Storage> storage_;
+  size_t offset_ = 0;  // bytes
+  int64_t rows_ = 0, cols_ = 0;
+  DType dtype_ = DType::kF32;
+  Device device_ = Device::cpu();
+};
+
+}  // namespace gale::engine

@@ -1,0 +1,50 @@
+// kernels/views.hpp — non-owning views every op takes: a destination-major CSR and row-major
+// matrices. A kernel knows nothing of stores or training; it takes views, sizes and a stream.
+#pragma once
+
+#include <cstdint>
+
+namespace gale::kernels {
+
+// Destination-major CSR: row r lists the in-neighbours (sources) of destination r.
+// indptr has rows + 1 entries; indices are local source ids in [0, cols).
+// weights (optional, may be null) holds one value per entry.
+struct CsrView {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const int64_t* indptr = nullptr;
+  const int32_t* indices = nullptr;
+  const float* weights = nullptr;
+
+  int64_t nnz() const { return rows == 0 ? 0 : indptr[rows] - indptr[0]; }
+  int64_t degree(int64_t r) const { return indptr[r + 1] - indptr[r]; }
+};
+
+// Row-major matrix of floats with a leading dimension (row stride, in elements).
+struct MatrixView {
+  float* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;
+
+  float* row(int64_t r) const { return data + r * ld; }
+};
+
+struct ConstMatrixView {
+  const float* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;
+
+  ConstMatrixView() = default;
+  ConstMatrixView(const float* d, int64_t r, int64_t c, int64_t l) : data(d), rows(r), cols(c), ld(l) {}
+  ConstMatrixView(const MatrixView& m) : data(m.data), rows(m.rows), cols(m.cols), ld(m.ld) {}  // NOLINT
+  const float* row(int64_t r) const { return data + r * ld; }
+};
+
+inline MatrixView matrix(float* data, int64_t rows, int64_t cols) { return {data, rows, cols, cols}; }
+inline ConstMatrixView matrix(const float* data, int64_t rows, int64_t cols) {
+  return {data, rows, cols, cols};
+}
+
+}  // namespace gale::kernels

@@ -1,0 +1,52 @@
+// storage/npy.hpp — NumPy .npy arrays with data aligned to 4096 bytes.
+//
+// Gale writes NumPy format v1.0 headers padded with spaces so the data starts at byte 4096 (what
+// O_DIRECT reads need); numpy.load(path, mmap_mode="r") opens every file. bf16 has no NumPy
+// dtype: it is written as '<u2' and the manifest names the real type.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.hpp"
+
+namespace gale::storage {
+
+constexpr size_t kNpyDataAlignment = 4096;
+
+struct NpyHeader {
+  DType dtype = DType::kF32;      // as stored ('<u2' reads back as... see npy_descr)
+  std::string descr;              // the NumPy descr string, e.g. "<f4"
+  std::vector<int64_t> shape;
+  bool fortran_order = false;
+  size_t data_offset = 0;         // where the data starts in the file
+  int64_t count() const;          // product of shape (1 for a scalar)
+};
+
+// Reads and validates a header; throws InputError (for user-supplied arrays) naming the file and
+// what is wrong. Accepts any v1/v2/v3 header, little-endian numeric descr.
+NpyHeader read_npy_header(const std::string& path);
+
+// Streams an array to disk: header padded to 4096 bytes, then data; hashes as it writes.
+class NpyWriter {
+ public:
+  // `stored` is the element type; bf16 is written with descr '<u2'.
+  NpyWriter(const std::string& path, DType stored, std::vector<int64_t> shape);
+  ~NpyWriter();
+  NpyWriter(const NpyWriter&) = delete;
+  NpyWriter& operator=(const NpyWriter&) = delete;
+
+  void write(const void* data, size_t bytes);
+  // Checks that exactly count*itemsize bytes were written, fsyncs and closes.
+  void finish();
+  uint64_t file_size() const;   // valid after finish()
+  uint64_t xxh64() const;       // xxHash64 (seed 0) of the whole file, valid after finish()
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace gale::storage

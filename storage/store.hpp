@@ -1,0 +1,176 @@
+// storage/store.hpp — the on-disk store NAME.gale/ (format in docs/store-format.md).
+//
+//   manifest.json            format version, counts, dtypes, classes, splits, files (size, xxh64)
+//   graph/indptr.npy         int64, N+1; rows are destinations
+//   graph/indices.npy        int32 (N < 2^31) or int64; in-neighbours of each destination
+//   graph/weights.npy        optional f32, one per edge
+//   features.npy             N x D, f32 | f16 | bf16 (optional)
+//   labels.npy               int32, N, -1 = unlabelled (optional)
+//   splits/{train,valid,test}.npy   int64 node ids (optional)
+//   partition.npy            optional int32 part per node
+//   relabel.npy              optional int64 original id per stored id
+//
+// A store is written into a temporary directory beside its final path, fsynced, then renamed:
+// a crash or a bad input never leaves a store that opens. Opening checks the version, every
+// file's size and npy header against the manifest; verify() also checks every xxHash64.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.hpp"
+#include "kernels/views.hpp"
+#include "storage/npy.hpp"
+
+namespace gale::storage {
+
+constexpr int kStoreFormatVersion = 1;
+
+struct FileEntry {
+  std::string dtype;          // manifest dtype name (f32, bf16, i64, ...)
+  std::vector<int64_t> shape;
+  uint64_t size = 0;          // bytes on disk, header included
+  std::string xxh64;          // 16 lowercase hex digits
+};
+
+struct Manifest {
+  int format_version = kStoreFormatVersion;
+  int64_t num_nodes = 0;
+  int64_t num_edges = 0;
+  bool weighted = false;
+  int64_t feature_dim = 0;        // 0 when there are no features
+  std::string feature_dtype;      // "" when there are no features
+  int64_t num_classes = 0;        // 0 when there are no labels
+  std::map<std::string, int64_t> splits;  // name -> size (train, valid, test)
+  int64_t num_partitions = 0;     // 0 when partition.npy is absent
+  bool relabelled = false;        // relabel.npy present
+  std::map<std::string, FileEntry> files;  // relative path -> entry
+};
+
+// Serialises with nlohmann::json; keys sorted, no timestamps, so equal stores are equal bytes.
+std::string manifest_to_json(const Manifest& m);
+// Throws CorruptStoreError naming `source` (the manifest path) and the missing / bad key.
+Manifest manifest_from_json(const std::string& text, const std::string& source);
+
+// Writes a store into a temporary directory and renames it into place on commit().
+// If destroyed without commit(), the temporary directory is removed.
+class StoreWriter {
+ public:
+  // Throws InputError if `path` exists and !overwrite, or its parent is not a writable directory.
+  StoreWriter(std::filesystem::path path, bool overwrite);
+  ~StoreWriter();
+  StoreWriter(const StoreWriter&) = delete;
+  StoreWriter& operator=(const StoreWriter&) = delete;
+
+  const std::filesystem::path& temp_dir() const { return temp_; }
+  const std::filesystem::path& path() const { return path_; }
+
+  // Streams an array into the temporary store (relative path such as "graph/indices.npy").
+  // `manifest_dtype` may differ from the stored one only for bf16 (stored as u2).
+  NpyWriter& begin_array(const std::string& rel_path, DType dtype, std::vector<int64_t> shape);
+  // Finishes the array and records its size, hash, dtype and shape in the manifest.
+  void end_array(const std::string& rel_path);
+  // begin + one write + end.
+  void write_array(const std::string& rel_path, DType dtype, std::vector<int64_t> shape,
+                   const void* data);
+
+  // Counts, dtypes, splits, ... filled in by the importer; `files` is filled by end_array.
+  Manifest& manifest() { return manifest_; }
+
+  // Writes manifest.json, fsyncs every file and directory, renames into place (replacing an old
+  // store when overwrite was given, never leaving neither).
+  void commit();
+
+ private:
+  std::filesystem::path path_;
+  std::filesystem::path temp_;
+  bool overwrite_;
+  bool committed_ = false;
+  Manifest manifest_;
+  std::map<std::string, std::unique_ptr<NpyWriter>> open_;
+  std::map<std::string, std::pair<DType, std::vector<int64_t>>> open_meta_;
+};
+
+// A read-only memory map of one array of an open store.
+class MappedArray {
+ public:
+  MappedArray() = default;
+  MappedArray(const std::filesystem::path& file, const NpyHeader& header);
+  ~MappedArray();
+  MappedArray(MappedArray&&) noexcept;
+  MappedArray& operator=(MappedArray&&) noexcept;
+  MappedArray(const MappedArray&) = delete;
+  MappedArray& operator=(const MappedArray&) = delete;
+
+  const void* data() const { return data_; }
+  template <typename T> const T* as() const { return static_cast<const T*>(data_); }
+  int64_t count() const { return count_; }
+  bool empty() const { return data_ == nullptr; }
+
+ private:
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  const void* data_ = nullptr;
+  int64_t count_ = 0;
+};
+
+// An open store. Arrays are memory-mapped; nothing is read until touched.
+class Store {
+ public:
+  // Throws CorruptStoreError naming the file when the manifest is missing or malformed, the
+  // version is not kStoreFormatVersion, a file is missing, its size or header disagree with the
+  // manifest, or arrays are inconsistent (indptr length, last indptr != indices count).
+  // Throws InputError if `path` is not a directory.
+  static Store open(const std::filesystem::path& path);
+
+  // Reads every file and checks its xxHash64; throws CorruptStoreError naming the first bad file.
+  void verify() const;
+
+  const std::filesystem::path& path() const { return path_; }
+  const Manifest& manifest() const { return manifest_; }
+  int64_t num_nodes() const { return manifest_.num_nodes; }
+  int64_t num_edges() const { return manifest_.num_edges; }
+
+  const int64_t* indptr() const { return indptr_.as<int64_t>(); }
+  // int32 indices; throws InputError when the store uses int64 indices (N >= 2^31).
+  const int32_t* indices32() const;
+  const float* weights() const { return weights_.empty() ? nullptr : weights_.as<float>(); }
+  // The whole graph as a destination-major CSR (rows = cols = N).
+  kernels::CsrView csr() const;
+
+  bool has_features() const { return manifest_.feature_dim > 0; }
+  int64_t feature_dim() const { return manifest_.feature_dim; }
+  DType feature_dtype() const;
+  const void* features_raw() const { return features_.data(); }
+  // Copies rows [begin, end) of the features into out (row-major f32), converting f16/bf16.
+  void read_features(int64_t begin, int64_t end, float* out) const;
+
+  bool has_labels() const { return !labels_.empty(); }
+  const int32_t* labels() const { return labels_.as<int32_t>(); }
+  int64_t num_classes() const { return manifest_.num_classes; }
+
+  bool has_split(const std::string& name) const { return splits_.count(name) > 0; }
+  // Node ids of split `name` (train, valid, test); empty when absent.
+  std::vector<int64_t> split(const std::string& name) const;
+
+  const int32_t* partition() const { return partition_.empty() ? nullptr : partition_.as<int32_t>(); }
+  const int64_t* relabel() const { return relabel_.empty() ? nullptr : relabel_.as<int64_t>(); }
+
+ private:
+  std::filesystem::path path_;
+  Manifest manifest_;
+  MappedArray indptr_, indices_, weights_, features_, labels_, partition_, relabel_;
+  bool indices64_ = false;
+  std::map<std::string, MappedArray> splits_;
+};
+
+// What `gale info` prints: counts, degree statistics (min / mean / median / max / p99, empty
+// rows), dtypes, splits, classes, partitions, files.
+std::string describe_store(const Store& store);
+
+}  // namespace gale::storage
