@@ -1,0 +1,46 @@
+# Gale's front door. `make demo` and `make test` work on a fresh Debian/Ubuntu machine: they
+# install missing packages with apt, configure, build, then run.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CUDA_ARCH ?=
+CMAKE_FLAGS ?=
+DEMO_DIR ?= demo-data
+export PATH := /usr/local/cuda/bin:$(PATH)
+
+ifneq ($(CUDA_ARCH),)
+CMAKE_FLAGS += -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH)
+endif
+
+.PHONY: all deps configure build test test-all demo clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+configure: deps $(BUILD)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Every test not labelled gpu (CI has the CUDA toolkit but no GPU).
+test: build
+	cd $(BUILD) && ctest -LE gpu --output-on-failure -j $(JOBS)
+
+# Everything, GPU suites included (on a machine with a GPU).
+test-all: build
+	cd $(BUILD) && ctest --output-on-failure
+
+# A learnable planted-partition graph, generated, then trained on (GPU when present, else CPU).
+demo: build
+	$(BUILD)/bin/gale preprocess --generate sbm:nodes=50K,classes=8,avg-degree=10,feature-dim=64,seed=1 \
+	    -o $(DEMO_DIR)/sbm.gale --force
+	$(BUILD)/bin/gale info $(DEMO_DIR)/sbm.gale
+	$(BUILD)/bin/gale train $(DEMO_DIR)/sbm.gale --device auto --model sage --layers 2 --hidden 64 \
+	    --fanouts 10,10 --batch-size 1024 --epochs 10 --lr 0.01 --seed 1
+
+clean:
+	rm -rf $(BUILD) $(DEMO_DIR)

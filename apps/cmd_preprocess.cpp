@@ -1,0 +1,107 @@
+// `gale preprocess`: options -> storage::PreprocessOptions -> storage::preprocess.
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "apps/commands.hpp"
+#include "kernels/error.hpp"
+#include "storage/preprocess.hpp"
+
+namespace gale::apps {
+
+namespace po = boost::program_options;
+
+int run_preprocess(const std::vector<std::string>& args) {
+  storage::PreprocessOptions o;
+  std::string format = "auto", feature_dtype = "f32", relabel = "none", self_loops = "remove";
+  std::string normalize, mem_budget = "8G", split_fractions = "0.1,0.1";
+  int64_t num_nodes = -1;
+  bool keep_duplicates = false;
+  po::options_description desc(
+      "usage: gale preprocess INPUT... -o STORE [options]\n"
+      "       gale preprocess --generate rmat:scale=S,edge-factor=E | sbm:nodes=N,classes=C,... -o STORE\n\n"
+      "options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("output,o", po::value(&o.output), "store directory to create (NAME.gale)")
+      ("force", po::bool_switch(&o.overwrite), "replace an existing store")
+      ("format", po::value(&format), "auto | edgelist | ogb | mtx | npy")
+      ("edges", po::value(&o.edges_npy), "edges as .npy, shape (E,2) or (2,E)")
+      ("features", po::value(&o.features_npy), "node features as .npy (N x D)")
+      ("labels", po::value(&o.labels_npy), "node labels as .npy (N), -1 = unlabelled")
+      ("train-ids", po::value(&o.train_ids), "training node ids (.npy or one id per line)")
+      ("valid-ids", po::value(&o.valid_ids), "validation node ids")
+      ("test-ids", po::value(&o.test_ids), "test node ids")
+      ("num-nodes", po::value(&num_nodes), "node count (default: largest id + 1)")
+      ("undirected", po::bool_switch(&o.undirected), "add the reverse of every edge")
+      ("keep-duplicates", po::bool_switch(&keep_duplicates), "keep repeated edges")
+      ("self-loops", po::value(&self_loops), "remove | keep (layers add their own self terms)")
+      ("normalize-features", po::value(&normalize), "row: divide each feature row by its sum")
+      ("feature-dtype", po::value(&feature_dtype), "f32 | f16 | bf16")
+      ("relabel", po::value(&relabel), "none | degree (order nodes by in-degree)")
+      ("split", po::value(&o.split_name), "OGB split folder name (default: the only one)")
+      ("split-fractions", po::value(&split_fractions), "random split when the input has none: TRAIN,VALID")
+      ("seed", po::value(&o.seed), "seed for random splits and generators")
+      ("mem-budget", po::value(&mem_budget), "memory for sorting edges; larger inputs sort on disk")
+      ("temp-dir", po::value(&o.temp_dir), "where sorted runs go (default: beside the store)")
+      ("generate", po::value(&o.generate), "rmat:scale=S,edge-factor=E[,a=,b=,c=,seed=] | "
+                                           "sbm:nodes=N,classes=C,avg-degree=D,feature-dim=F[,homophily=,seed=]")
+      ("input", po::value(&o.inputs), "input files or folder");
+  po::positional_options_description pos;
+  pos.add("input", -1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << desc << '\n';
+    return 0;
+  }
+  po::notify(vm);
+
+  if (o.output.empty()) throw InputError("-o/--output: expected the store path to create");
+  if (format == "auto") o.format = storage::InputFormat::kAuto;
+  else if (format == "edgelist") o.format = storage::InputFormat::kEdgeList;
+  else if (format == "ogb") o.format = storage::InputFormat::kOgb;
+  else if (format == "mtx") o.format = storage::InputFormat::kMatrixMarket;
+  else if (format == "npy") o.format = storage::InputFormat::kNpy;
+  else throw InputError("--format: expected auto, edgelist, ogb, mtx or npy, found '" + format + "'");
+  if (!parse_dtype(feature_dtype, &o.feature_dtype) ||
+      !(o.feature_dtype == DType::kF32 || o.feature_dtype == DType::kF16 || o.feature_dtype == DType::kBF16))
+    throw InputError("--feature-dtype: expected f32, f16 or bf16, found '" + feature_dtype + "'");
+  if (relabel == "none") o.relabel = storage::Relabel::kNone;
+  else if (relabel == "degree") o.relabel = storage::Relabel::kDegree;
+  else throw InputError("--relabel: expected none or degree, found '" + relabel + "'");
+  if (self_loops == "remove") o.self_loops = storage::SelfLoops::kRemove;
+  else if (self_loops == "keep") o.self_loops = storage::SelfLoops::kKeep;
+  else throw InputError("--self-loops: expected remove or keep, found '" + self_loops + "'");
+  if (!normalize.empty() && normalize != "row")
+    throw InputError("--normalize-features: expected row, found '" + normalize + "'");
+  o.normalize_features_row = normalize == "row";
+  o.dedup = !keep_duplicates;
+  if (num_nodes >= 0) o.num_nodes = num_nodes;
+  else if (vm.count("num-nodes")) throw InputError("--num-nodes: expected a non-negative count");
+  o.mem_budget = parse_size(mem_budget, "--mem-budget");
+  {
+    const size_t comma = split_fractions.find(',');
+    char* end = nullptr;
+    const std::string a = split_fractions.substr(0, comma);
+    o.train_fraction = std::strtod(a.c_str(), &end);
+    const bool ok_a = !a.empty() && *end == '\0';
+    const std::string b = comma == std::string::npos ? "" : split_fractions.substr(comma + 1);
+    o.valid_fraction = std::strtod(b.c_str(), &end);
+    const bool ok_b = !b.empty() && *end == '\0';
+    if (!ok_a || !ok_b || o.train_fraction <= 0 || o.valid_fraction < 0 || o.train_fraction + o.valid_fraction > 1)
+      throw InputError("--split-fractions: expected TRAIN,VALID fractions summing to at most 1, found '" +
+                       split_fractions + "'");
+  }
+  if (o.inputs.empty() && o.generate.empty() && o.edges_npy.empty())
+    throw InputError("preprocess: expected INPUT files, --edges e.npy or --generate SPEC");
+
+  const storage::PreprocessReport r = storage::preprocess(o);
+  std::printf("wrote %s: %lld nodes, %lld edges (%s, %lld input edges%s)\n", o.output.c_str(),
+              static_cast<long long>(r.num_nodes), static_cast<long long>(r.num_edges), r.format.c_str(),
+              static_cast<long long>(r.input_edges),
+              r.sorted_runs > 1 ? (", sorted on disk in " + std::to_string(r.sorted_runs) + " runs").c_str() : "");
+  return 0;
+}
+
+}  // namespace gale::apps

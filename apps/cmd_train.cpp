@@ -1,0 +1,152 @@
+// `gale train STORE [options]`: options (command line, then --config FILE) -> engine::train.
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "apps/commands.hpp"
+#include "engine/trainer.hpp"
+#include "kernels/error.hpp"
+
+namespace gale::apps {
+
+namespace po = boost::program_options;
+
+namespace {
+
+// One line per epoch; on a terminal a bar with rate and ETA redrawn in place.
+class Progress {
+ public:
+  explicit Progress(bool tty) : tty_(tty) {}
+  void epoch(const engine::EpochMetrics& m) {
+    elapsed_ += m.epoch_s;
+    ++done_;
+    const double rate = elapsed_ > 0 ? done_ / elapsed_ : 0;
+    const double eta = rate > 0 ? (m.epochs - m.epoch - 1) / rate : 0;
+    if (tty_) {
+      constexpr int kWidth = 24;
+      const int filled = static_cast<int>(kWidth * (m.epoch + 1) / std::max<int64_t>(1, m.epochs));
+      std::string bar(static_cast<size_t>(filled), '#');
+      bar.resize(kWidth, '.');
+      std::fprintf(stderr, "\r[%s] epoch %lld/%lld loss %.4f train %.3f valid %.3f test %.3f  %.2f ep/s ETA %.0fs ",
+                   bar.c_str(), static_cast<long long>(m.epoch + 1), static_cast<long long>(m.epochs), m.loss,
+                   m.train_acc, m.valid_acc, m.test_acc, rate, eta);
+      if (m.epoch + 1 == m.epochs) std::fputc('\n', stderr);
+    } else {
+      std::fprintf(stderr, "epoch %lld/%lld loss %.4f train_acc %.4f valid_acc %.4f test_acc %.4f time %.3fs\n",
+                   static_cast<long long>(m.epoch + 1), static_cast<long long>(m.epochs), m.loss, m.train_acc,
+                   m.valid_acc, m.test_acc, m.epoch_s);
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  bool tty_;
+  double elapsed_ = 0;
+  int64_t done_ = 0;
+};
+
+}  // namespace
+
+int run_train(const std::vector<std::string>& args) {
+  engine::TrainOptions o;
+  std::string model = "sage", activation, device = "auto", fanouts, config;
+  int layers = 2;
+  int64_t hidden = 16, epochs = 200;
+  int heads = 8;
+  float dropout = -1, attn_dropout = 0.6f, lr = -1;
+  bool full_graph = false, quiet = false;
+  po::options_description desc("usage: gale train STORE [options]\n\noptions");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("store", po::value(&o.store), "store directory")
+      ("config", po::value(&config), "read options from an INI file (command line wins)")
+      ("device", po::value(&device), "cpu | cuda | auto")
+      ("model", po::value(&model), "gcn | sage | gin | gat")
+      ("layers", po::value(&layers), "number of GNN layers")
+      ("hidden", po::value(&hidden), "hidden width (GAT: per head)")
+      ("heads", po::value(&heads), "GAT attention heads in hidden layers")
+      ("activation", po::value(&activation), "relu | elu (default: elu for GAT, else relu)")
+      ("dropout", po::value(&dropout), "dropout on every layer's input (default 0.5, GAT 0.6)")
+      ("attn-dropout", po::value(&attn_dropout), "GAT attention dropout")
+      ("lr", po::value(&lr), "Adam learning rate (default 0.01, GAT 0.005)")
+      ("weight-decay", po::value(&o.weight_decay), "L2 weight decay")
+      ("epochs", po::value(&epochs), "training epochs")
+      ("full-graph", po::bool_switch(&full_graph), "train on the whole graph (the default without --fanouts)")
+      ("fanouts", po::value(&fanouts), "mini-batch neighbour fanouts per hop, seeds' hop first: 10,10")
+      ("batch-size", po::value(&o.batch_size), "training seeds per mini-batch")
+      ("prefetch", po::value(&o.prefetch), "mini-batches prepared ahead")
+      ("seed", po::value(&o.seed), "seed for initialisation, dropout, sampling and shuffling")
+      ("deterministic", po::bool_switch(&o.deterministic), "bit-identical reruns (one CPU thread)")
+      ("threads", po::value(&o.threads), "CPU threads (0: all cores)")
+      ("checkpoint-dir", po::value(&o.checkpoint_dir), "write latest.ckpt / best.ckpt here every epoch")
+      ("resume", po::bool_switch(&o.resume), "continue from --checkpoint-dir/latest.ckpt")
+      ("metrics", po::value(&o.metrics_path), "write one JSON object per epoch to this file")
+      ("quiet,q", po::bool_switch(&quiet), "no per-epoch progress");
+  po::positional_options_description pos;
+  pos.add("store", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << desc << '\n';
+    return 0;
+  }
+  if (vm.count("config")) {
+    const std::string file = vm["config"].as<std::string>();
+    std::ifstream in(file);
+    if (!in) throw InputError("--config " + file + ": cannot open");
+    try {
+      po::store(po::parse_config_file(in, desc), vm);
+    } catch (const po::error& e) {
+      throw InputError("--config " + file + ": " + e.what());
+    }
+  }
+  po::notify(vm);
+
+  if (o.store.empty()) throw InputError("train: expected a STORE path");
+  if (model != "gcn" && model != "sage" && model != "gin" && model != "gat")
+    throw InputError("--model: expected gcn, sage, gin or gat, found '" + model + "'");
+  const bool gat = model == "gat";
+  o.model.model = model;
+  o.model.layers = layers;
+  o.model.hidden = hidden;
+  o.model.heads = heads;
+  if (heads < 1) throw InputError("--heads: expected at least 1");
+  o.model.dropout = dropout >= 0 ? dropout : (gat ? 0.6f : 0.5f);
+  if (o.model.dropout >= 1) throw InputError("--dropout: expected a value in [0, 1)");
+  o.model.attn_dropout = attn_dropout;
+  if (attn_dropout < 0 || attn_dropout >= 1) throw InputError("--attn-dropout: expected a value in [0, 1)");
+  if (activation.empty()) activation = gat ? "elu" : "relu";
+  if (activation == "relu") o.model.activation = engine::Activation::kRelu;
+  else if (activation == "elu") o.model.activation = engine::Activation::kElu;
+  else throw InputError("--activation: expected relu or elu, found '" + activation + "'");
+  o.lr = lr > 0 ? lr : (gat ? 0.005f : 0.01f);
+  if (vm.count("lr") && lr <= 0) throw InputError("--lr: expected a positive learning rate");
+  o.epochs = epochs;
+  if (!fanouts.empty()) {
+    if (full_graph) throw InputError("--fanouts and --full-graph: choose one");
+    o.full_graph = false;
+    o.fanouts = parse_int_list(fanouts, "--fanouts");
+  }
+  if (device == "cpu") o.device = Device::cpu();
+  else if (device == "cuda") o.device = Device::cuda(0);
+  else if (device == "auto") o.device = Device::cpu();  // the CUDA training path is not built yet
+  else throw InputError("--device: expected cpu, cuda or auto, found '" + device + "'");
+  if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1");
+  if (o.threads < 0) throw InputError("--threads: expected 0 (all cores) or more");
+
+  Progress progress(!quiet && ::isatty(STDERR_FILENO));
+  const bool show = !quiet;
+  const engine::TrainResult r = engine::train(o, [&](const engine::EpochMetrics& m) {
+    if (show) progress.epoch(m);
+  });
+  std::printf("best valid_acc %.4f at epoch %lld, test_acc %.4f\n", r.best_valid_acc,
+              static_cast<long long>(r.best_epoch + 1), r.test_acc_at_best_valid);
+  return 0;
+}
+
+}  // namespace gale::apps

@@ -1,0 +1,67 @@
+// apps/main.cpp — the `gale` command line: preprocess, info, train.
+//
+// Every error below is an exception carrying one line; here it is printed as "gale: error: ..."
+// on stderr and turned into the exit code of its type (kernels/error.hpp): 2 bad input or usage,
+// 3 corrupt or incompatible store, 4 exceeded budget or missing device, 1 internal.
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "apps/commands.hpp"
+#include "kernels/error.hpp"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: gale <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  preprocess INPUT... -o STORE   turn a graph into a store (edge list, OGB folder, .mtx, .npy)\n"
+    "  preprocess --generate SPEC -o STORE   generate rmat:... or sbm:... into a store\n"
+    "  info STORE [--verify]          counts, degrees, dtypes, splits; --verify checks every hash\n"
+    "  train STORE [options]          train a GNN (gcn, sage, gin, gat) on a store\n"
+    "\n"
+    "run 'gale <command> --help' for a command's options.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return static_cast<int>(gale::ExitCode::kInput);
+  }
+  const std::string command = argv[1];
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (command == "--version") {
+    std::puts("gale 0.1.0");
+    return 0;
+  }
+  std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    if (command == "preprocess") return gale::apps::run_preprocess(args);
+    if (command == "info") return gale::apps::run_info(args);
+    if (command == "train") return gale::apps::run_train(args);
+    throw gale::InputError("unknown command '" + command + "' (expected preprocess, info or train)");
+  } catch (const gale::Error& e) {
+    std::fprintf(stderr, "gale: error: %s\n", e.what());
+    return static_cast<int>(e.code());
+  } catch (const boost::program_options::error& e) {
+    std::fprintf(stderr, "gale %s: error: %s\n", command.c_str(), e.what());
+    return static_cast<int>(gale::ExitCode::kInput);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "gale: error: out of host memory\n");
+    return static_cast<int>(gale::ExitCode::kResource);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gale: internal error: %s\n", e.what());
+    return static_cast<int>(gale::ExitCode::kInternal);
+  }
+}

@@ -1,0 +1,45 @@
+#include <cctype>
+#include <charconv>
+
+#include "apps/commands.hpp"
+#include "kernels/error.hpp"
+
+namespace gale::apps {
+
+uint64_t parse_size(const std::string& text, const std::string& flag) {
+  uint64_t value = 0;
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  auto [ptr, ec] = std::from_chars(begin, end, value);
+  if (ec != std::errc() || ptr == begin)
+    throw InputError(flag + ": expected a size such as 512M or 16G, found '" + text + "'");
+  uint64_t scale = 1;
+  std::string suffix(ptr, end);
+  for (auto& ch : suffix) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (suffix == "" || suffix == "B") scale = 1;
+  else if (suffix == "K" || suffix == "KB" || suffix == "KIB") scale = 1ULL << 10;
+  else if (suffix == "M" || suffix == "MB" || suffix == "MIB") scale = 1ULL << 20;
+  else if (suffix == "G" || suffix == "GB" || suffix == "GIB") scale = 1ULL << 30;
+  else if (suffix == "T" || suffix == "TB" || suffix == "TIB") scale = 1ULL << 40;
+  else throw InputError(flag + ": unknown size suffix '" + suffix + "' in '" + text + "' (expected K, M, G or T)");
+  return value * scale;
+}
+
+std::vector<int> parse_int_list(const std::string& text, const std::string& flag) {
+  std::vector<int> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    int value = 0;
+    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (ec != std::errc() || ptr != item.data() + item.size() || item.empty())
+      throw InputError(flag + ": expected comma-separated integers such as 15,10,5, found '" + text + "'");
+    out.push_back(value);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace gale::apps

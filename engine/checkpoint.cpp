@@ -1,0 +1,148 @@
+#include "engine/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/error.hpp"
+
+namespace gale::engine {
+
+namespace {
+
+constexpr char kMagic[8] = {'G', 'A', 'L', 'E', 'C', 'K', 'P', 'T'};
+
+void append(std::string* buf, const void* data, size_t n) {
+  buf->append(static_cast<const char*>(data), n);
+}
+
+void write_all(int fd, const char* data, size_t n, const std::filesystem::path& file) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = std::strerror(errno);
+      if (errno == ENOSPC) throw ResourceError(file.string() + ": no space left writing the checkpoint");
+      throw InputError(file.string() + ": cannot write checkpoint: " + why);
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void fsync_dir(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+void save_checkpoint(const std::filesystem::path& file, const CheckpointState& state) {
+  nlohmann::json header;
+  header["epoch"] = state.epoch;
+  header["adam_steps"] = state.adam_steps;
+  header["best_valid_acc"] = state.best_valid_acc;
+  header["test_acc_at_best_valid"] = state.test_acc_at_best_valid;
+  header["best_epoch"] = state.best_epoch;
+  header["config"] = state.config_json;
+  nlohmann::json table = nlohmann::json::array();
+  for (size_t i = 0; i < state.names.size(); ++i)
+    table.push_back({{"name", state.names[i]}, {"rows", state.params[i].rows()}, {"cols", state.params[i].cols()}});
+  header["tensors"] = table;
+  const std::string text = header.dump();
+
+  std::string buf;
+  append(&buf, kMagic, sizeof(kMagic));
+  const uint32_t version = kCheckpointVersion;
+  append(&buf, &version, 4);
+  const uint64_t len = text.size();
+  append(&buf, &len, 8);
+  buf += text;
+  for (const auto* group : {&state.params, &state.adam_m, &state.adam_v}) {
+    for (const Tensor& t : *group) append(&buf, t.f32(), t.nbytes());
+  }
+  const uint64_t hash = XXH64(buf.data(), buf.size(), 0);
+  append(&buf, &hash, 8);
+
+  std::error_code ec;
+  std::filesystem::create_directories(file.parent_path(), ec);
+  if (ec) throw InputError(file.parent_path().string() + ": cannot create checkpoint directory: " + ec.message());
+  const std::filesystem::path tmp = file.string() + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw InputError(tmp.string() + ": cannot create checkpoint: " + std::strerror(errno));
+  try {
+    write_all(fd, buf.data(), buf.size(), tmp);
+    if (::fsync(fd) != 0) throw InputError(tmp.string() + ": fsync failed: " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), file.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw InputError(file.string() + ": cannot replace checkpoint: " + why);
+  }
+  fsync_dir(file.parent_path());
+}
+
+CheckpointState load_checkpoint(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw InputError(file.string() + ": cannot open checkpoint");
+  std::string buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string where = file.string() + ": ";
+  if (buf.size() < 28 || std::memcmp(buf.data(), kMagic, 8) != 0)
+    throw CorruptStoreError(where + "not a Gale checkpoint (bad magic or too short)");
+  uint64_t stored_hash;
+  std::memcpy(&stored_hash, buf.data() + buf.size() - 8, 8);
+  if (XXH64(buf.data(), buf.size() - 8, 0) != stored_hash)
+    throw CorruptStoreError(where + "checksum mismatch: the checkpoint is torn or corrupt");
+  uint32_t version;
+  std::memcpy(&version, buf.data() + 8, 4);
+  if (version != kCheckpointVersion)
+    throw CorruptStoreError(where + "checkpoint version " + std::to_string(version) + ", this Gale reads version " +
+                            std::to_string(kCheckpointVersion));
+  uint64_t len;
+  std::memcpy(&len, buf.data() + 12, 8);
+  if (20 + len + 8 > buf.size()) throw CorruptStoreError(where + "header length exceeds the file");
+  CheckpointState s;
+  size_t pos = 20 + len;
+  try {
+    const nlohmann::json header = nlohmann::json::parse(buf.substr(20, len));
+    s.epoch = header.at("epoch").get<int64_t>();
+    s.adam_steps = header.at("adam_steps").get<int64_t>();
+    s.best_valid_acc = header.at("best_valid_acc").get<double>();
+    s.test_acc_at_best_valid = header.at("test_acc_at_best_valid").get<double>();
+    s.best_epoch = header.at("best_epoch").get<int64_t>();
+    s.config_json = header.at("config").get<std::string>();
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    for (const auto& t : header.at("tensors")) {
+      s.names.push_back(t.at("name").get<std::string>());
+      shapes.emplace_back(t.at("rows").get<int64_t>(), t.at("cols").get<int64_t>());
+    }
+    for (auto* group : {&s.params, &s.adam_m, &s.adam_v}) {
+      for (const auto& [rows, cols] : shapes) {
+        Tensor t = Tensor::empty(rows, cols);
+        if (pos + t.nbytes() > buf.size() - 8) throw CorruptStoreError(where + "tensor data exceeds the file");
+        std::memcpy(t.f32(), buf.data() + pos, t.nbytes());
+        pos += t.nbytes();
+        group->push_back(t);
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw CorruptStoreError(where + "malformed header: " + e.what());
+  }
+  if (pos != buf.size() - 8) throw CorruptStoreError(where + "trailing bytes after the tensors");
+  return s;
+}
+
+}  // namespace gale::engine

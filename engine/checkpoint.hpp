@@ -1,0 +1,41 @@
+// engine/checkpoint.hpp — training state on disk, written atomically.
+//
+// One file per checkpoint (DIR/latest.ckpt, DIR/best.ckpt): an 8-byte magic, a format version, a
+// JSON header (epoch, model config, store identity, best-validation bookkeeping, tensor table),
+// the raw f32 tensors, and an xxHash64 of everything before it. Written to a temporary file in
+// DIR, fsynced, renamed over the old one, and the directory fsynced: a crash leaves the previous
+// checkpoint or the new one, never a torn file.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "engine/model.hpp"
+#include "engine/tensor.hpp"
+
+namespace gale::engine {
+
+struct CheckpointState {
+  int64_t epoch = -1;                // last completed epoch (0-based)
+  int64_t adam_steps = 0;
+  double best_valid_acc = -1;
+  double test_acc_at_best_valid = 0;
+  int64_t best_epoch = -1;
+  std::string config_json;           // model config + store identity, checked on resume
+  std::vector<std::string> names;    // parameter names, in model order
+  std::vector<Tensor> params, adam_m, adam_v;
+};
+
+constexpr int kCheckpointVersion = 1;
+
+// Writes `state` to `file` atomically; throws InputError / ResourceError on IO failure.
+void save_checkpoint(const std::filesystem::path& file, const CheckpointState& state);
+// Reads a checkpoint; throws CorruptStoreError naming the file when it is torn, corrupt or of
+// another version.
+CheckpointState load_checkpoint(const std::filesystem::path& file);
+
+}  // namespace gale::engine

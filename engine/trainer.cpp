@@ -1,0 +1,292 @@
+#include "engine/trainer.hpp"
+
+#include <tbb/global_control.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "engine/checkpoint.hpp"
+#include "engine/graph.hpp"
+#include "kernels/error.hpp"
+#include "kernels/random.hpp"
+#include "kernels/threads.hpp"
+#include "sampler/neighbor_sampler.hpp"
+#include "scheduler/batch_pipeline.hpp"
+#include "scheduler/epoch_plan.hpp"
+#include "storage/store.hpp"
+
+namespace gale::engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// What must match between a checkpoint and the run resuming from it.
+std::string identity_json(const TrainOptions& o, const storage::Store& store) {
+  const ModelConfig& m = o.model;
+  nlohmann::json j = {
+      {"model", m.model}, {"layers", m.layers}, {"in_dim", m.in_dim}, {"hidden", m.hidden},
+      {"out_dim", m.out_dim}, {"heads", m.heads}, {"gin_mlp_layers", m.gin_mlp_layers},
+      {"num_nodes", store.num_nodes()}, {"num_edges", store.num_edges()}, {"seed", o.seed},
+      {"full_graph", o.full_graph}, {"fanouts", o.fanouts}, {"batch_size", o.batch_size}};
+  return j.dump();
+}
+
+// Accuracy of argmax(logits) over `rows`; 0 for an empty split.
+double accuracy(const Tensor& logits, const int32_t* labels, const std::vector<int64_t>& rows) {
+  if (rows.empty()) return 0;
+  int64_t correct = 0;
+  const int64_t c = logits.cols();
+  const float* p = logits.f32();
+  for (int64_t r : rows) {
+    const float* row = p + r * c;
+    int64_t best = 0;
+    for (int64_t k = 1; k < c; ++k) {
+      if (row[k] > row[best]) best = k;
+    }
+    correct += (best == labels[r]);
+  }
+  return static_cast<double>(correct) / static_cast<double>(rows.size());
+}
+
+struct PreparedBatch {
+  sampler::SampledBatch batch;
+  std::vector<std::vector<int64_t>> src_degrees;
+  std::vector<std::unique_ptr<GraphOperand>> graphs;
+  Tensor features;
+  std::vector<int32_t> labels;
+};
+
+}  // namespace
+
+TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
+  TrainOptions opt = opt_in;
+  if (!opt.device.is_cpu())
+    throw DeviceError("--device " + opt.device.name() +
+                      ": this build trains on the CPU only (the CUDA training path is not built yet)");
+  if (opt.epochs < 1) throw InputError("--epochs: expected at least 1, found " + std::to_string(opt.epochs));
+  if (opt.lr <= 0) throw InputError("--lr: expected a positive learning rate");
+  if (opt.model.layers < 1) throw InputError("--layers: expected at least 1");
+  if (opt.model.hidden < 1) throw InputError("--hidden: expected at least 1");
+  if (!opt.full_graph && static_cast<int>(opt.fanouts.size()) != opt.model.layers)
+    throw InputError("--fanouts: expected one fanout per layer (" + std::to_string(opt.model.layers) + "), found " +
+                     std::to_string(opt.fanouts.size()));
+
+  // Bound both thread pools: --threads, or one thread with --deterministic so results do not
+  // depend on the machine's core count.
+  const int threads = opt.deterministic ? 1 : opt.threads;
+  std::optional<tbb::global_control> tbb_limit;
+  if (threads > 0) {
+    tbb_limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(threads));
+    kernels::set_blas_threads(threads);
+  }
+
+  const storage::Store store = storage::Store::open(opt.store);
+  if (!store.has_features()) throw InputError(opt.store + ": the store has no features.npy; training needs node features");
+  if (!store.has_labels() || store.num_classes() < 1)
+    throw InputError(opt.store + ": the store has no labels.npy; training needs node labels");
+  const int32_t* labels = store.labels();
+  auto labelled = [&](const std::string& name) {
+    std::vector<int64_t> ids;
+    for (int64_t v : store.split(name)) {
+      if (labels[v] >= 0) ids.push_back(v);
+    }
+    return ids;
+  };
+  const std::vector<int64_t> train_ids = labelled("train");
+  const std::vector<int64_t> valid_ids = labelled("valid");
+  const std::vector<int64_t> test_ids = labelled("test");
+  if (train_ids.empty()) throw InputError(opt.store + ": the store has no labelled training nodes (splits/train.npy)");
+
+  opt.model.in_dim = store.feature_dim();
+  opt.model.out_dim = store.num_classes();
+  const int64_t n = store.num_nodes();
+
+  Model model(opt.model, opt.seed);
+  Adam adam(model.parameters(), opt.lr, opt.weight_decay);
+  TrainResult result;
+  result.best_valid_acc = -1;
+  int64_t start_epoch = 0;
+
+  const std::string identity = identity_json(opt, store);
+  const std::filesystem::path ckpt_dir = opt.checkpoint_dir;
+  if (opt.resume) {
+    if (opt.checkpoint_dir.empty()) throw InputError("--resume: needs --checkpoint-dir");
+    const auto file = ckpt_dir / "latest.ckpt";
+    if (!std::filesystem::exists(file)) throw InputError("--resume: no checkpoint at " + file.string());
+    CheckpointState s = load_checkpoint(file);
+    if (s.config_json != identity)
+      throw InputError(file.string() + ": checkpoint was written for another model, store or batch setup (" +
+                       s.config_json + ")");
+    auto params = model.parameters();
+    if (s.names.size() != params.size()) throw CorruptStoreError(file.string() + ": parameter count differs from the model");
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (s.names[i] != params[i]->name || s.params[i].rows() != params[i]->value.rows() ||
+          s.params[i].cols() != params[i]->value.cols())
+        throw CorruptStoreError(file.string() + ": parameter " + s.names[i] + " does not match the model");
+      std::copy(s.params[i].f32(), s.params[i].f32() + s.params[i].numel(), params[i]->value.f32());
+      std::copy(s.adam_m[i].f32(), s.adam_m[i].f32() + s.adam_m[i].numel(), adam.first_moments()[i].f32());
+      std::copy(s.adam_v[i].f32(), s.adam_v[i].f32() + s.adam_v[i].numel(), adam.second_moments()[i].f32());
+    }
+    adam.set_steps(s.adam_steps);
+    result.best_valid_acc = s.best_valid_acc;
+    result.test_acc_at_best_valid = s.test_acc_at_best_valid;
+    result.best_epoch = s.best_epoch;
+    start_epoch = s.epoch + 1;
+  }
+  auto save = [&](const std::filesystem::path& file, int64_t epoch) {
+    CheckpointState s;
+    s.epoch = epoch;
+    s.adam_steps = adam.steps();
+    s.best_valid_acc = result.best_valid_acc;
+    s.test_acc_at_best_valid = result.test_acc_at_best_valid;
+    s.best_epoch = result.best_epoch;
+    s.config_json = identity;
+    auto params = model.parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      s.names.push_back(params[i]->name);
+      s.params.push_back(params[i]->value);
+      s.adam_m.push_back(adam.first_moments()[i]);
+      s.adam_v.push_back(adam.second_moments()[i]);
+    }
+    save_checkpoint(file, s);
+  };
+
+  std::ofstream metrics;
+  if (!opt.metrics_path.empty()) {
+    metrics.open(opt.metrics_path, opt.resume ? std::ios::app : std::ios::trunc);
+    if (!metrics) throw InputError("--metrics " + opt.metrics_path + ": cannot open for writing");
+  }
+
+  // The whole graph: every layer in full-graph training, and evaluation in both modes.
+  const GraphOperand full(store.csr());
+  Tensor all_features;
+  auto features = [&]() -> const Tensor& {
+    if (!all_features.defined()) {
+      all_features = Tensor::empty(n, store.feature_dim());
+      store.read_features(0, n, all_features.f32());
+    }
+    return all_features;
+  };
+  const std::vector<const GraphOperand*> full_graphs(static_cast<size_t>(opt.model.layers), &full);
+
+  std::unique_ptr<sampler::NeighborSampler> sampler;
+  std::vector<int64_t> in_degree;
+  if (!opt.full_graph) {
+    sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), opt.fanouts);
+    in_degree.resize(static_cast<size_t>(n));
+    const int64_t* indptr = store.indptr();
+    for (int64_t v = 0; v < n; ++v) in_degree[v] = indptr[v + 1] - indptr[v];
+  }
+
+  for (int64_t epoch = start_epoch; epoch < opt.epochs; ++epoch) {
+    const auto t_epoch = Clock::now();
+    EpochMetrics m;
+    m.epoch = epoch;
+    m.epochs = opt.epochs;
+    const uint64_t epoch_key = kernels::derive_key(opt.seed, static_cast<uint64_t>(epoch));
+
+    if (opt.full_graph) {
+      const auto t0 = Clock::now();
+      model.zero_grad();
+      Tensor logits = model.forward(full_graphs, features(), /*training=*/true, epoch_key);
+      Tensor grad = Tensor::zeros(logits.rows(), logits.cols());
+      m.loss = softmax_cross_entropy(logits, labels, train_ids, &grad, nullptr);
+      model.backward(grad);
+      adam.step();
+      m.compute_s = since(t0);
+      m.batches = 1;
+    } else {
+      const scheduler::EpochPlan plan(train_ids, opt.batch_size, opt.seed, epoch);
+      double loss_sum = 0;
+      const auto times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
+          plan.num_batches(), opt.prefetch,
+          [&](int64_t b) {
+            auto p = std::make_unique<PreparedBatch>();
+            const int64_t len = plan.batch_length(b);
+            p->batch = sampler->sample(plan.batch(b), len, kernels::derive_key(epoch_key, static_cast<uint64_t>(b)));
+            for (const sampler::Block& block : p->batch.blocks) {
+              std::vector<int64_t> deg(block.src_ids.size());
+              for (size_t i = 0; i < deg.size(); ++i) deg[i] = in_degree[block.src_ids[i]];
+              p->src_degrees.push_back(std::move(deg));
+            }
+            for (size_t l = 0; l < p->batch.blocks.size(); ++l)
+              p->graphs.push_back(std::make_unique<GraphOperand>(p->batch.blocks[l].csr(), &p->src_degrees[l]));
+            const auto& inputs = p->batch.input_nodes();
+            p->features = Tensor::empty(static_cast<int64_t>(inputs.size()), store.feature_dim());
+            for (size_t i = 0; i < inputs.size(); ++i)
+              store.read_features(inputs[i], inputs[i] + 1, p->features.f32() + i * store.feature_dim());
+            p->labels.resize(static_cast<size_t>(len));
+            for (int64_t i = 0; i < len; ++i) p->labels[i] = labels[plan.batch(b)[i]];
+            return p;
+          },
+          [&](int64_t b, std::unique_ptr<PreparedBatch>& p) {
+            std::vector<const GraphOperand*> graphs;
+            for (const auto& g : p->graphs) graphs.push_back(g.get());
+            model.zero_grad();
+            Tensor logits = model.forward(graphs, p->features, /*training=*/true,
+                                          kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)));
+            std::vector<int64_t> rows(static_cast<size_t>(logits.rows()));
+            for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+            Tensor grad = Tensor::zeros(logits.rows(), logits.cols());
+            loss_sum += softmax_cross_entropy(logits, p->labels.data(), rows, &grad, nullptr) *
+                        static_cast<double>(rows.size());
+            model.backward(grad);
+            adam.step();
+          });
+      m.loss = loss_sum / static_cast<double>(train_ids.size());
+      m.sample_s = times.prepare_s;
+      m.compute_s = times.consume_s;
+      m.wait_s = times.wait_s;
+      m.batches = plan.num_batches();
+    }
+
+    // Full-neighbourhood evaluation in inference mode (no dropout).
+    const auto t_eval = Clock::now();
+    Tensor logits = model.forward(full_graphs, features(), /*training=*/false, 0);
+    m.train_acc = accuracy(logits, labels, train_ids);
+    m.valid_acc = accuracy(logits, labels, valid_ids);
+    m.test_acc = accuracy(logits, labels, test_ids);
+    m.eval_s = since(t_eval);
+    // Ties go to the later epoch, as in PyG's reference script (`va >= best_val`).
+    const double select = valid_ids.empty() ? m.train_acc : m.valid_acc;
+    if (select >= result.best_valid_acc) {
+      result.best_valid_acc = select;
+      result.test_acc_at_best_valid = m.test_acc;
+      result.best_epoch = epoch;
+      if (!opt.checkpoint_dir.empty()) save(ckpt_dir / "best.ckpt", epoch);
+    }
+    m.epoch_s = since(t_epoch);
+    if (!opt.checkpoint_dir.empty()) save(ckpt_dir / "latest.ckpt", epoch);
+
+    if (metrics.is_open()) {
+      nlohmann::json j = {{"epoch", epoch},          {"loss", m.loss},         {"train_acc", m.train_acc},
+                          {"valid_acc", m.valid_acc}, {"test_acc", m.test_acc}, {"epoch_s", m.epoch_s},
+                          {"sample_s", m.sample_s},   {"compute_s", m.compute_s}, {"wait_s", m.wait_s},
+                          {"eval_s", m.eval_s},       {"batches", m.batches}};
+      metrics << j.dump() << '\n';
+      metrics.flush();
+    }
+    result.last = m;
+    ++result.epochs_run;
+    if (on_epoch) on_epoch(m);
+  }
+
+  if (metrics.is_open()) {
+    nlohmann::json j = {{"final", true},
+                        {"best_valid_acc", result.best_valid_acc},
+                        {"test_acc_at_best_valid", result.test_acc_at_best_valid},
+                        {"best_epoch", result.best_epoch},
+                        {"epochs", opt.epochs}};
+    metrics << j.dump() << '\n';
+  }
+  return result;
+}
+
+}  // namespace gale::engine

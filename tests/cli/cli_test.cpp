@@ -1,0 +1,241 @@
+// The command line as a user meets it: every bad input gets a one-line message naming the file,
+// line or flag, its own exit code (2 input, 3 corrupt store, 4 resource / device), and leaves
+// nothing half-written.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Run {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Run gale(const std::string& args) {
+  const std::string cmd = std::string(GALE_BINARY_DIR) + "/bin/gale " + args + " 2>&1";
+  Run r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("gale-cli-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(dir_ / name, std::ios::binary) << text;
+  }
+  // A small learnable store made by the built-in generator.
+  std::string sbm_store() const {
+    const std::string store = path("sbm.gale");
+    const Run r = gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,feature-dim=16,seed=3 -o " + store);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return store;
+  }
+  // Leaves no store and no temporary directory beside it.
+  void expect_nothing_written(const std::string& store) const {
+    EXPECT_FALSE(fs::exists(store)) << store;
+    for (const auto& e : fs::directory_iterator(fs::path(store).parent_path()))
+      EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  }
+  fs::path dir_;
+};
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST_F(Cli, HelpAndVersionSucceed) {
+  EXPECT_EQ(gale("--help").code, 0);
+  EXPECT_EQ(gale("train --help").code, 0);
+  EXPECT_EQ(gale("--version").code, 0);
+}
+
+TEST_F(Cli, UnknownCommandIsUsageError) {
+  const Run r = gale("trian x");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("trian"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, UnknownFlagIsNamed) {
+  const Run r = gale("train " + path("x.gale") + " --epocs 3");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("epocs"), std::string::npos) << r.out;
+  EXPECT_EQ(lines(r.out), 1) << r.out;
+}
+
+TEST_F(Cli, BadFlagValuesAreNamed) {
+  const std::string store = sbm_store();
+  for (const std::string& bad : {"--fanouts 10,x", "--model gnn", "--device tpu", "--epochs 0", "--dropout 1.5",
+                                 "--layers 2 --fanouts 10,10,10"}) {
+    const Run r = gale("train " + store + " -q " + bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    const std::string flag = bad.substr(bad.rfind("--"), bad.find(' ', bad.rfind("--")) - bad.rfind("--"));
+    EXPECT_NE(r.out.find(flag), std::string::npos) << bad << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+  }
+}
+
+TEST_F(Cli, NonNumericEdgeNamesFileAndLine) {
+  write("edges.csv", "0,1\n1,2\nx3,4\n");
+  const std::string store = path("bad.gale");
+  const Run r = gale("preprocess " + path("edges.csv") + " -o " + store);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("edges.csv:3"), std::string::npos) << r.out;
+  EXPECT_EQ(lines(r.out), 1) << r.out;
+  expect_nothing_written(store);
+}
+
+TEST_F(Cli, MissingInputIsInputError) {
+  const std::string store = path("none.gale");
+  const Run r = gale("preprocess " + path("nope.csv") + " -o " + store);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("nope.csv"), std::string::npos) << r.out;
+  expect_nothing_written(store);
+}
+
+TEST_F(Cli, ExistingStoreIsNotReplacedWithoutForce) {
+  const std::string store = sbm_store();
+  const Run r = gale("preprocess --generate sbm:nodes=100,classes=2,avg-degree=4,feature-dim=4 -o " + store);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(gale("preprocess --generate sbm:nodes=100,classes=2,avg-degree=4,feature-dim=4 --force -o " + store).code, 0);
+  EXPECT_NE(gale("info " + store).out.find("100"), std::string::npos);
+}
+
+TEST_F(Cli, InfoAndVerifyOnAGoodStore) {
+  const std::string store = sbm_store();
+  const Run r = gale("info " + store + " --verify");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("2000"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, FlippedByteIsExitThreeOnVerify) {
+  const std::string store = sbm_store();
+  const fs::path f = fs::path(store) / "features.npy";
+  std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekp(5000);
+  io.put('\x7f');
+  io.close();
+  const Run r = gale("info " + store + " --verify");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("features.npy"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, TruncatedArrayIsExitThree) {
+  const std::string store = sbm_store();
+  fs::resize_file(fs::path(store) / "graph" / "indices.npy", 5000);
+  for (const std::string& cmd : {"info " + store, "train " + store + " -q --epochs 1"}) {
+    const Run r = gale(cmd);
+    EXPECT_EQ(r.code, 3) << cmd << ": " << r.out;
+    EXPECT_NE(r.out.find("indices.npy"), std::string::npos) << r.out;
+  }
+}
+
+TEST_F(Cli, WrongVersionIsExitThree) {
+  const std::string store = sbm_store();
+  const fs::path m = fs::path(store) / "manifest.json";
+  std::ifstream in(m);
+  nlohmann::json j = nlohmann::json::parse(in);
+  in.close();
+  j["format_version"] = 99;
+  std::ofstream(m, std::ios::trunc) << j.dump(2);
+  const Run r = gale("info " + store);
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("version"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, NotAStoreIsInputOrCorrupt) {
+  const Run r = gale("info " + path("missing.gale"));
+  EXPECT_EQ(r.code, 2) << r.out;
+}
+
+TEST_F(Cli, CudaDeviceWithoutOneIsExitFour) {
+  const std::string store = sbm_store();
+  const Run r = gale("train " + store + " -q --epochs 1 --device cuda");
+  EXPECT_EQ(r.code, 4) << r.out;
+  EXPECT_NE(r.out.find("--device"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, StoreWithoutFeaturesCannotTrain) {
+  write("edges.txt", "# a comment\n0 1\n1 2\n2 0\n");
+  const std::string store = path("plain.gale");
+  ASSERT_EQ(gale("preprocess " + path("edges.txt") + " -o " + store).code, 0);
+  const Run r = gale("train " + store + " -q --epochs 1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("features"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, ConfigFileWithUnknownKeyIsNamed) {
+  const std::string store = sbm_store();
+  write("run.ini", "model = gcn\nepocs = 3\n");
+  const Run r = gale("train " + store + " -q --config " + path("run.ini"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("epocs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("run.ini"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, TrainWritesOneJsonObjectPerEpochAndAFinalOne) {
+  const std::string store = sbm_store();
+  write("run.ini", "model = gcn\nhidden = 32\n");
+  const std::string metrics = path("run.jsonl");
+  const Run r = gale("train " + store + " --config " + path("run.ini") + " --epochs 4 --metrics " + metrics +
+                     " --checkpoint-dir " + path("ckpt"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(metrics);
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 5u);
+  for (int e = 0; e < 4; ++e) {
+    for (const char* key : {"epoch", "loss", "train_acc", "valid_acc", "test_acc", "epoch_s"})
+      EXPECT_TRUE(rows[e].contains(key)) << key;
+    EXPECT_EQ(rows[e]["epoch"], e);
+  }
+  EXPECT_EQ(rows[4]["final"], true);
+  EXPECT_TRUE(rows[4].contains("best_valid_acc"));
+  EXPECT_TRUE(rows[4].contains("test_acc_at_best_valid"));
+  EXPECT_TRUE(fs::exists(path("ckpt/latest.ckpt")));
+  // Resume continues to 6 epochs.
+  const Run again = gale("train " + store + " -q --config " + path("run.ini") + " --epochs 6 --resume --checkpoint-dir " +
+                         path("ckpt"));
+  EXPECT_EQ(again.code, 0) << again.out;
+}
+
+TEST_F(Cli, SbmDemoLearnsFarAboveChance) {
+  const std::string store = sbm_store();
+  const std::string metrics = path("m.jsonl");
+  const Run r = gale("train " + store + " -q --model sage --hidden 32 --fanouts 10,10 --batch-size 256 --epochs 5 "
+                     "--metrics " + metrics);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(metrics);
+  nlohmann::json last;
+  for (std::string line; std::getline(in, line);) last = nlohmann::json::parse(line);
+  EXPECT_GT(last["test_acc_at_best_valid"].get<double>(), 0.5);  // chance is 0.25
+}
+
+}  // namespace

@@ -1,0 +1,48 @@
+#include "scheduler/batch_pipeline.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "scheduler/epoch_plan.hpp"
+
+namespace gale::scheduler {
+namespace {
+
+TEST(EpochPlan, EveryEpochIsAPermutationThatDependsOnlyOnSeedAndEpoch) {
+  std::vector<int64_t> ids(1000);
+  std::iota(ids.begin(), ids.end(), 5000);
+  const EpochPlan a(ids, 64, 1, 3), b(ids, 64, 1, 3), c(ids, 64, 1, 4);
+  EXPECT_EQ(a.order(), b.order());
+  EXPECT_NE(a.order(), c.order());
+  std::vector<int64_t> sorted = a.order();
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, ids);
+  EXPECT_EQ(a.num_batches(), 16);
+  EXPECT_EQ(a.batch_length(15), 1000 - 15 * 64);
+}
+
+TEST(BatchPipeline, DeliversEverySeedExactlyOnceInPlanOrderForAnyPrefetch) {
+  std::vector<int64_t> ids(777);
+  std::iota(ids.begin(), ids.end(), 0);
+  for (int prefetch : {1, 2, 3, 8}) {
+    for (int64_t batch : {1, 50, 100, 1000}) {
+      const EpochPlan plan(ids, batch, 9, 0);
+      std::vector<int> seen(ids.size(), 0);
+      int64_t expected_batch = 0;
+      run_batch_pipeline<std::vector<int64_t>>(
+          plan.num_batches(), prefetch,
+          [&](int64_t b) { return std::vector<int64_t>(plan.batch(b), plan.batch(b) + plan.batch_length(b)); },
+          [&](int64_t b, std::vector<int64_t>& seeds) {
+            EXPECT_EQ(b, expected_batch++);
+            for (int64_t s : seeds) seen[s]++;
+          });
+      EXPECT_EQ(expected_batch, plan.num_batches());
+      for (int c : seen) ASSERT_EQ(c, 1) << "prefetch " << prefetch << " batch " << batch;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gale::scheduler

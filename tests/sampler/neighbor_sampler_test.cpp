@@ -1,0 +1,140 @@
+#include "sampler/neighbor_sampler.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/error.hpp"
+#include "kernels/random.hpp"
+
+namespace gale::sampler {
+namespace {
+
+// A random graph with a hub (node 0 has every other node as in-neighbour) and empty rows.
+struct TestGraph {
+  std::vector<int64_t> indptr;
+  std::vector<int32_t> indices;
+  kernels::CsrView view() const {
+    return {static_cast<int64_t>(indptr.size()) - 1, static_cast<int64_t>(indptr.size()) - 1, indptr.data(),
+            indices.data(), nullptr};
+  }
+};
+
+TestGraph random_graph(int64_t n, uint64_t seed) {
+  TestGraph g;
+  kernels::CounterRng rng(seed);
+  g.indptr.push_back(0);
+  for (int64_t v = 0; v < n; ++v) {
+    std::set<int32_t> nbrs;
+    if (v == 0) {
+      for (int32_t u = 1; u < n; ++u) nbrs.insert(u);
+    } else if (v % 7 != 3) {  // every 7th row is empty
+      const int64_t deg = static_cast<int64_t>(rng.below(20));
+      for (int64_t k = 0; k < deg; ++k) nbrs.insert(static_cast<int32_t>(rng.below(static_cast<uint64_t>(n))));
+    }
+    g.indices.insert(g.indices.end(), nbrs.begin(), nbrs.end());
+    g.indptr.push_back(static_cast<int64_t>(g.indices.size()));
+  }
+  return g;
+}
+
+TEST(NeighborSampler, SampledEdgesExistAreDistinctAndRespectFanouts) {
+  const TestGraph g = random_graph(500, 11);
+  const kernels::CsrView csr = g.view();
+  const std::vector<int> fanouts = {5, 3, 7};
+  NeighborSampler sampler(csr, fanouts);
+  std::vector<int64_t> seeds = {0, 3, 10, 42, 77, 499, 250};
+  const SampledBatch batch = sampler.sample(seeds.data(), static_cast<int64_t>(seeds.size()), 99);
+  ASSERT_EQ(batch.blocks.size(), fanouts.size());
+  // The last block's destinations are the seeds in order.
+  EXPECT_EQ(std::vector<int64_t>(batch.blocks.back().src_ids.begin(),
+                                 batch.blocks.back().src_ids.begin() + batch.num_seeds()),
+            seeds);
+  for (size_t l = 0; l < batch.blocks.size(); ++l) {
+    const Block& b = batch.blocks[l];
+    const int fanout = fanouts[fanouts.size() - 1 - l];
+    // Local ids are dense and map to distinct global ids.
+    std::set<int64_t> distinct(b.src_ids.begin(), b.src_ids.end());
+    EXPECT_EQ(distinct.size(), b.src_ids.size());
+    if (l + 1 < batch.blocks.size()) {
+      // A block's destinations are exactly the next block's sources, in order.
+      const Block& next = batch.blocks[l + 1];
+      ASSERT_EQ(b.num_dst(), next.num_src());
+      for (int64_t i = 0; i < b.num_dst(); ++i) EXPECT_EQ(b.src_ids[i], next.src_ids[i]);
+    }
+    for (int64_t d = 0; d < b.num_dst(); ++d) {
+      const int64_t v = b.src_ids[d];
+      const int64_t deg = csr.degree(v);
+      const int64_t taken = b.indptr[d + 1] - b.indptr[d];
+      EXPECT_EQ(taken, std::min<int64_t>(deg, fanout)) << "node " << v;
+      std::set<int64_t> picked;
+      for (int64_t e = b.indptr[d]; e < b.indptr[d + 1]; ++e) {
+        ASSERT_GE(b.indices[e], 0);
+        ASSERT_LT(b.indices[e], b.num_src());
+        const int64_t u = b.src_ids[b.indices[e]];
+        EXPECT_TRUE(std::binary_search(csr.indices + csr.indptr[v], csr.indices + csr.indptr[v + 1], u))
+            << u << " -> " << v << " is not an edge";
+        picked.insert(u);
+      }
+      EXPECT_EQ(static_cast<int64_t>(picked.size()), taken) << "duplicate neighbour of " << v;
+    }
+  }
+}
+
+TEST(NeighborSampler, SameKeySamplesTheSameBlocks) {
+  const TestGraph g = random_graph(300, 5);
+  NeighborSampler sampler(g.view(), {4, 4});
+  std::vector<int64_t> seeds = {0, 1, 2, 3, 200};
+  const SampledBatch a = sampler.sample(seeds.data(), 5, 7);
+  const SampledBatch b = sampler.sample(seeds.data(), 5, 7);
+  const SampledBatch c = sampler.sample(seeds.data(), 5, 8);
+  for (size_t l = 0; l < a.blocks.size(); ++l) {
+    EXPECT_EQ(a.blocks[l].src_ids, b.blocks[l].src_ids);
+    EXPECT_EQ(a.blocks[l].indices, b.blocks[l].indices);
+  }
+  EXPECT_NE(a.blocks[0].src_ids, c.blocks[0].src_ids);
+}
+
+TEST(NeighborSampler, HubNeighbourFrequenciesAreUniform) {
+  // Node 0 has 499 in-neighbours; draw 5 of them many times and check each is picked about
+  // equally often (chi-square with 498 degrees of freedom; 99.9% quantile is about 605).
+  const TestGraph g = random_graph(500, 3);
+  NeighborSampler sampler(g.view(), {5});
+  std::map<int64_t, int64_t> counts;
+  const int draws = 20000;
+  const int64_t seed = 0;
+  for (int k = 0; k < draws; ++k) {
+    const SampledBatch s = sampler.sample(&seed, 1, static_cast<uint64_t>(k));
+    const Block& b = s.blocks[0];
+    for (int64_t e = b.indptr[0]; e < b.indptr[1]; ++e) counts[b.src_ids[b.indices[e]]]++;
+  }
+  ASSERT_EQ(counts.size(), 499u);
+  const double expected = draws * 5.0 / 499.0;
+  double chi2 = 0;
+  for (const auto& [node, c] : counts) chi2 += (c - expected) * (c - expected) / expected;
+  EXPECT_LT(chi2, 605.0);
+}
+
+TEST(NeighborSampler, FanoutMinusOneTakesAllNeighbours) {
+  const TestGraph g = random_graph(100, 2);
+  NeighborSampler sampler(g.view(), {-1});
+  const int64_t seed = 0;
+  const SampledBatch s = sampler.sample(&seed, 1, 1);
+  EXPECT_EQ(s.blocks[0].indptr[1], 99);
+}
+
+TEST(NeighborSampler, BadFanoutsAndSeedsAreInputErrors) {
+  const TestGraph g = random_graph(10, 2);
+  EXPECT_THROW(NeighborSampler(g.view(), {}), InputError);
+  EXPECT_THROW(NeighborSampler(g.view(), {0}), InputError);
+  NeighborSampler sampler(g.view(), {2});
+  const int64_t bad = 10;
+  EXPECT_THROW(sampler.sample(&bad, 1, 0), InputError);
+}
+
+}  // namespace
+}  // namespace gale::sampler
