@@ -36,11 +36,12 @@ test-all: build
 
 # A learnable planted-partition graph, generated, then trained on (GPU when present, else CPU).
 demo: build
-	$(BUILD)/bin/gale preprocess --generate sbm:nodes=50K,classes=8,avg-degree=10,feature-dim=64,seed=1 \
+	@mkdir -p $(DEMO_DIR)
+	$(BUILD)/bin/gale preprocess --generate sbm:nodes=200K,classes=10,avg-degree=12,feature-dim=64,homophily=0.5,seed=1 \
 	    -o $(DEMO_DIR)/sbm.gale --force
 	$(BUILD)/bin/gale info $(DEMO_DIR)/sbm.gale
-	$(BUILD)/bin/gale train $(DEMO_DIR)/sbm.gale --device auto --model sage --layers 2 --hidden 64 \
-	    --fanouts 10,10 --batch-size 1024 --epochs 10 --lr 0.01 --seed 1
+	$(BUILD)/bin/gale train $(DEMO_DIR)/sbm.gale --device auto --model sage --layers 2 --hidden 128 \
+	    --fanouts 10,10 --batch-size 1024 --epochs 10 --seed 1 --metrics $(DEMO_DIR)/metrics.jsonl
 
 clean:
 	rm -rf $(BUILD) $(DEMO_DIR)

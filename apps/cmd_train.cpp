@@ -73,6 +73,8 @@ int run_train(const std::vector<std::string>& args) {
       ("activation", po::value(&activation), "relu | elu (default: elu for GAT, else relu)")
       ("dropout", po::value(&dropout), "dropout on every layer's input (default 0.5, GAT 0.6)")
       ("attn-dropout", po::value(&attn_dropout), "GAT attention dropout")
+      ("gin-mlp-layers", po::value(&o.model.gin_mlp_layers), "GIN: 1 (Linear) or 2 (Linear-ReLU-Linear)")
+      ("gin-eps", po::value(&o.model.gin_eps), "GIN: weight (1 + eps) of a node's own features")
       ("lr", po::value(&lr), "Adam learning rate (default 0.01, GAT 0.005)")
       ("weight-decay", po::value(&o.weight_decay), "L2 weight decay")
       ("epochs", po::value(&epochs), "training epochs")
@@ -116,6 +118,8 @@ int run_train(const std::vector<std::string>& args) {
   o.model.hidden = hidden;
   o.model.heads = heads;
   if (heads < 1) throw InputError("--heads: expected at least 1");
+  if (o.model.gin_mlp_layers != 1 && o.model.gin_mlp_layers != 2)
+    throw InputError("--gin-mlp-layers: expected 1 or 2");
   o.model.dropout = dropout >= 0 ? dropout : (gat ? 0.6f : 0.5f);
   if (o.model.dropout >= 1) throw InputError("--dropout: expected a value in [0, 1)");
   o.model.attn_dropout = attn_dropout;

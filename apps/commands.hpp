@@ -11,6 +11,7 @@ namespace gale::apps {
 int run_preprocess(const std::vector<std::string>& args);
 int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
+int run_predict(const std::vector<std::string>& args);
 
 // "16G", "512M", "1024" -> bytes; throws InputError naming `flag`.
 uint64_t parse_size(const std::string& text, const std::string& flag);

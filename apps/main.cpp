@@ -1,4 +1,4 @@
-// apps/main.cpp — the `gale` command line: preprocess, info, train.
+// apps/main.cpp — the `gale` command line: preprocess, info, train, predict.
 //
 // Every error below is an exception carrying one line; here it is printed as "gale: error: ..."
 // on stderr and turned into the exit code of its type (kernels/error.hpp): 2 bad input or usage,
@@ -26,6 +26,7 @@ constexpr const char* kUsage =
     "  preprocess --generate SPEC -o STORE   generate rmat:... or sbm:... into a store\n"
     "  info STORE [--verify]          counts, degrees, dtypes, splits; --verify checks every hash\n"
     "  train STORE [options]          train a GNN (gcn, sage, gin, gat) on a store\n"
+    "  predict STORE --checkpoint D   class predictions (and logits) for every node\n"
     "\n"
     "run 'gale <command> --help' for a command's options.\n";
 
@@ -50,7 +51,8 @@ int main(int argc, char** argv) {
     if (command == "preprocess") return gale::apps::run_preprocess(args);
     if (command == "info") return gale::apps::run_info(args);
     if (command == "train") return gale::apps::run_train(args);
-    throw gale::InputError("unknown command '" + command + "' (expected preprocess, info or train)");
+    if (command == "predict") return gale::apps::run_predict(args);
+    throw gale::InputError("unknown command '" + command + "' (expected preprocess, info, train or predict)");
   } catch (const gale::Error& e) {
     std::fprintf(stderr, "gale: error: %s\n", e.what());
     return static_cast<int>(e.code());

@@ -31,6 +31,10 @@ class GraphOperand {
   // GCN symmetric normalisation with a self loop: 1 / sqrt(in-degree + 1).
   const float* dst_norm() const { return dst_norm_.data(); }
   const float* src_norm() const { return src_norm_.data(); }
+  // GCN's self-loop coefficient of each destination: dst_norm^2 = 1 / (in-degree + 1).
+  const float* self_norm() const { return self_norm_.data(); }
+  // SAGE mean: 1 / in-degree (0 for a destination without in-neighbours).
+  const float* inv_degree() const { return inv_degree_.data(); }
 
  private:
   kernels::CsrView csr_;
@@ -38,7 +42,7 @@ class GraphOperand {
   std::vector<int32_t> csc_indices_;
   std::vector<float> csc_weights_;
   std::vector<int64_t> csc_edge_;
-  std::vector<float> dst_norm_, src_norm_;
+  std::vector<float> dst_norm_, src_norm_, self_norm_, inv_degree_;
 };
 
 }  // namespace gale::engine

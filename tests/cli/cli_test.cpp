@@ -14,18 +14,21 @@
 #include <string>
 #include <vector>
 
+#include "storage/npy.hpp"
+
+namespace gale {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct CliRun {
   int code = -1;
   std::string out;  // stdout and stderr together
 };
 
-Run gale(const std::string& args) {
+CliRun gale(const std::string& args) {
   const std::string cmd = std::string(GALE_BINARY_DIR) + "/bin/gale " + args + " 2>&1";
-  Run r;
+  CliRun r;
   FILE* p = ::popen(cmd.c_str(), "r");
   char buf[4096];
   size_t n;
@@ -52,7 +55,7 @@ class Cli : public ::testing::Test {
   // A small learnable store made by the built-in generator.
   std::string sbm_store() const {
     const std::string store = path("sbm.gale");
-    const Run r = gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,feature-dim=16,seed=3 -o " + store);
+    const CliRun r = gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,feature-dim=16,seed=3 -o " + store);
     EXPECT_EQ(r.code, 0) << r.out;
     return store;
   }
@@ -78,13 +81,13 @@ TEST_F(Cli, HelpAndVersionSucceed) {
 }
 
 TEST_F(Cli, UnknownCommandIsUsageError) {
-  const Run r = gale("trian x");
+  const CliRun r = gale("trian x");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("trian"), std::string::npos) << r.out;
 }
 
 TEST_F(Cli, UnknownFlagIsNamed) {
-  const Run r = gale("train " + path("x.gale") + " --epocs 3");
+  const CliRun r = gale("train " + path("x.gale") + " --epocs 3");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("epocs"), std::string::npos) << r.out;
   EXPECT_EQ(lines(r.out), 1) << r.out;
@@ -94,7 +97,7 @@ TEST_F(Cli, BadFlagValuesAreNamed) {
   const std::string store = sbm_store();
   for (const std::string& bad : {"--fanouts 10,x", "--model gnn", "--device tpu", "--epochs 0", "--dropout 1.5",
                                  "--layers 2 --fanouts 10,10,10"}) {
-    const Run r = gale("train " + store + " -q " + bad);
+    const CliRun r = gale("train " + store + " -q " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     const std::string flag = bad.substr(bad.rfind("--"), bad.find(' ', bad.rfind("--")) - bad.rfind("--"));
     EXPECT_NE(r.out.find(flag), std::string::npos) << bad << ": " << r.out;
@@ -105,7 +108,7 @@ TEST_F(Cli, BadFlagValuesAreNamed) {
 TEST_F(Cli, NonNumericEdgeNamesFileAndLine) {
   write("edges.csv", "0,1\n1,2\nx3,4\n");
   const std::string store = path("bad.gale");
-  const Run r = gale("preprocess " + path("edges.csv") + " -o " + store);
+  const CliRun r = gale("preprocess " + path("edges.csv") + " -o " + store);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("edges.csv:3"), std::string::npos) << r.out;
   EXPECT_EQ(lines(r.out), 1) << r.out;
@@ -114,7 +117,7 @@ TEST_F(Cli, NonNumericEdgeNamesFileAndLine) {
 
 TEST_F(Cli, MissingInputIsInputError) {
   const std::string store = path("none.gale");
-  const Run r = gale("preprocess " + path("nope.csv") + " -o " + store);
+  const CliRun r = gale("preprocess " + path("nope.csv") + " -o " + store);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("nope.csv"), std::string::npos) << r.out;
   expect_nothing_written(store);
@@ -122,7 +125,7 @@ TEST_F(Cli, MissingInputIsInputError) {
 
 TEST_F(Cli, ExistingStoreIsNotReplacedWithoutForce) {
   const std::string store = sbm_store();
-  const Run r = gale("preprocess --generate sbm:nodes=100,classes=2,avg-degree=4,feature-dim=4 -o " + store);
+  const CliRun r = gale("preprocess --generate sbm:nodes=100,classes=2,avg-degree=4,feature-dim=4 -o " + store);
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_EQ(gale("preprocess --generate sbm:nodes=100,classes=2,avg-degree=4,feature-dim=4 --force -o " + store).code, 0);
   EXPECT_NE(gale("info " + store).out.find("100"), std::string::npos);
@@ -130,7 +133,7 @@ TEST_F(Cli, ExistingStoreIsNotReplacedWithoutForce) {
 
 TEST_F(Cli, InfoAndVerifyOnAGoodStore) {
   const std::string store = sbm_store();
-  const Run r = gale("info " + store + " --verify");
+  const CliRun r = gale("info " + store + " --verify");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("2000"), std::string::npos) << r.out;
 }
@@ -142,7 +145,7 @@ TEST_F(Cli, FlippedByteIsExitThreeOnVerify) {
   io.seekp(5000);
   io.put('\x7f');
   io.close();
-  const Run r = gale("info " + store + " --verify");
+  const CliRun r = gale("info " + store + " --verify");
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("features.npy"), std::string::npos) << r.out;
 }
@@ -151,7 +154,7 @@ TEST_F(Cli, TruncatedArrayIsExitThree) {
   const std::string store = sbm_store();
   fs::resize_file(fs::path(store) / "graph" / "indices.npy", 5000);
   for (const std::string& cmd : {"info " + store, "train " + store + " -q --epochs 1"}) {
-    const Run r = gale(cmd);
+    const CliRun r = gale(cmd);
     EXPECT_EQ(r.code, 3) << cmd << ": " << r.out;
     EXPECT_NE(r.out.find("indices.npy"), std::string::npos) << r.out;
   }
@@ -165,19 +168,19 @@ TEST_F(Cli, WrongVersionIsExitThree) {
   in.close();
   j["format_version"] = 99;
   std::ofstream(m, std::ios::trunc) << j.dump(2);
-  const Run r = gale("info " + store);
+  const CliRun r = gale("info " + store);
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("version"), std::string::npos) << r.out;
 }
 
 TEST_F(Cli, NotAStoreIsInputOrCorrupt) {
-  const Run r = gale("info " + path("missing.gale"));
+  const CliRun r = gale("info " + path("missing.gale"));
   EXPECT_EQ(r.code, 2) << r.out;
 }
 
 TEST_F(Cli, CudaDeviceWithoutOneIsExitFour) {
   const std::string store = sbm_store();
-  const Run r = gale("train " + store + " -q --epochs 1 --device cuda");
+  const CliRun r = gale("train " + store + " -q --epochs 1 --device cuda");
   EXPECT_EQ(r.code, 4) << r.out;
   EXPECT_NE(r.out.find("--device"), std::string::npos) << r.out;
 }
@@ -186,7 +189,7 @@ TEST_F(Cli, StoreWithoutFeaturesCannotTrain) {
   write("edges.txt", "# a comment\n0 1\n1 2\n2 0\n");
   const std::string store = path("plain.gale");
   ASSERT_EQ(gale("preprocess " + path("edges.txt") + " -o " + store).code, 0);
-  const Run r = gale("train " + store + " -q --epochs 1");
+  const CliRun r = gale("train " + store + " -q --epochs 1");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("features"), std::string::npos) << r.out;
 }
@@ -194,7 +197,7 @@ TEST_F(Cli, StoreWithoutFeaturesCannotTrain) {
 TEST_F(Cli, ConfigFileWithUnknownKeyIsNamed) {
   const std::string store = sbm_store();
   write("run.ini", "model = gcn\nepocs = 3\n");
-  const Run r = gale("train " + store + " -q --config " + path("run.ini"));
+  const CliRun r = gale("train " + store + " -q --config " + path("run.ini"));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("epocs"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("run.ini"), std::string::npos) << r.out;
@@ -204,7 +207,7 @@ TEST_F(Cli, TrainWritesOneJsonObjectPerEpochAndAFinalOne) {
   const std::string store = sbm_store();
   write("run.ini", "model = gcn\nhidden = 32\n");
   const std::string metrics = path("run.jsonl");
-  const Run r = gale("train " + store + " --config " + path("run.ini") + " --epochs 4 --metrics " + metrics +
+  const CliRun r = gale("train " + store + " --config " + path("run.ini") + " --epochs 4 --metrics " + metrics +
                      " --checkpoint-dir " + path("ckpt"));
   ASSERT_EQ(r.code, 0) << r.out;
   std::ifstream in(metrics);
@@ -221,15 +224,27 @@ TEST_F(Cli, TrainWritesOneJsonObjectPerEpochAndAFinalOne) {
   EXPECT_TRUE(rows[4].contains("test_acc_at_best_valid"));
   EXPECT_TRUE(fs::exists(path("ckpt/latest.ckpt")));
   // Resume continues to 6 epochs.
-  const Run again = gale("train " + store + " -q --config " + path("run.ini") + " --epochs 6 --resume --checkpoint-dir " +
+  const CliRun again = gale("train " + store + " -q --config " + path("run.ini") + " --epochs 6 --resume --checkpoint-dir " +
                          path("ckpt"));
   EXPECT_EQ(again.code, 0) << again.out;
+  // Predictions for every node from the best checkpoint, as an int32 .npy.
+  const CliRun pred = gale("predict " + store + " --checkpoint " + path("ckpt") + " --out " + path("pred.npy") +
+                        " --embeddings " + path("logits.npy"));
+  ASSERT_EQ(pred.code, 0) << pred.out;
+  const storage::NpyHeader h = storage::read_npy_header(path("pred.npy"));
+  EXPECT_EQ(h.dtype, DType::kI32);
+  ASSERT_EQ(h.shape.size(), 1u);
+  EXPECT_EQ(h.shape[0], 2000);
+  const storage::NpyHeader l = storage::read_npy_header(path("logits.npy"));
+  EXPECT_EQ(l.shape, (std::vector<int64_t>{2000, 4}));
+  const CliRun missing = gale("predict " + store + " --checkpoint " + path("nowhere"));
+  EXPECT_EQ(missing.code, 2) << missing.out;
 }
 
 TEST_F(Cli, SbmDemoLearnsFarAboveChance) {
   const std::string store = sbm_store();
   const std::string metrics = path("m.jsonl");
-  const Run r = gale("train " + store + " -q --model sage --hidden 32 --fanouts 10,10 --batch-size 256 --epochs 5 "
+  const CliRun r = gale("train " + store + " -q --model sage --hidden 32 --fanouts 10,10 --batch-size 64 --epochs 10 "
                      "--metrics " + metrics);
   ASSERT_EQ(r.code, 0) << r.out;
   std::ifstream in(metrics);
@@ -239,3 +254,4 @@ TEST_F(Cli, SbmDemoLearnsFarAboveChance) {
 }
 
 }  // namespace
+}  // namespace gale

@@ -35,6 +35,8 @@ TrainOptions pyg_options(const std::string& model) {
   o.epochs = 200;
   o.lr = 0.01f;
   o.weight_decay = 5e-4f;
+  // PyG's reference GIN is GINConv(Linear): one linear layer as the MLP (anchors/pyg_accuracy.py).
+  if (model == "gin") o.model.gin_mlp_layers = 1;
   if (model == "gat") {
     o.model.hidden = 8;
     o.model.heads = 8;

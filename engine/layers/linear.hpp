@@ -1,0 +1,28 @@
+// engine/layers/linear.hpp — x W (+ b) with its backward, shared by every layer.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/layer.hpp"
+
+namespace gale::engine {
+
+class Linear {
+ public:
+  Linear(const std::string& name, int64_t in, int64_t out, bool bias, uint64_t key);
+  // y = x W (+ b), x rows x in.
+  Tensor forward(const Tensor& x) const;
+  // Accumulates dW = x^T g (and db = column sums of g); returns g W^T when need_input_grad.
+  Tensor backward(const Tensor& x, const Tensor& grad_out, bool need_input_grad);
+  void add_parameters(std::vector<Parameter*>* out);
+  int64_t in() const { return weight_.value.rows(); }
+  int64_t out() const { return weight_.value.cols(); }
+  Parameter& weight() { return weight_; }
+
+ private:
+  Parameter weight_;
+  Parameter bias_;  // undefined when the layer has no bias
+};
+
+}  // namespace gale::engine

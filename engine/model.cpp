@@ -1,0 +1,157 @@
+#include "engine/model.hpp"
+
+#include <cmath>
+
+#include "engine/layers/layers.hpp"
+#include "kernels/dense.hpp"
+#include "kernels/error.hpp"
+#include "kernels/random.hpp"
+
+namespace gale::engine {
+
+struct Model::Saved {
+  bool dropped = false;     // dropout applied to this layer's input
+  uint64_t dropout_key = 0;
+  Tensor activated;         // activation output (hidden layers), for its backward
+};
+
+Model::Model(const ModelConfig& config, uint64_t seed) : config_(config) {
+  const auto& c = config_;
+  if (c.layers < 1) throw InputError("--layers: expected at least 1");
+  if (c.in_dim < 1 || c.out_dim < 1) throw InputError("model: input width and class count must be positive");
+  const int64_t hidden_width = c.model == "gat" ? c.hidden * c.heads : c.hidden;
+  for (int l = 0; l < c.layers; ++l) {
+    const bool last = l + 1 == c.layers;
+    const int64_t in = l == 0 ? c.in_dim : hidden_width;
+    const int64_t out = last ? c.out_dim : hidden_width;
+    const std::string prefix = "layers." + std::to_string(l);
+    const uint64_t key = kernels::derive_key(seed ^ 0x6a1e5eedULL, static_cast<uint64_t>(l));
+    if (c.model == "gcn") layers_.push_back(make_gcn_layer(prefix, in, out, key));
+    else if (c.model == "sage") layers_.push_back(make_sage_layer(prefix, in, out, key));
+    else if (c.model == "gin") layers_.push_back(make_gin_layer(prefix, in, out, c.gin_eps, c.gin_mlp_layers, key));
+    else if (c.model == "gat")
+      layers_.push_back(make_gat_layer(prefix, in, last ? 1 : c.heads, last ? c.out_dim : c.hidden, c.attn_dropout, key));
+    else throw InputError("--model: expected gcn, sage, gin or gat, found '" + c.model + "'");
+  }
+}
+
+Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tensor& x, bool training,
+                      uint64_t rng_key) {
+  GALE_ASSERT(graphs.size() == layers_.size());
+  graphs_ = graphs;
+  saved_.clear();
+  Tensor h = x;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    auto saved = std::make_shared<Saved>();
+    if (training && config_.dropout > 0.0f) {
+      saved->dropped = true;
+      saved->dropout_key = kernels::derive_key(rng_key, 2 * l);
+      Tensor d = Tensor::empty(h.rows(), h.cols());
+      kernels::dropout_forward(h.view(), d.view(), config_.dropout, saved->dropout_key);
+      h = d;
+    }
+    ForwardContext ctx{training, kernels::derive_key(rng_key, 2 * l + 1)};
+    h = layers_[l]->forward(*graphs[l], h, ctx);
+    if (l + 1 < layers_.size()) {
+      if (config_.activation == Activation::kElu) kernels::elu_forward(h.view(), h.view());
+      else kernels::relu_forward(h.view(), h.view());
+      saved->activated = h;
+    }
+    if (training) saved_.push_back(saved);
+  }
+  return h;
+}
+
+void Model::backward(const Tensor& grad_logits) {
+  GALE_ASSERT(saved_.size() == layers_.size());
+  Tensor g = grad_logits;
+  for (size_t l = layers_.size(); l-- > 0;) {
+    const Saved& s = *saved_[l];
+    if (l + 1 < layers_.size()) {
+      Tensor ga = Tensor::empty(g.rows(), g.cols());
+      if (config_.activation == Activation::kElu) kernels::elu_backward(g.view(), s.activated.view(), ga.view());
+      else kernels::relu_backward(g.view(), s.activated.view(), ga.view());
+      g = ga;
+    }
+    g = layers_[l]->backward(*graphs_[l], g, /*need_input_grad=*/l > 0);
+    if (l > 0 && s.dropped) kernels::dropout_backward(g.view(), g.view(), config_.dropout, s.dropout_key);
+  }
+  saved_.clear();
+}
+
+std::vector<Parameter*> Model::parameters() {
+  std::vector<Parameter*> all;
+  for (auto& layer : layers_) {
+    for (Parameter* p : layer->parameters()) all.push_back(p);
+  }
+  return all;
+}
+
+void Model::zero_grad() {
+  for (Parameter* p : parameters()) p->grad.fill(0.0f);
+}
+
+int64_t Model::num_parameters() {
+  int64_t n = 0;
+  for (Parameter* p : parameters()) n += p->value.numel();
+  return n;
+}
+
+double softmax_cross_entropy(const Tensor& logits, const int32_t* labels, const std::vector<int64_t>& rows,
+                             Tensor* grad, int64_t* correct) {
+  const int64_t c = logits.cols();
+  const double inv_n = rows.empty() ? 0.0 : 1.0 / static_cast<double>(rows.size());
+  double loss = 0.0;
+  int64_t right = 0;
+  for (int64_t r : rows) {
+    const float* z = logits.f32() + r * c;
+    const int32_t y = labels[r];
+    GALE_ASSERT(y >= 0 && y < c);
+    float mx = z[0];
+    int64_t arg = 0;
+    for (int64_t k = 1; k < c; ++k) {
+      if (z[k] > mx) {
+        mx = z[k];
+        arg = k;
+      }
+    }
+    right += arg == y;
+    double sum = 0.0;
+    for (int64_t k = 0; k < c; ++k) sum += std::exp(static_cast<double>(z[k] - mx));
+    const double log_sum = std::log(sum);
+    loss += log_sum - static_cast<double>(z[y] - mx);
+    if (grad) {
+      float* g = grad->f32() + r * c;
+      for (int64_t k = 0; k < c; ++k) {
+        const double p = std::exp(static_cast<double>(z[k] - mx) - log_sum);
+        g[k] = static_cast<float>((p - (k == y ? 1.0 : 0.0)) * inv_n);
+      }
+    }
+  }
+  if (correct) *correct = right;
+  return loss * inv_n;
+}
+
+Adam::Adam(std::vector<Parameter*> params, float lr, float weight_decay, float beta1, float beta2, float eps)
+    : params_(std::move(params)), lr_(lr), weight_decay_(weight_decay), beta1_(beta1), beta2_(beta2), eps_(eps) {
+  for (Parameter* p : params_) {
+    m_.push_back(Tensor::zeros(p->value.rows(), p->value.cols()));
+    v_.push_back(Tensor::zeros(p->value.rows(), p->value.cols()));
+  }
+}
+
+void Adam::step() {
+  ++step_;
+  kernels::AdamParams a;
+  a.lr = lr_;
+  a.beta1 = beta1_;
+  a.beta2 = beta2_;
+  a.eps = eps_;
+  a.weight_decay = weight_decay_;
+  a.step = step_;
+  for (size_t i = 0; i < params_.size(); ++i)
+    kernels::adam_update(params_[i]->value.f32(), params_[i]->grad.f32(), m_[i].f32(), v_[i].f32(),
+                         params_[i]->value.numel(), a);
+}
+
+}  // namespace gale::engine

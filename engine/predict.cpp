@@ -1,0 +1,119 @@
+#include "engine/predict.hpp"
+
+#include <tbb/global_control.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "engine/checkpoint.hpp"
+#include "engine/graph.hpp"
+#include "engine/model.hpp"
+#include "kernels/error.hpp"
+#include "kernels/threads.hpp"
+#include "storage/npy.hpp"
+#include "storage/store.hpp"
+
+namespace gale::engine {
+
+namespace {
+
+// Writes an array beside `path` and renames it into place, so a failure leaves no partial file.
+void write_npy_atomically(const std::string& path, DType dtype, std::vector<int64_t> shape, const void* data,
+                          size_t bytes) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  try {
+    storage::NpyWriter w(tmp, dtype, std::move(shape));
+    w.write(data, bytes);
+    w.finish();
+  } catch (...) {
+    std::filesystem::remove(tmp);
+    throw;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp);
+    throw InputError(path + ": cannot write: " + ec.message());
+  }
+}
+
+}  // namespace
+
+PredictReport predict(const PredictOptions& o) {
+  std::optional<tbb::global_control> limit;
+  if (o.threads > 0) {
+    limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.threads));
+    kernels::set_blas_threads(o.threads);
+  }
+  std::filesystem::path file = o.checkpoint;
+  if (std::filesystem::is_directory(file)) file /= "best.ckpt";
+  if (!std::filesystem::exists(file)) throw InputError("--checkpoint: no checkpoint at " + file.string());
+  const CheckpointState state = load_checkpoint(file);
+  const storage::Store store = storage::Store::open(o.store);
+  if (!store.has_features()) throw InputError(o.store + ": the store has no features.npy");
+
+  nlohmann::json id;
+  ModelConfig config;
+  try {
+    id = nlohmann::json::parse(state.config_json);
+    config.model = id.at("model").get<std::string>();
+    config.layers = id.at("layers").get<int>();
+    config.in_dim = id.at("in_dim").get<int64_t>();
+    config.hidden = id.at("hidden").get<int64_t>();
+    config.out_dim = id.at("out_dim").get<int64_t>();
+    config.heads = id.at("heads").get<int>();
+    config.gin_mlp_layers = id.at("gin_mlp_layers").get<int>();
+    config.gin_eps = id.at("gin_eps").get<float>();
+    config.activation = id.at("activation").get<std::string>() == "elu" ? Activation::kElu : Activation::kRelu;
+  } catch (const nlohmann::json::exception& e) {
+    throw CorruptStoreError(file.string() + ": malformed model description: " + e.what());
+  }
+  if (id.value("num_nodes", int64_t{-1}) != store.num_nodes() || config.in_dim != store.feature_dim())
+    throw CorruptStoreError(file.string() + ": checkpoint was trained on another store (" + state.config_json + ")");
+
+  Model model(config, 0);
+  auto params = model.parameters();
+  if (params.size() != state.names.size()) throw CorruptStoreError(file.string() + ": parameter count differs");
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i]->name != state.names[i] || params[i]->value.numel() != state.params[i].numel())
+      throw CorruptStoreError(file.string() + ": parameter " + state.names[i] + " does not match the model");
+    std::copy(state.params[i].f32(), state.params[i].f32() + state.params[i].numel(), params[i]->value.f32());
+  }
+
+  const int64_t n = store.num_nodes();
+  Tensor x = Tensor::empty(n, store.feature_dim());
+  store.read_features(0, n, x.f32());
+  const GraphOperand graph(store.csr());
+  const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
+  const Tensor logits = model.forward(graphs, x, /*training=*/false, 0);
+
+  std::vector<int32_t> pred(static_cast<size_t>(n));
+  for (int64_t v = 0; v < n; ++v) {
+    const float* row = logits.f32() + v * logits.cols();
+    int32_t best = 0;
+    for (int32_t k = 1; k < logits.cols(); ++k) {
+      if (row[k] > row[best]) best = k;
+    }
+    pred[v] = best;
+  }
+  PredictReport report;
+  report.num_nodes = n;
+  if (store.has_labels() && store.has_split("test")) {
+    int64_t correct = 0, total = 0;
+    for (int64_t v : store.split("test")) {
+      if (store.labels()[v] < 0) continue;
+      ++total;
+      correct += pred[v] == store.labels()[v];
+    }
+    if (total > 0) report.test_acc = static_cast<double>(correct) / static_cast<double>(total);
+  }
+  if (!o.out.empty()) write_npy_atomically(o.out, DType::kI32, {n}, pred.data(), pred.size() * sizeof(int32_t));
+  if (!o.embeddings.empty())
+    write_npy_atomically(o.embeddings, DType::kF32, {n, logits.cols()}, logits.f32(), logits.nbytes());
+  return report;
+}
+
+}  // namespace gale::engine

@@ -1,0 +1,126 @@
+#include <cblas.h>
+#include <tbb/parallel_for.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/dense.hpp"
+#include "kernels/random.hpp"
+
+namespace gale::kernels {
+
+namespace {
+
+// Runs body(r) for every row in parallel; grain keeps small matrices on one thread.
+template <typename Body>
+void for_rows(int64_t rows, int64_t cols, Body&& body) {
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols));
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, grain), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t i = r.begin(); i < r.end(); ++i) body(i);
+  });
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    }
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+void add_bias(MatrixView out, const float* bias) {
+  for_rows(out.rows, out.cols, [&](int64_t r) {
+    float* row = out.row(r);
+    for (int64_t c = 0; c < out.cols; ++c) row[c] += bias[c];
+  });
+}
+
+void column_sum(ConstMatrixView x, float* out, bool accumulate) {
+  // Each block of columns is summed over all rows in row order by one task: deterministic.
+  constexpr int64_t kBlock = 64;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, (x.cols + kBlock - 1) / kBlock), [&](const tbb::blocked_range<int64_t>& br) {
+    for (int64_t b = br.begin(); b < br.end(); ++b) {
+      const int64_t c0 = b * kBlock, c1 = std::min(x.cols, c0 + kBlock);
+      double acc[kBlock] = {};
+      for (int64_t r = 0; r < x.rows; ++r) {
+        const float* row = x.row(r);
+        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+      }
+      for (int64_t c = c0; c < c1; ++c) out[c] = static_cast<float>((accumulate ? out[c] : 0.0) + acc[c - c0]);
+    }
+  });
+}
+
+void relu_forward(ConstMatrixView x, MatrixView out) {
+  for_rows(x.rows, x.cols, [&](int64_t r) {
+    const float* in = x.row(r);
+    float* o = out.row(r);
+    for (int64_t c = 0; c < x.cols; ++c) o[c] = in[c] > 0.0f ? in[c] : 0.0f;
+  });
+}
+
+void relu_backward(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in) {
+  for_rows(y.rows, y.cols, [&](int64_t r) {
+    const float* g = grad_out.row(r);
+    const float* yr = y.row(r);
+    float* gi = grad_in.row(r);
+    for (int64_t c = 0; c < y.cols; ++c) gi[c] = yr[c] > 0.0f ? g[c] : 0.0f;
+  });
+}
+
+void elu_forward(ConstMatrixView x, MatrixView out) {
+  for_rows(x.rows, x.cols, [&](int64_t r) {
+    const float* in = x.row(r);
+    float* o = out.row(r);
+    for (int64_t c = 0; c < x.cols; ++c) o[c] = in[c] > 0.0f ? in[c] : std::expm1(in[c]);
+  });
+}
+
+void elu_backward(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in) {
+  for_rows(y.rows, y.cols, [&](int64_t r) {
+    const float* g = grad_out.row(r);
+    const float* yr = y.row(r);
+    float* gi = grad_in.row(r);
+    for (int64_t c = 0; c < y.cols; ++c) gi[c] = yr[c] > 0.0f ? g[c] : g[c] * (yr[c] + 1.0f);
+  });
+}
+
+void dropout_forward(ConstMatrixView x, MatrixView out, float p, uint64_t key) {
+  const float scale = 1.0f / (1.0f - p);
+  for_rows(x.rows, x.cols, [&](int64_t r) {
+    const float* in = x.row(r);
+    float* o = out.row(r);
+    const uint64_t base = static_cast<uint64_t>(r) * static_cast<uint64_t>(x.cols);
+    for (int64_t c = 0; c < x.cols; ++c) o[c] = random_uniform(key, base + c) >= p ? in[c] * scale : 0.0f;
+  });
+}
+
+void dropout_backward(ConstMatrixView grad_out, MatrixView grad_in, float p, uint64_t key) {
+  dropout_forward(grad_out, grad_in, p, key);  // the same mask and scale
+}
+
+void adam_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamParams& p) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
+  const float step_size = static_cast<float>(p.lr / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 4096), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t i = r.begin(); i < r.end(); ++i) {
+      const float grad = g[i] + p.weight_decay * w[i];
+      m[i] = p.beta1 * m[i] + (1.0f - p.beta1) * grad;
+      v[i] = p.beta2 * v[i] + (1.0f - p.beta2) * grad * grad;
+      const float denom = std::sqrt(v[i]) / bc2_sqrt + p.eps;
+      w[i] -= step_size * m[i] / denom;
+    }
+  });
+}
+
+}  // namespace gale::kernels

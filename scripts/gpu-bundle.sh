@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds Gale for sm_90 and packs the binaries, test executables, the data the GPU tests read and
+# the non-system shared libraries they need into one folder (default dist/gpu), so a machine with
+# a GPU but without TBB / Boost / OpenBLAS packages can run them with LD_LIBRARY_PATH=dist/gpu/lib.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-dist/gpu}
+build=${BUILD:-build-gpu}
+export PATH="/usr/local/cuda/bin:$PATH"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DGALE_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+cmake --build "$build" -j "$(nproc)"
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib"
+cp "$build"/bin/* "$out/bin/"
+cp -r tests/data "$out/data"
+# Libraries the GPU machine lacks: everything ldd resolves outside glibc, libstdc++ and CUDA.
+for f in "$out"/bin/*; do
+  ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libstdc++*|libgcc_s*|ld-linux*|libpthread*|libdl.so*|librt.so*|libcuda*|libcudart*|libcublas*|libcusparse*|libnccl*) ;;
+    *) cp -L "$lib" "$out/lib/" ;;
+  esac
+done
+du -sh "$out"

@@ -1,0 +1,208 @@
+#include "storage/generators.hpp"
+
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "kernels/error.hpp"
+#include "kernels/random.hpp"
+#include "storage/text_reader.hpp"
+
+namespace gale::storage {
+
+using kernels::derive_key;
+using kernels::random_bits;
+using kernels::random_uniform;
+
+namespace {
+
+double parse_number(const std::string& key, const std::string& value) {
+  std::string v = value;
+  double scale = 1;
+  if (!v.empty()) {
+    const char s = static_cast<char>(std::toupper(static_cast<unsigned char>(v.back())));
+    if (s == 'K') scale = 1e3;
+    else if (s == 'M') scale = 1e6;
+    else if (s == 'G' || s == 'B') scale = 1e9;
+    if (scale != 1) v.pop_back();
+  }
+  double x;
+  if (!parse_double(v, &x) || !std::isfinite(x) || x < 0)
+    throw InputError("--generate: '" + key + "' expects a non-negative number, found '" + value + "'");
+  return x * scale;
+}
+
+// Standard normal from two counter draws (Box-Muller).
+float gaussian(uint64_t key, uint64_t counter) {
+  const double u1 = (static_cast<double>(random_bits(key, 2 * counter) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+  const double u2 = static_cast<double>(random_bits(key, 2 * counter + 1) >> 11) * (1.0 / 9007199254740992.0);
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+// A bijection on [0, 2^scale): Graph500 scrambles vertex ids so that the R-MAT degree skew is not
+// aligned with id order. Odd multipliers and xor-shifts are invertible modulo 2^scale.
+int64_t scramble(int64_t v, int scale, uint64_t key) {
+  const uint64_t mask = scale >= 64 ? ~0ULL : ((1ULL << scale) - 1);
+  uint64_t x = static_cast<uint64_t>(v);
+  const uint64_t m1 = (kernels::mix64(key) | 1ULL), m2 = (kernels::mix64(key + 1) | 1ULL);
+  const int shift = std::max(1, scale / 2);
+  x = (x * m1) & mask;
+  x ^= x >> shift;
+  x = (x * m2) & mask;
+  x ^= x >> shift;
+  return static_cast<int64_t>(x & mask);
+}
+
+}  // namespace
+
+GeneratorSpec parse_generator(const std::string& spec) {
+  GeneratorSpec g;
+  const size_t colon = spec.find(':');
+  g.kind = spec.substr(0, colon);
+  if (g.kind != "rmat" && g.kind != "sbm")
+    throw InputError("--generate: expected rmat:... or sbm:..., found '" + spec + "'");
+  std::map<std::string, std::string> kv;
+  if (colon != std::string::npos) {
+    std::string rest = spec.substr(colon + 1);
+    size_t pos = 0;
+    while (pos < rest.size()) {
+      size_t comma = rest.find(',', pos);
+      if (comma == std::string::npos) comma = rest.size();
+      const std::string item = rest.substr(pos, comma - pos);
+      const size_t eq = item.find('=');
+      if (eq == std::string::npos || eq == 0)
+        throw InputError("--generate: expected key=value, found '" + item + "' in '" + spec + "'");
+      kv[item.substr(0, eq)] = item.substr(eq + 1);
+      pos = comma + 1;
+    }
+  }
+  auto take = [&](const char* key, bool required, double fallback) {
+    auto it = kv.find(key);
+    if (it == kv.end()) {
+      if (required) throw InputError("--generate " + g.kind + ": missing '" + key + "='");
+      return fallback;
+    }
+    const double v = parse_number(key, it->second);
+    kv.erase(it);
+    return v;
+  };
+  g.seed = static_cast<uint64_t>(take("seed", false, 0));
+  if (g.kind == "rmat") {
+    g.scale = static_cast<int>(take("scale", true, 0));
+    if (g.scale < 1 || g.scale > 40) throw InputError("--generate rmat: 'scale' must be between 1 and 40");
+    g.edge_factor = take("edge-factor", false, 16);
+    g.a = take("a", false, 0.57);
+    g.b = take("b", false, 0.19);
+    g.c = take("c", false, 0.19);
+    if (g.a + g.b + g.c >= 1.0) throw InputError("--generate rmat: a + b + c must be below 1");
+    g.feature_dim = static_cast<int64_t>(take("features", false, 0));
+    g.classes = static_cast<int64_t>(take("classes", false, 0));
+  } else {
+    g.nodes = static_cast<int64_t>(take("nodes", true, 0));
+    g.classes = static_cast<int64_t>(take("classes", true, 0));
+    g.avg_degree = take("avg-degree", false, 10);
+    g.feature_dim = static_cast<int64_t>(take("feature-dim", false, 32));
+    g.homophily = take("homophily", false, 0.8);
+    if (g.nodes < 2) throw InputError("--generate sbm: 'nodes' must be at least 2");
+    if (g.classes < 1 || g.classes > g.nodes) throw InputError("--generate sbm: 'classes' must be between 1 and nodes");
+    if (g.homophily > 1) throw InputError("--generate sbm: 'homophily' must be between 0 and 1");
+    if (g.feature_dim < 1) throw InputError("--generate sbm: 'feature-dim' must be at least 1");
+  }
+  if (!kv.empty()) throw InputError("--generate " + g.kind + ": unknown key '" + kv.begin()->first + "'");
+  return g;
+}
+
+int64_t generator_nodes(const GeneratorSpec& g) { return g.kind == "rmat" ? (int64_t{1} << g.scale) : g.nodes; }
+
+int32_t generated_label(const GeneratorSpec& g, int64_t v) {
+  if (g.classes < 1) return -1;
+  return static_cast<int32_t>(kernels::random_below(derive_key(g.seed, 1), static_cast<uint64_t>(v),
+                                                    static_cast<uint64_t>(g.classes)));
+}
+
+void generated_features(const GeneratorSpec& g, int64_t v, float* row) {
+  const int64_t d = g.feature_dim;
+  const uint64_t noise_key = derive_key(g.seed, 3);
+  if (g.kind == "rmat" || g.classes < 1) {
+    for (int64_t k = 0; k < d; ++k) row[k] = gaussian(noise_key, static_cast<uint64_t>(v * d + k));
+    return;
+  }
+  // Class centroid (entries N(0, 1) scaled so the centroids of two classes are ~1.7 noise standard
+  // deviations apart whatever the width) plus unit noise: one node's features alone are a weak
+  // signal, a neighbourhood mean (mostly same-class under homophily) a strong one.
+  const float signal = 1.2f / std::sqrt(static_cast<float>(d));
+  const uint64_t centroid_key = derive_key(g.seed, 2);
+  const int64_t c = generated_label(g, v);
+  for (int64_t k = 0; k < d; ++k)
+    row[k] = signal * gaussian(centroid_key, static_cast<uint64_t>(c * d + k)) +
+             gaussian(noise_key, static_cast<uint64_t>(v * d + k));
+}
+
+void generate_edges(const GeneratorSpec& g, const std::function<void(int64_t, int64_t)>& emit) {
+  constexpr int64_t kChunk = 1 << 20;
+  const int64_t n = generator_nodes(g);
+  if (g.kind == "rmat") {
+    const int64_t m = static_cast<int64_t>(std::llround(static_cast<double>(n) * g.edge_factor));
+    const uint64_t key = derive_key(g.seed, 10);
+    const double ab = g.a + g.b, a_ab = g.a / ab, c_cd = g.c / (1.0 - ab);
+    std::vector<std::pair<int64_t, int64_t>> chunk;
+    for (int64_t begin = 0; begin < m; begin += kChunk) {
+      const int64_t end = std::min(m, begin + kChunk);
+      chunk.resize(static_cast<size_t>(end - begin));
+      tbb::parallel_for(tbb::blocked_range<int64_t>(begin, end, 4096), [&](const tbb::blocked_range<int64_t>& r) {
+        for (int64_t e = r.begin(); e < r.end(); ++e) {
+          int64_t src = 0, dst = 0;
+          for (int bit = 0; bit < g.scale; ++bit) {
+            const uint64_t ctr = static_cast<uint64_t>(e) * 64 + static_cast<uint64_t>(bit);
+            const double r1 = random_uniform(key, 2 * ctr), r2 = random_uniform(key, 2 * ctr + 1);
+            // Quadrant: a (0,0), b (0,1), c (1,0), d (1,1), as the anchor scripts draw it.
+            const int64_t bs = r1 >= ab ? 1 : 0;
+            const int64_t bd = bs == 0 ? (r2 >= a_ab ? 1 : 0) : (r2 >= c_cd ? 1 : 0);
+            src |= bs << bit;
+            dst |= bd << bit;
+          }
+          chunk[e - begin] = {scramble(src, g.scale, key), scramble(dst, g.scale, key)};
+        }
+      });
+      for (const auto& [s, d] : chunk) emit(s, d);
+    }
+    return;
+  }
+  // SBM: every node draws avg_degree / 2 partners (the caller stores both directions); with
+  // probability `homophily` from its own class, else uniformly.
+  std::vector<std::vector<int64_t>> members(static_cast<size_t>(g.classes));
+  for (int64_t v = 0; v < n; ++v) members[generated_label(g, v)].push_back(v);
+  const double half = g.avg_degree / 2.0;
+  const int64_t whole = static_cast<int64_t>(half);
+  const double frac = half - static_cast<double>(whole);
+  const uint64_t key = derive_key(g.seed, 20);
+  std::vector<std::vector<int64_t>> partners;
+  for (int64_t begin = 0; begin < n; begin += kChunk / 16) {
+    const int64_t end = std::min(n, begin + kChunk / 16);
+    partners.assign(static_cast<size_t>(end - begin), {});
+    tbb::parallel_for(tbb::blocked_range<int64_t>(begin, end, 1024), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t v = r.begin(); v < r.end(); ++v) {
+        const uint64_t vk = derive_key(key, static_cast<uint64_t>(v));
+        uint64_t ctr = 0;
+        const int64_t k = whole + (random_uniform(vk, ctr++) < frac ? 1 : 0);
+        const auto& own = members[generated_label(g, v)];
+        auto& out = partners[v - begin];
+        for (int64_t j = 0; j < k; ++j) {
+          if (random_uniform(vk, ctr++) < g.homophily) {
+            out.push_back(own[kernels::random_below(vk, ctr++, own.size())]);
+          } else {
+            out.push_back(static_cast<int64_t>(kernels::random_below(vk, ctr++, static_cast<uint64_t>(n))));
+          }
+        }
+      }
+    });
+    for (int64_t v = begin; v < end; ++v) {
+      for (int64_t u : partners[v - begin]) emit(v, u);
+    }
+  }
+}
+
+}  // namespace gale::storage

@@ -1,0 +1,227 @@
+#include "storage/npy.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "kernels/error.hpp"
+
+namespace gale::storage {
+
+int64_t NpyHeader::count() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+// NumPy descr for each stored dtype; bf16 has none and travels as '<u2'.
+std::string descr_of(DType t) {
+  switch (t) {
+    case DType::kF32: return "<f4";
+    case DType::kF16: return "<f2";
+    case DType::kBF16: return "<u2";
+    case DType::kF64: return "<f8";
+    case DType::kI32: return "<i4";
+    case DType::kI64: return "<i8";
+    case DType::kU8: return "|u1";
+  }
+  return "";
+}
+
+bool dtype_of(const std::string& descr, DType* out) {
+  static const std::pair<const char*, DType> kDescr[] = {
+      {"<f4", DType::kF32}, {"<f2", DType::kF16}, {"<u2", DType::kBF16}, {"<f8", DType::kF64},
+      {"<i4", DType::kI32}, {"<i8", DType::kI64}, {"|u1", DType::kU8},  {"<u1", DType::kU8}};
+  for (const auto& [d, t] : kDescr) {
+    if (descr == d) {
+      *out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Value text of `key` in a NumPy header dict ("{'descr': '<f4', 'fortran_order': False, ...}").
+std::string dict_value(const std::string& dict, const std::string& key, const std::string& path) {
+  const std::string quoted = "'" + key + "'";
+  size_t p = dict.find(quoted);
+  if (p == std::string::npos) throw InputError(path + ": npy header has no '" + key + "' entry");
+  p = dict.find(':', p + quoted.size());
+  if (p == std::string::npos) throw InputError(path + ": malformed npy header near '" + key + "'");
+  ++p;
+  while (p < dict.size() && dict[p] == ' ') ++p;
+  size_t end;
+  if (dict[p] == '\'') {
+    end = dict.find('\'', p + 1);
+    if (end == std::string::npos) throw InputError(path + ": malformed npy header near '" + key + "'");
+    return dict.substr(p + 1, end - p - 1);
+  }
+  if (dict[p] == '(') {
+    end = dict.find(')', p);
+    if (end == std::string::npos) throw InputError(path + ": malformed npy shape");
+    return dict.substr(p, end - p + 1);
+  }
+  end = dict.find_first_of(",}", p);
+  return dict.substr(p, end - p);
+}
+
+}  // namespace
+
+NpyHeader read_npy_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open: " + std::strerror(errno));
+  char magic[8];
+  if (!in.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0)
+    throw InputError(path + ": not a NumPy .npy file (bad magic)");
+  const int major = static_cast<unsigned char>(magic[6]);
+  size_t header_len = 0;
+  size_t prefix = 0;
+  if (major == 1) {
+    unsigned char len[2];
+    if (!in.read(reinterpret_cast<char*>(len), 2)) throw InputError(path + ": truncated npy header");
+    header_len = len[0] | (static_cast<size_t>(len[1]) << 8);
+    prefix = 10;
+  } else if (major == 2 || major == 3) {
+    unsigned char len[4];
+    if (!in.read(reinterpret_cast<char*>(len), 4)) throw InputError(path + ": truncated npy header");
+    header_len = len[0] | (static_cast<size_t>(len[1]) << 8) | (static_cast<size_t>(len[2]) << 16) |
+                 (static_cast<size_t>(len[3]) << 24);
+    prefix = 12;
+  } else {
+    throw InputError(path + ": unsupported npy format version " + std::to_string(major));
+  }
+  std::string dict(header_len, '\0');
+  if (!in.read(dict.data(), static_cast<std::streamsize>(header_len))) throw InputError(path + ": truncated npy header");
+
+  NpyHeader h;
+  h.data_offset = prefix + header_len;
+  h.descr = dict_value(dict, "descr", path);
+  if (!dtype_of(h.descr, &h.dtype))
+    throw InputError(path + ": unsupported dtype '" + h.descr +
+                     "' (expected little-endian f4, f2, f8, i4, i8, u1, or u2 for bf16)");
+  const std::string fortran = dict_value(dict, "fortran_order", path);
+  h.fortran_order = fortran.find("True") != std::string::npos;
+  const std::string shape = dict_value(dict, "shape", path);
+  for (size_t p = 1; p < shape.size();) {
+    while (p < shape.size() && (shape[p] == ' ' || shape[p] == ',')) ++p;
+    if (p >= shape.size() || shape[p] == ')') break;
+    size_t end = p;
+    while (end < shape.size() && std::isdigit(static_cast<unsigned char>(shape[end]))) ++end;
+    if (end == p) throw InputError(path + ": malformed npy shape " + shape);
+    h.shape.push_back(std::stoll(shape.substr(p, end - p)));
+    p = end;
+  }
+  if (h.fortran_order && h.shape.size() > 1)
+    throw InputError(path + ": Fortran-ordered arrays are not supported (save with numpy.ascontiguousarray)");
+  return h;
+}
+
+struct NpyWriter::Impl {
+  std::string path;
+  int fd = -1;
+  XXH64_state_t* hash = nullptr;
+  uint64_t expected = 0;   // data bytes
+  uint64_t written = 0;
+  uint64_t size = 0;
+  uint64_t digest = 0;
+  std::string buffer;
+  bool finished = false;
+
+  void flush() {
+    const char* p = buffer.data();
+    size_t n = buffer.size();
+    while (n > 0) {
+      const ssize_t w = ::write(fd, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        if (errno == ENOSPC || errno == EDQUOT) throw ResourceError(path + ": no space left on device");
+        throw InputError(path + ": write failed: " + std::strerror(errno));
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+    buffer.clear();
+  }
+  void put(const void* data, size_t bytes) {
+    XXH64_update(hash, data, bytes);
+    size += bytes;
+    buffer.append(static_cast<const char*>(data), bytes);
+    if (buffer.size() >= (8u << 20)) flush();
+  }
+};
+
+NpyWriter::NpyWriter(const std::string& path, DType stored, std::vector<int64_t> shape) : impl_(new Impl) {
+  impl_->path = path;
+  impl_->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (impl_->fd < 0) {
+    const std::string why = std::strerror(errno);
+    delete impl_;
+    throw InputError(path + ": cannot create: " + why);
+  }
+  impl_->hash = XXH64_createState();
+  XXH64_reset(impl_->hash, 0);
+  uint64_t count = 1;
+  std::string dims;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    count *= static_cast<uint64_t>(shape[i]);
+    dims += std::to_string(shape[i]);
+    if (shape.size() == 1 || i + 1 < shape.size()) dims += ",";
+    if (i + 1 < shape.size()) dims += " ";
+  }
+  impl_->expected = count * dtype_size(stored);
+  // v1.0 header: magic, version, little-endian u16 length, dict padded with spaces and '\n' so the
+  // data begins exactly at kNpyDataAlignment.
+  std::string dict = "{'descr': '" + descr_of(stored) + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  const size_t header_len = kNpyDataAlignment - 10;
+  dict.resize(header_len - 1, ' ');
+  dict += '\n';
+  std::string head = "\x93NUMPY";
+  head += '\x01';
+  head += '\x00';
+  head += static_cast<char>(header_len & 0xff);
+  head += static_cast<char>((header_len >> 8) & 0xff);
+  head += dict;
+  impl_->put(head.data(), head.size());
+}
+
+NpyWriter::~NpyWriter() {
+  if (impl_->fd >= 0) ::close(impl_->fd);
+  if (impl_->hash) XXH64_freeState(impl_->hash);
+  delete impl_;
+}
+
+void NpyWriter::write(const void* data, size_t bytes) {
+  impl_->written += bytes;
+  if (impl_->written > impl_->expected)
+    throw InternalError(impl_->path + ": more data written than the header's shape holds");
+  impl_->put(data, bytes);
+}
+
+void NpyWriter::finish() {
+  if (impl_->finished) return;
+  if (impl_->written != impl_->expected)
+    throw InternalError(impl_->path + ": wrote " + std::to_string(impl_->written) + " data bytes, header says " +
+                        std::to_string(impl_->expected));
+  impl_->flush();
+  if (::fsync(impl_->fd) != 0) throw InputError(impl_->path + ": fsync failed: " + std::strerror(errno));
+  if (::close(impl_->fd) != 0) {
+    impl_->fd = -1;
+    throw InputError(impl_->path + ": close failed: " + std::strerror(errno));
+  }
+  impl_->fd = -1;
+  impl_->digest = XXH64_digest(impl_->hash);
+  impl_->finished = true;
+}
+
+uint64_t NpyWriter::file_size() const { return impl_->size; }
+uint64_t NpyWriter::xxh64() const { return impl_->digest; }
+
+}  // namespace gale::storage

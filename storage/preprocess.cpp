@@ -1,0 +1,727 @@
+// gale preprocess: every importer and generator feeds one EdgeSorter and one set of node arrays,
+// and one writer turns them into a store, so the same graph always gives the same bytes.
+#include "storage/preprocess.hpp"
+
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+
+#include "kernels/error.hpp"
+#include "kernels/random.hpp"
+#include "storage/edge_sorter.hpp"
+#include "storage/generators.hpp"
+#include "storage/store.hpp"
+#include "storage/text_reader.hpp"
+
+namespace gale::storage {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A user-supplied .npy array, memory-mapped, with its header.
+struct UserArray {
+  std::string path;
+  NpyHeader header;
+  MappedArray data;
+
+  explicit UserArray(const std::string& p) : path(p), header(read_npy_header(p)) {
+    std::error_code ec;
+    const uint64_t size = fs::file_size(p, ec);
+    const uint64_t need = header.data_offset + static_cast<uint64_t>(header.count()) * dtype_size(header.dtype);
+    if (ec || size < need)
+      throw InputError(p + ": truncated: header promises " + std::to_string(need) + " bytes, file has " + std::to_string(size));
+    data = MappedArray(p, header);
+  }
+  bool is_int() const { return header.dtype == DType::kI32 || header.dtype == DType::kI64; }
+  int64_t int_at(int64_t i) const {
+    return header.dtype == DType::kI32 ? data.as<int32_t>()[i] : data.as<int64_t>()[i];
+  }
+};
+
+// Everything but the topology, with where each piece came from (for messages).
+struct NodeData {
+  std::optional<int64_t> num_nodes;     // when the input states it
+  std::string num_nodes_source;
+  // Features: one of text rows, a .npy, or a generator.
+  int64_t feature_dim = 0;
+  int64_t feature_rows = 0;
+  std::string feature_source;
+  std::vector<float> text_features;
+  std::unique_ptr<UserArray> npy_features;
+  const GeneratorSpec* generator = nullptr;
+  // Labels (-1 unlabelled).
+  bool has_labels = false;
+  std::string label_source;
+  std::vector<int32_t> labels;
+  // Splits by name, with their sources.
+  std::map<std::string, std::vector<int64_t>> splits;
+  std::map<std::string, std::string> split_sources;
+
+  bool has_features() const { return feature_dim > 0; }
+  void feature_row(int64_t v, float* row) const {
+    if (generator) {
+      generated_features(*generator, v, row);
+    } else if (npy_features) {
+      const size_t item = dtype_size(npy_features->header.dtype);
+      convert_to_f32(npy_features->header.dtype,
+                     static_cast<const char*>(npy_features->data.data()) + static_cast<size_t>(v * feature_dim) * item, row,
+                     static_cast<size_t>(feature_dim));
+    } else {
+      std::memcpy(row, text_features.data() + v * feature_dim, static_cast<size_t>(feature_dim) * sizeof(float));
+    }
+  }
+};
+
+// Reads a one-integer-per-line file (plain or gz): OGB's num-node-list, split files.
+std::vector<int64_t> read_id_lines(const std::string& path) {
+  std::vector<int64_t> ids;
+  LineReader in(path);
+  std::string_view line;
+  std::vector<std::string_view> fields;
+  while (in.next(&line)) {
+    split_fields(line, &fields);
+    if (fields.empty()) continue;
+    int64_t v;
+    if (fields.size() != 1 || !parse_int64(fields[0], &v))
+      throw InputError(in.where() + "expected one integer node id, found '" + std::string(line) + "'");
+    if (v < 0) throw InputError(in.where() + "negative node id " + std::to_string(v));
+    ids.push_back(v);
+  }
+  return ids;
+}
+
+std::vector<int64_t> read_ids(const std::string& path) {
+  if (ends_with(path, ".npy")) {
+    UserArray a(path);
+    if (!a.is_int() || a.header.shape.size() != 1) throw InputError(path + ": expected a 1-D int32 or int64 array of node ids");
+    std::vector<int64_t> ids(static_cast<size_t>(a.header.count()));
+    for (int64_t i = 0; i < a.header.count(); ++i) {
+      ids[i] = a.int_at(i);
+      if (ids[i] < 0) throw InputError(path + ": negative node id " + std::to_string(ids[i]) + " at index " + std::to_string(i));
+    }
+    return ids;
+  }
+  return read_id_lines(path);
+}
+
+void read_text_features(const std::string& path, NodeData* nd) {
+  LineReader in(path);
+  std::string_view line;
+  std::vector<std::string_view> fields;
+  while (in.next(&line)) {
+    split_fields(line, &fields);
+    if (fields.empty()) continue;
+    if (nd->feature_dim == 0) nd->feature_dim = static_cast<int64_t>(fields.size());
+    if (static_cast<int64_t>(fields.size()) != nd->feature_dim)
+      throw InputError(in.where() + "expected " + std::to_string(nd->feature_dim) + " values, found " +
+                       std::to_string(fields.size()));
+    for (auto f : fields) {
+      double x;
+      if (!parse_double(f, &x)) throw InputError(in.where() + "expected a number, found '" + std::string(f) + "'");
+      nd->text_features.push_back(static_cast<float>(x));
+    }
+    ++nd->feature_rows;
+  }
+  nd->feature_source = path;
+}
+
+void read_text_labels(const std::string& path, NodeData* nd) {
+  LineReader in(path);
+  std::string_view line;
+  std::vector<std::string_view> fields;
+  while (in.next(&line)) {
+    split_fields(line, &fields);
+    if (fields.size() != 1) {
+      if (fields.empty()) {  // an empty line in a label file is a missing label
+        nd->labels.push_back(-1);
+        continue;
+      }
+      throw InputError(in.where() + "expected one label per line, found " + std::to_string(fields.size()) + " values");
+    }
+    int64_t y;
+    double d;
+    if (parse_int64(fields[0], &y)) {
+    } else if (fields[0] == "nan" || fields[0] == "NaN") {
+      y = -1;
+    } else if (parse_double(fields[0], &d) && d == std::floor(d)) {
+      y = static_cast<int64_t>(d);
+    } else {
+      throw InputError(in.where() + "expected an integer class label, found '" + std::string(fields[0]) + "'");
+    }
+    if (y < -1 || y > INT32_MAX) throw InputError(in.where() + "label " + std::to_string(y) + " out of range");
+    nd->labels.push_back(static_cast<int32_t>(y));
+  }
+  nd->has_labels = true;
+  nd->label_source = path;
+}
+
+void read_npy_features(const std::string& path, NodeData* nd) {
+  nd->npy_features = std::make_unique<UserArray>(path);
+  const NpyHeader& h = nd->npy_features->header;
+  if (h.shape.size() != 2 || !(h.dtype == DType::kF32 || h.dtype == DType::kF64 || h.dtype == DType::kF16))
+    throw InputError(path + ": expected a 2-D float32, float64 or float16 array (nodes x features), found " + h.descr);
+  nd->feature_rows = h.shape[0];
+  nd->feature_dim = h.shape[1];
+  nd->feature_source = path;
+  if (nd->feature_dim == 0) throw InputError(path + ": features have zero columns");
+}
+
+void read_npy_labels(const std::string& path, NodeData* nd) {
+  UserArray a(path);
+  if (!a.is_int() || a.header.shape.size() != 1) throw InputError(path + ": expected a 1-D int32 or int64 array of labels");
+  nd->labels.resize(static_cast<size_t>(a.header.count()));
+  for (int64_t i = 0; i < a.header.count(); ++i) {
+    const int64_t y = a.int_at(i);
+    if (y < -1 || y > INT32_MAX) throw InputError(path + ": label " + std::to_string(y) + " at index " + std::to_string(i) + " out of range");
+    nd->labels[i] = static_cast<int32_t>(y);
+  }
+  nd->has_labels = true;
+  nd->label_source = path;
+}
+
+// ----- topology readers: each streams (src, dst, weight) into `add` ---------------------------
+
+// Readers validate each edge with `check` (an empty string when fine, else what is wrong), prefix
+// the location on failure, and stream good edges into `add`.
+struct EdgeSink {
+  std::function<std::string(int64_t src, int64_t dst)> check;
+  std::function<void(int64_t src, int64_t dst, float w)> add;
+};
+using AddEdge = EdgeSink;
+
+void read_edge_list(const std::string& path, bool* weighted, const AddEdge& add) {
+  LineReader in(path);
+  std::string_view line;
+  std::vector<std::string_view> fields;
+  int columns = 0;
+  while (in.next(&line)) {
+    size_t first = line.find_first_not_of(" \t");
+    if (first == std::string_view::npos) continue;
+    if (line[first] == '#' || line[first] == '%') continue;
+    split_fields(line, &fields);
+    if (columns == 0) {
+      if (fields.size() != 2 && fields.size() != 3)
+        throw InputError(in.where() + "expected 'src dst' or 'src dst weight', found " + std::to_string(fields.size()) +
+                         " columns");
+      columns = static_cast<int>(fields.size());
+      *weighted = columns == 3;
+    } else if (static_cast<int>(fields.size()) != columns) {
+      throw InputError(in.where() + "expected " + std::to_string(columns) + " columns like the first edge, found " +
+                       std::to_string(fields.size()));
+    }
+    int64_t s, d;
+    if (!parse_int64(fields[0], &s) || !parse_int64(fields[1], &d)) {
+      const std::string_view bad = parse_int64(fields[0], &s) ? fields[1] : fields[0];
+      throw InputError(in.where() + "expected two integer node ids, found '" + std::string(bad) + "'");
+    }
+    double w = 1.0;
+    if (columns == 3 && !parse_double(fields[2], &w))
+      throw InputError(in.where() + "expected a numeric weight, found '" + std::string(fields[2]) + "'");
+    const std::string bad = add.check(s, d);
+    if (!bad.empty()) throw InputError(in.where() + bad);
+    add.add(s, d, static_cast<float>(w));
+  }
+  if (columns == 0) throw InputError(path + ": no edges found");
+}
+
+void read_matrix_market(const std::string& path, bool* weighted, NodeData* nd, const AddEdge& add,
+                        const std::function<void()>& n_known) {
+  LineReader in(path);
+  std::string_view line;
+  if (!in.next(&line) || line.rfind("%%MatrixMarket", 0) != 0)
+    throw InputError(path + ":1: expected a '%%MatrixMarket matrix coordinate ...' banner");
+  std::string banner(line);
+  for (auto& ch : banner) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (banner.find("coordinate") == std::string::npos)
+    throw InputError(path + ":1: only 'coordinate' Matrix Market files hold graphs (found '" + std::string(line) + "')");
+  const bool pattern = banner.find("pattern") != std::string::npos;
+  const bool symmetric = banner.find("symmetric") != std::string::npos || banner.find("hermitian") != std::string::npos;
+  if (banner.find("complex") != std::string::npos) throw InputError(path + ":1: complex matrices are not graphs Gale reads");
+  *weighted = !pattern;
+  std::vector<std::string_view> fields;
+  int64_t rows = -1, cols = -1, nnz = -1, seen = 0;
+  while (in.next(&line)) {
+    if (line.empty() || line[0] == '%') continue;
+    split_fields(line, &fields);
+    if (fields.empty()) continue;
+    if (rows < 0) {
+      if (fields.size() != 3 || !parse_int64(fields[0], &rows) || !parse_int64(fields[1], &cols) ||
+          !parse_int64(fields[2], &nnz) || rows < 0 || cols < 0 || nnz < 0)
+        throw InputError(in.where() + "expected the size line 'rows cols entries'");
+      if (!nd->num_nodes) {
+        nd->num_nodes = std::max(rows, cols);
+        nd->num_nodes_source = path;
+      }
+      n_known();
+      continue;
+    }
+    const size_t want = pattern ? 2 : 3;
+    if (fields.size() != want)
+      throw InputError(in.where() + "expected " + std::to_string(want) + " values per entry, found " + std::to_string(fields.size()));
+    int64_t i, j;
+    if (!parse_int64(fields[0], &i) || !parse_int64(fields[1], &j))
+      throw InputError(in.where() + "expected two integer indices, found '" + std::string(line) + "'");
+    if (i < 1 || i > rows || j < 1 || j > cols)
+      throw InputError(in.where() + "entry (" + std::to_string(i) + ", " + std::to_string(j) + ") outside the " +
+                       std::to_string(rows) + " x " + std::to_string(cols) + " matrix (indices are 1-based)");
+    double w = 1.0;
+    if (!pattern && !parse_double(fields[2], &w))
+      throw InputError(in.where() + "expected a numeric value, found '" + std::string(fields[2]) + "'");
+    add.add(i - 1, j - 1, static_cast<float>(w));
+    if (symmetric && i != j) add.add(j - 1, i - 1, static_cast<float>(w));
+    ++seen;
+  }
+  if (rows < 0) throw InputError(path + ": missing the size line");
+  if (seen != nnz)
+    throw InputError(path + ": the size line promises " + std::to_string(nnz) + " entries, found " + std::to_string(seen));
+}
+
+void read_npy_edges(const std::string& path, const AddEdge& add) {
+  UserArray a(path);
+  const auto& s = a.header.shape;
+  if (!a.is_int() || s.size() != 2 || (s[0] != 2 && s[1] != 2))
+    throw InputError(path + ": expected an int32 or int64 edge array of shape (E, 2) or (2, E)");
+  const bool rows_are_edges = s[1] == 2;  // (E, 2); else PyG's edge_index (2, E)
+  const int64_t e = rows_are_edges ? s[0] : s[1];
+  if (e == 0) throw InputError(path + ": no edges found");
+  for (int64_t k = 0; k < e; ++k) {
+    const int64_t src = rows_are_edges ? a.int_at(2 * k) : a.int_at(k);
+    const int64_t dst = rows_are_edges ? a.int_at(2 * k + 1) : a.int_at(e + k);
+    const std::string bad = add.check(src, dst);
+    if (!bad.empty()) throw InputError(path + ": edge " + std::to_string(k) + ": " + bad);
+    add.add(src, dst, 1.0f);
+  }
+}
+
+// ----- writing ---------------------------------------------------------------------------------
+
+// The final CSR, held as counts plus a raw stream of sources on disk until its size is known.
+struct CsrSpill {
+  std::vector<int64_t> indptr;
+  fs::path indices_file, weights_file;
+  int64_t nnz = 0;
+};
+
+// Drains the sorter into a CSR over n nodes: per-row counts in memory, sources (and weights)
+// in raw temporary files.
+CsrSpill drain(EdgeSorter* sorter, int64_t n, bool dedup, bool drop_self, bool weighted, const fs::path& dir) {
+  CsrSpill c;
+  c.indptr.assign(static_cast<size_t>(n + 1), 0);
+  c.indices_file = dir / ".indices.raw";
+  c.weights_file = dir / ".weights.raw";
+  FILE* fi = std::fopen(c.indices_file.c_str(), "wb");
+  FILE* fw = weighted ? std::fopen(c.weights_file.c_str(), "wb") : nullptr;
+  if (!fi || (weighted && !fw)) throw InputError(dir.string() + ": cannot create temporary files");
+  std::vector<int64_t> ib;
+  std::vector<float> wb;
+  auto flush = [&] {
+    if (std::fwrite(ib.data(), sizeof(int64_t), ib.size(), fi) != ib.size() ||
+        (fw && std::fwrite(wb.data(), sizeof(float), wb.size(), fw) != wb.size()))
+      throw ResourceError(dir.string() + ": cannot write temporary files (disk full?)");
+    ib.clear();
+    wb.clear();
+  };
+  sorter->finish(dedup, drop_self, [&](const Edge& e) {
+    c.indptr[e.dst + 1]++;
+    ib.push_back(e.src);
+    if (fw) wb.push_back(e.weight);
+    if (ib.size() >= (1u << 20)) flush();
+    ++c.nnz;
+  });
+  flush();
+  std::fclose(fi);
+  if (fw) std::fclose(fw);
+  for (int64_t v = 0; v < n; ++v) c.indptr[v + 1] += c.indptr[v];
+  return c;
+}
+
+// Streams a raw file of `count` values of `from` into an array of `to` (narrowing int64 ids to
+// int32 when the graph allows).
+void copy_raw(const fs::path& raw, int64_t count, bool narrow_to_i32, NpyWriter* out) {
+  FILE* f = std::fopen(raw.c_str(), "rb");
+  if (!f) throw InputError(raw.string() + ": cannot reopen temporary file");
+  std::vector<int64_t> buf(1 << 20);
+  std::vector<int32_t> narrow;
+  int64_t left = count;
+  while (left > 0) {
+    const size_t want = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(buf.size())));
+    if (std::fread(buf.data(), sizeof(int64_t), want, f) != want) {
+      std::fclose(f);
+      throw InputError(raw.string() + ": short read of temporary file");
+    }
+    if (narrow_to_i32) {
+      narrow.resize(want);
+      for (size_t i = 0; i < want; ++i) narrow[i] = static_cast<int32_t>(buf[i]);
+      out->write(narrow.data(), want * sizeof(int32_t));
+    } else {
+      out->write(buf.data(), want * sizeof(int64_t));
+    }
+    left -= static_cast<int64_t>(want);
+  }
+  std::fclose(f);
+}
+
+void copy_raw_floats(const fs::path& raw, int64_t count, NpyWriter* out) {
+  FILE* f = std::fopen(raw.c_str(), "rb");
+  if (!f) throw InputError(raw.string() + ": cannot reopen temporary file");
+  std::vector<float> buf(1 << 20);
+  int64_t left = count;
+  while (left > 0) {
+    const size_t want = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(buf.size())));
+    if (std::fread(buf.data(), sizeof(float), want, f) != want) {
+      std::fclose(f);
+      throw InputError(raw.string() + ": short read of temporary file");
+    }
+    out->write(buf.data(), want * sizeof(float));
+    left -= static_cast<int64_t>(want);
+  }
+  std::fclose(f);
+}
+
+InputFormat detect(const PreprocessOptions& o) {
+  if (o.format != InputFormat::kAuto) return o.format;
+  if (o.inputs.empty()) return InputFormat::kNpy;
+  const std::string& in = o.inputs[0];
+  if (fs::is_directory(in)) {
+    if (fs::exists(fs::path(in) / "raw" / "edge.csv.gz") || fs::exists(fs::path(in) / "raw" / "edge.csv"))
+      return InputFormat::kOgb;
+    throw InputError(in + ": a directory, but not an OGB node-property folder (no raw/edge.csv.gz)");
+  }
+  if (ends_with(in, ".mtx") || ends_with(in, ".mtx.gz")) return InputFormat::kMatrixMarket;
+  if (ends_with(in, ".npy")) return InputFormat::kNpy;
+  return InputFormat::kEdgeList;
+}
+
+const char* format_name(InputFormat f) {
+  switch (f) {
+    case InputFormat::kEdgeList: return "edge list";
+    case InputFormat::kOgb: return "OGB folder";
+    case InputFormat::kMatrixMarket: return "Matrix Market";
+    case InputFormat::kNpy: return "NumPy";
+    default: return "auto";
+  }
+}
+
+std::string ogb_file(const fs::path& dir, const std::string& rel) {
+  const fs::path gz = dir / (rel + ".gz");
+  if (fs::exists(gz)) return gz.string();
+  if (fs::exists(dir / rel)) return (dir / rel).string();
+  return "";
+}
+
+}  // namespace
+
+PreprocessReport preprocess(const PreprocessOptions& o) {
+  PreprocessReport report;
+  GeneratorSpec gen;
+  const bool generating = !o.generate.empty();
+  if (generating) {
+    gen = parse_generator(o.generate);
+    if (!o.inputs.empty() || !o.edges_npy.empty())
+      throw InputError("--generate: takes no INPUT files or --edges");
+  }
+  const InputFormat format = generating ? InputFormat::kAuto : detect(o);
+  report.format = generating ? "generated " + gen.kind : format_name(format);
+  if (!generating && format != InputFormat::kNpy && o.inputs.empty())
+    throw InputError("preprocess: expected INPUT files");
+  for (const auto& in : o.inputs) {
+    if (!fs::exists(in)) throw InputError(in + ": no such file or directory");
+  }
+  if (o.train_fraction <= 0 || o.valid_fraction < 0 || o.train_fraction + o.valid_fraction > 1)
+    throw InputError("--split-fractions: expected TRAIN,VALID fractions summing to at most 1");
+
+  // Fails early (before any parsing) when the store exists without --force.
+  StoreWriter writer(o.output, o.overwrite);
+  const fs::path sort_parent = o.temp_dir.empty() ? writer.temp_dir().parent_path() : fs::path(o.temp_dir);
+
+  // 1. Node data, and the node count when the input states it.
+  NodeData nd;
+  if (o.num_nodes) {
+    nd.num_nodes = *o.num_nodes;
+    nd.num_nodes_source = "--num-nodes";
+  }
+  const fs::path ogb_dir = format == InputFormat::kOgb ? fs::path(o.inputs[0]) : fs::path();
+  if (generating) {
+    nd.num_nodes = generator_nodes(gen);
+    nd.num_nodes_source = "--generate";
+    if (gen.feature_dim > 0) {
+      nd.feature_dim = gen.feature_dim;
+      nd.feature_rows = *nd.num_nodes;
+      nd.generator = &gen;
+      nd.feature_source = "--generate";
+    }
+    if (gen.classes > 0) {
+      nd.has_labels = true;
+      nd.label_source = "--generate";
+      nd.labels.resize(static_cast<size_t>(*nd.num_nodes));
+      for (int64_t v = 0; v < *nd.num_nodes; ++v) nd.labels[v] = generated_label(gen, v);
+    }
+  } else if (format == InputFormat::kOgb) {
+    const std::string count_file = ogb_file(ogb_dir, "raw/num-node-list.csv");
+    if (!count_file.empty() && !nd.num_nodes) {
+      const auto counts = read_id_lines(count_file);
+      if (counts.size() != 1) throw InputError(count_file + ": expected one node count (one graph)");
+      nd.num_nodes = counts[0];
+      nd.num_nodes_source = count_file;
+    }
+    const std::string feat = ogb_file(ogb_dir, "raw/node-feat.csv");
+    if (!feat.empty() && o.features_npy.empty()) read_text_features(feat, &nd);
+    const std::string lab = ogb_file(ogb_dir, "raw/node-label.csv");
+    if (!lab.empty() && o.labels_npy.empty()) read_text_labels(lab, &nd);
+    const fs::path split_root = ogb_dir / "split";
+    if (fs::is_directory(split_root)) {
+      std::vector<std::string> names;
+      for (const auto& e : fs::directory_iterator(split_root))
+        if (e.is_directory()) names.push_back(e.path().filename().string());
+      std::sort(names.begin(), names.end());
+      std::string name = o.split_name;
+      if (name.empty()) {
+        if (names.size() > 1) {
+          std::string all;
+          for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+          throw InputError(split_root.string() + ": several splits (" + all + "); pick one with --split NAME");
+        }
+        if (!names.empty()) name = names[0];
+      } else if (std::find(names.begin(), names.end(), name) == names.end()) {
+        throw InputError("--split " + name + ": no folder " + (split_root / name).string());
+      }
+      if (!name.empty()) {
+        for (const char* part : {"train", "valid", "test"}) {
+          const std::string f = ogb_file(split_root / name, std::string(part) + ".csv");
+          if (f.empty()) throw InputError((split_root / name).string() + ": missing " + part + ".csv.gz");
+          nd.splits[part] = read_id_lines(f);
+          nd.split_sources[part] = f;
+        }
+      }
+    } else if (!o.split_name.empty()) {
+      throw InputError("--split " + o.split_name + ": " + ogb_dir.string() + " has no split/ folder");
+    }
+  } else if (!o.split_name.empty()) {
+    throw InputError("--split: only OGB folders have named splits");
+  }
+  if (!o.features_npy.empty()) read_npy_features(o.features_npy, &nd);
+  if (!o.labels_npy.empty()) read_npy_labels(o.labels_npy, &nd);
+  const std::pair<const char*, const std::string*> id_files[] = {
+      {"train", &o.train_ids}, {"valid", &o.valid_ids}, {"test", &o.test_ids}};
+  for (const auto& [name, file] : id_files) {
+    if (file->empty()) continue;
+    nd.splits[name] = read_ids(*file);
+    nd.split_sources[name] = *file;
+  }
+  if (!nd.num_nodes && nd.has_features()) {
+    nd.num_nodes = nd.feature_rows;
+    nd.num_nodes_source = nd.feature_source;
+  }
+  if (!nd.num_nodes && nd.has_labels) {
+    nd.num_nodes = static_cast<int64_t>(nd.labels.size());
+    nd.num_nodes_source = nd.label_source;
+  }
+
+  // 2. Edges, checked against the node count as they stream in.
+  EdgeSorter sorter(o.mem_budget, sort_parent);
+  bool weighted = false;
+  int64_t max_id = -1;
+  int64_t limit = nd.num_nodes ? *nd.num_nodes : INT64_MAX;
+  std::string limit_source = nd.num_nodes_source;
+  AddEdge add;
+  add.check = [&](int64_t s, int64_t d) -> std::string {
+    if (s < 0 || d < 0) return "negative node id " + std::to_string(std::min(s, d));
+    if (s >= limit || d >= limit)
+      return "node id " + std::to_string(std::max(s, d)) + " out of range: " + limit_source + " gives " +
+             std::to_string(limit) + " nodes";
+    return std::string();
+  };
+  add.add = [&](int64_t s, int64_t d, float w) {
+    max_id = std::max(max_id, std::max(s, d));
+    sorter.add(s, d, w);
+    if (o.undirected && s != d) sorter.add(d, s, w);
+  };
+  if (generating) {
+    generate_edges(gen, [&](int64_t s, int64_t d) {
+      sorter.add(s, d, 1.0f);
+      if (s != d) sorter.add(d, s, 1.0f);  // generated graphs are undirected
+    });
+    max_id = *nd.num_nodes - 1;
+  } else if (format == InputFormat::kOgb) {
+    const std::string edges = ogb_file(ogb_dir, "raw/edge.csv");
+    read_edge_list(edges, &weighted, add);
+    if (weighted) throw InputError(edges + ": OGB edge files have two columns (src,dst)");
+  } else if (format == InputFormat::kMatrixMarket) {
+    read_matrix_market(o.inputs[0], &weighted, &nd, add, [&] {
+      limit = *nd.num_nodes;
+      limit_source = nd.num_nodes_source;
+    });
+  } else if (format == InputFormat::kNpy) {
+    const std::string file = !o.edges_npy.empty() ? o.edges_npy : o.inputs.at(0);
+    read_npy_edges(file, add);
+  } else {
+    for (const auto& in : o.inputs) read_edge_list(in, &weighted, add);
+  }
+  report.input_edges = sorter.added();
+  const int64_t n = nd.num_nodes ? *nd.num_nodes : max_id + 1;
+  if (n <= 0) throw InputError("preprocess: the graph has no nodes");
+
+  // 3. Node arrays must agree with the node count.
+  if (nd.has_features() && nd.feature_rows != n)
+    throw InputError(nd.feature_source + ": " + std::to_string(nd.feature_rows) + " feature rows for " + std::to_string(n) +
+                     " nodes (" + (nd.num_nodes_source.empty() ? "largest edge id + 1" : nd.num_nodes_source) + ")");
+  if (nd.has_labels && static_cast<int64_t>(nd.labels.size()) != n)
+    throw InputError(nd.label_source + ": " + std::to_string(nd.labels.size()) + " labels for " + std::to_string(n) +
+                     " nodes (" + (nd.num_nodes_source.empty() ? "largest edge id + 1" : nd.num_nodes_source) + ")");
+  for (const auto& [name, ids] : nd.splits) {
+    for (int64_t v : ids) {
+      if (v >= n)
+        throw InputError(nd.split_sources[name] + ": node id " + std::to_string(v) + " out of range for " +
+                         std::to_string(n) + " nodes");
+    }
+  }
+
+  // 4. The CSR (and, with --relabel degree, a second pass in the new order).
+  const bool drop_self = o.self_loops == SelfLoops::kRemove;
+  CsrSpill csr = drain(&sorter, n, o.dedup, drop_self, weighted, writer.temp_dir());
+  report.sorted_runs = sorter.runs();
+  std::vector<int64_t> original;  // stored id -> original id
+  if (o.relabel == Relabel::kDegree) {
+    original.resize(static_cast<size_t>(n));
+    std::iota(original.begin(), original.end(), 0);
+    std::stable_sort(original.begin(), original.end(), [&](int64_t a, int64_t b) {
+      return csr.indptr[a + 1] - csr.indptr[a] > csr.indptr[b + 1] - csr.indptr[b];
+    });
+    std::vector<int64_t> stored(static_cast<size_t>(n));
+    for (int64_t s = 0; s < n; ++s) stored[original[s]] = s;
+    EdgeSorter again(o.mem_budget, sort_parent);
+    FILE* fi = std::fopen(csr.indices_file.c_str(), "rb");
+    FILE* fw = weighted ? std::fopen(csr.weights_file.c_str(), "rb") : nullptr;
+    if (!fi || (weighted && !fw)) throw InputError("cannot reopen temporary edge files");
+    for (int64_t d = 0; d < n; ++d) {
+      for (int64_t k = csr.indptr[d]; k < csr.indptr[d + 1]; ++k) {
+        int64_t s;
+        float w = 1.0f;
+        if (std::fread(&s, sizeof(s), 1, fi) != 1 || (fw && std::fread(&w, sizeof(w), 1, fw) != 1))
+          throw InputError("short read of temporary edge files");
+        again.add(stored[s], stored[d], w);
+      }
+    }
+    std::fclose(fi);
+    if (fw) std::fclose(fw);
+    csr = drain(&again, n, false, false, weighted, writer.temp_dir());
+    report.sorted_runs = std::max(report.sorted_runs, again.runs());
+  }
+  auto orig = [&](int64_t s) { return original.empty() ? s : original[s]; };
+
+  const bool narrow = n < (int64_t{1} << 31);
+  writer.write_array("graph/indptr.npy", DType::kI64, {n + 1}, csr.indptr.data());
+  {
+    NpyWriter& w = writer.begin_array("graph/indices.npy", narrow ? DType::kI32 : DType::kI64, {csr.nnz});
+    copy_raw(csr.indices_file, csr.nnz, narrow, &w);
+    writer.end_array("graph/indices.npy");
+  }
+  fs::remove(csr.indices_file);
+  if (weighted) {
+    NpyWriter& w = writer.begin_array("graph/weights.npy", DType::kF32, {csr.nnz});
+    copy_raw_floats(csr.weights_file, csr.nnz, &w);
+    writer.end_array("graph/weights.npy");
+    fs::remove(csr.weights_file);
+  }
+  Manifest& m = writer.manifest();
+  m.num_nodes = n;
+  m.num_edges = csr.nnz;
+  m.weighted = weighted;
+  report.num_nodes = n;
+  report.num_edges = csr.nnz;
+
+  // 5. Features, row by row in stored order, in parallel chunks written sequentially.
+  if (nd.has_features()) {
+    const int64_t d = nd.feature_dim;
+    NpyWriter& w = writer.begin_array("features.npy", o.feature_dtype, {n, d});
+    const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / (d * 4));
+    std::vector<float> rows;
+    std::vector<char> out;
+    const size_t item = dtype_size(o.feature_dtype);
+    for (int64_t begin = 0; begin < n; begin += chunk) {
+      const int64_t end = std::min(n, begin + chunk);
+      rows.resize(static_cast<size_t>((end - begin) * d));
+      out.resize(rows.size() * item);
+      tbb::parallel_for(tbb::blocked_range<int64_t>(begin, end, 256), [&](const tbb::blocked_range<int64_t>& r) {
+        for (int64_t s = r.begin(); s < r.end(); ++s) {
+          float* row = rows.data() + (s - begin) * d;
+          nd.feature_row(orig(s), row);
+          if (o.normalize_features_row) {
+            // As PyG's examples: x / x.sum(1).clamp(min=1), summed in double in column order.
+            double sum = 0;
+            for (int64_t k = 0; k < d; ++k) sum += row[k];
+            const float denom = static_cast<float>(std::max(sum, 1.0));
+            for (int64_t k = 0; k < d; ++k) row[k] /= denom;
+          }
+          convert_from_f32(o.feature_dtype, row, out.data() + (s - begin) * d * item, static_cast<size_t>(d));
+        }
+      });
+      w.write(out.data(), out.size());
+    }
+    writer.end_array("features.npy");
+    m.feature_dim = d;
+    m.feature_dtype = dtype_name(o.feature_dtype);
+  }
+
+  // 6. Labels and splits (a random split of the labelled nodes when the input has none).
+  if (nd.has_labels) {
+    std::vector<int32_t> labels(static_cast<size_t>(n));
+    int32_t max_label = -1;
+    for (int64_t s = 0; s < n; ++s) {
+      labels[s] = nd.labels[orig(s)];
+      max_label = std::max(max_label, labels[s]);
+    }
+    writer.write_array("labels.npy", DType::kI32, {n}, labels.data());
+    m.num_classes = max_label + 1;
+    if (nd.splits.empty()) {
+      std::vector<int64_t> labelled;
+      for (int64_t v = 0; v < n; ++v)
+        if (nd.labels[v] >= 0) labelled.push_back(v);
+      kernels::CounterRng rng(kernels::derive_key(o.seed, 0x5b11));
+      for (int64_t i = static_cast<int64_t>(labelled.size()) - 1; i > 0; --i)
+        std::swap(labelled[i], labelled[rng.below(static_cast<uint64_t>(i + 1))]);
+      const auto total = static_cast<double>(labelled.size());
+      const auto n_train = static_cast<size_t>(std::llround(total * o.train_fraction));
+      const auto n_valid = std::min(labelled.size() - n_train, static_cast<size_t>(std::llround(total * o.valid_fraction)));
+      nd.splits["train"].assign(labelled.begin(), labelled.begin() + n_train);
+      nd.splits["valid"].assign(labelled.begin() + n_train, labelled.begin() + n_train + n_valid);
+      nd.splits["test"].assign(labelled.begin() + n_train + n_valid, labelled.end());
+    }
+  }
+  std::vector<int64_t> stored_of;
+  if (!original.empty()) {
+    stored_of.resize(static_cast<size_t>(n));
+    for (int64_t s = 0; s < n; ++s) stored_of[original[s]] = s;
+  }
+  for (auto& [name, ids] : nd.splits) {
+    std::vector<int64_t> out(ids);
+    if (!stored_of.empty())
+      for (auto& v : out) v = stored_of[v];
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    writer.write_array("splits/" + name + ".npy", DType::kI64, {static_cast<int64_t>(out.size())}, out.data());
+    m.splits[name] = static_cast<int64_t>(out.size());
+  }
+  if (!original.empty()) {
+    writer.write_array("relabel.npy", DType::kI64, {n}, original.data());
+    m.relabelled = true;
+  }
+  writer.commit();
+  return report;
+}
+
+}  // namespace gale::storage

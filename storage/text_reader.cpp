@@ -1,0 +1,106 @@
+#include "storage/text_reader.hpp"
+
+#include <zlib.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/error.hpp"
+
+namespace gale::storage {
+
+namespace {
+constexpr size_t kChunk = 1 << 20;
+}
+
+LineReader::LineReader(const std::string& path) : path_(path), buf_(kChunk) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) throw InputError(path + ": cannot open: " + std::strerror(errno ? errno : ENOENT));
+  gzbuffer(f, 1 << 18);
+  gz_ = f;
+}
+
+LineReader::~LineReader() {
+  if (gz_) gzclose(static_cast<gzFile>(gz_));
+}
+
+bool LineReader::fill() {
+  if (eof_) return false;
+  const int n = gzread(static_cast<gzFile>(gz_), buf_.data(), static_cast<unsigned>(buf_.size()));
+  int err = Z_OK;
+  const char* msg = gzerror(static_cast<gzFile>(gz_), &err);
+  if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
+    // zlib reports a stream cut short as Z_BUF_ERROR ("unexpected end of file").
+    if (err == Z_BUF_ERROR) throw InputError(path_ + ": truncated gzip stream (unexpected end of file)");
+    throw InputError(path_ + ": corrupt gzip stream (" + std::string(msg ? msg : "read error") + ")");
+  }
+  begin_ = 0;
+  end_ = static_cast<size_t>(n);
+  if (n == 0) eof_ = true;
+  return n > 0;
+}
+
+bool LineReader::next(std::string_view* line) {
+  carry_.clear();
+  for (;;) {
+    if (begin_ == end_ && !fill()) {
+      if (carry_.empty()) return false;
+      break;  // last line without a newline
+    }
+    const char* start = buf_.data() + begin_;
+    const void* nl = std::memchr(start, '\n', end_ - begin_);
+    if (nl != nullptr) {
+      const size_t len = static_cast<const char*>(nl) - start;
+      if (carry_.empty()) {
+        *line = std::string_view(start, len);
+      } else {
+        carry_.append(start, len);
+        *line = carry_;
+      }
+      begin_ += len + 1;
+      ++line_;
+      if (!line->empty() && line->back() == '\r') line->remove_suffix(1);
+      return true;
+    }
+    carry_.append(start, end_ - begin_);
+    begin_ = end_;
+  }
+  ++line_;
+  *line = carry_;
+  if (!line->empty() && line->back() == '\r') line->remove_suffix(1);
+  return true;
+}
+
+void split_fields(std::string_view line, std::vector<std::string_view>* fields) {
+  fields->clear();
+  size_t i = 0;
+  const size_t n = line.size();
+  while (i < n) {
+    while (i < n && (line[i] == ',' || line[i] == '\t' || line[i] == ' ')) ++i;
+    if (i >= n) break;
+    size_t j = i;
+    while (j < n && line[j] != ',' && line[j] != '\t' && line[j] != ' ') ++j;
+    fields->push_back(line.substr(i, j - i));
+    i = j;
+  }
+}
+
+bool parse_int64(std::string_view t, int64_t* out) {
+  if (!t.empty() && t[0] == '+') t.remove_prefix(1);
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), *out);
+  return ec == std::errc() && p == t.data() + t.size() && !t.empty();
+}
+
+bool parse_double(std::string_view t, double* out) {
+  if (t.empty()) return false;
+  // strtod is locale-sensitive only for the decimal point; Gale never sets a locale, so "C".
+  std::string s(t);
+  char* end = nullptr;
+  errno = 0;
+  *out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
+}
+
+}  // namespace gale::storage
