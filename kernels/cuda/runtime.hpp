@@ -1,0 +1,207 @@
+// kernels/cuda/runtime.hpp — the CUDA device runtime every GPU component builds on.
+//
+// Offers: device discovery (device_count, require_device, device_info), DeviceGuard (make a device
+// current for a scope), RAII Stream, Event and CublasHandle, the per-device MemoryPool that charges
+// every allocation against the `--gpu-mem-budget`, and stream-ordered copies. Owning buffers sit in
+// buffer.hpp, the error macros in check.hpp.
+//
+// Conventions: every op takes a cudaStream_t (Stream converts implicitly) and never blocks the
+// host unless its name says so (synchronize, *_and_wait, elapsed_ms). Objects are created for an
+// explicit device ordinal and do not depend on the caller's current device. Lifetimes: a pool
+// outlives its buffers and handles; a stream outlives the buffers and handles bound to it (they
+// free their memory on it).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/budget.hpp"
+#include "kernels/cuda/check.hpp"
+
+namespace gale::kernels::cuda {
+
+// Number of CUDA devices; 0 when there is no GPU or no driver. Never throws.
+int device_count() noexcept;
+
+// Throws DeviceError "no CUDA device N (found M)" unless `ordinal` names a present device.
+void require_device(int ordinal);
+
+struct DeviceInfo {
+  std::string name;             // "NVIDIA H100 80GB HBM3"
+  uint64_t total_memory = 0;    // bytes
+  int multiprocessors = 0;      // SM count, for sizing persistent grids
+  int compute_major = 0;        // 9 on Hopper
+  int compute_minor = 0;
+};
+DeviceInfo device_info(int ordinal);
+
+// Makes `ordinal` the calling thread's current device for a scope, then restores the previous one.
+// Kernel launches, stream and event creation act on the current device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int ordinal);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+class Event;
+
+// An owned, non-blocking stream: it never serialises with the legacy default stream, which other
+// libraries may use, so Gale's copies and kernels overlap with theirs.
+class Stream {
+ public:
+  explicit Stream(int device);
+  ~Stream();
+  Stream(Stream&& other) noexcept;
+  Stream& operator=(Stream&& other) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  cudaStream_t get() const noexcept { return stream_; }
+  operator cudaStream_t() const noexcept { return stream_; }  // NOLINT: ops take cudaStream_t
+  int device() const noexcept { return device_; }
+
+  // Work enqueued on this stream after the call waits until `event` has completed; the host does
+  // not wait. This is how a buffer produced on one stream is handed to another.
+  void wait(const Event& event) const;
+  // Blocks the host until all work on this stream has finished.
+  void synchronize() const;
+
+ private:
+  void reset() noexcept;
+
+  cudaStream_t stream_ = nullptr;
+  int device_ = -1;
+};
+
+// An owned event. Sync-only events (the default) skip timestamping and are cheaper to record.
+class Event {
+ public:
+  enum class Timing { kDisabled, kEnabled };
+
+  explicit Event(int device, Timing timing = Timing::kDisabled);
+  ~Event();
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  cudaEvent_t get() const noexcept { return event_; }
+  int device() const noexcept { return device_; }
+
+  // Captures the work enqueued on `stream` so far.
+  void record(cudaStream_t stream);
+  // True when the captured work has finished; never blocks.
+  bool ready() const;
+  // Blocks the host until the captured work has finished.
+  void synchronize() const;
+
+ private:
+  void reset() noexcept;
+
+  cudaEvent_t event_ = nullptr;
+  int device_ = -1;
+};
+
+// Milliseconds of GPU time between two recorded timing events; waits for `end` to complete.
+float elapsed_ms(const Event& start, const Event& end);
+
+// One device's stream-ordered memory pool (cudaMemPoolCreate + cudaMallocFromPoolAsync), charged
+// against one budget. At most one pool exists per device at a time, so one budget governs every
+// byte Gale puts on a GPU: storage tiers, samplers and the engine all allocate through it.
+//
+// Freed memory stays cached in the pool (release threshold = the budget) and is reused by later
+// allocations without a driver call, also across stream synchronisations. The budget counts
+// the bytes of live allocations: a free returns its bytes when it is enqueued, the pool reuses
+// the memory once the stream reaches the free.
+class MemoryPool {
+ public:
+  // budget_text: the budget as the user wrote it ("8G"), for messages.
+  explicit MemoryPool(int device, uint64_t budget_bytes = MemoryBudget::kUnlimited,
+                      std::string budget_text = {});
+  ~MemoryPool();
+  MemoryPool(const MemoryPool&) = delete;
+  MemoryPool& operator=(const MemoryPool&) = delete;
+
+  // Stream-ordered allocation usable by work on `stream` (and on streams ordered after it).
+  // Throws ResourceError, before touching the device, when the budget would be exceeded, and
+  // ResourceError when the device itself runs out. 0 bytes gives nullptr.
+  void* allocate(size_t bytes, cudaStream_t stream);
+  // Frees once `stream` reaches this point; `bytes` is what was allocated. Never throws.
+  void deallocate(void* ptr, size_t bytes, cudaStream_t stream) noexcept;
+
+  int device() const noexcept { return device_; }
+  cudaMemPool_t get() const noexcept { return pool_; }
+  const MemoryBudget& budget() const noexcept { return budget_; }
+  uint64_t in_use() const noexcept { return budget_.in_use(); }
+  uint64_t peak() const noexcept { return budget_.peak(); }
+  void reset_peak() noexcept { budget_.reset_peak(); }
+  // Bytes the pool holds from the driver: in use plus cached free memory.
+  uint64_t reserved() const;
+  // Returns cached free memory beyond `keep_bytes` to the driver (e.g. before NCCL or cuBLAS
+  // allocate outside the pool).
+  void trim(uint64_t keep_bytes = 0);
+
+ private:
+  int device_;
+  cudaMemPool_t pool_ = nullptr;
+  MemoryBudget budget_;
+};
+
+// A cuBLAS handle bound to one stream for its whole life. Its workspace comes from the pool, so
+// it is charged to the budget like every other byte (cuBLAS would otherwise cudaMalloc its own).
+class CublasHandle {
+ public:
+  // 32 MiB is the workspace cuBLAS recommends on Hopper (4 MiB suffices on older GPUs).
+  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
+
+  CublasHandle(const Stream& stream, MemoryPool& pool,
+               size_t workspace_bytes = kDefaultWorkspaceBytes);
+  ~CublasHandle();
+  CublasHandle(CublasHandle&& other) noexcept;
+  CublasHandle& operator=(CublasHandle&& other) noexcept;
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+
+  cublasHandle_t get() const noexcept { return handle_; }
+  operator cublasHandle_t() const noexcept { return handle_; }  // NOLINT: cuBLAS calls take it
+  cudaStream_t stream() const noexcept { return stream_; }
+
+ private:
+  void reset() noexcept;
+
+  cublasHandle_t handle_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  MemoryPool* pool_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+};
+
+// Stream-ordered copy of `bytes`; direction given by `kind`. A pageable host source may be reused
+// when the call returns (the driver stages it); a pinned host buffer must stay alive, and a host
+// destination must not be read, until the stream reaches the copy.
+void copy_bytes(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                cudaStream_t stream);
+
+template <typename T>
+void copy_to_device(T* dst, const T* src, size_t count, cudaStream_t stream) {
+  copy_bytes(dst, src, count * sizeof(T), cudaMemcpyHostToDevice, stream);
+}
+template <typename T>
+void copy_to_host(T* dst, const T* src, size_t count, cudaStream_t stream) {
+  copy_bytes(dst, src, count * sizeof(T), cudaMemcpyDeviceToHost, stream);
+}
+template <typename T>
+void copy_on_device(T* dst, const T* src, size_t count, cudaStream_t stream) {
+  copy_bytes(dst, src, count * sizeof(T), cudaMemcpyDeviceToDevice, stream);
+}
+
+}  // namespace gale::kernels::cuda

@@ -1,0 +1,198 @@
+// The CUDA device runtime on a real GPU: budgets, pools, buffers, copies, streams, events, cuBLAS.
+// Every test skips with a reason when no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cuda/buffer.hpp"
+#include "kernels/cuda/fill.hpp"
+#include "kernels/cuda/runtime.hpp"
+#include "kernels/random.hpp"
+
+namespace gale::kernels::cuda {
+namespace {
+
+constexpr size_t kKiB = size_t{1} << 10;
+constexpr size_t kMiB = size_t{1} << 20;
+
+class GpuRuntime : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
+  }
+};
+
+TEST_F(GpuRuntime, BudgetExceededThrowsBeforeTouchingTheDevice) {
+  MemoryPool pool(0, 1 * kMiB, "1M");
+  Stream stream(0);
+  DeviceBuffer<uint8_t> held(pool, 768 * kKiB, stream);
+  const uint64_t reserved_before = pool.reserved();
+  try {
+    DeviceBuffer<uint8_t> refused(pool, 512 * kKiB, stream);
+    FAIL() << "allocation past the budget did not throw";
+  } catch (const ResourceError& e) {
+    EXPECT_STREQ(e.what(), "--gpu-mem-budget 1M exceeded: allocating 512 KiB with 768 KiB in use");
+  }
+  EXPECT_EQ(pool.in_use(), 768 * kKiB);
+  EXPECT_EQ(pool.reserved(), reserved_before);
+  DeviceBuffer<uint8_t> fits(pool, 256 * kKiB, stream);  // exactly up to the budget is allowed
+  EXPECT_EQ(pool.in_use(), 1 * kMiB);
+}
+
+TEST_F(GpuRuntime, PeakIsTheHighWaterMarkOfLiveBytes) {
+  MemoryPool pool(0);
+  Stream stream(0);
+  DeviceBuffer<float> a(pool, kMiB / sizeof(float), stream);
+  {
+    DeviceBuffer<float> b(pool, 2 * kMiB / sizeof(float), stream);
+    EXPECT_EQ(pool.in_use(), 3 * kMiB);
+  }
+  DeviceBuffer<float> c(pool, 512 * kKiB / sizeof(float), stream);
+  EXPECT_EQ(pool.in_use(), 1 * kMiB + 512 * kKiB);
+  EXPECT_EQ(pool.peak(), 3 * kMiB);
+  pool.reset_peak();
+  EXPECT_EQ(pool.peak(), pool.in_use());
+}
+
+TEST_F(GpuRuntime, FreedBuffersReturnInUseToZeroAndTheirMemoryIsReused) {
+  MemoryPool pool(0);
+  Stream stream(0);
+  {
+    DeviceBuffer<int64_t> a(pool, 1000, stream);
+    DeviceBuffer<int64_t> moved(std::move(a));
+    EXPECT_TRUE(a.empty());
+    DeviceBuffer<int64_t> b(pool, 3000, stream);
+    b = std::move(moved);  // frees b's 3000 elements, takes a's 1000
+    EXPECT_EQ(pool.in_use(), 1000 * sizeof(int64_t));
+    DeviceBuffer<int64_t> c(pool, 0, stream);
+    EXPECT_EQ(c.data(), nullptr);
+  }
+  EXPECT_EQ(pool.in_use(), 0u);
+
+  // The release threshold keeps freed memory in the pool across synchronisations, so a second
+  // round of the same allocations needs nothing new from the driver.
+  { DeviceBuffer<uint8_t> first(pool, 64 * kMiB, stream); }
+  stream.synchronize();
+  const uint64_t reserved = pool.reserved();
+  EXPECT_GE(reserved, 64 * kMiB);
+  { DeviceBuffer<uint8_t> second(pool, 64 * kMiB, stream); }
+  stream.synchronize();
+  EXPECT_EQ(pool.reserved(), reserved);
+  EXPECT_EQ(pool.in_use(), 0u);
+}
+
+TEST_F(GpuRuntime, RandomDataSurvivesARoundTripAndFillSetsOnlyItsRange) {
+  const uint64_t key = std::random_device{}();
+  SCOPED_TRACE("random key " + std::to_string(key));
+  constexpr size_t kCount = 1'000'003;  // not a multiple of the block size
+  std::vector<float> host(kCount);
+  for (size_t i = 0; i < kCount; ++i) host[i] = random_uniform(key, i) * 2.0f - 1.0f;
+
+  MemoryPool pool(0);
+  Stream stream(0);
+  DeviceBuffer<float> x = to_device(pool, host, stream);
+  EXPECT_EQ(to_host_and_wait(x.view(), stream), host);
+
+  const size_t begin = kCount / 3, count = kCount / 4;
+  fill(x.data() + begin, count, 7.5f, stream);
+  for (size_t i = begin; i < begin + count; ++i) host[i] = 7.5f;
+  EXPECT_EQ(to_host_and_wait(x.view(), stream), host);
+
+  DeviceBuffer<int64_t> ids(pool, 4097, stream);
+  fill<int64_t>(ids.data(), ids.size(), -1, stream);
+  EXPECT_EQ(to_host_and_wait(ids.view(), stream), std::vector<int64_t>(4097, -1));
+}
+
+TEST_F(GpuRuntime, EventsTimeStreamWorkAndOrderOtherStreams) {
+  MemoryPool pool(0);
+  Stream producer(0), consumer(0);
+  constexpr size_t kCount = size_t{64} << 20;  // 256 MiB of floats: long enough to time
+  DeviceBuffer<float> x(pool, kCount, producer);
+  Event start(0, Event::Timing::kEnabled), end(0, Event::Timing::kEnabled);
+  start.record(producer);
+  fill(x.data(), kCount, 3.0f, producer);
+  end.record(producer);
+
+  // The consumer copies the tail only after the producer's fill, without the host waiting.
+  Event filled(0);
+  filled.record(producer);
+  consumer.wait(filled);
+  std::vector<float> tail(1024);
+  copy_to_host(tail.data(), x.data() + kCount - tail.size(), tail.size(), consumer);
+  consumer.synchronize();
+  EXPECT_EQ(tail, std::vector<float>(1024, 3.0f));
+
+  const float ms = elapsed_ms(start, end);
+  EXPECT_GT(ms, 0.0f);
+  EXPECT_LT(ms, 10'000.0f);
+  EXPECT_TRUE(end.ready());
+}
+
+TEST_F(GpuRuntime, CublasWorkspaceIsChargedToThePool) {
+  MemoryPool pool(0);
+  Stream stream(0);
+  {
+    CublasHandle cublas(stream, pool);
+    EXPECT_EQ(pool.in_use(), CublasHandle::kDefaultWorkspaceBytes);
+    // C = A·B with 2×2 column-major matrices: [1 3; 2 4]·[5 7; 6 8] = [23 31; 34 46].
+    DeviceBuffer<float> a = to_device(pool, std::vector<float>{1, 2, 3, 4}, stream);
+    DeviceBuffer<float> b = to_device(pool, std::vector<float>{5, 6, 7, 8}, stream);
+    DeviceBuffer<float> c(pool, 4, stream);
+    const float alpha = 1.0f, beta = 0.0f;
+    GALE_CHECK_CUBLAS(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &alpha, a.data(), 2,
+                                  b.data(), 2, &beta, c.data(), 2));
+    EXPECT_EQ(to_host_and_wait(c.view(), stream), (std::vector<float>{23, 34, 31, 46}));
+  }
+  EXPECT_EQ(pool.in_use(), 0u);
+}
+
+TEST_F(GpuRuntime, ConcurrentAllocationsFromManyThreadsStayWithinTheBudget) {
+  constexpr uint64_t kBudget = 64 * kMiB;
+  MemoryPool pool(0, kBudget);
+  std::vector<std::thread> threads;
+  std::vector<int> refused(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&pool, &refused, t] {
+      Stream stream(0);
+      for (int i = 0; i < 200; ++i) {
+        try {
+          DeviceBuffer<uint8_t> buffer(pool, 12 * kMiB, stream);
+          fill<uint8_t>(buffer.data(), buffer.size(), 1, stream);
+        } catch (const ResourceError&) {
+          ++refused[t];
+        }
+      }
+      stream.synchronize();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(pool.in_use(), 0u);
+  EXPECT_LE(pool.peak(), kBudget);
+  for (int r : refused) EXPECT_EQ(r, 0);  // 4 threads × 12 MiB always fit in 64 MiB
+}
+
+TEST_F(GpuRuntime, ASecondPoolOnOneDeviceIsABug) {
+  MemoryPool pool(0);
+  EXPECT_THROW(MemoryPool second(0), InternalError);
+}
+
+TEST_F(GpuRuntime, MissingDeviceIsADeviceError) {
+  EXPECT_THROW(require_device(99), DeviceError);
+  EXPECT_THROW(Stream stream(99), DeviceError);
+  EXPECT_THROW(MemoryPool pool(99), DeviceError);
+}
+
+TEST_F(GpuRuntime, DeviceInfoDescribesDeviceZero) {
+  const DeviceInfo info = device_info(0);
+  EXPECT_FALSE(info.name.empty());
+  EXPECT_GT(info.total_memory, 0u);
+  EXPECT_GT(info.multiprocessors, 0);
+  EXPECT_GE(info.compute_major, 7);
+}
+
+}  // namespace
+}  // namespace gale::kernels::cuda
