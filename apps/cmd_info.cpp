@@ -22,12 +22,7 @@ int run_info(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << desc << '\n';
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_command_line(args, desc, pos, &vm)) return 0;
   if (path.empty()) throw InputError("info: expected a STORE path");
   const storage::Store store = storage::Store::open(path);
   std::fputs(storage::describe_store(store).c_str(), stdout);

@@ -25,12 +25,7 @@ int run_predict(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << desc << '\n';
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_command_line(args, desc, pos, &vm)) return 0;
   if (o.store.empty()) throw InputError("predict: expected a STORE path");
   if (o.checkpoint.empty()) throw InputError("--checkpoint: expected a checkpoint file or directory");
   const engine::PredictReport r = engine::predict(o);

@@ -50,12 +50,7 @@ int run_preprocess(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("input", -1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << desc << '\n';
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_command_line(args, desc, pos, &vm)) return 0;
 
   if (o.output.empty()) throw InputError("-o/--output: expected the store path to create");
   if (format == "auto") o.format = storage::InputFormat::kAuto;

@@ -92,11 +92,7 @@ int run_train(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << desc << '\n';
-    return 0;
-  }
+  if (!parse_command_line(args, desc, pos, &vm, /*notify=*/false)) return 0;
   if (vm.count("config")) {
     const std::string file = vm["config"].as<std::string>();
     std::ifstream in(file);

@@ -2,6 +2,7 @@
 // gale::Error (or a Boost.Program_options error) for main() to report.
 #pragma once
 
+#include <boost/program_options.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,6 +13,12 @@ int run_preprocess(const std::vector<std::string>& args);
 int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
 int run_predict(const std::vector<std::string>& args);
+
+// Parses `args` into `vm` (positional names from `pos`); prints `desc` and returns false for
+// --help. With `notify`, runs the options' notifiers (pass false to merge a config file first).
+bool parse_command_line(const std::vector<std::string>& args, const boost::program_options::options_description& desc,
+                        const boost::program_options::positional_options_description& pos,
+                        boost::program_options::variables_map* vm, bool notify = true);
 
 // "16G", "512M", "1024" -> bytes; throws InputError naming `flag`.
 uint64_t parse_size(const std::string& text, const std::string& flag);

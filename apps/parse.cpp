@@ -1,10 +1,24 @@
 #include <cctype>
 #include <charconv>
+#include <iostream>
 
 #include "apps/commands.hpp"
 #include "kernels/error.hpp"
 
 namespace gale::apps {
+
+namespace po = boost::program_options;
+
+bool parse_command_line(const std::vector<std::string>& args, const po::options_description& desc,
+                        const po::positional_options_description& pos, po::variables_map* vm, bool notify) {
+  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), *vm);
+  if (vm->count("help")) {
+    std::cout << desc << '\n';
+    return false;
+  }
+  if (notify) po::notify(*vm);
+  return true;
+}
 
 uint64_t parse_size(const std::string& text, const std::string& flag) {
   uint64_t value = 0;

@@ -90,14 +90,12 @@ struct NodeData {
 std::vector<int64_t> read_id_lines(const std::string& path) {
   std::vector<int64_t> ids;
   LineReader in(path);
-  std::string_view line;
   std::vector<std::string_view> fields;
-  while (in.next(&line)) {
-    split_fields(line, &fields);
-    if (fields.empty()) continue;
+  while (in.next_fields(&fields)) {
     int64_t v;
     if (fields.size() != 1 || !parse_int64(fields[0], &v))
-      throw InputError(in.where() + "expected one integer node id, found '" + std::string(line) + "'");
+      throw InputError(in.where() + "expected one integer node id, found " + std::to_string(fields.size()) +
+                       " values starting '" + std::string(fields[0]) + "'");
     if (v < 0) throw InputError(in.where() + "negative node id " + std::to_string(v));
     ids.push_back(v);
   }
@@ -120,11 +118,8 @@ std::vector<int64_t> read_ids(const std::string& path) {
 
 void read_text_features(const std::string& path, NodeData* nd) {
   LineReader in(path);
-  std::string_view line;
   std::vector<std::string_view> fields;
-  while (in.next(&line)) {
-    split_fields(line, &fields);
-    if (fields.empty()) continue;
+  while (in.next_fields(&fields)) {
     if (nd->feature_dim == 0) nd->feature_dim = static_cast<int64_t>(fields.size());
     if (static_cast<int64_t>(fields.size()) != nd->feature_dim)
       throw InputError(in.where() + "expected " + std::to_string(nd->feature_dim) + " values, found " +

@@ -73,6 +73,15 @@ bool LineReader::next(std::string_view* line) {
   return true;
 }
 
+bool LineReader::next_fields(std::vector<std::string_view>* fields) {
+  std::string_view line;
+  while (next(&line)) {
+    split_fields(line, fields);
+    if (!fields->empty()) return true;
+  }
+  return false;
+}
+
 void split_fields(std::string_view line, std::vector<std::string_view>* fields) {
   fields->clear();
   size_t i = 0;

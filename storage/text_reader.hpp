@@ -21,6 +21,8 @@ class LineReader {
   // Next line without its '\n' or "\r\n"; false at the end. Throws InputError naming the file
   // when a gzip stream is truncated or corrupt.
   bool next(std::string_view* line);
+  // Next non-blank line split by split_fields; false at the end. The views live until the next call.
+  bool next_fields(std::vector<std::string_view>* fields);
   int64_t line_number() const { return line_; }
   const std::string& path() const { return path_; }
   // "path:line: " for messages.
