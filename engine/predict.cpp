@@ -110,9 +110,22 @@ PredictReport predict(const PredictOptions& o) {
     }
     if (total > 0) report.test_acc = static_cast<double>(correct) / static_cast<double>(total);
   }
+  // Outputs are indexed by the user's original node ids, also when the store reordered nodes.
+  const int64_t* original = store.relabel();
+  Tensor out_logits = logits;
+  if (original) {
+    std::vector<int32_t> by_original(pred.size());
+    out_logits = Tensor::empty(n, logits.cols());
+    for (int64_t s = 0; s < n; ++s) {
+      by_original[original[s]] = pred[s];
+      std::copy(logits.f32() + s * logits.cols(), logits.f32() + (s + 1) * logits.cols(),
+                out_logits.f32() + original[s] * logits.cols());
+    }
+    pred.swap(by_original);
+  }
   if (!o.out.empty()) write_npy_atomically(o.out, DType::kI32, {n}, pred.data(), pred.size() * sizeof(int32_t));
   if (!o.embeddings.empty())
-    write_npy_atomically(o.embeddings, DType::kF32, {n, logits.cols()}, logits.f32(), logits.nbytes());
+    write_npy_atomically(o.embeddings, DType::kF32, {n, out_logits.cols()}, out_logits.f32(), out_logits.nbytes());
   return report;
 }
 

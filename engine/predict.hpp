@@ -10,7 +10,7 @@ namespace gale::engine {
 struct PredictOptions {
   std::string store;
   std::string checkpoint;        // a .ckpt file, or a directory holding best.ckpt
-  std::string out;               // predictions.npy (int32 class per node); "" to skip
+  std::string out;               // predictions.npy (int32 class per original node id); "" to skip
   std::string embeddings;        // logits.npy (f32 N x classes); "" to skip
   int threads = 0;
 };
