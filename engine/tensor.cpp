@@ -4,40 +4,95 @@
 #include <cstring>
 
 #include "kernels/error.hpp"
+#if GALE_WITH_CUDA
+#include "engine/device_context.hpp"
+#endif
 
 namespace gale::engine {
 
-// Host storage, 64-byte aligned so BLAS and vector loads see aligned rows.
+// Host storage is 64-byte aligned so BLAS and vector loads see aligned rows; device storage
+// comes from the device's budgeted pool, stream-ordered on its compute stream.
 struct Tensor::Storage {
-  explicit Storage(size_t bytes) : size(bytes) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    ptr = static_cast<unsigned char*>(rounded == 0 ? nullptr : std::aligned_alloc(64, rounded));
-    if (rounded != 0 && ptr == nullptr)
-      throw ResourceError("out of host memory allocating " + std::to_string(bytes) + " bytes");
+  Storage(size_t bytes, const Device& device) : size(bytes), device(device) {
+    if (device.is_cpu()) {
+      const size_t rounded = (bytes + 63) / 64 * 64;
+      ptr = static_cast<unsigned char*>(rounded == 0 ? nullptr : std::aligned_alloc(64, rounded));
+      if (rounded != 0 && ptr == nullptr)
+        throw ResourceError("out of host memory allocating " + std::to_string(bytes) + " bytes");
+      return;
+    }
+#if GALE_WITH_CUDA
+    DeviceContext& ctx = DeviceContext::get(device.ordinal);
+    ptr = static_cast<unsigned char*>(ctx.pool().allocate(bytes, ctx.stream()));
+#else
+    throw DeviceError("device " + device.name() + ": this build has no CUDA backend");
+#endif
   }
-  ~Storage() { std::free(ptr); }
+  ~Storage() {
+    if (device.is_cpu()) {
+      std::free(ptr);
+      return;
+    }
+#if GALE_WITH_CUDA
+    DeviceContext& ctx = DeviceContext::get(device.ordinal);
+    ctx.pool().deallocate(ptr, size, ctx.stream());
+#endif
+  }
   unsigned char* ptr = nullptr;
   size_t size = 0;
+  Device device;
 };
+
+#if GALE_WITH_CUDA
+namespace {
+// Copies bytes between any two devices (host or CUDA), ordered on the CUDA side's compute stream;
+// the host waits when the destination is host memory.
+void copy_between(void* dst, const Device& to, const void* src, const Device& from, size_t bytes) {
+  if (bytes == 0) return;
+  const Device& cuda = to.is_cuda() ? to : from;
+  DeviceContext& ctx = DeviceContext::get(cuda.ordinal);
+  const cudaMemcpyKind kind = from.is_cpu() ? cudaMemcpyHostToDevice
+                              : to.is_cpu() ? cudaMemcpyDeviceToHost
+                                            : cudaMemcpyDeviceToDevice;
+  kernels::cuda::copy_bytes(dst, src, bytes, kind, ctx.stream());
+  if (to.is_cpu()) ctx.synchronize();
+}
+}  // namespace
+#endif
 
 unsigned char* Tensor::base() const { return storage_ ? storage_->ptr : nullptr; }
 
 Tensor Tensor::empty(int64_t rows, int64_t cols, DType dtype, Device device) {
-  if (!device.is_cpu())
-    throw DeviceError("Tensor::empty: device " + device.name() + " is not available in this build");
   GALE_ASSERT(rows >= 0 && cols >= 0);
   Tensor t;
   t.rows_ = rows;
   t.cols_ = cols;
   t.dtype_ = dtype;
   t.device_ = device;
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(rows * cols) * dtype_size(dtype));
+  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(rows * cols) * dtype_size(dtype), device);
   return t;
 }
 
 Tensor Tensor::zeros(int64_t rows, int64_t cols, DType dtype, Device device) {
   Tensor t = empty(rows, cols, dtype, device);
-  if (t.nbytes() > 0) std::memset(t.base(), 0, t.nbytes());
+  if (t.nbytes() == 0) return t;
+  if (device.is_cpu()) {
+    std::memset(t.base(), 0, t.nbytes());
+  } else {
+#if GALE_WITH_CUDA
+    DeviceContext& ctx = DeviceContext::get(device.ordinal);
+    GALE_CHECK_CUDA(cudaMemsetAsync(t.base(), 0, t.nbytes(), ctx.stream()));
+#endif
+  }
+  return t;
+}
+
+Tensor Tensor::to(const Device& device) const {
+  if (device == device_) return *this;
+  Tensor t = empty(rows_, cols_, dtype_, device);
+#if GALE_WITH_CUDA
+  copy_between(t.base(), device, base() + offset_, device_, nbytes());
+#endif
   return t;
 }
 
@@ -68,18 +123,34 @@ Tensor Tensor::rows_slice(int64_t begin, int64_t end) const {
 
 Tensor Tensor::clone() const {
   Tensor t = empty(rows_, cols_, dtype_, device_);
-  if (nbytes() > 0) std::memcpy(t.base(), base() + offset_, nbytes());
+  if (nbytes() == 0) return t;
+  if (device_.is_cpu()) {
+    std::memcpy(t.base(), base() + offset_, nbytes());
+  } else {
+#if GALE_WITH_CUDA
+    copy_between(t.base(), device_, base() + offset_, device_, nbytes());
+#endif
+  }
   return t;
 }
 
 void Tensor::fill(float value) {
-  float* p = f32();
-  for (int64_t i = 0; i < numel(); ++i) p[i] = value;
+  if (device_.is_cpu()) {
+    float* p = f32();
+    for (int64_t i = 0; i < numel(); ++i) p[i] = value;
+    return;
+  }
+#if GALE_WITH_CUDA
+  // A pageable host source may be released once the copy is enqueued (the driver stages it).
+  const std::vector<float> host(static_cast<size_t>(numel()), value);
+  copy_between(base() + offset_, device_, host.data(), Device::cpu(), nbytes());
+#endif
 }
 
 std::vector<float> Tensor::to_vector() const {
   GALE_ASSERT(dtype_ == DType::kF32);
-  return std::vector<float>(f32(), f32() + numel());
+  if (device_.is_cpu()) return std::vector<float>(f32(), f32() + numel());
+  return to(Device::cpu()).to_vector();
 }
 
 }  // namespace gale::engine

@@ -46,8 +46,11 @@ class Tensor {
   // Rows [begin, end) as a view sharing storage.
   Tensor rows_slice(int64_t begin, int64_t end) const;
   Tensor clone() const;
+  // A copy on `device` (this tensor itself when it is already there). Copies to the host wait
+  // for the device; copies to a device are ordered on its compute stream.
+  Tensor to(const Device& device) const;
   void fill(float value);           // f32 only
-  std::vector<float> to_vector() const;  // f32 only, host copy
+  std::vector<float> to_vector() const;  // f32 only, host copy (waits for a device)
 
  private:
   struct Storage;

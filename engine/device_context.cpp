@@ -1,0 +1,56 @@
+#include "engine/device_context.hpp"
+
+#include <map>
+#include <mutex>
+
+#include "kernels/error.hpp"
+
+namespace gale::engine {
+
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::map<int, std::pair<uint64_t, std::string>> budgets;
+  std::map<int, std::unique_ptr<DeviceContext>> contexts;
+};
+
+// Never destroyed: freeing pools and handles during static destruction races the CUDA runtime's
+// own teardown; the driver reclaims everything when the process exits.
+Registry& registry() {
+  static Registry* r = new Registry;
+  return *r;
+}
+
+}  // namespace
+
+DeviceContext::DeviceContext(int ordinal, uint64_t budget, const std::string& budget_text) : device_(ordinal) {
+  kernels::cuda::require_device(ordinal);
+  pool_ = std::make_unique<kernels::cuda::MemoryPool>(ordinal, budget, budget_text);
+  stream_ = std::make_unique<kernels::cuda::Stream>(ordinal);
+  blas_ = std::make_unique<kernels::cuda::CublasHandle>(*stream_, *pool_);
+}
+
+DeviceContext& DeviceContext::get(int ordinal) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.contexts.find(ordinal);
+  if (it != r.contexts.end()) return *it->second;
+  uint64_t budget = kernels::cuda::MemoryBudget::kUnlimited;
+  std::string text;
+  if (auto b = r.budgets.find(ordinal); b != r.budgets.end()) std::tie(budget, text) = b->second;
+  auto ctx = std::make_unique<DeviceContext>(ordinal, budget, text);
+  DeviceContext& ref = *ctx;
+  r.contexts[ordinal] = std::move(ctx);
+  return ref;
+}
+
+void DeviceContext::set_budget(int ordinal, uint64_t bytes, const std::string& budget_text) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.contexts.count(ordinal))
+    throw InternalError("DeviceContext::set_budget: device " + std::to_string(ordinal) + " is already in use");
+  r.budgets[ordinal] = {bytes, budget_text};
+}
+
+}  // namespace gale::engine

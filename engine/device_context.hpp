@@ -1,0 +1,42 @@
+// engine/device_context.hpp — what the engine holds per CUDA device: the budgeted memory pool
+// every tensor on that device is allocated from, the compute stream, and a cuBLAS handle on it.
+//
+// One context per device for the whole process (the pool's budget is the user's
+// --gpu-mem-budget), created on first use. Only built with GALE_WITH_CUDA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/cuda/runtime.hpp"
+
+namespace gale::engine {
+
+class DeviceContext {
+ public:
+  // The context of device `ordinal`, created on first use (throws DeviceError when the device is
+  // missing).
+  static DeviceContext& get(int ordinal);
+  // Sets the budget a device's pool will charge against; must precede the device's first use.
+  // budget_text is what the user wrote ("8G"), for messages.
+  static void set_budget(int ordinal, uint64_t bytes, const std::string& budget_text);
+
+  int device() const { return device_; }
+  kernels::cuda::MemoryPool& pool() { return *pool_; }
+  kernels::cuda::Stream& stream() { return *stream_; }
+  kernels::cuda::CublasHandle& blas() { return *blas_; }
+  // Blocks until all work on the compute stream has finished.
+  void synchronize() { stream_->synchronize(); }
+
+  DeviceContext(int ordinal, uint64_t budget, const std::string& budget_text);
+
+ private:
+  int device_;
+  // Declaration order is destruction order reversed: the handle and stream go before the pool.
+  std::unique_ptr<kernels::cuda::MemoryPool> pool_;
+  std::unique_ptr<kernels::cuda::Stream> stream_;
+  std::unique_ptr<kernels::cuda::CublasHandle> blas_;
+};
+
+}  // namespace gale::engine
