@@ -3,6 +3,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -89,7 +90,15 @@ GeneratorSpec parse_generator(const std::string& spec) {
     kv.erase(it);
     return v;
   };
-  g.seed = static_cast<uint64_t>(take("seed", false, 0));
+  // Seeds are whole 64-bit numbers; a double would round those above 2^53.
+  if (auto it = kv.find("seed"); it != kv.end()) {
+    const std::string& v = it->second;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), g.seed);
+    if (ec != std::errc() || p != v.data() + v.size() || v.empty())
+      throw InputError("--generate: 'seed' expects a non-negative integer, found '" + v + "'");
+    g.seed_given = true;
+    kv.erase(it);
+  }
   if (g.kind == "rmat") {
     g.scale = static_cast<int>(take("scale", true, 0));
     if (g.scale < 1 || g.scale > 40) throw InputError("--generate rmat: 'scale' must be between 1 and 40");
@@ -130,10 +139,13 @@ void generated_features(const GeneratorSpec& g, int64_t v, float* row) {
     for (int64_t k = 0; k < d; ++k) row[k] = gaussian(noise_key, static_cast<uint64_t>(v * d + k));
     return;
   }
-  // Class centroid (entries N(0, 1) scaled so the centroids of two classes are ~1.7 noise standard
-  // deviations apart whatever the width) plus unit noise: one node's features alone are a weak
-  // signal, a neighbourhood mean (mostly same-class under homophily) a strong one.
-  const float signal = 1.2f / std::sqrt(static_cast<float>(d));
+  // Class centroid plus unit noise. The centroid's length is independent of the width (the
+  // 1/sqrt(d)) and shrinks with the degree: two rounds of mean aggregation over ~degree neighbours
+  // cut the noise faster than the class mix dilutes the centroid, and the degree^-0.75 keeps a
+  // 2-hop mean near 90% accurate at homophily 0.8 for degrees 4 to 20, while a node's own
+  // features give 10-55% (measured with a nearest-class-mean classifier in preprocess_test.cpp).
+  const double spread = 3.2 * std::pow(std::max(g.avg_degree, 1.0), -0.75);
+  const auto signal = static_cast<float>(spread / std::sqrt(static_cast<double>(d)));
   const uint64_t centroid_key = derive_key(g.seed, 2);
   const int64_t c = generated_label(g, v);
   for (int64_t k = 0; k < d; ++k)

@@ -21,6 +21,7 @@ struct GeneratorSpec {
   // both (rmat: features / classes optional)
   int64_t classes = 0, feature_dim = 0;
   uint64_t seed = 0;
+  bool seed_given = false;          // false: preprocess uses --seed
 };
 
 // Parses "rmat:scale=21,edge-factor=16" / "sbm:nodes=1M,classes=16,avg-degree=20,feature-dim=128";

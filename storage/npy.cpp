@@ -5,9 +5,11 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "kernels/error.hpp"
@@ -21,6 +23,14 @@ int64_t NpyHeader::count() const {
 }
 
 namespace {
+
+// A failed system call on `path`: a full disk or quota is a resource the user can free
+// (ResourceError), anything else is reported against the file (InputError).
+[[noreturn]] void throw_io(const std::string& path, const char* what, int err) {
+  const std::string msg = path + ": " + what + ": " + std::strerror(err);
+  if (err == ENOSPC || err == EDQUOT) throw ResourceError(msg);
+  throw InputError(msg);
+}
 
 // NumPy descr for each stored dtype; bf16 has none and travels as '<u2'.
 std::string descr_of(DType t) {
@@ -104,20 +114,32 @@ NpyHeader read_npy_header(const std::string& path) {
   NpyHeader h;
   h.data_offset = prefix + header_len;
   h.descr = dict_value(dict, "descr", path);
-  if (!dtype_of(h.descr, &h.dtype))
-    throw InputError(path + ": unsupported dtype '" + h.descr +
-                     "' (expected little-endian f4, f2, f8, i4, i8, u1, or u2 for bf16)");
+  if (!dtype_of(h.descr, &h.dtype)) {
+    const std::string hint = !h.descr.empty() && h.descr[0] == '>' ? "; convert with arr.astype(arr.dtype.newbyteorder('<'))" : "";
+    throw InputError(path + ": expected a little-endian <f4, <f2, <f8, <i4, <i8, |u1 or <u2 (bf16) array, found dtype '" +
+                     h.descr + "'" + hint);
+  }
   const std::string fortran = dict_value(dict, "fortran_order", path);
-  h.fortran_order = fortran.find("True") != std::string::npos;
+  if (fortran.find("True") != std::string::npos) h.fortran_order = true;
+  else if (fortran.find("False") == std::string::npos)
+    throw InputError(path + ": expected fortran_order True or False in the npy header, found '" + fortran + "'");
   const std::string shape = dict_value(dict, "shape", path);
   for (size_t p = 1; p < shape.size();) {
     while (p < shape.size() && (shape[p] == ' ' || shape[p] == ',')) ++p;
     if (p >= shape.size() || shape[p] == ')') break;
     size_t end = p;
     while (end < shape.size() && std::isdigit(static_cast<unsigned char>(shape[end]))) ++end;
-    if (end == p) throw InputError(path + ": malformed npy shape " + shape);
+    // 18 digits fit an int64 with room to spare; longer is never a real array.
+    if (end == p || end - p > 18) throw InputError(path + ": expected a shape of non-negative integers, found " + shape);
     h.shape.push_back(std::stoll(shape.substr(p, end - p)));
     p = end;
+  }
+  // The element count and byte size must fit in 63 bits, or later size arithmetic wraps.
+  int64_t bytes = static_cast<int64_t>(dtype_size(h.dtype));
+  for (int64_t d : h.shape) {
+    if (d != 0 && bytes > std::numeric_limits<int64_t>::max() / d)
+      throw InputError(path + ": npy shape " + shape + " is too large to address");
+    bytes *= d;
   }
   if (h.fortran_order && h.shape.size() > 1)
     throw InputError(path + ": Fortran-ordered arrays are not supported (save with numpy.ascontiguousarray)");
@@ -135,26 +157,36 @@ struct NpyWriter::Impl {
   std::string buffer;
   bool finished = false;
 
-  void flush() {
-    const char* p = buffer.data();
-    size_t n = buffer.size();
+  // 8 MiB: large enough that write() costs nothing per call, small enough to never matter.
+  static constexpr size_t kBufferBytes = size_t{8} << 20;
+
+  void write_all(const char* p, size_t n) {
     while (n > 0) {
       const ssize_t w = ::write(fd, p, n);
       if (w < 0) {
         if (errno == EINTR) continue;
-        if (errno == ENOSPC || errno == EDQUOT) throw ResourceError(path + ": no space left on device");
-        throw InputError(path + ": write failed: " + std::strerror(errno));
+        throw_io(path, "write failed", errno);
       }
       p += w;
       n -= static_cast<size_t>(w);
     }
+  }
+  void flush() {
+    write_all(buffer.data(), buffer.size());
     buffer.clear();
   }
   void put(const void* data, size_t bytes) {
     XXH64_update(hash, data, bytes);
     size += bytes;
-    buffer.append(static_cast<const char*>(data), bytes);
-    if (buffer.size() >= (8u << 20)) flush();
+    if (buffer.size() + bytes < kBufferBytes) {
+      buffer.append(static_cast<const char*>(data), bytes);
+      return;
+    }
+    // A large write goes straight from the caller's memory: copying a whole feature matrix
+    // into the buffer would double its footprint.
+    flush();
+    if (bytes >= kBufferBytes) write_all(static_cast<const char*>(data), bytes);
+    else buffer.append(static_cast<const char*>(data), bytes);
   }
 };
 
@@ -162,11 +194,16 @@ NpyWriter::NpyWriter(const std::string& path, DType stored, std::vector<int64_t>
   impl_->path = path;
   impl_->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (impl_->fd < 0) {
-    const std::string why = std::strerror(errno);
+    const int err = errno;
     delete impl_;
-    throw InputError(path + ": cannot create: " + why);
+    throw_io(path, "cannot create", err);
   }
   impl_->hash = XXH64_createState();
+  if (impl_->hash == nullptr) {
+    ::close(impl_->fd);
+    delete impl_;
+    throw ResourceError(path + ": out of memory for the xxHash64 state");
+  }
   XXH64_reset(impl_->hash, 0);
   uint64_t count = 1;
   std::string dims;
@@ -181,6 +218,7 @@ NpyWriter::NpyWriter(const std::string& path, DType stored, std::vector<int64_t>
   // data begins exactly at kNpyDataAlignment.
   std::string dict = "{'descr': '" + descr_of(stored) + "', 'fortran_order': False, 'shape': (" + dims + "), }";
   const size_t header_len = kNpyDataAlignment - 10;
+  GALE_ASSERT(dict.size() < header_len);
   dict.resize(header_len - 1, ' ');
   dict += '\n';
   std::string head = "\x93NUMPY";
@@ -211,12 +249,11 @@ void NpyWriter::finish() {
     throw InternalError(impl_->path + ": wrote " + std::to_string(impl_->written) + " data bytes, header says " +
                         std::to_string(impl_->expected));
   impl_->flush();
-  if (::fsync(impl_->fd) != 0) throw InputError(impl_->path + ": fsync failed: " + std::strerror(errno));
-  if (::close(impl_->fd) != 0) {
-    impl_->fd = -1;
-    throw InputError(impl_->path + ": close failed: " + std::strerror(errno));
-  }
-  impl_->fd = -1;
+  // fsync before the store's rename: the rename must never become durable before the data.
+  if (::fsync(impl_->fd) != 0) throw_io(impl_->path, "fsync failed", errno);
+  const int fd = impl_->fd;
+  impl_->fd = -1;   // closed even when close() reports an error; never retried
+  if (::close(fd) != 0) throw_io(impl_->path, "close failed", errno);
   impl_->digest = XXH64_digest(impl_->hash);
   impl_->finished = true;
 }

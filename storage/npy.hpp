@@ -17,7 +17,7 @@ namespace gale::storage {
 constexpr size_t kNpyDataAlignment = 4096;
 
 struct NpyHeader {
-  DType dtype = DType::kF32;      // as stored ('<u2' reads back as... see npy_descr)
+  DType dtype = DType::kF32;      // '<u2' reads back as kBF16 (the only u2 Gale writes); see descr
   std::string descr;              // the NumPy descr string, e.g. "<f4"
   std::vector<int64_t> shape;
   bool fortran_order = false;

@@ -5,6 +5,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -27,6 +28,23 @@ namespace gale::storage {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Temporary files are closed on every path, errors included.
+struct FileCloser {
+  void operator()(FILE* f) const { std::fclose(f); }
+};
+using File = std::unique_ptr<FILE, FileCloser>;
+
+File open_temp(const fs::path& path, const char* mode) {
+  File f(std::fopen(path.c_str(), mode));
+  if (!f) throw ResourceError(path.string() + ": cannot open temporary file: " + std::strerror(errno));
+  return f;
+}
+
+// Closes a file that was written, so a full disk is reported rather than a short store.
+void close_written(File f, const fs::path& path) {
+  if (std::fclose(f.release()) != 0) throw ResourceError(path.string() + ": cannot write temporary file (disk full?)");
+}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -60,7 +78,10 @@ struct NodeData {
   int64_t feature_dim = 0;
   int64_t feature_rows = 0;
   std::string feature_source;
-  std::vector<float> text_features;
+  // Text features are parsed once into a raw f32 file (inside the store's temporary directory,
+  // removed before commit) and mapped: OGB feature files outgrow memory long before the graph does.
+  fs::path text_file;
+  MappedArray text_features;
   std::unique_ptr<UserArray> npy_features;
   const GeneratorSpec* generator = nullptr;
   // Labels (-1 unlabelled).
@@ -81,7 +102,7 @@ struct NodeData {
                      static_cast<const char*>(npy_features->data.data()) + static_cast<size_t>(v * feature_dim) * item, row,
                      static_cast<size_t>(feature_dim));
     } else {
-      std::memcpy(row, text_features.data() + v * feature_dim, static_cast<size_t>(feature_dim) * sizeof(float));
+      std::memcpy(row, text_features.as<float>() + v * feature_dim, static_cast<size_t>(feature_dim) * sizeof(float));
     }
   }
 };
@@ -102,6 +123,17 @@ std::vector<int64_t> read_id_lines(const std::string& path) {
   return ids;
 }
 
+// "file:line: " of the k-th id of an id file (text: its k-th non-blank line; .npy: its index),
+// looked up again only when that id turns out to be bad.
+std::string id_location(const std::string& path, size_t k) {
+  if (ends_with(path, ".npy")) return path + ": index " + std::to_string(k) + ": ";
+  LineReader in(path);
+  std::vector<std::string_view> fields;
+  for (size_t i = 0; in.next_fields(&fields); ++i)
+    if (i == k) return in.where();
+  return path + ": ";
+}
+
 std::vector<int64_t> read_ids(const std::string& path) {
   if (ends_with(path, ".npy")) {
     UserArray a(path);
@@ -116,9 +148,17 @@ std::vector<int64_t> read_ids(const std::string& path) {
   return read_id_lines(path);
 }
 
-void read_text_features(const std::string& path, NodeData* nd) {
+void read_text_features(const std::string& path, const fs::path& scratch, NodeData* nd) {
   LineReader in(path);
   std::vector<std::string_view> fields;
+  nd->text_file = scratch / ".features.raw";
+  File out = open_temp(nd->text_file, "wb");
+  std::vector<float> buf;
+  auto flush = [&] {
+    if (std::fwrite(buf.data(), sizeof(float), buf.size(), out.get()) != buf.size())
+      throw ResourceError(nd->text_file.string() + ": cannot write temporary file (disk full?)");
+    buf.clear();
+  };
   while (in.next_fields(&fields)) {
     if (nd->feature_dim == 0) nd->feature_dim = static_cast<int64_t>(fields.size());
     if (static_cast<int64_t>(fields.size()) != nd->feature_dim)
@@ -126,11 +166,21 @@ void read_text_features(const std::string& path, NodeData* nd) {
                        std::to_string(fields.size()));
     for (auto f : fields) {
       double x;
+      // Parsed as double, then rounded once to float: the same numbers in text and in an f32 .npy
+      // give the same bytes.
       if (!parse_double(f, &x)) throw InputError(in.where() + "expected a number, found '" + std::string(f) + "'");
-      nd->text_features.push_back(static_cast<float>(x));
+      buf.push_back(static_cast<float>(x));
     }
     ++nd->feature_rows;
+    if (buf.size() >= (1u << 20)) flush();
   }
+  flush();
+  close_written(std::move(out), nd->text_file);
+  if (nd->feature_rows == 0) throw InputError(path + ": no feature rows found");
+  NpyHeader raw;
+  raw.dtype = DType::kF32;
+  raw.shape = {nd->feature_rows, nd->feature_dim};
+  nd->text_features = MappedArray(nd->text_file, raw);
   nd->feature_source = path;
 }
 
@@ -198,11 +248,14 @@ struct EdgeSink {
 };
 using AddEdge = EdgeSink;
 
-void read_edge_list(const std::string& path, bool* weighted, const AddEdge& add) {
+// `columns` carries the first file's column count (0 before any edge) into the next file, so a
+// weighted and an unweighted file cannot be mixed.
+void read_edge_list(const std::string& path, int* columns_seen, const AddEdge& add) {
   LineReader in(path);
   std::string_view line;
   std::vector<std::string_view> fields;
-  int columns = 0;
+  int& columns = *columns_seen;
+  bool any = false;
   while (in.next(&line)) {
     size_t first = line.find_first_not_of(" \t");
     if (first == std::string_view::npos) continue;
@@ -213,11 +266,12 @@ void read_edge_list(const std::string& path, bool* weighted, const AddEdge& add)
         throw InputError(in.where() + "expected 'src dst' or 'src dst weight', found " + std::to_string(fields.size()) +
                          " columns");
       columns = static_cast<int>(fields.size());
-      *weighted = columns == 3;
     } else if (static_cast<int>(fields.size()) != columns) {
-      throw InputError(in.where() + "expected " + std::to_string(columns) + " columns like the first edge, found " +
+      throw InputError(in.where() + "expected " + std::to_string(columns) + " columns (" +
+                       (columns == 3 ? "src dst weight" : "src dst") + ") as on the lines before, found " +
                        std::to_string(fields.size()));
     }
+    any = true;
     int64_t s, d;
     if (!parse_int64(fields[0], &s) || !parse_int64(fields[1], &d)) {
       const std::string_view bad = parse_int64(fields[0], &s) ? fields[1] : fields[0];
@@ -230,11 +284,12 @@ void read_edge_list(const std::string& path, bool* weighted, const AddEdge& add)
     if (!bad.empty()) throw InputError(in.where() + bad);
     add.add(s, d, static_cast<float>(w));
   }
-  if (columns == 0) throw InputError(path + ": no edges found");
+  if (!any) throw InputError(path + ": no edges found");
 }
 
-void read_matrix_market(const std::string& path, bool* weighted, NodeData* nd, const AddEdge& add,
-                        const std::function<void()>& n_known) {
+// Returns the number of entries (a symmetric file's mirrored entries not counted).
+int64_t read_matrix_market(const std::string& path, bool* weighted, NodeData* nd, const AddEdge& add,
+                           const std::function<void()>& n_known) {
   LineReader in(path);
   std::string_view line;
   if (!in.next(&line) || line.rfind("%%MatrixMarket", 0) != 0)
@@ -244,6 +299,7 @@ void read_matrix_market(const std::string& path, bool* weighted, NodeData* nd, c
   if (banner.find("coordinate") == std::string::npos)
     throw InputError(path + ":1: only 'coordinate' Matrix Market files hold graphs (found '" + std::string(line) + "')");
   const bool pattern = banner.find("pattern") != std::string::npos;
+  const bool skew = banner.find("skew-symmetric") != std::string::npos;
   const bool symmetric = banner.find("symmetric") != std::string::npos || banner.find("hermitian") != std::string::npos;
   if (banner.find("complex") != std::string::npos) throw InputError(path + ":1: complex matrices are not graphs Gale reads");
   *weighted = !pattern;
@@ -276,13 +332,17 @@ void read_matrix_market(const std::string& path, bool* weighted, NodeData* nd, c
     double w = 1.0;
     if (!pattern && !parse_double(fields[2], &w))
       throw InputError(in.where() + "expected a numeric value, found '" + std::string(fields[2]) + "'");
+    // --num-nodes may be smaller than the matrix.
+    const std::string bad = add.check(i - 1, j - 1);
+    if (!bad.empty()) throw InputError(in.where() + bad);
     add.add(i - 1, j - 1, static_cast<float>(w));
-    if (symmetric && i != j) add.add(j - 1, i - 1, static_cast<float>(w));
+    if (symmetric && i != j) add.add(j - 1, i - 1, static_cast<float>(skew ? -w : w));
     ++seen;
   }
   if (rows < 0) throw InputError(path + ": missing the size line");
   if (seen != nnz)
     throw InputError(path + ": the size line promises " + std::to_string(nnz) + " entries, found " + std::to_string(seen));
+  return seen;
 }
 
 void read_npy_edges(const std::string& path, const AddEdge& add) {
@@ -318,14 +378,13 @@ CsrSpill drain(EdgeSorter* sorter, int64_t n, bool dedup, bool drop_self, bool w
   c.indptr.assign(static_cast<size_t>(n + 1), 0);
   c.indices_file = dir / ".indices.raw";
   c.weights_file = dir / ".weights.raw";
-  FILE* fi = std::fopen(c.indices_file.c_str(), "wb");
-  FILE* fw = weighted ? std::fopen(c.weights_file.c_str(), "wb") : nullptr;
-  if (!fi || (weighted && !fw)) throw InputError(dir.string() + ": cannot create temporary files");
+  File fi = open_temp(c.indices_file, "wb");
+  File fw = weighted ? open_temp(c.weights_file, "wb") : nullptr;
   std::vector<int64_t> ib;
   std::vector<float> wb;
   auto flush = [&] {
-    if (std::fwrite(ib.data(), sizeof(int64_t), ib.size(), fi) != ib.size() ||
-        (fw && std::fwrite(wb.data(), sizeof(float), wb.size(), fw) != wb.size()))
+    if (std::fwrite(ib.data(), sizeof(int64_t), ib.size(), fi.get()) != ib.size() ||
+        (fw && std::fwrite(wb.data(), sizeof(float), wb.size(), fw.get()) != wb.size()))
       throw ResourceError(dir.string() + ": cannot write temporary files (disk full?)");
     ib.clear();
     wb.clear();
@@ -338,8 +397,8 @@ CsrSpill drain(EdgeSorter* sorter, int64_t n, bool dedup, bool drop_self, bool w
     ++c.nnz;
   });
   flush();
-  std::fclose(fi);
-  if (fw) std::fclose(fw);
+  close_written(std::move(fi), c.indices_file);
+  if (fw) close_written(std::move(fw), c.weights_file);
   for (int64_t v = 0; v < n; ++v) c.indptr[v + 1] += c.indptr[v];
   return c;
 }
@@ -347,17 +406,14 @@ CsrSpill drain(EdgeSorter* sorter, int64_t n, bool dedup, bool drop_self, bool w
 // Streams a raw file of `count` values of `from` into an array of `to` (narrowing int64 ids to
 // int32 when the graph allows).
 void copy_raw(const fs::path& raw, int64_t count, bool narrow_to_i32, NpyWriter* out) {
-  FILE* f = std::fopen(raw.c_str(), "rb");
-  if (!f) throw InputError(raw.string() + ": cannot reopen temporary file");
+  File f = open_temp(raw, "rb");
   std::vector<int64_t> buf(1 << 20);
   std::vector<int32_t> narrow;
   int64_t left = count;
   while (left > 0) {
     const size_t want = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(buf.size())));
-    if (std::fread(buf.data(), sizeof(int64_t), want, f) != want) {
-      std::fclose(f);
-      throw InputError(raw.string() + ": short read of temporary file");
-    }
+    if (std::fread(buf.data(), sizeof(int64_t), want, f.get()) != want)
+      throw ResourceError(raw.string() + ": short read of temporary file");
     if (narrow_to_i32) {
       narrow.resize(want);
       for (size_t i = 0; i < want; ++i) narrow[i] = static_cast<int32_t>(buf[i]);
@@ -367,24 +423,19 @@ void copy_raw(const fs::path& raw, int64_t count, bool narrow_to_i32, NpyWriter*
     }
     left -= static_cast<int64_t>(want);
   }
-  std::fclose(f);
 }
 
 void copy_raw_floats(const fs::path& raw, int64_t count, NpyWriter* out) {
-  FILE* f = std::fopen(raw.c_str(), "rb");
-  if (!f) throw InputError(raw.string() + ": cannot reopen temporary file");
+  File f = open_temp(raw, "rb");
   std::vector<float> buf(1 << 20);
   int64_t left = count;
   while (left > 0) {
     const size_t want = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(buf.size())));
-    if (std::fread(buf.data(), sizeof(float), want, f) != want) {
-      std::fclose(f);
-      throw InputError(raw.string() + ": short read of temporary file");
-    }
+    if (std::fread(buf.data(), sizeof(float), want, f.get()) != want)
+      throw ResourceError(raw.string() + ": short read of temporary file");
     out->write(buf.data(), want * sizeof(float));
     left -= static_cast<int64_t>(want);
   }
-  std::fclose(f);
 }
 
 InputFormat detect(const PreprocessOptions& o) {
@@ -426,16 +477,26 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   const bool generating = !o.generate.empty();
   if (generating) {
     gen = parse_generator(o.generate);
+    if (!gen.seed_given) gen.seed = o.seed;
     if (!o.inputs.empty() || !o.edges_npy.empty())
       throw InputError("--generate: takes no INPUT files or --edges");
+  }
+  if (!generating && o.inputs.empty() && o.edges_npy.empty())
+    throw InputError("preprocess: expected INPUT files, --edges FILE.npy or --generate");
+  if (!o.inputs.empty() && !o.edges_npy.empty())
+    throw InputError("--edges: the INPUT files already give the edges; pass one or the other");
+  for (const auto& in : o.inputs) {
+    if (!fs::exists(in)) throw InputError(in + ": no such file or directory");
   }
   const InputFormat format = generating ? InputFormat::kAuto : detect(o);
   report.format = generating ? "generated " + gen.kind : format_name(format);
   if (!generating && format != InputFormat::kNpy && o.inputs.empty())
-    throw InputError("preprocess: expected INPUT files");
-  for (const auto& in : o.inputs) {
-    if (!fs::exists(in)) throw InputError(in + ": no such file or directory");
-  }
+    throw InputError(std::string("preprocess: the ") + format_name(format) + " format reads INPUT files, not --edges");
+  if (o.num_nodes && *o.num_nodes < 1) throw InputError("--num-nodes: expected a positive count");
+  if (format == InputFormat::kOgb && ogb_file(o.inputs[0], "raw/edge.csv").empty())
+    throw InputError(o.inputs[0] + ": not an OGB node-property folder (no raw/edge.csv.gz)");
+  if ((format == InputFormat::kOgb || format == InputFormat::kMatrixMarket) && o.inputs.size() > 1)
+    throw InputError(o.inputs[1] + ": expected one INPUT for this format (" + format_name(format) + ")");
   if (o.train_fraction <= 0 || o.valid_fraction < 0 || o.train_fraction + o.valid_fraction > 1)
     throw InputError("--split-fractions: expected TRAIN,VALID fractions summing to at most 1");
 
@@ -474,7 +535,7 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
       nd.num_nodes_source = count_file;
     }
     const std::string feat = ogb_file(ogb_dir, "raw/node-feat.csv");
-    if (!feat.empty() && o.features_npy.empty()) read_text_features(feat, &nd);
+    if (!feat.empty() && o.features_npy.empty()) read_text_features(feat, writer.temp_dir(), &nd);
     const std::string lab = ogb_file(ogb_dir, "raw/node-label.csv");
     if (!lab.empty() && o.labels_npy.empty()) read_text_labels(lab, &nd);
     const fs::path split_root = ogb_dir / "split";
@@ -530,6 +591,7 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   EdgeSorter sorter(o.mem_budget, sort_parent);
   bool weighted = false;
   int64_t max_id = -1;
+  int64_t read_edges = 0;  // as the input states them: before reverses, de-duplication, self loops
   int64_t limit = nd.num_nodes ? *nd.num_nodes : INT64_MAX;
   std::string limit_source = nd.num_nodes_source;
   AddEdge add;
@@ -542,21 +604,23 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   };
   add.add = [&](int64_t s, int64_t d, float w) {
     max_id = std::max(max_id, std::max(s, d));
+    ++read_edges;
     sorter.add(s, d, w);
     if (o.undirected && s != d) sorter.add(d, s, w);
   };
   if (generating) {
     generate_edges(gen, [&](int64_t s, int64_t d) {
+      ++read_edges;
       sorter.add(s, d, 1.0f);
       if (s != d) sorter.add(d, s, 1.0f);  // generated graphs are undirected
     });
     max_id = *nd.num_nodes - 1;
   } else if (format == InputFormat::kOgb) {
     const std::string edges = ogb_file(ogb_dir, "raw/edge.csv");
-    read_edge_list(edges, &weighted, add);
-    if (weighted) throw InputError(edges + ": OGB edge files have two columns (src,dst)");
+    int columns = 2;  // OGB edge files are "src,dst"
+    read_edge_list(edges, &columns, add);
   } else if (format == InputFormat::kMatrixMarket) {
-    read_matrix_market(o.inputs[0], &weighted, &nd, add, [&] {
+    read_edges = read_matrix_market(o.inputs[0], &weighted, &nd, add, [&] {
       limit = *nd.num_nodes;
       limit_source = nd.num_nodes_source;
     });
@@ -564,11 +628,19 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     const std::string file = !o.edges_npy.empty() ? o.edges_npy : o.inputs.at(0);
     read_npy_edges(file, add);
   } else {
-    for (const auto& in : o.inputs) read_edge_list(in, &weighted, add);
+    int columns = 0;
+    for (const auto& in : o.inputs) read_edge_list(in, &columns, add);
+    weighted = columns == 3;
   }
-  report.input_edges = sorter.added();
+  report.input_edges = read_edges;
   const int64_t n = nd.num_nodes ? *nd.num_nodes : max_id + 1;
   if (n <= 0) throw InputError("preprocess: the graph has no nodes");
+  // Ids are positions 0..N-1. Sparse ids (hashes, timestamps) would make a CSR mostly of empty
+  // rows, or an allocation that cannot succeed; the user should renumber or state N.
+  if (!nd.num_nodes && n > (int64_t{1} << 26) && n / 64 > report.input_edges)
+    throw InputError("preprocess: largest node id " + std::to_string(max_id) + " is far above the " +
+                     std::to_string(report.input_edges) +
+                     " edges read: node ids must be 0..N-1 (renumber them, or give --num-nodes)");
 
   // 3. Node arrays must agree with the node count.
   if (nd.has_features() && nd.feature_rows != n)
@@ -578,10 +650,10 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     throw InputError(nd.label_source + ": " + std::to_string(nd.labels.size()) + " labels for " + std::to_string(n) +
                      " nodes (" + (nd.num_nodes_source.empty() ? "largest edge id + 1" : nd.num_nodes_source) + ")");
   for (const auto& [name, ids] : nd.splits) {
-    for (int64_t v : ids) {
-      if (v >= n)
-        throw InputError(nd.split_sources[name] + ": node id " + std::to_string(v) + " out of range for " +
-                         std::to_string(n) + " nodes");
+    for (size_t k = 0; k < ids.size(); ++k) {
+      if (ids[k] >= n)
+        throw InputError(id_location(nd.split_sources[name], k) + "node id " + std::to_string(ids[k]) +
+                         " out of range for " + std::to_string(n) + " nodes");
     }
   }
 
@@ -599,20 +671,19 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     std::vector<int64_t> stored(static_cast<size_t>(n));
     for (int64_t s = 0; s < n; ++s) stored[original[s]] = s;
     EdgeSorter again(o.mem_budget, sort_parent);
-    FILE* fi = std::fopen(csr.indices_file.c_str(), "rb");
-    FILE* fw = weighted ? std::fopen(csr.weights_file.c_str(), "rb") : nullptr;
-    if (!fi || (weighted && !fw)) throw InputError("cannot reopen temporary edge files");
+    File fi = open_temp(csr.indices_file, "rb");
+    File fw = weighted ? open_temp(csr.weights_file, "rb") : nullptr;
     for (int64_t d = 0; d < n; ++d) {
       for (int64_t k = csr.indptr[d]; k < csr.indptr[d + 1]; ++k) {
         int64_t s;
         float w = 1.0f;
-        if (std::fread(&s, sizeof(s), 1, fi) != 1 || (fw && std::fread(&w, sizeof(w), 1, fw) != 1))
-          throw InputError("short read of temporary edge files");
+        if (std::fread(&s, sizeof(s), 1, fi.get()) != 1 || (fw && std::fread(&w, sizeof(w), 1, fw.get()) != 1))
+          throw ResourceError(csr.indices_file.string() + ": short read of temporary edge files");
         again.add(stored[s], stored[d], w);
       }
     }
-    std::fclose(fi);
-    if (fw) std::fclose(fw);
+    fi.reset();
+    fw.reset();
     csr = drain(&again, n, false, false, weighted, writer.temp_dir());
     report.sorted_runs = std::max(report.sorted_runs, again.runs());
   }
@@ -668,6 +739,7 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
       w.write(out.data(), out.size());
     }
     writer.end_array("features.npy");
+    if (!nd.text_file.empty()) fs::remove(nd.text_file);  // the mapping stays valid until unmapped
     m.feature_dim = d;
     m.feature_dtype = dtype_name(o.feature_dtype);
   }

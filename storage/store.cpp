@@ -29,12 +29,59 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
+// A failed system call on `path`; a full disk or quota is ResourceError, as in npy.cpp.
+[[noreturn]] void throw_io(const fs::path& path, const char* what, int err) {
+  const std::string msg = path.string() + ": " + what + ": " + std::strerror(err);
+  if (err == ENOSPC || err == EDQUOT) throw ResourceError(msg);
+  throw InputError(msg);
+}
+
 void fsync_path(const fs::path& p, bool directory) {
   const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) throw InputError(p.string() + ": cannot open for fsync: " + std::strerror(errno));
+  if (fd < 0) throw_io(p, "cannot open for fsync", errno);
   const int rc = ::fsync(fd);
+  const int err = errno;
   ::close(fd);
-  if (rc != 0) throw InputError(p.string() + ": fsync failed: " + std::strerror(errno));
+  if (rc != 0) throw_io(p, "fsync failed", err);
+}
+
+// Writes a small file with the same discipline as NpyWriter: every error checked, fsynced.
+void write_file_synced(const fs::path& p, const std::string& text) {
+  const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_io(p, "cannot create", errno);
+  const char* data = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t w = ::write(fd, data, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw_io(p, "write failed", err);
+    }
+    data += w;
+    left -= static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw_io(p, "fsync failed", err);
+  }
+  if (::close(fd) != 0) throw_io(p, "close failed", errno);
+}
+
+// A manifest names files inside the store only: no absolute paths, no "..", nothing hidden.
+bool is_store_relative(const std::string& rel) {
+  if (rel.empty() || rel.front() == '/') return false;
+  for (const auto& part : fs::path(rel)) {
+    const std::string s = part.string();
+    if (s.empty() || s == "." || s == ".." || s.front() == '.') return false;
+  }
+  return true;
+}
+
+bool is_hex64(const std::string& s) {
+  return s.size() == 16 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 // Size, dtype and shape a file must have, as the manifest records them.
@@ -94,6 +141,13 @@ Manifest manifest_from_json(const std::string& text, const std::string& source) 
   get("splits", &m.splits);
   get("num_partitions", &m.num_partitions);
   get("relabelled", &m.relabelled);
+  for (const auto& [key, value] : std::map<std::string, int64_t>{{"num_nodes", m.num_nodes},
+                                                                 {"num_edges", m.num_edges},
+                                                                 {"feature_dim", m.feature_dim},
+                                                                 {"num_classes", m.num_classes},
+                                                                 {"num_partitions", m.num_partitions}}) {
+    if (value < 0) throw CorruptStoreError(source + ": expected a non-negative " + key + ", found " + std::to_string(value));
+  }
   if (!j.contains("files") || !j["files"].is_object()) throw CorruptStoreError(source + ": missing key 'files'");
   for (const auto& [path, e] : j["files"].items()) {
     FileEntry f;
@@ -105,6 +159,11 @@ Manifest manifest_from_json(const std::string& text, const std::string& source) 
     } catch (const nlohmann::json::exception&) {
       throw CorruptStoreError(source + ": malformed entry for file '" + path + "'");
     }
+    if (!is_store_relative(path))
+      throw CorruptStoreError(source + ": expected file paths inside the store, found '" + path + "'");
+    if (!is_hex64(f.xxh64))
+      throw CorruptStoreError(source + ": file '" + path + "': expected an xxh64 of 16 lowercase hex digits, found '" +
+                              f.xxh64 + "'");
     m.files[path] = f;
   }
   return m;
@@ -116,17 +175,21 @@ Manifest manifest_from_json(const std::string& text, const std::string& source) 
 StoreWriter::StoreWriter(fs::path path, bool overwrite) : path_(std::move(path)), overwrite_(overwrite) {
   if (path_.filename().empty()) path_ = path_.parent_path();
   if (path_.empty()) throw InputError("-o/--output: expected a store path");
-  if (fs::exists(path_) && !overwrite_)
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path_, ec);
+  if (fs::exists(st) && !overwrite_)
     throw InputError(path_.string() + ": already exists (pass --force to replace it)");
-  if (fs::exists(path_) && !fs::is_directory(path_))
+  if (fs::exists(st) && !fs::is_directory(st))
     throw InputError(path_.string() + ": exists and is not a store directory");
   fs::path parent = path_.parent_path();
   if (parent.empty()) parent = ".";
-  if (!fs::is_directory(parent)) throw InputError(path_.string() + ": parent directory " + parent.string() + " does not exist");
+  if (!fs::is_directory(parent, ec))
+    throw InputError(path_.string() + ": parent directory " + parent.string() + " does not exist");
+  if (::access(parent.c_str(), W_OK | X_OK) != 0)
+    throw InputError(path_.string() + ": parent directory " + parent.string() + " is not writable: " + std::strerror(errno));
   std::random_device rd;
   temp_ = parent / ("." + path_.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
                     hex64((static_cast<uint64_t>(rd()) << 32) | rd()).substr(8));
-  std::error_code ec;
   if (!fs::create_directory(temp_, ec) || ec)
     throw InputError(temp_.string() + ": cannot create: " + (ec ? ec.message() : "already exists"));
 }
@@ -179,14 +242,7 @@ void StoreWriter::commit() {
   GALE_ASSERT(!committed_);
   if (!open_.empty()) throw InternalError("StoreWriter::commit: array " + open_.begin()->first + " was not ended");
   const fs::path manifest_file = temp_ / "manifest.json";
-  {
-    const std::string text = manifest_to_json(manifest_);
-    std::ofstream out(manifest_file, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) throw InputError(manifest_file.string() + ": cannot write");
-  }
-  fsync_path(manifest_file, false);
+  write_file_synced(manifest_file, manifest_to_json(manifest_));
   // Every directory of the store, deepest first, then the parent once the rename is done.
   std::vector<fs::path> dirs;
   for (const auto& e : fs::recursive_directory_iterator(temp_)) {
@@ -199,10 +255,21 @@ void StoreWriter::commit() {
   fs::path parent = path_.parent_path();
   if (parent.empty()) parent = ".";
   std::error_code ec;
-  if (fs::exists(path_)) {
+  if (fs::exists(fs::symlink_status(path_, ec))) {
     if (!overwrite_) throw InputError(path_.string() + ": already exists (pass --force to replace it)");
-    // Move the old store aside first, so a crash leaves either the old or the new store in place
-    // (the aside copy is named like a temporary and never opens as NAME.gale).
+    if (!fs::is_directory(fs::symlink_status(path_, ec)))
+      throw InputError(path_.string() + ": exists and is not a store directory");
+    // Swap old and new in one atomic step where the filesystem can: at every instant NAME.gale
+    // is either the complete old store or the complete new one. temp_ then holds the old store.
+    if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, path_.c_str(), RENAME_EXCHANGE) == 0) {
+      committed_ = true;
+      fs::remove_all(temp_, ec);
+      fsync_path(parent, true);
+      return;
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) throw_io(path_, "cannot replace", errno);
+    // No exchange here: move the old store aside first, so a crash leaves the old store, or the
+    // new one, or both under temporary names (never opened as NAME.gale), and nothing half-written.
     const fs::path aside = temp_.string() + ".old";
     fs::rename(path_, aside, ec);
     if (ec) throw InputError(path_.string() + ": cannot replace: " + ec.message());
@@ -213,7 +280,10 @@ void StoreWriter::commit() {
       throw InputError(path_.string() + ": cannot replace: " + ec.message());
     }
     fs::remove_all(aside, ec);
-  } else {
+  } else if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, path_.c_str(), RENAME_NOREPLACE) != 0) {
+    // A plain rename would silently replace an empty directory created since the check above.
+    if (errno == EEXIST) throw InputError(path_.string() + ": already exists (pass --force to replace it)");
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) throw_io(path_, "cannot create", errno);
     fs::rename(temp_, path_, ec);
     if (ec) throw InputError(path_.string() + ": cannot create: " + ec.message());
   }
@@ -228,7 +298,11 @@ MappedArray::MappedArray(const fs::path& file, const NpyHeader& header) {
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw CorruptStoreError(file.string() + ": cannot open: " + std::strerror(errno));
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw CorruptStoreError(file.string() + ": cannot stat: " + std::strerror(err));
+  }
   map_size_ = static_cast<size_t>(st.st_size);
   count_ = header.count();
   if (map_size_ > 0) {
@@ -296,11 +370,14 @@ Store Store::open(const fs::path& path) {
       throw CorruptStoreError(err.what());
     }
     DType want;
-    if (!parse_dtype(e.dtype, &want) || want != h.dtype || h.shape != e.shape)
-      throw CorruptStoreError(file.string() + ": header says " + h.descr + " " + shape_text(h.shape) + ", manifest says " +
-                              e.dtype + " " + shape_text(e.shape));
-    if (h.data_offset + static_cast<uint64_t>(h.count()) * dtype_size(h.dtype) != size)
-      throw CorruptStoreError(file.string() + ": data size disagrees with its header");
+    if (!parse_dtype(e.dtype, &want) || want != h.dtype || h.shape != e.shape || h.fortran_order)
+      throw CorruptStoreError(file.string() + ": expected " + e.dtype + " " + shape_text(e.shape) +
+                              " as the manifest says, found " + h.descr + " " + shape_text(h.shape) +
+                              (h.fortran_order ? " in Fortran order" : "") + " in the npy header");
+    const uint64_t data_bytes = static_cast<uint64_t>(h.count()) * dtype_size(h.dtype);
+    if (h.data_offset + data_bytes != size)
+      throw CorruptStoreError(file.string() + ": expected " + std::to_string(h.data_offset + data_bytes) +
+                              " bytes for its npy header's shape, found " + std::to_string(size));
     return MappedArray(file, h);
   };
   auto require = [&](const std::string& rel) {
@@ -308,38 +385,75 @@ Store Store::open(const fs::path& path) {
   };
   auto expect_shape = [&](const std::string& rel, std::vector<int64_t> shape) {
     if (m.files.at(rel).shape != shape)
-      throw CorruptStoreError((path / rel).string() + ": expected shape " + shape_text(shape) + ", manifest says " +
+      throw CorruptStoreError((path / rel).string() + ": expected shape " + shape_text(shape) + ", found " +
                               shape_text(m.files.at(rel).shape));
+  };
+  // The typed accessors (labels() as int32, relabel() as int64, ...) rely on these dtypes.
+  auto expect_dtype = [&](const std::string& rel, const std::string& dtype) {
+    if (m.files.at(rel).dtype != dtype)
+      throw CorruptStoreError((path / rel).string() + ": expected dtype " + dtype + ", found " + m.files.at(rel).dtype);
+  };
+  // A manifest flag and the file it describes must agree.
+  auto expect_presence = [&](const std::string& rel, bool flag, const char* key) {
+    if (flag != (m.files.count(rel) > 0))
+      throw CorruptStoreError(manifest_file.string() + ": expected " + rel + (flag ? " to be listed" : " to be absent") +
+                              " because " + key + " is " + (flag ? "set" : "unset") + ", found it " +
+                              (flag ? "missing" : "listed"));
   };
   const int64_t n = m.num_nodes, e = m.num_edges;
   require("graph/indptr.npy");
   require("graph/indices.npy");
   expect_shape("graph/indptr.npy", {n + 1});
   expect_shape("graph/indices.npy", {e});
-  if (m.files.at("graph/indptr.npy").dtype != "i64")
-    throw CorruptStoreError((path / "graph/indptr.npy").string() + ": expected dtype i64");
+  expect_dtype("graph/indptr.npy", "i64");
   const std::string idx_dtype = m.files.at("graph/indices.npy").dtype;
   if (idx_dtype != "i32" && idx_dtype != "i64")
-    throw CorruptStoreError((path / "graph/indices.npy").string() + ": expected dtype i32 or i64");
+    throw CorruptStoreError((path / "graph/indices.npy").string() + ": expected dtype i32 or i64, found " + idx_dtype);
   s.indices64_ = idx_dtype == "i64";
+  expect_presence("graph/weights.npy", m.weighted, "weighted");
+  expect_presence("features.npy", m.feature_dim > 0, "feature_dim");
+  expect_presence("partition.npy", m.num_partitions > 0, "num_partitions");
+  expect_presence("relabel.npy", m.relabelled, "relabelled");
+  if (m.feature_dim > 0) {
+    DType ft;
+    if (!parse_dtype(m.feature_dtype, &ft) || !(ft == DType::kF32 || ft == DType::kF16 || ft == DType::kBF16))
+      throw CorruptStoreError(manifest_file.string() + ": expected feature_dtype f32, f16 or bf16, found '" +
+                              m.feature_dtype + "'");
+  }
+  for (const auto& [name, size] : m.splits) {
+    const std::string rel = "splits/" + name + ".npy";
+    if (!m.files.count(rel))
+      throw CorruptStoreError(manifest_file.string() + ": expected " + rel + " for split '" + name + "', found no entry");
+    if (m.files.at(rel).shape != std::vector<int64_t>{size})
+      throw CorruptStoreError((path / rel).string() + ": expected " + std::to_string(size) +
+                              " node ids as the manifest's splits say, found shape " + shape_text(m.files.at(rel).shape));
+  }
+  for (const auto& [rel, entry] : m.files) {
+    if (rel == "graph/weights.npy") { expect_shape(rel, {e}); expect_dtype(rel, "f32"); }
+    else if (rel == "features.npy") { expect_shape(rel, {n, m.feature_dim}); expect_dtype(rel, m.feature_dtype); }
+    else if (rel == "labels.npy") { expect_shape(rel, {n}); expect_dtype(rel, "i32"); }
+    else if (rel == "partition.npy") { expect_shape(rel, {n}); expect_dtype(rel, "i32"); }
+    else if (rel == "relabel.npy") { expect_shape(rel, {n}); expect_dtype(rel, "i64"); }
+    else if (rel.rfind("splits/", 0) == 0) {
+      // Ids in [0, N) were checked by the importer; open stays O(files), so they are not rescanned.
+      if (entry.dtype != "i64" || entry.shape.size() != 1)
+        throw CorruptStoreError((path / rel).string() + ": expected a 1-D i64 array of node ids, found " + entry.dtype +
+                                " " + shape_text(entry.shape));
+      if (!m.splits.count(fs::path(rel).stem().string()))
+        throw CorruptStoreError((path / rel).string() + ": expected a matching entry in the manifest's splits, found none");
+    }
+  }
   for (const auto& [rel, entry] : m.files) {
     MappedArray a = open_array(rel);
     if (rel == "graph/indptr.npy") s.indptr_ = std::move(a);
     else if (rel == "graph/indices.npy") s.indices_ = std::move(a);
-    else if (rel == "graph/weights.npy") { expect_shape(rel, {e}); s.weights_ = std::move(a); }
-    else if (rel == "features.npy") { expect_shape(rel, {n, m.feature_dim}); s.features_ = std::move(a); }
-    else if (rel == "labels.npy") { expect_shape(rel, {n}); s.labels_ = std::move(a); }
-    else if (rel == "partition.npy") { expect_shape(rel, {n}); s.partition_ = std::move(a); }
-    else if (rel == "relabel.npy") { expect_shape(rel, {n}); s.relabel_ = std::move(a); }
-    else if (rel.rfind("splits/", 0) == 0) {
-      if (entry.dtype != "i64" || entry.shape.size() != 1)
-        throw CorruptStoreError((path / rel).string() + ": expected a 1-D i64 array of node ids");
-      const std::string name = fs::path(rel).stem().string();
-      s.splits_[name] = std::move(a);
-    }
+    else if (rel == "graph/weights.npy") s.weights_ = std::move(a);
+    else if (rel == "features.npy") s.features_ = std::move(a);
+    else if (rel == "labels.npy") s.labels_ = std::move(a);
+    else if (rel == "partition.npy") s.partition_ = std::move(a);
+    else if (rel == "relabel.npy") s.relabel_ = std::move(a);
+    else if (rel.rfind("splits/", 0) == 0) s.splits_[fs::path(rel).stem().string()] = std::move(a);
   }
-  if (m.feature_dim > 0 && !m.files.count("features.npy"))
-    throw CorruptStoreError(manifest_file.string() + ": feature_dim is set but features.npy is not listed");
   const int64_t* ip = s.indptr();
   if (ip[0] != 0 || ip[n] != e)
     throw CorruptStoreError((path / "graph/indptr.npy").string() + ": expected indptr[0] = 0 and indptr[N] = " +
@@ -429,20 +543,44 @@ std::string describe_store(const Store& store) {
     const int64_t* ip = store.indptr();
     std::vector<int64_t> in(static_cast<size_t>(n)), out(static_cast<size_t>(n), 0);
     for (int64_t v = 0; v < n; ++v) in[v] = ip[v + 1] - ip[v];
-    if (m.files.at("graph/indices.npy").dtype == "i32") {
-      const int32_t* idx = store.indices32();
-      for (int64_t k = 0; k < m.num_edges; ++k) out[idx[k]]++;
-      stats(std::move(out), "out-degree");
-    }
     stats(std::move(in), "in-degree");
+    if (m.files.at("graph/indices.npy").dtype == "i32") {
+      // open() does not scan indices, so a damaged file must not index out of bounds here.
+      const int32_t* idx = store.indices32();
+      int64_t bad = 0;
+      for (int64_t k = 0; k < m.num_edges; ++k) {
+        if (idx[k] < 0 || idx[k] >= n) ++bad;
+        else out[idx[k]]++;
+      }
+      if (bad > 0)
+        throw CorruptStoreError((store.path() / "graph/indices.npy").string() + ": expected node ids in [0, " +
+                                std::to_string(n) + "), found " + std::to_string(bad) + " outside (run gale info --verify)");
+      stats(std::move(out), "out-degree");
+    } else {
+      o << "out-degree not computed (int64 indices)\n";
+    }
   }
   o << "indices    " << m.files.at("graph/indices.npy").dtype << "\n";
   if (m.feature_dim > 0) o << "features   " << m.feature_dim << " x " << m.feature_dtype << "\n";
   else o << "features   none\n";
   if (store.has_labels()) {
-    int64_t labelled = 0;
-    for (int64_t v = 0; v < n; ++v) labelled += store.labels()[v] >= 0;
+    int64_t labelled = 0, outside = 0;
+    std::vector<int64_t> per_class(static_cast<size_t>(m.num_classes), 0);
+    for (int64_t v = 0; v < n; ++v) {
+      const int32_t y = store.labels()[v];
+      if (y < 0) continue;
+      ++labelled;
+      if (y < m.num_classes) ++per_class[static_cast<size_t>(y)];
+      else ++outside;
+    }
     o << "labels     " << m.num_classes << " classes, " << labelled << " labelled nodes\n";
+    if (!per_class.empty()) {
+      const auto [lo, hi] = std::minmax_element(per_class.begin(), per_class.end());
+      o << "classes    smallest " << *lo << " nodes (class " << (lo - per_class.begin()) << "), largest " << *hi
+        << " nodes (class " << (hi - per_class.begin()) << ")";
+      if (outside > 0) o << ", " << outside << " labels >= num_classes";
+      o << "\n";
+    }
   } else {
     o << "labels     none\n";
   }
@@ -458,6 +596,12 @@ std::string describe_store(const Store& store) {
   uint64_t total = 0;
   for (const auto& [rel, e] : m.files) total += e.size;
   o << "files      " << m.files.size() << ", " << total << " bytes\n";
+  for (const auto& [rel, e] : m.files) {
+    char line[256];
+    std::snprintf(line, sizeof(line), "  %-22s %-4s %-16s %14llu bytes\n", rel.c_str(), e.dtype.c_str(),
+                  shape_text(e.shape).c_str(), static_cast<unsigned long long>(e.size));
+    o << line;
+  }
   return o.str();
 }
 

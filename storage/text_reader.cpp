@@ -33,8 +33,8 @@ bool LineReader::fill() {
   const char* msg = gzerror(static_cast<gzFile>(gz_), &err);
   if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
     // zlib reports a stream cut short as Z_BUF_ERROR ("unexpected end of file").
-    if (err == Z_BUF_ERROR) throw InputError(path_ + ": truncated gzip stream (unexpected end of file)");
-    throw InputError(path_ + ": corrupt gzip stream (" + std::string(msg ? msg : "read error") + ")");
+    if (err == Z_BUF_ERROR) throw InputError(path_ + ": truncated or corrupt gzip stream (unexpected end of file)");
+    throw InputError(path_ + ": truncated or corrupt gzip stream (" + std::string(msg ? msg : "read error") + ")");
   }
   begin_ = 0;
   end_ = static_cast<size_t>(n);
@@ -103,13 +103,18 @@ bool parse_int64(std::string_view t, int64_t* out) {
 }
 
 bool parse_double(std::string_view t, double* out) {
+  if (!t.empty() && t[0] == '+') t.remove_prefix(1);
   if (t.empty()) return false;
-  // strtod is locale-sensitive only for the decimal point; Gale never sets a locale, so "C".
-  std::string s(t);
-  char* end = nullptr;
-  errno = 0;
-  *out = std::strtod(s.c_str(), &end);
-  return end == s.c_str() + s.size();
+  // from_chars is locale-independent and correctly rounded, so "0.1" in a text file and 0.1 in
+  // an .npy become the same float.
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), *out);
+  if (ec == std::errc::result_out_of_range && p == t.data() + t.size()) {
+    // Overflow and underflow: strtod gives the IEEE answer (+-inf, a subnormal or 0).
+    const std::string s(t);
+    *out = std::strtod(s.c_str(), nullptr);
+    return true;
+  }
+  return ec == std::errc() && p == t.data() + t.size();
 }
 
 }  // namespace gale::storage
