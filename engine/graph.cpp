@@ -11,6 +11,9 @@ GraphOperand::GraphOperand(kernels::CsrView csr, const std::vector<int64_t>* src
   if (src_in_degree == nullptr) GALE_ASSERT(csr.rows == csr.cols);
   if (src_in_degree != nullptr) GALE_ASSERT(static_cast<int64_t>(src_in_degree->size()) == csr.cols);
   GALE_ASSERT(csr.rows <= csr.cols);
+  // Per-edge arrays (attention coefficients, weights, csc_edge) are indexed by CSR position, so
+  // the CSR must start at entry 0 (a full store CSR and every sampled block do).
+  GALE_ASSERT(csr.rows == 0 || csr.indptr[0] == 0);
   const int64_t nnz = csr.nnz();
   csc_indptr_.resize(static_cast<size_t>(csr.cols + 1));
   csc_indices_.resize(static_cast<size_t>(nnz));

@@ -38,6 +38,9 @@ Model::Model(const ModelConfig& config, uint64_t seed) : config_(config) {
 Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tensor& x, bool training,
                       uint64_t rng_key) {
   GALE_ASSERT(graphs.size() == layers_.size());
+  // Blocks chain outermost first: layer l's destinations are layer l+1's sources.
+  GALE_ASSERT(x.rows() == graphs[0]->num_src() && x.cols() == config_.in_dim);
+  for (size_t l = 1; l < graphs.size(); ++l) GALE_ASSERT(graphs[l]->num_src() == graphs[l - 1]->num_dst());
   graphs_ = graphs;
   saved_.clear();
   Tensor h = x;
@@ -100,13 +103,22 @@ int64_t Model::num_parameters() {
 double softmax_cross_entropy(const Tensor& logits, const int32_t* labels, const std::vector<int64_t>& rows,
                              Tensor* grad, int64_t* correct) {
   const int64_t c = logits.cols();
+  GALE_ASSERT(c > 0);
+  if (grad) {
+    GALE_ASSERT(grad->rows() == logits.rows() && grad->cols() == c);
+    // Rows not listed get no gradient; listed rows accumulate, so a row listed twice counts
+    // twice, as it does in the mean (torch's cross_entropy over an index with repeats).
+    grad->fill(0.0f);
+  }
   const double inv_n = rows.empty() ? 0.0 : 1.0 / static_cast<double>(rows.size());
   double loss = 0.0;
   int64_t right = 0;
   for (int64_t r : rows) {
+    GALE_ASSERT(r >= 0 && r < logits.rows());
     const float* z = logits.f32() + r * c;
     const int32_t y = labels[r];
     GALE_ASSERT(y >= 0 && y < c);
+    // log-sum-exp shifted by the row maximum, in double: stable for logits of any magnitude.
     float mx = z[0];
     int64_t arg = 0;
     for (int64_t k = 1; k < c; ++k) {
@@ -117,14 +129,14 @@ double softmax_cross_entropy(const Tensor& logits, const int32_t* labels, const 
     }
     right += arg == y;
     double sum = 0.0;
-    for (int64_t k = 0; k < c; ++k) sum += std::exp(static_cast<double>(z[k] - mx));
+    for (int64_t k = 0; k < c; ++k) sum += std::exp(static_cast<double>(z[k]) - mx);
     const double log_sum = std::log(sum);
-    loss += log_sum - static_cast<double>(z[y] - mx);
+    loss += log_sum - (static_cast<double>(z[y]) - mx);
     if (grad) {
       float* g = grad->f32() + r * c;
       for (int64_t k = 0; k < c; ++k) {
-        const double p = std::exp(static_cast<double>(z[k] - mx) - log_sum);
-        g[k] = static_cast<float>((p - (k == y ? 1.0 : 0.0)) * inv_n);
+        const double p = std::exp(static_cast<double>(z[k]) - mx - log_sum);
+        g[k] += static_cast<float>((p - (k == y ? 1.0 : 0.0)) * inv_n);
       }
     }
   }

@@ -10,8 +10,15 @@
 // in CSR entry order (E x heads) with the self loop kept apart (destinations x heads). Attention
 // dropout: entry (e, h) is kept when random_uniform(key, e * heads + h) >= p, the self entry of
 // row i uses counter (E + i) * heads + h.
+//
+// CPU versions (*_cpu, gat_cpu.cpp) are the reference; the CUDA twins (*_cuda, gat_cuda.cu) take the
+// same arguments with every pointer (views, CSR arrays, el/er, alpha) in device memory, plus a
+// stream. They never synchronise, draw the same dropout masks bit for bit, and follow fuseGNN's GAR
+// abstraction (Sec. 4-6): one warp per destination row over the CSR forward, one per source over
+// the CSC backward, reductions in registers and shared memory, no atomics.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/views.hpp"
@@ -41,5 +48,46 @@ void gat_backward_cpu(const CsrView& g, const CsrView& csc, const int64_t* csc_e
                       const float* el, const float* er, const float* alpha, const float* alpha_self, float p,
                       uint64_t key, ConstMatrixView z, ConstMatrixView grad_out, MatrixView grad_z, float* grad_el,
                       float* grad_er);
+
+}  // namespace gale::kernels
+
+// The CUDA twins. Declared without CUDA headers so CPU-only code can include this file.
+struct CUstream_st;
+typedef CUstream_st* cudaStream_t;  // NOLINT: must match cuda_runtime_api.h exactly
+
+namespace gale::kernels {
+
+// CUDA kernels stage heads x entries coefficients per warp in shared memory; more heads than this
+// are refused with an InputError (GATs use 1 to 16).
+constexpr int64_t kGatCudaMaxHeads = 512;
+
+// Twin of gat_softmax_cpu.
+void gat_softmax_cuda(const CsrView& g, const GatShape& s, const float* el, const float* er, float* alpha,
+                      float* alpha_self, cudaStream_t stream);
+
+// Twin of gat_aggregate_cpu: reads the alpha written by gat_softmax_cuda.
+void gat_aggregate_cuda(const CsrView& g, const GatShape& s, const float* alpha, const float* alpha_self, float p,
+                        uint64_t key, ConstMatrixView z, MatrixView out, cudaStream_t stream);
+
+// gat_softmax_cuda followed by gat_aggregate_cuda in one kernel (fuseGNN Sec. 5.1): the softmax
+// statistics stay in registers and the coefficients go straight into the weighted sum; alpha and
+// alpha_self are still written because backward needs them. Same results as the two calls.
+void gat_forward_cuda(const CsrView& g, const GatShape& s, const float* el, const float* er, float p, uint64_t key,
+                      ConstMatrixView z, float* alpha, float* alpha_self, MatrixView out, cudaStream_t stream);
+
+// Device scratch that gat_backward_cuda needs (CUB style: the caller allocates it, e.g. a
+// DeviceBuffer<uint8_t> from the MemoryPool, so it is charged to the budget): the per-entry score
+// gradients, nnz x heads floats, plus dst_rows x heads for the self loops. nnz is passed because
+// a device CsrView's indptr cannot be read on the host.
+size_t gat_backward_workspace_bytes(int64_t nnz, int64_t dst_rows, const GatShape& s);
+
+// Twin of gat_backward_cpu with the same two phases: per destination (score gradients into the
+// workspace, grad_er), then per source over the CSC (grad_z, grad_el). `workspace` holds at least
+// gat_backward_workspace_bytes(nnz, g.rows, s) bytes (256-byte aligned, as the pool returns) and
+// must not be reused until the stream has passed this call.
+void gat_backward_cuda(const CsrView& g, const CsrView& csc, const int64_t* csc_edge, const GatShape& s,
+                       const float* el, const float* er, const float* alpha, const float* alpha_self, float p,
+                       uint64_t key, ConstMatrixView z, ConstMatrixView grad_out, MatrixView grad_z, float* grad_el,
+                       float* grad_er, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace gale::kernels

@@ -82,43 +82,46 @@ void gat_backward_cpu(const CsrView& g, const CsrView& csc, const int64_t* csc_e
   // Per-entry gradient of the pre-activation score, then reduced per destination (here) and per
   // source (over the transpose, below).
   std::vector<float> gpre(static_cast<size_t>(nnz * H)), gpre_self(static_cast<size_t>(g.rows * H));
-  for_range(g.rows, [&](int64_t i) {
-    const int64_t b = g.indptr[i], e_end = g.indptr[i + 1];
-    const float* go = grad_out.row(i);
-    std::vector<float> ga(static_cast<size_t>(e_end - b));
-    for (int64_t h = 0; h < H; ++h) {
-      const float* goh = go + h * F;
-      auto dot = [&](int64_t src) {
-        const float* zj = z.row(src) + h * F;
-        float d = 0.0f;
-        for (int64_t k = 0; k < F; ++k) d += goh[k] * zj[k];
-        return d;
-      };
-      // d loss / d alpha (through dropout).
-      const float ga_self = dot(i) * keep(p, key, (unnz + static_cast<uint64_t>(i)) * H + h);
-      double weighted = static_cast<double>(alpha_self[i * H + h]) * ga_self;
-      for (int64_t e = b; e < e_end; ++e) {
-        const float m = keep(p, key, static_cast<uint64_t>(e) * H + h);
-        ga[e - b] = m == 0.0f ? 0.0f : dot(g.indices[e]) * m;
-        weighted += static_cast<double>(alpha[e * H + h]) * ga[e - b];
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, g.rows, 64), [&](const tbb::blocked_range<int64_t>& range) {
+    std::vector<float> ga;  // d loss / d alpha of one row's entries; reused across the range's rows
+    for (int64_t i = range.begin(); i < range.end(); ++i) {
+      const int64_t b = g.indptr[i], e_end = g.indptr[i + 1];
+      const float* go = grad_out.row(i);
+      ga.resize(static_cast<size_t>(e_end - b));
+      for (int64_t h = 0; h < H; ++h) {
+        const float* goh = go + h * F;
+        auto dot = [&](int64_t src) {
+          const float* zj = z.row(src) + h * F;
+          float d = 0.0f;
+          for (int64_t k = 0; k < F; ++k) d += goh[k] * zj[k];
+          return d;
+        };
+        // d loss / d alpha (through dropout).
+        const float ga_self = dot(i) * keep(p, key, (unnz + static_cast<uint64_t>(i)) * H + h);
+        double weighted = static_cast<double>(alpha_self[i * H + h]) * ga_self;
+        for (int64_t e = b; e < e_end; ++e) {
+          const float m = keep(p, key, static_cast<uint64_t>(e) * H + h);
+          ga[e - b] = m == 0.0f ? 0.0f : dot(g.indices[e]) * m;
+          weighted += static_cast<double>(alpha[e * H + h]) * ga[e - b];
+        }
+        // Softmax backward, then LeakyReLU backward.
+        const float eri = er[i * H + h];
+        const float w = static_cast<float>(weighted);
+        float sum_er = 0.0f;
+        {
+          const float gs = alpha_self[i * H + h] * (ga_self - w);
+          const float gp = gs * (el[i * H + h] + eri > 0.0f ? 1.0f : s.slope);
+          gpre_self[i * H + h] = gp;
+          sum_er += gp;
+        }
+        for (int64_t e = b; e < e_end; ++e) {
+          const float gs = alpha[e * H + h] * (ga[e - b] - w);
+          const float gp = gs * (el[static_cast<int64_t>(g.indices[e]) * H + h] + eri > 0.0f ? 1.0f : s.slope);
+          gpre[e * H + h] = gp;
+          sum_er += gp;
+        }
+        grad_er[i * H + h] = sum_er;
       }
-      // Softmax backward, then LeakyReLU backward.
-      const float eri = er[i * H + h];
-      const float w = static_cast<float>(weighted);
-      float sum_er = 0.0f;
-      {
-        const float gs = alpha_self[i * H + h] * (ga_self - w);
-        const float gp = gs * (el[i * H + h] + eri > 0.0f ? 1.0f : s.slope);
-        gpre_self[i * H + h] = gp;
-        sum_er += gp;
-      }
-      for (int64_t e = b; e < e_end; ++e) {
-        const float gs = alpha[e * H + h] * (ga[e - b] - w);
-        const float gp = gs * (el[static_cast<int64_t>(g.indices[e]) * H + h] + eri > 0.0f ? 1.0f : s.slope);
-        gpre[e * H + h] = gp;
-        sum_er += gp;
-      }
-      grad_er[i * H + h] = sum_er;
     }
   });
   // Per source j: gradient of its features through the aggregation, and of its score input el.

@@ -1,5 +1,9 @@
 // PyG GATConv: z = x W (per head), attention over in-neighbours plus a self loop, heads
 // concatenated, + bias. The attention kernels (kernels/gat.hpp) never form E x D messages.
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+
 #include "engine/layers/layers.hpp"
 #include "engine/layers/linear.hpp"
 #include "kernels/dense.hpp"
@@ -9,6 +13,15 @@
 namespace gale::engine {
 
 namespace {
+
+// Runs body(r) for every row in parallel; each row is written by one task only.
+template <typename Body>
+void for_rows(int64_t rows, int64_t cols, Body&& body) {
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols));
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, grain), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t i = r.begin(); i < r.end(); ++i) body(i);
+  });
+}
 
 class GatLayer : public Layer {
  public:
@@ -78,19 +91,22 @@ class GatLayer : public Layer {
   }
 
  private:
-  // s[j,h] = sum_k z[j,h,k] att[h,k] for the first `rows` rows of z.
+  // s[j,h] = sum_k z[j,h,k] att[h,k] for the first `rows` rows of z (PyG's alpha_src / alpha_dst:
+  // (x W).view(-1, H, F) * att).sum(-1)). Rows are independent, so they run in parallel.
   Tensor scores(const Tensor& z, const Parameter& att, int64_t rows) const {
     const int64_t H = shape_.heads, F = shape_.f;
     Tensor s = Tensor::empty(rows, H);
     const float* a = att.value.f32();
-    for (int64_t j = 0; j < rows; ++j) {
-      const float* zj = z.f32() + j * H * F;
+    const float* zp = z.f32();
+    float* sp = s.f32();
+    for_rows(rows, H * F, [&](int64_t j) {
+      const float* zj = zp + j * H * F;
       for (int64_t h = 0; h < H; ++h) {
         float acc = 0.0f;
         for (int64_t k = 0; k < F; ++k) acc += zj[h * F + k] * a[h * F + k];
-        s.f32()[j * H + h] = acc;
+        sp[j * H + h] = acc;
       }
-    }
+    });
     return s;
   }
 
@@ -101,18 +117,22 @@ class GatLayer : public Layer {
     // (deterministic order), so no per-thread partial sums are needed.
     Tensor prod = Tensor::empty(rows, H * F);
     const float* a = att.value.f32();
-    for (int64_t j = 0; j < rows; ++j) {
-      const float* zj = z_.f32() + j * H * F;
-      float* pj = prod.f32() + j * H * F;
-      float* gzj = gz->f32() + j * H * F;
+    const float* zp = z_.f32();
+    const float* gsp = gs.f32();
+    float* pp = prod.f32();
+    float* gzp = gz->f32();
+    for_rows(rows, H * F, [&](int64_t j) {
+      const float* zj = zp + j * H * F;
+      float* pj = pp + j * H * F;
+      float* gzj = gzp + j * H * F;
       for (int64_t h = 0; h < H; ++h) {
-        const float g = gs.f32()[j * H + h];
+        const float g = gsp[j * H + h];
         for (int64_t k = 0; k < F; ++k) {
           pj[h * F + k] = g * zj[h * F + k];
           gzj[h * F + k] += g * a[h * F + k];
         }
       }
-    }
+    });
     kernels::column_sum(prod.view(), att.grad.f32(), /*accumulate=*/true);
   }
 

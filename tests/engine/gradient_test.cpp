@@ -1,9 +1,13 @@
 // Every layer's backward against central finite differences of an independent float64
 // reference forward, on small random graphs with empty rows and a hub, as blocks (more sources
-// than destinations) and as full graphs.
+// than destinations) and as full graphs; the 2-layer Model (dropout placement, activation,
+// attention dropout) the same way; GraphOperand's transpose and norms; the loss and Adam against
+// hand computations; determinism across seeds and thread counts.
 #include <gtest/gtest.h>
+#include <tbb/task_arena.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
@@ -126,8 +130,16 @@ std::vector<double> gin_ref(const TestGraph& g, const std::vector<double>& x, co
   return y;
 }
 
+// Attention dropout as kernels/gat.hpp specifies it: entry (e, h) kept when
+// random_uniform(key, e * heads + h) >= p, the self loop of row i at counter (E + i) * heads + h.
 std::vector<double> gat_ref(const TestGraph& g, const std::vector<double>& x, const Params& p, int64_t in, int64_t heads,
-                            int64_t f, const std::string& pre) {
+                            int64_t f, const std::string& pre, float attn_p = 0.0f, uint64_t attn_key = 0) {
+  const int64_t nnz = static_cast<int64_t>(g.indices.size());
+  auto mult = [&](int64_t counter) {
+    if (attn_p <= 0.0f) return 1.0;
+    return kernels::random_uniform(attn_key, static_cast<uint64_t>(counter)) >= attn_p
+               ? 1.0 / (1.0 - static_cast<double>(attn_p)) : 0.0;
+  };
   const int64_t hf = heads * f;
   const auto z = matmul(x, g.src, in, p.at(pre + ".lin.weight"), hf);
   const auto& as = p.at(pre + ".att_src");
@@ -142,6 +154,9 @@ std::vector<double> gat_ref(const TestGraph& g, const std::vector<double>& x, co
     for (int64_t h = 0; h < heads; ++h) {
       std::vector<int64_t> srcs(g.indices.begin() + g.indptr[i], g.indices.begin() + g.indptr[i + 1]);
       srcs.push_back(i);
+      std::vector<double> keep;
+      for (int64_t e = g.indptr[i]; e < g.indptr[i + 1]; ++e) keep.push_back(mult(e * heads + h));
+      keep.push_back(mult((nnz + i) * heads + h));
       std::vector<double> s;
       double mx = -1e300;
       for (int64_t j : srcs) {
@@ -153,7 +168,7 @@ std::vector<double> gat_ref(const TestGraph& g, const std::vector<double>& x, co
       double sum = 0;
       for (auto& v : s) sum += (v = std::exp(v - mx));
       for (size_t t = 0; t < srcs.size(); ++t)
-        for (int64_t k = 0; k < f; ++k) y[i * hf + h * f + k] += s[t] / sum * z[srcs[t] * hf + h * f + k];
+        for (int64_t k = 0; k < f; ++k) y[i * hf + h * f + k] += keep[t] * s[t] / sum * z[srcs[t] * hf + h * f + k];
     }
   }
   add_bias(&y, p.at(pre + ".bias"));
@@ -177,6 +192,9 @@ double dot(const std::vector<double>& a, const std::vector<double>& b) {
   return s;
 }
 
+// The rng key of the training forward in check_layer (attention dropout draws from it).
+constexpr uint64_t kLayerKey = 7;
+
 // Compares analytic gradients of L = <layer(x), R> with central differences of the reference.
 void check_layer(Layer& layer, const TestGraph& g, const Reference& ref, uint64_t seed) {
   const int64_t in = layer.in_dim(), out = layer.out_dim();
@@ -188,7 +206,7 @@ void check_layer(Layer& layer, const TestGraph& g, const Reference& ref, uint64_
   // The f32 layer agrees with the reference forward.
   Tensor xt = Tensor::from_vector(std::vector<float>(x.begin(), x.end()), g.src, in);
   for (Parameter* q : layer.parameters()) q->grad.fill(0.0f);
-  const Tensor y = layer.forward(op, xt, ForwardContext{true, 7});
+  const Tensor y = layer.forward(op, xt, ForwardContext{true, kLayerKey});
   const auto y_ref = ref(g, x, params);
   ASSERT_EQ(static_cast<int64_t>(y_ref.size()), y.numel());
   for (int64_t i = 0; i < y.numel(); ++i) ASSERT_NEAR(y.f32()[i], y_ref[i], 1e-4 * (1 + std::abs(y_ref[i]))) << i;
@@ -266,51 +284,230 @@ TEST(GatLayer, BackwardMatchesFiniteDifferences) {
   }
 }
 
-// The whole model (dropout off): two layers with the activation between them. ELU, because it is
-// smooth: with ReLU a hidden pre-activation within a step of zero makes finite differences
-// meaningless (ReLU's own backward is checked exactly in the kernel tests).
-TEST(Model, TwoLayerBackwardMatchesFiniteDifferences) {
+// Attention dropout during training: the masks are a pure function of the forward's key, so
+// the differentiated function is fixed and finite differences apply.
+TEST(GatLayer, BackwardWithAttentionDropoutMatchesFiniteDifferences) {
+  for (const Case& c : kCases) {
+    auto layer = make_gat_layer("l", c.in, 3, c.out, /*attn_dropout=*/0.4f, 4);
+    check_layer(*layer, random_graph(c.dst, c.src, 7), [&](const TestGraph& g, const auto& x, const Params& p) {
+      return gat_ref(g, x, p, c.in, 3, c.out, "l", 0.4f, kLayerKey);
+    }, 45);
+  }
+}
+
+// Model::forward in float64, built from the layer references: dropout on every layer input
+// (key derive_key(K, 2l), element (r, c) at counter r * cols + c, scale 1 / (1 - p)), the layer
+// (attention dropout keyed derive_key(K, 2l + 1)), ELU between layers, nothing after the last.
+std::vector<double> model_ref(const ModelConfig& cfg, const TestGraph& g, const std::vector<double>& x, const Params& p,
+                              bool training, uint64_t key) {
+  std::vector<double> h = x;
+  int64_t width = cfg.in_dim;
+  for (int l = 0; l < cfg.layers; ++l) {
+    const bool last = l + 1 == cfg.layers;
+    if (training && cfg.dropout > 0.0f) {
+      const uint64_t k = kernels::derive_key(key, 2 * static_cast<uint64_t>(l));
+      for (size_t i = 0; i < h.size(); ++i)
+        h[i] = kernels::random_uniform(k, i) >= cfg.dropout ? h[i] / (1.0 - static_cast<double>(cfg.dropout)) : 0.0;
+    }
+    const std::string pre = "layers." + std::to_string(l);
+    const int64_t heads = cfg.model == "gat" && !last ? cfg.heads : 1;
+    const int64_t out = last ? cfg.out_dim : (cfg.model == "gat" ? cfg.heads * cfg.hidden : cfg.hidden);
+    if (cfg.model == "gcn") h = gcn_ref(g, h, p, width, out, pre);
+    else if (cfg.model == "sage") h = sage_ref(g, h, p, width, out, pre);
+    else if (cfg.model == "gin") h = gin_ref(g, h, p, width, out, cfg.gin_eps, cfg.gin_mlp_layers == 2, pre);
+    else h = gat_ref(g, h, p, width, heads, out / heads, pre, training ? cfg.attn_dropout : 0.0f,
+                     kernels::derive_key(key, 2 * static_cast<uint64_t>(l) + 1));
+    width = out;
+    if (!last)
+      for (auto& v : h) v = v > 0 ? v : std::expm1(v);
+  }
+  return h;
+}
+
+Params read_params(Model& model) {
+  Params p;
+  for (Parameter* q : model.parameters()) {
+    const auto v = q->value.to_vector();
+    p[q->name] = std::vector<double>(v.begin(), v.end());
+  }
+  return p;
+}
+
+ModelConfig small_config(const std::string& kind, float dropout) {
+  ModelConfig cfg;
+  cfg.model = kind;
+  cfg.in_dim = 4;
+  cfg.hidden = 3;
+  cfg.heads = 2;
+  cfg.out_dim = 3;
+  cfg.dropout = dropout;
+  cfg.attn_dropout = dropout;
+  cfg.activation = Activation::kElu;
+  cfg.gin_eps = 0.1f;
+  return cfg;
+}
+
+// Every parameter gradient of a 2-layer model against central differences of the float64
+// reference, with feature and attention dropout off and on (a training forward's masks are a
+// pure function of its key, so the differentiated function is fixed). ELU between the layers:
+// it is smooth, so no hidden unit sits on a kink.
+TEST(Model, TwoLayerTrainingBackwardMatchesFiniteDifferencesOfADoubleReference) {
+  constexpr uint64_t kKey = 99;
   for (const std::string kind : {"gcn", "sage", "gin", "gat"}) {
-    ModelConfig cfg;
-    cfg.model = kind;
-    cfg.in_dim = 4;
-    cfg.hidden = 3;
-    cfg.heads = 2;
-    cfg.out_dim = 3;
-    cfg.dropout = 0.0f;
-    cfg.attn_dropout = 0.0f;
-    cfg.activation = Activation::kElu;
-    Model model(cfg, 5);
-    const TestGraph g = random_graph(10, 10, 8);
-    const GraphOperand op(g.view());
-    const std::vector<const GraphOperand*> graphs = {&op, &op};
-    const auto x = random_vector(40, 50);
-    const auto r = random_vector(30, 51);
-    auto loss = [&](const std::vector<double>& xv, Model& m) {
-      const Tensor y = m.forward(graphs, Tensor::from_vector(std::vector<float>(xv.begin(), xv.end()), 10, 4), false, 0);
-      double s = 0;
-      for (int64_t i = 0; i < y.numel(); ++i) s += static_cast<double>(y.f32()[i]) * r[i];
-      return s;
-    };
-    model.zero_grad();
-    model.forward(graphs, Tensor::from_vector(std::vector<float>(x.begin(), x.end()), 10, 4), true, 0);
-    model.backward(Tensor::from_vector(std::vector<float>(r.begin(), r.end()), 10, 3));
-    // f32 forwards with a larger step: the check here is the chain through activations and layers.
-    constexpr double kStep = 1e-3;
-    for (Parameter* p : model.parameters()) {
-      const auto grad = p->grad.to_vector();
-      for (int64_t i = 0; i < p->value.numel(); i += 3) {
-        const float keep = p->value.f32()[i];
-        p->value.f32()[i] = keep + static_cast<float>(kStep);
-        const double up = loss(x, model);
-        p->value.f32()[i] = keep - static_cast<float>(kStep);
-        const double down = loss(x, model);
-        p->value.f32()[i] = keep;
-        const double numeric = (up - down) / (2 * kStep);
-        EXPECT_NEAR(grad[i], numeric, 2e-2 * std::max(1.0, std::abs(numeric))) << kind << " " << p->name << "[" << i << "]";
+    for (float dropout : {0.0f, 0.3f}) {
+      const ModelConfig cfg = small_config(kind, dropout);
+      Model model(cfg, 5);
+      const TestGraph g = random_graph(10, 10, 8);
+      const GraphOperand op(g.view());
+      const std::vector<const GraphOperand*> graphs = {&op, &op};
+      const auto x = random_vector(40, 50);
+      const auto r = random_vector(30, 51);
+      const Params params = read_params(model);
+
+      model.zero_grad();
+      const Tensor y = model.forward(graphs, Tensor::from_vector(std::vector<float>(x.begin(), x.end()), 10, 4), true, kKey);
+      const auto y_ref = model_ref(cfg, g, x, params, true, kKey);
+      ASSERT_EQ(y.numel(), static_cast<int64_t>(y_ref.size()));
+      for (int64_t i = 0; i < y.numel(); ++i)
+        ASSERT_NEAR(y.f32()[i], y_ref[i], 1e-4 * (1 + std::abs(y_ref[i]))) << kind << " output " << i;
+      model.backward(Tensor::from_vector(std::vector<float>(r.begin(), r.end()), 10, 3));
+
+      constexpr double kStep = 1e-6;
+      for (Parameter* q : model.parameters()) {
+        const auto grad = q->grad.to_vector();
+        for (size_t i = 0; i < grad.size(); ++i) {
+          Params pp = params, pm = params;
+          pp[q->name][i] += kStep;
+          pm[q->name][i] -= kStep;
+          const double numeric =
+              (dot(model_ref(cfg, g, x, pp, true, kKey), r) - dot(model_ref(cfg, g, x, pm, true, kKey), r)) / (2 * kStep);
+          EXPECT_NEAR(grad[i], numeric, 2e-3 * std::max(1.0, std::abs(numeric)))
+              << kind << " dropout " << dropout << " " << q->name << "[" << i << "]";
+        }
       }
     }
   }
+}
+
+// Evaluation forwards apply no dropout of either kind.
+TEST(Model, EvaluationForwardIsDeterministicAndDropoutFree) {
+  for (const std::string kind : {"gcn", "sage", "gin", "gat"}) {
+    const ModelConfig cfg = small_config(kind, 0.5f);
+    Model model(cfg, 3);
+    const TestGraph g = random_graph(10, 10, 2);
+    const GraphOperand op(g.view());
+    const auto x = random_vector(40, 60);
+    const Tensor y = model.forward({&op, &op}, Tensor::from_vector(std::vector<float>(x.begin(), x.end()), 10, 4), false, 1);
+    const auto y_ref = model_ref(cfg, g, x, read_params(model), false, 0);
+    for (int64_t i = 0; i < y.numel(); ++i) ASSERT_NEAR(y.f32()[i], y_ref[i], 1e-4 * (1 + std::abs(y_ref[i]))) << kind;
+  }
+}
+
+// Checkpoints and the PyG comparison key on parameter names; initialisation is a pure function
+// of the seed.
+TEST(Model, SameSeedGivesTheSameParametersUnderStableNames) {
+  const std::map<std::string, std::vector<std::string>> expected = {
+      {"gcn", {"layers.0.lin.weight", "layers.0.bias", "layers.1.lin.weight", "layers.1.bias"}},
+      {"sage", {"layers.0.neigh.lin.weight", "layers.0.neigh.bias", "layers.0.root.weight",
+                "layers.1.neigh.lin.weight", "layers.1.neigh.bias", "layers.1.root.weight"}},
+      {"gin", {"layers.0.mlp.0.lin.weight", "layers.0.mlp.0.bias", "layers.0.mlp.2.weight", "layers.0.mlp.2.bias",
+               "layers.1.mlp.0.lin.weight", "layers.1.mlp.0.bias", "layers.1.mlp.2.weight", "layers.1.mlp.2.bias"}},
+      {"gat", {"layers.0.lin.weight", "layers.0.att_src", "layers.0.att_dst", "layers.0.bias", "layers.1.lin.weight",
+               "layers.1.att_src", "layers.1.att_dst", "layers.1.bias"}},
+  };
+  for (const auto& [kind, names] : expected) {
+    const ModelConfig cfg = small_config(kind, 0.5f);
+    Model a(cfg, 11), b(cfg, 11), c(cfg, 12);
+    std::vector<std::string> got;
+    for (Parameter* p : a.parameters()) got.push_back(p->name);
+    EXPECT_EQ(got, names) << kind;
+    const auto pa = a.parameters(), pb = b.parameters(), pc = c.parameters();
+    bool any_differs = false;
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_EQ(pa[i]->value.to_vector(), pb[i]->value.to_vector()) << pa[i]->name;
+      any_differs |= pa[i]->value.to_vector() != pc[i]->value.to_vector();
+    }
+    EXPECT_TRUE(any_differs) << kind << ": seeds 11 and 12 gave the same model";
+  }
+}
+
+// Glorot-uniform weights (PyG's default for GCNConv / GATConv): bounded by sqrt(6 / (fan_in +
+// fan_out)) and spread over that range; biases start at zero.
+TEST(Model, WeightsAreGlorotUniformAndBiasesZero) {
+  ModelConfig cfg = small_config("gcn", 0.5f);
+  cfg.in_dim = 300;
+  cfg.hidden = 200;
+  Model model(cfg, 1);
+  Parameter* w = model.parameters()[0];
+  const double bound = std::sqrt(6.0 / (300 + 200));
+  double sum_sq = 0;
+  for (float v : w->value.to_vector()) {
+    ASSERT_LE(std::abs(v), bound);
+    sum_sq += static_cast<double>(v) * v;
+  }
+  EXPECT_NEAR(std::sqrt(sum_sq / static_cast<double>(w->value.numel())), bound / std::sqrt(3.0), 0.01 * bound);
+  for (float v : model.parameters()[1]->value.to_vector()) EXPECT_EQ(v, 0.0f);
+}
+
+// A training step's gradients are the same bits whether TBB runs on one thread or several.
+TEST(Model, TrainingStepIsBitIdenticalForAnyThreadCount) {
+  const TestGraph g = random_graph(700, 700, 12);
+  const GraphOperand op(g.view());
+  const auto x = random_vector(700 * 19, 70);
+  for (const std::string kind : {"gcn", "sage", "gin", "gat"}) {
+    ModelConfig cfg = small_config(kind, 0.5f);
+    cfg.in_dim = 19;
+    cfg.hidden = 33;
+    cfg.activation = Activation::kRelu;
+    auto run = [&]() {
+      Model model(cfg, 4);
+      model.zero_grad();
+      const Tensor y = model.forward({&op, &op}, Tensor::from_vector(std::vector<float>(x.begin(), x.end()), 700, 19), true, 8);
+      model.backward(y);
+      std::vector<std::vector<float>> out{y.to_vector()};
+      for (Parameter* p : model.parameters()) out.push_back(p->grad.to_vector());
+      return out;
+    };
+    std::vector<std::vector<float>> one, many;
+    tbb::task_arena(1).execute([&] { one = run(); });
+    tbb::task_arena().execute([&] { many = run(); });
+    ASSERT_EQ(one.size(), many.size());
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(one[i].data(), many[i].data(), one[i].size() * sizeof(float))) << kind << " " << i;
+  }
+}
+
+// The transpose, GCN norms (full-graph degree for sources that are not destinations) and SAGE's
+// mean factors of a block.
+TEST(GraphOperand, TransposeAndNormsFollowTheBlock) {
+  const TestGraph g = random_graph(9, 14, 3);
+  std::vector<float> weights(g.indices.size());
+  for (size_t e = 0; e < weights.size(); ++e) weights[e] = static_cast<float>(e) + 0.5f;
+  kernels::CsrView csr = g.view();
+  csr.weights = weights.data();
+  const GraphOperand op(csr, &g.src_degree);
+  EXPECT_EQ(op.num_dst(), 9);
+  EXPECT_EQ(op.num_src(), 14);
+  const kernels::CsrView csc = op.csc();
+  ASSERT_EQ(csc.rows, 14);
+  ASSERT_EQ(csc.nnz(), static_cast<int64_t>(g.indices.size()));
+  for (int64_t j = 0; j < 14; ++j) {
+    for (int64_t k = csc.indptr[j]; k < csc.indptr[j + 1]; ++k) {
+      const int64_t e = op.csc_edge()[k];
+      EXPECT_EQ(g.indices[e], j);
+      EXPECT_TRUE(e >= g.indptr[csc.indices[k]] && e < g.indptr[csc.indices[k] + 1]);
+      EXPECT_EQ(csc.weights[k], weights[e]);
+    }
+  }
+  for (int64_t i = 0; i < 9; ++i) {
+    const int64_t deg = g.indptr[i + 1] - g.indptr[i];
+    EXPECT_FLOAT_EQ(op.dst_norm()[i], 1.0f / std::sqrt(static_cast<float>(deg + 1)));
+    EXPECT_FLOAT_EQ(op.self_norm()[i], 1.0f / static_cast<float>(deg + 1));
+    EXPECT_FLOAT_EQ(op.inv_degree()[i], deg == 0 ? 0.0f : 1.0f / static_cast<float>(deg));
+    EXPECT_EQ(op.src_norm()[i], op.dst_norm()[i]);
+  }
+  for (int64_t j = 9; j < 14; ++j)
+    EXPECT_FLOAT_EQ(op.src_norm()[j], 1.0f / std::sqrt(static_cast<float>(g.src_degree[j] + 1)));
 }
 
 TEST(SoftmaxCrossEntropy, MatchesHandComputation) {
@@ -324,6 +521,37 @@ TEST(SoftmaxCrossEntropy, MatchesHandComputation) {
   EXPECT_NEAR(loss, expect, 1e-6);
   EXPECT_EQ(correct, 1);
   EXPECT_NEAR(grad.f32()[1], 0.5 * (std::exp(2 - lse(1, 2, 0.5)) - 1), 1e-6);
+}
+
+// Rows not listed get a zero gradient even in a dirty buffer; huge logits stay finite; the
+// gradient is the derivative of the returned loss.
+TEST(SoftmaxCrossEntropy, GradientIsTheLossDerivativeAndUnlistedRowsAreZero) {
+  const int64_t rows = 5, classes = 7;
+  const auto v = random_vector(static_cast<size_t>(rows * classes), 80);
+  std::vector<float> z(v.begin(), v.end());
+  for (auto& t : z) t *= 4.0f;
+  z[2 * classes + 3] = 1e4f;  // would overflow a naive exp
+  const int32_t labels[] = {0, 6, 2, 3, 1};
+  const std::vector<int64_t> listed = {1, 2, 4, 4};  // row 4 listed twice counts twice
+  Tensor grad = Tensor::from_vector(std::vector<float>(rows * classes, 123.0f), rows, classes);
+  int64_t correct = -1;
+  const double loss = softmax_cross_entropy(Tensor::from_vector(z, rows, classes), labels, listed, &grad, &correct);
+  ASSERT_TRUE(std::isfinite(loss));
+  for (int64_t c = 0; c < classes; ++c) {
+    EXPECT_EQ(grad.f32()[0 * classes + c], 0.0f);
+    EXPECT_EQ(grad.f32()[3 * classes + c], 0.0f);
+  }
+  auto loss_at = [&](const std::vector<float>& logits) {
+    return softmax_cross_entropy(Tensor::from_vector(logits, rows, classes), labels, listed, nullptr, nullptr);
+  };
+  for (int64_t i : {1 * classes + 0, 1 * classes + 6, 2 * classes + 2, 4 * classes + 1, 4 * classes + 5}) {
+    auto up = z, down = z;
+    up[i] += 1e-2f;
+    down[i] -= 1e-2f;
+    EXPECT_NEAR(grad.f32()[i], (loss_at(up) - loss_at(down)) / 2e-2, 1e-3) << i;
+  }
+  // Row 2's label is 2 but logit 3 dominates: loss 1e4 - z[2] over 4 listed rows, about 2500.
+  EXPECT_NEAR(loss, 2500.0, 10.0);
 }
 
 TEST(Adam, StepMatchesTorchFormula) {

@@ -1,8 +1,10 @@
 // CPU references of the kernel families against naive loops on fresh random inputs: odd sizes,
 // empty rows, a hub row, widths that are not multiples of 32, poisoned outputs.
 #include <gtest/gtest.h>
+#include <tbb/task_arena.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <vector>
@@ -214,6 +216,165 @@ TEST(Gat, SoftmaxRowsSumToOneAndAggregateMatchesNaive) {
         EXPECT_NEAR(out[i * heads * f + h * f + k], ref, 1e-5);
       }
     }
+  }
+}
+
+// Forward of the GAT pieces in double, for finite differences: out[i,h,:] = sum_j m_ij a_ij z_j
+// with a the softmax over N(i) + {i} of LeakyReLU(el[j,h] + er[i,h]) and m the dropout multiplier.
+std::vector<double> gat_forward_ref(const Graph& g, int64_t heads, int64_t f, const std::vector<double>& el,
+                                    const std::vector<double>& er, const std::vector<double>& z, float p,
+                                    uint64_t key) {
+  const int64_t nnz = static_cast<int64_t>(g.indices.size()), hf = heads * f;
+  auto mult = [&](uint64_t counter) {
+    if (p <= 0.0f) return 1.0;
+    return random_uniform(key, counter) >= p ? 1.0 / (1.0 - static_cast<double>(p)) : 0.0;
+  };
+  auto leaky = [](double v) { return v > 0 ? v : 0.2 * v; };
+  std::vector<double> out(static_cast<size_t>(g.rows * hf), 0.0);
+  for (int64_t i = 0; i < g.rows; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::vector<int64_t> src{i};
+      std::vector<double> m{mult(static_cast<uint64_t>((nnz + i) * heads + h))};
+      for (int64_t e = g.indptr[i]; e < g.indptr[i + 1]; ++e) {
+        src.push_back(g.indices[e]);
+        m.push_back(mult(static_cast<uint64_t>(e * heads + h)));
+      }
+      std::vector<double> w;
+      double mx = -1e300, total = 0;
+      for (int64_t j : src) {
+        w.push_back(leaky(el[j * heads + h] + er[i * heads + h]));
+        mx = std::max(mx, w.back());
+      }
+      for (double& v : w) total += (v = std::exp(v - mx));
+      for (size_t t = 0; t < src.size(); ++t)
+        for (int64_t k = 0; k < f; ++k) out[i * hf + h * f + k] += m[t] * w[t] / total * z[src[t] * hf + h * f + k];
+    }
+  }
+  return out;
+}
+
+// Backward of softmax + aggregation (with attention dropout, through the transpose) against
+// central differences of the double forward above, for <out, R>.
+TEST(Gat, BackwardMatchesFiniteDifferencesWithAttentionDropout) {
+  const Graph g = random_graph(19, 19, 17);
+  const int64_t heads = 3, f = 5, n = 19, hf = heads * f, nnz = static_cast<int64_t>(g.indices.size());
+  const float p = 0.4f;
+  const uint64_t key = 23;
+  const auto elf = random_floats(static_cast<size_t>(n * heads), 1), erf = random_floats(static_cast<size_t>(n * heads), 2);
+  const auto zf = random_floats(static_cast<size_t>(n * hf), 3), rf = random_floats(static_cast<size_t>(n * hf), 4);
+  std::vector<int64_t> tp(static_cast<size_t>(n + 1)), perm(static_cast<size_t>(nnz));
+  std::vector<int32_t> ti(static_cast<size_t>(nnz));
+  csr_transpose(g.view(), tp.data(), ti.data(), perm.data());
+  const CsrView csc{n, n, tp.data(), ti.data(), nullptr};
+  const GatShape s{heads, f, 0.2f};
+  std::vector<float> alpha(static_cast<size_t>(nnz * heads)), self(static_cast<size_t>(n * heads));
+  gat_softmax_cpu(g.view(), s, elf.data(), erf.data(), alpha.data(), self.data());
+  std::vector<float> gz(static_cast<size_t>(n * hf), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> gel(static_cast<size_t>(n * heads), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> ger(static_cast<size_t>(n * heads), std::numeric_limits<float>::quiet_NaN());
+  gat_backward_cpu(g.view(), csc, perm.data(), s, elf.data(), erf.data(), alpha.data(), self.data(), p, key,
+                   matrix(zf.data(), n, hf), matrix(rf.data(), n, hf), matrix(gz.data(), n, hf), gel.data(), ger.data());
+
+  // The f32 forward agrees with the double one under the same masks.
+  std::vector<double> el(elf.begin(), elf.end()), er(erf.begin(), erf.end()), z(zf.begin(), zf.end());
+  std::vector<float> out(static_cast<size_t>(n * hf));
+  gat_aggregate_cpu(g.view(), s, alpha.data(), self.data(), p, key, matrix(zf.data(), n, hf), matrix(out.data(), n, hf));
+  const auto out_ref = gat_forward_ref(g, heads, f, el, er, z, p, key);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], 1e-5);
+
+  auto objective = [&]() {
+    const auto o = gat_forward_ref(g, heads, f, el, er, z, p, key);
+    double sum = 0;
+    for (size_t i = 0; i < o.size(); ++i) sum += o[i] * rf[i];
+    return sum;
+  };
+  auto check = [&](std::vector<double>* var, const std::vector<float>& analytic, const char* what) {
+    for (size_t i = 0; i < var->size(); ++i) {
+      const double keep = (*var)[i];
+      (*var)[i] = keep + 1e-6;
+      const double up = objective();
+      (*var)[i] = keep - 1e-6;
+      const double down = objective();
+      (*var)[i] = keep;
+      const double numeric = (up - down) / 2e-6;
+      EXPECT_NEAR(analytic[i], numeric, 1e-3 * std::max(1.0, std::abs(numeric))) << what << "[" << i << "]";
+    }
+  };
+  check(&z, gz, "grad_z");
+  check(&el, gel, "grad_el");
+  check(&er, ger, "grad_er");
+}
+
+TEST(Dropout, ZeroProbabilityIsTheIdentity) {
+  const auto x = random_floats(7 * 45, 8);
+  std::vector<float> y(x.size());
+  dropout_forward(matrix(x.data(), 7, 45), matrix(y.data(), 7, 45), 0.0f, 3);
+  EXPECT_EQ(y, x);
+}
+
+TEST(CsrTranspose, GraphWithoutRowsGivesEmptyColumns) {
+  const std::vector<int64_t> indptr{0};
+  const CsrView g{0, 4, indptr.data(), nullptr, nullptr};
+  std::vector<int64_t> tp(5, -1);
+  csr_transpose(g, tp.data(), nullptr, nullptr);
+  EXPECT_EQ(tp, std::vector<int64_t>(5, 0));
+}
+
+// Every CPU op writes each output row from one task in a fixed order, so results are the same
+// bits whether TBB runs them on one thread or several.
+TEST(CpuKernels, ResultsAreBitIdenticalForAnyThreadCount) {
+  const int64_t n = 3001, width = 37, heads = 2, f = 11;
+  const Graph g = random_graph(n, n, 31);  // row 1 is a hub over all 3001 columns
+  const int64_t nnz = static_cast<int64_t>(g.indices.size());
+  const auto x = random_floats(static_cast<size_t>(n * width), 1);
+  const auto scale = random_floats(static_cast<size_t>(n), 2);
+  const auto el = random_floats(static_cast<size_t>(n * heads), 3), er = random_floats(static_cast<size_t>(n * heads), 4);
+  const auto z = random_floats(static_cast<size_t>(n * heads * f), 5), go = random_floats(static_cast<size_t>(n * heads * f), 6);
+  std::vector<int64_t> tp(static_cast<size_t>(n + 1)), perm(static_cast<size_t>(nnz));
+  std::vector<int32_t> ti(static_cast<size_t>(nnz));
+  csr_transpose(g.view(), tp.data(), ti.data(), perm.data());
+  const CsrView csc{n, n, tp.data(), ti.data(), nullptr};
+  const GatShape s{heads, f, 0.2f};
+
+  auto run_all = [&]() {
+    std::vector<std::vector<float>> r;
+    std::vector<float> out(static_cast<size_t>(n * width));
+    SpmmArgs a;
+    a.graph = g.view();
+    a.x = matrix(x.data(), n, width);
+    a.out = matrix(out.data(), n, width);
+    a.row_scale = scale.data();
+    a.self_scale = 1.5f;
+    spmm_cpu(a);
+    r.push_back(out);
+    std::vector<float> sums(static_cast<size_t>(width));
+    column_sum(matrix(x.data(), n, width), sums.data(), false);
+    r.push_back(sums);
+    dropout_forward(matrix(x.data(), n, width), matrix(out.data(), n, width), 0.5f, 9);
+    r.push_back(out);
+    std::vector<float> alpha(static_cast<size_t>(nnz * heads)), self(static_cast<size_t>(n * heads));
+    gat_softmax_cpu(g.view(), s, el.data(), er.data(), alpha.data(), self.data());
+    std::vector<float> agg(static_cast<size_t>(n * heads * f)), gz(agg.size()), gel(el.size()), ger(er.size());
+    gat_aggregate_cpu(g.view(), s, alpha.data(), self.data(), 0.3f, 4, matrix(z.data(), n, heads * f),
+                      matrix(agg.data(), n, heads * f));
+    gat_backward_cpu(g.view(), csc, perm.data(), s, el.data(), er.data(), alpha.data(), self.data(), 0.3f, 4,
+                     matrix(z.data(), n, heads * f), matrix(go.data(), n, heads * f), matrix(gz.data(), n, heads * f),
+                     gel.data(), ger.data());
+    r.insert(r.end(), {alpha, self, agg, gz, gel, ger});
+    std::vector<float> w = x, m(x.size(), 0.0f), v(x.size(), 0.0f);
+    AdamParams ap;
+    ap.weight_decay = 0.01f;
+    adam_update(w.data(), scale.data(), m.data(), v.data(), n, ap);
+    r.push_back(w);
+    return r;
+  };
+  std::vector<std::vector<float>> one, many;
+  tbb::task_arena(1).execute([&] { one = run_all(); });
+  tbb::task_arena().execute([&] { many = run_all(); });
+  ASSERT_EQ(one.size(), many.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    ASSERT_EQ(one[i].size(), many[i].size());
+    EXPECT_EQ(0, std::memcmp(one[i].data(), many[i].data(), one[i].size() * sizeof(float))) << "output " << i;
   }
 }
 
