@@ -13,6 +13,7 @@ int run_preprocess(const std::vector<std::string>& args);
 int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
 int run_predict(const std::vector<std::string>& args);
+int run_bench(const std::vector<std::string>& args);
 
 // Parses `args` into `vm` (positional names from `pos`); prints `desc` and returns false for
 // --help. With `notify`, runs the options' notifiers (pass false to merge a config file first).

@@ -27,6 +27,7 @@ constexpr const char* kUsage =
     "  info STORE [--verify]          counts, degrees, dtypes, splits; --verify checks every hash\n"
     "  train STORE [options]          train a GNN (gcn, sage, gin, gat) on a store\n"
     "  predict STORE --checkpoint D   class predictions (and logits) for every node\n"
+    "  bench spmm STORE|--generate SPEC   time the CUDA SpMM kernels against cuSPARSE\n"
     "\n"
     "run 'gale <command> --help' for a command's options.\n";
 
@@ -52,7 +53,8 @@ int main(int argc, char** argv) {
     if (command == "info") return gale::apps::run_info(args);
     if (command == "train") return gale::apps::run_train(args);
     if (command == "predict") return gale::apps::run_predict(args);
-    throw gale::InputError("unknown command '" + command + "' (expected preprocess, info, train or predict)");
+    if (command == "bench") return gale::apps::run_bench(args);
+    throw gale::InputError("unknown command '" + command + "' (expected preprocess, info, train, predict or bench)");
   } catch (const gale::Error& e) {
     std::fprintf(stderr, "gale: error: %s\n", e.what());
     return static_cast<int>(e.code());

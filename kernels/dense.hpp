@@ -1,10 +1,12 @@
-// kernels/dense.hpp — dense helpers the layers are built from: GEMM (OpenBLAS on the CPU),
-// bias, activations, dropout and the Adam update. CPU versions in dense_cpu.cpp.
+// kernels/dense.hpp — dense helpers the layers are built from: GEMM (OpenBLAS on the CPU,
+// cuBLAS on the GPU), bias, activations, dropout, the Adam update and the softmax cross-entropy
+// loss on the GPU. CPU versions in dense_cpu.cpp, their CUDA twins (*_cuda) in dense_cuda.cu.
 //
 // Elementwise ops run TBB-parallel over rows; reductions (column sums) are done per column block
 // in a fixed order, so results do not depend on the thread count.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/views.hpp"
@@ -42,5 +44,67 @@ struct AdamParams {
 // torch.optim.Adam: g += wd * w; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 void adam_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamParams& p);
+
+}  // namespace gale::kernels
+
+// The CUDA twins. Declared without CUDA headers so CPU-only code can include this file; the types
+// are forward-declared exactly as cuda_runtime_api.h and cublas_api.h declare them.
+struct CUstream_st;
+typedef CUstream_st* cudaStream_t;  // NOLINT: must match cuda_runtime_api.h exactly
+struct cublasContext;
+typedef cublasContext* cublasHandle_t;  // NOLINT: must match cublas_api.h exactly
+
+namespace gale::kernels {
+
+// Every pointer and view below is in device memory. The ops are stream-ordered and never
+// synchronise the host; each matches its CPU twin above (same arguments, same semantics) and
+// draws the same random numbers, so a run can move between CPU and GPU.
+
+// Twin of gemm, on the stream the handle is bound to (cuda::CublasHandle binds one for life).
+// tf32 = false computes in full FP32 (close to OpenBLAS, ~1e-6 relative); tf32 = true lets cuBLAS
+// round the inputs to TF32 on the tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: ~8x the FP32 rate
+// on Hopper, ~1e-3 relative error), a choice the caller makes per layer.
+void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+               bool tf32 = false);
+
+void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream);
+// Deterministic: each column is reduced over rows in double in an order fixed by the shape alone
+// (no atomics), so two calls give bit-identical results on any GPU.
+void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, cudaStream_t stream);
+
+void relu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream);
+void relu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, cudaStream_t stream);
+void elu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream);
+void elu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, cudaStream_t stream);
+
+// Masks bit-identical to dropout_forward / dropout_backward for the same key.
+void dropout_forward_cuda(ConstMatrixView x, MatrixView out, float p, uint64_t key, cudaStream_t stream);
+void dropout_backward_cuda(ConstMatrixView grad_out, MatrixView grad_in, float p, uint64_t key,
+                           cudaStream_t stream);
+
+// Same float operations in the same order as adam_update, without FMA contraction.
+void adam_update_cuda(float* w, const float* g, float* m, float* v, int64_t n, const AdamParams& p,
+                      cudaStream_t stream);
+
+// Device scratch softmax_cross_entropy_cuda needs (CUB style: the caller allocates it, e.g. a
+// DeviceBuffer<uint8_t> from the MemoryPool, so it is charged to the budget): one double loss and
+// one int32 hit per listed row, one int32 multiplicity per logits row.
+size_t softmax_cross_entropy_workspace_bytes(int64_t logits_rows, int64_t n_rows);
+
+// Twin of engine/model.cpp's softmax_cross_entropy: mean softmax cross-entropy over the n_rows
+// logits rows listed in `rows` (labels indexed by logits row).
+//   *loss_out (device double) = the mean loss; 0 when n_rows is 0.
+//   *correct_out (device int64, may be null) = how many listed rows are argmax-correct (the first
+//     maximum wins ties, as on the CPU).
+//   grad (may have null data: no gradient) = d loss / d logits, written for EVERY row: zero for
+//     rows not listed, and a row listed k times gets k contributions, as the CPU accumulates.
+// Rows' losses are summed in double in a fixed order, so the loss is deterministic. A listed row or
+// its label out of range makes the loss NaN (the kernel cannot throw) instead of reading out of
+// bounds. `workspace` holds softmax_cross_entropy_workspace_bytes(logits.rows, n_rows) bytes,
+// 256-byte aligned as the pool returns, and must not be reused until the stream has passed this call.
+void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
+                                MatrixView grad, double* loss_out, int64_t* correct_out, void* workspace,
+                                size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace gale::kernels

@@ -7,9 +7,20 @@
 //
 // where e runs over row r's entries (c_e its column), w_e the optional edge weight, and
 // self_coef(r) = self_scale + (self_coefs ? self_coefs[r] : 0) for r < min(rows, x.rows).
+//
+// An optional fused epilogue follows fuseGNN (ICCAD'20, Sec. 5), which folds the layer's bias
+// and activation into the aggregation so the aggregated rows make one trip through memory:
+//
+//   out[r] = relu?( (accumulate ? out[r] : 0) + <the sum above> + bias )
+//
+// The CUDA family (spmm.cu) offers fuseGNN's two aggregation models over the same arguments:
+// GAR (gather-apply-reduce, row-parallel, register reduction, deterministic) and GAS
+// (gather-apply-scatter, edge-parallel, atomics), plus cuSPARSE as the baseline `gale bench spmm`
+// compares against. spmm_cannot says why a kind cannot take given arguments.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/views.hpp"
 
@@ -25,9 +36,47 @@ struct SpmmArgs {
   const float* self_coefs = nullptr;  // per row self term coefficient; null = 0
   float self_scale = 0.0f;            // uniform self term coefficient (GIN's 1 + eps)
   bool accumulate = false;            // add into out instead of overwriting
+  // Fused epilogue: bias (out.cols values) added after the row scale and the self term, then
+  // max(0, .) applied last, to the accumulated value when accumulate is set.
+  const float* bias = nullptr;
+  bool relu = false;
+  // graph.nnz() as known on the host. spmm_cuda's graph arrays are device memory, which the host
+  // cannot read without a synchronisation; kAuto (the average degree) and kCusparse (its
+  // descriptor) need the count, GAR and GAS do not. -1 = not given.
+  int64_t nnz = -1;
 };
 
 void spmm_cpu(const SpmmArgs& a);
+
+// The CUDA kernels (spmm.cu; these functions exist in GALE_WITH_CUDA builds only). kAuto picks GAR when the average degree nnz / rows is at least
+// kSpmmGarMinDegree, else GAS (see spmm.cu for why).
+enum class SpmmKind { kAuto, kGar, kGas, kCusparse };
+
+constexpr double kSpmmGarMinDegree = 4.0;
+
+// "gar", "gas", "cusparse", "auto".
+const char* spmm_kind_name(SpmmKind kind);
+
+// Why `kind` cannot take these arguments, or "" when it can. Checks only the arguments' shape
+// (sizes, which optional inputs are set), never device memory. cuSPARSE computes the plain
+// product out = A x with A's values in edge_weight, so it needs edge weights, no row or column
+// scale, no self term, no epilogue, and fewer than 2^31 entries.
+std::string spmm_cannot(SpmmKind kind, const SpmmArgs& a);
+
+}  // namespace gale::kernels
+
+// cudaStream_t exactly as the CUDA headers declare it, so this header stays plain C++.
+struct CUstream_st;
+typedef CUstream_st* cudaStream_t;  // NOLINT: must match cuda_runtime_api.h
+
+namespace gale::kernels {
+
+// Runs `kind` on `stream`; every pointer in `a` is a device pointer. Never synchronises.
+// Throws InputError with spmm_cannot's reason when the kind cannot take the arguments, and
+// DeviceError when a launch or cuSPARSE call fails. GAR is deterministic; GAS is not (the order
+// of its atomic additions varies from run to run). kCusparse keeps a per-thread handle and
+// workspace outside the memory budget: it is the benchmark's baseline, not a training path.
+void spmm_cuda(SpmmKind kind, const SpmmArgs& a, cudaStream_t stream);
 
 // Transposes a CSR (rows x cols) into its CSC (cols x rows) with a stable counting sort:
 // within each output row entries keep the input's row order. indptr_out has cols + 1 entries,

@@ -33,7 +33,9 @@ void spmm_cpu(const SpmmArgs& a) {
       for (int64_t k = 0; k < width; ++k) {
         float v = rs * acc[k];
         if (xs) v += self * xs[k];
-        o[k] = a.accumulate ? o[k] + v : v;
+        if (a.accumulate) v += o[k];
+        if (a.bias) v += a.bias[k];
+        o[k] = a.relu ? std::max(v, 0.0f) : v;
       }
     }
   });

@@ -1,0 +1,520 @@
+// kernels/dense_cuda.cu — CUDA twins of dense_cpu.cpp (and of engine/model.cpp's softmax
+// cross-entropy), each matching its CPU reference so a run can train on either device.
+//
+// Elementwise ops share one grid-stride kernel over V-column groups of a row-major view: V = 4
+// (float4 loads and stores) when every pointer is 16-byte aligned and every leading dimension and
+// the width are multiples of 4, V = 1 otherwise. They are memory-bound, so the vector width is what
+// matters, not the arithmetic.
+//
+// Reductions are deterministic: no floating-point atomics, every sum in an order fixed by the
+// shape alone, accumulated in double as the CPU does. Random draws use random.hpp's counter RNG
+// with the CPU's counters, so dropout masks are bit-identical.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/dense.hpp"
+#include "kernels/error.hpp"
+#include "kernels/random.hpp"
+
+namespace gale::kernels {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kThreads = 256;
+// 4096 blocks of 256 threads keep every SM of an H100/H200 (132 SMs x 2048 threads) busy several
+// times over; larger arrays loop inside the kernel.
+constexpr int64_t kMaxBlocks = 4096;
+
+unsigned blocks_for(int64_t work_items, int64_t items_per_block = kThreads) {
+  return static_cast<unsigned>(
+      std::clamp<int64_t>((work_items + items_per_block - 1) / items_per_block, 1, kMaxBlocks));
+}
+
+void check_launch() { GALE_CHECK_CUDA(cudaGetLastError()); }
+
+// ---- elementwise ------------------------------------------------------------------------------
+
+template <int V>
+struct Pack {
+  float v[V];
+};
+
+template <int V>
+__device__ __forceinline__ Pack<V> load(const float* p) {
+  Pack<V> out;
+  if constexpr (V == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    out.v[0] = q.x;
+    out.v[1] = q.y;
+    out.v[2] = q.z;
+    out.v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) out.v[i] = p[i];
+  }
+  return out;
+}
+
+template <int V>
+__device__ __forceinline__ void store(float* p, const Pack<V>& x) {
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(x.v[0], x.v[1], x.v[2], x.v[3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) p[i] = x.v[i];
+  }
+}
+
+// Calls op.apply<V>(r, c) for every group of V consecutive columns c .. c + V - 1 of a
+// rows x (groups * V) matrix. Consecutive threads take consecutive groups of one row: coalesced.
+template <int V, typename Op>
+__global__ void map_kernel(int64_t rows, int64_t groups, Op op) {
+  const int64_t total = rows * groups;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t r = i / groups;
+    op.template apply<V>(r, (i - r * groups) * V);
+  }
+}
+
+bool vector_ok(const void* p, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 4 == 0;
+}
+
+template <typename Op>
+void launch_map(int64_t rows, int64_t cols, bool vec4, const Op& op, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  if (vec4 && cols % 4 == 0) {
+    const int64_t groups = cols / 4;
+    map_kernel<4><<<blocks_for(rows * groups), kThreads, 0, stream>>>(rows, groups, op);
+  } else {
+    map_kernel<1><<<blocks_for(rows * cols), kThreads, 0, stream>>>(rows, cols, op);
+  }
+  check_launch();
+}
+
+__device__ __forceinline__ const float* at(const ConstMatrixView& m, int64_t r, int64_t c) {
+  return m.data + r * m.ld + c;
+}
+__device__ __forceinline__ float* at(const MatrixView& m, int64_t r, int64_t c) { return m.data + r * m.ld + c; }
+
+struct AddBias {
+  MatrixView out;
+  const float* bias;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    Pack<V> x = load<V>(at(out, r, c));
+    const Pack<V> b = load<V>(bias + c);
+#pragma unroll
+    for (int i = 0; i < V; ++i) x.v[i] += b.v[i];
+    store<V>(at(out, r, c), x);
+  }
+};
+
+struct ReluForward {
+  ConstMatrixView x;
+  MatrixView out;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    Pack<V> a = load<V>(at(x, r, c));
+#pragma unroll
+    for (int i = 0; i < V; ++i) a.v[i] = a.v[i] > 0.0f ? a.v[i] : 0.0f;
+    store<V>(at(out, r, c), a);
+  }
+};
+
+struct ReluBackward {
+  ConstMatrixView grad_out, y;
+  MatrixView grad_in;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    Pack<V> g = load<V>(at(grad_out, r, c));
+    const Pack<V> yv = load<V>(at(y, r, c));
+#pragma unroll
+    for (int i = 0; i < V; ++i) g.v[i] = yv.v[i] > 0.0f ? g.v[i] : 0.0f;
+    store<V>(at(grad_in, r, c), g);
+  }
+};
+
+struct EluForward {
+  ConstMatrixView x;
+  MatrixView out;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    Pack<V> a = load<V>(at(x, r, c));
+#pragma unroll
+    for (int i = 0; i < V; ++i) a.v[i] = a.v[i] > 0.0f ? a.v[i] : expm1f(a.v[i]);
+    store<V>(at(out, r, c), a);
+  }
+};
+
+struct EluBackward {
+  ConstMatrixView grad_out, y;
+  MatrixView grad_in;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    Pack<V> g = load<V>(at(grad_out, r, c));
+    const Pack<V> yv = load<V>(at(y, r, c));
+#pragma unroll
+    for (int i = 0; i < V; ++i) g.v[i] = yv.v[i] > 0.0f ? g.v[i] : __fmul_rn(g.v[i], yv.v[i] + 1.0f);
+    store<V>(at(grad_in, r, c), g);
+  }
+};
+
+// Element (r, c) uses counter r * cols + c, the CPU's; `scale` is 1 / (1 - p) computed on the host
+// in float as the CPU does, so kept values are bit-identical too.
+struct Dropout {
+  ConstMatrixView x;
+  MatrixView out;
+  float p, scale;
+  uint64_t key;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    Pack<V> a = load<V>(at(x, r, c));
+    const uint64_t base = static_cast<uint64_t>(r) * static_cast<uint64_t>(x.cols) + static_cast<uint64_t>(c);
+#pragma unroll
+    for (int i = 0; i < V; ++i) a.v[i] = random_uniform(key, base + i) >= p ? __fmul_rn(a.v[i], scale) : 0.0f;
+    store<V>(at(out, r, c), a);
+  }
+};
+
+// C = beta * C for k = 0, where cuBLAS would not be called (BLAS leaves C untouched when beta = 0
+// only as "need not be set", and the CPU twin writes zeros).
+__global__ void scale_kernel(float* c, int64_t m, int64_t n, int64_t ldc, float beta) {
+  const int64_t total = m * n;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    float* e = c + (i / n) * ldc + i % n;
+    *e = beta == 0.0f ? 0.0f : beta * *e;
+  }
+}
+
+// ---- column sum -------------------------------------------------------------------------------
+
+constexpr int kSumThreads = 512;
+
+// One block per tile of TW columns (grid-stride over tiles). Thread (tx, ty) sums rows ty,
+// ty + RL, ... of column c0 + tx in double, then the RL partials of each column are added in a
+// fixed binary tree in shared memory. The order depends only on the shape, never on scheduling.
+// TW shrinks with narrow matrices so a bias of 1-16 columns still uses all 512 threads on rows.
+template <int TW>
+__global__ void __launch_bounds__(kSumThreads) column_sum_kernel(ConstMatrixView x, float* out, bool accumulate) {
+  constexpr int kRowLanes = kSumThreads / TW;
+  __shared__ double partial[kSumThreads];
+  const int tx = static_cast<int>(threadIdx.x) % TW;
+  const int ty = static_cast<int>(threadIdx.x) / TW;
+  for (int64_t c0 = static_cast<int64_t>(blockIdx.x) * TW; c0 < x.cols; c0 += static_cast<int64_t>(gridDim.x) * TW) {
+    const int64_t c = c0 + tx;
+    double acc = 0.0;
+    if (c < x.cols) {
+      for (int64_t r = ty; r < x.rows; r += kRowLanes) acc += x.data[r * x.ld + c];
+    }
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+#pragma unroll
+    for (int s = kRowLanes / 2; s > 0; s >>= 1) {
+      if (ty < s) partial[threadIdx.x] += partial[threadIdx.x + s * TW];
+      __syncthreads();
+    }
+    if (ty == 0 && c < x.cols) {
+      out[c] = static_cast<float>((accumulate ? static_cast<double>(out[c]) : 0.0) + partial[tx]);
+    }
+    __syncthreads();  // partial is refilled for the next tile
+  }
+}
+
+template <int TW>
+void launch_column_sum(ConstMatrixView x, float* out, bool accumulate, cudaStream_t stream) {
+  const int64_t tiles = (x.cols + TW - 1) / TW;
+  column_sum_kernel<TW><<<blocks_for(tiles, 1), kSumThreads, 0, stream>>>(x, out, accumulate);
+  check_launch();
+}
+
+// ---- Adam -------------------------------------------------------------------------------------
+
+// The CPU's float expression, operation by operation; the _rn intrinsics keep nvcc from
+// contracting a * b + c into an FMA, which would round differently from the CPU.
+__global__ void adam_kernel(float* w, const float* g, float* m, float* v, int64_t n, float beta1, float one_minus_beta1,
+                            float beta2, float one_minus_beta2, float eps, float weight_decay, float step_size,
+                            float bc2_sqrt) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float wi = w[i];
+    const float grad = __fadd_rn(g[i], __fmul_rn(weight_decay, wi));
+    const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_minus_beta1, grad));
+    const float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_minus_beta2, grad), grad));
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+    w[i] = __fsub_rn(wi, __fdiv_rn(__fmul_rn(step_size, mi), denom));
+  }
+}
+
+// ---- softmax cross-entropy --------------------------------------------------------------------
+
+constexpr int kWarpsPerBlock = kThreads / kWarp;
+
+struct RowStats {
+  float max;
+  int64_t arg;
+  double log_sum;
+};
+
+// Max, first argmax and log-sum-exp (shifted by the max, in double) of one row, computed by a warp;
+// every lane returns the same values. The xor butterfly leaves the same bits in every lane because
+// each step adds the same two partials, only in swapped order (addition is commutative).
+__device__ RowStats row_stats(const float* z, int64_t cols, int lane) {
+  float mx = -INFINITY;
+  int64_t arg = INT64_MAX;  // lanes past the last column never win a tie
+  for (int64_t k = lane; k < cols; k += kWarp) {
+    // Strictly greater, as the CPU: within a lane k rises, so the first maximum is kept.
+    if (k == lane || z[k] > mx) {
+      mx = z[k];
+      arg = k;
+    }
+  }
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off >>= 1) {
+    const float om = __shfl_xor_sync(kFullMask, mx, off);
+    const int64_t oa = __shfl_xor_sync(kFullMask, arg, off);
+    if (om > mx || (om == mx && oa < arg)) {
+      mx = om;
+      arg = oa;
+    }
+  }
+  double sum = 0.0;
+  for (int64_t k = lane; k < cols; k += kWarp) sum += exp(static_cast<double>(z[k]) - mx);
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(kFullMask, sum, off);
+  return {mx, arg, log(sum)};
+}
+
+// One warp per listed row: its loss and hit into the workspace, and (for the gradient) one more
+// listing of its logits row. The multiplicity count is an integer atomic: exact in any order.
+__global__ void ce_loss_kernel(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
+                               double* row_loss, int32_t* row_hit, int32_t* multiplicity) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; i < n_rows; i += warps) {
+    const int64_t r = rows[i];
+    const int32_t y = r >= 0 && r < logits.rows ? labels[r] : -1;
+    if (y < 0 || y >= logits.cols) {  // warp-uniform: every lane read the same r and y
+      if (lane == 0) {
+        row_loss[i] = NAN;
+        row_hit[i] = 0;
+      }
+      continue;
+    }
+    const float* z = logits.data + r * logits.ld;
+    const RowStats s = row_stats(z, logits.cols, lane);
+    if (lane == 0) {
+      row_loss[i] = s.log_sum - (static_cast<double>(z[y]) - s.max);
+      row_hit[i] = s.arg == y ? 1 : 0;
+      if (multiplicity != nullptr) atomicAdd(multiplicity + r, 1);
+    }
+  }
+}
+
+// One warp per logits row: zeros for rows never listed; for a row listed k times, the CPU's
+// per-listing float contribution added k times in float, as the CPU accumulates it.
+__global__ void ce_grad_kernel(ConstMatrixView logits, const int32_t* labels, const int32_t* multiplicity, double inv_n,
+                               MatrixView grad) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; r < logits.rows;
+       r += warps) {
+    float* g = grad.data + r * grad.ld;
+    const int32_t listed = multiplicity[r];
+    if (listed == 0) {
+      for (int64_t k = lane; k < grad.cols; k += kWarp) g[k] = 0.0f;
+      continue;
+    }
+    const int32_t y = labels[r];
+    const float* z = logits.data + r * logits.ld;
+    const RowStats s = row_stats(z, logits.cols, lane);
+    for (int64_t k = lane; k < logits.cols; k += kWarp) {
+      const double p = exp(static_cast<double>(z[k]) - s.max - s.log_sum);
+      const float d = static_cast<float>((p - (k == y ? 1.0 : 0.0)) * inv_n);
+      float acc = 0.0f;
+      for (int32_t j = 0; j < listed; ++j) acc += d;
+      g[k] = acc;
+    }
+  }
+}
+
+constexpr int kReduceThreads = 256;
+
+// One block adds the per-row losses and hits: thread t takes rows t, t + 256, ... in order, then a
+// fixed tree; the same sum bit for bit on every run.
+__global__ void __launch_bounds__(kReduceThreads)
+    ce_reduce_kernel(const double* row_loss, const int32_t* row_hit, int64_t n_rows, double inv_n, double* loss_out,
+                     int64_t* correct_out) {
+  __shared__ double loss[kReduceThreads];
+  __shared__ long long hits[kReduceThreads];
+  double acc = 0.0;
+  long long right = 0;
+  for (int64_t i = threadIdx.x; i < n_rows; i += kReduceThreads) {
+    acc += row_loss[i];
+    right += row_hit[i];
+  }
+  loss[threadIdx.x] = acc;
+  hits[threadIdx.x] = right;
+  __syncthreads();
+#pragma unroll
+  for (int s = kReduceThreads / 2; s > 0; s >>= 1) {
+    if (static_cast<int>(threadIdx.x) < s) {
+      loss[threadIdx.x] += loss[threadIdx.x + s];
+      hits[threadIdx.x] += hits[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    *loss_out = loss[0] * inv_n;
+    if (correct_out != nullptr) *correct_out = hits[0];
+  }
+}
+
+// Workspace sections, each starting on a 256-byte boundary.
+size_t section(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw InputError(what);
+}
+
+}  // namespace
+
+void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+               bool tf32) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    cudaStream_t stream = nullptr;
+    GALE_CHECK_CUBLAS(cublasGetStream(handle, &stream));
+    scale_kernel<<<blocks_for(m * n), kThreads, 0, stream>>>(c, m, n, ldc, beta);
+    check_launch();
+    return;
+  }
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, and a row-major matrix read
+  // column-major is its transpose: swap the operands and the sizes, keep each one's flag.
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  GALE_CHECK_CUBLAS(cublasGemmEx_64(handle, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda,
+                                    &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream) {
+  const bool vec4 = vector_ok(out.data, out.ld) && vector_ok(bias, 0);
+  launch_map(out.rows, out.cols, vec4, AddBias{out, bias}, stream);
+}
+
+void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, cudaStream_t stream) {
+  if (x.cols == 0) return;
+  if (x.cols == 1) return launch_column_sum<1>(x, out, accumulate, stream);
+  if (x.cols <= 2) return launch_column_sum<2>(x, out, accumulate, stream);
+  if (x.cols <= 4) return launch_column_sum<4>(x, out, accumulate, stream);
+  if (x.cols <= 8) return launch_column_sum<8>(x, out, accumulate, stream);
+  if (x.cols <= 16) return launch_column_sum<16>(x, out, accumulate, stream);
+  launch_column_sum<32>(x, out, accumulate, stream);
+}
+
+void relu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream) {
+  const bool vec4 = vector_ok(x.data, x.ld) && vector_ok(out.data, out.ld);
+  launch_map(x.rows, x.cols, vec4, ReluForward{x, out}, stream);
+}
+
+void relu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, cudaStream_t stream) {
+  const bool vec4 = vector_ok(grad_out.data, grad_out.ld) && vector_ok(y.data, y.ld) &&
+                    vector_ok(grad_in.data, grad_in.ld);
+  launch_map(y.rows, y.cols, vec4, ReluBackward{grad_out, y, grad_in}, stream);
+}
+
+void elu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream) {
+  const bool vec4 = vector_ok(x.data, x.ld) && vector_ok(out.data, out.ld);
+  launch_map(x.rows, x.cols, vec4, EluForward{x, out}, stream);
+}
+
+void elu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, cudaStream_t stream) {
+  const bool vec4 = vector_ok(grad_out.data, grad_out.ld) && vector_ok(y.data, y.ld) &&
+                    vector_ok(grad_in.data, grad_in.ld);
+  launch_map(y.rows, y.cols, vec4, EluBackward{grad_out, y, grad_in}, stream);
+}
+
+void dropout_forward_cuda(ConstMatrixView x, MatrixView out, float p, uint64_t key, cudaStream_t stream) {
+  const float scale = 1.0f / (1.0f - p);
+  const bool vec4 = vector_ok(x.data, x.ld) && vector_ok(out.data, out.ld);
+  launch_map(x.rows, x.cols, vec4, Dropout{x, out, p, scale, key}, stream);
+}
+
+void dropout_backward_cuda(ConstMatrixView grad_out, MatrixView grad_in, float p, uint64_t key, cudaStream_t stream) {
+  dropout_forward_cuda(grad_out, grad_in, p, key, stream);  // the same mask and scale
+}
+
+void adam_update_cuda(float* w, const float* g, float* m, float* v, int64_t n, const AdamParams& p,
+                      cudaStream_t stream) {
+  if (n == 0) return;
+  // Bias corrections on the host, in double, exactly as adam_update computes them.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
+  const float step_size = static_cast<float>(p.lr / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  adam_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, g, m, v, n, p.beta1, 1.0f - p.beta1, p.beta2,
+                                                      1.0f - p.beta2, p.eps, p.weight_decay, step_size, bc2_sqrt);
+  check_launch();
+}
+
+size_t softmax_cross_entropy_workspace_bytes(int64_t logits_rows, int64_t n_rows) {
+  const size_t n = static_cast<size_t>(std::max<int64_t>(0, n_rows));
+  return section(n * sizeof(double)) + section(n * sizeof(int32_t)) +
+         section(static_cast<size_t>(std::max<int64_t>(0, logits_rows)) * sizeof(int32_t));
+}
+
+void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
+                                MatrixView grad, double* loss_out, int64_t* correct_out, void* workspace,
+                                size_t workspace_bytes, cudaStream_t stream) {
+  require(logits.cols > 0, "softmax_cross_entropy_cuda: logits need at least one column");
+  require(n_rows >= 0, "softmax_cross_entropy_cuda: negative row count " + std::to_string(n_rows));
+  require(loss_out != nullptr, "softmax_cross_entropy_cuda: loss_out is null");
+  const bool want_grad = grad.data != nullptr;
+  if (want_grad) {
+    require(grad.rows == logits.rows && grad.cols == logits.cols,
+            "softmax_cross_entropy_cuda: grad is " + std::to_string(grad.rows) + " x " + std::to_string(grad.cols) +
+                ", logits " + std::to_string(logits.rows) + " x " + std::to_string(logits.cols));
+  }
+  const size_t needed = softmax_cross_entropy_workspace_bytes(logits.rows, n_rows);
+  require(workspace_bytes >= needed, "softmax_cross_entropy_cuda: workspace of " + std::to_string(workspace_bytes) +
+                                         " bytes, " + std::to_string(needed) + " needed");
+  const size_t n = static_cast<size_t>(n_rows);
+  auto* base = static_cast<unsigned char*>(workspace);
+  auto* row_loss = reinterpret_cast<double*>(base);
+  auto* row_hit = reinterpret_cast<int32_t*>(base + section(n * sizeof(double)));
+  auto* multiplicity = reinterpret_cast<int32_t*>(base + section(n * sizeof(double)) + section(n * sizeof(int32_t)));
+  const double inv_n = n_rows == 0 ? 0.0 : 1.0 / static_cast<double>(n_rows);
+
+  if (want_grad && logits.rows > 0) {
+    GALE_CHECK_CUDA(
+        cudaMemsetAsync(multiplicity, 0, static_cast<size_t>(logits.rows) * sizeof(int32_t), stream));
+  }
+  if (n_rows > 0) {
+    ce_loss_kernel<<<blocks_for(n_rows, kWarpsPerBlock), kThreads, 0, stream>>>(
+        logits, labels, rows, n_rows, row_loss, row_hit, want_grad ? multiplicity : nullptr);
+    check_launch();
+  }
+  if (want_grad && logits.rows > 0) {
+    ce_grad_kernel<<<blocks_for(logits.rows, kWarpsPerBlock), kThreads, 0, stream>>>(logits, labels, multiplicity,
+                                                                                     inv_n, grad);
+    check_launch();
+  }
+  ce_reduce_kernel<<<1, kReduceThreads, 0, stream>>>(row_loss, row_hit, n_rows, inv_n, loss_out, correct_out);
+  check_launch();
+}
+
+}  // namespace gale::kernels

@@ -1,0 +1,664 @@
+// kernels/gat_cuda.cu — CUDA twins of gat_cpu.cpp, in fuseGNN's fused GAR form (ICCAD'20, Sec. 4-6).
+//
+// Forward: one warp per destination row of the CSR. The row's per-head softmax statistics (max and
+// sum of exp) are computed online in registers, the scores never leave the chip, and the weighted
+// sum over the in-neighbours' z rows is reduced in registers; only alpha (E x heads) is written,
+// for backward. No E x D message tensor exists at any point (fuseGNN's DRAM-footprint argument,
+// Sec. 3 and Fig. 12).
+//
+// Backward, in the CPU reference's two phases:
+//   1. per destination (CSR): d loss / d alpha for every entry (a dot of grad_out with the source's
+//      z over one head), the softmax and LeakyReLU backward, grad_er; the per-entry score
+//      gradients go to an E x heads workspace;
+//   2. per source (CSC + csc_edge): grad_z as a weighted gather of grad_out rows and grad_el as
+//      the sum of the workspace entries of the source's out-edges.
+// Every output element has exactly one writer, so there are no atomics and results do not depend
+// on scheduling (fuseGNN's GAR vs GAS, Sec. 4).
+//
+// Dropout multipliers come from random_uniform(key, counter) with the CPU's counters, so masks are
+// bit-identical. Per-lane work splits follow fuseGNN's "several edges per warp when the feature is
+// short" (Sec. 6, Table 4): a warp gathers 32 / L entries at once when a row needs only L lanes.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/error.hpp"
+#include "kernels/gat.hpp"
+#include "kernels/random.hpp"
+
+namespace gale::kernels {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+// 4 warps (128 threads) per block: small blocks keep the tail of a skewed degree distribution from
+// holding a whole SM, and 4 x the largest per-warp staging area (10 KiB at 512 heads) stays below
+// the 48 KiB of shared memory a launch gets without opting in.
+constexpr int kWarpsPerBlock = 4;
+constexpr int kBlock = kWarpsPerBlock * kWarp;
+// Entries whose coefficients a warp stages at once: 32 covers one entry per lane; with many heads
+// fewer entries keep the staging area near 1024 floats.
+constexpr int64_t kStagedCoefficients = 1024;
+
+// ---- device helpers -------------------------------------------------------------------------
+
+__device__ __forceinline__ float leaky(float x, float slope) { return x > 0.0f ? x : slope * x; }
+
+// Dropout multiplier of attention counter `counter`: same draw and comparison as gat_cpu.cpp's
+// keep(); `scale` is 1 / (1 - p) computed on the host in float, as the CPU does.
+__device__ __forceinline__ float keep(float p, float scale, uint64_t key, uint64_t counter) {
+  if (p <= 0.0f) return 1.0f;
+  return random_uniform(key, counter) >= p ? scale : 0.0f;
+}
+
+__device__ __forceinline__ int64_t entry_count(const int64_t* indptr, int64_t rows) {
+  return rows == 0 ? 0 : indptr[rows] - indptr[0];
+}
+
+// Online softmax: (m, s) is (max, sum of exp(x - max)) of the values seen so far.
+__device__ __forceinline__ void softmax_push(float& m, float& s, float v) {
+  if (v > m) {
+    s = s * expf(m - v) + 1.0f;
+    m = v;
+  } else {
+    s += expf(v - m);
+  }
+}
+
+__device__ __forceinline__ void softmax_merge(float& m, float& s, float m2, float s2) {
+  if (s2 == 0.0f) return;  // the other lane saw nothing
+  if (s == 0.0f) {
+    m = m2;
+    s = s2;
+    return;
+  }
+  const float mx = fmaxf(m, m2);
+  s = s * expf(m - mx) + s2 * expf(m2 - mx);
+  m = mx;
+}
+
+// Head groups: when `heads` divides 32 a warp sweeps all heads of 32 / heads entries at once and
+// every lane keeps one head (lane % heads) for the whole sweep, so per-head reductions are xor
+// shuffles over offsets 16 .. heads. Otherwise the warp sweeps one head at a time (group = 1).
+__device__ __forceinline__ float group_sum(float v, int group) {
+  for (int off = kWarp / 2; off >= group; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
+  return v;
+}
+
+// Softmax statistics of destination `row` for head h (the lane's head in its group): the maximum
+// over the entries and the self loop, and 1 / sum exp(score - max). Every lane returns the values
+// of its own head.
+__device__ __forceinline__ void row_softmax_stats(const int64_t* indptr, const int32_t* indices, int64_t row,
+                                                  int64_t heads, int group, int64_t h, int lane, float slope,
+                                                  const float* el, const float* er, float& max_out, float& inv_out) {
+  const float eri = er[row * heads + h];
+  float m = -INFINITY, s = 0.0f;
+  if (lane < group) softmax_push(m, s, leaky(el[row * heads + h] + eri, slope));
+  const int64_t end = indptr[row + 1];
+  for (int64_t e = indptr[row] + lane / group; e < end; e += kWarp / group) {
+    softmax_push(m, s, leaky(el[static_cast<int64_t>(indices[e]) * heads + h] + eri, slope));
+  }
+  for (int off = kWarp / 2; off >= group; off >>= 1) {
+    const float m2 = __shfl_xor_sync(kFullMask, m, off);
+    const float s2 = __shfl_xor_sync(kFullMask, s, off);
+    softmax_merge(m, s, m2, s2);
+  }
+  max_out = m;
+  inv_out = 1.0f / s;
+}
+
+template <int kVec>
+struct Vec {
+  float v[kVec];
+};
+
+template <int kVec>
+__device__ __forceinline__ Vec<kVec> load(const float* p) {
+  Vec<kVec> r;
+  if constexpr (kVec == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    r.v[0] = t.x;
+    r.v[1] = t.y;
+    r.v[2] = t.z;
+    r.v[3] = t.w;
+  } else {
+    r.v[0] = *p;
+  }
+  return r;
+}
+
+template <int kVec>
+__device__ __forceinline__ void store(float* p, const Vec<kVec>& r) {
+  if constexpr (kVec == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+  } else {
+    *p = r.v[0];
+  }
+}
+
+// ---- softmax ----------------------------------------------------------------------------------
+
+struct SoftmaxArgs {
+  int64_t rows = 0;
+  const int64_t* indptr = nullptr;
+  const int32_t* indices = nullptr;
+  int64_t heads = 1;
+  int group = 1;
+  float slope = 0.2f;
+  const float* el = nullptr;
+  const float* er = nullptr;
+  float* alpha = nullptr;
+  float* alpha_self = nullptr;
+};
+
+// One warp per destination; with group == heads lane l writes alpha[(b + l / heads) * heads +
+// l % heads], i.e. consecutive lanes write consecutive floats.
+__global__ void __launch_bounds__(kBlock) gat_softmax_kernel(SoftmaxArgs a) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= a.rows) return;  // uniform per warp
+  const int64_t H = a.heads, b = a.indptr[row], end = a.indptr[row + 1];
+  for (int64_t h0 = 0; h0 < H; h0 += a.group) {
+    const int64_t h = h0 + lane % a.group;
+    float m, inv;
+    row_softmax_stats(a.indptr, a.indices, row, H, a.group, h, lane, a.slope, a.el, a.er, m, inv);
+    const float eri = a.er[row * H + h];
+    if (lane < a.group) a.alpha_self[row * H + h] = expf(leaky(a.el[row * H + h] + eri, a.slope) - m) * inv;
+    for (int64_t e = b + lane / a.group; e < end; e += kWarp / a.group) {
+      const float v = leaky(a.el[static_cast<int64_t>(a.indices[e]) * H + h] + eri, a.slope);
+      a.alpha[e * H + h] = expf(v - m) * inv;
+    }
+  }
+}
+
+// ---- weighted gather (forward aggregation, fused forward, backward grad_z) -----------------------
+
+enum class GatherMode {
+  kAggregate,  // coefficients read from alpha (gat_aggregate_cuda)
+  kFused,      // coefficients computed from el / er and written to alpha (gat_forward_cuda)
+  kGradZ,      // CSC walk: coefficients alpha[csc_edge[q]], plus grad_el (gat_backward_cuda phase 2)
+};
+
+struct GatherArgs {
+  int64_t rows = 0;                  // output rows: destinations (forward) or sources (kGradZ)
+  const int64_t* indptr = nullptr;   // the walked structure: CSR (forward) or CSC (kGradZ)
+  const int32_t* indices = nullptr;
+  const int64_t* edge = nullptr;     // kGradZ: CSR position of each CSC entry
+  const int64_t* csr_indptr = nullptr;  // for E, which numbers the self-loop dropout counters
+  int64_t csr_rows = 0;              // destinations: rows below this have a self loop
+  int64_t heads = 1;
+  int64_t f = 1;
+  int group = 1;                     // head group, see group_sum
+  int lanes = 32;                    // lanes per entry (power of two); 32 / lanes entries at once
+  int64_t chunk = 32;                // entries staged per warp
+  float slope = 0.2f;
+  float p = 0.0f;
+  float scale = 1.0f;
+  uint64_t key = 0;
+  const float* el = nullptr;         // kFused
+  const float* er = nullptr;         // kFused
+  const float* alpha = nullptr;      // read (kAggregate, kGradZ)
+  const float* alpha_self = nullptr;
+  float* alpha_out = nullptr;        // written (kFused)
+  float* alpha_self_out = nullptr;
+  const float* x = nullptr;          // gathered rows: z (forward) or grad_out (kGradZ)
+  int64_t x_ld = 0;
+  float* out = nullptr;              // out (forward) or grad_z (kGradZ)
+  int64_t out_ld = 0;
+  const float* gpre = nullptr;       // kGradZ: per-entry score gradients from phase 1
+  const float* gpre_self = nullptr;
+  float* grad_el = nullptr;
+};
+
+// One warp per output row. Per warp shared memory: coef[chunk * heads] (the staged, dropped-out
+// coefficients of `chunk` entries), self_coef[heads], the softmax max[heads] and inv[heads]
+// (kFused), and src[chunk] (the staged entries' gathered rows).
+//
+// The heads*f features are split into vectors of kVec floats; `lanes` consecutive lanes cover
+// kNv * lanes vectors of one entry (a tile), and the warp's 32 / lanes lane groups take different
+// entries of the chunk, their partial sums reduced at the end with xor shuffles (fuseGNN's group
+// reduce, Fig. 6, done in registers). Rows wider than a tile loop over tiles.
+template <int kVec, int kNv, GatherMode kMode>
+__global__ void __launch_bounds__(kBlock) gat_gather_kernel(GatherArgs a) {
+  extern __shared__ float smem[];
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (row >= a.rows) return;  // uniform per warp
+
+  const int64_t H = a.heads, F = a.f, chunk = a.chunk;
+  float* coef = smem + warp * (chunk * H + 3 * H + chunk);
+  float* self_coef = coef + chunk * H;
+  float* stat_max = self_coef + H;
+  float* stat_inv = stat_max + H;
+  int32_t* src = reinterpret_cast<int32_t*>(stat_inv + H);
+
+  const int64_t nnz = entry_count(a.csr_indptr, a.csr_rows);
+  const int64_t b = a.indptr[row], end = a.indptr[row + 1];
+  const bool has_self = row < a.csr_rows;
+
+  if constexpr (kMode == GatherMode::kFused) {
+    for (int64_t h0 = 0; h0 < H; h0 += a.group) {
+      const int64_t h = h0 + lane % a.group;
+      float m, inv;
+      row_softmax_stats(a.indptr, a.indices, row, H, a.group, h, lane, a.slope, a.el, a.er, m, inv);
+      if (lane < a.group) {
+        stat_max[h] = m;
+        stat_inv[h] = inv;
+      }
+    }
+    __syncwarp();
+  }
+  for (int64_t h = lane; h < H; h += kWarp) {
+    float c = 0.0f;
+    if (has_self) {
+      float al;
+      if constexpr (kMode == GatherMode::kFused) {
+        al = expf(leaky(a.el[row * H + h] + a.er[row * H + h], a.slope) - stat_max[h]) * stat_inv[h];
+        a.alpha_self_out[row * H + h] = al;
+      } else {
+        al = a.alpha_self[row * H + h];
+      }
+      c = al * keep(a.p, a.scale, a.key, static_cast<uint64_t>(nnz + row) * H + h);
+    }
+    self_coef[h] = c;
+  }
+  if constexpr (kMode == GatherMode::kGradZ) {
+    // grad_el[j, h]: the score gradients of j's out-edges, plus its self loop's.
+    for (int64_t h0 = 0; h0 < H; h0 += a.group) {
+      const int64_t h = h0 + lane % a.group;
+      float sum = (lane < a.group && has_self) ? a.gpre_self[row * H + h] : 0.0f;
+      for (int64_t q = b + lane / a.group; q < end; q += kWarp / a.group) sum += a.gpre[a.edge[q] * H + h];
+      sum = group_sum(sum, a.group);
+      if (lane < a.group) a.grad_el[row * H + h] = sum;
+    }
+  }
+  __syncwarp();
+
+  const int lanes = a.lanes;
+  const int c = lane % lanes, grp = lane / lanes, groups = kWarp / lanes;
+  const int64_t nvec = H * F / kVec;
+  const float* x_self = a.x + row * a.x_ld;
+  float* out_row = a.out + row * a.out_ld;
+  for (int64_t tile = 0; tile < nvec; tile += static_cast<int64_t>(lanes) * kNv) {
+    Vec<kVec> acc[kNv];
+    int64_t col[kNv], head[kNv];
+    bool valid[kNv];
+#pragma unroll
+    for (int v = 0; v < kNv; ++v) {
+      const int64_t idx = tile + static_cast<int64_t>(v) * lanes + c;
+      valid[v] = idx < nvec;
+      col[v] = idx * kVec;
+      head[v] = valid[v] ? col[v] / F : 0;  // a vector never straddles heads: f % kVec == 0
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) acc[v].v[k] = 0.0f;
+      // The self loop, as the CPU does it: no skip when its coefficient is 0.
+      if (grp == 0 && valid[v] && has_self) {
+        const Vec<kVec> xv = load<kVec>(x_self + col[v]);
+        const float sc = self_coef[head[v]];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[v].v[k] = sc * xv.v[k];
+      }
+    }
+    for (int64_t c0 = b; c0 < end; c0 += chunk) {
+      const int64_t count = end - c0 < chunk ? end - c0 : chunk;
+      __syncwarp();  // every lane is done reading the previous chunk
+      for (int64_t t = lane; t < count * H; t += kWarp) {
+        const int64_t k = t / H, h = t % H, q = c0 + k;
+        const int64_t e = kMode == GatherMode::kGradZ ? a.edge[q] : q;
+        float al;
+        if constexpr (kMode == GatherMode::kFused) {
+          const float v = leaky(a.el[static_cast<int64_t>(a.indices[q]) * H + h] + a.er[row * H + h], a.slope);
+          al = expf(v - stat_max[h]) * stat_inv[h];
+          if (tile == 0) a.alpha_out[e * H + h] = al;
+        } else {
+          al = a.alpha[e * H + h];
+        }
+        coef[t] = al * keep(a.p, a.scale, a.key, static_cast<uint64_t>(e) * H + h);
+        if (h == 0) src[k] = a.indices[q];
+      }
+      __syncwarp();
+      for (int64_t k = grp; k < count; k += groups) {
+        const float* xr = a.x + static_cast<int64_t>(src[k]) * a.x_ld;
+#pragma unroll
+        for (int v = 0; v < kNv; ++v) {
+          if (!valid[v]) continue;
+          const float w = coef[k * H + head[v]];
+          if (w == 0.0f) continue;  // dropped: skipped like the CPU, and its row is not read
+          const Vec<kVec> xv = load<kVec>(xr + col[v]);
+#pragma unroll
+          for (int q = 0; q < kVec; ++q) acc[v].v[q] += w * xv.v[q];
+        }
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < kNv; ++v) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        for (int off = kWarp / 2; off >= lanes; off >>= 1) acc[v].v[k] += __shfl_xor_sync(kFullMask, acc[v].v[k], off);
+      }
+      if (grp == 0 && valid[v]) store<kVec>(out_row + col[v], acc[v]);
+    }
+  }
+}
+
+// ---- backward phase 1: per-entry score gradients ------------------------------------------------
+
+struct ScoreGradArgs {
+  int64_t rows = 0;
+  const int64_t* indptr = nullptr;
+  const int32_t* indices = nullptr;
+  int64_t heads = 1;
+  int64_t f = 1;
+  int group = 1;
+  int lanes = 32;                   // lanes per (entry, head) dot product, a power of two
+  float slope = 0.2f;
+  float p = 0.0f;
+  float scale = 1.0f;
+  uint64_t key = 0;
+  const float* el = nullptr;
+  const float* er = nullptr;
+  const float* alpha = nullptr;
+  const float* alpha_self = nullptr;
+  const float* z = nullptr;
+  int64_t z_ld = 0;
+  const float* grad_out = nullptr;
+  int64_t grad_out_ld = 0;
+  float* gpre = nullptr;            // E x heads (workspace)
+  int64_t gpre_capacity = 0;        // floats available at gpre
+  float* gpre_self = nullptr;       // destinations x heads (workspace)
+  float* grad_er = nullptr;
+};
+
+// One warp per destination i. Step 1: for every (entry, head) pair, and the self loop's,
+// ga = drop(grad_out[i, h, :] . z[j, h, :]) written to the workspace; `lanes` lanes share one dot
+// (32 / lanes pairs at once, consecutive pairs are consecutive workspace floats). Step 2 (per head
+// group): w = sum alpha * ga. Step 3: gpre = alpha * (ga - w) * LeakyReLU'(score), in place, and
+// grad_er = sum gpre. Steps 2 and 3 touch each (entry, head) from the same lane, and step 1's
+// writes are published to the warp by __syncwarp.
+template <int kVec>
+__global__ void __launch_bounds__(kBlock) gat_score_grad_kernel(ScoreGradArgs a) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= a.rows) return;  // uniform per warp
+  const int64_t H = a.heads, F = a.f;
+  const int64_t nnz = entry_count(a.indptr, a.rows);
+  // A workspace smaller than gat_backward_workspace_bytes promised is a caller bug that would
+  // otherwise corrupt unrelated memory.
+  if (nnz * H > a.gpre_capacity) __trap();
+  const int64_t b = a.indptr[row], end = a.indptr[row + 1], deg = end - b;
+  const int lanes = a.lanes, c = lane % lanes;
+  const int64_t per_pass = kWarp / lanes, pairs = (deg + 1) * H, nf = F / kVec;
+  const float* go = a.grad_out + row * a.grad_out_ld;
+
+  for (int64_t t0 = 0; t0 < pairs; t0 += per_pass) {
+    const int64_t t = t0 + lane / lanes;
+    const bool valid = t < pairs;
+    const int64_t k = t / H, h = t % H;
+    const bool self = k == deg;
+    const uint64_t counter = self ? static_cast<uint64_t>(nnz + row) * H + h : static_cast<uint64_t>(b + k) * H + h;
+    const float m = valid ? keep(a.p, a.scale, a.key, counter) : 0.0f;
+    float dot = 0.0f;
+    // A dropped entry's ga is 0 without reading z (the CPU skips it too); the self loop's is
+    // dot * m like the CPU's.
+    if (valid && (self || m != 0.0f)) {
+      const int64_t src = self ? row : static_cast<int64_t>(a.indices[b + k]);
+      const float* zr = a.z + src * a.z_ld + h * F;
+      const float* gr = go + h * F;
+      for (int64_t fv = c; fv < nf; fv += lanes) {
+        const Vec<kVec> zv = load<kVec>(zr + fv * kVec), gv = load<kVec>(gr + fv * kVec);
+#pragma unroll
+        for (int q = 0; q < kVec; ++q) dot += gv.v[q] * zv.v[q];
+      }
+    }
+    for (int off = lanes / 2; off >= 1; off >>= 1) dot += __shfl_xor_sync(kFullMask, dot, off);
+    if (valid && c == 0) {
+      if (self) {
+        a.gpre_self[row * H + h] = dot * m;
+      } else {
+        a.gpre[(b + k) * H + h] = m == 0.0f ? 0.0f : dot * m;
+      }
+    }
+  }
+  __syncwarp();
+
+  for (int64_t h0 = 0; h0 < H; h0 += a.group) {
+    const int64_t h = h0 + lane % a.group;
+    const float eri = a.er[row * H + h];
+    float w = lane < a.group ? a.alpha_self[row * H + h] * a.gpre_self[row * H + h] : 0.0f;
+    for (int64_t e = b + lane / a.group; e < end; e += kWarp / a.group) w += a.alpha[e * H + h] * a.gpre[e * H + h];
+    w = group_sum(w, a.group);
+    float sum = 0.0f;
+    if (lane < a.group) {
+      const float gs = a.alpha_self[row * H + h] * (a.gpre_self[row * H + h] - w);
+      const float gp = gs * (a.el[row * H + h] + eri > 0.0f ? 1.0f : a.slope);
+      a.gpre_self[row * H + h] = gp;
+      sum += gp;
+    }
+    for (int64_t e = b + lane / a.group; e < end; e += kWarp / a.group) {
+      const float gs = a.alpha[e * H + h] * (a.gpre[e * H + h] - w);
+      const float gp = gs * (a.el[static_cast<int64_t>(a.indices[e]) * H + h] + eri > 0.0f ? 1.0f : a.slope);
+      a.gpre[e * H + h] = gp;
+      sum += gp;
+    }
+    sum = group_sum(sum, a.group);
+    if (lane < a.group) a.grad_er[row * H + h] = sum;
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------------
+
+int next_pow2(int64_t n) {
+  int p = 1;
+  while (p < n && p < kWarp) p <<= 1;
+  return p;
+}
+
+int head_group(int64_t heads) { return kWarp % heads == 0 ? static_cast<int>(heads) : 1; }
+
+bool vec4_ok(const void* data, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(data) % 16 == 0 && ld % 4 == 0;
+}
+
+unsigned grid_for(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+
+void check_shape(const char* op, const GatShape& s) {
+  if (s.heads < 1 || s.heads > kGatCudaMaxHeads || s.f < 1) {
+    throw InputError(std::string(op) + ": heads = " + std::to_string(s.heads) + ", f = " + std::to_string(s.f) +
+                     "; the CUDA kernels take 1 to " + std::to_string(kGatCudaMaxHeads) +
+                     " heads of at least one feature");
+  }
+}
+
+float dropout_scale(float p) { return p > 0.0f ? 1.0f / (1.0f - p) : 1.0f; }
+
+// Chooses the vector width, lanes per entry and vectors per lane for a gather over heads*f floats
+// per row, and launches.
+template <GatherMode kMode>
+void launch_gather(GatherArgs a, bool vec4, cudaStream_t stream) {
+  const int vec = vec4 ? 4 : 1;
+  const int64_t nvec = a.heads * a.f / vec;
+  a.lanes = next_pow2(nvec);
+  const int nv = nvec <= 32 ? 1 : nvec <= 64 ? 2 : 4;
+  a.group = head_group(a.heads);
+  a.chunk = a.heads <= 32 ? 32 : std::max<int64_t>(1, kStagedCoefficients / a.heads);
+  const size_t smem = kWarpsPerBlock * static_cast<size_t>(a.chunk * a.heads + 3 * a.heads + a.chunk) * sizeof(float);
+  const unsigned grid = grid_for(a.rows);
+  if (vec4) {
+    if (nv == 1) gat_gather_kernel<4, 1, kMode><<<grid, kBlock, smem, stream>>>(a);
+    else if (nv == 2) gat_gather_kernel<4, 2, kMode><<<grid, kBlock, smem, stream>>>(a);
+    else gat_gather_kernel<4, 4, kMode><<<grid, kBlock, smem, stream>>>(a);
+  } else {
+    if (nv == 1) gat_gather_kernel<1, 1, kMode><<<grid, kBlock, smem, stream>>>(a);
+    else if (nv == 2) gat_gather_kernel<1, 2, kMode><<<grid, kBlock, smem, stream>>>(a);
+    else gat_gather_kernel<1, 4, kMode><<<grid, kBlock, smem, stream>>>(a);
+  }
+  GALE_CHECK_CUDA(cudaGetLastError());
+}
+
+constexpr size_t kWorkspaceAlign = 256;
+
+size_t self_workspace_bytes(int64_t dst_rows, const GatShape& s) {
+  const size_t bytes = static_cast<size_t>(dst_rows * s.heads) * sizeof(float);
+  return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
+
+}  // namespace
+
+void gat_softmax_cuda(const CsrView& g, const GatShape& s, const float* el, const float* er, float* alpha,
+                      float* alpha_self, cudaStream_t stream) {
+  check_shape("gat_softmax_cuda", s);
+  if (g.rows == 0) return;
+  SoftmaxArgs a;
+  a.rows = g.rows;
+  a.indptr = g.indptr;
+  a.indices = g.indices;
+  a.heads = s.heads;
+  a.group = head_group(s.heads);
+  a.slope = s.slope;
+  a.el = el;
+  a.er = er;
+  a.alpha = alpha;
+  a.alpha_self = alpha_self;
+  gat_softmax_kernel<<<grid_for(g.rows), kBlock, 0, stream>>>(a);
+  GALE_CHECK_CUDA(cudaGetLastError());
+}
+
+void gat_aggregate_cuda(const CsrView& g, const GatShape& s, const float* alpha, const float* alpha_self, float p,
+                        uint64_t key, ConstMatrixView z, MatrixView out, cudaStream_t stream) {
+  check_shape("gat_aggregate_cuda", s);
+  if (g.rows == 0) return;
+  GatherArgs a;
+  a.rows = g.rows;
+  a.indptr = g.indptr;
+  a.indices = g.indices;
+  a.csr_indptr = g.indptr;
+  a.csr_rows = g.rows;
+  a.heads = s.heads;
+  a.f = s.f;
+  a.slope = s.slope;
+  a.p = p;
+  a.scale = dropout_scale(p);
+  a.key = key;
+  a.alpha = alpha;
+  a.alpha_self = alpha_self;
+  a.x = z.data;
+  a.x_ld = z.ld;
+  a.out = out.data;
+  a.out_ld = out.ld;
+  launch_gather<GatherMode::kAggregate>(a, s.f % 4 == 0 && vec4_ok(z.data, z.ld) && vec4_ok(out.data, out.ld),
+                                        stream);
+}
+
+void gat_forward_cuda(const CsrView& g, const GatShape& s, const float* el, const float* er, float p, uint64_t key,
+                      ConstMatrixView z, float* alpha, float* alpha_self, MatrixView out, cudaStream_t stream) {
+  check_shape("gat_forward_cuda", s);
+  if (g.rows == 0) return;
+  GatherArgs a;
+  a.rows = g.rows;
+  a.indptr = g.indptr;
+  a.indices = g.indices;
+  a.csr_indptr = g.indptr;
+  a.csr_rows = g.rows;
+  a.heads = s.heads;
+  a.f = s.f;
+  a.slope = s.slope;
+  a.p = p;
+  a.scale = dropout_scale(p);
+  a.key = key;
+  a.el = el;
+  a.er = er;
+  a.alpha_out = alpha;
+  a.alpha_self_out = alpha_self;
+  a.x = z.data;
+  a.x_ld = z.ld;
+  a.out = out.data;
+  a.out_ld = out.ld;
+  launch_gather<GatherMode::kFused>(a, s.f % 4 == 0 && vec4_ok(z.data, z.ld) && vec4_ok(out.data, out.ld), stream);
+}
+
+size_t gat_backward_workspace_bytes(int64_t nnz, int64_t dst_rows, const GatShape& s) {
+  return self_workspace_bytes(dst_rows, s) + static_cast<size_t>(nnz * s.heads) * sizeof(float);
+}
+
+void gat_backward_cuda(const CsrView& g, const CsrView& csc, const int64_t* csc_edge, const GatShape& s,
+                       const float* el, const float* er, const float* alpha, const float* alpha_self, float p,
+                       uint64_t key, ConstMatrixView z, ConstMatrixView grad_out, MatrixView grad_z, float* grad_el,
+                       float* grad_er, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  check_shape("gat_backward_cuda", s);
+  // The self-loop part sits first so its offset is known without E; the entries' part follows.
+  const size_t self_bytes = self_workspace_bytes(g.rows, s);
+  if (g.rows > 0 && (workspace == nullptr || workspace_bytes < self_bytes)) {
+    throw InputError("gat_backward_cuda: workspace of " + std::to_string(workspace_bytes) + " bytes is below the " +
+                     std::to_string(self_bytes) + " its " + std::to_string(g.rows) +
+                     " destinations need; size it with gat_backward_workspace_bytes");
+  }
+  float* gpre_self = static_cast<float*>(workspace);
+  float* gpre = g.rows > 0 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + self_bytes) : nullptr;
+  const float scale = dropout_scale(p);
+
+  if (g.rows > 0) {
+    ScoreGradArgs a;
+    a.rows = g.rows;
+    a.indptr = g.indptr;
+    a.indices = g.indices;
+    a.heads = s.heads;
+    a.f = s.f;
+    a.group = head_group(s.heads);
+    a.slope = s.slope;
+    a.p = p;
+    a.scale = scale;
+    a.key = key;
+    a.el = el;
+    a.er = er;
+    a.alpha = alpha;
+    a.alpha_self = alpha_self;
+    a.z = z.data;
+    a.z_ld = z.ld;
+    a.grad_out = grad_out.data;
+    a.grad_out_ld = grad_out.ld;
+    a.gpre = gpre;
+    a.gpre_capacity = static_cast<int64_t>((workspace_bytes - self_bytes) / sizeof(float));
+    a.gpre_self = gpre_self;
+    a.grad_er = grad_er;
+    const bool vec4 = s.f % 4 == 0 && vec4_ok(z.data, z.ld) && vec4_ok(grad_out.data, grad_out.ld);
+    a.lanes = next_pow2(vec4 ? s.f / 4 : s.f);
+    if (vec4) gat_score_grad_kernel<4><<<grid_for(g.rows), kBlock, 0, stream>>>(a);
+    else gat_score_grad_kernel<1><<<grid_for(g.rows), kBlock, 0, stream>>>(a);
+    GALE_CHECK_CUDA(cudaGetLastError());
+  }
+
+  if (csc.rows > 0) {
+    GatherArgs a;
+    a.rows = csc.rows;
+    a.indptr = csc.indptr;
+    a.indices = csc.indices;
+    a.edge = csc_edge;
+    a.csr_indptr = g.indptr;
+    a.csr_rows = g.rows;
+    a.heads = s.heads;
+    a.f = s.f;
+    a.slope = s.slope;
+    a.p = p;
+    a.scale = scale;
+    a.key = key;
+    a.alpha = alpha;
+    a.alpha_self = alpha_self;
+    a.x = grad_out.data;
+    a.x_ld = grad_out.ld;
+    a.out = grad_z.data;
+    a.out_ld = grad_z.ld;
+    a.gpre = gpre;
+    a.gpre_self = gpre_self;
+    a.grad_el = grad_el;
+    launch_gather<GatherMode::kGradZ>(
+        a, s.f % 4 == 0 && vec4_ok(grad_out.data, grad_out.ld) && vec4_ok(grad_z.data, grad_z.ld), stream);
+  }
+}
+
+}  // namespace gale::kernels

@@ -1,0 +1,463 @@
+// The CUDA dense ops (kernels/dense_cuda.cu) against their CPU twins (kernels/dense_cpu.cpp) on
+// fresh random inputs of awkward sizes: rows 1 / 37 / 1000, columns 1 / 7 / 33 / 256, tight and
+// padded leading dimensions (so both the float4 and the scalar paths run). Every output is
+// poisoned with NaN first, so an element a kernel forgets fails the comparison, and the padding
+// of a strided output must still be NaN afterwards, so a kernel writing past a row fails too.
+// Every test skips with a reason when no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/buffer.hpp"
+#include "kernels/cuda/fill.hpp"
+#include "kernels/cuda/runtime.hpp"
+#include "kernels/dense.hpp"
+#include "kernels/random.hpp"
+
+namespace gale::kernels {
+namespace {
+
+using cuda::CublasHandle;
+using cuda::DeviceBuffer;
+using cuda::MemoryPool;
+using cuda::Stream;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr int64_t kRows[] = {1, 37, 1000};
+constexpr int64_t kCols[] = {1, 7, 33, 256};
+
+std::vector<float> random_values(uint64_t key, size_t n, float lo, float hi) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * random_uniform(key, i);
+  return v;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+// |got - want| <= tol * max(1, |want|): relative for large values, absolute near zero.
+::testing::AssertionResult within(double got, double want, double tol) {
+  if (std::isnan(want) ? std::isnan(got) : std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want))) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "got " << got << ", want " << want << " (tolerance " << tol << ")";
+}
+
+std::string shape_name(int64_t rows, int64_t cols, int64_t ld) {
+  return std::to_string(rows) + " x " + std::to_string(cols) + " (ld " + std::to_string(ld) + ")";
+}
+
+// A rows x cols matrix with leading dimension ld, on the host and the device.
+struct Matrix {
+  int64_t rows = 0, cols = 0, ld = 0;
+  std::vector<float> host;
+  DeviceBuffer<float> device;
+
+  MatrixView host_view() { return {host.data(), rows, cols, ld}; }
+  MatrixView device_view() { return {device.data(), rows, cols, ld}; }
+};
+
+class DenseCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
+    pool_ = std::make_unique<MemoryPool>(0);
+    stream_ = std::make_unique<Stream>(0);
+  }
+
+  // Random values in [lo, hi) everywhere, padding included, copied to the device.
+  Matrix random_matrix(uint64_t key, int64_t rows, int64_t cols, int64_t ld, float lo = -2.0f, float hi = 2.0f) {
+    Matrix m{rows, cols, ld, random_values(key, static_cast<size_t>(rows * ld), lo, hi), {}};
+    m.device = cuda::to_device(*pool_, m.host, *stream_);
+    return m;
+  }
+
+  // NaN everywhere on both sides: the CPU twin writes the host copy, the kernel the device one.
+  Matrix poisoned_matrix(int64_t rows, int64_t cols, int64_t ld) {
+    Matrix m{rows, cols, ld, std::vector<float>(static_cast<size_t>(rows * ld), kNaN), {}};
+    m.device = DeviceBuffer<float>(*pool_, m.host.size(), *stream_);
+    cuda::fill(m.device.data(), m.host.size(), kNaN, *stream_);
+    return m;
+  }
+
+  template <typename T>
+  std::vector<T> download(const DeviceBuffer<T>& b) {
+    return cuda::to_host_and_wait(b.view(), *stream_);
+  }
+
+  // Compares the logical elements of the device matrix with the host reference (bit for bit when
+  // tol is 0) and checks the padding was left poisoned.
+  void expect_matches(Matrix& m, double tol, const char* what) {
+    const std::vector<float> got = download(m.device);
+    int64_t mismatches = 0;
+    for (int64_t r = 0; r < m.rows; ++r) {
+      for (int64_t c = 0; c < m.ld; ++c) {
+        const size_t i = static_cast<size_t>(r * m.ld + c);
+        if (c >= m.cols) {
+          if (!std::isnan(got[i]) && ++mismatches <= 3) ADD_FAILURE() << what << ": padding written at " << r << "," << c;
+          continue;
+        }
+        const bool ok = tol == 0.0 ? same_bits(got[i], m.host[i]) : static_cast<bool>(within(got[i], m.host[i], tol));
+        if (!ok && ++mismatches <= 3) {
+          ADD_FAILURE() << what << " at (" << r << ", " << c << "): got " << got[i] << ", want " << m.host[i];
+        }
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << what;
+  }
+
+  std::unique_ptr<MemoryPool> pool_;
+  std::unique_ptr<Stream> stream_;
+};
+
+// Every rows x cols combination, tight and with a padded leading dimension (+4 keeps float4
+// alignment for multiples of 4, +1 breaks it).
+template <typename Body>
+void for_each_shape(Body&& body) {
+  for (int64_t rows : kRows) {
+    for (int64_t cols : kCols) {
+      for (int64_t pad : {0, 1, 4}) {
+        const int64_t ld = cols + pad;
+        SCOPED_TRACE(shape_name(rows, cols, ld));
+        body(rows, cols, ld);
+      }
+    }
+  }
+}
+
+TEST_F(DenseCuda, ReluForwardAndBackwardAreBitIdentical) {
+  uint64_t key = 100;
+  for_each_shape([&](int64_t rows, int64_t cols, int64_t ld) {
+    Matrix x = random_matrix(++key, rows, cols, ld);
+    Matrix y = poisoned_matrix(rows, cols, ld);
+    relu_forward(x.host_view(), y.host_view());
+    relu_forward_cuda(x.device_view(), y.device_view(), *stream_);
+    expect_matches(y, 0.0, "relu_forward");
+
+    Matrix g = random_matrix(++key, rows, cols, ld);
+    Matrix gi = poisoned_matrix(rows, cols, ld);
+    relu_backward(g.host_view(), y.host_view(), gi.host_view());
+    relu_backward_cuda(g.device_view(), y.device_view(), gi.device_view(), *stream_);
+    expect_matches(gi, 0.0, "relu_backward");
+  });
+}
+
+TEST_F(DenseCuda, ReluInPlaceMatches) {
+  Matrix x = random_matrix(7, 37, 33, 33);
+  relu_forward(x.host_view(), x.host_view());
+  relu_forward_cuda(x.device_view(), x.device_view(), *stream_);
+  expect_matches(x, 0.0, "relu_forward in place");
+}
+
+TEST_F(DenseCuda, EluForwardAndBackwardMatch) {
+  uint64_t key = 200;
+  for_each_shape([&](int64_t rows, int64_t cols, int64_t ld) {
+    Matrix x = random_matrix(++key, rows, cols, ld, -6.0f, 3.0f);
+    Matrix y = poisoned_matrix(rows, cols, ld);
+    elu_forward(x.host_view(), y.host_view());
+    elu_forward_cuda(x.device_view(), y.device_view(), *stream_);
+    expect_matches(y, 1e-6, "elu_forward");  // expm1f vs std::expm1: within an ulp or two
+
+    // Backward from the CPU's y on both sides, so only the backward is compared.
+    cuda::copy_to_device(y.device.data(), y.host.data(), y.host.size(), *stream_);
+    Matrix g = random_matrix(++key, rows, cols, ld);
+    Matrix gi = poisoned_matrix(rows, cols, ld);
+    elu_backward(g.host_view(), y.host_view(), gi.host_view());
+    elu_backward_cuda(g.device_view(), y.device_view(), gi.device_view(), *stream_);
+    expect_matches(gi, 1e-6, "elu_backward");
+  });
+}
+
+TEST_F(DenseCuda, AddBiasIsBitIdentical) {
+  uint64_t key = 300;
+  for_each_shape([&](int64_t rows, int64_t cols, int64_t ld) {
+    Matrix out = random_matrix(++key, rows, cols, ld);
+    // Padding stays NaN so a write past a row shows.
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = cols; c < ld; ++c) out.host[static_cast<size_t>(r * ld + c)] = kNaN;
+    }
+    cuda::copy_to_device(out.device.data(), out.host.data(), out.host.size(), *stream_);
+    const std::vector<float> bias = random_values(++key, static_cast<size_t>(cols), -1.0f, 1.0f);
+    DeviceBuffer<float> bias_d = cuda::to_device(*pool_, bias, *stream_);
+    add_bias(out.host_view(), bias.data());
+    add_bias_cuda(out.device_view(), bias_d.data(), *stream_);
+    expect_matches(out, 0.0, "add_bias");
+  });
+}
+
+TEST_F(DenseCuda, DropoutMasksAreBitIdenticalToTheCpu) {
+  uint64_t key = 400;
+  for (float p : {0.0f, 0.1f, 0.5f, 0.9f}) {
+    SCOPED_TRACE("p = " + std::to_string(p));
+    for_each_shape([&](int64_t rows, int64_t cols, int64_t ld) {
+      const uint64_t mask_key = derive_key(0x5eed, ++key);
+      Matrix x = random_matrix(++key, rows, cols, ld);
+      Matrix out = poisoned_matrix(rows, cols, ld);
+      dropout_forward(x.host_view(), out.host_view(), p, mask_key);
+      dropout_forward_cuda(x.device_view(), out.device_view(), p, mask_key, *stream_);
+      expect_matches(out, 0.0, "dropout_forward");
+
+      Matrix g = random_matrix(++key, rows, cols, ld);
+      Matrix gi = poisoned_matrix(rows, cols, ld);
+      dropout_backward(g.host_view(), gi.host_view(), p, mask_key);
+      dropout_backward_cuda(g.device_view(), gi.device_view(), p, mask_key, *stream_);
+      expect_matches(gi, 0.0, "dropout_backward");
+    });
+  }
+}
+
+TEST_F(DenseCuda, DropoutKeepsTheExpectedFraction) {
+  // A sanity check on the GPU mask itself, independent of the CPU: 1000 x 256 draws at p = 0.3.
+  Matrix x = random_matrix(1, 1000, 256, 256, 1.0f, 2.0f);  // never zero, so a zero means dropped
+  Matrix out = poisoned_matrix(1000, 256, 256);
+  dropout_forward_cuda(x.device_view(), out.device_view(), 0.3f, 99, *stream_);
+  const std::vector<float> got = download(out.device);
+  const double dropped = static_cast<double>(std::count(got.begin(), got.end(), 0.0f)) / got.size();
+  EXPECT_NEAR(dropped, 0.3, 0.01);
+}
+
+TEST_F(DenseCuda, ColumnSumIsDeterministicAndMatchesTheCpu) {
+  uint64_t key = 500;
+  auto check = [&](int64_t rows, int64_t cols, int64_t ld) {
+    Matrix x = random_matrix(++key, rows, cols, ld);
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
+      const std::vector<float> start =
+          accumulate ? random_values(++key, static_cast<size_t>(cols), -5.0f, 5.0f)
+                     : std::vector<float>(static_cast<size_t>(cols), kNaN);
+      std::vector<float> want = start;
+      column_sum(x.host_view(), want.data(), accumulate);
+      DeviceBuffer<float> first = cuda::to_device(*pool_, start, *stream_);
+      DeviceBuffer<float> second = cuda::to_device(*pool_, start, *stream_);
+      column_sum_cuda(x.device_view(), first.data(), accumulate, *stream_);
+      column_sum_cuda(x.device_view(), second.data(), accumulate, *stream_);
+      const std::vector<float> a = download(first), b = download(second);
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_TRUE(same_bits(a[c], b[c])) << "column " << c << ": " << a[c] << " then " << b[c];
+        // Both sum in double; only the final rounding to float can differ.
+        ASSERT_TRUE(within(a[c], want[c], 1e-6)) << "column " << c;
+      }
+    }
+  };
+  for_each_shape(check);
+  SCOPED_TRACE("tall");
+  check(100003, 3, 3);  // many row passes per thread
+  check(4099, 300, 301);  // several column tiles
+}
+
+TEST_F(DenseCuda, AdamMatchesTheCpuOverSeveralSteps) {
+  uint64_t key = 600;
+  for (int64_t n : {int64_t{1}, int64_t{37}, int64_t{33001}}) {
+    for (float weight_decay : {0.0f, 5e-4f}) {
+      SCOPED_TRACE("n = " + std::to_string(n) + ", weight decay " + std::to_string(weight_decay));
+      std::vector<float> w = random_values(++key, static_cast<size_t>(n), -1.0f, 1.0f);
+      std::vector<float> m(static_cast<size_t>(n), 0.0f), v(static_cast<size_t>(n), 0.0f);
+      DeviceBuffer<float> w_d = cuda::to_device(*pool_, w, *stream_);
+      DeviceBuffer<float> m_d = cuda::to_device(*pool_, m, *stream_);
+      DeviceBuffer<float> v_d = cuda::to_device(*pool_, v, *stream_);
+      AdamParams params;
+      params.lr = 0.01f;
+      params.weight_decay = weight_decay;
+      for (int64_t step = 1; step <= 3; ++step) {
+        params.step = step;
+        const std::vector<float> g = random_values(++key, static_cast<size_t>(n), -0.5f, 0.5f);
+        DeviceBuffer<float> g_d = cuda::to_device(*pool_, g, *stream_);
+        adam_update(w.data(), g.data(), m.data(), v.data(), n, params);
+        adam_update_cuda(w_d.data(), g_d.data(), m_d.data(), v_d.data(), n, params, *stream_);
+      }
+      const std::vector<float> w_got = download(w_d), m_got = download(m_d), v_got = download(v_d);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(within(w_got[i], w[i], 1e-6)) << "w[" << i << "]";
+        ASSERT_TRUE(within(m_got[i], m[i], 1e-6)) << "m[" << i << "]";
+        ASSERT_TRUE(within(v_got[i], v[i], 1e-6)) << "v[" << i << "]";
+      }
+    }
+  }
+}
+
+struct GemmCase {
+  int64_t m, n, k;
+};
+
+class DenseCudaGemm : public DenseCuda {
+ protected:
+  void run(bool tf32, double tol) {
+    CublasHandle handle(*stream_, *pool_);
+    const GemmCase cases[] = {{1, 1, 1}, {37, 7, 33}, {1000, 33, 256}, {33, 256, 7}, {7, 1, 1000}, {37, 33, 0}};
+    uint64_t key = tf32 ? 800 : 700;
+    for (const GemmCase& gc : cases) {
+      for (bool trans_a : {false, true}) {
+        for (bool trans_b : {false, true}) {
+          for (float beta : {0.0f, 0.5f}) {
+            SCOPED_TRACE("m " + std::to_string(gc.m) + " n " + std::to_string(gc.n) + " k " + std::to_string(gc.k) +
+                         (trans_a ? " A^T" : " A") + (trans_b ? " B^T" : " B") + " beta " + std::to_string(beta));
+            // Stored shapes with a padded leading dimension: A is m x k (k x m transposed).
+            const int64_t a_rows = trans_a ? gc.k : gc.m, a_cols = trans_a ? gc.m : gc.k;
+            const int64_t b_rows = trans_b ? gc.n : gc.k, b_cols = trans_b ? gc.k : gc.n;
+            Matrix a = random_matrix(++key, a_rows, a_cols, a_cols + 3, -1.0f, 1.0f);
+            Matrix b = random_matrix(++key, b_rows, b_cols, b_cols + 2, -1.0f, 1.0f);
+            // beta = 0 must overwrite a poisoned C; beta != 0 reads a random one.
+            Matrix c = beta == 0.0f ? poisoned_matrix(gc.m, gc.n, gc.n + 1) : random_matrix(++key, gc.m, gc.n, gc.n + 1);
+            if (beta != 0.0f) {
+              for (int64_t r = 0; r < gc.m; ++r) c.host[static_cast<size_t>(r * c.ld + gc.n)] = kNaN;
+              cuda::copy_to_device(c.device.data(), c.host.data(), c.host.size(), *stream_);
+            }
+            const int64_t lda = std::max<int64_t>(1, a.ld), ldb = std::max<int64_t>(1, b.ld);
+            gemm(trans_a, trans_b, gc.m, gc.n, gc.k, 1.5f, a.host.data(), lda, b.host.data(), ldb, beta,
+                 c.host.data(), c.ld);
+            gemm_cuda(handle, trans_a, trans_b, gc.m, gc.n, gc.k, 1.5f, a.device.data(), lda, b.device.data(), ldb,
+                      beta, c.device.data(), c.ld, tf32);
+            expect_matches(c, tol, tf32 ? "gemm (tf32)" : "gemm");
+          }
+        }
+      }
+    }
+  }
+};
+
+TEST_F(DenseCudaGemm, AllTransposesMatchTheCpuInFp32) { run(false, 1e-4); }
+TEST_F(DenseCudaGemm, AllTransposesMatchTheCpuInTf32) { run(true, 1e-2); }
+
+// engine/model.cpp's softmax_cross_entropy, transcribed onto plain arrays (the engine library is
+// not linked here): the CPU semantics the CUDA twin must reproduce.
+double cpu_softmax_cross_entropy(const std::vector<float>& logits, int64_t n, int64_t c, const int32_t* labels,
+                                 const std::vector<int64_t>& rows, std::vector<float>* grad, int64_t* correct) {
+  if (grad) grad->assign(static_cast<size_t>(n * c), 0.0f);
+  const double inv_n = rows.empty() ? 0.0 : 1.0 / static_cast<double>(rows.size());
+  double loss = 0.0;
+  int64_t right = 0;
+  for (int64_t r : rows) {
+    const float* z = logits.data() + r * c;
+    const int32_t y = labels[r];
+    float mx = z[0];
+    int64_t arg = 0;
+    for (int64_t k = 1; k < c; ++k) {
+      if (z[k] > mx) {
+        mx = z[k];
+        arg = k;
+      }
+    }
+    right += arg == y;
+    double sum = 0.0;
+    for (int64_t k = 0; k < c; ++k) sum += std::exp(static_cast<double>(z[k]) - mx);
+    const double log_sum = std::log(sum);
+    loss += log_sum - (static_cast<double>(z[y]) - mx);
+    if (grad) {
+      float* g = grad->data() + r * c;
+      for (int64_t k = 0; k < c; ++k) {
+        const double p = std::exp(static_cast<double>(z[k]) - mx - log_sum);
+        g[k] += static_cast<float>((p - (k == y ? 1.0 : 0.0)) * inv_n);
+      }
+    }
+  }
+  if (correct) *correct = right;
+  return loss * inv_n;
+}
+
+class DenseCudaSoftmax : public DenseCuda {
+ protected:
+  struct Result {
+    double loss;
+    int64_t correct;
+    std::vector<float> grad;
+  };
+
+  // Runs the CUDA loss on host inputs; grad is skipped when with_grad is false.
+  Result run(const std::vector<float>& logits, int64_t n, int64_t c, const std::vector<int32_t>& labels,
+             const std::vector<int64_t>& rows, bool with_grad) {
+    DeviceBuffer<float> logits_d = cuda::to_device(*pool_, logits, *stream_);
+    DeviceBuffer<int32_t> labels_d = cuda::to_device(*pool_, labels, *stream_);
+    DeviceBuffer<int64_t> rows_d = cuda::to_device(*pool_, rows, *stream_);
+    DeviceBuffer<float> grad_d(*pool_, static_cast<size_t>(n * c), *stream_);
+    cuda::fill(grad_d.data(), grad_d.size(), kNaN, *stream_);
+    DeviceBuffer<double> loss_d(*pool_, 1, *stream_);
+    cuda::fill(loss_d.data(), 1, std::numeric_limits<double>::quiet_NaN(), *stream_);
+    DeviceBuffer<int64_t> correct_d(*pool_, 1, *stream_);
+    cuda::fill(correct_d.data(), 1, int64_t{-1}, *stream_);
+    const size_t ws_bytes = softmax_cross_entropy_workspace_bytes(n, static_cast<int64_t>(rows.size()));
+    DeviceBuffer<uint8_t> ws(*pool_, ws_bytes, *stream_);
+    cuda::fill(ws.data(), ws.size(), uint8_t{0xff}, *stream_);  // garbage the kernel must not rely on
+    const MatrixView grad_view = with_grad ? MatrixView{grad_d.data(), n, c, c} : MatrixView{};
+    softmax_cross_entropy_cuda(ConstMatrixView{logits_d.data(), n, c, c}, labels_d.data(), rows_d.data(),
+                               static_cast<int64_t>(rows.size()), grad_view, loss_d.data(), correct_d.data(),
+                               ws.data(), ws.size(), *stream_);
+    return {download(loss_d)[0], download(correct_d)[0], download(grad_d)};
+  }
+};
+
+TEST_F(DenseCudaSoftmax, LossGradAndCorrectMatchTheCpu) {
+  uint64_t key = 900;
+  for (int64_t n : kRows) {
+    for (int64_t c : kCols) {
+      // Continuous logits, large ones (the shift by the maximum matters), and integers in
+      // {0, 1, 2} (ties: the first maximum is the prediction).
+      for (int kind = 0; kind < 3; ++kind) {
+        SCOPED_TRACE(std::to_string(n) + " rows, " + std::to_string(c) + " classes, kind " + std::to_string(kind));
+        std::vector<float> logits = random_values(++key, static_cast<size_t>(n * c), -3.0f, 3.0f);
+        if (kind == 1) {
+          for (float& z : logits) z *= 40.0f;
+        } else if (kind == 2) {
+          for (float& z : logits) z = std::floor((z + 3.0f) / 2.0f);
+        }
+        std::vector<int32_t> labels(static_cast<size_t>(n));
+        for (int64_t r = 0; r < n; ++r) labels[r] = static_cast<int32_t>(random_below(++key, 0, static_cast<uint64_t>(c)));
+        // About half the rows, drawn with replacement: some rows are listed twice, most not at all.
+        std::vector<int64_t> rows(static_cast<size_t>(n / 2 + 1));
+        for (int64_t& r : rows) r = static_cast<int64_t>(random_below(++key, 0, static_cast<uint64_t>(n)));
+
+        std::vector<float> want_grad;
+        int64_t want_correct = 0;
+        const double want_loss = cpu_softmax_cross_entropy(logits, n, c, labels.data(), rows, &want_grad, &want_correct);
+        const Result got = run(logits, n, c, labels, rows, true);
+        EXPECT_TRUE(within(got.loss, want_loss, 1e-12));
+        EXPECT_EQ(got.correct, want_correct);
+        int64_t mismatches = 0;
+        for (size_t i = 0; i < want_grad.size(); ++i) {
+          if (!within(got.grad[i], want_grad[i], 1e-7) && ++mismatches <= 3) {
+            ADD_FAILURE() << "grad[" << i / c << "][" << i % c << "]: got " << got.grad[i] << ", want " << want_grad[i];
+          }
+        }
+        EXPECT_EQ(mismatches, 0);
+
+        const Result again = run(logits, n, c, labels, rows, false);
+        EXPECT_EQ(std::memcmp(&again.loss, &got.loss, sizeof(double)), 0) << "loss differs between runs";
+        EXPECT_EQ(again.correct, got.correct);
+      }
+    }
+  }
+}
+
+TEST_F(DenseCudaSoftmax, NoListedRowsGiveZeroLossAndZeroGrad) {
+  const std::vector<float> logits = random_values(1, 37 * 7, -1.0f, 1.0f);
+  const std::vector<int32_t> labels(37, 3);
+  const Result got = run(logits, 37, 7, labels, {}, true);
+  EXPECT_EQ(got.loss, 0.0);
+  EXPECT_EQ(got.correct, 0);
+  for (float g : got.grad) ASSERT_EQ(g, 0.0f);
+}
+
+TEST_F(DenseCudaSoftmax, AnOutOfRangeLabelMakesTheLossNan) {
+  const std::vector<float> logits = random_values(2, 37 * 7, -1.0f, 1.0f);
+  std::vector<int32_t> labels(37, 3);
+  labels[5] = 7;  // one past the last class
+  const Result got = run(logits, 37, 7, labels, {1, 5, 9}, true);
+  EXPECT_TRUE(std::isnan(got.loss));
+  for (int64_t k = 0; k < 7; ++k) EXPECT_EQ(got.grad[5 * 7 + k], 0.0f) << "the bad row gets no gradient";
+}
+
+TEST_F(DenseCudaSoftmax, TooSmallAWorkspaceIsRefused) {
+  DeviceBuffer<float> logits(*pool_, 37 * 7, *stream_);
+  DeviceBuffer<double> loss(*pool_, 1, *stream_);
+  EXPECT_THROW(softmax_cross_entropy_cuda(ConstMatrixView{logits.data(), 37, 7, 7}, nullptr, nullptr, 10, MatrixView{},
+                                          loss.data(), nullptr, nullptr, 16, *stream_),
+               InputError);
+}
+
+}  // namespace
+}  // namespace gale::kernels

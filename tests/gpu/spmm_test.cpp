@@ -1,0 +1,308 @@
+// The CUDA SpMM family (kernels/spmm.cu: GAR, GAS, auto, cuSPARSE) against spmm_cpu on fresh
+// random graphs: every fifth row empty, hub rows with thousands of entries (GAR's block-wide
+// long-row path), rows of 20-120 entries (several gather pieces), more sources than destinations;
+// widths 1, 3, 32, 33, 64, 100, 128, 256, 257 (scalar and float4 paths, partial groups, several
+// column tiles), padded leading dimensions, and every combination of row scale, column scale, edge
+// weight, self term, accumulate, bias and ReLU. Outputs are poisoned with NaN first, so an element
+// a kernel forgets to write fails. Tests skip with a reason when no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/buffer.hpp"
+#include "kernels/cuda/fill.hpp"
+#include "kernels/cuda/runtime.hpp"
+#include "kernels/error.hpp"
+#include "kernels/random.hpp"
+#include "kernels/spmm.hpp"
+
+namespace gale::kernels {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::MemoryPool;
+using cuda::Stream;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr int64_t kWidths[] = {1, 3, 32, 33, 64, 100, 128, 256, 257};
+
+struct Graph {
+  int64_t rows = 0, cols = 0;
+  std::vector<int64_t> indptr;
+  std::vector<int32_t> indices;
+  int64_t nnz() const { return indptr.back(); }
+  CsrView csr() const { return {rows, cols, indptr.data(), indices.data(), nullptr}; }
+};
+
+// Every fifth row empty; rows 7 and rows - 3 hubs of `hub_degree` entries; every seventh other row
+// 20 to 119 entries; the rest 1 to 11. Sources drawn from all `cols` ids (repeats allowed).
+Graph random_graph(uint64_t key, int64_t rows, int64_t cols, int64_t hub_degree) {
+  Graph g;
+  g.rows = rows;
+  g.cols = cols;
+  g.indptr.push_back(0);
+  uint64_t counter = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t degree = 1 + static_cast<int64_t>(random_below(key, counter++, 11));
+    if (r % 7 == 3) degree = 20 + static_cast<int64_t>(random_below(key, counter++, 100));
+    if (r % 5 == 0) degree = 0;
+    if (r == 7 || r == rows - 3) degree = hub_degree;
+    for (int64_t k = 0; k < degree; ++k)
+      g.indices.push_back(static_cast<int32_t>(random_below(key, counter++, static_cast<uint64_t>(cols))));
+    g.indptr.push_back(static_cast<int64_t>(g.indices.size()));
+  }
+  return g;
+}
+
+std::vector<float> uniform(uint64_t key, size_t n, float lo, float hi) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * random_uniform(key, i);
+  return v;
+}
+
+// Which optional inputs a case sets; `combo` in [0, kCombos) enumerates all of them.
+struct Options {
+  bool row_scale = false, col_scale = false, edge_weight = false;
+  int self = 0;  // 0 none, 1 self_scale, 2 self_coefs, 3 both
+  bool accumulate = false, bias = false, relu = false;
+
+  static constexpr int kCombos = 2 * 2 * 2 * 4 * 2 * 2 * 2;
+  static Options from(int combo) {
+    Options o;
+    o.row_scale = combo & 1;
+    o.col_scale = combo & 2;
+    o.edge_weight = combo & 4;
+    o.self = (combo >> 3) & 3;
+    o.accumulate = combo & 32;
+    o.bias = combo & 64;
+    o.relu = combo & 128;
+    return o;
+  }
+  std::string describe() const {
+    return std::string("row_scale=") + (row_scale ? "1" : "0") + " col_scale=" + (col_scale ? "1" : "0") +
+           " weight=" + (edge_weight ? "1" : "0") + " self=" + std::to_string(self) +
+           " accumulate=" + (accumulate ? "1" : "0") + " bias=" + (bias ? "1" : "0") + " relu=" + (relu ? "1" : "0");
+  }
+};
+
+// Element-wise |gpu - cpu| <= rel * |cpu| + floor with floor = rel * 1e-2 * max |cpu| (sums that
+// cancel to near zero); NaN on the GPU side always fails.
+void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, float rel, const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  float scale = 0.0f;
+  for (float c : cpu) scale = std::max(scale, std::fabs(c));
+  const float floor = rel * 1e-2f * scale;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    const bool ok = !std::isnan(gpu[i]) && std::fabs(gpu[i] - cpu[i]) <= rel * std::fabs(cpu[i]) + floor;
+    if (!ok && bad++ == 0) first = i;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << gpu.size() << " differ; first at " << first << ": gpu "
+                     << (bad ? gpu[first] : 0.0f) << " cpu " << (bad ? cpu[first] : 0.0f);
+}
+
+class SpmmCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
+    pool_ = std::make_unique<MemoryPool>(0);
+    stream_ = std::make_unique<Stream>(0);
+  }
+
+  template <typename T>
+  DeviceBuffer<T> upload(const std::vector<T>& host) {
+    return cuda::to_device(*pool_, host, *stream_);
+  }
+
+  // Runs `kind` and spmm_cpu on the same fresh inputs and compares. x and out have leading
+  // dimensions width + pad (pad 1 forces the scalar path on a width divisible by 4).
+  void check(SpmmKind kind, const Graph& g, int64_t width, const Options& o, uint64_t key, int64_t pad = 0) {
+    const int64_t x_ld = width + pad, out_ld = width + pad;
+    const auto x = uniform(derive_key(key, 1), static_cast<size_t>(g.cols * x_ld), -1.0f, 1.0f);
+    const auto row_scale = uniform(derive_key(key, 2), static_cast<size_t>(g.rows), 0.1f, 1.0f);
+    const auto col_scale = uniform(derive_key(key, 3), static_cast<size_t>(g.cols), 0.1f, 1.0f);
+    const auto weight = uniform(derive_key(key, 4), static_cast<size_t>(g.nnz()), -1.0f, 1.0f);
+    const auto self_coefs = uniform(derive_key(key, 5), static_cast<size_t>(g.rows), -1.0f, 1.0f);
+    const auto bias = uniform(derive_key(key, 6), static_cast<size_t>(width), -1.0f, 1.0f);
+    const auto previous = uniform(derive_key(key, 7), static_cast<size_t>(g.rows * out_ld), -1.0f, 1.0f);
+
+    SpmmArgs a;
+    a.self_scale = (o.self & 1) ? 1.25f : 0.0f;
+    a.accumulate = o.accumulate;
+    a.relu = o.relu;
+    a.nnz = g.nnz();
+
+    // CPU reference: out starts as `previous` when accumulating, else NaN (it must be overwritten).
+    std::vector<float> cpu = o.accumulate ? previous : std::vector<float>(previous.size(), kNaN);
+    SpmmArgs c = a;
+    c.graph = g.csr();
+    c.x = ConstMatrixView{x.data(), g.cols, width, x_ld};
+    c.out = MatrixView{cpu.data(), g.rows, width, out_ld};
+    c.row_scale = o.row_scale ? row_scale.data() : nullptr;
+    c.col_scale = o.col_scale ? col_scale.data() : nullptr;
+    c.edge_weight = o.edge_weight ? weight.data() : nullptr;
+    c.self_coefs = (o.self & 2) ? self_coefs.data() : nullptr;
+    c.bias = o.bias ? bias.data() : nullptr;
+    spmm_cpu(c);
+
+    auto d_indptr = upload(g.indptr);
+    auto d_indices = upload(g.indices);
+    auto d_x = upload(x);
+    auto d_row_scale = upload(row_scale);
+    auto d_col_scale = upload(col_scale);
+    auto d_weight = upload(weight);
+    auto d_self = upload(self_coefs);
+    auto d_bias = upload(bias);
+    DeviceBuffer<float> d_out(*pool_, previous.size(), *stream_);
+    if (o.accumulate) {
+      cuda::copy_to_device(d_out.data(), previous.data(), previous.size(), *stream_);
+    } else if (!previous.empty()) {
+      cuda::fill(d_out.data(), previous.size(), kNaN, *stream_);
+    }
+    a.graph = {g.rows, g.cols, d_indptr.data(), d_indices.data(), nullptr};
+    a.x = ConstMatrixView{d_x.data(), g.cols, width, x_ld};
+    a.out = MatrixView{d_out.data(), g.rows, width, out_ld};
+    a.row_scale = o.row_scale ? d_row_scale.data() : nullptr;
+    a.col_scale = o.col_scale ? d_col_scale.data() : nullptr;
+    a.edge_weight = o.edge_weight ? d_weight.data() : nullptr;
+    a.self_coefs = (o.self & 2) ? d_self.data() : nullptr;
+    a.bias = o.bias ? d_bias.data() : nullptr;
+    spmm_cuda(kind, a, *stream_);
+    std::vector<float> gpu = cuda::to_host_and_wait(d_out.view(), *stream_);
+    // Padding columns are never written by either side: compare the matrix proper.
+    std::vector<float> gpu_m, cpu_m;
+    for (int64_t r = 0; r < g.rows; ++r) {
+      gpu_m.insert(gpu_m.end(), gpu.begin() + r * out_ld, gpu.begin() + r * out_ld + width);
+      cpu_m.insert(cpu_m.end(), cpu.begin() + r * out_ld, cpu.begin() + r * out_ld + width);
+    }
+    expect_close(gpu_m, cpu_m, 1e-4f,
+                 std::string(spmm_kind_name(kind)) + " width " + std::to_string(width) + " pad " +
+                     std::to_string(pad) + " " + o.describe());
+  }
+
+  std::unique_ptr<MemoryPool> pool_;
+  std::unique_ptr<Stream> stream_;
+};
+
+// Every width with a rotating eighth of the option combinations, each kind, padded and not; small
+// enough to run under compute-sanitizer.
+TEST_F(SpmmCudaTest, SmallGraphsMatchCpuAtEveryWidth) {
+  const Graph g = random_graph(11, 300, 350, 1500);
+  int w = 0;
+  for (int64_t width : kWidths) {
+    for (int combo = w % 24; combo < Options::kCombos; combo += 24) {
+      const uint64_t key = derive_key(12, static_cast<uint64_t>(width * 1000 + combo));
+      for (SpmmKind kind : {SpmmKind::kGar, SpmmKind::kGas}) {
+        check(kind, g, width, Options::from(combo), key);
+        check(kind, g, width, Options::from(combo), key, combo % 2 ? 1 : 4);
+      }
+    }
+    check(SpmmKind::kAuto, g, width, Options::from(w * 21 % Options::kCombos), derive_key(13, width));
+    ++w;
+  }
+}
+
+TEST_F(SpmmCudaTest, AllOptionCombinationsMatchCpu) {
+  const Graph g = random_graph(21, 700, 900, 2500);
+  for (int64_t width : {int64_t{33}, int64_t{128}}) {
+    for (int combo = 0; combo < Options::kCombos; ++combo) {
+      const uint64_t key = derive_key(22, static_cast<uint64_t>(width * 1000 + combo));
+      check(SpmmKind::kGar, g, width, Options::from(combo), key);
+      check(SpmmKind::kGas, g, width, Options::from(combo), key);
+    }
+  }
+}
+
+// Many blocks scan for long rows; hubs land in different blocks' spans.
+TEST_F(SpmmCudaTest, LargeGraphWithHubsMatchesCpu) {
+  const Graph g = random_graph(31, 20000, 25000, 6000);
+  for (int64_t width : {int64_t{1}, int64_t{64}, int64_t{257}}) {
+    const uint64_t key = derive_key(32, static_cast<uint64_t>(width));
+    check(SpmmKind::kGar, g, width, Options::from(4 + 1 + 8 + 64), key);
+    check(SpmmKind::kGas, g, width, Options::from(4 + 2 + 32 + 128), key);
+  }
+}
+
+// A low-degree graph (auto picks GAS) and a high-degree one (auto picks GAR) both match.
+TEST_F(SpmmCudaTest, AutoMatchesCpuOnLowAndHighDegree) {
+  Graph low;
+  low.rows = 5000;
+  low.cols = 5000;
+  low.indptr.push_back(0);
+  for (int64_t r = 0; r < low.rows; ++r) {
+    if (r % 2) low.indices.push_back(static_cast<int32_t>(random_below(41, static_cast<uint64_t>(r), 5000)));
+    low.indptr.push_back(static_cast<int64_t>(low.indices.size()));
+  }
+  check(SpmmKind::kAuto, low, 64, Options::from(4 + 64), 42);
+  check(SpmmKind::kAuto, random_graph(43, 3000, 3000, 2000), 64, Options::from(4 + 64), 44);
+}
+
+TEST_F(SpmmCudaTest, CusparseMatchesCpu) {
+  const Graph g = random_graph(51, 500, 600, 2000);
+  for (int64_t width : kWidths) {
+    check(SpmmKind::kCusparse, g, width, Options::from(4), derive_key(52, width));
+    check(SpmmKind::kCusparse, g, width, Options::from(4 + 32), derive_key(53, width));
+  }
+}
+
+TEST_F(SpmmCudaTest, SmallGarIsDeterministic) {
+  const Graph g = random_graph(61, 2000, 2000, 5000);
+  const int64_t width = 64;
+  const auto x = uniform(62, static_cast<size_t>(g.cols * width), -1.0f, 1.0f);
+  auto d_indptr = upload(g.indptr);
+  auto d_indices = upload(g.indices);
+  auto d_x = upload(x);
+  DeviceBuffer<float> out1(*pool_, static_cast<size_t>(g.rows * width), *stream_);
+  DeviceBuffer<float> out2(*pool_, static_cast<size_t>(g.rows * width), *stream_);
+  SpmmArgs a;
+  a.graph = {g.rows, g.cols, d_indptr.data(), d_indices.data(), nullptr};
+  a.x = matrix(d_x.data(), g.cols, width);
+  a.out = matrix(out1.data(), g.rows, width);
+  spmm_cuda(SpmmKind::kGar, a, *stream_);
+  a.out = matrix(out2.data(), g.rows, width);
+  spmm_cuda(SpmmKind::kGar, a, *stream_);
+  EXPECT_EQ(cuda::to_host_and_wait(out1.view(), *stream_), cuda::to_host_and_wait(out2.view(), *stream_));
+}
+
+TEST_F(SpmmCudaTest, SmallEmptyShapesDoNothing) {
+  const Graph empty = random_graph(71, 0, 10, 0);
+  check(SpmmKind::kGar, empty, 8, Options::from(1 + 64), 72);
+  check(SpmmKind::kGas, empty, 8, Options::from(1 + 64), 72);
+  const Graph no_edges = random_graph(73, 10, 10, 0);  // rows 0 and 5 empty, the rest 1-11
+  check(SpmmKind::kGas, no_edges, 16, Options::from(8 + 64 + 128), 74);
+}
+
+// Explains itself without a device.
+TEST(SpmmCannot, NamesWhatAKindCannotTake) {
+  SpmmArgs a;
+  int64_t indptr[3] = {0, 1, 2};
+  int32_t indices[2] = {0, 1};
+  float x[8] = {}, out[8] = {}, w[2] = {1, 1};
+  a.graph = {2, 2, indptr, indices, nullptr};
+  a.x = matrix(x, 2, 4);
+  a.out = matrix(out, 2, 4);
+  EXPECT_EQ(spmm_cannot(SpmmKind::kGar, a), "");
+  EXPECT_EQ(spmm_cannot(SpmmKind::kGas, a), "");
+  EXPECT_NE(spmm_cannot(SpmmKind::kAuto, a).find("nnz"), std::string::npos);
+  a.nnz = 2;
+  EXPECT_NE(spmm_cannot(SpmmKind::kCusparse, a).find("edge_weight"), std::string::npos);
+  a.edge_weight = w;
+  EXPECT_EQ(spmm_cannot(SpmmKind::kCusparse, a), "");
+  a.relu = true;
+  EXPECT_NE(spmm_cannot(SpmmKind::kCusparse, a).find("epilogue"), std::string::npos);
+  a.relu = false;
+  a.self_scale = 1.0f;
+  EXPECT_NE(spmm_cannot(SpmmKind::kCusparse, a).find("self"), std::string::npos);
+  a.out = matrix(out, 1, 4);
+  EXPECT_NE(spmm_cannot(SpmmKind::kGar, a).find("rows"), std::string::npos);
+  EXPECT_THROW(spmm_cuda(SpmmKind::kGar, a, nullptr), InputError);
+}
+
+}  // namespace
+}  // namespace gale::kernels
