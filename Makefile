@@ -37,7 +37,7 @@ test-all: build
 # A learnable planted-partition graph, generated, then trained on (GPU when present, else CPU).
 demo: build
 	@mkdir -p $(DEMO_DIR)
-	$(BUILD)/bin/gale preprocess --generate sbm:nodes=200K,classes=10,avg-degree=12,feature-dim=64,homophily=0.5,seed=1 \
+	$(BUILD)/bin/gale preprocess --generate sbm:nodes=200K,classes=10,avg-degree=12,feature-dim=64,homophily=0.8,seed=1 \
 	    -o $(DEMO_DIR)/sbm.gale --force
 	$(BUILD)/bin/gale info $(DEMO_DIR)/sbm.gale
 	$(BUILD)/bin/gale train $(DEMO_DIR)/sbm.gale --device auto --model sage --layers 2 --hidden 128 \
