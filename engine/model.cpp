@@ -104,44 +104,13 @@ double softmax_cross_entropy(const Tensor& logits, const int32_t* labels, const 
                              Tensor* grad, int64_t* correct) {
   const int64_t c = logits.cols();
   GALE_ASSERT(c > 0);
-  if (grad) {
-    GALE_ASSERT(grad->rows() == logits.rows() && grad->cols() == c);
-    // Rows not listed get no gradient; listed rows accumulate, so a row listed twice counts
-    // twice, as it does in the mean (torch's cross_entropy over an index with repeats).
-    grad->fill(0.0f);
-  }
-  const double inv_n = rows.empty() ? 0.0 : 1.0 / static_cast<double>(rows.size());
-  double loss = 0.0;
-  int64_t right = 0;
+  if (grad) GALE_ASSERT(grad->rows() == logits.rows() && grad->cols() == c);
   for (int64_t r : rows) {
     GALE_ASSERT(r >= 0 && r < logits.rows());
-    const float* z = logits.f32() + r * c;
-    const int32_t y = labels[r];
-    GALE_ASSERT(y >= 0 && y < c);
-    // log-sum-exp shifted by the row maximum, in double: stable for logits of any magnitude.
-    float mx = z[0];
-    int64_t arg = 0;
-    for (int64_t k = 1; k < c; ++k) {
-      if (z[k] > mx) {
-        mx = z[k];
-        arg = k;
-      }
-    }
-    right += arg == y;
-    double sum = 0.0;
-    for (int64_t k = 0; k < c; ++k) sum += std::exp(static_cast<double>(z[k]) - mx);
-    const double log_sum = std::log(sum);
-    loss += log_sum - (static_cast<double>(z[y]) - mx);
-    if (grad) {
-      float* g = grad->f32() + r * c;
-      for (int64_t k = 0; k < c; ++k) {
-        const double p = std::exp(static_cast<double>(z[k]) - mx - log_sum);
-        g[k] += static_cast<float>((p - (k == y ? 1.0 : 0.0)) * inv_n);
-      }
-    }
+    GALE_ASSERT(labels[r] >= 0 && labels[r] < c);
   }
-  if (correct) *correct = right;
-  return loss * inv_n;
+  return kernels::softmax_cross_entropy_cpu(logits.view(), labels, rows.data(), static_cast<int64_t>(rows.size()),
+                                            grad ? grad->view() : kernels::MatrixView{}, correct);
 }
 
 Adam::Adam(std::vector<Parameter*> params, float lr, float weight_decay, float beta1, float beta2, float eps)

@@ -41,6 +41,14 @@ struct AdamParams {
   float lr = 0.01f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
   int64_t step = 1;  // 1-based, after incrementing
 };
+// Mean softmax cross-entropy over the n_rows logits rows listed in `rows` (labels indexed by logits
+// row); log-sum-exp shifted by the row maximum, in double. grad (null data: no gradient) gets
+// d loss / d logits for every row: zero for rows not listed, k contributions for a row listed k
+// times (torch's cross_entropy over an index with repeats). `correct`, when non-null, counts the
+// listed rows whose first maximum is the label. Rows and labels must be in range.
+double softmax_cross_entropy_cpu(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
+                                 MatrixView grad, int64_t* correct);
+
 // torch.optim.Adam: g += wd * w; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 void adam_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamParams& p);
@@ -92,7 +100,7 @@ void adam_update_cuda(float* w, const float* g, float* m, float* v, int64_t n, c
 // one int32 hit per listed row, one int32 multiplicity per logits row.
 size_t softmax_cross_entropy_workspace_bytes(int64_t logits_rows, int64_t n_rows);
 
-// Twin of engine/model.cpp's softmax_cross_entropy: mean softmax cross-entropy over the n_rows
+// Twin of softmax_cross_entropy_cpu: mean softmax cross-entropy over the n_rows
 // logits rows listed in `rows` (labels indexed by logits row).
 //   *loss_out (device double) = the mean loss; 0 when n_rows is 0.
 //   *correct_out (device int64, may be null) = how many listed rows are argmax-correct (the first

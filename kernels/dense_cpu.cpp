@@ -1,6 +1,7 @@
 #include <cblas.h>
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -105,6 +106,44 @@ void dropout_forward(ConstMatrixView x, MatrixView out, float p, uint64_t key) {
 
 void dropout_backward(ConstMatrixView grad_out, MatrixView grad_in, float p, uint64_t key) {
   dropout_forward(grad_out, grad_in, p, key);  // the same mask and scale
+}
+
+double softmax_cross_entropy_cpu(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
+                                 MatrixView grad, int64_t* correct) {
+  const int64_t c = logits.cols;
+  if (grad.data) {
+    for (int64_t r = 0; r < grad.rows; ++r) std::fill(grad.row(r), grad.row(r) + c, 0.0f);
+  }
+  const double inv_n = n_rows == 0 ? 0.0 : 1.0 / static_cast<double>(n_rows);
+  double loss = 0.0;
+  int64_t right = 0;
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const int64_t r = rows[i];
+    const float* z = logits.row(r);
+    const int32_t y = labels[r];
+    float mx = z[0];
+    int64_t arg = 0;
+    for (int64_t k = 1; k < c; ++k) {
+      if (z[k] > mx) {
+        mx = z[k];
+        arg = k;
+      }
+    }
+    right += arg == y;
+    double sum = 0.0;
+    for (int64_t k = 0; k < c; ++k) sum += std::exp(static_cast<double>(z[k]) - mx);
+    const double log_sum = std::log(sum);
+    loss += log_sum - (static_cast<double>(z[y]) - mx);
+    if (grad.data) {
+      float* g = grad.row(r);
+      for (int64_t k = 0; k < c; ++k) {
+        const double p = std::exp(static_cast<double>(z[k]) - mx - log_sum);
+        g[k] += static_cast<float>((p - (k == y ? 1.0 : 0.0)) * inv_n);
+      }
+    }
+  }
+  if (correct) *correct = right;
+  return loss * inv_n;
 }
 
 void adam_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamParams& p) {

@@ -324,40 +324,16 @@ class DenseCudaGemm : public DenseCuda {
 TEST_F(DenseCudaGemm, AllTransposesMatchTheCpuInFp32) { run(false, 1e-4); }
 TEST_F(DenseCudaGemm, AllTransposesMatchTheCpuInTf32) { run(true, 1e-2); }
 
-// engine/model.cpp's softmax_cross_entropy, transcribed onto plain arrays (the engine library is
-// not linked here): the CPU semantics the CUDA twin must reproduce.
+// The CPU twin on plain arrays: the semantics the CUDA op must reproduce.
 double cpu_softmax_cross_entropy(const std::vector<float>& logits, int64_t n, int64_t c, const int32_t* labels,
                                  const std::vector<int64_t>& rows, std::vector<float>* grad, int64_t* correct) {
-  if (grad) grad->assign(static_cast<size_t>(n * c), 0.0f);
-  const double inv_n = rows.empty() ? 0.0 : 1.0 / static_cast<double>(rows.size());
-  double loss = 0.0;
-  int64_t right = 0;
-  for (int64_t r : rows) {
-    const float* z = logits.data() + r * c;
-    const int32_t y = labels[r];
-    float mx = z[0];
-    int64_t arg = 0;
-    for (int64_t k = 1; k < c; ++k) {
-      if (z[k] > mx) {
-        mx = z[k];
-        arg = k;
-      }
-    }
-    right += arg == y;
-    double sum = 0.0;
-    for (int64_t k = 0; k < c; ++k) sum += std::exp(static_cast<double>(z[k]) - mx);
-    const double log_sum = std::log(sum);
-    loss += log_sum - (static_cast<double>(z[y]) - mx);
-    if (grad) {
-      float* g = grad->data() + r * c;
-      for (int64_t k = 0; k < c; ++k) {
-        const double p = std::exp(static_cast<double>(z[k]) - mx - log_sum);
-        g[k] += static_cast<float>((p - (k == y ? 1.0 : 0.0)) * inv_n);
-      }
-    }
+  MatrixView g;
+  if (grad) {
+    grad->assign(static_cast<size_t>(n * c), 0.0f);
+    g = matrix(grad->data(), n, c);
   }
-  if (correct) *correct = right;
-  return loss * inv_n;
+  return softmax_cross_entropy_cpu(matrix(logits.data(), n, c), labels, rows.data(),
+                                   static_cast<int64_t>(rows.size()), g, correct);
 }
 
 class DenseCudaSoftmax : public DenseCuda {
