@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/bench_store.hpp"
 #include "apps/commands.hpp"
 #include "kernels/error.hpp"
 
@@ -23,13 +24,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <optional>
 
 #include "kernels/cuda/buffer.hpp"
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/random.hpp"
 #include "kernels/spmm.hpp"
-#include "storage/preprocess.hpp"
 #include "storage/store.hpp"
 #endif
 
@@ -40,29 +39,7 @@ namespace po = boost::program_options;
 #if GALE_WITH_CUDA
 namespace {
 
-namespace fs = std::filesystem;
 using kernels::SpmmKind;
-
-// A directory under the system temp folder, removed with everything in it on scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "gale-bench-XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw InputError("bench: cannot create a temporary directory in " +
-                                                             fs::temp_directory_path().string());
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 std::vector<float> random_floats(uint64_t key, size_t n, float lo, float hi) {
   std::vector<float> v(n);
@@ -124,8 +101,6 @@ int bench_spmm(const std::vector<std::string>& args) {
   pos.add("store", 1);
   po::variables_map vm;
   if (!parse_command_line(args, desc, pos, &vm)) return 0;
-  if (store_path.empty() == generate.empty())
-    throw InputError("bench spmm: expected a STORE path or --generate SPEC (exactly one)");
   const std::vector<int> dims = parse_int_list(dims_text, "--dims");
   if (dims.empty()) throw InputError("--dims: expected at least one width");
   for (int d : dims)
@@ -134,21 +109,8 @@ int bench_spmm(const std::vector<std::string>& args) {
   if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
 
   kernels::cuda::require_device(0);
-  std::optional<TempDir> temp;
-  if (!generate.empty()) {
-    temp.emplace();
-    storage::PreprocessOptions o;
-    o.generate = generate;
-    o.output = (temp->path() / "graph.gale").string();
-    o.temp_dir = temp->path().string();
-    const auto t0 = std::chrono::steady_clock::now();
-    const storage::PreprocessReport report = storage::preprocess(o);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "bench: generated %s: %lld nodes, %lld edges in %.1f s\n", generate.c_str(),
-                 static_cast<long long>(report.num_nodes), static_cast<long long>(report.num_edges), secs);
-    store_path = o.output;
-  }
-  const storage::Store store = storage::Store::open(store_path);
+  const BenchStore source(store_path, generate, "bench spmm");
+  const storage::Store store = storage::Store::open(source.path());
   const kernels::CsrView host = store.csr();
   const int64_t rows = host.rows, cols = host.cols, nnz = host.nnz();
 
@@ -166,7 +128,7 @@ int bench_spmm(const std::vector<std::string>& args) {
 
   if (!json) {
     std::printf("device: %s\ngraph: %s, %lld rows, %lld entries (avg degree %.1f)\n", info.name.c_str(),
-                generate.empty() ? store_path.c_str() : generate.c_str(), static_cast<long long>(rows),
+                source.label().c_str(), static_cast<long long>(rows),
                 static_cast<long long>(nnz), rows ? static_cast<double>(nnz) / rows : 0.0);
     std::printf("median of %d runs after %d warm-up, CUDA events; speedup = cusparse_ms / kernel_ms\n", runs, warmup);
     std::printf("%6s  %-9s %10s %9s %9s %12s\n", "width", "kernel", "median_ms", "speedup", "GB/s", "max_abs_err");
@@ -249,18 +211,22 @@ int bench_spmm(const std::vector<std::string>& args) {
 #endif
 
 int run_bench(const std::vector<std::string>& args) {
-#if GALE_WITH_CUDA
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::puts("usage: gale bench spmm STORE|--generate SPEC [--dims 32,64,128,256] [--runs 20] [--warmup 5] [--json]");
+    std::puts("usage: gale bench spmm STORE|--generate SPEC [--dims 32,64,128,256] [--runs 20] [--warmup 5] [--json]\n"
+              "       gale bench train STORE|--generate SPEC [--models gcn,sage,gin,gat] [--layers 3] [--hidden 256] ...\n"
+              "`gale bench NAME --help` lists a benchmark's options.");
     return args.empty() ? static_cast<int>(ExitCode::kInput) : 0;
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
-  if (args[0] == "spmm") return bench_spmm(rest);
-  throw InputError("bench: unknown benchmark '" + args[0] + "' (expected spmm)");
+  if (args[0] == "train") return run_bench_train(rest);
+  if (args[0] == "spmm") {
+#if GALE_WITH_CUDA
+    return bench_spmm(rest);
 #else
-  (void)args;
-  throw DeviceError("bench: this build has no CUDA backend");
+    throw DeviceError("bench spmm: this build has no CUDA backend");
 #endif
+  }
+  throw InputError("bench: unknown benchmark '" + args[0] + "' (expected spmm or train)");
 }
 
 }  // namespace gale::apps

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "apps/commands.hpp"
+#include "engine/devices.hpp"
 #include "engine/trainer.hpp"
 #include "kernels/error.hpp"
 
@@ -54,7 +55,8 @@ class Progress {
 
 int run_train(const std::vector<std::string>& args) {
   engine::TrainOptions o;
-  std::string model = "sage", activation, device = "auto", fanouts, config;
+  std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
+  bool tf32 = false;
   int layers = 2;
   int64_t hidden = 16, epochs = 200;
   int heads = 8;
@@ -65,7 +67,10 @@ int run_train(const std::vector<std::string>& args) {
       ("help,h", "show this help")
       ("store", po::value(&o.store), "store directory")
       ("config", po::value(&config), "read options from an INI file (command line wins)")
-      ("device", po::value(&device), "cpu | cuda | auto")
+      ("device", po::value(&device), "cpu | cuda | cuda:N | auto (the first GPU when present)")
+      ("gpu-mem-budget", po::value(&gpu_budget), "cap on the GPU memory Gale allocates, e.g. 8G (default: no cap)")
+      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas")
+      ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
       ("model", po::value(&model), "gcn | sage | gin | gat")
       ("layers", po::value(&layers), "number of GNN layers")
       ("hidden", po::value(&hidden), "hidden width (GAT: per head)")
@@ -132,10 +137,14 @@ int run_train(const std::vector<std::string>& args) {
     o.full_graph = false;
     o.fanouts = parse_int_list(fanouts, "--fanouts");
   }
-  if (device == "cpu") o.device = Device::cpu();
-  else if (device == "cuda") o.device = Device::cuda(0);
-  else if (device == "auto") o.device = Device::cpu();  // the CUDA training path is not built yet
-  else throw InputError("--device: expected cpu, cuda or auto, found '" + device + "'");
+  o.device = parse_device(device);
+  if (!gpu_budget.empty()) {
+    o.gpu_mem_budget = parse_size(gpu_budget, "--gpu-mem-budget");
+    if (o.gpu_mem_budget == 0) throw InputError("--gpu-mem-budget: expected a positive size such as 8G");
+    o.gpu_mem_budget_text = gpu_budget;
+  }
+  o.exec.spmm = parse_spmm_kind(spmm);
+  o.exec.tf32 = tf32;
   if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1");
   if (o.threads < 0) throw InputError("--threads: expected 0 (all cores) or more");
 

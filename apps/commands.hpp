@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/device.hpp"
+#include "kernels/spmm.hpp"
+
 namespace gale::apps {
 
 int run_preprocess(const std::vector<std::string>& args);
@@ -14,6 +17,7 @@ int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
 int run_predict(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
+int run_bench_train(const std::vector<std::string>& args);  // `gale bench train`
 
 // Parses `args` into `vm` (positional names from `pos`); prints `desc` and returns false for
 // --help. With `notify`, runs the options' notifiers (pass false to merge a config file first).
@@ -25,5 +29,9 @@ bool parse_command_line(const std::vector<std::string>& args, const boost::progr
 uint64_t parse_size(const std::string& text, const std::string& flag);
 // "15,10,5" -> {15, 10, 5}; throws InputError naming `flag`.
 std::vector<int> parse_int_list(const std::string& text, const std::string& flag);
+// --device: "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (the first GPU when present, else the CPU).
+Device parse_device(const std::string& text);
+// --spmm: "auto", "fused-gar", "fused-gas" (the training kernels; "cusparse" is a benchmark baseline only).
+kernels::SpmmKind parse_spmm_kind(const std::string& text);
 
 }  // namespace gale::apps

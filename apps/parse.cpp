@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "apps/commands.hpp"
+#include "engine/devices.hpp"
 #include "kernels/error.hpp"
 
 namespace gale::apps {
@@ -54,6 +55,27 @@ std::vector<int> parse_int_list(const std::string& text, const std::string& flag
     pos = comma + 1;
   }
   return out;
+}
+
+Device parse_device(const std::string& text) {
+  if (text == "cpu") return Device::cpu();
+  if (text == "auto") return engine::default_device();
+  if (text == "cuda") return Device::cuda(0);
+  if (text.rfind("cuda:", 0) == 0) {
+    int ordinal = -1;
+    const char* begin = text.data() + 5;
+    const char* end = text.data() + text.size();
+    auto [ptr, ec] = std::from_chars(begin, end, ordinal);
+    if (ec == std::errc() && ptr == end && begin != end && ordinal >= 0) return Device::cuda(ordinal);
+  }
+  throw InputError("--device: expected cpu, cuda, cuda:N or auto, found '" + text + "'");
+}
+
+kernels::SpmmKind parse_spmm_kind(const std::string& text) {
+  if (text == "auto") return kernels::SpmmKind::kAuto;
+  if (text == "fused-gar" || text == "gar") return kernels::SpmmKind::kGar;
+  if (text == "fused-gas" || text == "gas") return kernels::SpmmKind::kGas;
+  throw InputError("--spmm: expected auto, fused-gar or fused-gas, found '" + text + "'");
 }
 
 }  // namespace gale::apps

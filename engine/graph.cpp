@@ -1,52 +1,113 @@
 #include "engine/graph.hpp"
 
 #include <cmath>
+#include <cstring>
 
 #include "kernels/error.hpp"
 #include "kernels/spmm.hpp"
 
 namespace gale::engine {
 
-GraphOperand::GraphOperand(kernels::CsrView csr, const std::vector<int64_t>* src_in_degree) : csr_(csr) {
+namespace {
+
+Tensor host_tensor(int64_t n, DType dtype) { return Tensor::empty(n, 1, dtype, Device::cpu()); }
+
+}  // namespace
+
+GraphOperand::GraphOperand(kernels::CsrView csr, const std::vector<int64_t>* src_in_degree) {
   if (src_in_degree == nullptr) GALE_ASSERT(csr.rows == csr.cols);
   if (src_in_degree != nullptr) GALE_ASSERT(static_cast<int64_t>(src_in_degree->size()) == csr.cols);
   GALE_ASSERT(csr.rows <= csr.cols);
   // Per-edge arrays (attention coefficients, weights, csc_edge) are indexed by CSR position, so
   // the CSR must start at entry 0 (a full store CSR and every sampled block do).
   GALE_ASSERT(csr.rows == 0 || csr.indptr[0] == 0);
-  const int64_t nnz = csr.nnz();
-  csc_indptr_.resize(static_cast<size_t>(csr.cols + 1));
-  csc_indices_.resize(static_cast<size_t>(nnz));
-  csc_edge_.resize(static_cast<size_t>(nnz));
-  kernels::csr_transpose(csr, csc_indptr_.data(), csc_indices_.data(), csc_edge_.data());
+  csr_ = csr;
+  nnz_ = csr.nnz();
+  csc_indptr_ = host_tensor(csr.cols + 1, DType::kI64);
+  csc_indices_ = host_tensor(nnz_, DType::kI32);
+  csc_edge_ = host_tensor(nnz_, DType::kI64);
+  kernels::csr_transpose(csr, csc_indptr_.data<int64_t>(), csc_indices_.data<int32_t>(), csc_edge_.data<int64_t>());
   if (csr.weights) {
-    csc_weights_.resize(static_cast<size_t>(nnz));
-    for (int64_t k = 0; k < nnz; ++k) csc_weights_[k] = csr.weights[csc_edge_[k]];
+    csc_weights_ = host_tensor(nnz_, DType::kF32);
+    const int64_t* edge = csc_edge_.data<int64_t>();
+    for (int64_t k = 0; k < nnz_; ++k) csc_weights_.f32()[k] = csr.weights[edge[k]];
   }
-  dst_norm_.resize(static_cast<size_t>(csr.rows));
-  src_norm_.resize(static_cast<size_t>(csr.cols));
+  // Symmetric: the transpose has the same structure (and weights) as the CSR itself.
+  symmetric_ = csr.rows == csr.cols &&
+               std::memcmp(csc_indptr_.data<int64_t>(), csr.indptr, static_cast<size_t>(csr.rows + 1) * 8) == 0 &&
+               std::memcmp(csc_indices_.data<int32_t>(), csr.indices, static_cast<size_t>(nnz_) * 4) == 0 &&
+               (csr.weights == nullptr ||
+                std::memcmp(csc_weights_.f32(), csr.weights, static_cast<size_t>(nnz_) * 4) == 0);
+  if (symmetric_) csc_indptr_ = csc_indices_ = csc_weights_ = Tensor();  // the CSR serves as its own CSC
+
+  dst_norm_ = host_tensor(csr.rows, DType::kF32);
+  src_norm_ = host_tensor(csr.cols, DType::kF32);
+  self_norm_ = host_tensor(csr.rows, DType::kF32);
+  inv_degree_ = host_tensor(csr.rows, DType::kF32);
+  float* dst = dst_norm_.f32();
+  float* src = src_norm_.f32();
   for (int64_t i = 0; i < csr.rows; ++i)
-    dst_norm_[i] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(csr.degree(i) + 1)));
+    dst[i] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(csr.degree(i) + 1)));
   for (int64_t j = 0; j < csr.cols; ++j) {
     if (j < csr.rows) {
-      src_norm_[j] = dst_norm_[j];
+      src[j] = dst[j];
     } else {
       const int64_t deg = src_in_degree ? (*src_in_degree)[j] : csr.degree(j);
-      src_norm_[j] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(deg + 1)));
+      src[j] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(deg + 1)));
     }
   }
-  inv_degree_.resize(static_cast<size_t>(csr.rows));
   for (int64_t i = 0; i < csr.rows; ++i) {
     const int64_t d = csr.degree(i);
-    inv_degree_[i] = d > 0 ? 1.0f / static_cast<float>(d) : 0.0f;
+    inv_degree_.f32()[i] = d > 0 ? 1.0f / static_cast<float>(d) : 0.0f;
+    self_norm_.f32()[i] = dst[i] * dst[i];
   }
-  self_norm_.resize(static_cast<size_t>(csr.rows));
-  for (int64_t i = 0; i < csr.rows; ++i) self_norm_[i] = dst_norm_[i] * dst_norm_[i];
+  set_views();
 }
 
-kernels::CsrView GraphOperand::csc() const {
-  return {csr_.cols, csr_.rows, csc_indptr_.data(), csc_indices_.data(),
-          csc_weights_.empty() ? nullptr : csc_weights_.data()};
+void GraphOperand::set_views() {
+  if (indptr_.defined()) {
+    csr_.indptr = indptr_.data<int64_t>();
+    csr_.indices = indices_.data<int32_t>();
+    csr_.weights = weights_.defined() ? weights_.f32() : nullptr;
+  }
+  if (symmetric_) {
+    csc_ = {csr_.cols, csr_.rows, csr_.indptr, csr_.indices, csr_.weights};
+  } else {
+    csc_ = {csr_.cols, csr_.rows, csc_indptr_.data<int64_t>(), csc_indices_.data<int32_t>(),
+            csc_weights_.defined() ? csc_weights_.f32() : nullptr};
+  }
+}
+
+const int64_t* GraphOperand::csc_edge() const {
+  if (!csc_edge_.defined()) throw InternalError("GraphOperand: the edge map was not copied to " + device_.name());
+  return csc_edge_.data<int64_t>();
+}
+
+GraphOperand GraphOperand::to(const Device& device, bool edge_map) const {
+  GraphOperand g;
+  g.device_ = device;
+  g.csr_ = csr_;
+  g.nnz_ = nnz_;
+  g.symmetric_ = symmetric_;
+  auto copy = [&](const void* data, int64_t n, DType dtype) { return Tensor::from_host(data, n, 1, dtype, device); };
+  auto move = [&](const Tensor& t) { return t.defined() ? t.to(device) : Tensor(); };
+  GALE_ASSERT(device_.is_cpu());  // operands are built on the host and copied once
+  if (device.is_cpu()) return *this;
+  g.indptr_ = copy(csr_.indptr, csr_.rows + 1, DType::kI64);
+  g.indices_ = copy(csr_.indices, nnz_, DType::kI32);
+  if (csr_.weights) g.weights_ = copy(csr_.weights, nnz_, DType::kF32);
+  if (!symmetric_) {
+    g.csc_indptr_ = move(csc_indptr_);
+    g.csc_indices_ = move(csc_indices_);
+    g.csc_weights_ = move(csc_weights_);
+  }
+  if (edge_map) g.csc_edge_ = move(csc_edge_);
+  g.dst_norm_ = move(dst_norm_);
+  g.src_norm_ = move(src_norm_);
+  g.self_norm_ = move(self_norm_);
+  g.inv_degree_ = move(inv_degree_);
+  g.set_views();
+  return g;
 }
 
 }  // namespace gale::engine

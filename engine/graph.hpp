@@ -4,45 +4,67 @@
 // its transpose (CSC) for backward passes and the GCN normalisation factors. The destinations are
 // the first num_dst sources (a full graph has num_dst == num_src), so a layer's self / root term
 // for destination i reads source row i.
+//
+// An operand lives on one device: it is built on the host and copied whole to a GPU with to(), so
+// the CSR, the CSC and the norms are uploaded once per graph or block and every layer's forward
+// and backward reuse them. When the CSC equals the CSR (a symmetric graph, the common case for
+// full-graph training on undirected data) the copy shares one set of arrays for both.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "engine/tensor.hpp"
 #include "kernels/views.hpp"
 
 namespace gale::engine {
 
 class GraphOperand {
  public:
-  // Borrows `csr` (its arrays must outlive this object). `src_in_degree`, when given, is the
+  // Borrows `csr` (host arrays that must outlive this object). `src_in_degree`, when given, is the
   // in-degree in the full graph of every source (size csr.cols); sources that are also
   // destinations use their degree in `csr` instead. Without it, csr.cols must equal csr.rows.
   explicit GraphOperand(kernels::CsrView csr, const std::vector<int64_t>* src_in_degree = nullptr);
 
+  // A copy on `device` owning every array (this operand's arrays when it is already there).
+  // csc_edge is copied only with `edge_map` (attention needs it; the 8 bytes per entry are
+  // otherwise wasted on the GPU).
+  GraphOperand to(const Device& device, bool edge_map) const;
+
+  const Device& device() const { return device_; }
   int64_t num_dst() const { return csr_.rows; }
   int64_t num_src() const { return csr_.cols; }
+  int64_t nnz() const { return nnz_; }
+  // Views whose arrays live on device(): a device operand's pointers cannot be read by the host.
   const kernels::CsrView& csr() const { return csr_; }
   // Transpose: rows = sources, entries = destinations; csc_edge()[k] is the CSR position of
   // CSC entry k, so per-edge values (attention, weights) can be read in either order.
-  kernels::CsrView csc() const;
-  const int64_t* csc_edge() const { return csc_edge_.data(); }
+  kernels::CsrView csc() const { return csc_; }
+  const int64_t* csc_edge() const;
+  bool symmetric() const { return symmetric_; }
 
   // GCN symmetric normalisation with a self loop: 1 / sqrt(in-degree + 1).
-  const float* dst_norm() const { return dst_norm_.data(); }
-  const float* src_norm() const { return src_norm_.data(); }
+  const float* dst_norm() const { return dst_norm_.f32(); }
+  const float* src_norm() const { return src_norm_.f32(); }
   // GCN's self-loop coefficient of each destination: dst_norm^2 = 1 / (in-degree + 1).
-  const float* self_norm() const { return self_norm_.data(); }
+  const float* self_norm() const { return self_norm_.f32(); }
   // SAGE mean: 1 / in-degree (0 for a destination without in-neighbours).
-  const float* inv_degree() const { return inv_degree_.data(); }
+  const float* inv_degree() const { return inv_degree_.f32(); }
 
  private:
-  kernels::CsrView csr_;
-  std::vector<int64_t> csc_indptr_;
-  std::vector<int32_t> csc_indices_;
-  std::vector<float> csc_weights_;
-  std::vector<int64_t> csc_edge_;
-  std::vector<float> dst_norm_, src_norm_, self_norm_, inv_degree_;
+  GraphOperand() = default;
+  void set_views();
+
+  Device device_ = Device::cpu();
+  kernels::CsrView csr_, csc_;
+  int64_t nnz_ = 0;
+  bool symmetric_ = false;
+  // Owned arrays. A host operand borrows the CSR (indptr_ and indices_ stay undefined); a device
+  // operand owns copies. For a symmetric graph the CSC arrays are left undefined and csc_ views
+  // the CSR's.
+  Tensor indptr_, indices_, weights_;
+  Tensor csc_indptr_, csc_indices_, csc_weights_, csc_edge_;
+  Tensor dst_norm_, src_norm_, self_norm_, inv_degree_;
 };
 
 }  // namespace gale::engine

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/graph.hpp"
+#include "engine/ops.hpp"
 #include "engine/tensor.hpp"
 
 namespace gale::engine {
@@ -21,6 +22,8 @@ struct Parameter {
 struct ForwardContext {
   bool training = false;
   uint64_t rng_key = 0;   // per step and layer; attention dropout draws from it
+  bool relu = false;      // apply ReLU to the output (fused into the aggregation where the layer can)
+  ops::ExecOptions exec;  // kernel choices; a layer keeps them for its backward
 };
 
 class Layer {
@@ -29,7 +32,8 @@ class Layer {
   virtual std::string kind() const = 0;
   virtual int64_t in_dim() const = 0;
   virtual int64_t out_dim() const = 0;
-  // x: num_src x in_dim. Returns num_dst x out_dim.
+  // x: num_src x in_dim, on the graph's device. Returns num_dst x out_dim (after ReLU when
+  // ctx.relu). A training forward keeps what backward needs; backward releases it.
   virtual Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) = 0;
   // grad_out: num_dst x out_dim, for the last training forward. Accumulates parameter gradients;
   // returns the num_src x in_dim input gradient when need_input_grad, else an undefined Tensor.

@@ -35,12 +35,22 @@ Model::Model(const ModelConfig& config, uint64_t seed) : config_(config) {
   }
 }
 
+void Model::to(const Device& device) {
+  for (Parameter* p : parameters()) {
+    p->value = p->value.to(device);
+    p->grad = p->grad.to(device);
+  }
+  device_ = device;
+}
+
 Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tensor& x, bool training,
                       uint64_t rng_key) {
   GALE_ASSERT(graphs.size() == layers_.size());
   // Blocks chain outermost first: layer l's destinations are layer l+1's sources.
   GALE_ASSERT(x.rows() == graphs[0]->num_src() && x.cols() == config_.in_dim);
+  GALE_ASSERT(x.device() == device_);
   for (size_t l = 1; l < graphs.size(); ++l) GALE_ASSERT(graphs[l]->num_src() == graphs[l - 1]->num_dst());
+  for (const GraphOperand* g : graphs) GALE_ASSERT(g->device() == device_);
   graphs_ = graphs;
   saved_.clear();
   Tensor h = x;
@@ -49,15 +59,19 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
     if (training && config_.dropout > 0.0f) {
       saved->dropped = true;
       saved->dropout_key = kernels::derive_key(rng_key, 2 * l);
-      Tensor d = Tensor::empty(h.rows(), h.cols());
-      kernels::dropout_forward(h.view(), d.view(), config_.dropout, saved->dropout_key);
+      Tensor d = Tensor::empty(h.rows(), h.cols(), DType::kF32, device_);
+      ops::dropout(h, &d, config_.dropout, saved->dropout_key);
       h = d;
     }
-    ForwardContext ctx{training, kernels::derive_key(rng_key, 2 * l + 1)};
+    const bool hidden = l + 1 < layers_.size();
+    ForwardContext ctx;
+    ctx.training = training;
+    ctx.rng_key = kernels::derive_key(rng_key, 2 * l + 1);
+    ctx.relu = hidden && config_.activation == Activation::kRelu;  // the layer fuses it where it can
+    ctx.exec = exec_;
     h = layers_[l]->forward(*graphs[l], h, ctx);
-    if (l + 1 < layers_.size()) {
-      if (config_.activation == Activation::kElu) kernels::elu_forward(h.view(), h.view());
-      else kernels::relu_forward(h.view(), h.view());
+    if (hidden) {
+      if (config_.activation == Activation::kElu) ops::elu(h, &h);
       saved->activated = h;
     }
     if (training) saved_.push_back(saved);
@@ -69,15 +83,15 @@ void Model::backward(const Tensor& grad_logits) {
   GALE_ASSERT(saved_.size() == layers_.size());
   Tensor g = grad_logits;
   for (size_t l = layers_.size(); l-- > 0;) {
-    const Saved& s = *saved_[l];
+    Saved& s = *saved_[l];
     if (l + 1 < layers_.size()) {
-      Tensor ga = Tensor::empty(g.rows(), g.cols());
-      if (config_.activation == Activation::kElu) kernels::elu_backward(g.view(), s.activated.view(), ga.view());
-      else kernels::relu_backward(g.view(), s.activated.view(), ga.view());
-      g = ga;
+      // In place: the gradient of the activation's output is not needed again.
+      if (config_.activation == Activation::kElu) ops::elu_backward(g, s.activated, &g);
+      else ops::relu_backward(g, s.activated, &g);
+      s.activated = Tensor();  // released as soon as it has served, to bound peak memory
     }
     g = layers_[l]->backward(*graphs_[l], g, /*need_input_grad=*/l > 0);
-    if (l > 0 && s.dropped) kernels::dropout_backward(g.view(), g.view(), config_.dropout, s.dropout_key);
+    if (l > 0 && s.dropped) ops::dropout_backward(g, &g, config_.dropout, s.dropout_key);
   }
   saved_.clear();
 }
@@ -91,7 +105,7 @@ std::vector<Parameter*> Model::parameters() {
 }
 
 void Model::zero_grad() {
-  for (Parameter* p : parameters()) p->grad.fill(0.0f);
+  for (Parameter* p : parameters()) ops::zero(&p->grad);
 }
 
 int64_t Model::num_parameters() {
@@ -116,8 +130,8 @@ double softmax_cross_entropy(const Tensor& logits, const int32_t* labels, const 
 Adam::Adam(std::vector<Parameter*> params, float lr, float weight_decay, float beta1, float beta2, float eps)
     : params_(std::move(params)), lr_(lr), weight_decay_(weight_decay), beta1_(beta1), beta2_(beta2), eps_(eps) {
   for (Parameter* p : params_) {
-    m_.push_back(Tensor::zeros(p->value.rows(), p->value.cols()));
-    v_.push_back(Tensor::zeros(p->value.rows(), p->value.cols()));
+    m_.push_back(Tensor::zeros(p->value.rows(), p->value.cols(), DType::kF32, p->value.device()));
+    v_.push_back(Tensor::zeros(p->value.rows(), p->value.cols(), DType::kF32, p->value.device()));
   }
 }
 
@@ -130,9 +144,7 @@ void Adam::step() {
   a.eps = eps_;
   a.weight_decay = weight_decay_;
   a.step = step_;
-  for (size_t i = 0; i < params_.size(); ++i)
-    kernels::adam_update(params_[i]->value.f32(), params_[i]->grad.f32(), m_[i].f32(), v_[i].f32(),
-                         params_[i]->value.numel(), a);
+  for (size_t i = 0; i < params_.size(); ++i) ops::adam_update(&params_[i]->value, params_[i]->grad, &m_[i], &v_[i], a);
 }
 
 }  // namespace gale::engine

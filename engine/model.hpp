@@ -9,6 +9,7 @@
 
 #include "engine/graph.hpp"
 #include "engine/layer.hpp"
+#include "engine/ops.hpp"
 #include "engine/tensor.hpp"
 
 namespace gale::engine {
@@ -30,11 +31,18 @@ struct ModelConfig {
   int gin_mlp_layers = 2;         // GIN's MLP depth (Linear-ReLU-Linear)
 };
 
-// Builds the model with Glorot-uniform weights and zero biases drawn from `seed`.
+// Builds the model with Glorot-uniform weights and zero biases drawn from `seed`, on the host;
+// to() moves it to the device it trains on.
 class Model {
  public:
   Model(const ModelConfig& config, uint64_t seed);
   const ModelConfig& config() const { return config_; }
+
+  // Moves every parameter and gradient to `device` (graphs and inputs must then live there too).
+  void to(const Device& device);
+  const Device& device() const { return device_; }
+  // Kernel choices for the layers (--spmm, --tf32); the model's identity does not depend on them.
+  void set_exec(const ops::ExecOptions& exec) { exec_ = exec; }
 
   // One graph per layer (the same full graph for all, or the sampled blocks outermost first).
   // x: graphs[0]->num_src x in_dim. Returns graphs.back()->num_dst x out_dim logits.
@@ -49,6 +57,8 @@ class Model {
 
  private:
   ModelConfig config_;
+  Device device_ = Device::cpu();
+  ops::ExecOptions exec_;
   std::vector<std::unique_ptr<Layer>> layers_;
   // Saved by forward for backward: per layer, its input after dropout, dropout key, pre-activation.
   struct Saved;
@@ -62,7 +72,8 @@ class Model {
 double softmax_cross_entropy(const Tensor& logits, const int32_t* labels,
                              const std::vector<int64_t>& rows, Tensor* grad, int64_t* correct);
 
-// Adam with L2 weight decay added to the gradient (torch.optim.Adam's weight_decay).
+// Adam with L2 weight decay added to the gradient (torch.optim.Adam's weight_decay). Its moments
+// live on the parameters' device: build it after Model::to.
 class Adam {
  public:
   Adam(std::vector<Parameter*> params, float lr, float weight_decay, float beta1 = 0.9f,

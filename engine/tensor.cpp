@@ -96,6 +96,19 @@ Tensor Tensor::to(const Device& device) const {
   return t;
 }
 
+Tensor Tensor::from_host(const void* data, int64_t rows, int64_t cols, DType dtype, Device device) {
+  Tensor t = empty(rows, cols, dtype, device);
+  if (t.nbytes() == 0) return t;
+  if (device.is_cpu()) {
+    std::memcpy(t.base(), data, t.nbytes());
+  } else {
+#if GALE_WITH_CUDA
+    copy_between(t.base(), device, data, Device::cpu(), t.nbytes());
+#endif
+  }
+  return t;
+}
+
 Tensor Tensor::from_vector(const std::vector<float>& values, int64_t rows, int64_t cols) {
   GALE_ASSERT(static_cast<int64_t>(values.size()) == rows * cols);
   Tensor t = empty(rows, cols);

@@ -25,6 +25,8 @@ class Tensor {
                       Device device = Device::cpu());
   // Copies host data into a new f32 tensor.
   static Tensor from_vector(const std::vector<float>& values, int64_t rows, int64_t cols);
+  // Copies rows x cols elements of `dtype` from host memory into a new tensor on `device`.
+  static Tensor from_host(const void* data, int64_t rows, int64_t cols, DType dtype, Device device);
 
   bool defined() const { return storage_ != nullptr; }
   int64_t rows() const { return rows_; }

@@ -11,7 +11,9 @@
 #include <optional>
 
 #include "engine/checkpoint.hpp"
+#include "engine/devices.hpp"
 #include "engine/graph.hpp"
+#include "engine/ops.hpp"
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
 #include "kernels/threads.hpp"
@@ -39,21 +41,15 @@ std::string identity_json(const TrainOptions& o, const storage::Store& store) {
   return j.dump();
 }
 
-// Accuracy of argmax(logits) over `rows`; 0 for an empty split.
-double accuracy(const Tensor& logits, const int32_t* labels, const std::vector<int64_t>& rows) {
-  if (rows.empty()) return 0;
-  int64_t correct = 0;
-  const int64_t c = logits.cols();
-  const float* p = logits.f32();
-  for (int64_t r : rows) {
-    const float* row = p + r * c;
-    int64_t best = 0;
-    for (int64_t k = 1; k < c; ++k) {
-      if (row[k] > row[best]) best = k;
-    }
-    correct += (best == labels[r]);
-  }
-  return static_cast<double>(correct) / static_cast<double>(rows.size());
+// Accuracy of argmax(logits) over the listed rows (i64 ids on the logits' device); 0 for none.
+double accuracy(const Tensor& logits, const Tensor& labels, const Tensor& rows) {
+  if (rows.numel() == 0) return 0;
+  const ops::LossResult r = ops::softmax_cross_entropy(logits, labels, rows, nullptr);
+  return static_cast<double>(r.correct) / static_cast<double>(rows.numel());
+}
+
+Tensor ids_tensor(const std::vector<int64_t>& ids, const Device& device) {
+  return Tensor::from_host(ids.data(), static_cast<int64_t>(ids.size()), 1, DType::kI64, device);
 }
 
 struct PreparedBatch {
@@ -68,9 +64,8 @@ struct PreparedBatch {
 
 TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   TrainOptions opt = opt_in;
-  if (!opt.device.is_cpu())
-    throw DeviceError("--device " + opt.device.name() +
-                      ": this build trains on the CPU only (the CUDA training path is not built yet)");
+  const Device dev = opt.device;
+  require(dev);
   if (opt.epochs < 1) throw InputError("--epochs: expected at least 1, found " + std::to_string(opt.epochs));
   if (opt.lr <= 0) throw InputError("--lr: expected a positive learning rate");
   if (opt.model.layers < 1) throw InputError("--layers: expected at least 1");
@@ -109,7 +104,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   opt.model.out_dim = store.num_classes();
   const int64_t n = store.num_nodes();
 
+  if (dev.is_cuda()) set_gpu_budget(dev, opt.gpu_mem_budget, opt.gpu_mem_budget_text);
   Model model(opt.model, opt.seed);
+  model.to(dev);
+  model.set_exec(opt.exec);
   Adam adam(model.parameters(), opt.lr, opt.weight_decay);
   TrainResult result;
   result.best_valid_acc = -1;
@@ -131,9 +129,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       if (s.names[i] != params[i]->name || s.params[i].rows() != params[i]->value.rows() ||
           s.params[i].cols() != params[i]->value.cols())
         throw CorruptStoreError(file.string() + ": parameter " + s.names[i] + " does not match the model");
-      std::copy(s.params[i].f32(), s.params[i].f32() + s.params[i].numel(), params[i]->value.f32());
-      std::copy(s.adam_m[i].f32(), s.adam_m[i].f32() + s.adam_m[i].numel(), adam.first_moments()[i].f32());
-      std::copy(s.adam_v[i].f32(), s.adam_v[i].f32() + s.adam_v[i].numel(), adam.second_moments()[i].f32());
+      params[i]->value = s.params[i].to(dev);
+      adam.first_moments()[i] = s.adam_m[i].to(dev);
+      adam.second_moments()[i] = s.adam_v[i].to(dev);
     }
     adam.set_steps(s.adam_steps);
     result.best_valid_acc = s.best_valid_acc;
@@ -152,9 +150,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     auto params = model.parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       s.names.push_back(params[i]->name);
-      s.params.push_back(params[i]->value);
-      s.adam_m.push_back(adam.first_moments()[i]);
-      s.adam_v.push_back(adam.second_moments()[i]);
+      s.params.push_back(params[i]->value.to(Device::cpu()));
+      s.adam_m.push_back(adam.first_moments()[i].to(Device::cpu()));
+      s.adam_v.push_back(adam.second_moments()[i].to(Device::cpu()));
     }
     save_checkpoint(file, s);
   };
@@ -165,17 +163,23 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (!metrics) throw InputError("--metrics " + opt.metrics_path + ": cannot open for writing");
   }
 
-  // The whole graph: every layer in full-graph training, and evaluation in both modes.
-  const GraphOperand full(store.csr());
+  // The whole graph: every layer in full-graph training, and evaluation in both modes. Built on the
+  // host once, copied to the device once (with the edge map only when attention needs it).
+  const bool attention = opt.model.model == "gat";
+  const GraphOperand full = GraphOperand(store.csr()).to(dev, attention);
   Tensor all_features;
   auto features = [&]() -> const Tensor& {
     if (!all_features.defined()) {
-      all_features = Tensor::empty(n, store.feature_dim());
-      store.read_features(0, n, all_features.f32());
+      Tensor host = Tensor::empty(n, store.feature_dim());
+      store.read_features(0, n, host.f32());
+      all_features = host.to(dev);
     }
     return all_features;
   };
   const std::vector<const GraphOperand*> full_graphs(static_cast<size_t>(opt.model.layers), &full);
+  const Tensor labels_all = Tensor::from_host(labels, n, 1, DType::kI32, dev);
+  const Tensor train_rows = ids_tensor(train_ids, dev), valid_rows = ids_tensor(valid_ids, dev),
+               test_rows = ids_tensor(test_ids, dev);
 
   std::unique_ptr<sampler::NeighborSampler> sampler;
   std::vector<int64_t> in_degree;
@@ -193,14 +197,19 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     m.epochs = opt.epochs;
     const uint64_t epoch_key = kernels::derive_key(opt.seed, static_cast<uint64_t>(epoch));
 
+    reset_gpu_peak(dev);
     if (opt.full_graph) {
+      const Tensor& x = features();
       const auto t0 = Clock::now();
       model.zero_grad();
-      Tensor logits = model.forward(full_graphs, features(), /*training=*/true, epoch_key);
-      Tensor grad = Tensor::zeros(logits.rows(), logits.cols());
-      m.loss = softmax_cross_entropy(logits, labels, train_ids, &grad, nullptr);
+      Tensor logits = model.forward(full_graphs, x, /*training=*/true, epoch_key);
+      Tensor grad = Tensor::empty(logits.rows(), logits.cols(), DType::kF32, dev);
+      m.loss = ops::softmax_cross_entropy(logits, labels_all, train_rows, &grad).loss;
+      logits = Tensor();
       model.backward(grad);
+      grad = Tensor();
       adam.step();
+      synchronize(dev);
       m.compute_s = since(t0);
       m.batches = 1;
     } else {
@@ -228,15 +237,19 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
             return p;
           },
           [&](int64_t b, std::unique_ptr<PreparedBatch>& p) {
+            // Blocks and features are copied to the device here, on the compute stream, in order.
+            std::vector<GraphOperand> on_device;
+            for (const auto& g : p->graphs) on_device.push_back(g->to(dev, attention));
             std::vector<const GraphOperand*> graphs;
-            for (const auto& g : p->graphs) graphs.push_back(g.get());
+            for (const auto& g : on_device) graphs.push_back(&g);
             model.zero_grad();
-            Tensor logits = model.forward(graphs, p->features, /*training=*/true,
+            Tensor logits = model.forward(graphs, p->features.to(dev), /*training=*/true,
                                           kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)));
             std::vector<int64_t> rows(static_cast<size_t>(logits.rows()));
             for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
-            Tensor grad = Tensor::zeros(logits.rows(), logits.cols());
-            loss_sum += softmax_cross_entropy(logits, p->labels.data(), rows, &grad, nullptr) *
+            Tensor grad = Tensor::empty(logits.rows(), logits.cols(), DType::kF32, dev);
+            const Tensor batch_labels = Tensor::from_host(p->labels.data(), logits.rows(), 1, DType::kI32, dev);
+            loss_sum += ops::softmax_cross_entropy(logits, batch_labels, ids_tensor(rows, dev), &grad).loss *
                         static_cast<double>(rows.size());
             model.backward(grad);
             adam.step();
@@ -251,10 +264,12 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     // Full-neighbourhood evaluation in inference mode (no dropout).
     const auto t_eval = Clock::now();
     Tensor logits = model.forward(full_graphs, features(), /*training=*/false, 0);
-    m.train_acc = accuracy(logits, labels, train_ids);
-    m.valid_acc = accuracy(logits, labels, valid_ids);
-    m.test_acc = accuracy(logits, labels, test_ids);
+    m.train_acc = accuracy(logits, labels_all, train_rows);
+    m.valid_acc = accuracy(logits, labels_all, valid_rows);
+    m.test_acc = accuracy(logits, labels_all, test_rows);
+    logits = Tensor();
     m.eval_s = since(t_eval);
+    m.gpu_peak_bytes = gpu_peak_bytes(dev);
     // Ties go to the later epoch, as in PyG's reference script (`va >= best_val`).
     const double select = valid_ids.empty() ? m.train_acc : m.valid_acc;
     if (select >= result.best_valid_acc) {
@@ -271,6 +286,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
                           {"valid_acc", m.valid_acc}, {"test_acc", m.test_acc}, {"epoch_s", m.epoch_s},
                           {"sample_s", m.sample_s},   {"compute_s", m.compute_s}, {"wait_s", m.wait_s},
                           {"eval_s", m.eval_s},       {"batches", m.batches}};
+      if (dev.is_cuda()) j["gpu_peak_bytes"] = m.gpu_peak_bytes;
       metrics << j.dump() << '\n';
       metrics.flush();
     }

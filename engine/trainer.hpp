@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/model.hpp"
+#include "engine/ops.hpp"
 #include "kernels/device.hpp"
 
 namespace gale::engine {
@@ -35,6 +36,11 @@ struct TrainOptions {
   bool resume = false;
   std::string metrics_path;         // "" disables the JSON-lines file
   Device device = Device::cpu();
+  ops::ExecOptions exec;            // --spmm, --tf32
+  // --gpu-mem-budget: every byte Gale allocates on the GPU is charged against it (0 = unlimited);
+  // the text is what the user wrote, for messages.
+  uint64_t gpu_mem_budget = 0;
+  std::string gpu_mem_budget_text;
 };
 
 struct EpochMetrics {
@@ -48,6 +54,7 @@ struct EpochMetrics {
   double wait_s = 0;                // compute waiting for a prepared batch
   double eval_s = 0;
   int64_t batches = 0;
+  uint64_t gpu_peak_bytes = 0;      // peak of the GPU pool during the epoch (0 on the CPU)
 };
 
 struct TrainResult {
@@ -62,7 +69,8 @@ using EpochCallback = std::function<void(const EpochMetrics&)>;
 
 // Trains as configured. Throws InputError for bad options or a store without features / labels /
 // train split, CorruptStoreError for a bad store or checkpoint, DeviceError when the device is
-// not available.
+// not available, ResourceError when --gpu-mem-budget is exceeded.
 TrainResult train(const TrainOptions& options, const EpochCallback& on_epoch = {});
+
 
 }  // namespace gale::engine

@@ -23,6 +23,9 @@ void add_bias(MatrixView out, const float* bias);
 // out[c] (+)= sum over rows of x[r][c]; summed in row order per column.
 void column_sum(ConstMatrixView x, float* out, bool accumulate);
 
+// y += alpha * x, elementwise over equal shapes (layers add a root or residual term this way).
+void axpy(ConstMatrixView x, float alpha, MatrixView y);
+
 // out = max(x, 0); may alias.
 void relu_forward(ConstMatrixView x, MatrixView out);
 // grad_in = grad_out * (y > 0), where y is the forward output; may alias grad_out.
@@ -77,6 +80,7 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
                bool tf32 = false);
 
 void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream);
+void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream);
 // Deterministic: each column is reduced over rows in double in an order fixed by the shape alone
 // (no atomics), so two calls give bit-identical results on any GPU.
 void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, cudaStream_t stream);

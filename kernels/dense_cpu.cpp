@@ -44,6 +44,14 @@ void add_bias(MatrixView out, const float* bias) {
   });
 }
 
+void axpy(ConstMatrixView x, float alpha, MatrixView y) {
+  for_rows(y.rows, y.cols, [&](int64_t r) {
+    const float* xr = x.row(r);
+    float* yr = y.row(r);
+    for (int64_t c = 0; c < y.cols; ++c) yr[c] = std::fma(alpha, xr[c], yr[c]);
+  });
+}
+
 void column_sum(ConstMatrixView x, float* out, bool accumulate) {
   // Each block of columns is summed over all rows in row order by one task: deterministic.
   constexpr int64_t kBlock = 64;

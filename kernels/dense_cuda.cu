@@ -119,6 +119,20 @@ struct AddBias {
   }
 };
 
+struct Axpy {
+  ConstMatrixView x;
+  float alpha;
+  MatrixView y;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    const Pack<V> a = load<V>(at(x, r, c));
+    Pack<V> b = load<V>(at(y, r, c));
+#pragma unroll
+    for (int i = 0; i < V; ++i) b.v[i] = fmaf(alpha, a.v[i], b.v[i]);
+    store<V>(at(y, r, c), b);
+  }
+};
+
 struct ReluForward {
   ConstMatrixView x;
   MatrixView out;
@@ -414,6 +428,11 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
 void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream) {
   const bool vec4 = vector_ok(out.data, out.ld) && vector_ok(bias, 0);
   launch_map(out.rows, out.cols, vec4, AddBias{out, bias}, stream);
+}
+
+void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream) {
+  const bool vec4 = vector_ok(x.data, x.ld) && vector_ok(y.data, y.ld);
+  launch_map(y.rows, y.cols, vec4, Axpy{x, alpha, y}, stream);
 }
 
 void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, cudaStream_t stream) {

@@ -31,6 +31,15 @@ struct GatShape {
   float slope = 0.2f;       // LeakyReLU negative slope
 };
 
+// Attention scores of the first `rows` rows of z: scores[j,h] = sum_k z[j, h*f + k] * att[h*f + k]
+// (PyG's alpha_src / alpha_dst, (x W).view(-1, H, F) * att).sum(-1)); scores is rows x heads.
+void gat_scores_cpu(ConstMatrixView z, const GatShape& s, const float* att, int64_t rows, float* scores);
+// Backward of gat_scores over the first `rows` rows, accumulating:
+//   grad_z[j, h*f + k] += grad_scores[j,h] * att[h*f + k]
+//   grad_att[h*f + k]  += sum_j grad_scores[j,h] * z[j, h*f + k]   (summed over j in row order)
+void gat_scores_backward_cpu(ConstMatrixView z, const GatShape& s, const float* att, int64_t rows,
+                             const float* grad_scores, MatrixView grad_z, float* grad_att);
+
 // Writes the softmax coefficients (before dropout) for every entry and self loop.
 void gat_softmax_cpu(const CsrView& g, const GatShape& s, const float* el, const float* er, float* alpha,
                      float* alpha_self);
@@ -54,8 +63,18 @@ void gat_backward_cpu(const CsrView& g, const CsrView& csc, const int64_t* csc_e
 // The CUDA twins. Declared without CUDA headers so CPU-only code can include this file.
 struct CUstream_st;
 typedef CUstream_st* cudaStream_t;  // NOLINT: must match cuda_runtime_api.h exactly
+struct cublasContext;
+typedef cublasContext* cublasHandle_t;  // NOLINT: must match cublas_api.h exactly
 
 namespace gale::kernels {
+
+// Twins of gat_scores_cpu / gat_scores_backward_cpu on the stream the cuBLAS handle is bound to:
+// per-head dot products are strided batched GEMVs and the grad_z update one rank-1 update per head,
+// so no new kernel is needed and the reductions are cuBLAS's (deterministic for a given GPU).
+void gat_scores_cuda(cublasHandle_t handle, ConstMatrixView z, const GatShape& s, const float* att, int64_t rows,
+                     float* scores);
+void gat_scores_backward_cuda(cublasHandle_t handle, ConstMatrixView z, const GatShape& s, const float* att,
+                              int64_t rows, const float* grad_scores, MatrixView grad_z, float* grad_att);
 
 // CUDA kernels stage heads x entries coefficients per warp in shared memory; more heads than this
 // are refused with an InputError (GATs use 1 to 16).

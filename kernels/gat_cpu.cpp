@@ -28,6 +28,39 @@ void for_range(int64_t n, Body&& body) {
 
 }  // namespace
 
+void gat_scores_cpu(ConstMatrixView z, const GatShape& s, const float* att, int64_t rows, float* scores) {
+  const int64_t H = s.heads, F = s.f;
+  for_range(rows, [&](int64_t j) {
+    const float* zj = z.row(j);
+    for (int64_t h = 0; h < H; ++h) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < F; ++k) acc += zj[h * F + k] * att[h * F + k];
+      scores[j * H + h] = acc;
+    }
+  });
+}
+
+void gat_scores_backward_cpu(ConstMatrixView z, const GatShape& s, const float* att, int64_t rows,
+                             const float* grad_scores, MatrixView grad_z, float* grad_att) {
+  const int64_t H = s.heads, F = s.f;
+  for_range(rows, [&](int64_t j) {
+    const float* gs = grad_scores + j * H;
+    float* gz = grad_z.row(j);
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t k = 0; k < F; ++k) gz[h * F + k] += gs[h] * att[h * F + k];
+    }
+  });
+  // grad_att: one task per column, summed over rows in order (deterministic), in double.
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, H * F, 1), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t c = r.begin(); c < r.end(); ++c) {
+      const int64_t h = c / F;
+      double acc = 0;
+      for (int64_t j = 0; j < rows; ++j) acc += static_cast<double>(grad_scores[j * H + h] * z.row(j)[c]);
+      grad_att[c] = static_cast<float>(grad_att[c] + acc);
+    }
+  });
+}
+
 void gat_softmax_cpu(const CsrView& g, const GatShape& s, const float* el, const float* er, float* alpha,
                      float* alpha_self) {
   const int64_t H = s.heads;

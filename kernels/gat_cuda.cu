@@ -18,6 +18,7 @@
 // Dropout multipliers come from random_uniform(key, counter) with the CPU's counters, so masks are
 // bit-identical. Per-lane work splits follow fuseGNN's "several edges per warp when the feature is
 // short" (Sec. 6, Table 4): a warp gathers 32 / L entries at once when a row needs only L lanes.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -658,6 +659,32 @@ void gat_backward_cuda(const CsrView& g, const CsrView& csc, const int64_t* csc_
     a.grad_el = grad_el;
     launch_gather<GatherMode::kGradZ>(
         a, s.f % 4 == 0 && vec4_ok(grad_out.data, grad_out.ld) && vec4_ok(grad_z.data, grad_z.ld), stream);
+  }
+}
+
+void gat_scores_cuda(cublasHandle_t handle, ConstMatrixView z, const GatShape& s, const float* att, int64_t rows,
+                     float* scores) {
+  check_shape("gat_scores_cuda", s);
+  if (rows == 0) return;
+  // Head h: scores[:, h] = Z_h att_h, Z_h the rows x f block of z at column h*f. Column-major,
+  // Z_h is the f x rows matrix at z + h*f with leading dimension z.ld, so op T gives Z_h.
+  const float one = 1.0f, zero = 0.0f;
+  GALE_CHECK_CUBLAS(cublasSgemvStridedBatched_64(handle, CUBLAS_OP_T, s.f, rows, &one, z.data, z.ld, s.f, att, 1, s.f,
+                                                 &zero, scores, s.heads, 1, s.heads));
+}
+
+void gat_scores_backward_cuda(cublasHandle_t handle, ConstMatrixView z, const GatShape& s, const float* att,
+                              int64_t rows, const float* grad_scores, MatrixView grad_z, float* grad_att) {
+  check_shape("gat_scores_backward_cuda", s);
+  if (rows == 0) return;
+  const float one = 1.0f;
+  // grad_att_h += Z_h^T gs_h: column-major op N on the f x rows block.
+  GALE_CHECK_CUBLAS(cublasSgemvStridedBatched_64(handle, CUBLAS_OP_N, s.f, rows, &one, z.data, z.ld, s.f, grad_scores,
+                                                 s.heads, 1, &one, grad_att, 1, s.f, s.heads));
+  // grad_z_h += gs_h att_h^T: column-major, the f x rows block gets att_h (f) times gs_h^T (rows).
+  for (int64_t h = 0; h < s.heads; ++h) {
+    GALE_CHECK_CUBLAS(cublasSger_v2_64(handle, s.f, rows, &one, att + h * s.f, 1, grad_scores + h, s.heads,
+                                       grad_z.data + h * s.f, grad_z.ld));
   }
 }
 

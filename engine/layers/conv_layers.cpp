@@ -1,24 +1,20 @@
 // GCN, SAGE and GIN layers: a Linear and a normalised SpMM each, ordered so the SpMM runs on the
 // narrower of the input and output widths (aggregation is linear, so A (x W) = (A x) W), as
-// PyG's GCNConv does.
-#include <cstring>
-
+// PyG's GCNConv does. With equal widths the transform goes first: its saved input is the previous
+// layer's activation, which the model keeps anyway, so no extra N x width tensor stays alive.
+//
+// When the transform goes first the layer's bias, its SAGE root term and the ReLU that follows
+// it are fused into the aggregation kernel (fuseGNN Sec. 5): the aggregated rows make one trip
+// through memory.
 #include "engine/layers/layers.hpp"
 #include "engine/layers/linear.hpp"
-#include "kernels/dense.hpp"
+#include "engine/ops.hpp"
 #include "kernels/random.hpp"
 #include "kernels/spmm.hpp"
 
 namespace gale::engine {
 
 namespace {
-
-// Adds src rows [0, src.rows) into dst (same width).
-void add_rows(Tensor* dst, const Tensor& src) {
-  float* d = dst->f32();
-  const float* s = src.f32();
-  for (int64_t i = 0; i < src.numel(); ++i) d[i] += s[i];
-}
 
 Parameter make_bias(const std::string& name, int64_t out) {
   Parameter b;
@@ -31,12 +27,20 @@ Parameter make_bias(const std::string& name, int64_t out) {
 // Which normalised aggregation a layer applies, forward over the CSR and backward over the CSC.
 enum class Norm { kGcn, kMean, kSum };
 
-Tensor aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor& x) {
-  Tensor out = Tensor::empty(g.num_dst(), x.cols());
+struct Epilogue {
+  const Tensor* bias = nullptr;
+  bool relu = false;
+  bool accumulate = false;  // add into `out`'s current values
+};
+
+// out = A_norm x (+ epilogue), out preallocated (num_dst x width).
+void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor& x, Tensor* out,
+               const ops::ExecOptions& exec, const Epilogue& ep = {}) {
   kernels::SpmmArgs a;
   a.graph = g.csr();
+  a.nnz = g.nnz();
   a.x = x.view();
-  a.out = out.view();
+  a.out = out->view();
   switch (norm) {
     case Norm::kGcn:
       a.row_scale = g.dst_norm();
@@ -46,15 +50,19 @@ Tensor aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tenso
     case Norm::kMean: a.row_scale = g.inv_degree(); break;
     case Norm::kSum: a.self_scale = self_scale; break;
   }
-  kernels::spmm_cpu(a);
-  return out;
+  a.bias = ep.bias ? ep.bias->f32() : nullptr;
+  a.relu = ep.relu;
+  a.accumulate = ep.accumulate;
+  ops::spmm(a, g.device(), exec.spmm);
 }
 
 // The transpose of `aggregate`: gradient of the sources from the destinations' gradient.
-Tensor aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, const Tensor& grad) {
-  Tensor out = Tensor::empty(g.num_src(), grad.cols());
+Tensor aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, const Tensor& grad,
+                          const ops::ExecOptions& exec) {
+  Tensor out = Tensor::empty(g.num_src(), grad.cols(), DType::kF32, grad.device());
   kernels::SpmmArgs a;
   a.graph = g.csc();
+  a.nnz = g.nnz();
   a.x = grad.view();
   a.out = out.view();
   switch (norm) {
@@ -66,48 +74,76 @@ Tensor aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, co
     case Norm::kMean: a.col_scale = g.inv_degree(); break;
     case Norm::kSum: a.self_scale = self_scale; break;
   }
-  kernels::spmm_cpu(a);
+  ops::spmm(a, g.device(), exec.spmm);
   return out;
 }
 
-// Aggregation followed (or preceded, when narrower) by a bias-free Linear, plus a bias.
+// Aggregation and a bias-free Linear in the cheaper order, plus a bias, an optional root Linear
+// on the destinations' own features (SAGE's lin_r) and an optional ReLU.
 class AggregateLinear {
  public:
-  AggregateLinear(const std::string& prefix, int64_t in, int64_t out, Norm norm, float self_scale, uint64_t key)
+  AggregateLinear(const std::string& prefix, int64_t in, int64_t out, Norm norm, float self_scale, uint64_t key,
+                  std::unique_ptr<Linear> root = nullptr)
       : lin_(prefix + ".lin", in, out, /*bias=*/false, kernels::derive_key(key, 1)),
         bias_(make_bias(prefix + ".bias", out)),
+        root_(std::move(root)),
         norm_(norm),
         self_scale_(self_scale) {}
 
-  Tensor forward(const GraphOperand& g, const Tensor& x, bool training) {
-    transform_first_ = lin_.out() < lin_.in();
+  Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) {
+    exec_ = ctx.exec;
+    transform_first_ = lin_.out() <= lin_.in();
+    const Tensor x_dst = x.rows_slice(0, g.num_dst());
     Tensor y;
     if (transform_first_) {
-      y = aggregate(g, norm_, self_scale_, lin_.forward(x));
+      const Tensor t = lin_.forward(x, exec_.tf32);
+      if (root_) {
+        y = root_->forward(x_dst, exec_.tf32);
+      } else {
+        y = Tensor::empty(g.num_dst(), lin_.out(), DType::kF32, x.device());
+      }
+      aggregate(g, norm_, self_scale_, t, &y, exec_, {&bias_.value, ctx.relu, /*accumulate=*/root_ != nullptr});
+      if (ctx.training) saved_ = x;
     } else {
-      Tensor a = aggregate(g, norm_, self_scale_, x);
-      y = lin_.forward(a);
-      if (training) saved_ = a;
+      Tensor a = Tensor::empty(g.num_dst(), lin_.in(), DType::kF32, x.device());
+      aggregate(g, norm_, self_scale_, x, &a, exec_);
+      y = lin_.forward(a, exec_.tf32);
+      if (root_) ops::gemm(x_dst, false, root_->weight().value, false, 1.0f, &y, exec_.tf32);
+      ops::add_bias(&y, bias_.value);
+      if (ctx.relu) ops::relu(y, &y);
+      if (ctx.training) saved_ = a;
     }
-    if (training && transform_first_) saved_ = x;
-    kernels::add_bias(y.view(), bias_.value.f32());
+    if (ctx.training && root_) x_dst_ = x_dst;
     return y;
   }
 
   Tensor backward(const GraphOperand& g, const Tensor& grad, bool need_input_grad) {
-    kernels::column_sum(grad.view(), bias_.grad.f32(), /*accumulate=*/true);
+    ops::column_sum(grad, &bias_.grad, /*accumulate=*/true);
+    Tensor gx;
     if (transform_first_) {
-      const Tensor gh = aggregate_backward(g, norm_, self_scale_, grad);
-      return lin_.backward(saved_, gh, need_input_grad);
+      const Tensor gh = aggregate_backward(g, norm_, self_scale_, grad, exec_);
+      gx = lin_.backward(saved_, gh, need_input_grad, exec_.tf32);
+    } else {
+      const Tensor ga = lin_.backward(saved_, grad, need_input_grad, exec_.tf32);
+      saved_ = Tensor();
+      if (need_input_grad) gx = aggregate_backward(g, norm_, self_scale_, ga, exec_);
     }
-    const Tensor ga = lin_.backward(saved_, grad, need_input_grad);
-    if (!need_input_grad) return Tensor();
-    return aggregate_backward(g, norm_, self_scale_, ga);
+    saved_ = Tensor();
+    if (root_) {
+      const Tensor g_root = root_->backward(x_dst_, grad, need_input_grad, exec_.tf32);
+      if (need_input_grad) {
+        Tensor gx_dst = gx.rows_slice(0, g.num_dst());
+        ops::axpy(g_root, 1.0f, &gx_dst);
+      }
+      x_dst_ = Tensor();
+    }
+    return gx;
   }
 
   void add_parameters(std::vector<Parameter*>* out) {
     lin_.add_parameters(out);
     out->push_back(&bias_);
+    if (root_) root_->add_parameters(out);
   }
   int64_t in() const { return lin_.in(); }
   int64_t out() const { return lin_.out(); }
@@ -115,10 +151,13 @@ class AggregateLinear {
  private:
   Linear lin_;
   Parameter bias_;
+  std::unique_ptr<Linear> root_;
   Norm norm_;
   float self_scale_;
+  ops::ExecOptions exec_;
   bool transform_first_ = false;
   Tensor saved_;  // x (transform first) or the aggregated input (aggregate first)
+  Tensor x_dst_;  // the destinations' own input rows (root term)
 };
 
 class GcnLayer : public Layer {
@@ -129,7 +168,7 @@ class GcnLayer : public Layer {
   int64_t in_dim() const override { return conv_.in(); }
   int64_t out_dim() const override { return conv_.out(); }
   Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) override {
-    return conv_.forward(g, x, ctx.training);
+    return conv_.forward(g, x, ctx);
   }
   Tensor backward(const GraphOperand& g, const Tensor& grad, bool need_input_grad) override {
     return conv_.backward(g, grad, need_input_grad);
@@ -144,43 +183,35 @@ class GcnLayer : public Layer {
   AggregateLinear conv_;
 };
 
-// PyG SAGEConv (mean): lin_l(mean_j x_j) + lin_r(x_i); lin_l carries the bias.
+// PyG SAGEConv (mean): lin_l(mean_j x_j) + lin_r(x_i); lin_l carries the bias. Parameter order
+// (neigh.lin, neigh.bias, root) is the checkpoints' order.
 class SageLayer : public Layer {
  public:
   SageLayer(const std::string& prefix, int64_t in, int64_t out, uint64_t key)
-      : neigh_(prefix + ".neigh", in, out, Norm::kMean, 0.0f, kernels::derive_key(key, 1)),
-        root_(prefix + ".root", in, out, /*bias=*/false, kernels::derive_key(key, 2)) {}
+      : conv_(prefix + ".neigh", in, out, Norm::kMean, 0.0f, kernels::derive_key(key, 1),
+              std::make_unique<Linear>(prefix + ".root", in, out, /*bias=*/false, kernels::derive_key(key, 2))) {}
   std::string kind() const override { return "sage"; }
-  int64_t in_dim() const override { return neigh_.in(); }
-  int64_t out_dim() const override { return neigh_.out(); }
+  int64_t in_dim() const override { return conv_.in(); }
+  int64_t out_dim() const override { return conv_.out(); }
   Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) override {
-    Tensor y = neigh_.forward(g, x, ctx.training);
-    const Tensor x_dst = x.rows_slice(0, g.num_dst());
-    add_rows(&y, root_.forward(x_dst));
-    if (ctx.training) x_dst_ = x_dst;
-    return y;
+    return conv_.forward(g, x, ctx);
   }
   Tensor backward(const GraphOperand& g, const Tensor& grad, bool need_input_grad) override {
-    Tensor gx = neigh_.backward(g, grad, need_input_grad);
-    const Tensor g_root = root_.backward(x_dst_, grad, need_input_grad);
-    if (need_input_grad) add_rows(&gx, g_root);
-    return gx;
+    return conv_.backward(g, grad, need_input_grad);
   }
   std::vector<Parameter*> parameters() override {
     std::vector<Parameter*> p;
-    neigh_.add_parameters(&p);
-    root_.add_parameters(&p);
+    conv_.add_parameters(&p);
     return p;
   }
 
  private:
-  AggregateLinear neigh_;
-  Linear root_;
-  Tensor x_dst_;
+  AggregateLinear conv_;
 };
 
 // PyG GINConv: nn((1 + eps) x_i + sum_j x_j). The MLP's first Linear is folded into the
-// aggregation (it is linear), so the SpMM runs on the narrower width.
+// aggregation (it is linear), so the SpMM runs on the narrower width, and the MLP's inner ReLU is
+// fused into it.
 class GinLayer : public Layer {
  public:
   GinLayer(const std::string& prefix, int64_t in, int64_t out, float eps, int mlp_layers, uint64_t key)
@@ -191,16 +222,21 @@ class GinLayer : public Layer {
   int64_t in_dim() const override { return first_.in(); }
   int64_t out_dim() const override { return first_.out(); }
   Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) override {
-    Tensor z = first_.forward(g, x, ctx.training);
-    if (!second_) return z;
-    kernels::relu_forward(z.view(), z.view());
+    if (!second_) return first_.forward(g, x, ctx);
+    ForwardContext inner = ctx;
+    inner.relu = true;
+    Tensor z = first_.forward(g, x, inner);
+    exec_ = ctx.exec;
     if (ctx.training) hidden_ = z;
-    return second_->forward(z);
+    Tensor y = second_->forward(z, exec_.tf32);
+    if (ctx.relu) ops::relu(y, &y);
+    return y;
   }
   Tensor backward(const GraphOperand& g, const Tensor& grad, bool need_input_grad) override {
     if (!second_) return first_.backward(g, grad, need_input_grad);
-    Tensor gz = second_->backward(hidden_, grad, true);
-    kernels::relu_backward(gz.view(), hidden_.view(), gz.view());
+    Tensor gz = second_->backward(hidden_, grad, true, exec_.tf32);
+    ops::relu_backward(gz, hidden_, &gz);
+    hidden_ = Tensor();
     return first_.backward(g, gz, need_input_grad);
   }
   std::vector<Parameter*> parameters() override {
@@ -213,6 +249,7 @@ class GinLayer : public Layer {
  private:
   AggregateLinear first_;
   std::unique_ptr<Linear> second_;
+  ops::ExecOptions exec_;
   Tensor hidden_;
 };
 

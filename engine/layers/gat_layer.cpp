@@ -1,27 +1,17 @@
 // PyG GATConv: z = x W (per head), attention over in-neighbours plus a self loop, heads
 // concatenated, + bias. The attention kernels (kernels/gat.hpp) never form E x D messages.
-#include <tbb/parallel_for.h>
-
-#include <algorithm>
-
 #include "engine/layers/layers.hpp"
 #include "engine/layers/linear.hpp"
-#include "kernels/dense.hpp"
+#include "engine/ops.hpp"
 #include "kernels/gat.hpp"
 #include "kernels/random.hpp"
+#if GALE_WITH_CUDA
+#include "engine/device_context.hpp"
+#endif
 
 namespace gale::engine {
 
 namespace {
-
-// Runs body(r) for every row in parallel; each row is written by one task only.
-template <typename Body>
-void for_rows(int64_t rows, int64_t cols, Body&& body) {
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols));
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, grain), [&](const tbb::blocked_range<int64_t>& r) {
-    for (int64_t i = r.begin(); i < r.end(); ++i) body(i);
-  });
-}
 
 class GatLayer : public Layer {
  public:
@@ -46,15 +36,33 @@ class GatLayer : public Layer {
 
   Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) override {
     const int64_t H = shape_.heads, F = shape_.f;
-    Tensor z = lin_.forward(x);
-    Tensor el = scores(z, att_src_, z.rows());
-    Tensor er = scores(z, att_dst_, g.num_dst());
-    Tensor alpha = Tensor::empty(g.csr().nnz(), H), alpha_self = Tensor::empty(g.num_dst(), H);
-    kernels::gat_softmax_cpu(g.csr(), shape_, el.f32(), er.f32(), alpha.f32(), alpha_self.f32());
+    const Device dev = x.device();
+    exec_ = ctx.exec;
+    Tensor z = lin_.forward(x, exec_.tf32);
+    Tensor el = Tensor::empty(z.rows(), H, DType::kF32, dev), er = Tensor::empty(g.num_dst(), H, DType::kF32, dev);
+    Tensor alpha = Tensor::empty(g.nnz(), H, DType::kF32, dev), alpha_self = Tensor::empty(g.num_dst(), H, DType::kF32, dev);
     const float p = ctx.training ? attn_dropout_ : 0.0f;
-    Tensor y = Tensor::empty(g.num_dst(), H * F);
-    kernels::gat_aggregate_cpu(g.csr(), shape_, alpha.f32(), alpha_self.f32(), p, ctx.rng_key, z.view(), y.view());
-    kernels::add_bias(y.view(), bias_.value.f32());
+    Tensor y = Tensor::empty(g.num_dst(), H * F, DType::kF32, dev);
+    {
+    const ops::OpTimer timer(ops::OpKind::kAggregation, dev);
+    if (dev.is_cpu()) {
+      kernels::gat_scores_cpu(z.view(), shape_, att_src_.value.f32(), z.rows(), el.f32());
+      kernels::gat_scores_cpu(z.view(), shape_, att_dst_.value.f32(), g.num_dst(), er.f32());
+      kernels::gat_softmax_cpu(g.csr(), shape_, el.f32(), er.f32(), alpha.f32(), alpha_self.f32());
+      kernels::gat_aggregate_cpu(g.csr(), shape_, alpha.f32(), alpha_self.f32(), p, ctx.rng_key, z.view(), y.view());
+    } else {
+#if GALE_WITH_CUDA
+      DeviceContext& dc = DeviceContext::get(dev.ordinal);
+      kernels::gat_scores_cuda(dc.blas(), z.view(), shape_, att_src_.value.f32(), z.rows(), el.f32());
+      kernels::gat_scores_cuda(dc.blas(), z.view(), shape_, att_dst_.value.f32(), g.num_dst(), er.f32());
+      // Scores, softmax and the weighted sum in one kernel (fuseGNN Sec. 5.1); alpha is kept for backward.
+      kernels::gat_forward_cuda(g.csr(), shape_, el.f32(), er.f32(), p, ctx.rng_key, z.view(), alpha.f32(),
+                                alpha_self.f32(), y.view(), dc.stream());
+#endif
+    }
+    }
+    ops::add_bias(&y, bias_.value);
+    if (ctx.relu) ops::relu(y, &y);
     if (ctx.training) {
       x_ = x;
       z_ = z;
@@ -70,15 +78,39 @@ class GatLayer : public Layer {
 
   Tensor backward(const GraphOperand& g, const Tensor& grad, bool need_input_grad) override {
     const int64_t H = shape_.heads, F = shape_.f;
-    kernels::column_sum(grad.view(), bias_.grad.f32(), /*accumulate=*/true);
-    Tensor gz = Tensor::empty(g.num_src(), H * F);
-    Tensor gel = Tensor::empty(g.num_src(), H), ger = Tensor::empty(g.num_dst(), H);
-    kernels::gat_backward_cpu(g.csr(), g.csc(), g.csc_edge(), shape_, el_.f32(), er_.f32(), alpha_.f32(),
-                              alpha_self_.f32(), p_, key_, z_.view(), grad.view(), gz.view(), gel.f32(), ger.f32());
+    const Device dev = grad.device();
+    ops::column_sum(grad, &bias_.grad, /*accumulate=*/true);
+    Tensor gz = Tensor::empty(g.num_src(), H * F, DType::kF32, dev);
+    Tensor gel = Tensor::empty(g.num_src(), H, DType::kF32, dev), ger = Tensor::empty(g.num_dst(), H, DType::kF32, dev);
     // Scores are el[j,h] = z[j,h,:] . att_src[h,:] (and er with att_dst over destinations).
-    score_backward(gel, att_src_, z_.rows(), &gz);
-    score_backward(ger, att_dst_, g.num_dst(), &gz);
-    return lin_.backward(x_, gz, need_input_grad);
+    {
+    const ops::OpTimer timer(ops::OpKind::kAggregation, dev);
+    if (dev.is_cpu()) {
+      kernels::gat_backward_cpu(g.csr(), g.csc(), g.csc_edge(), shape_, el_.f32(), er_.f32(), alpha_.f32(),
+                                alpha_self_.f32(), p_, key_, z_.view(), grad.view(), gz.view(), gel.f32(), ger.f32());
+      kernels::gat_scores_backward_cpu(z_.view(), shape_, att_src_.value.f32(), z_.rows(), gel.f32(), gz.view(),
+                                       att_src_.grad.f32());
+      kernels::gat_scores_backward_cpu(z_.view(), shape_, att_dst_.value.f32(), g.num_dst(), ger.f32(), gz.view(),
+                                       att_dst_.grad.f32());
+    } else {
+#if GALE_WITH_CUDA
+      DeviceContext& dc = DeviceContext::get(dev.ordinal);
+      const size_t ws_bytes = kernels::gat_backward_workspace_bytes(g.nnz(), g.num_dst(), shape_);
+      Tensor ws = Tensor::empty(static_cast<int64_t>(ws_bytes), 1, DType::kU8, dev);
+      kernels::gat_backward_cuda(g.csr(), g.csc(), g.csc_edge(), shape_, el_.f32(), er_.f32(), alpha_.f32(),
+                                 alpha_self_.f32(), p_, key_, z_.view(), grad.view(), gz.view(), gel.f32(), ger.f32(),
+                                 ws.data<unsigned char>(), ws_bytes, dc.stream());
+      kernels::gat_scores_backward_cuda(dc.blas(), z_.view(), shape_, att_src_.value.f32(), z_.rows(), gel.f32(),
+                                        gz.view(), att_src_.grad.f32());
+      kernels::gat_scores_backward_cuda(dc.blas(), z_.view(), shape_, att_dst_.value.f32(), g.num_dst(), ger.f32(),
+                                        gz.view(), att_dst_.grad.f32());
+#endif
+    }
+    }
+    z_ = el_ = er_ = alpha_ = alpha_self_ = Tensor();
+    Tensor gx = lin_.backward(x_, gz, need_input_grad, exec_.tf32);
+    x_ = Tensor();
+    return gx;
   }
 
   std::vector<Parameter*> parameters() override {
@@ -91,55 +123,11 @@ class GatLayer : public Layer {
   }
 
  private:
-  // s[j,h] = sum_k z[j,h,k] att[h,k] for the first `rows` rows of z (PyG's alpha_src / alpha_dst:
-  // (x W).view(-1, H, F) * att).sum(-1)). Rows are independent, so they run in parallel.
-  Tensor scores(const Tensor& z, const Parameter& att, int64_t rows) const {
-    const int64_t H = shape_.heads, F = shape_.f;
-    Tensor s = Tensor::empty(rows, H);
-    const float* a = att.value.f32();
-    const float* zp = z.f32();
-    float* sp = s.f32();
-    for_rows(rows, H * F, [&](int64_t j) {
-      const float* zj = zp + j * H * F;
-      for (int64_t h = 0; h < H; ++h) {
-        float acc = 0.0f;
-        for (int64_t k = 0; k < F; ++k) acc += zj[h * F + k] * a[h * F + k];
-        sp[j * H + h] = acc;
-      }
-    });
-    return s;
-  }
-
-  // From d(loss)/d(scores) over the first `rows` rows: accumulates into att's gradient and gz.
-  void score_backward(const Tensor& gs, Parameter& att, int64_t rows, Tensor* gz) const {
-    const int64_t H = shape_.heads, F = shape_.f;
-    // d att[h,k] = sum_j gs[j,h] z[j,h,k]: formed as a rows x HF product, then summed per column
-    // (deterministic order), so no per-thread partial sums are needed.
-    Tensor prod = Tensor::empty(rows, H * F);
-    const float* a = att.value.f32();
-    const float* zp = z_.f32();
-    const float* gsp = gs.f32();
-    float* pp = prod.f32();
-    float* gzp = gz->f32();
-    for_rows(rows, H * F, [&](int64_t j) {
-      const float* zj = zp + j * H * F;
-      float* pj = pp + j * H * F;
-      float* gzj = gzp + j * H * F;
-      for (int64_t h = 0; h < H; ++h) {
-        const float g = gsp[j * H + h];
-        for (int64_t k = 0; k < F; ++k) {
-          pj[h * F + k] = g * zj[h * F + k];
-          gzj[h * F + k] += g * a[h * F + k];
-        }
-      }
-    });
-    kernels::column_sum(prod.view(), att.grad.f32(), /*accumulate=*/true);
-  }
-
   Linear lin_;
   kernels::GatShape shape_;
   float attn_dropout_;
   Parameter att_src_, att_dst_, bias_;
+  ops::ExecOptions exec_;
   Tensor x_, z_, el_, er_, alpha_, alpha_self_;
   float p_ = 0.0f;
   uint64_t key_ = 0;

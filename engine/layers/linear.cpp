@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "engine/layers/layers.hpp"
-#include "kernels/dense.hpp"
 #include "kernels/random.hpp"
 
 namespace gale::engine {
@@ -27,22 +26,18 @@ Linear::Linear(const std::string& name, int64_t in, int64_t out, bool bias, uint
   }
 }
 
-Tensor Linear::forward(const Tensor& x) const {
-  Tensor y = Tensor::empty(x.rows(), out());
-  kernels::gemm(false, false, x.rows(), out(), in(), 1.0f, x.f32(), x.cols(), weight_.value.f32(), out(), 0.0f, y.f32(),
-                out());
-  if (bias_.value.defined()) kernels::add_bias(y.view(), bias_.value.f32());
+Tensor Linear::forward(const Tensor& x, bool tf32) const {
+  Tensor y = ops::matmul(x, weight_.value, tf32);
+  if (bias_.value.defined()) ops::add_bias(&y, bias_.value);
   return y;
 }
 
-Tensor Linear::backward(const Tensor& x, const Tensor& g, bool need_input_grad) {
-  kernels::gemm(true, false, in(), out(), x.rows(), 1.0f, x.f32(), x.cols(), g.f32(), g.cols(), 1.0f,
-                weight_.grad.f32(), out());
-  if (bias_.value.defined()) kernels::column_sum(g.view(), bias_.grad.f32(), /*accumulate=*/true);
+Tensor Linear::backward(const Tensor& x, const Tensor& g, bool need_input_grad, bool tf32) {
+  ops::gemm(x, true, g, false, 1.0f, &weight_.grad, tf32);
+  if (bias_.value.defined()) ops::column_sum(g, &bias_.grad, /*accumulate=*/true);
   if (!need_input_grad) return Tensor();
-  Tensor gx = Tensor::empty(g.rows(), in());
-  kernels::gemm(false, true, g.rows(), in(), out(), 1.0f, g.f32(), g.cols(), weight_.value.f32(), out(), 0.0f,
-                gx.f32(), in());
+  Tensor gx = Tensor::empty(g.rows(), in(), DType::kF32, g.device());
+  ops::gemm(g, false, weight_.value, true, 0.0f, &gx, tf32);
   return gx;
 }
 

@@ -10,11 +10,12 @@ namespace gale::engine {
 
 class Linear {
  public:
+  // Parameters are created on the host (Glorot-uniform W, zero b); Model::to moves them.
   Linear(const std::string& name, int64_t in, int64_t out, bool bias, uint64_t key);
   // y = x W (+ b), x rows x in.
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x, bool tf32) const;
   // Accumulates dW = x^T g (and db = column sums of g); returns g W^T when need_input_grad.
-  Tensor backward(const Tensor& x, const Tensor& grad_out, bool need_input_grad);
+  Tensor backward(const Tensor& x, const Tensor& grad_out, bool need_input_grad, bool tf32);
   void add_parameters(std::vector<Parameter*>* out);
   int64_t in() const { return weight_.value.rows(); }
   int64_t out() const { return weight_.value.cols(); }

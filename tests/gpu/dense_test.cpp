@@ -191,6 +191,21 @@ TEST_F(DenseCuda, AddBiasIsBitIdentical) {
   });
 }
 
+TEST_F(DenseCuda, AxpyIsBitIdentical) {
+  uint64_t key = 350;
+  for_each_shape([&](int64_t rows, int64_t cols, int64_t ld) {
+    Matrix x = random_matrix(++key, rows, cols, ld);
+    Matrix y = random_matrix(++key, rows, cols, ld);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = cols; c < ld; ++c) y.host[static_cast<size_t>(r * ld + c)] = kNaN;
+    }
+    cuda::copy_to_device(y.device.data(), y.host.data(), y.host.size(), *stream_);
+    axpy(x.host_view(), -0.75f, y.host_view());
+    axpy_cuda(x.device_view(), -0.75f, y.device_view(), *stream_);
+    expect_matches(y, 0.0, "axpy");
+  });
+}
+
 TEST_F(DenseCuda, DropoutMasksAreBitIdenticalToTheCpu) {
   uint64_t key = 400;
   for (float p : {0.0f, 0.1f, 0.5f, 0.9f}) {

@@ -357,5 +357,43 @@ TEST_F(GatCudaTest, TooManyHeadsOrASmallWorkspaceIsAnInputError) {
                InputError);
 }
 
+// gat_scores_cuda / gat_scores_backward_cuda (cuBLAS strided GEMVs and rank-1 updates) against the
+// CPU twins: heads 1, 3, 8, f 1, 7, 64, padded z rows, fewer score rows than z rows.
+TEST_F(GatCudaTest, ScoresAndTheirBackwardMatchTheCpu) {
+  cuda::CublasHandle blas(*stream_, *pool_);
+  for (const auto& [heads, f] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {8, 64}, {4, 16}}) {
+    for (int64_t pad : {0, 3}) {
+      const uint64_t key = std::random_device{}();
+      SCOPED_TRACE("heads " + std::to_string(heads) + " f " + std::to_string(f) + " pad " + std::to_string(pad) +
+                   " key " + std::to_string(key));
+      const GatShape s{heads, f, 0.2f};
+      const int64_t rows = 517, score_rows = 301, ld = heads * f + pad;
+      const std::vector<float> z = uniform(derive_key(key, 1), static_cast<size_t>(rows * ld), -1.0f, 1.0f);
+      const std::vector<float> att = uniform(derive_key(key, 2), static_cast<size_t>(heads * f), -1.0f, 1.0f);
+      const std::vector<float> gs = uniform(derive_key(key, 3), static_cast<size_t>(score_rows * heads), -1.0f, 1.0f);
+      std::vector<float> gz = uniform(derive_key(key, 4), static_cast<size_t>(rows * ld), -1.0f, 1.0f);
+      std::vector<float> gatt = uniform(derive_key(key, 5), static_cast<size_t>(heads * f), -1.0f, 1.0f);
+      DeviceBuffer<float> z_d = upload(z), att_d = upload(att), gs_d = upload(gs), gz_d = upload(gz), gatt_d = upload(gatt);
+      DeviceBuffer<float> scores_d = poisoned(static_cast<size_t>(score_rows * heads));
+      std::vector<float> scores(static_cast<size_t>(score_rows * heads), kNaN);
+      const ConstMatrixView zv{z.data(), rows, heads * f, ld};
+      const ConstMatrixView zdv{z_d.data(), rows, heads * f, ld};
+      gat_scores_cpu(zv, s, att.data(), score_rows, scores.data());
+      gat_scores_cuda(blas, zdv, s, att_d.data(), score_rows, scores_d.data());
+      gat_scores_backward_cpu(zv, s, att.data(), score_rows, gs.data(), {gz.data(), rows, heads * f, ld}, gatt.data());
+      gat_scores_backward_cuda(blas, zdv, s, att_d.data(), score_rows, gs_d.data(), {gz_d.data(), rows, heads * f, ld},
+                               gatt_d.data());
+      auto expect_close = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_NEAR(got[i], want[i], 1e-4 * (1.0 + std::abs(want[i]))) << what << " at " << i;
+      };
+      expect_close(download(scores_d), scores, "scores");
+      expect_close(download(gz_d), gz, "grad_z");  // padding untouched on both sides
+      expect_close(download(gatt_d), gatt, "grad_att");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gale::kernels

@@ -1,0 +1,224 @@
+// `gale bench train STORE|--generate SPEC [options]`: full-graph training epochs timed per model.
+//
+// The workload of bench/pyg_fullgraph.py (and ../shared/anchors/pyg_fullgraph_and_spmm.py), so the
+// two compare side by side on the same store: each epoch is one optimizer step — forward over the
+// whole graph, softmax cross-entropy over every labelled node, backward, Adam — with no dropout
+// and no evaluation. Warm-up epochs first, then the median of the timed epochs (the host waits for
+// the device at the end of each), the GPU time per op kind (aggregation, GEMM, other) averaged
+// over the timed epochs, and the peak of the device's memory pool over the timed epochs (graph,
+// features, parameters and activations: everything Gale allocates, as torch's
+// max_memory_allocated counts for PyG). Benchmarks are programs, never assertions on time.
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "apps/bench_store.hpp"
+#include "apps/commands.hpp"
+#include "engine/devices.hpp"
+#include "engine/graph.hpp"
+#include "engine/model.hpp"
+#include "engine/ops.hpp"
+#include "kernels/error.hpp"
+#include "storage/store.hpp"
+
+namespace gale::apps {
+
+namespace po = boost::program_options;
+
+namespace {
+
+using engine::Tensor;
+
+struct Result {
+  std::string model;
+  double ms = 0, agg_ms = 0, gemm_ms = 0, other_ms = 0;
+  double peak_gib = 0;
+  std::string error;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Workload {
+  engine::GraphOperand graph;
+  Tensor x, labels, rows;
+};
+
+Result time_model(const engine::ModelConfig& cfg, const Workload& w, const Device& dev, const engine::ops::ExecOptions& exec,
+                  int warmup, int epochs, uint64_t seed) {
+  Result r;
+  r.model = cfg.model;
+  engine::Model model(cfg, seed);
+  model.to(dev);
+  model.set_exec(exec);
+  engine::Adam adam(model.parameters(), 0.01f, 0.0f);
+  const std::vector<const engine::GraphOperand*> graphs(static_cast<size_t>(cfg.layers), &w.graph);
+  auto step = [&] {
+    model.zero_grad();
+    Tensor logits = model.forward(graphs, w.x, /*training=*/true, seed);
+    Tensor grad = Tensor::empty(logits.rows(), logits.cols(), DType::kF32, dev);
+    engine::ops::softmax_cross_entropy(logits, w.labels, w.rows, &grad);
+    logits = Tensor();
+    model.backward(grad);
+    grad = Tensor();
+    adam.step();
+    engine::synchronize(dev);
+  };
+  for (int i = 0; i < warmup; ++i) step();
+  engine::reset_gpu_peak(dev);
+  std::vector<double> times;
+  engine::ops::OpProfile profile;
+  for (int i = 0; i < epochs; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  r.ms = median(times);
+  r.agg_ms = profile.ms(engine::ops::OpKind::kAggregation) / epochs;
+  r.gemm_ms = profile.ms(engine::ops::OpKind::kGemm) / epochs;
+  r.other_ms = profile.ms(engine::ops::OpKind::kOther) / epochs;
+  r.peak_gib = static_cast<double>(engine::gpu_peak_bytes(dev)) / static_cast<double>(1ULL << 30);
+  return r;
+}
+
+}  // namespace
+
+int run_bench_train(const std::vector<std::string>& args) {
+  std::string store_path, generate, models_text = "gcn,sage,gin", device_text = "auto", spmm = "auto", budget;
+  int layers = 3, heads = 4, epochs = 5, warmup = 2;
+  int64_t hidden = 256;
+  float dropout = 0.0f;
+  uint64_t seed = 0;
+  bool json = false, tf32 = false;
+  po::options_description desc(
+      "usage: gale bench train STORE [options]\n"
+      "       gale bench train --generate rmat:scale=S,edge-factor=E,classes=C,feature-dim=D [options]\n\n"
+      "Times full-graph training epochs (forward, loss over every labelled node, backward, Adam; no\n"
+      "dropout, no evaluation), as bench/pyg_fullgraph.py does for PyG: median ms per epoch after\n"
+      "--warmup epochs, GPU ms per op kind, and the peak of the GPU memory Gale allocated.\n\n"
+      "options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("store", po::value(&store_path), "store directory")
+      ("generate", po::value(&generate), "build this generated graph in a temporary store (deleted after)")
+      ("models", po::value(&models_text), "comma-separated: gcn, sage, gin, gat (default gcn,sage,gin)")
+      ("layers", po::value(&layers), "GNN layers (default 3)")
+      ("hidden", po::value(&hidden), "hidden width; GAT: per head (default 256)")
+      ("heads", po::value(&heads), "GAT heads in hidden layers (default 4)")
+      ("dropout", po::value(&dropout), "dropout on every layer's input (default 0, as the PyG anchor)")
+      ("epochs", po::value(&epochs), "timed epochs (default 5)")
+      ("warmup", po::value(&warmup), "untimed epochs first (default 2)")
+      ("device", po::value(&device_text), "cpu | cuda | cuda:N | auto")
+      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas")
+      ("tf32", po::bool_switch(&tf32), "GEMMs on TF32 tensor cores")
+      ("gpu-mem-budget", po::value(&budget), "cap on the GPU memory Gale allocates, e.g. 8G")
+      ("seed", po::value(&seed), "weight initialisation seed")
+      ("json", po::bool_switch(&json), "one JSON object per model instead of the table");
+  po::positional_options_description pos;
+  pos.add("store", 1);
+  po::variables_map vm;
+  if (!parse_command_line(args, desc, pos, &vm)) return 0;
+  if (layers < 1) throw InputError("--layers: expected at least 1");
+  if (hidden < 1) throw InputError("--hidden: expected at least 1");
+  if (heads < 1) throw InputError("--heads: expected at least 1");
+  if (epochs < 1) throw InputError("--epochs: expected at least 1, found " + std::to_string(epochs));
+  if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
+  if (dropout < 0 || dropout >= 1) throw InputError("--dropout: expected a value in [0, 1)");
+  std::vector<std::string> models;
+  {
+    std::stringstream ss(models_text);
+    for (std::string m; std::getline(ss, m, ',');) {
+      if (m != "gcn" && m != "sage" && m != "gin" && m != "gat")
+        throw InputError("--models: expected gcn, sage, gin or gat, found '" + m + "'");
+      models.push_back(m);
+    }
+  }
+  if (models.empty()) throw InputError("--models: expected at least one model");
+  const Device dev = parse_device(device_text);
+  engine::require(dev);
+  engine::ops::ExecOptions exec{parse_spmm_kind(spmm), tf32};
+  if (!budget.empty()) {
+    const uint64_t bytes = parse_size(budget, "--gpu-mem-budget");
+    if (bytes == 0) throw InputError("--gpu-mem-budget: expected a positive size such as 8G");
+    engine::set_gpu_budget(dev, bytes, budget);
+  }
+
+  const BenchStore source(store_path, generate, "bench train");
+  const storage::Store store = storage::Store::open(source.path());
+  if (!store.has_features()) throw InputError(source.path() + ": the store has no features.npy; training needs them");
+  if (!store.has_labels() || store.num_classes() < 1)
+    throw InputError(source.path() + ": the store has no labels.npy; training needs them");
+  const int64_t n = store.num_nodes();
+  std::vector<int64_t> labelled;
+  for (int64_t v = 0; v < n; ++v) {
+    if (store.labels()[v] >= 0) labelled.push_back(v);
+  }
+
+  const bool any_gat = std::find(models.begin(), models.end(), "gat") != models.end();
+  Workload w{engine::GraphOperand(store.csr()).to(dev, any_gat), Tensor(), Tensor(), Tensor()};
+  {
+    Tensor host = Tensor::empty(n, store.feature_dim());
+    store.read_features(0, n, host.f32());
+    w.x = host.to(dev);
+  }
+  w.labels = Tensor::from_host(store.labels(), n, 1, DType::kI32, dev);
+  w.rows = Tensor::from_host(labelled.data(), static_cast<int64_t>(labelled.size()), 1, DType::kI64, dev);
+
+  const std::string device_name = engine::device_name(dev);
+  if (!json) {
+    std::printf("device: %s\ngraph: %s, %lld nodes, %lld edges, %lld features, %d classes\n", device_name.c_str(),
+                source.label().c_str(), static_cast<long long>(n), static_cast<long long>(store.num_edges()),
+                static_cast<long long>(store.feature_dim()), store.num_classes());
+    std::printf("%d layers, hidden %lld, spmm %s, %s; median of %d epochs after %d warm-up\n", layers,
+                static_cast<long long>(hidden), spmm.c_str(), tf32 ? "tf32" : "fp32", epochs, warmup);
+    std::printf("%-6s %10s %9s %9s %9s %9s\n", "model", "ms/epoch", "agg_ms", "gemm_ms", "other_ms", "peak_GiB");
+  }
+  for (const std::string& m : models) {
+    engine::ModelConfig cfg;
+    cfg.model = m;
+    cfg.layers = layers;
+    cfg.in_dim = store.feature_dim();
+    cfg.hidden = hidden;
+    cfg.heads = heads;
+    cfg.out_dim = store.num_classes();
+    cfg.dropout = dropout;
+    cfg.attn_dropout = 0.0f;
+    cfg.activation = m == "gat" ? engine::Activation::kElu : engine::Activation::kRelu;
+    Result r;
+    try {
+      r = time_model(cfg, w, dev, exec, warmup, epochs, seed);
+    } catch (const ResourceError& e) {
+      r.model = m;
+      r.error = e.what();
+    }
+    if (json) {
+      nlohmann::json row = {{"side", "gale"}, {"model", m}, {"layers", layers}, {"hidden", hidden},
+                            {"device", device_name}, {"spmm", spmm}, {"tf32", tf32}};
+      if (m == "gat") row["heads"] = heads;
+      if (r.error.empty()) {
+        row.update({{"ms_per_epoch", r.ms}, {"agg_ms", r.agg_ms}, {"gemm_ms", r.gemm_ms}, {"other_ms", r.other_ms},
+                    {"peak_gib", r.peak_gib}});
+      } else {
+        row.update({{"error", "out of memory"}, {"detail", r.error}});
+      }
+      std::printf("%s\n", row.dump().c_str());
+    } else if (r.error.empty()) {
+      std::printf("%-6s %10.2f %9.2f %9.2f %9.2f %9.2f\n", m.c_str(), r.ms, r.agg_ms, r.gemm_ms, r.other_ms,
+                  r.peak_gib);
+    } else {
+      std::printf("%-6s failed: %s\n", m.c_str(), r.error.c_str());
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace gale::apps

@@ -1,0 +1,27 @@
+// engine/devices.hpp — what the engine needs to know about devices, without CUDA headers: which
+// device `--device auto` means, the GPU memory budget, its peak, and waiting for a device.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/device.hpp"
+
+namespace gale::engine {
+
+// The first GPU when this build has CUDA and one is present, else the CPU.
+Device default_device();
+// Throws DeviceError unless `device` is the CPU or a present GPU (and the build has CUDA).
+void require(const Device& device);
+// Charges every allocation on `device` against `bytes` (0: unlimited); must precede its first use.
+// `text` is the budget as the user wrote it ("8G"), for messages naming --gpu-mem-budget.
+void set_gpu_budget(const Device& device, uint64_t bytes, const std::string& text);
+// Peak bytes allocated on `device` since the last reset (0 on the CPU), and the reset.
+uint64_t gpu_peak_bytes(const Device& device);
+void reset_gpu_peak(const Device& device);
+// Waits until the work queued on `device` has finished (nothing on the CPU).
+void synchronize(const Device& device);
+// "NVIDIA H100 80GB HBM3" or "cpu".
+std::string device_name(const Device& device);
+
+}  // namespace gale::engine

@@ -1,0 +1,329 @@
+#include "engine/ops.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/dense.hpp"
+#include "kernels/error.hpp"
+#if GALE_WITH_CUDA
+#include "engine/device_context.hpp"
+#endif
+
+namespace gale::engine::ops {
+
+namespace {
+
+void same_device(const Tensor& a, const Tensor& b, const char* op) {
+  if (a.device() != b.device())
+    throw InternalError(std::string(op) + ": operands on " + a.device().name() + " and " + b.device().name());
+}
+
+void same_shape(const Tensor& a, const Tensor& b, const char* op) {
+  if (a.rows() != b.rows() || a.cols() != b.cols())
+    throw InternalError(std::string(op) + ": shapes " + std::to_string(a.rows()) + "x" + std::to_string(a.cols()) +
+                        " and " + std::to_string(b.rows()) + "x" + std::to_string(b.cols()));
+}
+
+#if GALE_WITH_CUDA
+DeviceContext& context(const Tensor& t) { return DeviceContext::get(t.device().ordinal); }
+cudaStream_t stream(const Tensor& t) { return context(t).stream(); }
+#endif
+
+[[noreturn]] void no_cuda() { throw DeviceError("this build has no CUDA backend"); }
+
+}  // namespace
+
+// ---- OpProfile ---------------------------------------------------------------------------------
+
+struct OpProfile::Impl {
+  struct Mark {
+    OpKind kind;
+    std::chrono::steady_clock::time_point cpu_start;
+    double cpu_ms = -1;  // CPU ops: measured at the end; CUDA ops: -1 until collected
+#if GALE_WITH_CUDA
+    std::unique_ptr<kernels::cuda::Event> start, end;
+#endif
+  };
+  std::vector<Mark> marks;
+  double totals[kOpKinds] = {};
+
+  void collect() {
+    for (Mark& m : marks) {
+#if GALE_WITH_CUDA
+      if (m.start) m.cpu_ms = kernels::cuda::elapsed_ms(*m.start, *m.end);
+#endif
+      totals[static_cast<int>(m.kind)] += m.cpu_ms;
+    }
+    marks.clear();
+  }
+};
+
+namespace {
+thread_local OpProfile::Impl* active_profile = nullptr;
+}  // namespace
+
+OpProfile::OpProfile() : impl_(std::make_unique<Impl>()) { active_profile = impl_.get(); }
+OpProfile::~OpProfile() {
+  if (active_profile == impl_.get()) active_profile = nullptr;
+}
+double OpProfile::ms(OpKind kind) {
+  impl_->collect();
+  return impl_->totals[static_cast<int>(kind)];
+}
+void OpProfile::reset() {
+  impl_->collect();
+  for (double& t : impl_->totals) t = 0;
+}
+
+OpTimer::OpTimer(OpKind kind, const Device& device) : profile_(active_profile) {
+  if (profile_ == nullptr) return;
+  slot_ = profile_->marks.size();
+  OpProfile::Impl::Mark m;
+  m.kind = kind;
+  if (device.is_cuda()) {
+#if GALE_WITH_CUDA
+    DeviceContext& ctx = DeviceContext::get(device.ordinal);
+    m.start = std::make_unique<kernels::cuda::Event>(device.ordinal, kernels::cuda::Event::Timing::kEnabled);
+    m.end = std::make_unique<kernels::cuda::Event>(device.ordinal, kernels::cuda::Event::Timing::kEnabled);
+    m.start->record(ctx.stream());
+#endif
+  } else {
+    m.cpu_start = std::chrono::steady_clock::now();
+  }
+  profile_->marks.push_back(std::move(m));
+}
+
+OpTimer::~OpTimer() {
+  if (profile_ == nullptr) return;
+  OpProfile::Impl::Mark& m = profile_->marks[slot_];
+#if GALE_WITH_CUDA
+  if (m.end) {
+    try {
+      m.end->record(DeviceContext::get(m.end->device()).stream());
+    } catch (...) {
+      m.start.reset();  // a failed record only loses this op's time
+      m.end.reset();
+      m.cpu_ms = 0;
+    }
+    return;
+  }
+#endif
+  m.cpu_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - m.cpu_start).count();
+}
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta, Tensor* c, bool tf32) {
+  same_device(a, b, "gemm");
+  same_device(a, *c, "gemm");
+  const int64_t m = trans_a ? a.cols() : a.rows();
+  const int64_t k = trans_a ? a.rows() : a.cols();
+  const int64_t kb = trans_b ? b.cols() : b.rows();
+  const int64_t n = trans_b ? b.rows() : b.cols();
+  GALE_ASSERT(k == kb && c->rows() == m && c->cols() == n);
+  const OpTimer timer(OpKind::kGemm, a.device());
+  if (a.device().is_cpu()) {
+    kernels::gemm(trans_a, trans_b, m, n, k, 1.0f, a.f32(), a.cols(), b.f32(), b.cols(), beta, c->f32(), n);
+    return;
+  }
+#if GALE_WITH_CUDA
+  kernels::gemm_cuda(context(a).blas(), trans_a, trans_b, m, n, k, 1.0f, a.f32(), a.cols(), b.f32(), b.cols(), beta,
+                     c->f32(), n, tf32);
+#else
+  (void)tf32;
+  no_cuda();
+#endif
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool tf32) {
+  Tensor c = Tensor::empty(a.rows(), b.cols(), DType::kF32, a.device());
+  gemm(a, false, b, false, 0.0f, &c, tf32);
+  return c;
+}
+
+void add_bias(Tensor* y, const Tensor& bias) {
+  same_device(*y, bias, "add_bias");
+  GALE_ASSERT(bias.numel() == y->cols());
+  const OpTimer timer(OpKind::kOther, y->device());
+  if (y->device().is_cpu()) return kernels::add_bias(y->view(), bias.f32());
+#if GALE_WITH_CUDA
+  kernels::add_bias_cuda(y->view(), bias.f32(), stream(*y));
+#else
+  no_cuda();
+#endif
+}
+
+void column_sum(const Tensor& x, Tensor* out, bool accumulate) {
+  same_device(x, *out, "column_sum");
+  GALE_ASSERT(out->numel() == x.cols());
+  const OpTimer timer(OpKind::kOther, x.device());
+  if (x.device().is_cpu()) return kernels::column_sum(x.view(), out->f32(), accumulate);
+#if GALE_WITH_CUDA
+  kernels::column_sum_cuda(x.view(), out->f32(), accumulate, stream(x));
+#else
+  no_cuda();
+#endif
+}
+
+void axpy(const Tensor& x, float alpha, Tensor* y) {
+  same_device(x, *y, "axpy");
+  same_shape(x, *y, "axpy");
+  const OpTimer timer(OpKind::kOther, x.device());
+  if (x.device().is_cpu()) return kernels::axpy(x.view(), alpha, y->view());
+#if GALE_WITH_CUDA
+  kernels::axpy_cuda(x.view(), alpha, y->view(), stream(x));
+#else
+  no_cuda();
+#endif
+}
+
+void zero(Tensor* t) {
+  if (t->nbytes() == 0) return;
+  const OpTimer timer(OpKind::kOther, t->device());
+  if (t->device().is_cpu()) return t->fill(0.0f);
+#if GALE_WITH_CUDA
+  GALE_CHECK_CUDA(cudaMemsetAsync(t->data<unsigned char>(), 0, t->nbytes(), stream(*t)));
+#else
+  no_cuda();
+#endif
+}
+
+void relu(const Tensor& x, Tensor* out) {
+  same_device(x, *out, "relu");
+  same_shape(x, *out, "relu");
+  const OpTimer timer(OpKind::kOther, x.device());
+  if (x.device().is_cpu()) return kernels::relu_forward(x.view(), out->view());
+#if GALE_WITH_CUDA
+  kernels::relu_forward_cuda(x.view(), out->view(), stream(x));
+#else
+  no_cuda();
+#endif
+}
+
+void relu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in) {
+  same_device(grad_out, y, "relu_backward");
+  same_shape(grad_out, y, "relu_backward");
+  const OpTimer timer(OpKind::kOther, y.device());
+  if (y.device().is_cpu()) return kernels::relu_backward(grad_out.view(), y.view(), grad_in->view());
+#if GALE_WITH_CUDA
+  kernels::relu_backward_cuda(grad_out.view(), y.view(), grad_in->view(), stream(y));
+#else
+  no_cuda();
+#endif
+}
+
+void elu(const Tensor& x, Tensor* out) {
+  same_device(x, *out, "elu");
+  same_shape(x, *out, "elu");
+  const OpTimer timer(OpKind::kOther, x.device());
+  if (x.device().is_cpu()) return kernels::elu_forward(x.view(), out->view());
+#if GALE_WITH_CUDA
+  kernels::elu_forward_cuda(x.view(), out->view(), stream(x));
+#else
+  no_cuda();
+#endif
+}
+
+void elu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in) {
+  same_device(grad_out, y, "elu_backward");
+  same_shape(grad_out, y, "elu_backward");
+  const OpTimer timer(OpKind::kOther, y.device());
+  if (y.device().is_cpu()) return kernels::elu_backward(grad_out.view(), y.view(), grad_in->view());
+#if GALE_WITH_CUDA
+  kernels::elu_backward_cuda(grad_out.view(), y.view(), grad_in->view(), stream(y));
+#else
+  no_cuda();
+#endif
+}
+
+void dropout(const Tensor& x, Tensor* out, float p, uint64_t key) {
+  same_device(x, *out, "dropout");
+  same_shape(x, *out, "dropout");
+  const OpTimer timer(OpKind::kOther, x.device());
+  if (x.device().is_cpu()) return kernels::dropout_forward(x.view(), out->view(), p, key);
+#if GALE_WITH_CUDA
+  kernels::dropout_forward_cuda(x.view(), out->view(), p, key, stream(x));
+#else
+  no_cuda();
+#endif
+}
+
+void dropout_backward(const Tensor& grad_out, Tensor* grad_in, float p, uint64_t key) {
+  same_device(grad_out, *grad_in, "dropout_backward");
+  same_shape(grad_out, *grad_in, "dropout_backward");
+  const OpTimer timer(OpKind::kOther, grad_out.device());
+  if (grad_out.device().is_cpu()) return kernels::dropout_backward(grad_out.view(), grad_in->view(), p, key);
+#if GALE_WITH_CUDA
+  kernels::dropout_backward_cuda(grad_out.view(), grad_in->view(), p, key, stream(grad_out));
+#else
+  no_cuda();
+#endif
+}
+
+void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind kind) {
+  const OpTimer timer(OpKind::kAggregation, device);
+  if (device.is_cpu()) return kernels::spmm_cpu(a);
+#if GALE_WITH_CUDA
+  kernels::spmm_cuda(kind, a, DeviceContext::get(device.ordinal).stream());
+#else
+  (void)kind;
+  no_cuda();
+#endif
+}
+
+void adam_update(Tensor* w, const Tensor& g, Tensor* m, Tensor* v, const kernels::AdamParams& p) {
+  same_device(*w, g, "adam_update");
+  same_shape(*w, g, "adam_update");
+  const OpTimer timer(OpKind::kOther, w->device());
+  if (w->device().is_cpu()) return kernels::adam_update(w->f32(), g.f32(), m->f32(), v->f32(), w->numel(), p);
+#if GALE_WITH_CUDA
+  kernels::adam_update_cuda(w->f32(), g.f32(), m->f32(), v->f32(), w->numel(), p, stream(*w));
+#else
+  no_cuda();
+#endif
+}
+
+LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad) {
+  same_device(logits, labels, "softmax_cross_entropy");
+  same_device(logits, rows, "softmax_cross_entropy");
+  GALE_ASSERT(labels.dtype() == DType::kI32 && labels.numel() == logits.rows());
+  GALE_ASSERT(rows.dtype() == DType::kI64);
+  if (grad) {
+    same_device(logits, *grad, "softmax_cross_entropy");
+    same_shape(logits, *grad, "softmax_cross_entropy");
+  }
+  const int64_t n = rows.numel();
+  const kernels::MatrixView grad_view = grad ? grad->view() : kernels::MatrixView{};
+  LossResult r;
+  const OpTimer timer(OpKind::kOther, logits.device());
+  if (logits.device().is_cpu()) {
+    const int64_t* ids = rows.data<int64_t>();
+    const int32_t* y = labels.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      GALE_ASSERT(ids[i] >= 0 && ids[i] < logits.rows());
+      GALE_ASSERT(y[ids[i]] >= 0 && y[ids[i]] < logits.cols());
+    }
+    r.loss = kernels::softmax_cross_entropy_cpu(logits.view(), y, ids, n, grad_view, &r.correct);
+    return r;
+  }
+#if GALE_WITH_CUDA
+  // One scratch tensor: the loss (double), the hit count (int64), then the kernel's workspace.
+  const size_t ws = kernels::softmax_cross_entropy_workspace_bytes(logits.rows(), n);
+  Tensor scratch = Tensor::empty(static_cast<int64_t>(256 + ws), 1, DType::kU8, logits.device());
+  auto* base = scratch.data<unsigned char>();
+  auto* loss = reinterpret_cast<double*>(base);
+  auto* correct = reinterpret_cast<int64_t*>(base + 8);
+  kernels::softmax_cross_entropy_cuda(logits.view(), labels.data<int32_t>(), rows.data<int64_t>(), n, grad_view, loss,
+                                      correct, base + 256, ws, stream(logits));
+  unsigned char host[16];
+  kernels::cuda::copy_to_host(host, base, 16, stream(logits));
+  context(logits).synchronize();
+  std::memcpy(&r.loss, host, 8);
+  std::memcpy(&r.correct, host + 8, 8);
+  return r;
+#else
+  no_cuda();
+#endif
+}
+
+}  // namespace gale::engine::ops

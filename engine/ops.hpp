@@ -1,0 +1,95 @@
+// engine/ops.hpp — the ops layers, the model and the trainer are written in. Each takes tensors,
+// runs on their device — the CPU reference or its CUDA twin from kernels/, on the device's compute
+// stream — and checks that every operand lives on that one device. Outputs are allocated on the same
+// device (from its budgeted pool); nothing here synchronises the host except where a result must
+// come back to it (the loss).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/tensor.hpp"
+#include "kernels/dense.hpp"
+#include "kernels/spmm.hpp"
+
+namespace gale::engine::ops {
+
+// How the compute ops run, chosen by the user (`--spmm`, `--tf32`) and passed down, never inlined.
+struct ExecOptions {
+  kernels::SpmmKind spmm = kernels::SpmmKind::kAuto;  // CUDA aggregation kernel family
+  bool tf32 = false;                                 // cuBLAS GEMMs on TF32 tensor cores
+};
+
+// ---- per-op-kind timing (gale bench train) ----------------------------------------------------
+
+enum class OpKind { kAggregation, kGemm, kOther };
+constexpr int kOpKinds = 3;
+
+// While alive, collects the time of every op the calling thread issues, by kind: on a CUDA device
+// the GPU time between events recorded around the op on the compute stream (ops run in stream
+// order, so the kinds add up to the stream's busy time), on the CPU the wall time. Costs two
+// events per op; without a live profile OpTimer does nothing.
+class OpProfile {
+ public:
+  OpProfile();
+  ~OpProfile();
+  OpProfile(const OpProfile&) = delete;
+  OpProfile& operator=(const OpProfile&) = delete;
+  // Milliseconds per kind of the ops finished so far; waits for the device.
+  double ms(OpKind kind);
+  void reset();
+
+  struct Impl;
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Marks one op for the live OpProfile, if any (RAII: from construction to destruction).
+class OpTimer {
+ public:
+  OpTimer(OpKind kind, const Device& device);
+  ~OpTimer();
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  OpProfile::Impl* profile_;
+  size_t slot_ = 0;
+};
+
+// ---- ops ---------------------------------------------------------------------------------------
+
+// c = op(a) op(b) + beta c, op transposing when the flag is set. c must be allocated with the
+// product's shape (beta = 0 overwrites it).
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta, Tensor* c, bool tf32);
+// a b as a new tensor.
+Tensor matmul(const Tensor& a, const Tensor& b, bool tf32);
+
+void add_bias(Tensor* y, const Tensor& bias);                   // y[r] += bias
+void column_sum(const Tensor& x, Tensor* out, bool accumulate);  // out (1 x cols) (+)= sum of rows
+void axpy(const Tensor& x, float alpha, Tensor* y);              // y += alpha x
+void zero(Tensor* t);
+
+void relu(const Tensor& x, Tensor* out);  // may alias
+void relu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in);
+void elu(const Tensor& x, Tensor* out);
+void elu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in);
+void dropout(const Tensor& x, Tensor* out, float p, uint64_t key);
+void dropout_backward(const Tensor& grad_out, Tensor* grad_in, float p, uint64_t key);
+
+// SpMM with spmm.hpp's general form; every pointer in `a` lives on `device`. On CUDA `kind`
+// picks the kernel family (a.nnz must be set for kAuto).
+void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind kind);
+
+void adam_update(Tensor* w, const Tensor& g, Tensor* m, Tensor* v, const kernels::AdamParams& p);
+
+struct LossResult {
+  double loss = 0;      // mean over the listed rows
+  int64_t correct = 0;  // listed rows whose argmax is the label
+};
+// Softmax cross-entropy over the logits rows listed in `rows` (i64 ids, n x 1), labels indexed by
+// logits row (i32, logits.rows x 1), all on the logits' device. grad (may be null) receives
+// d loss / d logits for every row. Waits for the device to return the two numbers.
+LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad);
+
+}  // namespace gale::engine::ops

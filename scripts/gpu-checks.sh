@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# What a GPU machine runs from a bundle made by scripts/gpu-bundle.sh (it builds nothing):
+#   scripts/gpu-checks.sh DIST tests   GPU test suites, then compute-sanitizer memcheck and racecheck
+#   scripts/gpu-checks.sh DIST bench   gale bench spmm, Gale vs PyG full-graph training, GAT 4x64
+#   scripts/gpu-checks.sh DIST cora    gale train on Cora on the GPU, and the budget's exit code
+# Each prints a short summary table last. Logs go to $OUT (or /tmp) when set.
+set -uo pipefail
+dist=$(cd "${1:?usage: gpu-checks.sh DIST tests|bench|cora}" && pwd)
+what=${2:?usage: gpu-checks.sh DIST tests|bench|cora}
+export LD_LIBRARY_PATH="$dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="$dist/bin:$PATH"
+logs=${OUT:-/tmp}
+here=$(cd "$(dirname "$0")/.." && pwd)
+nvidia-smi -L || true
+summary=()
+
+run_suite() {  # name, command...
+  local name=$1; shift
+  local start=$SECONDS
+  if "$@" > "$logs/$name.log" 2>&1; then r=ok; else r="FAILED ($?)"; fi
+  summary+=("$(printf '%-44s %-12s %4ds  %s' "$name" "$r" $((SECONDS - start)) "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$name.log" | tr '\n' ' ' | cut -c1-80)")")
+  [ "$r" = ok ] || tail -30 "$logs/$name.log"
+}
+
+case $what in
+tests)
+  for t in "$dist"/bin/gale_gpu_*_tests; do
+    n=$(basename "$t")
+    if [ "$n" = gale_gpu_training_tests ]; then
+      # The budget test needs a fresh process: a device's budget is fixed at its first use.
+      run_suite "$n" "$t" --gtest_filter=-*ExceededBudget*
+      run_suite "$n:budget" "$t" --gtest_filter=*ExceededBudget*
+    else
+      run_suite "$n" "$t"
+    fi
+  done
+  cs="compute-sanitizer --error-exitcode 9"
+  run_suite memcheck:spmm $cs --tool memcheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Long*:*Empty*
+  run_suite memcheck:gat $cs --tool memcheck "$dist/bin/gale_gpu_gat_tests"
+  run_suite memcheck:dense $cs --tool memcheck "$dist/bin/gale_gpu_dense_tests"
+  run_suite memcheck:training $cs --tool memcheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=GpuModelStep*
+  for t in "$dist"/bin/gale_gpu_maxk_tests "$dist"/bin/gale_gpu_sampler_tests; do
+    [ -x "$t" ] && run_suite "memcheck:$(basename "$t")" $cs --tool memcheck "$t"
+  done
+  run_suite racecheck:spmm $cs --tool racecheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*
+  run_suite racecheck:gat $cs --tool racecheck "$dist/bin/gale_gpu_gat_tests" --gtest_filter=*Backward*
+  run_suite racecheck:training $cs --tool racecheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=GpuModelStep*gcn*:GpuModelStep*gat*
+  [ -x "$dist/bin/gale_gpu_maxk_tests" ] && run_suite racecheck:maxk $cs --tool racecheck "$dist/bin/gale_gpu_maxk_tests"
+  ;;
+cora)
+  gale preprocess "$dist/data/cora" -o /tmp/cora.gale --normalize-features row --force > /dev/null
+  for m in gcn sage gin gat; do
+    extra=(); [ $m = gin ] && extra=(--gin-mlp-layers 1)
+    [ $m = gat ] && extra=(--hidden 8 --heads 8)
+    run_suite "cora:$m" gale train /tmp/cora.gale --device cuda --model $m --layers 2 --hidden 16 "${extra[@]}" --epochs 200 -q
+    summary[-1]="${summary[-1]} $(tail -1 "$logs/cora:$m.log")"
+  done
+  gale train /tmp/cora.gale --device cuda --gpu-mem-budget 1M --epochs 1 -q > "$logs/budget.log" 2>&1
+  summary+=("budget 1M: exit code $? ($(tail -1 "$logs/budget.log"))")
+  ;;
+bench)
+  spec=rmat:scale=${SCALE:-21},edge-factor=16
+  run_suite bench:spmm gale bench spmm --generate "$spec" --dims 32,64,128,256
+  gale preprocess --generate "$spec,classes=47,feature-dim=100" -o /tmp/rmat.gale --force > "$logs/gen.log" 2>&1
+  run_suite compare:fp32 env GALE="$dist/bin/gale" "$here/bench/compare_fullgraph.sh" /tmp/rmat.gale --models gcn,sage,gin
+  run_suite compare:tf32 env GALE="$dist/bin/gale" "$here/bench/compare_fullgraph.sh" /tmp/rmat.gale --models gcn,sage,gin -- --tf32
+  run_suite gat:4x64 gale bench train /tmp/rmat.gale --models gat --hidden 64 --heads 4 --epochs 3 --warmup 1
+  cat "$logs/bench:spmm.log" "$logs/compare:fp32.log" "$logs/compare:tf32.log" "$logs/gat:4x64.log"
+  ;;
+*) echo "gpu-checks.sh: expected tests, bench or cora, found '$what'" >&2; exit 2 ;;
+esac
+printf '\n== summary (%s) ==\n' "$what"
+printf '%s\n' "${summary[@]}"
