@@ -39,6 +39,7 @@ struct Result {
   double ms = 0, agg_ms = 0, gemm_ms = 0, other_ms = 0;
   double peak_gib = 0;
   std::string error;
+  std::vector<engine::ops::OpProfile::Entry> ops;  // per op, summed over the timed epochs
 };
 
 double median(std::vector<double> v) {
@@ -85,6 +86,7 @@ Result time_model(const engine::ModelConfig& cfg, const Workload& w, const Devic
   r.agg_ms = profile.ms(engine::ops::OpKind::kAggregation) / epochs;
   r.gemm_ms = profile.ms(engine::ops::OpKind::kGemm) / epochs;
   r.other_ms = profile.ms(engine::ops::OpKind::kOther) / epochs;
+  r.ops = profile.table();
   r.peak_gib = static_cast<double>(engine::gpu_peak_bytes(dev)) / static_cast<double>(1ULL << 30);
   return r;
 }
@@ -97,7 +99,7 @@ int run_bench_train(const std::vector<std::string>& args) {
   int64_t hidden = 256;
   float dropout = 0.0f;
   uint64_t seed = 0;
-  bool json = false, tf32 = false;
+  bool json = false, tf32 = false, op_table = false;
   po::options_description desc(
       "usage: gale bench train STORE [options]\n"
       "       gale bench train --generate rmat:scale=S,edge-factor=E,classes=C,feature-dim=D [options]\n\n"
@@ -121,7 +123,8 @@ int run_bench_train(const std::vector<std::string>& args) {
       ("tf32", po::bool_switch(&tf32), "GEMMs on TF32 tensor cores")
       ("gpu-mem-budget", po::value(&budget), "cap on the GPU memory Gale allocates, e.g. 8G")
       ("seed", po::value(&seed), "weight initialisation seed")
-      ("json", po::bool_switch(&json), "one JSON object per model instead of the table");
+      ("json", po::bool_switch(&json), "one JSON object per model instead of the table")
+      ("ops", po::bool_switch(&op_table), "also print the time of each op (name and shape) per epoch");
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
@@ -213,6 +216,11 @@ int run_bench_train(const std::vector<std::string>& args) {
     } else if (r.error.empty()) {
       std::printf("%-6s %10.2f %9.2f %9.2f %9.2f %9.2f\n", m.c_str(), r.ms, r.agg_ms, r.gemm_ms, r.other_ms,
                   r.peak_gib);
+      if (op_table) {
+        for (const auto& e : r.ops)
+          std::printf("         %-40s %6.2f calls %9.3f ms per epoch\n", e.name.c_str(),
+                      static_cast<double>(e.calls) / epochs, e.ms / epochs);
+      }
     } else {
       std::printf("%-6s failed: %s\n", m.c_str(), r.error.c_str());
     }

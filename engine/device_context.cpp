@@ -48,8 +48,11 @@ DeviceContext& DeviceContext::get(int ordinal) {
 void DeviceContext::set_budget(int ordinal, uint64_t bytes, const std::string& budget_text) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  if (r.contexts.count(ordinal))
-    throw InternalError("DeviceContext::set_budget: device " + std::to_string(ordinal) + " is already in use");
+  if (auto it = r.contexts.find(ordinal); it != r.contexts.end()) {
+    if (it->second->pool().budget().limit() == bytes) return;  // the same budget again: nothing to change
+    throw InternalError("DeviceContext::set_budget: device " + std::to_string(ordinal) +
+                        " is already in use with another budget");
+  }
   r.budgets[ordinal] = {bytes, budget_text};
 }
 

@@ -18,7 +18,8 @@ class DeviceContext {
   // The context of device `ordinal`, created on first use (throws DeviceError when the device is
   // missing).
   static DeviceContext& get(int ordinal);
-  // Sets the budget a device's pool will charge against; must precede the device's first use.
+  // Sets the budget a device's pool will charge against; must precede the device's first use
+  // (setting the budget it already has is allowed).
   // budget_text is what the user wrote ("8G"), for messages.
   static void set_budget(int ordinal, uint64_t bytes, const std::string& budget_text);
 

@@ -31,7 +31,8 @@ void require(const Device& device) {
 void set_gpu_budget(const Device& device, uint64_t bytes, const std::string& text) {
   if (device.is_cpu()) return;
 #if GALE_WITH_CUDA
-  DeviceContext::set_budget(device.ordinal, bytes == 0 ? kernels::cuda::MemoryBudget::kUnlimited : bytes, text);
+  DeviceContext::set_budget(device.ordinal, bytes == 0 ? kernels::cuda::MemoryBudget::kUnlimited : bytes,
+                            bytes == 0 ? std::string() : text);
 #else
   (void)bytes;
   (void)text;

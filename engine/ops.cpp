@@ -1,5 +1,6 @@
 #include "engine/ops.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -40,6 +41,7 @@ cudaStream_t stream(const Tensor& t) { return context(t).stream(); }
 struct OpProfile::Impl {
   struct Mark {
     OpKind kind;
+    std::string name;
     std::chrono::steady_clock::time_point cpu_start;
     double cpu_ms = -1;  // CPU ops: measured at the end; CUDA ops: -1 until collected
 #if GALE_WITH_CUDA
@@ -48,6 +50,7 @@ struct OpProfile::Impl {
   };
   std::vector<Mark> marks;
   double totals[kOpKinds] = {};
+  std::vector<OpProfile::Entry> by_name;
 
   void collect() {
     for (Mark& m : marks) {
@@ -55,6 +58,10 @@ struct OpProfile::Impl {
       if (m.start) m.cpu_ms = kernels::cuda::elapsed_ms(*m.start, *m.end);
 #endif
       totals[static_cast<int>(m.kind)] += m.cpu_ms;
+      auto it = std::find_if(by_name.begin(), by_name.end(), [&](const OpProfile::Entry& e) { return e.name == m.name; });
+      if (it == by_name.end()) it = by_name.insert(by_name.end(), OpProfile::Entry{m.name, m.kind, 0, 0});
+      it->ms += m.cpu_ms;
+      ++it->calls;
     }
     marks.clear();
   }
@@ -72,16 +79,24 @@ double OpProfile::ms(OpKind kind) {
   impl_->collect();
   return impl_->totals[static_cast<int>(kind)];
 }
+std::vector<OpProfile::Entry> OpProfile::table() {
+  impl_->collect();
+  std::vector<Entry> t = impl_->by_name;
+  std::sort(t.begin(), t.end(), [](const Entry& a, const Entry& b) { return a.ms > b.ms; });
+  return t;
+}
 void OpProfile::reset() {
   impl_->collect();
   for (double& t : impl_->totals) t = 0;
+  impl_->by_name.clear();
 }
 
-OpTimer::OpTimer(OpKind kind, const Device& device) : profile_(active_profile) {
+OpTimer::OpTimer(OpKind kind, const Device& device, std::string name) : profile_(active_profile) {
   if (profile_ == nullptr) return;
   slot_ = profile_->marks.size();
   OpProfile::Impl::Mark m;
   m.kind = kind;
+  m.name = std::move(name);
   if (device.is_cuda()) {
 #if GALE_WITH_CUDA
     DeviceContext& ctx = DeviceContext::get(device.ordinal);
@@ -121,7 +136,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float be
   const int64_t kb = trans_b ? b.cols() : b.rows();
   const int64_t n = trans_b ? b.rows() : b.cols();
   GALE_ASSERT(k == kb && c->rows() == m && c->cols() == n);
-  const OpTimer timer(OpKind::kGemm, a.device());
+  const OpTimer timer(OpKind::kGemm, a.device(),
+                      active_profile ? "gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) : "");
   if (a.device().is_cpu()) {
     kernels::gemm(trans_a, trans_b, m, n, k, 1.0f, a.f32(), a.cols(), b.f32(), b.cols(), beta, c->f32(), n);
     return;
@@ -144,7 +160,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool tf32) {
 void add_bias(Tensor* y, const Tensor& bias) {
   same_device(*y, bias, "add_bias");
   GALE_ASSERT(bias.numel() == y->cols());
-  const OpTimer timer(OpKind::kOther, y->device());
+  const OpTimer timer(OpKind::kOther, y->device(), "add_bias");
   if (y->device().is_cpu()) return kernels::add_bias(y->view(), bias.f32());
 #if GALE_WITH_CUDA
   kernels::add_bias_cuda(y->view(), bias.f32(), stream(*y));
@@ -156,10 +172,12 @@ void add_bias(Tensor* y, const Tensor& bias) {
 void column_sum(const Tensor& x, Tensor* out, bool accumulate) {
   same_device(x, *out, "column_sum");
   GALE_ASSERT(out->numel() == x.cols());
-  const OpTimer timer(OpKind::kOther, x.device());
+  const OpTimer timer(OpKind::kOther, x.device(), "column_sum");
   if (x.device().is_cpu()) return kernels::column_sum(x.view(), out->f32(), accumulate);
 #if GALE_WITH_CUDA
-  kernels::column_sum_cuda(x.view(), out->f32(), accumulate, stream(x));
+  const size_t bytes = kernels::column_sum_workspace_bytes(x.rows(), x.cols());
+  Tensor ws = Tensor::empty(static_cast<int64_t>(bytes), 1, DType::kU8, x.device());
+  kernels::column_sum_cuda(x.view(), out->f32(), accumulate, ws.data<unsigned char>(), bytes, stream(x));
 #else
   no_cuda();
 #endif
@@ -168,7 +186,7 @@ void column_sum(const Tensor& x, Tensor* out, bool accumulate) {
 void axpy(const Tensor& x, float alpha, Tensor* y) {
   same_device(x, *y, "axpy");
   same_shape(x, *y, "axpy");
-  const OpTimer timer(OpKind::kOther, x.device());
+  const OpTimer timer(OpKind::kOther, x.device(), "axpy");
   if (x.device().is_cpu()) return kernels::axpy(x.view(), alpha, y->view());
 #if GALE_WITH_CUDA
   kernels::axpy_cuda(x.view(), alpha, y->view(), stream(x));
@@ -179,7 +197,7 @@ void axpy(const Tensor& x, float alpha, Tensor* y) {
 
 void zero(Tensor* t) {
   if (t->nbytes() == 0) return;
-  const OpTimer timer(OpKind::kOther, t->device());
+  const OpTimer timer(OpKind::kOther, t->device(), "zero");
   if (t->device().is_cpu()) return t->fill(0.0f);
 #if GALE_WITH_CUDA
   GALE_CHECK_CUDA(cudaMemsetAsync(t->data<unsigned char>(), 0, t->nbytes(), stream(*t)));
@@ -191,7 +209,7 @@ void zero(Tensor* t) {
 void relu(const Tensor& x, Tensor* out) {
   same_device(x, *out, "relu");
   same_shape(x, *out, "relu");
-  const OpTimer timer(OpKind::kOther, x.device());
+  const OpTimer timer(OpKind::kOther, x.device(), "relu");
   if (x.device().is_cpu()) return kernels::relu_forward(x.view(), out->view());
 #if GALE_WITH_CUDA
   kernels::relu_forward_cuda(x.view(), out->view(), stream(x));
@@ -203,7 +221,7 @@ void relu(const Tensor& x, Tensor* out) {
 void relu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in) {
   same_device(grad_out, y, "relu_backward");
   same_shape(grad_out, y, "relu_backward");
-  const OpTimer timer(OpKind::kOther, y.device());
+  const OpTimer timer(OpKind::kOther, y.device(), "relu_backward");
   if (y.device().is_cpu()) return kernels::relu_backward(grad_out.view(), y.view(), grad_in->view());
 #if GALE_WITH_CUDA
   kernels::relu_backward_cuda(grad_out.view(), y.view(), grad_in->view(), stream(y));
@@ -215,7 +233,7 @@ void relu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in) {
 void elu(const Tensor& x, Tensor* out) {
   same_device(x, *out, "elu");
   same_shape(x, *out, "elu");
-  const OpTimer timer(OpKind::kOther, x.device());
+  const OpTimer timer(OpKind::kOther, x.device(), "elu");
   if (x.device().is_cpu()) return kernels::elu_forward(x.view(), out->view());
 #if GALE_WITH_CUDA
   kernels::elu_forward_cuda(x.view(), out->view(), stream(x));
@@ -227,7 +245,7 @@ void elu(const Tensor& x, Tensor* out) {
 void elu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in) {
   same_device(grad_out, y, "elu_backward");
   same_shape(grad_out, y, "elu_backward");
-  const OpTimer timer(OpKind::kOther, y.device());
+  const OpTimer timer(OpKind::kOther, y.device(), "elu_backward");
   if (y.device().is_cpu()) return kernels::elu_backward(grad_out.view(), y.view(), grad_in->view());
 #if GALE_WITH_CUDA
   kernels::elu_backward_cuda(grad_out.view(), y.view(), grad_in->view(), stream(y));
@@ -239,7 +257,7 @@ void elu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in) {
 void dropout(const Tensor& x, Tensor* out, float p, uint64_t key) {
   same_device(x, *out, "dropout");
   same_shape(x, *out, "dropout");
-  const OpTimer timer(OpKind::kOther, x.device());
+  const OpTimer timer(OpKind::kOther, x.device(), "dropout");
   if (x.device().is_cpu()) return kernels::dropout_forward(x.view(), out->view(), p, key);
 #if GALE_WITH_CUDA
   kernels::dropout_forward_cuda(x.view(), out->view(), p, key, stream(x));
@@ -251,7 +269,7 @@ void dropout(const Tensor& x, Tensor* out, float p, uint64_t key) {
 void dropout_backward(const Tensor& grad_out, Tensor* grad_in, float p, uint64_t key) {
   same_device(grad_out, *grad_in, "dropout_backward");
   same_shape(grad_out, *grad_in, "dropout_backward");
-  const OpTimer timer(OpKind::kOther, grad_out.device());
+  const OpTimer timer(OpKind::kOther, grad_out.device(), "dropout_backward");
   if (grad_out.device().is_cpu()) return kernels::dropout_backward(grad_out.view(), grad_in->view(), p, key);
 #if GALE_WITH_CUDA
   kernels::dropout_backward_cuda(grad_out.view(), grad_in->view(), p, key, stream(grad_out));
@@ -261,7 +279,10 @@ void dropout_backward(const Tensor& grad_out, Tensor* grad_in, float p, uint64_t
 }
 
 void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind kind) {
-  const OpTimer timer(OpKind::kAggregation, device);
+  const OpTimer timer(OpKind::kAggregation, device,
+                      active_profile ? std::string("spmm ") + kernels::spmm_kind_name(kind) + " w" + std::to_string(a.out.cols) +
+                                           (a.bias || a.relu ? " fused" : "")
+                                     : "");
   if (device.is_cpu()) return kernels::spmm_cpu(a);
 #if GALE_WITH_CUDA
   kernels::spmm_cuda(kind, a, DeviceContext::get(device.ordinal).stream());
@@ -274,7 +295,7 @@ void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind ki
 void adam_update(Tensor* w, const Tensor& g, Tensor* m, Tensor* v, const kernels::AdamParams& p) {
   same_device(*w, g, "adam_update");
   same_shape(*w, g, "adam_update");
-  const OpTimer timer(OpKind::kOther, w->device());
+  const OpTimer timer(OpKind::kOther, w->device(), "adam");
   if (w->device().is_cpu()) return kernels::adam_update(w->f32(), g.f32(), m->f32(), v->f32(), w->numel(), p);
 #if GALE_WITH_CUDA
   kernels::adam_update_cuda(w->f32(), g.f32(), m->f32(), v->f32(), w->numel(), p, stream(*w));
@@ -295,7 +316,7 @@ LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, con
   const int64_t n = rows.numel();
   const kernels::MatrixView grad_view = grad ? grad->view() : kernels::MatrixView{};
   LossResult r;
-  const OpTimer timer(OpKind::kOther, logits.device());
+  const OpTimer timer(OpKind::kOther, logits.device(), "softmax_cross_entropy");
   if (logits.device().is_cpu()) {
     const int64_t* ids = rows.data<int64_t>();
     const int32_t* y = labels.data<int32_t>();

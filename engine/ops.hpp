@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "engine/tensor.hpp"
 #include "kernels/dense.hpp"
@@ -37,6 +39,14 @@ class OpProfile {
   OpProfile& operator=(const OpProfile&) = delete;
   // Milliseconds per kind of the ops finished so far; waits for the device.
   double ms(OpKind kind);
+  // Per op name: total milliseconds and calls, largest first; waits for the device.
+  struct Entry {
+    std::string name;
+    OpKind kind;
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  std::vector<Entry> table();
   void reset();
 
   struct Impl;
@@ -44,10 +54,11 @@ class OpProfile {
   std::unique_ptr<Impl> impl_;
 };
 
-// Marks one op for the live OpProfile, if any (RAII: from construction to destruction).
+// Marks one op for the live OpProfile, if any (RAII: from construction to destruction). `name` is a
+// names the op (and its shape, where it matters) in OpProfile::table.
 class OpTimer {
  public:
-  OpTimer(OpKind kind, const Device& device);
+  OpTimer(OpKind kind, const Device& device, std::string name);
   ~OpTimer();
   OpTimer(const OpTimer&) = delete;
   OpTimer& operator=(const OpTimer&) = delete;

@@ -82,8 +82,13 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
 void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream);
 void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream);
 // Deterministic: each column is reduced over rows in double in an order fixed by the shape alone
-// (no atomics), so two calls give bit-identical results on any GPU.
-void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, cudaStream_t stream);
+// (no atomics), so two calls give bit-identical results on any GPU. Rows are summed in chunks in
+// parallel and the chunks' partial sums added in order, in a workspace (CUB style: the caller
+// allocates it, e.g. from the pool) of column_sum_workspace_bytes(x.rows, x.cols) bytes, 8-byte
+// aligned, not reused until the stream has passed this call.
+size_t column_sum_workspace_bytes(int64_t rows, int64_t cols);
+void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream);
 
 void relu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream);
 void relu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, cudaStream_t stream);

@@ -215,40 +215,62 @@ __global__ void scale_kernel(float* c, int64_t m, int64_t n, int64_t ldc, float 
 
 constexpr int kSumThreads = 512;
 
-// One block per tile of TW columns (grid-stride over tiles). Thread (tx, ty) sums rows ty,
-// ty + RL, ... of column c0 + tx in double, then the RL partials of each column are added in a
-// fixed binary tree in shared memory. The order depends only on the shape, never on scheduling.
+// Two passes, deterministic. Pass 1: block (tile, chunk) sums rows [chunk * chunk_rows, ...) of
+// TW columns: thread (tx, ty) adds rows ty, ty + RL, ... of column c0 + tx in double, then the RL
+// partials of each column meet in a fixed binary tree in shared memory and go to
+// partial[chunk][c]. Pass 2: one thread per column adds the chunks in chunk order. The order of
+// every addition depends only on the shape, never on scheduling, and a tall matrix still spreads
+// over ~1024 chunks x tiles blocks (one block per 32-column tile could not fill the GPU).
 // TW shrinks with narrow matrices so a bias of 1-16 columns still uses all 512 threads on rows.
 template <int TW>
-__global__ void __launch_bounds__(kSumThreads) column_sum_kernel(ConstMatrixView x, float* out, bool accumulate) {
+__global__ void __launch_bounds__(kSumThreads)
+    column_sum_partial_kernel(ConstMatrixView x, int64_t chunk_rows, double* partial) {
   constexpr int kRowLanes = kSumThreads / TW;
-  __shared__ double partial[kSumThreads];
+  __shared__ double lanes[kSumThreads];
   const int tx = static_cast<int>(threadIdx.x) % TW;
   const int ty = static_cast<int>(threadIdx.x) / TW;
-  for (int64_t c0 = static_cast<int64_t>(blockIdx.x) * TW; c0 < x.cols; c0 += static_cast<int64_t>(gridDim.x) * TW) {
-    const int64_t c = c0 + tx;
-    double acc = 0.0;
-    if (c < x.cols) {
-      for (int64_t r = ty; r < x.rows; r += kRowLanes) acc += x.data[r * x.ld + c];
-    }
-    partial[threadIdx.x] = acc;
-    __syncthreads();
-#pragma unroll
-    for (int s = kRowLanes / 2; s > 0; s >>= 1) {
-      if (ty < s) partial[threadIdx.x] += partial[threadIdx.x + s * TW];
-      __syncthreads();
-    }
-    if (ty == 0 && c < x.cols) {
-      out[c] = static_cast<float>((accumulate ? static_cast<double>(out[c]) : 0.0) + partial[tx]);
-    }
-    __syncthreads();  // partial is refilled for the next tile
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * TW + tx;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk_rows;
+  const int64_t r1 = min(x.rows, r0 + chunk_rows);
+  double acc = 0.0;
+  if (c < x.cols) {
+    for (int64_t r = r0 + ty; r < r1; r += kRowLanes) acc += x.data[r * x.ld + c];
   }
+  lanes[threadIdx.x] = acc;
+  __syncthreads();
+#pragma unroll
+  for (int s = kRowLanes / 2; s > 0; s >>= 1) {
+    if (ty < s) lanes[threadIdx.x] += lanes[threadIdx.x + s * TW];
+    __syncthreads();
+  }
+  if (ty == 0 && c < x.cols) partial[static_cast<int64_t>(blockIdx.y) * x.cols + c] = lanes[tx];
+}
+
+__global__ void column_sum_finish_kernel(const double* partial, int64_t chunks, int64_t cols, float* out,
+                                         bool accumulate) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  double acc = accumulate ? static_cast<double>(out[c]) : 0.0;
+  double sum = 0.0;
+  for (int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + c];
+  out[c] = static_cast<float>(acc + sum);
+}
+
+// Rows per pass-1 chunk: at least 4096 (so each block has work), at most 1024 chunks.
+constexpr int64_t kSumMinChunkRows = 4096;
+constexpr int64_t kSumMaxChunks = 1024;
+int64_t column_sum_chunks(int64_t rows) {
+  return std::clamp<int64_t>((rows + kSumMinChunkRows - 1) / kSumMinChunkRows, 1, kSumMaxChunks);
 }
 
 template <int TW>
-void launch_column_sum(ConstMatrixView x, float* out, bool accumulate, cudaStream_t stream) {
-  const int64_t tiles = (x.cols + TW - 1) / TW;
-  column_sum_kernel<TW><<<blocks_for(tiles, 1), kSumThreads, 0, stream>>>(x, out, accumulate);
+void launch_column_sum(ConstMatrixView x, float* out, bool accumulate, double* partial, cudaStream_t stream) {
+  const int64_t chunks = column_sum_chunks(x.rows);
+  const int64_t chunk_rows = (x.rows + chunks - 1) / chunks;
+  const dim3 grid(static_cast<unsigned>((x.cols + TW - 1) / TW), static_cast<unsigned>(chunks));
+  column_sum_partial_kernel<TW><<<grid, kSumThreads, 0, stream>>>(x, chunk_rows, partial);
+  check_launch();
+  column_sum_finish_kernel<<<blocks_for(x.cols), kThreads, 0, stream>>>(partial, chunks, x.cols, out, accumulate);
   check_launch();
 }
 
@@ -435,14 +457,23 @@ void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream
   launch_map(y.rows, y.cols, vec4, Axpy{x, alpha, y}, stream);
 }
 
-void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, cudaStream_t stream) {
+size_t column_sum_workspace_bytes(int64_t rows, int64_t cols) {
+  return static_cast<size_t>(column_sum_chunks(rows)) * static_cast<size_t>(std::max<int64_t>(cols, 0)) * sizeof(double);
+}
+
+void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream) {
   if (x.cols == 0) return;
-  if (x.cols == 1) return launch_column_sum<1>(x, out, accumulate, stream);
-  if (x.cols <= 2) return launch_column_sum<2>(x, out, accumulate, stream);
-  if (x.cols <= 4) return launch_column_sum<4>(x, out, accumulate, stream);
-  if (x.cols <= 8) return launch_column_sum<8>(x, out, accumulate, stream);
-  if (x.cols <= 16) return launch_column_sum<16>(x, out, accumulate, stream);
-  launch_column_sum<32>(x, out, accumulate, stream);
+  const size_t needed = column_sum_workspace_bytes(x.rows, x.cols);
+  require(workspace_bytes >= needed, "column_sum_cuda: workspace of " + std::to_string(workspace_bytes) +
+                                         " bytes, " + std::to_string(needed) + " needed");
+  auto* partial = static_cast<double*>(workspace);
+  if (x.cols == 1) return launch_column_sum<1>(x, out, accumulate, partial, stream);
+  if (x.cols <= 2) return launch_column_sum<2>(x, out, accumulate, partial, stream);
+  if (x.cols <= 4) return launch_column_sum<4>(x, out, accumulate, partial, stream);
+  if (x.cols <= 8) return launch_column_sum<8>(x, out, accumulate, partial, stream);
+  if (x.cols <= 16) return launch_column_sum<16>(x, out, accumulate, partial, stream);
+  launch_column_sum<32>(x, out, accumulate, partial, stream);
 }
 
 void relu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream) {

@@ -11,14 +11,16 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DGALE_WITH_CUDA=ON -DCMAKE_CU
 cmake --build "$build" -j "$(nproc)"
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
-cp "$build"/bin/* "$out/bin/"
+# The CLI and the GPU suites only (the CPU suites run in CI), stripped: the bundle travels.
+cp "$build"/bin/gale "$build"/bin/gale_gpu_* "$out/bin/"
+strip "$out"/bin/*
 cp -r tests/data "$out/data"
 # Libraries the GPU machine lacks: everything ldd resolves outside glibc, libstdc++ and CUDA.
 for f in "$out"/bin/*; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
-    libc.so*|libm.so*|libstdc++*|libgcc_s*|ld-linux*|libpthread*|libdl.so*|librt.so*|libcuda*|libcudart*|libcublas*|libcusparse*|libnccl*) ;;
+    libc.so*|libm.so*|libstdc++*|libgcc_s*|ld-linux*|libpthread*|libdl.so*|librt.so*|libcuda*|libcudart*|libcublas*|libcusparse*|libnccl*|libnvJitLink*|libz.so*) ;;
     *) cp -L "$lib" "$out/lib/" ;;
   esac
 done

@@ -29,43 +29,43 @@ tests)
     if [ "$n" = gale_gpu_training_tests ]; then
       # The budget test needs a fresh process: a device's budget is fixed at its first use.
       run_suite "$n" "$t" --gtest_filter=-*ExceededBudget*
-      run_suite "$n:budget" "$t" --gtest_filter=*ExceededBudget*
+      run_suite "$n-budget" "$t" --gtest_filter=*ExceededBudget*
     else
       run_suite "$n" "$t"
     fi
   done
   cs="compute-sanitizer --error-exitcode 9"
-  run_suite memcheck:spmm $cs --tool memcheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Long*:*Empty*
-  run_suite memcheck:gat $cs --tool memcheck "$dist/bin/gale_gpu_gat_tests"
-  run_suite memcheck:dense $cs --tool memcheck "$dist/bin/gale_gpu_dense_tests"
-  run_suite memcheck:training $cs --tool memcheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=GpuModelStep*
+  run_suite memcheck-spmm $cs --tool memcheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Long*:*Empty*
+  run_suite memcheck-gat $cs --tool memcheck "$dist/bin/gale_gpu_gat_tests"
+  run_suite memcheck-dense $cs --tool memcheck "$dist/bin/gale_gpu_dense_tests"
+  run_suite memcheck-training $cs --tool memcheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*
   for t in "$dist"/bin/gale_gpu_maxk_tests "$dist"/bin/gale_gpu_sampler_tests; do
-    [ -x "$t" ] && run_suite "memcheck:$(basename "$t")" $cs --tool memcheck "$t"
+    [ -x "$t" ] && run_suite "memcheck-$(basename "$t")" $cs --tool memcheck "$t"
   done
-  run_suite racecheck:spmm $cs --tool racecheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*
-  run_suite racecheck:gat $cs --tool racecheck "$dist/bin/gale_gpu_gat_tests" --gtest_filter=*Backward*
-  run_suite racecheck:training $cs --tool racecheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=GpuModelStep*gcn*:GpuModelStep*gat*
-  [ -x "$dist/bin/gale_gpu_maxk_tests" ] && run_suite racecheck:maxk $cs --tool racecheck "$dist/bin/gale_gpu_maxk_tests"
+  run_suite racecheck-spmm $cs --tool racecheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*
+  run_suite racecheck-gat $cs --tool racecheck "$dist/bin/gale_gpu_gat_tests" --gtest_filter=*Backward*
+  run_suite racecheck-training $cs --tool racecheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*gcn*:*GpuModelStep*gat*
+  [ -x "$dist/bin/gale_gpu_maxk_tests" ] && run_suite racecheck-maxk $cs --tool racecheck "$dist/bin/gale_gpu_maxk_tests"
   ;;
 cora)
   gale preprocess "$dist/data/cora" -o /tmp/cora.gale --normalize-features row --force > /dev/null
   for m in gcn sage gin gat; do
-    extra=(); [ $m = gin ] && extra=(--gin-mlp-layers 1)
+    extra=(--hidden 16); [ $m = gin ] && extra+=(--gin-mlp-layers 1)
     [ $m = gat ] && extra=(--hidden 8 --heads 8)
-    run_suite "cora:$m" gale train /tmp/cora.gale --device cuda --model $m --layers 2 --hidden 16 "${extra[@]}" --epochs 200 -q
-    summary[-1]="${summary[-1]} $(tail -1 "$logs/cora:$m.log")"
+    run_suite "cora-$m" gale train /tmp/cora.gale --device cuda --model $m --layers 2 "${extra[@]}" --epochs 200 -q
+    summary[-1]="${summary[-1]} $(tail -1 "$logs/cora-$m.log")"
   done
   gale train /tmp/cora.gale --device cuda --gpu-mem-budget 1M --epochs 1 -q > "$logs/budget.log" 2>&1
   summary+=("budget 1M: exit code $? ($(tail -1 "$logs/budget.log"))")
   ;;
 bench)
   spec=rmat:scale=${SCALE:-21},edge-factor=16
-  run_suite bench:spmm gale bench spmm --generate "$spec" --dims 32,64,128,256
+  run_suite bench-spmm gale bench spmm --generate "$spec" --dims 32,64,128,256
   gale preprocess --generate "$spec,classes=47,feature-dim=100" -o /tmp/rmat.gale --force > "$logs/gen.log" 2>&1
-  run_suite compare:fp32 env GALE="$dist/bin/gale" "$here/bench/compare_fullgraph.sh" /tmp/rmat.gale --models gcn,sage,gin
-  run_suite compare:tf32 env GALE="$dist/bin/gale" "$here/bench/compare_fullgraph.sh" /tmp/rmat.gale --models gcn,sage,gin -- --tf32
-  run_suite gat:4x64 gale bench train /tmp/rmat.gale --models gat --hidden 64 --heads 4 --epochs 3 --warmup 1
-  cat "$logs/bench:spmm.log" "$logs/compare:fp32.log" "$logs/compare:tf32.log" "$logs/gat:4x64.log"
+  run_suite compare-fp32 env GALE="$dist/bin/gale" "$here/bench/compare_fullgraph.sh" /tmp/rmat.gale --models gcn,sage,gin
+  run_suite compare-tf32 env GALE="$dist/bin/gale" "$here/bench/compare_fullgraph.sh" /tmp/rmat.gale --models gcn,sage,gin -- --tf32
+  run_suite gat-4x64 gale bench train /tmp/rmat.gale --models gat --hidden 64 --heads 4 --epochs 3 --warmup 1
+  cat "$logs/bench-spmm.log" "$logs/compare-fp32.log" "$logs/compare-tf32.log" "$logs/gat-4x64.log"
   ;;
 *) echo "gpu-checks.sh: expected tests, bench or cora, found '$what'" >&2; exit 2 ;;
 esac

@@ -107,7 +107,8 @@ GeneratorSpec parse_generator(const std::string& spec) {
     g.b = take("b", false, 0.19);
     g.c = take("c", false, 0.19);
     if (g.a + g.b + g.c >= 1.0) throw InputError("--generate rmat: a + b + c must be below 1");
-    g.feature_dim = static_cast<int64_t>(take("features", false, 0));
+    // 'feature-dim' as for sbm; 'features' is kept as its older spelling.
+    g.feature_dim = static_cast<int64_t>(take("feature-dim", false, take("features", false, 0)));
     g.classes = static_cast<int64_t>(take("classes", false, 0));
   } else {
     g.nodes = static_cast<int64_t>(take("nodes", true, 0));

@@ -44,7 +44,7 @@ class GatLayer : public Layer {
     const float p = ctx.training ? attn_dropout_ : 0.0f;
     Tensor y = Tensor::empty(g.num_dst(), H * F, DType::kF32, dev);
     {
-    const ops::OpTimer timer(ops::OpKind::kAggregation, dev);
+    const ops::OpTimer timer(ops::OpKind::kAggregation, dev, "gat_forward");
     if (dev.is_cpu()) {
       kernels::gat_scores_cpu(z.view(), shape_, att_src_.value.f32(), z.rows(), el.f32());
       kernels::gat_scores_cpu(z.view(), shape_, att_dst_.value.f32(), g.num_dst(), er.f32());
@@ -84,7 +84,7 @@ class GatLayer : public Layer {
     Tensor gel = Tensor::empty(g.num_src(), H, DType::kF32, dev), ger = Tensor::empty(g.num_dst(), H, DType::kF32, dev);
     // Scores are el[j,h] = z[j,h,:] . att_src[h,:] (and er with att_dst over destinations).
     {
-    const ops::OpTimer timer(ops::OpKind::kAggregation, dev);
+    const ops::OpTimer timer(ops::OpKind::kAggregation, dev, "gat_backward");
     if (dev.is_cpu()) {
       kernels::gat_backward_cpu(g.csr(), g.csc(), g.csc_edge(), shape_, el_.f32(), er_.f32(), alpha_.f32(),
                                 alpha_self_.f32(), p_, key_, z_.view(), grad.view(), gz.view(), gel.f32(), ger.f32());

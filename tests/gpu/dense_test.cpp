@@ -250,8 +250,10 @@ TEST_F(DenseCuda, ColumnSumIsDeterministicAndMatchesTheCpu) {
       column_sum(x.host_view(), want.data(), accumulate);
       DeviceBuffer<float> first = cuda::to_device(*pool_, start, *stream_);
       DeviceBuffer<float> second = cuda::to_device(*pool_, start, *stream_);
-      column_sum_cuda(x.device_view(), first.data(), accumulate, *stream_);
-      column_sum_cuda(x.device_view(), second.data(), accumulate, *stream_);
+      const size_t ws_bytes = column_sum_workspace_bytes(rows, cols);
+      DeviceBuffer<unsigned char> ws(*pool_, ws_bytes, *stream_);
+      column_sum_cuda(x.device_view(), first.data(), accumulate, ws.data(), ws_bytes, *stream_);
+      column_sum_cuda(x.device_view(), second.data(), accumulate, ws.data(), ws_bytes, *stream_);
       const std::vector<float> a = download(first), b = download(second);
       for (int64_t c = 0; c < cols; ++c) {
         ASSERT_TRUE(same_bits(a[c], b[c])) << "column " << c << ": " << a[c] << " then " << b[c];
@@ -262,8 +264,9 @@ TEST_F(DenseCuda, ColumnSumIsDeterministicAndMatchesTheCpu) {
   };
   for_each_shape(check);
   SCOPED_TRACE("tall");
-  check(100003, 3, 3);  // many row passes per thread
-  check(4099, 300, 301);  // several column tiles
+  check(100003, 3, 3);  // many row passes per thread, 25 chunks
+  check(4099, 300, 301);  // several column tiles, two chunks
+  check(4200000, 5, 5);  // the chunk cap: 1024 chunks of 4102 rows
 }
 
 TEST_F(DenseCuda, AdamMatchesTheCpuOverSeveralSteps) {
