@@ -28,6 +28,7 @@
 #include "kernels/cuda/buffer.hpp"
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/random.hpp"
+#include "kernels/maxk.hpp"
 #include "kernels/spmm.hpp"
 #include "storage/store.hpp"
 #endif
@@ -207,6 +208,172 @@ int bench_spmm(const std::vector<std::string>& args) {
   return 0;
 }
 
+// `gale bench spmm --maxk 8,16,32 ...`: MaxK-GNN's kernels (kernels/maxk.cu) against cuSPARSE's SpMM
+// at the dense width, on the same graph and edge weights: for each width and k, the top-k of a
+// random dense x into CBSR, the forward SpGEMM over it and the backward SSpMM of a random
+// gradient at its pattern, each the median of --runs launches timed with CUDA events. The
+// SpGEMM output is checked against cuSPARSE on the densified CBSR input. The edge-group table is
+// built once per graph on the GPU (its time is printed) and shared by both aggregations.
+int bench_spmm_maxk(const std::vector<std::string>& args) {
+  std::string store_path, generate, dims_text = "256", ks_text;
+  int runs = 20, warmup = 5;
+  bool json = false;
+  po::options_description desc(
+      "usage: gale bench spmm STORE|--generate SPEC --maxk 8,16,32 [options]\n\n"
+      "Times MaxK-GNN's top-k, SpGEMM (forward) and SSpMM (backward) kernels against cuSPARSE SpMM\n"
+      "(CSR, ALG2) at the dense width on GPU 0: median of --runs launches after --warmup.\n\n"
+      "options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("maxk", po::value(&ks_text)->required(), "kept values per row, comma separated (each 1 to the width)")
+      ("generate", po::value(&generate), "build this generated graph in a temporary store (deleted after)")
+      ("dims", po::value(&dims_text), "dense widths, comma separated (default 256)")
+      ("runs", po::value(&runs), "timed launches per kernel (default 20)")
+      ("warmup", po::value(&warmup), "untimed launches first (default 5)")
+      ("json", po::bool_switch(&json), "one JSON object per result row instead of the table")
+      ("store", po::value(&store_path), "store directory");
+  po::positional_options_description pos;
+  pos.add("store", 1);
+  po::variables_map vm;
+  if (!parse_command_line(args, desc, pos, &vm)) return 0;
+  const std::vector<int> dims = parse_int_list(dims_text, "--dims");
+  const std::vector<int> ks = parse_int_list(ks_text, "--maxk");
+  if (dims.empty() || ks.empty()) throw InputError("--dims, --maxk: expected at least one value each");
+  for (int d : dims)
+    if (d < 1 || d > kernels::kMaxkCudaMaxWidth)
+      throw InputError("--dims: widths must be 1 to " + std::to_string(kernels::kMaxkCudaMaxWidth) + " with --maxk, found " +
+                       std::to_string(d));
+  for (int k : ks)
+    if (k < 1) throw InputError("--maxk: expected values of at least 1, found " + std::to_string(k));
+  if (runs < 1) throw InputError("--runs: expected at least 1, found " + std::to_string(runs));
+  if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
+
+  kernels::cuda::require_device(0);
+  const BenchStore source(store_path, generate, "bench spmm --maxk");
+  const storage::Store store = storage::Store::open(source.path());
+  const kernels::CsrView host = store.csr();
+  const int64_t rows = host.rows, cols = host.cols, nnz = host.nnz();
+  GALE_ASSERT(host.indptr[0] == 0);
+
+  const kernels::cuda::DeviceInfo info = kernels::cuda::device_info(0);
+  kernels::cuda::DeviceGuard guard(0);
+  kernels::cuda::MemoryPool pool(0);
+  kernels::cuda::Stream stream(0);
+  kernels::cuda::CublasHandle blas(stream, pool);
+  using kernels::cuda::DeviceBuffer;
+  const auto indptr = kernels::cuda::to_device(pool, host.indptr, static_cast<size_t>(rows + 1), stream);
+  const auto indices = kernels::cuda::to_device(pool, host.indices, static_cast<size_t>(nnz), stream);
+  const auto weights = kernels::cuda::to_device(pool, random_floats(1, static_cast<size_t>(nnz), 0.5f, 1.5f), stream);
+  const kernels::CsrView graph{rows, cols, indptr.data(), indices.data(), nullptr};
+
+  kernels::cuda::Event start(0, kernels::cuda::Event::Timing::kEnabled);
+  kernels::cuda::Event stop(0, kernels::cuda::Event::Timing::kEnabled);
+  const auto time_median = [&](const auto& launch) {
+    for (int i = 0; i < warmup; ++i) launch();
+    std::vector<float> times;
+    for (int i = 0; i < runs; ++i) {
+      start.record(stream);
+      launch();
+      stop.record(stream);
+      times.push_back(kernels::cuda::elapsed_ms(start, stop));
+    }
+    return median(times);
+  };
+
+  // The edge groups, once per graph.
+  const int64_t capacity = kernels::edge_groups_capacity(rows, nnz);
+  DeviceBuffer<kernels::EdgeGroup> groups(pool, static_cast<size_t>(capacity), stream);
+  DeviceBuffer<int64_t> group_count(pool, 1, stream);
+  const size_t workspace_bytes = kernels::edge_groups_workspace_bytes(rows);
+  DeviceBuffer<uint8_t> workspace(pool, workspace_bytes, stream);
+  const double groups_ms = time_median([&] {
+    kernels::edge_groups_cuda(graph, kernels::kMaxkEdgeGroupSize, groups.data(), capacity, group_count.data(),
+                              workspace.data(), workspace_bytes, stream);
+  });
+  const kernels::EdgeGroupsView group_view{groups.data(), capacity, group_count.data()};
+  const int64_t group_total = kernels::cuda::to_host_and_wait(group_count.view(), stream)[0];
+
+  if (!json) {
+    std::printf("device: %s\ngraph: %s, %lld rows, %lld entries (avg degree %.1f), %lld edge groups of <= %lld "
+                "built in %.3f ms\n",
+                info.name.c_str(), source.label().c_str(),
+                static_cast<long long>(rows), static_cast<long long>(nnz), rows ? static_cast<double>(nnz) / rows : 0.0,
+                static_cast<long long>(group_total), static_cast<long long>(kernels::kMaxkEdgeGroupSize), groups_ms);
+    std::printf("median of %d runs after %d warm-up, CUDA events; speedup = cusparse_ms / kernel_ms\n", runs, warmup);
+    std::printf("%6s %5s  %-9s %10s %9s %12s\n", "width", "k", "kernel", "median_ms", "speedup", "max_abs_err");
+  }
+  const auto report = [&](int64_t w, int64_t k, const char* kernel, double ms, double base_ms, double err) {
+    const double speedup = ms > 0 ? base_ms / ms : 0.0;
+    if (json) {
+      std::printf("{\"bench\":\"spmm_maxk\",\"device\":\"%s\",\"rows\":%lld,\"nnz\":%lld,\"width\":%lld,\"k\":%lld,"
+                  "\"kernel\":\"%s\",\"median_ms\":%.4f,\"speedup_vs_cusparse\":%.3f,\"max_abs_err\":%.3g,"
+                  "\"edge_groups\":%lld,\"edge_groups_ms\":%.4f,\"runs\":%d,\"warmup\":%d}\n",
+                  info.name.c_str(), static_cast<long long>(rows), static_cast<long long>(nnz),
+                  static_cast<long long>(w), static_cast<long long>(k), kernel, ms, speedup, err,
+                  static_cast<long long>(group_total), groups_ms, runs, warmup);
+    } else {
+      std::printf("%6lld %5lld  %-9s %10.3f %8.2fx %12.3g\n", static_cast<long long>(w), static_cast<long long>(k),
+                  kernel, ms, speedup, err);
+    }
+  };
+
+  for (int width : dims) {
+    const int64_t w = width;
+    const auto x = kernels::cuda::to_device(
+        pool, random_floats(kernels::derive_key(2, static_cast<uint64_t>(w)), static_cast<size_t>(cols * w), -1.0f, 1.0f),
+        stream);
+    const auto grad = kernels::cuda::to_device(
+        pool, random_floats(kernels::derive_key(3, static_cast<uint64_t>(w)), static_cast<size_t>(rows * w), -1.0f, 1.0f),
+        stream);
+    DeviceBuffer<float> dense_out(pool, static_cast<size_t>(rows * w), stream);
+    kernels::SpmmArgs dense;
+    dense.graph = graph;
+    dense.x = kernels::ConstMatrixView{x.data(), cols, w, w};
+    dense.out = kernels::MatrixView{dense_out.data(), rows, w, w};
+    dense.edge_weight = weights.data();
+    dense.nnz = nnz;
+    const double base_ms = time_median([&] { kernels::spmm_cuda(SpmmKind::kCusparse, dense, stream); });
+    report(w, w, "cusparse", base_ms, base_ms, 0.0);
+    for (int kk : ks) {
+      const int64_t k = kk;
+      if (k > w) continue;
+      DeviceBuffer<float> values(pool, static_cast<size_t>(cols * k), stream);
+      DeviceBuffer<uint8_t> index(pool, static_cast<size_t>(kernels::cbsr_index_size_bytes(cols, w, k)), stream);
+      const kernels::CbsrView cbsr{cols, w, k, values.data(), index.data()};
+      const double topk_ms = time_median([&] { kernels::maxk_forward_cuda(dense.x, cbsr, stream); });
+      DeviceBuffer<float> out(pool, static_cast<size_t>(rows * w), stream);
+      kernels::SpgemmCbsrArgs f;
+      f.graph = graph;
+      f.x = cbsr;
+      f.out = kernels::MatrixView{out.data(), rows, w, w};
+      f.edge_weight = weights.data();
+      const double spgemm_ms = time_median([&] { kernels::spgemm_cbsr_cuda(f, group_view, stream); });
+      DeviceBuffer<float> grad_values(pool, static_cast<size_t>(cols * k), stream);
+      kernels::SspmmCbsrArgs b;
+      b.graph = graph;
+      b.grad_out = kernels::ConstMatrixView{grad.data(), rows, w, w};
+      b.pattern = cbsr;
+      b.grad_values = grad_values.data();
+      b.edge_weight = weights.data();
+      const double sspmm_ms = time_median([&] { kernels::sspmm_cbsr_cuda(b, group_view, stream); });
+      // cuSPARSE on the densified CBSR gives the reference for SpGEMM's output.
+      DeviceBuffer<float> densified(pool, static_cast<size_t>(cols * w), stream);
+      kernels::cbsr_to_dense_cuda(cbsr, kernels::MatrixView{densified.data(), cols, w, w}, stream);
+      DeviceBuffer<float> reference(pool, static_cast<size_t>(rows * w), stream);
+      kernels::SpmmArgs check = dense;
+      check.x = kernels::ConstMatrixView{densified.data(), cols, w, w};
+      check.out = kernels::MatrixView{reference.data(), rows, w, w};
+      kernels::spmm_cuda(SpmmKind::kCusparse, check, stream);
+      const double err = max_abs_difference(blas, out.data(), reference.data(), rows * w, stream);
+      report(w, k, "topk", topk_ms, base_ms, 0.0);
+      report(w, k, "spgemm", spgemm_ms, base_ms, err);
+      report(w, k, "sspmm", sspmm_ms, base_ms, 0.0);
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 #endif
 
@@ -221,7 +388,8 @@ int run_bench(const std::vector<std::string>& args) {
   if (args[0] == "train") return run_bench_train(rest);
   if (args[0] == "spmm") {
 #if GALE_WITH_CUDA
-    return bench_spmm(rest);
+    const bool maxk = std::any_of(rest.begin(), rest.end(), [](const std::string& a) { return a.rfind("--maxk", 0) == 0; });
+    return maxk ? bench_spmm_maxk(rest) : bench_spmm(rest);
 #else
     throw DeviceError("bench spmm: this build has no CUDA backend");
 #endif

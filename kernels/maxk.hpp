@@ -1,0 +1,234 @@
+// kernels/maxk.hpp — the MaxK-GNN kernel family (Peng et al., ASPLOS'24; digest in
+// shared/seeds/digests/maxk-gnn.md): the MaxK nonlinearity (per-row top-k) that packs a dense
+// activation into CBSR, the forward aggregation over CBSR (SpGEMM, sparse x sparse -> dense), the
+// backward aggregation sampled at the CBSR pattern (SSpMM, sparse x dense -> sparse), and the
+// scatter back to dense that MaxK's own backward needs. CPU references (*_cpu, maxk_cpu.cpp) and
+// CUDA twins (*_cuda, maxk.cu) take the same arguments; the CUDA ones take device pointers and a
+// stream, allocate nothing and never synchronise.
+//
+// The aggregations keep spmm.hpp's general form, so one layer code serves GCN, SAGE-mean and GIN:
+//
+//   SpGEMM:  out[r] = row_scale[r] * sum_e col_scale[c_e] * w_e * x[c_e]  +  self_coef(r) * x[r]  (+ bias)
+//   SSpMM:   gv[j][t] = sum_{e = (i, j)} row_scale[i] * col_scale[j] * w_e * g[i][idx[j][t]]
+//                       + self_coef(j) * g[j][idx[j][t]]
+//
+// with x in CBSR (idx[j][t] the t-th kept column of row j), self_coef(r) = self_scale +
+// (self_coefs ? self_coefs[r] : 0) for r < min(graph.rows, x.rows), and 0 beyond (destinations
+// are the first sources, as in a sampled block). SSpMM is the gradient of SpGEMM with respect to
+// the kept values: gv = d <g, out> / d x.values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/views.hpp"
+
+namespace gale::kernels {
+
+// ---- CBSR (Compressed Balanced Sparse Row, MaxK-GNN Sec. 3.2) -------------------------------
+//
+// A rows x width matrix with exactly k nonzeros per row, stored as two rows x k arrays with no
+// row pointer (row r starts at r * k in both): values (float) and index (the column of each
+// value). Within a row the columns are distinct and increasing, which is what maxk_forward writes
+// (the order a warp ballot compaction gives, and deterministic). The index type follows from the
+// width alone, so a view cannot disagree with its data: uint8_t when width <= 256 (the paper's
+// 5 bytes per kept value), uint16_t up to kCbsrMaxWidth.
+constexpr int64_t kCbsrMaxWidth = 65536;
+
+// Bytes per column index for a width: 1 (uint8_t) up to 256 columns, else 2 (uint16_t).
+constexpr int cbsr_index_bytes(int64_t width) { return width <= 256 ? 1 : 2; }
+
+struct CbsrView {
+  int64_t rows = 0;
+  int64_t width = 0;          // dim_origin: the dense width the columns index into
+  int64_t k = 0;              // kept values per row, 1 <= k <= width
+  float* values = nullptr;    // rows x k
+  void* index = nullptr;      // rows x k, uint8_t or uint16_t (cbsr_index_bytes(width))
+
+  int index_bytes() const { return cbsr_index_bytes(width); }
+  uint8_t* index_u8() const { return static_cast<uint8_t*>(index); }
+  uint16_t* index_u16() const { return static_cast<uint16_t*>(index); }
+  // Host-side element access (CPU references and tests).
+  int64_t column(int64_t r, int64_t t) const {
+    return index_bytes() == 1 ? index_u8()[r * k + t] : index_u16()[r * k + t];
+  }
+  void set_column(int64_t r, int64_t t, int64_t c) const {
+    if (index_bytes() == 1) {
+      index_u8()[r * k + t] = static_cast<uint8_t>(c);
+    } else {
+      index_u16()[r * k + t] = static_cast<uint16_t>(c);
+    }
+  }
+};
+
+struct ConstCbsrView {
+  int64_t rows = 0;
+  int64_t width = 0;
+  int64_t k = 0;
+  const float* values = nullptr;
+  const void* index = nullptr;
+
+  ConstCbsrView() = default;
+  ConstCbsrView(int64_t r, int64_t w, int64_t kk, const float* v, const void* i)
+      : rows(r), width(w), k(kk), values(v), index(i) {}
+  ConstCbsrView(const CbsrView& c) : rows(c.rows), width(c.width), k(c.k), values(c.values), index(c.index) {}  // NOLINT
+
+  int index_bytes() const { return cbsr_index_bytes(width); }
+  const uint8_t* index_u8() const { return static_cast<const uint8_t*>(index); }
+  const uint16_t* index_u16() const { return static_cast<const uint16_t*>(index); }
+  int64_t column(int64_t r, int64_t t) const {
+    return index_bytes() == 1 ? index_u8()[r * k + t] : index_u16()[r * k + t];
+  }
+};
+
+// Bytes of the index array of a rows x k CBSR matrix of this width.
+inline int64_t cbsr_index_size_bytes(int64_t rows, int64_t width, int64_t k) {
+  return rows * k * cbsr_index_bytes(width);
+}
+
+// ---- arguments ------------------------------------------------------------------------------
+
+// Forward aggregation over a CBSR input (the first formula above).
+struct SpgemmCbsrArgs {
+  CsrView graph;                      // rows = out.rows (destinations), cols <= x.rows (sources)
+  ConstCbsrView x;                    // x.width = out.cols
+  MatrixView out;                     // written whole (zeros where nothing lands)
+  const float* row_scale = nullptr;   // per destination; null = 1
+  const float* col_scale = nullptr;   // per source; null = 1
+  const float* edge_weight = nullptr; // per entry, in the graph's entry order; null = 1
+  const float* self_coefs = nullptr;  // per destination; null = 0
+  float self_scale = 0.0f;
+  const float* bias = nullptr;        // out.cols values added to every row; null = none
+};
+
+// Backward aggregation sampled at the CBSR pattern of x (the second formula above). The graph and
+// the scales are the forward pass's: rows are destinations i, entries sources j.
+struct SspmmCbsrArgs {
+  CsrView graph;
+  ConstMatrixView grad_out;           // g: graph.rows x width
+  ConstCbsrView pattern;              // x's CBSR (graph.cols <= rows); only the index is read
+  float* grad_values = nullptr;       // pattern.rows x pattern.k, written whole
+  const float* row_scale = nullptr;
+  const float* col_scale = nullptr;
+  const float* edge_weight = nullptr;
+  const float* self_coefs = nullptr;
+  float self_scale = 0.0f;
+};
+
+// Why the ops cannot take these arguments, or "" (shapes and set inputs only, never memory).
+std::string maxk_forward_cannot(ConstMatrixView x, const CbsrView& out);
+std::string maxk_backward_cannot(const ConstCbsrView& pattern, ConstMatrixView grad_dense, MatrixView grad_in);
+std::string spgemm_cbsr_cannot(const SpgemmCbsrArgs& a);
+std::string sspmm_cbsr_cannot(const SspmmCbsrArgs& a);
+
+// ---- CPU references ------------------------------------------------------------------------
+// Each throws InputError with the *_cannot reason. Rows are independent and computed in a fixed
+// order (TBB-parallel over output rows), so results do not depend on the thread count.
+
+// MaxK: keeps, per row of x, the k largest values by signed value and writes them to out in
+// increasing column order. Ties are broken towards the lower column, so exactly k are kept. The
+// order is that of the order-preserving uint32 key of each float (sign flipped for positives,
+// all bits flipped for negatives): -0.0 ranks below +0.0, NaNs with the sign bit clear above
+// +inf and NaNs with it set below -inf. out.width = x.cols, out.rows = x.rows.
+void maxk_forward_cpu(ConstMatrixView x, const CbsrView& out);
+
+// MaxK backward, scattered to dense: grad_in[r][c] = (grad_dense ? grad_dense[r][c] : 0) +
+// (grad_values ? grad_values[r][t] : 0) where c = pattern's t-th column of row r, and 0 at every
+// column not kept. grad_dense (absent when its data is null) has pattern.rows x pattern.width,
+// grad_values (nullable) pattern.rows x pattern.k; grad_in must alias neither.
+void maxk_backward_cpu(const ConstCbsrView& pattern, const float* grad_values, ConstMatrixView grad_dense,
+                       MatrixView grad_in);
+
+// The dense matrix a CBSR one stands for: out[r][idx[r][t]] = values[r][t], 0 elsewhere
+// (maxk_backward with grad_values = x.values and no dense gradient).
+void cbsr_to_dense_cpu(const ConstCbsrView& x, MatrixView out);
+
+void spgemm_cbsr_cpu(const SpgemmCbsrArgs& a);
+
+// Sums per source in the transpose's (stable) entry order; builds the transpose internally.
+void sspmm_cbsr_cpu(const SspmmCbsrArgs& a);
+
+// ---- edge groups (MaxK-GNN Sec. 4.1 "warp level partition") ---------------------------------
+//
+// The unit of work of both CUDA aggregations: a run of at most `group_size` consecutive entries of
+// one row (never spanning two rows; empty rows have none). A hub row becomes many groups whose
+// partial results meet through atomics, so every warp's work is bounded. Groups are listed in row
+// order and, within a row, in entry order. One table serves forward and backward; build it once
+// per graph (or sampled block). The paper's (and its code's) group size is 64.
+constexpr int64_t kMaxkEdgeGroupSize = 64;
+
+struct EdgeGroup {
+  int64_t start = 0;   // first entry (an index into indices / edge weights)
+  int32_t row = 0;
+  int32_t count = 0;   // entries, 1 <= count <= group_size
+};
+
+// The groups of a graph, built on the host. Needs graph.rows < 2^31.
+std::vector<EdgeGroup> edge_groups_cpu(const CsrView& graph, int64_t group_size = kMaxkEdgeGroupSize);
+
+// A group table in device memory. `count` (device memory, nullable) holds how many of the
+// `capacity` entries are groups; null means all of them are (a table built on the host and
+// copied over).
+struct EdgeGroupsView {
+  const EdgeGroup* groups = nullptr;
+  int64_t capacity = 0;
+  const int64_t* count = nullptr;
+};
+
+// An upper bound on the number of groups of a graph with these sizes: what to allocate for
+// edge_groups_cuda. Each nonempty row has at most floor(degree / group_size) + 1 groups, so
+// min(rows, nnz) + nnz / group_size.
+int64_t edge_groups_capacity(int64_t rows, int64_t nnz, int64_t group_size = kMaxkEdgeGroupSize);
+
+}  // namespace gale::kernels
+
+// ---- CUDA twins (maxk.cu; GALE_WITH_CUDA builds only) ----------------------------------------
+// Declared without CUDA headers so CPU-only code can include this file.
+struct CUstream_st;
+typedef CUstream_st* cudaStream_t;  // NOLINT: must match cuda_runtime_api.h exactly
+
+namespace gale::kernels {
+
+// Widest rows the CUDA ops take: top-k keeps a row in registers (up to 128 per lane), and the
+// aggregations stage one width-float row per edge group in shared memory (16 KiB at 4096).
+constexpr int64_t kMaxkCudaMaxWidth = 4096;
+
+// Why the CUDA twin cannot take a width: "" or the reason (the *_cannot above still apply).
+std::string maxk_cuda_cannot(int64_t width);
+
+// Scratch edge_groups_cuda needs (CUB style: the caller allocates it, e.g. from the MemoryPool):
+// per-row group offsets and CUB's scan storage.
+size_t edge_groups_workspace_bytes(int64_t rows);
+
+// Builds the group table of a device CSR on `stream`: per-row group counts, an exclusive scan
+// (CUB), then one thread per row writes its groups. groups has room for `capacity` entries
+// (edge_groups_capacity(rows, nnz, group_size)); *count (device) receives the number written,
+// which may be below capacity. The same table as edge_groups_cpu.
+void edge_groups_cuda(const CsrView& graph, int64_t group_size, EdgeGroup* groups, int64_t capacity,
+                      int64_t* count, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// One warp per row: the row's order-preserving keys sit in registers, a bitwise radix select finds
+// the k-th largest key (starting below the bits all keys share, stopping as soon as the count is
+// exactly k), and a ballot/popc compaction writes the kept values in column order with ties
+// broken towards lower columns. Same output as maxk_forward_cpu, bit for bit.
+void maxk_forward_cuda(ConstMatrixView x, const CbsrView& out, cudaStream_t stream);
+
+void maxk_backward_cuda(const ConstCbsrView& pattern, const float* grad_values, ConstMatrixView grad_dense,
+                        MatrixView grad_in, cudaStream_t stream);
+
+void cbsr_to_dense_cuda(const ConstCbsrView& x, MatrixView out, cudaStream_t stream);
+
+// MaxK-GNN Alg. 1: per edge group a width-float accumulator in shared memory, filled by sub-warps
+// of k lanes (k < 32: several groups per warp) reading each neighbour's k values and columns with
+// coalesced loads, then flushed with coalesced atomics into out, which a first kernel sets to the
+// self term and bias (so out needs no zeroing by the caller). Atomics reorder the sums: results
+// match the CPU to rounding, and vary in the last bits from run to run.
+void spgemm_cbsr_cuda(const SpgemmCbsrArgs& a, const EdgeGroupsView& groups, cudaStream_t stream);
+
+// MaxK-GNN Alg. 2 (outer product): per edge group the dense gradient row g[i] (times row_scale[i])
+// is staged in shared memory once, then for each entry (i, j) the sub-warp gathers it at j's k
+// columns and atomically adds into grad_values[j], which a first kernel sets to the self term.
+void sspmm_cbsr_cuda(const SspmmCbsrArgs& a, const EdgeGroupsView& groups, cudaStream_t stream);
+
+}  // namespace gale::kernels

@@ -1,0 +1,584 @@
+// The CUDA MaxK family (kernels/maxk.cu) against its CPU references on fresh random inputs:
+// graphs with every fifth row empty, hub rows of thousands of entries (dozens of edge groups,
+// merged inside blocks and across blocks by atomics), rows of 20-119 entries, more sources than
+// destinations; widths 1, 7, 32, 100, 256, 257, 1024 (one- and two-byte indices, widths that are
+// not multiples of 32 or 4) and the largest, 4096 (shared memory above 48 KiB); k in
+// {1, 8, 16, 32, width}; padded leading dimensions; every combination of row scale, column scale,
+// edge weight, self term and bias. Outputs are poisoned with NaN first, so an element a kernel
+// forgets to write fails. Top-k, the scatters and the edge-group table must match exactly; the
+// aggregations (atomics reorder their sums) to 1e-5 of the sum of the magnitudes of each
+// element's terms. Tests skip with a reason when no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/buffer.hpp"
+#include "kernels/cuda/fill.hpp"
+#include "kernels/cuda/runtime.hpp"
+#include "kernels/error.hpp"
+#include "kernels/maxk.hpp"
+#include "kernels/random.hpp"
+
+namespace gale::kernels {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::MemoryPool;
+using cuda::Stream;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr int64_t kWidths[] = {1, 7, 32, 100, 256, 257, 1024};
+
+// k values to try at a width: {1, 8, 16, 32, width}, those not above it.
+std::vector<int64_t> ks_for(int64_t width) {
+  std::vector<int64_t> ks;
+  for (int64_t k : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{32}, width})
+    if (k <= width && std::find(ks.begin(), ks.end(), k) == ks.end()) ks.push_back(k);
+  return ks;
+}
+
+struct Graph {
+  int64_t rows = 0, cols = 0;
+  std::vector<int64_t> indptr;
+  std::vector<int32_t> indices;
+  int64_t nnz() const { return indptr.back(); }
+  CsrView csr() const { return {rows, cols, indptr.data(), indices.data(), nullptr}; }
+};
+
+// Every fifth row empty; rows 7 and rows - 3 hubs of `hub_degree` entries; every seventh other row
+// 20 to 119 entries; the rest 1 to 11. Sources drawn from all `cols` ids (repeats allowed).
+Graph random_graph(uint64_t key, int64_t rows, int64_t cols, int64_t hub_degree) {
+  Graph g;
+  g.rows = rows;
+  g.cols = cols;
+  g.indptr.push_back(0);
+  uint64_t counter = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t degree = 1 + static_cast<int64_t>(random_below(key, counter++, 11));
+    if (r % 7 == 3) degree = 20 + static_cast<int64_t>(random_below(key, counter++, 100));
+    if (r % 5 == 0) degree = 0;
+    if (r == 7 || r == rows - 3) degree = hub_degree;
+    for (int64_t k = 0; k < degree; ++k)
+      g.indices.push_back(static_cast<int32_t>(random_below(key, counter++, static_cast<uint64_t>(cols))));
+    g.indptr.push_back(static_cast<int64_t>(g.indices.size()));
+  }
+  return g;
+}
+
+std::vector<float> uniform(uint64_t key, size_t n, float lo, float hi) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * random_uniform(key, i);
+  return v;
+}
+
+// Half the rows drawn from {-2, -1, -0, +0, 1, 2} (ties everywhere), one row all zeros, the rest
+// uniform in [-1, 1]; row stride ld.
+std::vector<float> activations(uint64_t key, int64_t rows, int64_t width, int64_t ld) {
+  static const float kChoices[] = {-2.0f, -1.0f, -0.0f, 0.0f, 1.0f, 2.0f};
+  std::vector<float> x = uniform(key, static_cast<size_t>(rows * ld), -1.0f, 1.0f);
+  for (int64_t r = 0; r < rows; r += 2)
+    for (int64_t c = 0; c < width; ++c)
+      x[r * ld + c] = kChoices[random_below(derive_key(key, 1), static_cast<uint64_t>(r * ld + c), 6)];
+  if (rows > 5)
+    for (int64_t c = 0; c < width; ++c) x[5 * ld + c] = 0.0f;
+  return x;
+}
+
+// A host CBSR matrix that owns its arrays.
+struct Cbsr {
+  int64_t rows = 0, width = 0, k = 0;
+  std::vector<float> values;
+  std::vector<uint8_t> index;
+  Cbsr(int64_t r, int64_t w, int64_t kk)
+      : rows(r), width(w), k(kk), values(static_cast<size_t>(r * kk), kNaN),
+        index(static_cast<size_t>(cbsr_index_size_bytes(r, w, kk)), 0xee) {}
+  CbsrView view() { return {rows, width, k, values.data(), index.data()}; }
+  ConstCbsrView cview() const { return {rows, width, k, values.data(), index.data()}; }
+};
+
+Cbsr random_cbsr(uint64_t key, int64_t rows, int64_t width, int64_t k) {
+  const auto x = activations(key, rows, width, width);
+  Cbsr c(rows, width, k);
+  maxk_forward_cpu(matrix(x.data(), rows, width), c.view());
+  return c;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// |gpu - cpu| <= rel * magnitude, where magnitude is the same computation over the absolute
+// values of every input: the sum of the magnitudes of the element's terms, which bounds what
+// reordering a float sum can change. NaN on the GPU side always fails.
+void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, const std::vector<float>& magnitude,
+                  float rel, const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    const bool ok = !std::isnan(gpu[i]) && std::fabs(gpu[i] - cpu[i]) <= rel * magnitude[i] + 1e-30f;
+    if (!ok && bad++ == 0) first = i;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << gpu.size() << " differ; first at " << first << ": gpu "
+                     << (bad ? gpu[first] : 0.0f) << " cpu " << (bad ? cpu[first] : 0.0f) << " magnitude "
+                     << (bad ? magnitude[first] : 0.0f);
+}
+
+std::vector<float> absolute(std::vector<float> v) {
+  for (float& x : v) x = std::fabs(x);
+  return v;
+}
+
+// Which optional inputs a case sets; `combo` in [0, kCombos) enumerates all of them (SSpMM
+// ignores the bias bit).
+struct Options {
+  bool row_scale = false, col_scale = false, edge_weight = false, bias = false;
+  int self = 0;  // 0 none, 1 self_scale, 2 self_coefs, 3 both
+  static constexpr int kCombos = 2 * 2 * 2 * 4 * 2;
+  static Options from(int combo) {
+    Options o;
+    o.row_scale = combo & 1;
+    o.col_scale = combo & 2;
+    o.edge_weight = combo & 4;
+    o.self = (combo >> 3) & 3;
+    o.bias = combo & 32;
+    return o;
+  }
+  std::string describe() const {
+    return "row_scale=" + std::to_string(row_scale) + " col_scale=" + std::to_string(col_scale) +
+           " weight=" + std::to_string(edge_weight) + " self=" + std::to_string(self) + " bias=" + std::to_string(bias);
+  }
+};
+
+// Host-side optional inputs of one case.
+struct Inputs {
+  std::vector<float> row_scale, col_scale, weight, self_coefs, bias;
+  Inputs(const Graph& g, int64_t width, uint64_t key)
+      : row_scale(uniform(derive_key(key, 1), static_cast<size_t>(g.rows), 0.1f, 1.0f)),
+        col_scale(uniform(derive_key(key, 2), static_cast<size_t>(g.cols), -1.0f, 1.0f)),
+        weight(uniform(derive_key(key, 3), static_cast<size_t>(g.nnz()), -1.0f, 1.0f)),
+        self_coefs(uniform(derive_key(key, 4), static_cast<size_t>(g.rows), -1.0f, 1.0f)),
+        bias(uniform(derive_key(key, 5), static_cast<size_t>(width), -1.0f, 1.0f)) {}
+  Inputs absolute_values() const {
+    Inputs a = *this;
+    a.row_scale = absolute(row_scale);
+    a.col_scale = absolute(col_scale);
+    a.weight = absolute(weight);
+    a.self_coefs = absolute(self_coefs);
+    a.bias = absolute(bias);
+    return a;
+  }
+};
+
+class MaxkCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
+    pool_ = std::make_unique<MemoryPool>(0);
+    stream_ = std::make_unique<Stream>(0);
+  }
+
+  template <typename T>
+  DeviceBuffer<T> upload(const std::vector<T>& host) {
+    return cuda::to_device(*pool_, host, *stream_);
+  }
+  template <typename T>
+  std::vector<T> download(const DeviceBuffer<T>& d) {
+    return cuda::to_host_and_wait(d.view(), *stream_);
+  }
+  DeviceBuffer<float> poisoned(size_t n) {
+    DeviceBuffer<float> d(*pool_, n, *stream_);
+    if (n > 0) cuda::fill(d.data(), n, kNaN, *stream_);
+    return d;
+  }
+
+  // The graph's edge groups in device memory: built on the GPU (count on the device, capacity the
+  // bound) when `on_gpu`, else the CPU table uploaded (count null). Checks the GPU table against
+  // the CPU one on the way.
+  struct DeviceGroups {
+    DeviceBuffer<EdgeGroup> groups;
+    DeviceBuffer<int64_t> count;
+    EdgeGroupsView view;
+  };
+  DeviceGroups groups_for(const Graph& g, const DeviceBuffer<int64_t>& indptr, const DeviceBuffer<int32_t>& indices,
+                          bool on_gpu, int64_t group_size = kMaxkEdgeGroupSize) {
+    DeviceGroups d;
+    const std::vector<EdgeGroup> cpu = edge_groups_cpu(g.csr(), group_size);
+    if (!on_gpu) {
+      d.groups = upload(cpu);
+      d.view = {d.groups.data(), static_cast<int64_t>(cpu.size()), nullptr};
+      return d;
+    }
+    const int64_t capacity = edge_groups_capacity(g.rows, g.nnz(), group_size);
+    d.groups = DeviceBuffer<EdgeGroup>(*pool_, static_cast<size_t>(capacity), *stream_);
+    d.count = DeviceBuffer<int64_t>(*pool_, 1, *stream_);
+    const size_t bytes = edge_groups_workspace_bytes(g.rows);
+    DeviceBuffer<uint8_t> workspace(*pool_, bytes, *stream_);
+    const CsrView dg{g.rows, g.cols, indptr.data(), indices.data(), nullptr};
+    edge_groups_cuda(dg, group_size, d.groups.data(), capacity, d.count.data(), workspace.data(), bytes, *stream_);
+    const int64_t count = download(d.count)[0];
+    EXPECT_EQ(count, static_cast<int64_t>(cpu.size()));
+    std::vector<EdgeGroup> gpu = download(d.groups);
+    gpu.resize(static_cast<size_t>(std::min<int64_t>(count, capacity)));
+    EXPECT_EQ(gpu.size(), cpu.size());
+    for (size_t i = 0; i < std::min(gpu.size(), cpu.size()); ++i) {
+      EXPECT_TRUE(gpu[i].start == cpu[i].start && gpu[i].row == cpu[i].row && gpu[i].count == cpu[i].count)
+          << "group " << i;
+    }
+    d.view = {d.groups.data(), capacity, d.count.data()};
+    return d;
+  }
+
+  // maxk_forward_cuda against maxk_forward_cpu: same values bit for bit, same index bytes.
+  void check_top_k(int64_t rows, int64_t width, int64_t k, int64_t pad, uint64_t key) {
+    const int64_t ld = width + pad;
+    const auto x = activations(key, rows, width, ld);
+    Cbsr cpu(rows, width, k);
+    maxk_forward_cpu(ConstMatrixView{x.data(), rows, width, ld}, cpu.view());
+    auto d_x = upload(x);
+    auto d_values = poisoned(cpu.values.size());
+    DeviceBuffer<uint8_t> d_index(*pool_, cpu.index.size(), *stream_);
+    cuda::fill(d_index.data(), cpu.index.size(), uint8_t{0xee}, *stream_);
+    const CbsrView out{rows, width, k, d_values.data(), d_index.data()};
+    maxk_forward_cuda(ConstMatrixView{d_x.data(), rows, width, ld}, out, *stream_);
+    const std::string what = "top-k width " + std::to_string(width) + " k " + std::to_string(k) + " pad " +
+                             std::to_string(pad);
+    EXPECT_TRUE(download(d_index) == cpu.index) << what << ": indices differ";
+    EXPECT_TRUE(same_bits(download(d_values), cpu.values)) << what << ": values differ";
+  }
+
+  // spgemm_cbsr_cuda against spgemm_cbsr_cpu.
+  void check_spgemm(const Graph& g, int64_t width, int64_t k, const Options& o, uint64_t key, int64_t pad,
+                    bool groups_on_gpu) {
+    const int64_t ld = width + pad;
+    const Cbsr x = random_cbsr(derive_key(key, 20), g.cols, width, k);
+    const Inputs in(g, width, derive_key(key, 21));
+    const auto run_cpu = [&](const Inputs& v, const Cbsr& xs, float self_scale) {
+      std::vector<float> out(static_cast<size_t>(g.rows * ld), kNaN);
+      SpgemmCbsrArgs a;
+      a.graph = g.csr();
+      a.x = xs.cview();
+      a.out = MatrixView{out.data(), g.rows, width, ld};
+      a.row_scale = o.row_scale ? v.row_scale.data() : nullptr;
+      a.col_scale = o.col_scale ? v.col_scale.data() : nullptr;
+      a.edge_weight = o.edge_weight ? v.weight.data() : nullptr;
+      a.self_coefs = (o.self & 2) ? v.self_coefs.data() : nullptr;
+      a.self_scale = self_scale;
+      a.bias = o.bias ? v.bias.data() : nullptr;
+      spgemm_cbsr_cpu(a);
+      return out;
+    };
+    const float self_scale = (o.self & 1) ? -1.25f : 0.0f;
+    const auto cpu = run_cpu(in, x, self_scale);
+    Cbsr x_abs = x;
+    x_abs.values = absolute(x.values);
+    const auto magnitude = run_cpu(in.absolute_values(), x_abs, std::fabs(self_scale));
+
+    auto d_indptr = upload(g.indptr);
+    auto d_indices = upload(g.indices);
+    auto d_values = upload(x.values);
+    auto d_index = upload(x.index);
+    auto d_row_scale = upload(in.row_scale);
+    auto d_col_scale = upload(in.col_scale);
+    auto d_weight = upload(in.weight);
+    auto d_self = upload(in.self_coefs);
+    auto d_bias = upload(in.bias);
+    auto d_out = poisoned(static_cast<size_t>(g.rows * ld));
+    DeviceGroups groups = groups_for(g, d_indptr, d_indices, groups_on_gpu);
+    SpgemmCbsrArgs a;
+    a.graph = {g.rows, g.cols, d_indptr.data(), d_indices.data(), nullptr};
+    a.x = ConstCbsrView{x.rows, width, k, d_values.data(), d_index.data()};
+    a.out = MatrixView{d_out.data(), g.rows, width, ld};
+    a.row_scale = o.row_scale ? d_row_scale.data() : nullptr;
+    a.col_scale = o.col_scale ? d_col_scale.data() : nullptr;
+    a.edge_weight = o.edge_weight ? d_weight.data() : nullptr;
+    a.self_coefs = (o.self & 2) ? d_self.data() : nullptr;
+    a.self_scale = self_scale;
+    a.bias = o.bias ? d_bias.data() : nullptr;
+    spgemm_cbsr_cuda(a, groups.view, *stream_);
+    const auto gpu = download(d_out);
+    // Padding columns are written by neither side: compare the matrix proper.
+    std::vector<float> gpu_m, cpu_m, mag_m;
+    for (int64_t r = 0; r < g.rows; ++r) {
+      gpu_m.insert(gpu_m.end(), gpu.begin() + r * ld, gpu.begin() + r * ld + width);
+      cpu_m.insert(cpu_m.end(), cpu.begin() + r * ld, cpu.begin() + r * ld + width);
+      mag_m.insert(mag_m.end(), magnitude.begin() + r * ld, magnitude.begin() + r * ld + width);
+    }
+    expect_close(gpu_m, cpu_m, mag_m, 1e-5f,
+                 "spgemm width " + std::to_string(width) + " k " + std::to_string(k) + " pad " + std::to_string(pad) +
+                     (groups_on_gpu ? " gpu groups " : " cpu groups ") + o.describe());
+  }
+
+  // sspmm_cbsr_cuda against sspmm_cbsr_cpu; the pattern has `extra` rows past the graph's sources.
+  void check_sspmm(const Graph& g, int64_t width, int64_t k, const Options& o, uint64_t key, int64_t pad,
+                   bool groups_on_gpu, int64_t extra = 3) {
+    const int64_t ld = width + pad;
+    const int64_t prow = g.cols + extra;
+    const Cbsr pattern = random_cbsr(derive_key(key, 30), prow, width, k);
+    const Inputs in(g, width, derive_key(key, 31));
+    const auto grad = uniform(derive_key(key, 32), static_cast<size_t>(g.rows * ld), -1.0f, 1.0f);
+    const float self_scale = (o.self & 1) ? 0.75f : 0.0f;
+    const auto run_cpu = [&](const Inputs& v, const std::vector<float>& gr, float s) {
+      std::vector<float> gv(static_cast<size_t>(prow * k), kNaN);
+      SspmmCbsrArgs a;
+      a.graph = g.csr();
+      a.grad_out = ConstMatrixView{gr.data(), g.rows, width, ld};
+      a.pattern = pattern.cview();
+      a.grad_values = gv.data();
+      a.row_scale = o.row_scale ? v.row_scale.data() : nullptr;
+      a.col_scale = o.col_scale ? v.col_scale.data() : nullptr;
+      a.edge_weight = o.edge_weight ? v.weight.data() : nullptr;
+      a.self_coefs = (o.self & 2) ? v.self_coefs.data() : nullptr;
+      a.self_scale = s;
+      sspmm_cbsr_cpu(a);
+      return gv;
+    };
+    const auto cpu = run_cpu(in, grad, self_scale);
+    const auto magnitude = run_cpu(in.absolute_values(), absolute(grad), std::fabs(self_scale));
+
+    auto d_indptr = upload(g.indptr);
+    auto d_indices = upload(g.indices);
+    auto d_index = upload(pattern.index);
+    auto d_grad = upload(grad);
+    auto d_row_scale = upload(in.row_scale);
+    auto d_col_scale = upload(in.col_scale);
+    auto d_weight = upload(in.weight);
+    auto d_self = upload(in.self_coefs);
+    auto d_gv = poisoned(cpu.size());
+    DeviceGroups groups = groups_for(g, d_indptr, d_indices, groups_on_gpu);
+    SspmmCbsrArgs a;
+    a.graph = {g.rows, g.cols, d_indptr.data(), d_indices.data(), nullptr};
+    a.grad_out = ConstMatrixView{d_grad.data(), g.rows, width, ld};
+    a.pattern = ConstCbsrView{prow, width, k, nullptr, d_index.data()};
+    a.grad_values = d_gv.data();
+    a.row_scale = o.row_scale ? d_row_scale.data() : nullptr;
+    a.col_scale = o.col_scale ? d_col_scale.data() : nullptr;
+    a.edge_weight = o.edge_weight ? d_weight.data() : nullptr;
+    a.self_coefs = (o.self & 2) ? d_self.data() : nullptr;
+    a.self_scale = self_scale;
+    sspmm_cbsr_cuda(a, groups.view, *stream_);
+    expect_close(download(d_gv), cpu, magnitude, 1e-5f,
+                 "sspmm width " + std::to_string(width) + " k " + std::to_string(k) + " pad " + std::to_string(pad) +
+                     (groups_on_gpu ? " gpu groups " : " cpu groups ") + o.describe());
+  }
+
+  std::unique_ptr<MemoryPool> pool_;
+  std::unique_ptr<Stream> stream_;
+};
+
+TEST_F(MaxkCudaTest, TopKMatchesCpuExactlyAtEveryWidthAndK) {
+  for (int64_t width : kWidths) {
+    for (int64_t k : ks_for(width)) {
+      check_top_k(301, width, k, 0, derive_key(1, static_cast<uint64_t>(width * 10000 + k)));
+      check_top_k(67, width, k, 3, derive_key(2, static_cast<uint64_t>(width * 10000 + k)));
+    }
+  }
+}
+
+TEST_F(MaxkCudaTest, TopKMatchesCpuAtTheWidestRows) {
+  for (int64_t width : {int64_t{1500}, int64_t{2048}, kMaxkCudaMaxWidth}) {
+    for (int64_t k : {int64_t{1}, int64_t{32}, int64_t{777}, width}) check_top_k(40, width, k, 1, derive_key(3, width + k));
+  }
+}
+
+TEST_F(MaxkCudaTest, BackwardAndToDenseMatchCpuExactly) {
+  for (int64_t width : kWidths) {
+    const int64_t rows = 97, k = std::min<int64_t>(width, 16), ld = width + 2;
+    const Cbsr pattern = random_cbsr(derive_key(4, width), rows, width, k);
+    const auto dense = uniform(derive_key(5, width), static_cast<size_t>(rows * ld), -1.0f, 1.0f);
+    const auto sparse = uniform(derive_key(6, width), static_cast<size_t>(rows * k), -1.0f, 1.0f);
+    auto d_values = upload(pattern.values);
+    auto d_index = upload(pattern.index);
+    auto d_dense = upload(dense);
+    auto d_sparse = upload(sparse);
+    const ConstCbsrView d_pattern{rows, width, k, d_values.data(), d_index.data()};
+    for (int use = 0; use < 4; ++use) {
+      const bool use_dense = use & 1, use_sparse = use & 2;
+      std::vector<float> cpu(static_cast<size_t>(rows * ld), kNaN);
+      maxk_backward_cpu(pattern.cview(), use_sparse ? sparse.data() : nullptr,
+                        use_dense ? ConstMatrixView{dense.data(), rows, width, ld} : ConstMatrixView{},
+                        MatrixView{cpu.data(), rows, width, ld});
+      auto d_out = poisoned(cpu.size());
+      maxk_backward_cuda(d_pattern, use_sparse ? d_sparse.data() : nullptr,
+                         use_dense ? ConstMatrixView{d_dense.data(), rows, width, ld} : ConstMatrixView{},
+                         MatrixView{d_out.data(), rows, width, ld}, *stream_);
+      // Padding stays NaN on both sides, which memcmp compares like any other bits.
+      EXPECT_TRUE(same_bits(download(d_out), cpu)) << "backward width " << width << " use " << use;
+    }
+    std::vector<float> cpu(static_cast<size_t>(rows * width), kNaN);
+    cbsr_to_dense_cpu(pattern.cview(), matrix(cpu.data(), rows, width));
+    auto d_out = poisoned(cpu.size());
+    cbsr_to_dense_cuda(d_pattern, matrix(d_out.data(), rows, width), *stream_);
+    EXPECT_TRUE(same_bits(download(d_out), cpu)) << "to dense width " << width;
+  }
+}
+
+TEST_F(MaxkCudaTest, EdgeGroupsBuiltOnGpuMatchCpu) {
+  for (int64_t size : {int64_t{5}, kMaxkEdgeGroupSize}) {
+    const Graph g = random_graph(7, 3000, 3500, 5000);
+    auto d_indptr = upload(g.indptr);
+    auto d_indices = upload(g.indices);
+    groups_for(g, d_indptr, d_indices, true, size);  // compares inside
+  }
+  const Graph empty = random_graph(8, 10, 10, 0);  // rows 0 and 5 empty, the rest 1-11 entries
+  auto d_indptr = upload(empty.indptr);
+  auto d_indices = upload(empty.indices);
+  groups_for(empty, d_indptr, d_indices, true);
+}
+
+// Every width and k with a rotating quarter of the option combinations; small enough to run under
+// compute-sanitizer.
+TEST_F(MaxkCudaTest, SmallAggregationsMatchCpuAtEveryWidthAndK) {
+  const Graph g = random_graph(11, 300, 350, 1500);
+  int n = 0;
+  for (int64_t width : kWidths) {
+    for (int64_t k : ks_for(width)) {
+      for (int combo = n % 16; combo < Options::kCombos; combo += 16) {
+        const uint64_t key = derive_key(12, static_cast<uint64_t>(width * 100000 + k * 100 + combo));
+        const Options o = Options::from(combo);
+        const int64_t pad = combo % 3 == 0 ? 1 : 0;  // pad 1: the scalar flush at widths divisible by 4
+        check_spgemm(g, width, k, o, key, pad, combo % 2 == 0);
+        check_sspmm(g, width, k, o, key, pad, combo % 2 == 1);
+      }
+      ++n;
+    }
+  }
+}
+
+TEST_F(MaxkCudaTest, AllOptionCombinationsMatchCpu) {
+  const Graph g = random_graph(21, 500, 700, 2500);
+  for (int64_t width : {int64_t{100}, int64_t{256}}) {
+    for (int64_t k : {int64_t{8}, int64_t{32}}) {
+      for (int combo = 0; combo < Options::kCombos; ++combo) {
+        const uint64_t key = derive_key(22, static_cast<uint64_t>(width * 100000 + k * 100 + combo));
+        check_spgemm(g, width, k, Options::from(combo), key, 0, true);
+        check_sspmm(g, width, k, Options::from(combo), key, 0, true);
+      }
+    }
+  }
+}
+
+// Many blocks; hub rows span several blocks and merge across them by atomics.
+TEST_F(MaxkCudaTest, LargeGraphWithHubsMatchesCpu) {
+  const Graph g = random_graph(31, 20000, 25000, 6000);
+  for (int64_t width : {int64_t{64}, int64_t{257}}) {
+    for (int64_t k : {int64_t{4}, int64_t{16}, int64_t{48}}) {
+      const uint64_t key = derive_key(32, static_cast<uint64_t>(width * 100 + k));
+      check_spgemm(g, width, k, Options::from(1 + 2 + 4 + 8 + 32), key, 0, true);
+      check_sspmm(g, width, k, Options::from(1 + 2 + 4 + 16), key, 0, true);
+    }
+  }
+}
+
+// The widest rows take 64 KiB of slot buffers per block: above the default limit.
+TEST_F(MaxkCudaTest, WidestRowsMatchCpu) {
+  const Graph g = random_graph(41, 120, 150, 700);
+  for (int64_t k : {int64_t{3}, int64_t{100}, kMaxkCudaMaxWidth}) {
+    const uint64_t key = derive_key(42, static_cast<uint64_t>(k));
+    check_spgemm(g, kMaxkCudaMaxWidth, k, Options::from(1 + 4 + 8 + 32), key, 0, false);
+    check_sspmm(g, kMaxkCudaMaxWidth, k, Options::from(2 + 4 + 24), key, 0, true);
+  }
+}
+
+// top-k, SpGEMM, SSpMM and the backward scatter chained on the device as a layer runs them.
+TEST_F(MaxkCudaTest, ChainedLayerPassMatchesCpu) {
+  const Graph g = random_graph(51, 400, 500, 1200);
+  const int64_t width = 256, k = 32;
+  const auto h = activations(52, g.cols, width, width);
+  const auto grad = uniform(53, static_cast<size_t>(g.rows * width), -1.0f, 1.0f);
+  // CPU.
+  Cbsr x(g.cols, width, k);
+  maxk_forward_cpu(matrix(h.data(), g.cols, width), x.view());
+  std::vector<float> out(static_cast<size_t>(g.rows * width)), gv(static_cast<size_t>(g.cols * k)),
+      dh(static_cast<size_t>(g.cols * width));
+  SpgemmCbsrArgs f;
+  f.graph = g.csr();
+  f.x = x.cview();
+  f.out = matrix(out.data(), g.rows, width);
+  f.self_scale = 1.0f;
+  spgemm_cbsr_cpu(f);
+  SspmmCbsrArgs b;
+  b.graph = g.csr();
+  b.grad_out = matrix(grad.data(), g.rows, width);
+  b.pattern = x.cview();
+  b.grad_values = gv.data();
+  b.self_scale = 1.0f;
+  sspmm_cbsr_cpu(b);
+  maxk_backward_cpu(x.cview(), gv.data(), ConstMatrixView{}, matrix(dh.data(), g.cols, width));
+  // GPU.
+  auto d_indptr = upload(g.indptr);
+  auto d_indices = upload(g.indices);
+  auto d_h = upload(h);
+  auto d_grad = upload(grad);
+  auto d_values = poisoned(x.values.size());
+  DeviceBuffer<uint8_t> d_index(*pool_, x.index.size(), *stream_);
+  auto d_out = poisoned(out.size());
+  auto d_gv = poisoned(gv.size());
+  auto d_dh = poisoned(dh.size());
+  DeviceGroups groups = groups_for(g, d_indptr, d_indices, true);
+  const CbsrView dx{g.cols, width, k, d_values.data(), d_index.data()};
+  maxk_forward_cuda(matrix(d_h.data(), g.cols, width), dx, *stream_);
+  SpgemmCbsrArgs df = f;
+  df.graph = {g.rows, g.cols, d_indptr.data(), d_indices.data(), nullptr};
+  df.x = dx;
+  df.out = matrix(d_out.data(), g.rows, width);
+  spgemm_cbsr_cuda(df, groups.view, *stream_);
+  SspmmCbsrArgs db = b;
+  db.graph = df.graph;
+  db.grad_out = matrix(d_grad.data(), g.rows, width);
+  db.pattern = dx;
+  db.grad_values = d_gv.data();
+  sspmm_cbsr_cuda(db, groups.view, *stream_);
+  maxk_backward_cuda(dx, d_gv.data(), ConstMatrixView{}, matrix(d_dh.data(), g.cols, width), *stream_);
+  EXPECT_TRUE(download(d_index) == x.index);
+  EXPECT_TRUE(same_bits(download(d_values), x.values));
+  // Magnitudes: the same CPU chain over absolute values.
+  Cbsr x_abs = x;
+  x_abs.values = absolute(x.values);
+  const auto grad_abs = absolute(grad);
+  std::vector<float> out_mag(out.size()), gv_mag(gv.size()), dh_mag(dh.size());
+  f.x = x_abs.cview();
+  f.out = matrix(out_mag.data(), g.rows, width);
+  spgemm_cbsr_cpu(f);
+  b.grad_out = matrix(grad_abs.data(), g.rows, width);
+  b.grad_values = gv_mag.data();
+  sspmm_cbsr_cpu(b);
+  maxk_backward_cpu(x.cview(), gv_mag.data(), ConstMatrixView{}, matrix(dh_mag.data(), g.cols, width));
+  expect_close(download(d_out), out, out_mag, 1e-5f, "chained spgemm");
+  expect_close(download(d_gv), gv, gv_mag, 1e-5f, "chained sspmm");
+  expect_close(download(d_dh), dh, dh_mag, 1e-5f, "chained backward");
+}
+
+TEST_F(MaxkCudaTest, SmallEmptyShapesDoNothingWrong) {
+  const Graph no_rows = random_graph(61, 0, 10, 0);
+  check_spgemm(no_rows, 8, 2, Options::from(32), 62, 0, false);
+  check_sspmm(no_rows, 8, 2, Options::from(8), 62, 0, false);
+  Graph no_edges;
+  no_edges.rows = 6;
+  no_edges.cols = 9;
+  no_edges.indptr.assign(7, 0);
+  check_spgemm(no_edges, 8, 2, Options::from(8 + 32), 63, 0, true);
+  check_sspmm(no_edges, 8, 2, Options::from(8), 63, 0, true);
+}
+
+// Explains itself without a device.
+TEST(MaxkCudaCannot, RefusesRowsWiderThanTheKernelsTake) {
+  EXPECT_EQ(maxk_cuda_cannot(kMaxkCudaMaxWidth), "");
+  EXPECT_NE(maxk_cuda_cannot(kMaxkCudaMaxWidth + 1).find("width"), std::string::npos);
+  std::vector<float> x(static_cast<size_t>(2 * (kMaxkCudaMaxWidth + 1)));
+  std::vector<float> values(4);
+  std::vector<uint16_t> index(4);
+  const CbsrView out{2, kMaxkCudaMaxWidth + 1, 2, values.data(), index.data()};
+  EXPECT_THROW(maxk_forward_cuda(matrix(x.data(), 2, kMaxkCudaMaxWidth + 1), out, nullptr), InputError);
+  const CbsrView bad_k{2, 10, 11, values.data(), index.data()};
+  EXPECT_THROW(maxk_forward_cuda(matrix(x.data(), 2, 10), bad_k, nullptr), InputError);
+}
+
+}  // namespace
+}  // namespace gale::kernels
