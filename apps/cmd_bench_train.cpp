@@ -68,8 +68,7 @@ Result time_model(const engine::ModelConfig& cfg, const Workload& w, const Devic
     Tensor grad = Tensor::empty(logits.rows(), logits.cols(), DType::kF32, dev);
     engine::ops::softmax_cross_entropy(logits, w.labels, w.rows, &grad);
     logits = Tensor();
-    model.backward(grad);
-    grad = Tensor();
+    model.backward(std::move(grad));
     adam.step();
     engine::synchronize(dev);
   };

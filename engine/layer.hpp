@@ -37,7 +37,8 @@ class Layer {
   virtual Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) = 0;
   // grad_out: num_dst x out_dim, for the last training forward. Accumulates parameter gradients;
   // returns the num_src x in_dim input gradient when need_input_grad, else an undefined Tensor.
-  virtual Tensor backward(const GraphOperand& g, const Tensor& grad_out, bool need_input_grad) = 0;
+  // grad_out is taken by value so a layer can release it as soon as it is done with it.
+  virtual Tensor backward(const GraphOperand& g, Tensor grad_out, bool need_input_grad) = 0;
   virtual std::vector<Parameter*> parameters() = 0;
 };
 

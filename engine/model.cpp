@@ -12,7 +12,8 @@ namespace gale::engine {
 struct Model::Saved {
   bool dropped = false;     // dropout applied to this layer's input
   uint64_t dropout_key = 0;
-  Tensor activated;         // activation output (hidden layers), for its backward
+  Tensor activated;         // ELU output (hidden layers), for its backward
+  Tensor relu_mask;         // ReLU: one bit per element instead of the output itself
 };
 
 Model::Model(const ModelConfig& config, uint64_t seed) : config_(config) {
@@ -70,27 +71,32 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
     ctx.relu = hidden && config_.activation == Activation::kRelu;  // the layer fuses it where it can
     ctx.exec = exec_;
     h = layers_[l]->forward(*graphs[l], h, ctx);
-    if (hidden) {
-      if (config_.activation == Activation::kElu) ops::elu(h, &h);
-      saved->activated = h;
+    if (hidden && config_.activation == Activation::kElu) {
+      ops::elu(h, &h);
+      if (training) saved->activated = h;
+    } else if (hidden && training) {
+      // The output itself is then owned by the next layer alone, which frees it as soon as its
+      // backward no longer needs it.
+      saved->relu_mask = ops::relu_mask(h);
     }
     if (training) saved_.push_back(saved);
   }
   return h;
 }
 
-void Model::backward(const Tensor& grad_logits) {
+void Model::backward(Tensor grad_logits) {
   GALE_ASSERT(saved_.size() == layers_.size());
-  Tensor g = grad_logits;
+  Tensor g = std::move(grad_logits);
   for (size_t l = layers_.size(); l-- > 0;) {
     Saved& s = *saved_[l];
     if (l + 1 < layers_.size()) {
       // In place: the gradient of the activation's output is not needed again.
       if (config_.activation == Activation::kElu) ops::elu_backward(g, s.activated, &g);
-      else ops::relu_backward(g, s.activated, &g);
-      s.activated = Tensor();  // released as soon as it has served, to bound peak memory
+      else ops::relu_backward_mask(g, s.relu_mask, &g);
+      s.activated = s.relu_mask = Tensor();  // released as soon as it has served, to bound peak memory
     }
-    g = layers_[l]->backward(*graphs_[l], g, /*need_input_grad=*/l > 0);
+    // The gradient is handed over, so the layer frees it as soon as it is done with it.
+    g = layers_[l]->backward(*graphs_[l], std::move(g), /*need_input_grad=*/l > 0);
     if (l > 0 && s.dropped) ops::dropout_backward(g, &g, config_.dropout, s.dropout_key);
   }
   saved_.clear();

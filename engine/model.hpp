@@ -48,8 +48,9 @@ class Model {
   // x: graphs[0]->num_src x in_dim. Returns graphs.back()->num_dst x out_dim logits.
   Tensor forward(const std::vector<const GraphOperand*>& graphs, const Tensor& x, bool training,
                  uint64_t rng_key);
-  // Backpropagates d(loss)/d(logits) through the last training forward.
-  void backward(const Tensor& grad_logits);
+  // Backpropagates d(loss)/d(logits) through the last training forward. Takes the gradient over
+  // (and overwrites it): pass std::move(grad) to let its memory go as early as possible.
+  void backward(Tensor grad_logits);
 
   std::vector<Parameter*> parameters();
   void zero_grad();

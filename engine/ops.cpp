@@ -230,6 +230,36 @@ void relu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in) {
 #endif
 }
 
+Tensor relu_mask(const Tensor& y) {
+  Tensor mask = Tensor::empty(y.rows(), kernels::relu_mask_words(y.cols()), DType::kI32, y.device());
+  const OpTimer timer(OpKind::kOther, y.device(), "relu_mask");
+  auto* bits = mask.data<uint32_t>();
+  if (y.device().is_cpu()) {
+    kernels::relu_mask(y.view(), bits);
+    return mask;
+  }
+#if GALE_WITH_CUDA
+  kernels::relu_mask_cuda(y.view(), bits, stream(y));
+  return mask;
+#else
+  no_cuda();
+#endif
+}
+
+void relu_backward_mask(const Tensor& grad_out, const Tensor& mask, Tensor* grad_in) {
+  same_device(grad_out, mask, "relu_backward_mask");
+  same_shape(grad_out, *grad_in, "relu_backward_mask");
+  GALE_ASSERT(mask.rows() == grad_out.rows() && mask.cols() == kernels::relu_mask_words(grad_out.cols()));
+  const OpTimer timer(OpKind::kOther, grad_out.device(), "relu_backward_mask");
+  const auto* bits = mask.data<uint32_t>();
+  if (grad_out.device().is_cpu()) return kernels::relu_backward_mask(grad_out.view(), bits, grad_in->view());
+#if GALE_WITH_CUDA
+  kernels::relu_backward_mask_cuda(grad_out.view(), bits, grad_in->view(), stream(grad_out));
+#else
+  no_cuda();
+#endif
+}
+
 void elu(const Tensor& x, Tensor* out) {
   same_device(x, *out, "elu");
   same_shape(x, *out, "elu");

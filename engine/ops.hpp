@@ -83,6 +83,10 @@ void zero(Tensor* t);
 
 void relu(const Tensor& x, Tensor* out);  // may alias
 void relu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in);
+// One bit per element of y > 0 (kernels/dense.hpp's layout), as a rows x words i32 tensor: what
+// ReLU's backward needs, at 1/32 of the activation's memory.
+Tensor relu_mask(const Tensor& y);
+void relu_backward_mask(const Tensor& grad_out, const Tensor& mask, Tensor* grad_in);
 void elu(const Tensor& x, Tensor* out);
 void elu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in);
 void dropout(const Tensor& x, Tensor* out, float p, uint64_t key);

@@ -206,8 +206,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       Tensor grad = Tensor::empty(logits.rows(), logits.cols(), DType::kF32, dev);
       m.loss = ops::softmax_cross_entropy(logits, labels_all, train_rows, &grad).loss;
       logits = Tensor();
-      model.backward(grad);
-      grad = Tensor();
+      model.backward(std::move(grad));
       adam.step();
       synchronize(dev);
       m.compute_s = since(t0);
@@ -251,7 +250,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
             const Tensor batch_labels = Tensor::from_host(p->labels.data(), logits.rows(), 1, DType::kI32, dev);
             loss_sum += ops::softmax_cross_entropy(logits, batch_labels, ids_tensor(rows, dev), &grad).loss *
                         static_cast<double>(rows.size());
-            model.backward(grad);
+            model.backward(std::move(grad));
             adam.step();
           });
       m.loss = loss_sum / static_cast<double>(train_ids.size());

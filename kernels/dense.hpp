@@ -30,6 +30,14 @@ void axpy(ConstMatrixView x, float alpha, MatrixView y);
 void relu_forward(ConstMatrixView x, MatrixView out);
 // grad_in = grad_out * (y > 0), where y is the forward output; may alias grad_out.
 void relu_backward(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in);
+// ReLU's backward needs only where the output was positive: one bit per element, so a model keeps
+// 1/32 of an activation for it. Row r's words start at r * relu_mask_words(cols); bit c % 32 of
+// word c / 32 is (y[r][c] > 0).
+inline int64_t relu_mask_words(int64_t cols) { return (cols + 31) / 32; }
+void relu_mask(ConstMatrixView y, uint32_t* bits);
+// grad_in = grad_out where the mask bit is set, else 0; may alias grad_out.
+void relu_backward_mask(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in);
+
 // out = x > 0 ? x : exp(x) - 1 (alpha 1, as torch.nn.functional.elu); may alias.
 void elu_forward(ConstMatrixView x, MatrixView out);
 // grad_in = grad_out * (y > 0 ? 1 : y + 1), from the forward output y.
@@ -92,6 +100,8 @@ void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, void* works
 
 void relu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream);
 void relu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, cudaStream_t stream);
+void relu_mask_cuda(ConstMatrixView y, uint32_t* bits, cudaStream_t stream);
+void relu_backward_mask_cuda(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in, cudaStream_t stream);
 void elu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream);
 void elu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, cudaStream_t stream);
 

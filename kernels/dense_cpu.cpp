@@ -76,6 +76,28 @@ void relu_forward(ConstMatrixView x, MatrixView out) {
   });
 }
 
+void relu_mask(ConstMatrixView y, uint32_t* bits) {
+  const int64_t words = relu_mask_words(y.cols);
+  for_rows(y.rows, y.cols, [&](int64_t r) {
+    const float* yr = y.row(r);
+    uint32_t* b = bits + r * words;
+    for (int64_t w = 0; w < words; ++w) b[w] = 0;
+    for (int64_t c = 0; c < y.cols; ++c) {
+      if (yr[c] > 0.0f) b[c / 32] |= 1u << (c % 32);
+    }
+  });
+}
+
+void relu_backward_mask(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in) {
+  const int64_t words = relu_mask_words(grad_out.cols);
+  for_rows(grad_out.rows, grad_out.cols, [&](int64_t r) {
+    const float* g = grad_out.row(r);
+    const uint32_t* b = bits + r * words;
+    float* gi = grad_in.row(r);
+    for (int64_t c = 0; c < grad_out.cols; ++c) gi[c] = (b[c / 32] >> (c % 32)) & 1u ? g[c] : 0.0f;
+  });
+}
+
 void relu_backward(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in) {
   for_rows(y.rows, y.cols, [&](int64_t r) {
     const float* g = grad_out.row(r);

@@ -33,6 +33,8 @@ constexpr int kThreads = 256;
 // times over; larger arrays loop inside the kernel.
 constexpr int64_t kMaxBlocks = 4096;
 
+constexpr int64_t kWarpsPerMask = kThreads / kWarp;  // mask words per block
+
 unsigned blocks_for(int64_t work_items, int64_t items_per_block = kThreads) {
   return static_cast<unsigned>(
       std::clamp<int64_t>((work_items + items_per_block - 1) / items_per_block, 1, kMaxBlocks));
@@ -157,6 +159,36 @@ struct ReluBackward {
     store<V>(at(grad_in, r, c), g);
   }
 };
+
+struct ReluBackwardMask {
+  ConstMatrixView grad_out;
+  const uint32_t* bits;
+  int64_t words;
+  MatrixView grad_in;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    Pack<V> g = load<V>(at(grad_out, r, c));
+    // V <= 4 consecutive columns from a multiple of V never straddle a 32-bit word.
+    const uint32_t word = bits[r * words + c / 32] >> (c % 32);
+#pragma unroll
+    for (int i = 0; i < V; ++i) g.v[i] = (word >> i) & 1u ? g.v[i] : 0.0f;
+    store<V>(at(grad_in, r, c), g);
+  }
+};
+
+// One warp per mask word: lane l tests column 32 w + l, the ballot is the word.
+__global__ void relu_mask_kernel(ConstMatrixView y, uint32_t* bits, int64_t words) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t total = y.rows * words;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; i < total; i += warps) {
+    const int64_t r = i / words;
+    const int64_t c = (i - r * words) * kWarp + lane;
+    const bool positive = c < y.cols && y.data[r * y.ld + c] > 0.0f;
+    const unsigned word = __ballot_sync(kFullMask, positive);
+    if (lane == 0) bits[i] = word;
+  }
+}
 
 struct EluForward {
   ConstMatrixView x;
@@ -485,6 +517,19 @@ void relu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView 
   const bool vec4 = vector_ok(grad_out.data, grad_out.ld) && vector_ok(y.data, y.ld) &&
                     vector_ok(grad_in.data, grad_in.ld);
   launch_map(y.rows, y.cols, vec4, ReluBackward{grad_out, y, grad_in}, stream);
+}
+
+void relu_mask_cuda(ConstMatrixView y, uint32_t* bits, cudaStream_t stream) {
+  const int64_t words = relu_mask_words(y.cols);
+  if (y.rows == 0 || words == 0) return;
+  relu_mask_kernel<<<blocks_for(y.rows * words, kWarpsPerMask), kThreads, 0, stream>>>(y, bits, words);
+  check_launch();
+}
+
+void relu_backward_mask_cuda(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in, cudaStream_t stream) {
+  const bool vec4 = vector_ok(grad_out.data, grad_out.ld) && vector_ok(grad_in.data, grad_in.ld);
+  launch_map(grad_out.rows, grad_out.cols, vec4,
+             ReluBackwardMask{grad_out, bits, relu_mask_words(grad_out.cols), grad_in}, stream);
 }
 
 void elu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream) {

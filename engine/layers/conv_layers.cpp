@@ -24,6 +24,14 @@ Parameter make_bias(const std::string& name, int64_t out) {
   return b;
 }
 
+// `t` with zero rows appended up to `rows` (a block's root gradient covers only its destinations).
+Tensor pad_rows(const Tensor& t, int64_t rows) {
+  Tensor out = Tensor::zeros(rows, t.cols(), DType::kF32, t.device());
+  Tensor head = out.rows_slice(0, t.rows());
+  ops::axpy(t, 1.0f, &head);
+  return out;
+}
+
 // Which normalised aggregation a layer applies, forward over the CSR and backward over the CSC.
 enum class Norm { kGcn, kMean, kSum };
 
@@ -108,34 +116,54 @@ class AggregateLinear {
       Tensor a = Tensor::empty(g.num_dst(), lin_.in(), DType::kF32, x.device());
       aggregate(g, norm_, self_scale_, x, &a, exec_);
       y = lin_.forward(a, exec_.tf32);
+      a = Tensor();
       if (root_) ops::gemm(x_dst, false, root_->weight().value, false, 1.0f, &y, exec_.tf32);
       ops::add_bias(&y, bias_.value);
       if (ctx.relu) ops::relu(y, &y);
-      if (ctx.training) saved_ = a;
+      // Backward recomputes A x rather than keeping it: one more SpMM on the narrow width buys
+      // a whole num_dst x in tensor of memory (x itself is usually the resident input features).
+      if (ctx.training) saved_ = x;
     }
     if (ctx.training && root_) x_dst_ = x_dst;
     return y;
   }
 
-  Tensor backward(const GraphOperand& g, const Tensor& grad, bool need_input_grad) {
+  // Frees each tensor as soon as it has served: the peak is the saved input, the incoming gradient
+  // and one new gradient-sized tensor.
+  Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) {
     ops::column_sum(grad, &bias_.grad, /*accumulate=*/true);
+    if (root_) root_->accumulate_grads(x_dst_, grad, exec_.tf32);
+    x_dst_ = Tensor();
     Tensor gx;
     if (transform_first_) {
-      const Tensor gh = aggregate_backward(g, norm_, self_scale_, grad, exec_);
-      gx = lin_.backward(saved_, gh, need_input_grad, exec_.tf32);
-    } else {
-      const Tensor ga = lin_.backward(saved_, grad, need_input_grad, exec_.tf32);
+      Tensor gh = aggregate_backward(g, norm_, self_scale_, grad, exec_);
+      lin_.accumulate_grads(saved_, gh, exec_.tf32);
       saved_ = Tensor();
-      if (need_input_grad) gx = aggregate_backward(g, norm_, self_scale_, ga, exec_);
+      if (!need_input_grad) return Tensor();
+      if (root_) {
+        gx = root_->input_grad(grad, exec_.tf32);  // rows = num_dst = num_src on a full graph
+        if (gx.rows() < g.num_src()) gx = pad_rows(gx, g.num_src());
+        grad = Tensor();
+        lin_.input_grad(gh, exec_.tf32, &gx);
+      } else {
+        grad = Tensor();
+        gx = lin_.input_grad(gh, exec_.tf32);
+      }
+      return gx;
+    }
+    {
+      Tensor a = Tensor::empty(g.num_dst(), lin_.in(), DType::kF32, grad.device());
+      aggregate(g, norm_, self_scale_, saved_, &a, exec_);
+      lin_.accumulate_grads(a, grad, exec_.tf32);
     }
     saved_ = Tensor();
+    if (!need_input_grad) return Tensor();
+    Tensor ga = lin_.input_grad(grad, exec_.tf32);
+    gx = aggregate_backward(g, norm_, self_scale_, ga, exec_);
+    ga = Tensor();
     if (root_) {
-      const Tensor g_root = root_->backward(x_dst_, grad, need_input_grad, exec_.tf32);
-      if (need_input_grad) {
-        Tensor gx_dst = gx.rows_slice(0, g.num_dst());
-        ops::axpy(g_root, 1.0f, &gx_dst);
-      }
-      x_dst_ = Tensor();
+      Tensor gx_dst = gx.rows_slice(0, g.num_dst());
+      root_->input_grad(grad, exec_.tf32, &gx_dst);
     }
     return gx;
   }
@@ -156,7 +184,7 @@ class AggregateLinear {
   float self_scale_;
   ops::ExecOptions exec_;
   bool transform_first_ = false;
-  Tensor saved_;  // x (transform first) or the aggregated input (aggregate first)
+  Tensor saved_;  // the input x (both orders; aggregate-first recomputes A x from it)
   Tensor x_dst_;  // the destinations' own input rows (root term)
 };
 
@@ -170,8 +198,8 @@ class GcnLayer : public Layer {
   Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) override {
     return conv_.forward(g, x, ctx);
   }
-  Tensor backward(const GraphOperand& g, const Tensor& grad, bool need_input_grad) override {
-    return conv_.backward(g, grad, need_input_grad);
+  Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) override {
+    return conv_.backward(g, std::move(grad), need_input_grad);
   }
   std::vector<Parameter*> parameters() override {
     std::vector<Parameter*> p;
@@ -196,8 +224,8 @@ class SageLayer : public Layer {
   Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) override {
     return conv_.forward(g, x, ctx);
   }
-  Tensor backward(const GraphOperand& g, const Tensor& grad, bool need_input_grad) override {
-    return conv_.backward(g, grad, need_input_grad);
+  Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) override {
+    return conv_.backward(g, std::move(grad), need_input_grad);
   }
   std::vector<Parameter*> parameters() override {
     std::vector<Parameter*> p;
@@ -232,12 +260,14 @@ class GinLayer : public Layer {
     if (ctx.relu) ops::relu(y, &y);
     return y;
   }
-  Tensor backward(const GraphOperand& g, const Tensor& grad, bool need_input_grad) override {
-    if (!second_) return first_.backward(g, grad, need_input_grad);
-    Tensor gz = second_->backward(hidden_, grad, true, exec_.tf32);
+  Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) override {
+    if (!second_) return first_.backward(g, std::move(grad), need_input_grad);
+    second_->accumulate_grads(hidden_, grad, exec_.tf32);
+    Tensor gz = second_->input_grad(grad, exec_.tf32);
+    grad = Tensor();
     ops::relu_backward(gz, hidden_, &gz);
     hidden_ = Tensor();
-    return first_.backward(g, gz, need_input_grad);
+    return first_.backward(g, std::move(gz), need_input_grad);
   }
   std::vector<Parameter*> parameters() override {
     std::vector<Parameter*> p;

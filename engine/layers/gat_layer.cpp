@@ -76,7 +76,7 @@ class GatLayer : public Layer {
     return y;
   }
 
-  Tensor backward(const GraphOperand& g, const Tensor& grad, bool need_input_grad) override {
+  Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) override {
     const int64_t H = shape_.heads, F = shape_.f;
     const Device dev = grad.device();
     ops::column_sum(grad, &bias_.grad, /*accumulate=*/true);
@@ -107,7 +107,7 @@ class GatLayer : public Layer {
 #endif
     }
     }
-    z_ = el_ = er_ = alpha_ = alpha_self_ = Tensor();
+    z_ = el_ = er_ = alpha_ = alpha_self_ = grad = Tensor();
     Tensor gx = lin_.backward(x_, gz, need_input_grad, exec_.tf32);
     x_ = Tensor();
     return gx;

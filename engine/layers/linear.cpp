@@ -32,13 +32,24 @@ Tensor Linear::forward(const Tensor& x, bool tf32) const {
   return y;
 }
 
-Tensor Linear::backward(const Tensor& x, const Tensor& g, bool need_input_grad, bool tf32) {
+void Linear::accumulate_grads(const Tensor& x, const Tensor& g, bool tf32) {
   ops::gemm(x, true, g, false, 1.0f, &weight_.grad, tf32);
   if (bias_.value.defined()) ops::column_sum(g, &bias_.grad, /*accumulate=*/true);
-  if (!need_input_grad) return Tensor();
+}
+
+Tensor Linear::input_grad(const Tensor& g, bool tf32, Tensor* into) const {
+  if (into) {
+    ops::gemm(g, false, weight_.value, true, 1.0f, into, tf32);
+    return *into;
+  }
   Tensor gx = Tensor::empty(g.rows(), in(), DType::kF32, g.device());
   ops::gemm(g, false, weight_.value, true, 0.0f, &gx, tf32);
   return gx;
+}
+
+Tensor Linear::backward(const Tensor& x, const Tensor& g, bool need_input_grad, bool tf32) {
+  accumulate_grads(x, g, tf32);
+  return need_input_grad ? input_grad(g, tf32) : Tensor();
 }
 
 void Linear::add_parameters(std::vector<Parameter*>* out) {

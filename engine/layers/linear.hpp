@@ -16,6 +16,10 @@ class Linear {
   Tensor forward(const Tensor& x, bool tf32) const;
   // Accumulates dW = x^T g (and db = column sums of g); returns g W^T when need_input_grad.
   Tensor backward(const Tensor& x, const Tensor& grad_out, bool need_input_grad, bool tf32);
+  // The two halves of backward, for layers that free tensors in between.
+  void accumulate_grads(const Tensor& x, const Tensor& grad_out, bool tf32);
+  // g W^T, added into `into` (beta 1) when given, else as a new tensor.
+  Tensor input_grad(const Tensor& grad_out, bool tf32, Tensor* into = nullptr) const;
   void add_parameters(std::vector<Parameter*>* out);
   int64_t in() const { return weight_.value.rows(); }
   int64_t out() const { return weight_.value.cols(); }

@@ -148,6 +148,24 @@ TEST_F(DenseCuda, ReluForwardAndBackwardAreBitIdentical) {
   });
 }
 
+TEST_F(DenseCuda, ReluBitMasksAreBitIdentical) {
+  uint64_t key = 150;
+  for_each_shape([&](int64_t rows, int64_t cols, int64_t ld) {
+    Matrix y = random_matrix(++key, rows, cols, ld);
+    const int64_t words = relu_mask_words(cols);
+    std::vector<uint32_t> bits(static_cast<size_t>(rows * words));
+    relu_mask(y.host_view(), bits.data());
+    DeviceBuffer<uint32_t> bits_d(*pool_, bits.size(), *stream_);
+    relu_mask_cuda(y.device_view(), bits_d.data(), *stream_);
+    ASSERT_EQ(download(bits_d), bits);
+    Matrix g = random_matrix(++key, rows, cols, ld);
+    Matrix gi = poisoned_matrix(rows, cols, ld);
+    relu_backward_mask(g.host_view(), bits.data(), gi.host_view());
+    relu_backward_mask_cuda(g.device_view(), bits_d.data(), gi.device_view(), *stream_);
+    expect_matches(gi, 0.0, "relu_backward_mask");
+  });
+}
+
 TEST_F(DenseCuda, ReluInPlaceMatches) {
   Matrix x = random_matrix(7, 37, 33, 33);
   relu_forward(x.host_view(), x.host_view());

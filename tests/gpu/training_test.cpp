@@ -115,7 +115,7 @@ StepResult step(const ModelConfig& cfg, const RandomGraph& g, const Device& dev,
                                       &grad)
                .loss;
   r.logits = logits.to_vector();
-  model.backward(grad);
+  model.backward(std::move(grad));
   for (Parameter* p : model.parameters()) r.grads.push_back(p->grad.to_vector());
   return r;
 }

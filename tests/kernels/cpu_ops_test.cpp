@@ -149,6 +149,26 @@ TEST(Dense, BiasColumnSumAndActivations) {
   }
 }
 
+TEST(Dense, ReluBitMaskGivesTheSameBackwardAsTheOutput) {
+  for (int64_t cols : {1, 31, 32, 33, 100}) {
+    const int64_t rows = 17;
+    std::vector<float> x = random_floats(static_cast<size_t>(rows * cols), 41), y(x.size());
+    x[0] = 0.0f;  // zero is not positive: its gradient is dropped
+    relu_forward(matrix(x.data(), rows, cols), matrix(y.data(), rows, cols));
+    std::vector<uint32_t> bits(static_cast<size_t>(rows * relu_mask_words(cols)), 0xdeadbeefu);
+    relu_mask(matrix(y.data(), rows, cols), bits.data());
+    const std::vector<float> g = random_floats(x.size(), 42);
+    std::vector<float> want(x.size()), got(x.size());
+    relu_backward(matrix(g.data(), rows, cols), matrix(y.data(), rows, cols), matrix(want.data(), rows, cols));
+    relu_backward_mask(matrix(g.data(), rows, cols), bits.data(), matrix(got.data(), rows, cols));
+    EXPECT_EQ(got, want) << cols << " columns";
+    for (int64_t r = 0; r < rows; ++r) {  // bits past the last column stay clear
+      const uint32_t last = bits[static_cast<size_t>((r + 1) * relu_mask_words(cols) - 1)];
+      if (cols % 32) EXPECT_EQ(last >> (cols % 32), 0u);
+    }
+  }
+}
+
 TEST(Dropout, KeepsTheRightFractionScalesAndRepeatsWithTheKey) {
   const int64_t rows = 300, cols = 301;
   std::vector<float> x(static_cast<size_t>(rows * cols), 1.0f), a(x.size()), b(x.size()), c(x.size()), g(x.size());
