@@ -93,7 +93,8 @@ Result time_model(const engine::ModelConfig& cfg, const Workload& w, const Devic
 }  // namespace
 
 int run_bench_train(const std::vector<std::string>& args) {
-  std::string store_path, generate, models_text = "gcn,sage,gin", device_text = "auto", spmm = "auto", budget;
+  std::string store_path, generate, models_text = "gcn,sage,gin", device_text = "auto", spmm = "auto", budget,
+      activation;
   int layers = 3, heads = 4, epochs = 5, warmup = 2;
   int64_t hidden = 256;
   float dropout = 0.0f;
@@ -115,6 +116,7 @@ int run_bench_train(const std::vector<std::string>& args) {
       ("hidden", po::value(&hidden), "hidden width; GAT: per head (default 256)")
       ("heads", po::value(&heads), "GAT heads in hidden layers (default 4)")
       ("dropout", po::value(&dropout), "dropout on every layer's input (default 0, as the PyG anchor)")
+      ("activation", po::value(&activation), "relu | elu | maxk:K (default: elu for GAT, else relu)")
       ("epochs", po::value(&epochs), "timed epochs (default 5)")
       ("warmup", po::value(&warmup), "untimed epochs first (default 2)")
       ("device", po::value(&device_text), "cpu | cuda | cuda:N | auto")
@@ -179,8 +181,9 @@ int run_bench_train(const std::vector<std::string>& args) {
     std::printf("device: %s\ngraph: %s, %lld nodes, %lld edges, %lld features, %d classes\n", device_name.c_str(),
                 source.label().c_str(), static_cast<long long>(n), static_cast<long long>(store.num_edges()),
                 static_cast<long long>(store.feature_dim()), store.num_classes());
-    std::printf("%d layers, hidden %lld, spmm %s, %s; median of %d epochs after %d warm-up\n", layers,
-                static_cast<long long>(hidden), spmm.c_str(), tf32 ? "tf32" : "fp32", epochs, warmup);
+    std::printf("%d layers, hidden %lld, %s, spmm %s, %s; median of %d epochs after %d warm-up\n", layers,
+                static_cast<long long>(hidden), activation.empty() ? "relu (gat: elu)" : activation.c_str(), spmm.c_str(),
+                tf32 ? "tf32" : "fp32", epochs, warmup);
     std::printf("%-6s %10s %9s %9s %9s %9s\n", "model", "ms/epoch", "agg_ms", "gemm_ms", "other_ms", "peak_GiB");
   }
   for (const std::string& m : models) {
@@ -194,6 +197,7 @@ int run_bench_train(const std::vector<std::string>& args) {
     cfg.dropout = dropout;
     cfg.attn_dropout = 0.0f;
     cfg.activation = m == "gat" ? engine::Activation::kElu : engine::Activation::kRelu;
+    if (!activation.empty()) engine::parse_activation(activation, &cfg);
     Result r;
     try {
       r = time_model(cfg, w, dev, exec, warmup, epochs, seed);
@@ -203,6 +207,7 @@ int run_bench_train(const std::vector<std::string>& args) {
     }
     if (json) {
       nlohmann::json row = {{"side", "gale"}, {"model", m}, {"layers", layers}, {"hidden", hidden},
+                            {"activation", engine::activation_name(cfg)},
                             {"device", device_name}, {"spmm", spmm}, {"tf32", tf32}};
       if (m == "gat") row["heads"] = heads;
       if (r.error.empty()) {

@@ -75,7 +75,7 @@ int run_train(const std::vector<std::string>& args) {
       ("layers", po::value(&layers), "number of GNN layers")
       ("hidden", po::value(&hidden), "hidden width (GAT: per head)")
       ("heads", po::value(&heads), "GAT attention heads in hidden layers")
-      ("activation", po::value(&activation), "relu | elu (default: elu for GAT, else relu)")
+      ("activation", po::value(&activation), "relu | elu | maxk:K (MaxK-GNN; default: elu for GAT, else relu)")
       ("dropout", po::value(&dropout), "dropout on every layer's input (default 0.5, GAT 0.6)")
       ("attn-dropout", po::value(&attn_dropout), "GAT attention dropout")
       ("gin-mlp-layers", po::value(&o.model.gin_mlp_layers), "GIN: 1 (Linear) or 2 (Linear-ReLU-Linear)")
@@ -126,9 +126,7 @@ int run_train(const std::vector<std::string>& args) {
   o.model.attn_dropout = attn_dropout;
   if (attn_dropout < 0 || attn_dropout >= 1) throw InputError("--attn-dropout: expected a value in [0, 1)");
   if (activation.empty()) activation = gat ? "elu" : "relu";
-  if (activation == "relu") o.model.activation = engine::Activation::kRelu;
-  else if (activation == "elu") o.model.activation = engine::Activation::kElu;
-  else throw InputError("--activation: expected relu or elu, found '" + activation + "'");
+  engine::parse_activation(activation, &o.model);
   o.lr = lr > 0 ? lr : (gat ? 0.005f : 0.01f);
   if (vm.count("lr") && lr <= 0) throw InputError("--lr: expected a positive learning rate");
   o.epochs = epochs;

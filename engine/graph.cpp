@@ -5,6 +5,9 @@
 
 #include "kernels/error.hpp"
 #include "kernels/spmm.hpp"
+#if GALE_WITH_CUDA
+#include "engine/device_context.hpp"
+#endif
 
 namespace gale::engine {
 
@@ -108,6 +111,28 @@ GraphOperand GraphOperand::to(const Device& device, bool edge_map) const {
   g.inv_degree_ = move(inv_degree_);
   g.set_views();
   return g;
+}
+
+kernels::EdgeGroupsView GraphOperand::edge_groups() const {
+  if (device_.is_cpu()) return {};
+#if GALE_WITH_CUDA
+  const int64_t capacity = kernels::edge_groups_capacity(csr_.rows, nnz_);
+  if (!edge_groups_.defined()) {
+    static_assert(sizeof(kernels::EdgeGroup) == 16, "an edge group is 16 bytes");
+    edge_groups_ = Tensor::empty(capacity, 2, DType::kI64, device_);
+    edge_group_count_ = Tensor::empty(1, 1, DType::kI64, device_);
+    const size_t ws_bytes = kernels::edge_groups_workspace_bytes(csr_.rows);
+    const Tensor ws = Tensor::empty(static_cast<int64_t>(ws_bytes), 1, DType::kU8, device_);
+    kernels::edge_groups_cuda(csr_, kernels::kMaxkEdgeGroupSize,
+                              reinterpret_cast<kernels::EdgeGroup*>(edge_groups_.data<int64_t>()), capacity,
+                              edge_group_count_.data<int64_t>(), const_cast<unsigned char*>(ws.data<unsigned char>()),
+                              ws_bytes, DeviceContext::get(device_.ordinal).stream());
+  }
+  return {reinterpret_cast<const kernels::EdgeGroup*>(edge_groups_.data<int64_t>()), capacity,
+          edge_group_count_.data<int64_t>()};
+#else
+  return {};
+#endif
 }
 
 }  // namespace gale::engine

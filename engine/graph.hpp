@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/tensor.hpp"
+#include "kernels/maxk.hpp"
 #include "kernels/views.hpp"
 
 namespace gale::engine {
@@ -51,6 +52,11 @@ class GraphOperand {
   // SAGE mean: 1 / in-degree (0 for a destination without in-neighbours).
   const float* inv_degree() const { return inv_degree_.f32(); }
 
+  // The MaxK aggregations' edge-group table of the CSR (kernels/maxk.hpp), built on the device on
+  // first use and kept (a cache: not thread-safe, like the layers that use it). Empty on the CPU,
+  // whose kernels need none.
+  kernels::EdgeGroupsView edge_groups() const;
+
  private:
   GraphOperand() = default;
   void set_views();
@@ -65,6 +71,7 @@ class GraphOperand {
   Tensor indptr_, indices_, weights_;
   Tensor csc_indptr_, csc_indices_, csc_weights_, csc_edge_;
   Tensor dst_norm_, src_norm_, self_norm_, inv_degree_;
+  mutable Tensor edge_groups_, edge_group_count_;
 };
 
 }  // namespace gale::engine

@@ -24,6 +24,11 @@ struct ForwardContext {
   uint64_t rng_key = 0;   // per step and layer; attention dropout draws from it
   bool relu = false;      // apply ReLU to the output (fused into the aggregation where the layer can)
   ops::ExecOptions exec;  // kernel choices; a layer keeps them for its backward
+  // Set when x is the output of MaxK (MaxK-GNN): its CBSR form, with the same values. A layer
+  // that takes it aggregates the CBSR form (SpGEMM forward, SSpMM backward), and the input
+  // gradient its backward returns is then restricted to the kept positions: MaxK's own backward
+  // is folded into it, so the model applies no further mask.
+  const ops::Cbsr* maxk_input = nullptr;
 };
 
 class Layer {

@@ -1,5 +1,6 @@
 #include "engine/model.hpp"
 
+#include <charconv>
 #include <cmath>
 
 #include "engine/layers/layers.hpp"
@@ -16,11 +17,44 @@ struct Model::Saved {
   Tensor relu_mask;         // ReLU: one bit per element instead of the output itself
 };
 
+std::string activation_name(const ModelConfig& c) {
+  switch (c.activation) {
+    case Activation::kRelu: return "relu";
+    case Activation::kElu: return "elu";
+    case Activation::kMaxK: return "maxk:" + std::to_string(c.maxk);
+  }
+  return "?";
+}
+
+void parse_activation(const std::string& text, ModelConfig* c) {
+  if (text == "relu") {
+    c->activation = Activation::kRelu;
+  } else if (text == "elu") {
+    c->activation = Activation::kElu;
+  } else if (text.rfind("maxk:", 0) == 0) {
+    const std::string k = text.substr(5);
+    int64_t value = 0;
+    auto [ptr, ec] = std::from_chars(k.data(), k.data() + k.size(), value);
+    if (ec != std::errc() || ptr != k.data() + k.size() || k.empty() || value < 1)
+      throw InputError("--activation: expected maxk:K with a positive integer K, found '" + text + "'");
+    c->activation = Activation::kMaxK;
+    c->maxk = value;
+  } else {
+    throw InputError("--activation: expected relu, elu or maxk:K, found '" + text + "'");
+  }
+}
+
 Model::Model(const ModelConfig& config, uint64_t seed) : config_(config) {
   const auto& c = config_;
   if (c.layers < 1) throw InputError("--layers: expected at least 1");
   if (c.in_dim < 1 || c.out_dim < 1) throw InputError("model: input width and class count must be positive");
   const int64_t hidden_width = c.model == "gat" ? c.hidden * c.heads : c.hidden;
+  if (c.activation == Activation::kMaxK) {
+    if (c.model == "gat") throw InputError("--activation maxk: supported for gcn, sage and gin, not gat");
+    if (c.maxk < 1 || c.maxk > hidden_width)
+      throw InputError("--activation maxk:K: expected 1 <= K <= --hidden (" + std::to_string(hidden_width) + "), found " +
+                       std::to_string(c.maxk));
+  }
   for (int l = 0; l < c.layers; ++l) {
     const bool last = l + 1 == c.layers;
     const int64_t in = l == 0 ? c.in_dim : hidden_width;
@@ -55,6 +89,7 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
   graphs_ = graphs;
   saved_.clear();
   Tensor h = x;
+  ops::Cbsr sparse;  // the CBSR form of h while h is MaxK's output
   for (size_t l = 0; l < layers_.size(); ++l) {
     auto saved = std::make_shared<Saved>();
     if (training && config_.dropout > 0.0f) {
@@ -63,6 +98,8 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
       Tensor d = Tensor::empty(h.rows(), h.cols(), DType::kF32, device_);
       ops::dropout(h, &d, config_.dropout, saved->dropout_key);
       h = d;
+      // The same masks on the kept values, so both forms still agree.
+      if (sparse.values.defined()) ops::cbsr_dropout(&sparse, config_.dropout, saved->dropout_key);
     }
     const bool hidden = l + 1 < layers_.size();
     ForwardContext ctx;
@@ -70,8 +107,14 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
     ctx.rng_key = kernels::derive_key(rng_key, 2 * l + 1);
     ctx.relu = hidden && config_.activation == Activation::kRelu;  // the layer fuses it where it can
     ctx.exec = exec_;
+    ctx.maxk_input = sparse.values.defined() ? &sparse : nullptr;
     h = layers_[l]->forward(*graphs[l], h, ctx);
-    if (hidden && config_.activation == Activation::kElu) {
+    sparse = ops::Cbsr();
+    if (hidden && config_.activation == Activation::kMaxK) {
+      // The next layer holds the CBSR form for its backward, and returns gradients already masked.
+      sparse = ops::maxk(h, config_.maxk);
+      ops::cbsr_to_dense(sparse, &h);
+    } else if (hidden && config_.activation == Activation::kElu) {
       ops::elu(h, &h);
       if (training) saved->activated = h;
     } else if (hidden && training) {
@@ -90,9 +133,10 @@ void Model::backward(Tensor grad_logits) {
   for (size_t l = layers_.size(); l-- > 0;) {
     Saved& s = *saved_[l];
     if (l + 1 < layers_.size()) {
-      // In place: the gradient of the activation's output is not needed again.
+      // In place: the gradient of the activation's output is not needed again. MaxK's backward
+      // was folded into the next layer's (ForwardContext::maxk_input).
       if (config_.activation == Activation::kElu) ops::elu_backward(g, s.activated, &g);
-      else ops::relu_backward_mask(g, s.relu_mask, &g);
+      else if (config_.activation == Activation::kRelu) ops::relu_backward_mask(g, s.relu_mask, &g);
       s.activated = s.relu_mask = Tensor();  // released as soon as it has served, to bound peak memory
     }
     // The gradient is handed over, so the layer frees it as soon as it is done with it.

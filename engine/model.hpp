@@ -14,7 +14,9 @@
 
 namespace gale::engine {
 
-enum class Activation { kRelu, kElu };
+// Between layers: ReLU, ELU, or MaxK (MaxK-GNN: keep each row's k largest values, zero the rest;
+// the next layer then aggregates the sparse CBSR form).
+enum class Activation { kRelu, kElu, kMaxK };
 
 struct ModelConfig {
   std::string model = "sage";     // gcn | sage | gin | gat
@@ -27,9 +29,15 @@ struct ModelConfig {
   float dropout = 0.5f;           // on the input of every layer (PyG examples' placement)
   float attn_dropout = 0.6f;      // GAT attention coefficients
   Activation activation = Activation::kRelu;  // between layers (GAT examples use ELU)
+  int64_t maxk = 0;               // k of Activation::kMaxK (1 <= k <= hidden width)
   float gin_eps = 0.0f;           // GIN: (1 + eps) * x_i + sum_j x_j
   int gin_mlp_layers = 2;         // GIN's MLP depth (Linear-ReLU-Linear)
 };
+
+// "relu", "elu" or "maxk:K": the --activation spelling, also used in checkpoints.
+std::string activation_name(const ModelConfig& c);
+// Parses that spelling into c.activation (and c.maxk); throws InputError naming --activation.
+void parse_activation(const std::string& text, ModelConfig* c);
 
 // Builds the model with Glorot-uniform weights and zero biases drawn from `seed`, on the host;
 // to() moves it to the device it trains on.

@@ -377,4 +377,90 @@ LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, con
 #endif
 }
 
+// ---- MaxK --------------------------------------------------------------------------------------
+
+kernels::CbsrView Cbsr::view() {
+  return {values.rows(), width, values.cols(), values.f32(), index.data<unsigned char>()};
+}
+kernels::ConstCbsrView Cbsr::view() const {
+  return {values.rows(), width, values.cols(), values.f32(), index.data<unsigned char>()};
+}
+
+Cbsr maxk(const Tensor& y, int64_t k) {
+  Cbsr c;
+  c.width = y.cols();
+  c.values = Tensor::empty(y.rows(), k, DType::kF32, y.device());
+  c.index = Tensor::empty(y.rows(), k * kernels::cbsr_index_bytes(y.cols()), DType::kU8, y.device());
+  const OpTimer timer(OpKind::kOther, y.device(), "maxk");
+  if (y.device().is_cpu()) {
+    kernels::maxk_forward_cpu(y.view(), c.view());
+    return c;
+  }
+#if GALE_WITH_CUDA
+  kernels::maxk_forward_cuda(y.view(), c.view(), stream(y));
+  return c;
+#else
+  no_cuda();
+#endif
+}
+
+void cbsr_to_dense(const Cbsr& c, Tensor* out) {
+  GALE_ASSERT(out->rows() == c.rows() && out->cols() == c.width && out->device() == c.device());
+  const OpTimer timer(OpKind::kOther, out->device(), "cbsr_to_dense");
+  if (out->device().is_cpu()) return kernels::cbsr_to_dense_cpu(c.view(), out->view());
+#if GALE_WITH_CUDA
+  kernels::cbsr_to_dense_cuda(c.view(), out->view(), stream(*out));
+#else
+  no_cuda();
+#endif
+}
+
+void cbsr_dropout(Cbsr* c, float p, uint64_t key) {
+  const OpTimer timer(OpKind::kOther, c->device(), "cbsr_dropout");
+  if (c->device().is_cpu()) return kernels::cbsr_dropout_cpu(c->view(), p, key);
+#if GALE_WITH_CUDA
+  kernels::cbsr_dropout_cuda(c->view(), p, key, stream(c->values));
+#else
+  no_cuda();
+#endif
+}
+
+void maxk_backward(const Cbsr& pattern, const Tensor* grad_values, const Tensor* grad_dense, Tensor* grad_in) {
+  GALE_ASSERT(grad_in->rows() == pattern.rows() && grad_in->cols() == pattern.width);
+  const float* gv = grad_values ? grad_values->f32() : nullptr;
+  const kernels::ConstMatrixView gd = grad_dense ? grad_dense->view() : kernels::ConstMatrixView{};
+  const OpTimer timer(OpKind::kOther, grad_in->device(), "maxk_backward");
+  if (grad_in->device().is_cpu()) return kernels::maxk_backward_cpu(pattern.view(), gv, gd, grad_in->view());
+#if GALE_WITH_CUDA
+  kernels::maxk_backward_cuda(pattern.view(), gv, gd, grad_in->view(), stream(*grad_in));
+#else
+  no_cuda();
+#endif
+}
+
+void spgemm(const kernels::SpgemmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups) {
+  const OpTimer timer(OpKind::kAggregation, device,
+                      active_profile ? "spgemm k" + std::to_string(a.x.k) + " w" + std::to_string(a.out.cols) : "");
+  if (device.is_cpu()) return kernels::spgemm_cbsr_cpu(a);
+#if GALE_WITH_CUDA
+  kernels::spgemm_cbsr_cuda(a, groups, DeviceContext::get(device.ordinal).stream());
+#else
+  (void)groups;
+  no_cuda();
+#endif
+}
+
+void sspmm(const kernels::SspmmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups) {
+  const OpTimer timer(OpKind::kAggregation, device,
+                      active_profile ? "sspmm k" + std::to_string(a.pattern.k) + " w" + std::to_string(a.grad_out.cols)
+                                     : "");
+  if (device.is_cpu()) return kernels::sspmm_cbsr_cpu(a);
+#if GALE_WITH_CUDA
+  kernels::sspmm_cbsr_cuda(a, groups, DeviceContext::get(device.ordinal).stream());
+#else
+  (void)groups;
+  no_cuda();
+#endif
+}
+
 }  // namespace gale::engine::ops

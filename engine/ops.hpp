@@ -12,6 +12,7 @@
 
 #include "engine/tensor.hpp"
 #include "kernels/dense.hpp"
+#include "kernels/maxk.hpp"
 #include "kernels/spmm.hpp"
 
 namespace gale::engine::ops {
@@ -97,6 +98,31 @@ void dropout_backward(const Tensor& grad_out, Tensor* grad_in, float p, uint64_t
 void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind kind);
 
 void adam_update(Tensor* w, const Tensor& g, Tensor* m, Tensor* v, const kernels::AdamParams& p);
+
+// ---- MaxK (kernels/maxk.hpp) -------------------------------------------------------------------
+
+// MaxK's output in CBSR form: exactly k kept values per row and their columns.
+struct Cbsr {
+  Tensor values;      // rows x k, f32
+  Tensor index;       // rows x (k * kernels::cbsr_index_bytes(width)) bytes (u8): uint8 or uint16 columns
+  int64_t width = 0;  // the dense width the columns index into
+  int64_t rows() const { return values.rows(); }
+  int64_t k() const { return values.cols(); }
+  const Device& device() const { return values.device(); }
+  kernels::CbsrView view();
+  kernels::ConstCbsrView view() const;
+};
+// The k largest values of every row of y (ties to the lower column).
+Cbsr maxk(const Tensor& y, int64_t k);
+// out (rows x width) = the dense form: kept values in place, zeros elsewhere.
+void cbsr_to_dense(const Cbsr& c, Tensor* out);
+// Dropout on the kept values with the masks dropout() draws for the same key on the dense form.
+void cbsr_dropout(Cbsr* c, float p, uint64_t key);
+// grad_in = at kept positions (grad_dense) + (grad_values), 0 elsewhere; either may be null.
+void maxk_backward(const Cbsr& pattern, const Tensor* grad_values, const Tensor* grad_dense, Tensor* grad_in);
+// The CBSR aggregations; `groups` is the graph's edge-group table on a GPU (ignored on the CPU).
+void spgemm(const kernels::SpgemmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups);
+void sspmm(const kernels::SspmmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups);
 
 struct LossResult {
   double loss = 0;      // mean over the listed rows

@@ -67,7 +67,7 @@ PredictReport predict(const PredictOptions& o) {
     config.heads = id.at("heads").get<int>();
     config.gin_mlp_layers = id.at("gin_mlp_layers").get<int>();
     config.gin_eps = id.at("gin_eps").get<float>();
-    config.activation = id.at("activation").get<std::string>() == "elu" ? Activation::kElu : Activation::kRelu;
+    parse_activation(id.at("activation").get<std::string>(), &config);
   } catch (const nlohmann::json::exception& e) {
     throw CorruptStoreError(file.string() + ": malformed model description: " + e.what());
   }

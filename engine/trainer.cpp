@@ -35,7 +35,7 @@ std::string identity_json(const TrainOptions& o, const storage::Store& store) {
   nlohmann::json j = {
       {"model", m.model}, {"layers", m.layers}, {"in_dim", m.in_dim}, {"hidden", m.hidden},
       {"out_dim", m.out_dim}, {"heads", m.heads}, {"gin_mlp_layers", m.gin_mlp_layers},
-      {"gin_eps", m.gin_eps}, {"activation", m.activation == Activation::kElu ? "elu" : "relu"},
+      {"gin_eps", m.gin_eps}, {"activation", activation_name(m)},
       {"num_nodes", store.num_nodes()}, {"num_edges", store.num_edges()}, {"seed", o.seed},
       {"full_graph", o.full_graph}, {"fanouts", o.fanouts}, {"batch_size", o.batch_size}};
   return j.dump();

@@ -143,6 +143,11 @@ void maxk_backward_cpu(const ConstCbsrView& pattern, const float* grad_values, C
 // The dense matrix a CBSR one stands for: out[r][idx[r][t]] = values[r][t], 0 elsewhere
 // (maxk_backward with grad_values = x.values and no dense gradient).
 void cbsr_to_dense_cpu(const ConstCbsrView& x, MatrixView out);
+// Inverted dropout on the kept values with the masks dense dropout (dense.hpp) draws for the same
+// key on the dense form: value (r, t) at column c is kept when random_uniform(key, r * width + c)
+// >= p and then scaled by 1 / (1 - p). So dropout before a MaxK-input layer can act on both the
+// dense input and its CBSR form consistently (maxk_dropout.cpp / maxk_dropout.cu).
+void cbsr_dropout_cpu(const CbsrView& x, float p, uint64_t key);
 
 void spgemm_cbsr_cpu(const SpgemmCbsrArgs& a);
 
@@ -218,6 +223,7 @@ void maxk_backward_cuda(const ConstCbsrView& pattern, const float* grad_values, 
                         MatrixView grad_in, cudaStream_t stream);
 
 void cbsr_to_dense_cuda(const ConstCbsrView& x, MatrixView out, cudaStream_t stream);
+void cbsr_dropout_cuda(const CbsrView& x, float p, uint64_t key, cudaStream_t stream);
 
 // MaxK-GNN Alg. 1: per edge group a width-float accumulator in shared memory, filled by sub-warps
 // of k lanes (k < 32: several groups per warp) reading each neighbour's k values and columns with

@@ -64,6 +64,46 @@ void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor&
   ops::spmm(a, g.device(), exec.spmm);
 }
 
+// The scales of `aggregate` on the CBSR aggregations' arguments (SpgemmCbsrArgs, SspmmCbsrArgs).
+template <typename Args>
+void set_scales(const GraphOperand& g, Norm norm, float self_scale, Args* a) {
+  a->graph = g.csr();
+  switch (norm) {
+    case Norm::kGcn:
+      a->row_scale = g.dst_norm();
+      a->col_scale = g.src_norm();
+      a->self_coefs = g.self_norm();
+      break;
+    case Norm::kMean: a->row_scale = g.inv_degree(); break;
+    case Norm::kSum: a->self_scale = self_scale; break;
+  }
+}
+
+// `aggregate` of a MaxK output given in CBSR form (MaxK-GNN's SpGEMM).
+Tensor aggregate_cbsr(const GraphOperand& g, Norm norm, float self_scale, const ops::Cbsr& x) {
+  Tensor out = Tensor::empty(g.num_dst(), x.width, DType::kF32, x.device());
+  kernels::SpgemmCbsrArgs a;
+  set_scales(g, norm, self_scale, &a);
+  a.x = x.view();
+  a.out = out.view();
+  ops::spgemm(a, g.device(), g.edge_groups());
+  return out;
+}
+
+// The gradient of aggregate_cbsr with respect to the kept values (MaxK-GNN's SSpMM):
+// num_src x k, from the destinations' gradient.
+Tensor aggregate_cbsr_backward(const GraphOperand& g, Norm norm, float self_scale, const ops::Cbsr& pattern,
+                               const Tensor& grad) {
+  Tensor gv = Tensor::empty(pattern.rows(), pattern.k(), DType::kF32, grad.device());
+  kernels::SspmmCbsrArgs a;
+  set_scales(g, norm, self_scale, &a);
+  a.grad_out = grad.view();
+  a.pattern = pattern.view();
+  a.grad_values = gv.f32();
+  ops::sspmm(a, g.device(), g.edge_groups());
+  return gv;
+}
+
 // The transpose of `aggregate`: gradient of the sources from the destinations' gradient.
 Tensor aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, const Tensor& grad,
                           const ops::ExecOptions& exec) {
@@ -103,7 +143,14 @@ class AggregateLinear {
     transform_first_ = lin_.out() <= lin_.in();
     const Tensor x_dst = x.rows_slice(0, g.num_dst());
     Tensor y;
-    if (transform_first_) {
+    if (ctx.maxk_input) {
+      // MaxK-GNN: the input is sparse, so aggregate it first over its CBSR form whatever the widths.
+      y = lin_.forward(aggregate_cbsr(g, norm_, self_scale_, *ctx.maxk_input), exec_.tf32);
+      if (root_) ops::gemm(x_dst, false, root_->weight().value, false, 1.0f, &y, exec_.tf32);
+      ops::add_bias(&y, bias_.value);
+      if (ctx.relu) ops::relu(y, &y);
+      if (ctx.training) maxk_ = *ctx.maxk_input;  // backward recomputes the SpGEMM from it
+    } else if (transform_first_) {
       const Tensor t = lin_.forward(x, exec_.tf32);
       if (root_) {
         y = root_->forward(x_dst, exec_.tf32);
@@ -135,6 +182,7 @@ class AggregateLinear {
     if (root_) root_->accumulate_grads(x_dst_, grad, exec_.tf32);
     x_dst_ = Tensor();
     Tensor gx;
+    if (maxk_.values.defined()) return backward_maxk(g, std::move(grad), need_input_grad);
     if (transform_first_) {
       Tensor gh = aggregate_backward(g, norm_, self_scale_, grad, exec_);
       lin_.accumulate_grads(saved_, gh, exec_.tf32);
@@ -173,6 +221,30 @@ class AggregateLinear {
     out->push_back(&bias_);
     if (root_) root_->add_parameters(out);
   }
+
+ private:
+  // Backward for a MaxK input: dW from the recomputed SpGEMM, the input gradient at the kept
+  // positions only: SSpMM of grad W^T, plus the root term's grad W_r^T, through MaxK's backward.
+  Tensor backward_maxk(const GraphOperand& g, Tensor grad, bool need_input_grad) {
+    const ops::Cbsr pattern = std::move(maxk_);
+    maxk_ = ops::Cbsr();
+    lin_.accumulate_grads(aggregate_cbsr(g, norm_, self_scale_, pattern), grad, exec_.tf32);
+    if (!need_input_grad) return Tensor();
+    Tensor ga = lin_.input_grad(grad, exec_.tf32);
+    const Tensor gv = aggregate_cbsr_backward(g, norm_, self_scale_, pattern, ga);
+    ga = Tensor();
+    Tensor g_root;
+    if (root_) {
+      g_root = root_->input_grad(grad, exec_.tf32);
+      if (g_root.rows() < g.num_src()) g_root = pad_rows(g_root, g.num_src());
+    }
+    grad = Tensor();
+    Tensor gx = Tensor::empty(g.num_src(), lin_.in(), DType::kF32, gv.device());
+    ops::maxk_backward(pattern, &gv, root_ ? &g_root : nullptr, &gx);
+    return gx;
+  }
+
+ public:
   int64_t in() const { return lin_.in(); }
   int64_t out() const { return lin_.out(); }
 
@@ -186,6 +258,7 @@ class AggregateLinear {
   bool transform_first_ = false;
   Tensor saved_;  // the input x (both orders; aggregate-first recomputes A x from it)
   Tensor x_dst_;  // the destinations' own input rows (root term)
+  ops::Cbsr maxk_;  // the CBSR form of a MaxK input, for backward
 };
 
 class GcnLayer : public Layer {

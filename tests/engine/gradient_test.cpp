@@ -4,6 +4,8 @@
 // attention dropout) the same way; GraphOperand's transpose and norms; the loss and Adam against
 // hand computations; determinism across seeds and thread counts.
 #include <gtest/gtest.h>
+
+#include <numeric>
 #include <tbb/task_arena.h>
 
 #include <cmath>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/error.hpp"
 #include "engine/graph.hpp"
 #include "engine/layers/layers.hpp"
 #include "engine/model.hpp"
@@ -318,8 +321,20 @@ std::vector<double> model_ref(const ModelConfig& cfg, const TestGraph& g, const 
     else h = gat_ref(g, h, p, width, heads, out / heads, pre, training ? cfg.attn_dropout : 0.0f,
                      kernels::derive_key(key, 2 * static_cast<uint64_t>(l) + 1));
     width = out;
-    if (!last)
+    if (last) continue;
+    if (cfg.activation == Activation::kElu) {
       for (auto& v : h) v = v > 0 ? v : std::expm1(v);
+    } else if (cfg.activation == Activation::kRelu) {
+      for (auto& v : h) v = std::max(v, 0.0);
+    } else {  // MaxK: each row keeps its k largest values (ties to the lower column)
+      for (size_t r = 0; r * width < h.size(); ++r) {
+        std::vector<int64_t> cols(static_cast<size_t>(width));
+        std::iota(cols.begin(), cols.end(), 0);
+        const double* row = h.data() + r * width;
+        std::stable_sort(cols.begin(), cols.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+        for (size_t i = static_cast<size_t>(cfg.maxk); i < cols.size(); ++i) h[r * width + cols[i]] = 0.0;
+      }
+    }
   }
   return h;
 }
@@ -387,6 +402,64 @@ TEST(Model, TwoLayerTrainingBackwardMatchesFiniteDifferencesOfADoubleReference) 
       }
     }
   }
+}
+
+// MaxK between the layers (MaxK-GNN): the next layer aggregates the CBSR form (SpGEMM forward, SSpMM
+// backward, MaxK's mask folded in); every parameter gradient against central differences of the
+// float64 reference, with dropout off and on (dropout then acts on both forms with the same masks).
+// Three layers, so a MaxK input meets a layer that also needs its input gradient.
+TEST(Model, MaxKTrainingBackwardMatchesFiniteDifferencesOfADoubleReference) {
+  constexpr uint64_t kKey = 77;
+  for (const std::string kind : {"gcn", "sage", "gin"}) {
+    for (float dropout : {0.0f, 0.3f}) {
+      ModelConfig cfg = small_config(kind, dropout);
+      cfg.layers = 3;
+      cfg.hidden = 7;
+      cfg.activation = Activation::kMaxK;
+      cfg.maxk = 3;
+      Model model(cfg, 6);
+      const TestGraph g = random_graph(12, 12, 9);
+      const GraphOperand op(g.view());
+      const std::vector<const GraphOperand*> graphs = {&op, &op, &op};
+      const auto x = random_vector(48, 52);
+      const auto r = random_vector(36, 53);
+      const Params params = read_params(model);
+      model.zero_grad();
+      const Tensor y = model.forward(graphs, Tensor::from_vector(std::vector<float>(x.begin(), x.end()), 12, 4), true, kKey);
+      const auto y_ref = model_ref(cfg, g, x, params, true, kKey);
+      for (int64_t i = 0; i < y.numel(); ++i)
+        ASSERT_NEAR(y.f32()[i], y_ref[i], 1e-4 * (1 + std::abs(y_ref[i]))) << kind << " output " << i;
+      model.backward(Tensor::from_vector(std::vector<float>(r.begin(), r.end()), 12, 3));
+      constexpr double kStep = 1e-6;
+      for (Parameter* q : model.parameters()) {
+        const auto grad = q->grad.to_vector();
+        for (size_t i = 0; i < grad.size(); ++i) {
+          Params pp = params, pm = params;
+          pp[q->name][i] += kStep;
+          pm[q->name][i] -= kStep;
+          const double numeric =
+              (dot(model_ref(cfg, g, x, pp, true, kKey), r) - dot(model_ref(cfg, g, x, pm, true, kKey), r)) / (2 * kStep);
+          EXPECT_NEAR(grad[i], numeric, 2e-3 * std::max(1.0, std::abs(numeric)))
+              << kind << " dropout " << dropout << " " << q->name << "[" << i << "]";
+        }
+      }
+    }
+  }
+}
+
+TEST(Model, MaxKIsRefusedForGatAndOutOfRangeK) {
+  ModelConfig cfg = small_config("gat", 0.0f);
+  cfg.activation = Activation::kMaxK;
+  cfg.maxk = 2;
+  EXPECT_THROW(Model(cfg, 1), InputError);
+  cfg = small_config("sage", 0.0f);
+  cfg.activation = Activation::kMaxK;
+  cfg.maxk = cfg.hidden + 1;
+  EXPECT_THROW(Model(cfg, 1), InputError);
+  EXPECT_THROW(parse_activation("maxk:0", &cfg), InputError);
+  EXPECT_THROW(parse_activation("maxk:", &cfg), InputError);
+  parse_activation("maxk:2", &cfg);
+  EXPECT_EQ(activation_name(cfg), "maxk:2");
 }
 
 // Evaluation forwards apply no dropout of either kind.

@@ -139,6 +139,22 @@ TEST_P(GpuModelStep, MatchesTheCpuStep) {
   for (size_t i = 0; i < cpu.grads.size(); ++i) EXPECT_LT(rel_error(gpu.grads[i], cpu.grads[i]), 1e-3) << "parameter " << i;
 }
 
+// MaxK between the layers: top-k selects the same columns on both devices (bit-identical kernels on
+// nearly identical inputs), then SpGEMM / SSpMM against their CPU twins inside the whole step.
+TEST_P(GpuModelStep, MatchesTheCpuStepWithMaxK) {
+  const auto [model, symmetric, kind] = GetParam();
+  if (model == "gat") GTEST_SKIP() << "MaxK is for gcn, sage and gin";
+  const RandomGraph g = random_graph(symmetric ? 15 : 16, 301, symmetric);
+  ModelConfig cfg = config_for(model);
+  cfg.activation = Activation::kMaxK;
+  cfg.maxk = 8;
+  const StepResult cpu = step(cfg, g, Device::cpu(), kind);
+  const StepResult gpu = step(cfg, g, Device::cuda(0), kind);
+  EXPECT_LT(rel_error(gpu.logits, cpu.logits), 1e-4);
+  EXPECT_NEAR(gpu.loss, cpu.loss, 1e-4 * std::abs(cpu.loss));
+  for (size_t i = 0; i < cpu.grads.size(); ++i) EXPECT_LT(rel_error(gpu.grads[i], cpu.grads[i]), 1e-3) << "parameter " << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Models, GpuModelStep,
     ::testing::Combine(::testing::Values("gcn", "sage", "gin", "gat"), ::testing::Bool(),
@@ -198,6 +214,17 @@ TEST_F(GpuCora, GcnReachesPyg) { EXPECT_GE(mean_test_accuracy(pyg_options("gcn")
 TEST_F(GpuCora, SageReachesPyg) { EXPECT_GE(mean_test_accuracy(pyg_options("sage"), 5), 0.79); }
 TEST_F(GpuCora, GinReachesPyg) { EXPECT_GE(mean_test_accuracy(pyg_options("gin"), 5), 0.75); }
 TEST_F(GpuCora, GatReachesPyg) { EXPECT_GE(mean_test_accuracy(pyg_options("gat"), 5), 0.80); }
+
+TEST_F(GpuCora, SageWithMaxK32IsWithinOnePointFiveOfRelu) {
+  TrainOptions o = pyg_options("sage");
+  o.model.hidden = 256;
+  const double relu = mean_test_accuracy(o, 5);
+  o.model.activation = Activation::kMaxK;
+  o.model.maxk = 32;
+  const double maxk = mean_test_accuracy(o, 5);
+  std::printf("  gpu sage hidden 256: relu %.4f, maxk:32 %.4f\n", relu, maxk);
+  EXPECT_GE(maxk, relu - 0.015);
+}
 
 TEST_F(GpuCora, GasKernelReachesPygToo) {
   TrainOptions o = pyg_options("gcn");
