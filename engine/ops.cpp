@@ -151,18 +151,34 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float be
 #endif
 }
 
+void gemm_in_place(Tensor* a, const Tensor& b, bool trans_b, bool tf32, int64_t panel_rows) {
+  GALE_ASSERT(b.rows() == b.cols() && b.rows() == a->cols() && panel_rows > 0);
+  if (a->rows() == 0) return;
+  Tensor scratch = Tensor::empty(std::min(panel_rows, a->rows()), a->cols(), DType::kF32, a->device());
+  for (int64_t r0 = 0; r0 < a->rows(); r0 += panel_rows) {
+    const int64_t r1 = std::min(a->rows(), r0 + panel_rows);
+    Tensor panel = a->rows_slice(r0, r1);
+    Tensor out = scratch.rows_slice(0, r1 - r0);
+    gemm(panel, false, b, trans_b, 0.0f, &out, tf32);
+    copy(out, &panel);
+  }
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b, bool tf32) {
   Tensor c = Tensor::empty(a.rows(), b.cols(), DType::kF32, a.device());
   gemm(a, false, b, false, 0.0f, &c, tf32);
   return c;
 }
 
-void add_bias(Tensor* y, const Tensor& bias) {
+void add_bias(Tensor* y, const Tensor& bias, bool relu) {
   same_device(*y, bias, "add_bias");
   GALE_ASSERT(bias.numel() == y->cols());
-  const OpTimer timer(OpKind::kOther, y->device(), "add_bias");
-  if (y->device().is_cpu()) return kernels::add_bias(y->view(), bias.f32());
+  const OpTimer timer(OpKind::kOther, y->device(), relu ? "add_bias_relu" : "add_bias");
+  if (y->device().is_cpu()) {
+    return relu ? kernels::add_bias_relu(y->view(), bias.f32()) : kernels::add_bias(y->view(), bias.f32());
+  }
 #if GALE_WITH_CUDA
+  if (relu) return kernels::add_bias_relu_cuda(y->view(), bias.f32(), stream(*y));
   kernels::add_bias_cuda(y->view(), bias.f32(), stream(*y));
 #else
   no_cuda();
@@ -201,6 +217,23 @@ void zero(Tensor* t) {
   if (t->device().is_cpu()) return t->fill(0.0f);
 #if GALE_WITH_CUDA
   GALE_CHECK_CUDA(cudaMemsetAsync(t->data<unsigned char>(), 0, t->nbytes(), stream(*t)));
+#else
+  no_cuda();
+#endif
+}
+
+void copy(const Tensor& src, Tensor* dst) {
+  same_device(src, *dst, "copy");
+  same_shape(src, *dst, "copy");
+  GALE_ASSERT(src.dtype() == dst->dtype());
+  if (src.nbytes() == 0) return;
+  const OpTimer timer(OpKind::kOther, src.device(), "copy");
+  if (src.device().is_cpu()) {
+    std::memcpy(dst->data<unsigned char>(), src.data<unsigned char>(), src.nbytes());
+    return;
+  }
+#if GALE_WITH_CUDA
+  kernels::cuda::copy_on_device(dst->data<unsigned char>(), src.data<unsigned char>(), src.nbytes(), stream(src));
 #else
   no_cuda();
 #endif

@@ -77,10 +77,14 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float be
 // a b as a new tensor.
 Tensor matmul(const Tensor& a, const Tensor& b, bool tf32);
 
-void add_bias(Tensor* y, const Tensor& bias);                   // y[r] += bias
+void add_bias(Tensor* y, const Tensor& bias, bool relu = false);  // y[r] += bias (then ReLU, one pass)
 void column_sum(const Tensor& x, Tensor* out, bool accumulate);  // out (1 x cols) (+)= sum of rows
 void axpy(const Tensor& x, float alpha, Tensor* y);              // y += alpha x
 void zero(Tensor* t);
+void copy(const Tensor& src, Tensor* dst);  // same shape and dtype, same device
+// a <- a op(b) for a square op(b) (cols x cols), in place: row panels go through a scratch of at
+// most panel_rows rows, so the product needs no second a-sized tensor.
+void gemm_in_place(Tensor* a, const Tensor& b, bool trans_b, bool tf32, int64_t panel_rows = 65536);
 
 void relu(const Tensor& x, Tensor* out);  // may alias
 void relu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in);

@@ -18,8 +18,9 @@ namespace gale::kernels {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// out[r][c] += bias[c] for every row.
+// out[r][c] += bias[c] for every row; add_bias_relu then applies max(., 0) in the same pass.
 void add_bias(MatrixView out, const float* bias);
+void add_bias_relu(MatrixView out, const float* bias);
 // out[c] (+)= sum over rows of x[r][c]; summed in row order per column.
 void column_sum(ConstMatrixView x, float* out, bool accumulate);
 
@@ -88,6 +89,7 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
                bool tf32 = false);
 
 void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream);
+void add_bias_relu_cuda(MatrixView out, const float* bias, cudaStream_t stream);
 void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream);
 // Deterministic: each column is reduced over rows in double in an order fixed by the shape alone
 // (no atomics), so two calls give bit-identical results on any GPU. Rows are summed in chunks in

@@ -44,6 +44,16 @@ void add_bias(MatrixView out, const float* bias) {
   });
 }
 
+void add_bias_relu(MatrixView out, const float* bias) {
+  for_rows(out.rows, out.cols, [&](int64_t r) {
+    float* row = out.row(r);
+    for (int64_t c = 0; c < out.cols; ++c) {
+      const float v = row[c] + bias[c];
+      row[c] = v > 0.0f ? v : 0.0f;
+    }
+  });
+}
+
 void axpy(ConstMatrixView x, float alpha, MatrixView y) {
   for_rows(y.rows, y.cols, [&](int64_t r) {
     const float* xr = x.row(r);

@@ -108,6 +108,7 @@ __device__ __forceinline__ const float* at(const ConstMatrixView& m, int64_t r, 
 }
 __device__ __forceinline__ float* at(const MatrixView& m, int64_t r, int64_t c) { return m.data + r * m.ld + c; }
 
+template <bool kRelu>
 struct AddBias {
   MatrixView out;
   const float* bias;
@@ -116,7 +117,10 @@ struct AddBias {
     Pack<V> x = load<V>(at(out, r, c));
     const Pack<V> b = load<V>(bias + c);
 #pragma unroll
-    for (int i = 0; i < V; ++i) x.v[i] += b.v[i];
+    for (int i = 0; i < V; ++i) {
+      x.v[i] += b.v[i];
+      if (kRelu) x.v[i] = x.v[i] > 0.0f ? x.v[i] : 0.0f;
+    }
     store<V>(at(out, r, c), x);
   }
 };
@@ -420,16 +424,21 @@ __global__ void ce_grad_kernel(ConstMatrixView logits, const int32_t* labels, co
 
 constexpr int kReduceThreads = 256;
 
-// One block adds the per-row losses and hits: thread t takes rows t, t + 256, ... in order, then a
-// fixed tree; the same sum bit for bit on every run.
+// Adds the per-row losses and hits in two launches: block b sums rows [b * chunk, (b + 1) * chunk)
+// (thread t takes rows t, t + 256, ... of it in order, then a fixed tree), then one block sums the
+// blocks' partials the same way, scaled by inv_n. The order depends only on n_rows: the same sum
+// bit for bit on every run, and a million rows no longer wait on a single block.
+template <typename Hit>
 __global__ void __launch_bounds__(kReduceThreads)
-    ce_reduce_kernel(const double* row_loss, const int32_t* row_hit, int64_t n_rows, double inv_n, double* loss_out,
-                     int64_t* correct_out) {
+    ce_reduce_kernel(const double* row_loss, const Hit* row_hit, int64_t n_rows, int64_t chunk, double scale,
+                     double* loss_out, int64_t* correct_out) {
   __shared__ double loss[kReduceThreads];
   __shared__ long long hits[kReduceThreads];
   double acc = 0.0;
   long long right = 0;
-  for (int64_t i = threadIdx.x; i < n_rows; i += kReduceThreads) {
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk;
+  const int64_t end = min(n_rows, begin + chunk);
+  for (int64_t i = begin + threadIdx.x; i < end; i += kReduceThreads) {
     acc += row_loss[i];
     right += row_hit[i];
   }
@@ -445,9 +454,16 @@ __global__ void __launch_bounds__(kReduceThreads)
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    *loss_out = loss[0] * inv_n;
-    if (correct_out != nullptr) *correct_out = hits[0];
+    loss_out[blockIdx.x] = loss[0] * scale;
+    if (correct_out != nullptr) correct_out[blockIdx.x] = hits[0];
   }
+}
+
+// Rows per first-pass block of the loss reduction, and the most blocks (the partials' room).
+constexpr int64_t kReduceChunk = 8192;
+constexpr int64_t kReduceMaxBlocks = 1024;
+int64_t reduce_chunk(int64_t n_rows) {
+  return std::max(kReduceChunk, (n_rows + kReduceMaxBlocks - 1) / kReduceMaxBlocks);
 }
 
 // Workspace sections, each starting on a 256-byte boundary.
@@ -481,7 +497,12 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
 
 void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream) {
   const bool vec4 = vector_ok(out.data, out.ld) && vector_ok(bias, 0);
-  launch_map(out.rows, out.cols, vec4, AddBias{out, bias}, stream);
+  launch_map(out.rows, out.cols, vec4, AddBias<false>{out, bias}, stream);
+}
+
+void add_bias_relu_cuda(MatrixView out, const float* bias, cudaStream_t stream) {
+  const bool vec4 = vector_ok(out.data, out.ld) && vector_ok(bias, 0);
+  launch_map(out.rows, out.cols, vec4, AddBias<true>{out, bias}, stream);
 }
 
 void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream) {
@@ -569,7 +590,8 @@ void adam_update_cuda(float* w, const float* g, float* m, float* v, int64_t n, c
 size_t softmax_cross_entropy_workspace_bytes(int64_t logits_rows, int64_t n_rows) {
   const size_t n = static_cast<size_t>(std::max<int64_t>(0, n_rows));
   return section(n * sizeof(double)) + section(n * sizeof(int32_t)) +
-         section(static_cast<size_t>(std::max<int64_t>(0, logits_rows)) * sizeof(int32_t));
+         section(static_cast<size_t>(std::max<int64_t>(0, logits_rows)) * sizeof(int32_t)) +
+         2 * section(static_cast<size_t>(kReduceMaxBlocks) * 8);
 }
 
 void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
@@ -592,6 +614,10 @@ void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, c
   auto* row_loss = reinterpret_cast<double*>(base);
   auto* row_hit = reinterpret_cast<int32_t*>(base + section(n * sizeof(double)));
   auto* multiplicity = reinterpret_cast<int32_t*>(base + section(n * sizeof(double)) + section(n * sizeof(int32_t)));
+  unsigned char* partials = base + section(n * sizeof(double)) + section(n * sizeof(int32_t)) +
+                            section(static_cast<size_t>(std::max<int64_t>(0, logits.rows)) * sizeof(int32_t));
+  auto* partial_loss = reinterpret_cast<double*>(partials);
+  auto* partial_hits = reinterpret_cast<int64_t*>(partials + section(static_cast<size_t>(kReduceMaxBlocks) * 8));
   const double inv_n = n_rows == 0 ? 0.0 : 1.0 / static_cast<double>(n_rows);
 
   if (want_grad && logits.rows > 0) {
@@ -608,7 +634,13 @@ void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, c
                                                                                      inv_n, grad);
     check_launch();
   }
-  ce_reduce_kernel<<<1, kReduceThreads, 0, stream>>>(row_loss, row_hit, n_rows, inv_n, loss_out, correct_out);
+  const int64_t chunk = reduce_chunk(n_rows);
+  const int64_t blocks = std::max<int64_t>(1, (n_rows + chunk - 1) / chunk);
+  ce_reduce_kernel<int32_t><<<static_cast<unsigned>(blocks), kReduceThreads, 0, stream>>>(
+      row_loss, row_hit, n_rows, chunk, 1.0, partial_loss, partial_hits);
+  check_launch();
+  ce_reduce_kernel<int64_t><<<1, kReduceThreads, 0, stream>>>(partial_loss, partial_hits, blocks, blocks, inv_n,
+                                                              loss_out, correct_out != nullptr ? correct_out : nullptr);
   check_launch();
 }
 

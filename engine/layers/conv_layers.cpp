@@ -147,8 +147,7 @@ class AggregateLinear {
       // MaxK-GNN: the input is sparse, so aggregate it first over its CBSR form whatever the widths.
       y = lin_.forward(aggregate_cbsr(g, norm_, self_scale_, *ctx.maxk_input), exec_.tf32);
       if (root_) ops::gemm(x_dst, false, root_->weight().value, false, 1.0f, &y, exec_.tf32);
-      ops::add_bias(&y, bias_.value);
-      if (ctx.relu) ops::relu(y, &y);
+      ops::add_bias(&y, bias_.value, ctx.relu);
       if (ctx.training) maxk_ = *ctx.maxk_input;  // backward recomputes the SpGEMM from it
     } else if (transform_first_) {
       const Tensor t = lin_.forward(x, exec_.tf32);
@@ -165,8 +164,7 @@ class AggregateLinear {
       y = lin_.forward(a, exec_.tf32);
       a = Tensor();
       if (root_) ops::gemm(x_dst, false, root_->weight().value, false, 1.0f, &y, exec_.tf32);
-      ops::add_bias(&y, bias_.value);
-      if (ctx.relu) ops::relu(y, &y);
+      ops::add_bias(&y, bias_.value, ctx.relu);
       // Backward recomputes A x rather than keeping it: one more SpMM on the narrow width buys
       // a whole num_dst x in tensor of memory (x itself is usually the resident input features).
       if (ctx.training) saved_ = x;
@@ -329,15 +327,15 @@ class GinLayer : public Layer {
     Tensor z = first_.forward(g, x, inner);
     exec_ = ctx.exec;
     if (ctx.training) hidden_ = z;
-    Tensor y = second_->forward(z, exec_.tf32);
-    if (ctx.relu) ops::relu(y, &y);
-    return y;
+    return second_->forward(z, exec_.tf32, ctx.relu);
   }
   Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) override {
     if (!second_) return first_.backward(g, std::move(grad), need_input_grad);
     second_->accumulate_grads(hidden_, grad, exec_.tf32);
-    Tensor gz = second_->input_grad(grad, exec_.tf32);
-    grad = Tensor();
+    // The MLP's hidden width equals its output width: the input gradient overwrites grad in row
+    // panels, so the hidden activation, grad and its gradient never coexist as three tensors.
+    Tensor gz = std::move(grad);
+    second_->input_grad_in_place(&gz, exec_.tf32);
     ops::relu_backward(gz, hidden_, &gz);
     hidden_ = Tensor();
     return first_.backward(g, std::move(gz), need_input_grad);

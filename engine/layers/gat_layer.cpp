@@ -61,8 +61,7 @@ class GatLayer : public Layer {
 #endif
     }
     }
-    ops::add_bias(&y, bias_.value);
-    if (ctx.relu) ops::relu(y, &y);
+    ops::add_bias(&y, bias_.value, ctx.relu);
     if (ctx.training) {
       x_ = x;
       z_ = z;

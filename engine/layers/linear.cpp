@@ -26,9 +26,10 @@ Linear::Linear(const std::string& name, int64_t in, int64_t out, bool bias, uint
   }
 }
 
-Tensor Linear::forward(const Tensor& x, bool tf32) const {
+Tensor Linear::forward(const Tensor& x, bool tf32, bool relu) const {
   Tensor y = ops::matmul(x, weight_.value, tf32);
-  if (bias_.value.defined()) ops::add_bias(&y, bias_.value);
+  if (bias_.value.defined()) ops::add_bias(&y, bias_.value, relu);
+  else if (relu) ops::relu(y, &y);
   return y;
 }
 
@@ -45,6 +46,10 @@ Tensor Linear::input_grad(const Tensor& g, bool tf32, Tensor* into) const {
   Tensor gx = Tensor::empty(g.rows(), in(), DType::kF32, g.device());
   ops::gemm(g, false, weight_.value, true, 0.0f, &gx, tf32);
   return gx;
+}
+
+void Linear::input_grad_in_place(Tensor* g, bool tf32) const {
+  ops::gemm_in_place(g, weight_.value, /*trans_b=*/true, tf32);
 }
 
 Tensor Linear::backward(const Tensor& x, const Tensor& g, bool need_input_grad, bool tf32) {
