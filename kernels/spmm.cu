@@ -699,7 +699,7 @@ bool can_vectorise(const SpmmArgs& a) {
          aligned16(a.out.data) && (a.bias == nullptr || aligned16(a.bias));
 }
 
-// Lanes per row group (G) and elements per lane (VPT) for a width of `units` elements (floats or
+// GAS: lanes per row group (G) and elements per lane (VPT) for a width of `units` elements (floats or
 // float4s): up to 32 units one unit per lane, with the group shrunk to the next power of two so
 // short rows share a warp; wider rows use the whole warp with 2, 4 (or, for floats, 8) units per
 // lane; wider still loop over tiles of that size.
