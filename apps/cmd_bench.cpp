@@ -1,4 +1,5 @@
-// `gale bench spmm STORE|--generate SPEC [--dims 32,64,128,256] [--runs 20] [--warmup 5] [--json]`.
+// `gale bench spmm STORE|--generate SPEC [--dims 32,64,128,256] [--kernels cusparse,gar,gas] [--runs 20]
+//  [--warmup 5] [--json]`.
 //
 // Times Gale's CUDA SpMM kernels (fuseGNN's GAR and GAS, kernels/spmm.cu) against cuSPARSE on
 // the same device inputs in the same run: the graph's CSR is uploaded once, with random edge
@@ -81,7 +82,7 @@ double max_abs_difference(const kernels::cuda::CublasHandle& blas, float* a, con
 }
 
 int bench_spmm(const std::vector<std::string>& args) {
-  std::string store_path, generate, dims_text = "32,64,128,256";
+  std::string store_path, generate, dims_text = "32,64,128,256", kernels_text = "cusparse,gar,gas";
   int runs = 20, warmup = 5;
   bool json = false;
   po::options_description desc(
@@ -94,6 +95,9 @@ int bench_spmm(const std::vector<std::string>& args) {
       ("help,h", "show this help")
       ("generate", po::value(&generate), "build this generated graph in a temporary store (deleted after)")
       ("dims", po::value(&dims_text), "feature widths, comma separated (default 32,64,128,256)")
+      ("kernels", po::value(&kernels_text),
+       "kernels to time, comma separated, from cusparse, gar, gas, auto (default cusparse,gar,gas); "
+       "speedups and errors are against cusparse when it is listed")
       ("runs", po::value(&runs), "timed launches per kernel and width (default 20)")
       ("warmup", po::value(&warmup), "untimed launches first (default 5)")
       ("json", po::bool_switch(&json), "one JSON object per result row instead of the table")
@@ -108,6 +112,21 @@ int bench_spmm(const std::vector<std::string>& args) {
     if (d < 1) throw InputError("--dims: widths must be at least 1, found " + std::to_string(d));
   if (runs < 1) throw InputError("--runs: expected at least 1, found " + std::to_string(runs));
   if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
+  // cuSPARSE, when listed, runs first: the speedups and errors are measured against it.
+  std::vector<SpmmKind> kinds;
+  bool with_cusparse = false;
+  for (size_t at = 0; at <= kernels_text.size();) {
+    const size_t comma = std::min(kernels_text.find(',', at), kernels_text.size());
+    const std::string name = kernels_text.substr(at, comma - at);
+    at = comma + 1;
+    if (name == "cusparse") with_cusparse = true;
+    else if (name == "gar") kinds.push_back(SpmmKind::kGar);
+    else if (name == "gas") kinds.push_back(SpmmKind::kGas);
+    else if (name == "auto") kinds.push_back(SpmmKind::kAuto);
+    else throw InputError("--kernels: expected cusparse, gar, gas or auto, found '" + name + "'");
+  }
+  if (with_cusparse) kinds.insert(kinds.begin(), SpmmKind::kCusparse);
+  if (kinds.empty()) throw InputError("--kernels: expected at least one kernel");
 
   kernels::cuda::require_device(0);
   const BenchStore source(store_path, generate, "bench spmm");
@@ -136,7 +155,6 @@ int bench_spmm(const std::vector<std::string>& args) {
   }
   kernels::cuda::Event start(0, kernels::cuda::Event::Timing::kEnabled);
   kernels::cuda::Event stop(0, kernels::cuda::Event::Timing::kEnabled);
-  const SpmmKind kinds[] = {SpmmKind::kCusparse, SpmmKind::kGar, SpmmKind::kGas};
 
   for (int width : dims) {
     const int64_t w = width;
@@ -175,11 +193,12 @@ int bench_spmm(const std::vector<std::string>& args) {
       results.push_back(row);
     }
     const Row& base = results[0];
+    const bool have_base = with_cusparse && base.skipped.empty();
     for (size_t k = 0; k < results.size(); ++k) {
       Row& row = results[k];
       if (!row.skipped.empty()) continue;
-      row.speedup = base.skipped.empty() ? base.ms / row.ms : 0.0;
-      if (k > 0 && base.skipped.empty())
+      row.speedup = have_base ? base.ms / row.ms : 0.0;
+      if (k > 0 && have_base)
         row.max_abs_err = max_abs_difference(blas, outputs[k].data(), outputs[0].data(), rows * w, stream);
     }
     for (const Row& row : results) {
@@ -379,7 +398,8 @@ int bench_spmm_maxk(const std::vector<std::string>& args) {
 
 int run_bench(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::puts("usage: gale bench spmm STORE|--generate SPEC [--dims 32,64,128,256] [--runs 20] [--warmup 5] [--json]\n"
+    std::puts("usage: gale bench spmm STORE|--generate SPEC [--dims 32,64,128,256] [--kernels cusparse,gar,gas]\n"
+              "                  [--maxk 16,32] [--runs 20] [--warmup 5] [--json]\n"
               "       gale bench train STORE|--generate SPEC [--models gcn,sage,gin,gat] [--layers 3] [--hidden 256] ...\n"
               "`gale bench NAME --help` lists a benchmark's options.");
     return args.empty() ? static_cast<int>(ExitCode::kInput) : 0;

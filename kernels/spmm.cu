@@ -1,20 +1,19 @@
 // kernels/spmm.cu — the CUDA SpMM family of spmm.hpp: fuseGNN's GAR and GAS aggregation models
 // (ICCAD'20, Sec. 4-6) over a destination-major CSR, plus cuSPARSE as the baseline.
 //
-// GAR (gather-apply-reduce, fuseGNN Sec. 4 Fig. 3 and Sec. 6 Alg. 3): a group of G lanes owns one
-// destination row. The group stages G column indices and coefficients (col_scale * weight) with
-// one coalesced load, broadcasts them by shuffle, gathers the source rows with 16-byte loads and
-// reduces in registers; the row scale, self term, bias and ReLU are applied before the single
-// store (the fused epilogue of Sec. 5). G is sized by the width, so short feature rows put several
-// rows in one warp (fuseGNN's "process T/m edges at once", Sec. 6 and Table 4), and each lane owns
-// up to 4 float4 (16 columns); wider rows loop over 512-column tiles. No atomics: every output
-// element has one writer and a fixed summation order, so results are deterministic.
-//
-// Power-law rows: on R-MAT a few rows have tens of thousands of entries. One group walking such a
-// row would run for milliseconds and become the kernel's tail, so rows above kLongRow entries are
-// taken by whole blocks instead: the grid's first blocks (scheduled first) each scan a span of
-// rows for long ones, split every long row's entries over all the block's groups and reduce the
-// partial sums through shared memory in group order, which keeps the result deterministic.
+// GAR (gather-apply-reduce, fuseGNN Sec. 4 Fig. 3 and Sec. 6 Alg. 3): row-parallel, reduction in
+// registers, no atomics. Groups of G lanes gather source rows with 16-byte loads (column indices
+// and coefficients, col_scale * weight, read with one coalesced load and broadcast by shuffle);
+// the row scale, self term, bias and ReLU are applied before the single store of each output
+// element (the fused epilogue of Sec. 5). Three things make it fast on power-law graphs (see the
+// GAR section below):
+//   - column tiles of 32 floats, tile-major over the grid: the L2 holds the hot source rows'
+//     128-byte slices instead of whole rows (on R-MAT scale 21 at width 256, DRAM reads drop from
+//     37 to ~20 GB per product);
+//   - a block splits its 256 rows' entries evenly over its groups (merge-path inside the block),
+//     so a block no longer lasts as long as its longest row;
+//   - rows above kLongRow entries go to the grid's first blocks, cut over a whole block each.
+// Every output element has one writer and a fixed order of additions: GAR is deterministic.
 //
 // GAS (gather-apply-scatter, fuseGNN Sec. 4 Fig. 2 and Sec. 6 Alg. 1): edge-parallel. Each group
 // takes a contiguous chunk of entries (binary-searching the row of its first entry in indptr, then
@@ -45,16 +44,17 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr unsigned kFull = 0xffffffffu;
-// 8 warps per block: the long-row path splits a row over the block's groups, and 256 threads x
-// 16 floats of partial sums (16 KiB) fit the shared memory of several resident blocks per SM.
+// 8 warps per block. A GAR block takes 256 rows (one counting thread per row) and keeps a 256 x 32
+// float row buffer (40 KB of shared memory with its row table), four blocks per SM.
 constexpr int kBlock = 256;
-// Rows above this many entries go to the block-wide path. A group keeps ~8 gathers in flight per
-// lane, so 1024 entries take it ~100 us: short against a multi-millisecond pass, so a row that
-// starts last does not stretch the tail much, while rows this long are rare enough (a few
-// thousand on R-MAT scale 21) that a handful of blocks can scan for them.
-constexpr int64_t kLongRow = 1024;
-// Blocks per SM that scan for long rows (they are launched, and so scheduled, first).
-constexpr int kLongBlocksPerSm = 4;
+// GAR rows above this many entries go to the long-row blocks. A regular block spreads its rows'
+// entries over all its lanes, so a row of a few thousand entries only lengthens its block a little
+// (a block averages ~5K entries on R-MAT scale 21); much longer rows would make their block the
+// grid's tail if it started late. Measured on R-MAT scale 21: 4096 slightly ahead of 16384 and
+// 65536, well ahead of 1024 (which sends a third of the entries through the long-row blocks).
+constexpr int64_t kLongRow = 4096;
+// Long-row blocks per SM, each scanning a span of rows (launched first, so scheduled first).
+constexpr int kLongBlocksPerSm = 2;
 // Entries per GAS chunk: enough that the binary search for the chunk's first row (log2(rows)
 // dependent loads) is amortised over many gathers, small enough for ~16 chunks per SM lane group
 // on a graph of a million entries.
@@ -196,112 +196,314 @@ __host__ __device__ constexpr int unroll() {
   return G < by_registers ? G : by_registers;
 }
 
-// Gathers entries [begin, end) of one row into acc, for the tile of columns starting at col0.
-// The entries are cut into pieces of G; this group takes pieces first, first + step, ... (the
-// short path: first 0, step 1; the long path: one residue class per group of the block). Lane g
-// owns elements (k * G + g) of the tile, k < VPT, each K floats wide, so a group's loads of one
-// source row are contiguous and coalesced.
+// ---- GAR ------------------------------------------------------------------------------------
 //
-// Every lane of the warp must call this together: the loop runs to the warp's largest trip count
-// and the shuffles use the full mask, while groups whose rows are done only skip their gathers.
-template <typename T, int G, int VPT>
-__device__ __forceinline__ void gather(const Params& p, int64_t begin, int64_t end, int64_t first, int64_t step,
-                                       int g, int64_t col0, T (&acc)[VPT]) {
-  constexpr int K = sizeof(T) / sizeof(float);
-  constexpr int kUnroll = unroll<T, G, VPT>();
-  const int64_t pieces = (end - begin + G - 1) / G;
-  const int mine = pieces > first ? static_cast<int>((pieces - first + step - 1) / step) : 0;
-  const int trips = warp_max(mine);
-  int64_t lane_off[VPT];
-  bool lane_cols[VPT];
+// A regular GAR block takes a span of kBlock rows and one column tile of kTile = G * K floats (G
+// lanes per group, K floats per lane: 8 lanes of float4 for the 32-float tile). One group per row
+// wastes most of a block on power-law rows, since the block lasts as long as its longest row: on
+// R-MAT scale 21 that ran the gathers at ~2.2 TB/s. So the block first counts its rows' entries
+// (one thread per row, a block-wide prefix sum into vstart), then cuts the concatenated entries
+// into equal ranges, one per group (merge-path inside the block). A group walks its range in
+// pieces (piece_entries) with one running sum and, when the row changes, stores the sum into the
+// block's shared row buffer: one shared store, cheap even when every entry ends a row, where a
+// direct epilogue there would run once per group, divergent. The row that a group's range starts
+// in the middle of goes to the group's slot instead. After a barrier the block writes its rows:
+// buffer row plus the slots of the later groups the row ran into, in group order, then the
+// epilogue, with coalesced stores.
+//
+// Rows above kLongRow entries (hubs: up to 1e5 entries on R-MAT scale 21) would still make their
+// block a straggler; the grid's first blocks (dispatched first) each scan a span of rows for them
+// and cut every long row over all their groups, reducing the group sums in shared memory in a
+// fixed order. (Cutting a long row over several blocks by 8-float sub-tiles was tried and lost:
+// 32-byte gathers of the same lines at different times doubled DRAM reads on the hubs.)
+
+// Per-lane entries of one piece: a piece is piece_entries consecutive entries of a group's range;
+// lane g holds entries g, g + G, ... (H of them). row = index in the block's row table, -1 past
+// the range (then col = 0, a valid row to load, and w = 0).
+template <int H>
+struct Held {
+  int32_t col[H];
+  float w[H];
+  int32_t row[H];
+};
+
+// Entries per piece: 32 floats of gathered values in flight per lane (8 float4 or 32 floats),
+// at least one entry per lane and at most four (each lane holds its entries' index, weight and row
+// for this piece and the next).
+template <typename T, int G>
+__host__ __device__ constexpr int piece_entries() {
+  constexpr int by_registers = 32 / static_cast<int>(sizeof(T) / sizeof(float));
+  constexpr int p = G > by_registers ? G : by_registers;
+  return p < 4 * G ? p : 4 * G;
+}
+
+// Loads the lane's entries of the piece starting at virtual entry s of a range ending at ve.
+// Virtual entry v of the block is entry rbeg[i] + (v - vstart[i]) of row i, where i is the last
+// row with vstart[i] <= v (rows without entries share their successor's vstart and are skipped).
+// `lo` is the lane's search hint: a row with vstart[lo] <= every later v.
+template <int G, int H>
+__device__ __forceinline__ void load_piece(const Params& p, const int32_t* vstart, const int64_t* rbeg, int rows,
+                                           int64_t s, int64_t ve, int g, int& lo, Held<H>& h) {
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    lane_off[k] = col0 + static_cast<int64_t>(k * G + g) * K;
-    lane_cols[k] = lane_off[k] < p.width;
-    if (!lane_cols[k]) lane_off[k] = 0;  // loads stay in bounds; the sum ignores them
-  }
-  for (int t = 0; t < trips; ++t) {
-    const int64_t s = begin + (first + static_cast<int64_t>(t) * step) * G;
-    const int n = t < mine ? static_cast<int>(min(static_cast<int64_t>(G), end - s)) : 0;
-    int32_t c = 0;
-    float w = 0.0f;
-    if (g < n) {
-      c = __ldcs(p.indices + s + g);
-      w = coefficient(p, s + g, c);
-    }
-    const int nmax = warp_max(n);
-    for (int j0 = 0; j0 < nmax; j0 += kUnroll) {
-      // Three phases so that all kUnroll x VPT loads are in flight before the first FMA: the
-      // broadcasts, the gathers (unconditional: past a group's last entry the index is 0, a
-      // valid row), then the predicated sums (a NaN in row 0 cannot leak into other rows).
-      int cs[kUnroll];
-      float ws[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        cs[u] = __shfl_sync(kFull, c, (j0 + u) & (G - 1), G);
-        ws[u] = __shfl_sync(kFull, w, (j0 + u) & (G - 1), G);
-      }
-      T v[kUnroll][VPT];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const float* xr = p.x + static_cast<int64_t>(cs[u]) * p.x_ld;
-#pragma unroll
-        for (int k = 0; k < VPT; ++k) load_ro(v[u][k], xr + lane_off[k]);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (j0 + u < n) {
-#pragma unroll
-          for (int k = 0; k < VPT; ++k)
-            if (lane_cols[k]) fma_to(acc[k], ws[u], v[u][k]);
+  for (int k = 0; k < H; ++k) {
+    const int64_t v = s + g + static_cast<int64_t>(k) * G;
+    h.col[k] = 0;
+    h.w[k] = 0.0f;
+    h.row[k] = -1;
+    if (v < ve) {
+      if (vstart[lo + 1] <= v) {  // not in the row of the lane's previous entry: search
+        int b = rows;             // invariant: vstart[lo] <= v < vstart[b]
+        ++lo;
+        while (b - lo > 1) {
+          const int m = (lo + b) >> 1;
+          if (vstart[m] <= v) lo = m; else b = m;
         }
       }
+      const int i = lo;
+      const int64_t e = rbeg[i] + (v - vstart[i]);
+      h.col[k] = __ldcs(p.indices + e);
+      h.w[k] = coefficient(p, e, h.col[k]);
+      h.row[k] = i;
     }
   }
 }
 
-// One long row by the whole block: every group gathers its share of the entries, the partial sums
-// meet in shared memory and are added in group order (deterministic), then the epilogue.
-template <typename T, int G, int VPT>
-__device__ void long_row(const Params& p, int64_t r, float* partial) {
+// Walks the group's virtual range [vb, ve) for the tile column `col` of lane g (its K floats).
+// Calls flush(row, acc) whenever a row's entries in this range are summed up (row changes, or the
+// range ends). Every lane of the warp must call this together (full-mask shuffles): the loop runs
+// to the warp's largest piece count; groups past their range load row 0 and add nothing.
+template <typename T, int G, typename Flush>
+__device__ __forceinline__ void walk(const Params& p, const int32_t* vstart, const int64_t* rbeg, int rows,
+                                     int64_t vb, int64_t ve, int g, int64_t col, Flush&& flush) {
+  constexpr int P = piece_entries<T, G>();
+  constexpr int H = P / G;
+  const int64_t trips = warp_max(static_cast<int>((ve - vb + P - 1) / P));
+  int lo = 0;
+  Held<H> cur;
+  load_piece<G, H>(p, vstart, rbeg, rows, vb, ve, g, lo, cur);
+  int row = -1;
+  T acc;
+  set_zero(acc);
+  for (int64_t t = 0; t < trips; ++t) {
+    // All P gathers go out before the first one is needed.
+    T v[P];
+#pragma unroll
+    for (int u = 0; u < P; ++u) {
+      const int c = __shfl_sync(kFull, cur.col[u / G], u % G, G);
+      load_ro(v[u], p.x + static_cast<int64_t>(c) * p.x_ld + col);
+    }
+    // The next piece's indices and weights are read while the gathers are in flight.
+    Held<H> next;
+    load_piece<G, H>(p, vstart, rbeg, rows, vb + (t + 1) * P, ve, g, lo, next);
+#pragma unroll
+    for (int u = 0; u < P; ++u) {
+      const float w = __shfl_sync(kFull, cur.w[u / G], u % G, G);
+      const int r = __shfl_sync(kFull, cur.row[u / G], u % G, G);
+      if (r != row) {  // uniform within the group
+        if (row >= 0) flush(row, acc);
+        row = r;
+        set_zero(acc);
+      }
+      if (r >= 0) fma_to(acc, w, v[u]);  // predicated: a NaN in row 0 cannot leak into other rows
+    }
+    cur = next;
+  }
+  if (row >= 0) flush(row, acc);
+}
+
+// GAR blocks resident per SM: the register cap of 64 per thread keeps four blocks of 256 threads,
+// 128 KB of gathers in flight per SM (8 pieces of 16 bytes per lane), for the L2's latency under
+// load; measured 7% faster than three blocks at ~75 registers (a 16-byte spill is the price).
+constexpr int kGarBlocksPerSm = 4;
+
+// Shared memory of a GAR block. The regular path keeps its row table (vstart, rbeg; rbeg = -1 marks
+// a long row) and, in buf, each row's sum from the group its entries start in (kBlock rows x kTile
+// floats) followed by one slot per group for the partial sum of a row that began in an earlier
+// group's range. The long path reuses buf for its per-group sums.
+template <typename T, int G>
+struct GarShared {
+  static constexpr int K = sizeof(T) / sizeof(float);
+  static constexpr int kTile = G * K;
+  int32_t vstart[kBlock + 1];
+  int64_t rbeg[kBlock];
+  __align__(16) float buf[kBlock * kTile + kBlock * K];
+};
+
+// Sums entries [vb, ve) of one row (entry numbers relative to `begin`) for lane g's K floats at
+// col, in pieces of P entries as walk() does, without rows to track. Every lane of the warp calls
+// this together; past ve a lane loads row 0 and adds nothing.
+template <typename T, int G>
+__device__ __forceinline__ T sum_range(const Params& p, int64_t begin, int64_t vb, int64_t ve, int g, int64_t col) {
+  constexpr int P = piece_entries<T, G>();
+  constexpr int H = P / G;
+  const int64_t trips = warp_max(static_cast<int>((ve - vb + P - 1) / P));
+  int32_t next[H];
+#pragma unroll
+  for (int k = 0; k < H; ++k) {
+    const int64_t v = vb + g + k * G;
+    next[k] = v < ve ? __ldcs(p.indices + begin + v) : 0;
+  }
+  T acc;
+  set_zero(acc);
+  for (int64_t t = 0; t < trips; ++t) {
+    const int64_t s = vb + t * P;
+    int32_t cols[H];
+#pragma unroll
+    for (int k = 0; k < H; ++k) cols[k] = next[k];
+    T v[P];
+#pragma unroll
+    for (int u = 0; u < P; ++u) {
+      const int c = __shfl_sync(kFull, cols[u / G], u % G, G);
+      load_ro(v[u], p.x + static_cast<int64_t>(c) * p.x_ld + col);
+    }
+    float w[H];
+#pragma unroll
+    for (int k = 0; k < H; ++k) {
+      const int64_t e = s + g + k * G;
+      w[k] = e < ve ? coefficient(p, begin + e, cols[k]) : 0.0f;
+      next[k] = e + P < ve ? __ldcs(p.indices + begin + e + P) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < P; ++u) {
+      const float wu = __shfl_sync(kFull, w[u / G], u % G, G);
+      if (s + u < ve) fma_to(acc, wu, v[u]);  // uniform within the group
+    }
+  }
+  return acc;
+}
+
+// One long row r for the tile at col0: entries split evenly over the block's groups, the group
+// sums reduced in two fixed-order passes, then the epilogue.
+template <typename T, int G>
+__device__ void long_row(const Params& p, int64_t r, int64_t col0, GarShared<T, G>& sh) {
   constexpr int K = sizeof(T) / sizeof(float);
-  constexpr int kTile = G * VPT * K;
+  constexpr int kTile = G * K;
   constexpr int kGroups = kBlock / G;
+  constexpr int kParts = kBlock / kTile;  // first-pass partial sums per column
   const int g = threadIdx.x & (G - 1);
-  const int group = threadIdx.x / G;
+  const int q = threadIdx.x / G;
   const int64_t begin = p.indptr[r];
-  const int64_t end = p.indptr[r + 1];
-  for (int64_t col0 = 0; col0 < p.width; col0 += kTile) {
-    T acc[VPT];
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) set_zero(acc[k]);
-    gather<T, G, VPT>(p, begin, end, group, kGroups, g, col0, acc);
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) store(partial + group * kTile + (k * G + g) * K, acc[k]);
-    __syncthreads();
-    for (int i = threadIdx.x; i < kTile && col0 + i < p.width; i += kBlock) {
-      float sum = 0.0f;
-      for (int q = 0; q < kGroups; ++q) sum += partial[q * kTile + i];
-      finish<float>(p, r, col0 + i, sum);
-    }
-    __syncthreads();  // partial is reused by the next tile or row
+  const int64_t n = p.indptr[r + 1] - begin;
+  float* part = sh.buf;
+  const int64_t lane_col = col0 + static_cast<int64_t>(g) * K;
+  const T sum = sum_range<T, G>(p, begin, n * q / kGroups, n * (q + 1) / kGroups, g, lane_col < p.width ? lane_col : 0);
+  store(part + q * kTile + g * K, sum);
+  __syncthreads();
+  {
+    const int i = threadIdx.x % kTile, j = threadIdx.x / kTile;
+    float s = 0.0f;
+    for (int qq = j; qq < kGroups; qq += kParts) s += part[qq * kTile + i];
+    part[kGroups * kTile + j * kTile + i] = s;
   }
+  __syncthreads();
+  if (threadIdx.x < kTile && col0 + threadIdx.x < p.width) {
+    float s = 0.0f;
+    for (int j = 0; j < kParts; ++j) s += part[kGroups * kTile + j * kTile + threadIdx.x];
+    finish<float>(p, r, col0 + threadIdx.x, s);
+  }
+  __syncthreads();  // part is reused by the next long row
 }
 
-// GAR. Blocks [0, long_blocks) each scan rows [b * long_span, (b + 1) * long_span) for rows with
-// more than kLongRow entries and process them block-wide; the other blocks give each group one
-// row and skip the long ones.
-template <typename T, int G, int VPT>
-__global__ void __launch_bounds__(kBlock) gar_kernel(Params p, int64_t long_blocks, int64_t long_span) {
+// Largest group q of n over `total` entries whose range [total * q / n, ...) starts at or before v.
+__device__ __forceinline__ int group_of(int64_t v, int64_t total, int n) {
+  return static_cast<int>(((v + 1) * n + total - 1) / total) - 1;
+}
+
+// The regular path for the block's rows [r0, r0 + kBlock) and the tile at col0.
+template <typename T, int G>
+__device__ void span_rows(const Params& p, int64_t r0, int64_t col0, GarShared<T, G>& sh) {
   constexpr int K = sizeof(T) / sizeof(float);
-  constexpr int kTile = G * VPT * K;
+  constexpr int kTile = G * K;
   constexpr int kGroups = kBlock / G;
   const int g = threadIdx.x & (G - 1);
-  if (blockIdx.x < long_blocks) {
-    __shared__ __align__(16) float partial[kGroups * kTile];
-    __shared__ unsigned long_mask[kBlock / kWarp];
-    const int64_t lo = static_cast<int64_t>(blockIdx.x) * long_span;
-    const int64_t hi = min(p.rows, lo + long_span);
+  const int q = threadIdx.x / G;
+  float* rowbuf = sh.buf;
+  float* slots = sh.buf + kBlock * kTile;
+  // Count: one thread per row; long rows count as empty here (their blocks write them).
+  const int64_t r = r0 + threadIdx.x;
+  int32_t count = 0;
+  if (r < p.rows) {
+    const int64_t b = p.indptr[r], e = p.indptr[r + 1];
+    const bool is_long = e - b > kLongRow;
+    sh.rbeg[threadIdx.x] = is_long ? -1 : b;
+    if (!is_long) count = static_cast<int32_t>(e - b);
+  }
+  // Block-wide exclusive prefix sum of the counts into vstart.
+  __shared__ int32_t warp_total[kBlock / kWarp];
+  const int lane = threadIdx.x & (kWarp - 1), warp = threadIdx.x / kWarp;
+  int32_t incl = count;
+#pragma unroll
+  for (int o = 1; o < kWarp; o *= 2) {
+    const int32_t y = __shfl_up_sync(kFull, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == kWarp - 1) warp_total[warp] = incl;
+  __syncthreads();
+  int32_t before = 0, total = 0;
+  for (int w = 0; w < kBlock / kWarp; ++w) {
+    if (w < warp) before += warp_total[w];
+    total += warp_total[w];
+  }
+  sh.vstart[threadIdx.x] = before + incl - count;
+  if (threadIdx.x == 0) sh.vstart[kBlock] = total;
+  __syncthreads();
+  // Rows past p.rows have count 0 and vstart == total: a search below total never lands on them.
+  const int rows = static_cast<int>(min(static_cast<int64_t>(kBlock), p.rows - r0));
+  const int64_t vb = static_cast<int64_t>(total) * q / kGroups;
+  const int64_t ve = static_cast<int64_t>(total) * (q + 1) / kGroups;
+  const int64_t lane_col = col0 + static_cast<int64_t>(g) * K;
+  // The row holding the group's first entry, when it began in an earlier group's range: its sum
+  // goes to the group's slot; every other row's to its row of the buffer. (The search is the
+  // same for every lane of the group.)
+  int straddler = -1;
+  if (vb < ve) {
+    int lo = 0, hi = rows;
+    while (hi - lo > 1) {
+      const int m = (lo + hi) >> 1;
+      if (sh.vstart[m] <= vb) lo = m; else hi = m;
+    }
+    if (sh.vstart[lo] < vb) straddler = lo;
+  }
+  walk<T, G>(p, sh.vstart, sh.rbeg, rows, vb, ve, g, lane_col < p.width ? lane_col : 0, [&](int i, const T& acc) {
+    store((i == straddler ? slots + q * kTile : rowbuf + i * kTile) + g * K, acc);
+  });
+  __syncthreads();
+  // The epilogue over the block's rows, K floats a thread: a row's sum is its buffer row plus the
+  // slots of the later groups its entries run into, added in group order (deterministic).
+  constexpr int kVectors = kTile / K;
+  for (int it = threadIdx.x; it < rows * kVectors; it += kBlock) {
+    const int i = it / kVectors;
+    const int64_t col = col0 + static_cast<int64_t>(it % kVectors) * K;
+    if (col >= p.width || sh.rbeg[i] < 0) continue;  // past the width, or a long row
+    const int32_t a = sh.vstart[i], b = sh.vstart[i + 1];
+    T sum;
+    set_zero(sum);
+    if (b > a) {
+      load_rw(sum, rowbuf + i * kTile + (it % kVectors) * K);
+      for (int qq = group_of(a, total, kGroups) + 1; qq < kGroups; ++qq) {
+        const int64_t qb = static_cast<int64_t>(total) * qq / kGroups;
+        if (qb >= b) break;
+        if (static_cast<int64_t>(total) * (qq + 1) / kGroups == qb) continue;  // an empty range
+        T y;
+        load_rw(y, slots + qq * kTile + (it % kVectors) * K);
+        add_to(sum, y);
+      }
+    }
+    finish<T>(p, r0 + i, col, sum);
+  }
+  __syncthreads();  // shared memory is reused by the next tile
+}
+
+// The long-row blocks' part of gar_kernel: block b scans rows [b * long_span, (b + 1) * long_span)
+// for rows above the threshold and writes them.
+template <typename T, int G>
+__device__ __forceinline__ void long_rows(const Params& p, int64_t long_span, GarShared<T, G>& sh) {
+  constexpr int kTile = G * (sizeof(T) / sizeof(float));
+  __shared__ unsigned long_mask[kBlock / kWarp];
+  const int64_t lo = static_cast<int64_t>(blockIdx.x) * long_span;
+  const int64_t hi = min(p.rows, lo + long_span);
+  const int64_t tile_step = static_cast<int64_t>(gridDim.y) * kTile;
+  for (int64_t col0 = blockIdx.y * int64_t{kTile}; col0 < p.width; col0 += tile_step) {
     for (int64_t base = lo; base < hi; base += kBlock) {
       const int64_t r = base + threadIdx.x;
       const bool is_long = r < hi && p.indptr[r + 1] - p.indptr[r] > kLongRow;
@@ -309,37 +511,30 @@ __global__ void __launch_bounds__(kBlock) gar_kernel(Params p, int64_t long_bloc
       if ((threadIdx.x & (kWarp - 1)) == 0) long_mask[threadIdx.x / kWarp] = mask;
       __syncthreads();
       for (int w = 0; w < kBlock / kWarp; ++w) {
-        for (unsigned m = long_mask[w]; m != 0; m &= m - 1) {
-          long_row<T, G, VPT>(p, base + w * kWarp + __ffs(m) - 1, partial);
-        }
+        for (unsigned m = long_mask[w]; m != 0; m &= m - 1) long_row<T, G>(p, base + w * kWarp + __ffs(m) - 1, col0, sh);
       }
       __syncthreads();  // long_mask is rewritten next round
     }
+  }
+}
+
+// GAR. The grid is (blocks, column tiles): blockIdx.y picks the tile of kTile columns, and since
+// blocks are dispatched x-fastest, one tile of every row is done before the next tile starts.
+// While a tile is in flight the L2 only has to hold the hot source rows' kTile-column slices
+// (128 bytes at kTile = 32), so far more of them stay resident than whole rows would, and each
+// DRAM fetch of a source slice is reused more. Blocks [0, long_blocks) take the long rows (see
+// long_rows); the others take kBlock rows each (span_rows).
+template <typename T, int G>
+__global__ void __launch_bounds__(kBlock, kGarBlocksPerSm) gar_kernel(Params p, int64_t long_blocks, int64_t long_span) {
+  constexpr int kTile = G * (sizeof(T) / sizeof(float));
+  __shared__ GarShared<T, G> sh;
+  if (blockIdx.x < long_blocks) {
+    long_rows<T, G>(p, long_span, sh);
     return;
   }
-  const int64_t r = (static_cast<int64_t>(blockIdx.x) - long_blocks) * kGroups + threadIdx.x / G;
-  int64_t begin = 0, end = 0;
-  bool active = r < p.rows;
-  if (active) {
-    begin = p.indptr[r];
-    end = p.indptr[r + 1];
-    if (end - begin > kLongRow) active = false;  // a long-row block takes it
-  }
-  if (!active) begin = end = 0;
-  if (!__any_sync(kFull, active)) return;  // whole warp idle: no shuffle partner is left behind
-  for (int64_t col0 = 0; col0 < p.width; col0 += kTile) {
-    T acc[VPT];
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) set_zero(acc[k]);
-    gather<T, G, VPT>(p, begin, end, 0, 1, g, col0, acc);
-    if (active) {
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        const int64_t col = col0 + static_cast<int64_t>(k * G + g) * K;
-        if (col < p.width) finish<T>(p, r, col, acc[k]);
-      }
-    }
-  }
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) - long_blocks) * kBlock;
+  const int64_t tile_step = static_cast<int64_t>(gridDim.y) * kTile;
+  for (int64_t col0 = blockIdx.y * int64_t{kTile}; col0 < p.width; col0 += tile_step) span_rows<T, G>(p, r0, col0, sh);
 }
 
 // GAS pre-pass: out = (accumulate ? out : 0) + self term + bias; the scatter adds the rest.
@@ -504,7 +699,7 @@ bool can_vectorise(const SpmmArgs& a) {
          aligned16(a.out.data) && (a.bias == nullptr || aligned16(a.bias));
 }
 
-// Lanes per row group (G) and elements per lane (VPT) for a width of `units` elements (floats or
+// GAS: lanes per row group (G) and elements per lane (VPT) for a width of `units` elements (floats or
 // float4s): up to 32 units one unit per lane, with the group shrunk to the next power of two so
 // short rows share a warp; wider rows use the whole warp with 2, 4 (or, for floats, 8) units per
 // lane; wider still loop over tiles of that size.
@@ -565,20 +760,17 @@ void with_shape(const Shape& s, F&& f) {
   throw InternalError("spmm: no kernel for group " + std::to_string(s.g) + " x " + std::to_string(s.vpt));
 }
 
-struct GarLaunch {
-  const Params& p;
-  cudaStream_t stream;
-  template <typename T, int G, int VPT>
-  void operator()() const {
-    constexpr int64_t kGroups = kBlock / G;
-    const int64_t long_blocks =
-        std::min<int64_t>(int64_t{kLongBlocksPerSm} * multiprocessors(), (p.rows + kBlock - 1) / kBlock);
-    const int64_t long_span = (p.rows + long_blocks - 1) / long_blocks;
-    const int64_t blocks = long_blocks + (p.rows + kGroups - 1) / kGroups;
-    gar_kernel<T, G, VPT><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(p, long_blocks, long_span);
-    GALE_CHECK_CUDA(cudaGetLastError());
-  }
-};
+template <typename T, int G>
+void launch_gar(const Params& p, cudaStream_t stream) {
+  constexpr int64_t kTile = G * (sizeof(T) / sizeof(float));
+  const int64_t row_blocks = (p.rows + kBlock - 1) / kBlock;
+  const int64_t long_blocks = std::min<int64_t>(int64_t{kLongBlocksPerSm} * multiprocessors(), row_blocks);
+  const int64_t long_span = (p.rows + long_blocks - 1) / long_blocks;
+  const int64_t tiles = std::min<int64_t>((p.width + kTile - 1) / kTile, 65535);  // more tiles loop
+  const dim3 grid(static_cast<unsigned>(long_blocks + row_blocks), static_cast<unsigned>(tiles));
+  gar_kernel<T, G><<<grid, kBlock, 0, stream>>>(p, long_blocks, long_span);
+  GALE_CHECK_CUDA(cudaGetLastError());
+}
 
 struct GasLaunch {
   const Params& p;
@@ -600,9 +792,32 @@ unsigned elementwise_blocks(int64_t total) {
   return static_cast<unsigned>(std::clamp<int64_t>((total + kBlock - 1) / kBlock, 1, 8192));
 }
 
+// GAR's column tile: 32 floats, 128 bytes of each source row (see gar_kernel for why), or the width
+// rounded up to a power of two of lanes when it is narrower.
+constexpr int64_t kGarTile = 32;
+
 void run_gar(const SpmmArgs& a, cudaStream_t stream) {
   const Params p = make_params(a);
-  with_shape(choose_shape(a), GarLaunch{p, stream});
+  const bool vec = can_vectorise(a);
+  const int64_t k = vec ? 4 : 1;
+  const int64_t lanes = std::min((a.out.cols + k - 1) / k, kGarTile / k);
+  int g = 1;
+  while (g < lanes) g *= 2;
+#define GALE_GAR_GROUP(T, G)             \
+  if (vec == (sizeof(T) == 16) && g == G) \
+    return launch_gar<T, G>(p, stream);
+  GALE_GAR_GROUP(float4, 1)
+  GALE_GAR_GROUP(float4, 2)
+  GALE_GAR_GROUP(float4, 4)
+  GALE_GAR_GROUP(float4, 8)
+  GALE_GAR_GROUP(float, 1)
+  GALE_GAR_GROUP(float, 2)
+  GALE_GAR_GROUP(float, 4)
+  GALE_GAR_GROUP(float, 8)
+  GALE_GAR_GROUP(float, 16)
+  GALE_GAR_GROUP(float, 32)
+#undef GALE_GAR_GROUP
+  throw InternalError("spmm gar: no kernel for a group of " + std::to_string(g));
 }
 
 void run_gas(const SpmmArgs& a, cudaStream_t stream) {

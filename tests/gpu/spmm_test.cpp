@@ -1,6 +1,7 @@
 // The CUDA SpMM family (kernels/spmm.cu: GAR, GAS, auto, cuSPARSE) against spmm_cpu on fresh
-// random graphs: every fifth row empty, hub rows with thousands of entries (GAR's block-wide
-// long-row path), rows of 20-120 entries (several gather pieces), more sources than destinations;
+// random graphs: every fifth row empty, hub rows with thousands of entries (GAR's long-row
+// blocks), rows of 20-120 entries (several gather pieces), a skewed graph whose rows cross many of
+// a GAR block's group ranges, more sources than destinations;
 // widths 1, 3, 32, 33, 64, 100, 128, 256, 257 (scalar and float4 paths, partial groups, several
 // column tiles), padded leading dimensions, and every combination of row scale, column scale, edge
 // weight, self term, accumulate, bias and ReLU. Outputs are poisoned with NaN first, so an element
@@ -229,6 +230,40 @@ TEST_F(SpmmCudaTest, LargeGraphWithHubsMatchesCpu) {
   }
 }
 
+// Power-law-like degrees in one graph: most rows empty or short, rows of 300 to 4000 entries that
+// cross many of a GAR block's group ranges, and hubs of 9000 entries (above GAR's long-row
+// threshold) in different row spans, some in the first and last block. Widths that need several
+// 32-column tiles (scalar and float4, partial last tiles), every GAR epilogue option once.
+Graph skewed_graph(uint64_t key, int64_t rows, int64_t cols) {
+  Graph g;
+  g.rows = rows;
+  g.cols = cols;
+  g.indptr.push_back(0);
+  uint64_t counter = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t degree = random_below(key, counter++, 3) == 0 ? 1 + static_cast<int64_t>(random_below(key, counter++, 40)) : 0;
+    if (r % 97 == 5) degree = 300 + static_cast<int64_t>(random_below(key, counter++, 3700));
+    if (r == 0 || r == rows - 1 || r % 4999 == 17) degree = 9000;
+    for (int64_t k = 0; k < degree; ++k)
+      g.indices.push_back(static_cast<int32_t>(random_below(key, counter++, static_cast<uint64_t>(cols))));
+    g.indptr.push_back(static_cast<int64_t>(g.indices.size()));
+  }
+  return g;
+}
+
+TEST_F(SpmmCudaTest, SkewedGraphAcrossTilesMatchesCpu) {
+  const Graph g = skewed_graph(81, 20011, 15000);
+  int combo = 0;
+  for (int64_t width : {int64_t{5}, int64_t{32}, int64_t{100}, int64_t{256}, int64_t{257}}) {
+    for (int64_t pad : {int64_t{0}, int64_t{3}}) {
+      const uint64_t key = derive_key(82, static_cast<uint64_t>(width * 10 + pad));
+      check(SpmmKind::kGar, g, width, Options::from(combo), key, pad);
+      combo = (combo + 37) % Options::kCombos;
+    }
+  }
+  check(SpmmKind::kGas, g, 100, Options::from(4 + 64), derive_key(83, 1));
+}
+
 // A low-degree graph (auto picks GAS) and a high-degree one (auto picks GAR) both match.
 TEST_F(SpmmCudaTest, AutoMatchesCpuOnLowAndHighDegree) {
   Graph low;
@@ -252,7 +287,7 @@ TEST_F(SpmmCudaTest, CusparseMatchesCpu) {
 }
 
 TEST_F(SpmmCudaTest, SmallGarIsDeterministic) {
-  const Graph g = random_graph(61, 2000, 2000, 5000);
+  const Graph g = skewed_graph(61, 3000, 2000);
   const int64_t width = 64;
   const auto x = uniform(62, static_cast<size_t>(g.cols * width), -1.0f, 1.0f);
   auto d_indptr = upload(g.indptr);
