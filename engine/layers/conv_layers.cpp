@@ -143,12 +143,17 @@ class AggregateLinear {
     transform_first_ = lin_.out() <= lin_.in();
     const Tensor x_dst = x.rows_slice(0, g.num_dst());
     Tensor y;
-    if (ctx.maxk_input) {
-      // MaxK-GNN: the input is sparse, so aggregate it first over its CBSR form whatever the widths.
-      y = lin_.forward(aggregate_cbsr(g, norm_, self_scale_, *ctx.maxk_input), exec_.tf32);
+    // A MaxK input is aggregated over its CBSR form (MaxK-GNN's SpGEMM) unless the layer narrows:
+    // then transforming the dense form first (zeros included) and aggregating the narrow result
+    // moves fewer bytes than any aggregation at the input width.
+    if (ctx.training && ctx.maxk_input) maxk_ = *ctx.maxk_input;
+    sparse_input_ = ctx.maxk_input != nullptr && lin_.in() <= lin_.out();
+    if (sparse_input_) {
+      Tensor a = aggregate_cbsr(g, norm_, self_scale_, *ctx.maxk_input);
+      y = lin_.forward(a, exec_.tf32);
       if (root_) ops::gemm(x_dst, false, root_->weight().value, false, 1.0f, &y, exec_.tf32);
       ops::add_bias(&y, bias_.value, ctx.relu);
-      if (ctx.training) maxk_ = *ctx.maxk_input;  // backward recomputes the SpGEMM from it
+      if (ctx.training) saved_ = a;  // kept: the SpGEMM's output is what dW needs
     } else if (transform_first_) {
       const Tensor t = lin_.forward(x, exec_.tf32);
       if (root_) {
@@ -180,7 +185,7 @@ class AggregateLinear {
     if (root_) root_->accumulate_grads(x_dst_, grad, exec_.tf32);
     x_dst_ = Tensor();
     Tensor gx;
-    if (maxk_.values.defined()) return backward_maxk(g, std::move(grad), need_input_grad);
+    if (sparse_input_) return backward_maxk(g, std::move(grad), need_input_grad);
     if (transform_first_) {
       Tensor gh = aggregate_backward(g, norm_, self_scale_, grad, exec_);
       lin_.accumulate_grads(saved_, gh, exec_.tf32);
@@ -194,6 +199,12 @@ class AggregateLinear {
       } else {
         grad = Tensor();
         gx = lin_.input_grad(gh, exec_.tf32);
+      }
+      if (maxk_.values.defined()) {  // a MaxK input: its gradient lives at the kept positions only
+        Tensor masked = Tensor::empty(gx.rows(), gx.cols(), DType::kF32, gx.device());
+        ops::maxk_backward(maxk_, nullptr, &gx, &masked);
+        maxk_ = ops::Cbsr();
+        return masked;
       }
       return gx;
     }
@@ -221,12 +232,14 @@ class AggregateLinear {
   }
 
  private:
-  // Backward for a MaxK input: dW from the recomputed SpGEMM, the input gradient at the kept
-  // positions only: SSpMM of grad W^T, plus the root term's grad W_r^T, through MaxK's backward.
+  // Backward for a MaxK input aggregated in CBSR form: dW from the saved SpGEMM output, the input
+  // gradient at the kept positions only: SSpMM of grad W^T, plus the root term's grad W_r^T,
+  // through MaxK's backward.
   Tensor backward_maxk(const GraphOperand& g, Tensor grad, bool need_input_grad) {
     const ops::Cbsr pattern = std::move(maxk_);
     maxk_ = ops::Cbsr();
-    lin_.accumulate_grads(aggregate_cbsr(g, norm_, self_scale_, pattern), grad, exec_.tf32);
+    lin_.accumulate_grads(saved_, grad, exec_.tf32);
+    saved_ = Tensor();
     if (!need_input_grad) return Tensor();
     Tensor ga = lin_.input_grad(grad, exec_.tf32);
     const Tensor gv = aggregate_cbsr_backward(g, norm_, self_scale_, pattern, ga);
@@ -254,7 +267,9 @@ class AggregateLinear {
   float self_scale_;
   ops::ExecOptions exec_;
   bool transform_first_ = false;
-  Tensor saved_;  // the input x (both orders; aggregate-first recomputes A x from it)
+  bool sparse_input_ = false;  // the last forward aggregated a MaxK input's CBSR form
+  // The input x (aggregate-first recomputes A x from it), or the SpGEMM output for a MaxK input.
+  Tensor saved_;
   Tensor x_dst_;  // the destinations' own input rows (root term)
   ops::Cbsr maxk_;  // the CBSR form of a MaxK input, for backward
 };
