@@ -56,7 +56,8 @@ class Progress {
 int run_train(const std::vector<std::string>& args) {
   engine::TrainOptions o;
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
-  bool tf32 = false;
+  bool tf32 = false, no_match = false;
+  std::string eval = "auto";
   int layers = 2;
   int64_t hidden = 16, epochs = 200;
   int heads = 8;
@@ -71,6 +72,8 @@ int run_train(const std::vector<std::string>& args) {
       ("gpu-mem-budget", po::value(&gpu_budget), "cap on the GPU memory Gale allocates, e.g. 8G (default: no cap)")
       ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
+      ("no-match", po::bool_switch(&no_match), "mini-batch on a GPU: do not reuse the previous batch's features")
+      ("eval", po::value(&eval), "auto | full (whole-graph inference) | sampled (training fanouts)")
       ("model", po::value(&model), "gcn | sage | gin | gat")
       ("layers", po::value(&layers), "number of GNN layers")
       ("hidden", po::value(&hidden), "hidden width (GAT: per head)")
@@ -142,6 +145,13 @@ int run_train(const std::vector<std::string>& args) {
     o.gpu_mem_budget_text = gpu_budget;
   }
   o.exec.spmm = parse_spmm_kind(spmm);
+  o.match = !no_match;
+  if (eval == "auto") o.eval = engine::TrainOptions::Eval::kAuto;
+  else if (eval == "full") o.eval = engine::TrainOptions::Eval::kFull;
+  else if (eval == "sampled") o.eval = engine::TrainOptions::Eval::kSampled;
+  else throw InputError("--eval: expected auto, full or sampled, found '" + eval + "'");
+  if (o.eval == engine::TrainOptions::Eval::kSampled && fanouts.empty())
+    throw InputError("--eval sampled: needs --fanouts (mini-batch training)");
   o.exec.tf32 = tf32;
   if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1");
   if (o.threads < 0) throw InputError("--threads: expected 0 (all cores) or more");

@@ -61,6 +61,14 @@ void synchronize(const Device& device) {
   (void)device;
 }
 
+uint64_t device_memory(const Device& device) {
+#if GALE_WITH_CUDA
+  if (device.is_cuda()) return kernels::cuda::device_info(device.ordinal).total_memory;
+#endif
+  (void)device;
+  return 0;
+}
+
 std::string device_name(const Device& device) {
 #if GALE_WITH_CUDA
   if (device.is_cuda()) return kernels::cuda::device_info(device.ordinal).name;

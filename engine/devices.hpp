@@ -21,6 +21,8 @@ uint64_t gpu_peak_bytes(const Device& device);
 void reset_gpu_peak(const Device& device);
 // Waits until the work queued on `device` has finished (nothing on the CPU).
 void synchronize(const Device& device);
+// Total memory of a GPU in bytes (0 on the CPU).
+uint64_t device_memory(const Device& device);
 // "NVIDIA H100 80GB HBM3" or "cpu".
 std::string device_name(const Device& device);
 

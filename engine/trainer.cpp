@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "engine/batch_features.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/devices.hpp"
 #include "engine/graph.hpp"
@@ -56,6 +57,7 @@ struct PreparedBatch {
   sampler::SampledBatch batch;
   std::vector<std::vector<int64_t>> src_degrees;
   std::vector<std::unique_ptr<GraphOperand>> graphs;
+  std::vector<GraphOperand> on_device;  // graphs on the training device: the model's backward reads them
   Tensor features;
   std::vector<int32_t> labels;
 };
@@ -163,11 +165,34 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (!metrics) throw InputError("--metrics " + opt.metrics_path + ": cannot open for writing");
   }
 
-  // The whole graph: every layer in full-graph training, and evaluation in both modes. Built on the
-  // host once, copied to the device once (with the edge map only when attention needs it).
   const bool attention = opt.model.model == "gat";
-  const GraphOperand full = GraphOperand(store.csr()).to(dev, attention);
+  std::unique_ptr<sampler::NeighborSampler> sampler;
+  std::vector<int64_t> in_degree;
+  std::unique_ptr<BatchFeatures> batch_features;
+  if (!opt.full_graph) {
+    sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), opt.fanouts);
+    in_degree.resize(static_cast<size_t>(n));
+    const int64_t* indptr = store.indptr();
+    for (int64_t v = 0; v < n; ++v) in_degree[v] = indptr[v + 1] - indptr[v];
+    if (dev.is_cuda()) {
+      // Features may take half of what the GPU budget (or 90% of the card) allows; the rest is for
+      // the model, its activations and the batches' blocks.
+      const uint64_t budget = opt.gpu_mem_budget > 0 ? opt.gpu_mem_budget : device_memory(dev) / 10 * 9;
+      batch_features = std::make_unique<BatchFeatures>(store, dev, budget / 2, opt.match);
+    }
+  }
+  const bool full_eval = opt.full_graph || opt.eval == TrainOptions::Eval::kFull ||
+                         (opt.eval == TrainOptions::Eval::kAuto && (!batch_features || batch_features->resident()));
+
+  // The whole graph, for full-graph training and full evaluation only (a graph that needs sampled
+  // training may not fit on the device whole). Built on the host once, copied to the device once
+  // (with the edge map only when attention needs it).
+  std::optional<GraphOperand> full;
   Tensor all_features;
+  auto full_graphs = [&]() {
+    if (!full) full.emplace(GraphOperand(store.csr()).to(dev, attention));
+    return std::vector<const GraphOperand*>(static_cast<size_t>(opt.model.layers), &*full);
+  };
   auto features = [&]() -> const Tensor& {
     if (!all_features.defined()) {
       Tensor host = Tensor::empty(n, store.feature_dim());
@@ -176,19 +201,58 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     }
     return all_features;
   };
-  const std::vector<const GraphOperand*> full_graphs(static_cast<size_t>(opt.model.layers), &full);
   const Tensor labels_all = Tensor::from_host(labels, n, 1, DType::kI32, dev);
   const Tensor train_rows = ids_tensor(train_ids, dev), valid_rows = ids_tensor(valid_ids, dev),
                test_rows = ids_tensor(test_ids, dev);
 
-  std::unique_ptr<sampler::NeighborSampler> sampler;
-  std::vector<int64_t> in_degree;
-  if (!opt.full_graph) {
-    sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), opt.fanouts);
-    in_degree.resize(static_cast<size_t>(n));
-    const int64_t* indptr = store.indptr();
-    for (int64_t v = 0; v < n; ++v) in_degree[v] = indptr[v + 1] - indptr[v];
-  }
+  // Sampled blocks of a batch of seeds as graph operands (with each source's full-graph in-degree
+  // for the GCN norm), still on the host.
+  auto prepare_blocks = [&](PreparedBatch* p, const int64_t* seeds, int64_t len, uint64_t key) {
+    p->batch = sampler->sample(seeds, len, key);
+    for (const sampler::Block& block : p->batch.blocks) {
+      std::vector<int64_t> deg(block.src_ids.size());
+      for (size_t i = 0; i < deg.size(); ++i) deg[i] = in_degree[block.src_ids[i]];
+      p->src_degrees.push_back(std::move(deg));
+    }
+    for (size_t l = 0; l < p->batch.blocks.size(); ++l)
+      p->graphs.push_back(std::make_unique<GraphOperand>(p->batch.blocks[l].csr(), &p->src_degrees[l]));
+    if (!batch_features) {  // the CPU reads the features here, in parallel; a GPU gathers them later
+      const auto& inputs = p->batch.input_nodes();
+      p->features = Tensor::empty(static_cast<int64_t>(inputs.size()), store.feature_dim());
+      for (size_t i = 0; i < inputs.size(); ++i)
+        store.read_features(inputs[i], inputs[i] + 1, p->features.f32() + i * store.feature_dim());
+    }
+  };
+  // Forward of a prepared batch on the device (blocks copied there in order, on the compute stream).
+  auto forward_batch = [&](PreparedBatch* p, bool training, uint64_t key) {
+    p->on_device.clear();
+    for (const auto& g : p->graphs) p->on_device.push_back(g->to(dev, attention));
+    std::vector<const GraphOperand*> graphs;
+    for (const auto& g : p->on_device) graphs.push_back(&g);
+    const Tensor x = batch_features ? batch_features->load(p->batch.input_nodes()) : p->features.to(dev);
+    return model.forward(graphs, x, training, key);
+  };
+  // Accuracy over `ids` with sampled blocks (Eval::kSampled), in batches of the training size.
+  auto sampled_accuracy = [&](const std::vector<int64_t>& ids, uint64_t key) {
+    if (ids.empty()) return 0.0;
+    int64_t correct = 0;
+    for (size_t b = 0; b < ids.size(); b += static_cast<size_t>(opt.batch_size)) {
+      const int64_t len = std::min<int64_t>(opt.batch_size, static_cast<int64_t>(ids.size() - b));
+      PreparedBatch p;
+      prepare_blocks(&p, ids.data() + b, len, kernels::derive_key(key, b));
+      const Tensor logits = forward_batch(&p, /*training=*/false, 0);
+      std::vector<int32_t> y(static_cast<size_t>(len));
+      std::vector<int64_t> rows(static_cast<size_t>(len));
+      for (int64_t i = 0; i < len; ++i) {
+        y[i] = labels[ids[b + i]];
+        rows[i] = i;
+      }
+      correct += ops::softmax_cross_entropy(logits, Tensor::from_host(y.data(), len, 1, DType::kI32, dev),
+                                            ids_tensor(rows, dev), nullptr)
+                     .correct;
+    }
+    return static_cast<double>(correct) / static_cast<double>(ids.size());
+  };
 
   for (int64_t epoch = start_epoch; epoch < opt.epochs; ++epoch) {
     const auto t_epoch = Clock::now();
@@ -202,7 +266,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       const Tensor& x = features();
       const auto t0 = Clock::now();
       model.zero_grad();
-      Tensor logits = model.forward(full_graphs, x, /*training=*/true, epoch_key);
+      Tensor logits = model.forward(full_graphs(), x, /*training=*/true, epoch_key);
       Tensor grad = Tensor::empty(logits.rows(), logits.cols(), DType::kF32, dev);
       m.loss = ops::softmax_cross_entropy(logits, labels_all, train_rows, &grad).loss;
       logits = Tensor();
@@ -219,30 +283,14 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           [&](int64_t b) {
             auto p = std::make_unique<PreparedBatch>();
             const int64_t len = plan.batch_length(b);
-            p->batch = sampler->sample(plan.batch(b), len, kernels::derive_key(epoch_key, static_cast<uint64_t>(b)));
-            for (const sampler::Block& block : p->batch.blocks) {
-              std::vector<int64_t> deg(block.src_ids.size());
-              for (size_t i = 0; i < deg.size(); ++i) deg[i] = in_degree[block.src_ids[i]];
-              p->src_degrees.push_back(std::move(deg));
-            }
-            for (size_t l = 0; l < p->batch.blocks.size(); ++l)
-              p->graphs.push_back(std::make_unique<GraphOperand>(p->batch.blocks[l].csr(), &p->src_degrees[l]));
-            const auto& inputs = p->batch.input_nodes();
-            p->features = Tensor::empty(static_cast<int64_t>(inputs.size()), store.feature_dim());
-            for (size_t i = 0; i < inputs.size(); ++i)
-              store.read_features(inputs[i], inputs[i] + 1, p->features.f32() + i * store.feature_dim());
+            prepare_blocks(p.get(), plan.batch(b), len, kernels::derive_key(epoch_key, static_cast<uint64_t>(b)));
             p->labels.resize(static_cast<size_t>(len));
             for (int64_t i = 0; i < len; ++i) p->labels[i] = labels[plan.batch(b)[i]];
             return p;
           },
           [&](int64_t b, std::unique_ptr<PreparedBatch>& p) {
-            // Blocks and features are copied to the device here, on the compute stream, in order.
-            std::vector<GraphOperand> on_device;
-            for (const auto& g : p->graphs) on_device.push_back(g->to(dev, attention));
-            std::vector<const GraphOperand*> graphs;
-            for (const auto& g : on_device) graphs.push_back(&g);
             model.zero_grad();
-            Tensor logits = model.forward(graphs, p->features.to(dev), /*training=*/true,
+            Tensor logits = forward_batch(p.get(), /*training=*/true,
                                           kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)));
             std::vector<int64_t> rows(static_cast<size_t>(logits.rows()));
             for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
@@ -258,15 +306,32 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       m.compute_s = times.consume_s;
       m.wait_s = times.wait_s;
       m.batches = plan.num_batches();
+      if (batch_features) {
+        const FeatureLoadStats f = batch_features->take_stats();
+        m.feature_rows = f.rows;
+        m.rows_previous = f.previous;
+        m.rows_device = f.device;
+        m.rows_cache = f.cache;
+        m.rows_host = f.host;
+        m.host_to_gpu_bytes = f.host_to_gpu_bytes();
+      }
     }
 
-    // Full-neighbourhood evaluation in inference mode (no dropout).
+    // Evaluation in inference mode (no dropout): full-neighbourhood over the whole graph, or with
+    // the training fanouts when the graph's features do not all fit on the GPU.
     const auto t_eval = Clock::now();
-    Tensor logits = model.forward(full_graphs, features(), /*training=*/false, 0);
-    m.train_acc = accuracy(logits, labels_all, train_rows);
-    m.valid_acc = accuracy(logits, labels_all, valid_rows);
-    m.test_acc = accuracy(logits, labels_all, test_rows);
-    logits = Tensor();
+    if (full_eval) {
+      Tensor logits = model.forward(full_graphs(), features(), /*training=*/false, 0);
+      m.train_acc = accuracy(logits, labels_all, train_rows);
+      m.valid_acc = accuracy(logits, labels_all, valid_rows);
+      m.test_acc = accuracy(logits, labels_all, test_rows);
+    } else {
+      const uint64_t eval_key = kernels::derive_key(opt.seed ^ 0xe7a1ULL, static_cast<uint64_t>(epoch));
+      m.train_acc = sampled_accuracy(train_ids, kernels::derive_key(eval_key, 0));
+      m.valid_acc = sampled_accuracy(valid_ids, kernels::derive_key(eval_key, 1));
+      m.test_acc = sampled_accuracy(test_ids, kernels::derive_key(eval_key, 2));
+      if (batch_features) batch_features->take_stats();  // evaluation's reads are not the epoch's
+    }
     m.eval_s = since(t_eval);
     m.gpu_peak_bytes = gpu_peak_bytes(dev);
     // Ties go to the later epoch, as in PyG's reference script (`va >= best_val`).
@@ -286,6 +351,11 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
                           {"sample_s", m.sample_s},   {"compute_s", m.compute_s}, {"wait_s", m.wait_s},
                           {"eval_s", m.eval_s},       {"batches", m.batches}};
       if (dev.is_cuda()) j["gpu_peak_bytes"] = m.gpu_peak_bytes;
+      if (batch_features) {
+        j["feature_rows"] = {{"total", m.feature_rows}, {"previous_batch", m.rows_previous}, {"gpu", m.rows_device},
+                             {"gpu_cache", m.rows_cache}, {"host", m.rows_host}};
+        j["host_to_gpu_bytes"] = m.host_to_gpu_bytes;
+      }
       metrics << j.dump() << '\n';
       metrics.flush();
     }

@@ -41,6 +41,13 @@ struct TrainOptions {
   // the text is what the user wrote, for messages.
   uint64_t gpu_mem_budget = 0;
   std::string gpu_mem_budget_text;
+  // Mini-batch on a GPU: reuse the rows the previous batch brought to the GPU (FastGL's match).
+  bool match = true;
+  // Evaluation: kFull = full-neighbourhood inference over the whole graph (needs the graph and every
+  // feature on the device); kSampled = the training fanouts on the evaluation nodes, in batches;
+  // kAuto = full unless mini-batch features do not all fit on the GPU.
+  enum class Eval { kAuto, kFull, kSampled };
+  Eval eval = Eval::kAuto;
 };
 
 struct EpochMetrics {
@@ -55,6 +62,9 @@ struct EpochMetrics {
   double eval_s = 0;
   int64_t batches = 0;
   uint64_t gpu_peak_bytes = 0;      // peak of the GPU pool during the epoch (0 on the CPU)
+  // Mini-batch: input feature rows by where they came from (engine/batch_features.hpp).
+  int64_t feature_rows = 0, rows_previous = 0, rows_device = 0, rows_cache = 0, rows_host = 0;
+  int64_t host_to_gpu_bytes = 0;
 };
 
 struct TrainResult {

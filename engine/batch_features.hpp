@@ -1,0 +1,51 @@
+// engine/batch_features.hpp — a mini-batch's input features on the training device. On the CPU
+// they are read from the store; on a GPU they are gathered from the feature tiers
+// (storage/feature_tiers.hpp), and rows the previous batch already brought to the GPU are copied
+// there instead of being fetched again (FastGL's match). Counts where every row came from.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.hpp"
+#include "storage/store.hpp"
+
+namespace gale::engine {
+
+struct FeatureLoadStats {
+  int64_t batches = 0;
+  int64_t rows = 0;           // rows delivered
+  int64_t previous = 0;       // reused from the previous batch on the GPU (match)
+  int64_t device = 0;         // read from GPU-resident features
+  int64_t cache = 0;          // read from the GPU cache of hot nodes
+  int64_t host = 0;           // read from pinned host memory over UVA (or, on the CPU, the store)
+  int64_t row_bytes = 0;
+  // Bytes that crossed from the host to the GPU.
+  int64_t host_to_gpu_bytes() const { return host * row_bytes; }
+};
+
+class BatchFeatures {
+ public:
+  // `gpu_bytes`: what the features may occupy on the GPU (all rows when they fit, else a cache of
+  // the hottest); ignored on the CPU. `match`: reuse the previous batch's rows on the GPU.
+  BatchFeatures(const storage::Store& store, const Device& device, uint64_t gpu_bytes, bool match);
+  ~BatchFeatures();
+  BatchFeatures(const BatchFeatures&) = delete;
+  BatchFeatures& operator=(const BatchFeatures&) = delete;
+
+  // The features of `nodes` (global ids), one row each, on the device.
+  Tensor load(const std::vector<int64_t>& nodes);
+  // Whether every row is on the GPU (or the device is the CPU, where the store is the source).
+  bool resident() const;
+  std::string describe() const;
+  // Counts since the last call (waits for the device), and the reset.
+  FeatureLoadStats take_stats();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gale::engine

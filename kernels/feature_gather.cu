@@ -1,0 +1,74 @@
+// The tiered gather of kernels/feature_gather.hpp on the GPU: one warp per output row picks the
+// row's tier (warp-uniform), then copies it with 16-byte loads when every source and the output
+// are aligned (4-byte loads otherwise). Rows read from host memory cross PCIe / C2C as the warp's
+// coalesced 128-byte requests, which is what a UVA gather needs to approach the link's bandwidth.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/feature_gather.hpp"
+
+namespace gale::kernels {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) tiered_gather_kernel(TieredGatherArgs a) {
+  constexpr int K = sizeof(T) / sizeof(float);
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / kWarp);
+  const int64_t units = a.out.cols / K;
+  int local[kFeatureTiers] = {0, 0, 0, 0};
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarp; i < a.n; i += warps) {
+    const int64_t id = a.ids[i];
+    const float* src;
+    int tier;
+    if (a.prev_rows != nullptr && a.prev_rows[i] >= 0) {
+      src = a.prev.data + static_cast<int64_t>(a.prev_rows[i]) * a.prev.ld;
+      tier = kTierPrevious;
+    } else if (a.device.data != nullptr) {
+      src = a.device.data + id * a.device.ld;
+      tier = kTierDevice;
+    } else if (a.cache_slot != nullptr && a.cache_slot[id] >= 0) {
+      src = a.cache.data + static_cast<int64_t>(a.cache_slot[id]) * a.cache.ld;
+      tier = kTierCache;
+    } else {
+      src = a.host.data + id * a.host.ld;
+      tier = kTierHost;
+    }
+    ++local[tier];
+    const T* s = reinterpret_cast<const T*>(src);
+    T* o = reinterpret_cast<T*>(a.out.data + i * a.out.ld);
+    for (int64_t u = lane; u < units; u += kWarp) o[u] = s[u];
+  }
+  if (a.counters != nullptr && lane == 0) {
+    for (int t = 0; t < kFeatureTiers; ++t) {
+      if (local[t] != 0) atomicAdd(reinterpret_cast<unsigned long long*>(a.counters + t), local[t]);
+    }
+  }
+}
+
+bool aligned(const ConstMatrixView& m) {
+  return m.data == nullptr || (reinterpret_cast<uintptr_t>(m.data) % 16 == 0 && m.ld % 4 == 0);
+}
+
+}  // namespace
+
+void tiered_gather_cuda(const TieredGatherArgs& a, cudaStream_t stream) {
+  if (a.n == 0 || a.out.cols == 0) return;
+  const bool vec = a.out.cols % 4 == 0 && aligned(a.prev) && aligned(a.device) && aligned(a.cache) &&
+                   aligned(a.host) && aligned(ConstMatrixView(a.out));
+  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((a.n + kThreads / kWarp - 1) / (kThreads / kWarp), 1, 4096));
+  if (vec) {
+    tiered_gather_kernel<float4><<<blocks, kThreads, 0, stream>>>(a);
+  } else {
+    tiered_gather_kernel<float><<<blocks, kThreads, 0, stream>>>(a);
+  }
+  GALE_CHECK_CUDA(cudaGetLastError());
+}
+
+}  // namespace gale::kernels

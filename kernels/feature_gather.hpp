@@ -1,0 +1,44 @@
+// kernels/feature_gather.hpp — the one gather behind the feature tiers (storage/feature_tiers.hpp):
+// every row of a batch's input features comes from the fastest place that holds it, in this order:
+//   1. the previous batch's features, already on the GPU (FastGL's match): prev_rows[i] >= 0;
+//   2. all features resident on the GPU, when they fit the budget;
+//   3. the GPU cache of hot nodes: cache_slot[id] >= 0;
+//   4. pinned host memory, read by the kernel itself over UVA (no staging copy).
+// CPU reference in feature_gather_cpu.cpp, CUDA twin in feature_gather.cu (one warp per row,
+// 16-byte loads when every source is aligned).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/views.hpp"
+
+namespace gale::kernels {
+
+enum FeatureTier : int { kTierPrevious = 0, kTierDevice = 1, kTierCache = 2, kTierHost = 3, kFeatureTiers = 4 };
+
+struct TieredGatherArgs {
+  const int64_t* ids = nullptr;         // n global node ids
+  int64_t n = 0;
+  const int32_t* prev_rows = nullptr;   // per id: its row in `prev`, or -1; null: no previous batch
+  ConstMatrixView prev;
+  ConstMatrixView device;               // every node's features on the GPU; data null: not resident
+  const int32_t* cache_slot = nullptr;  // per node id: its row in `cache`, or -1; null: no cache
+  ConstMatrixView cache;
+  ConstMatrixView host;                 // every node's features (pinned host memory for the CUDA twin)
+  MatrixView out;                       // n x width
+  int64_t* counters = nullptr;          // kFeatureTiers row counts, added to; null: not counted
+};
+
+void tiered_gather_cpu(const TieredGatherArgs& a);
+
+}  // namespace gale::kernels
+
+struct CUstream_st;
+typedef CUstream_st* cudaStream_t;  // NOLINT: must match cuda_runtime_api.h exactly
+
+namespace gale::kernels {
+
+// Every pointer is device-accessible (host: mapped pinned memory). Never synchronises.
+void tiered_gather_cuda(const TieredGatherArgs& a, cudaStream_t stream);
+
+}  // namespace gale::kernels

@@ -1,0 +1,115 @@
+#include "storage/feature_tiers.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "kernels/error.hpp"
+
+namespace gale::storage {
+
+namespace {
+
+// Reads rows [0, n) of the store's features (converted to f32) into `dst` on the device through a
+// bounded pinned staging buffer.
+void upload_rows(const Store& store, const std::vector<int64_t>& ids, float* dst, cudaStream_t stream) {
+  const int64_t d = store.feature_dim();
+  constexpr int64_t kChunkRows = 1 << 15;
+  kernels::cuda::PinnedBuffer staging(static_cast<size_t>(std::min<int64_t>(kChunkRows, static_cast<int64_t>(ids.size())) * d) *
+                                      sizeof(float));
+  auto* host = static_cast<float*>(staging.host());
+  for (size_t b = 0; b < ids.size(); b += kChunkRows) {
+    const size_t e = std::min(ids.size(), b + kChunkRows);
+    GALE_CHECK_CUDA(cudaStreamSynchronize(stream));  // the staging buffer is free again
+    for (size_t i = b; i < e; ++i) store.read_features(ids[i], ids[i] + 1, host + (i - b) * d);
+    kernels::cuda::copy_to_device(dst + b * d, host, (e - b) * d, stream);
+  }
+  GALE_CHECK_CUDA(cudaStreamSynchronize(stream));
+}
+
+}  // namespace
+
+FeatureTiers::FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, cudaStream_t stream, uint64_t gpu_bytes,
+                           kernels::cuda::MemoryBudget* host_budget)
+    : num_nodes_(store.num_nodes()), dim_(store.feature_dim()) {
+  if (!store.has_features()) throw InputError(store.path().string() + ": the store has no features.npy");
+  const uint64_t row_bytes = static_cast<uint64_t>(dim_) * sizeof(float);
+  counters_ = kernels::cuda::DeviceBuffer<int64_t>(pool, kernels::kFeatureTiers, stream);
+  GALE_CHECK_CUDA(cudaMemsetAsync(counters_.data(), 0, counters_.bytes(), stream));
+  if (gpu_bytes >= row_bytes * static_cast<uint64_t>(num_nodes_)) {
+    placement_ = Placement::kDevice;
+    device_ = kernels::cuda::DeviceBuffer<float>(pool, static_cast<size_t>(num_nodes_ * dim_), stream);
+    std::vector<int64_t> all(static_cast<size_t>(num_nodes_));
+    std::iota(all.begin(), all.end(), 0);
+    upload_rows(store, all, device_.data(), stream);
+    cached_rows_ = num_nodes_;
+    return;
+  }
+  placement_ = Placement::kCacheAndHost;
+  host_ = kernels::cuda::PinnedBuffer(static_cast<size_t>(num_nodes_) * row_bytes, host_budget,
+                                      "--host-mem-budget (host feature tier)");
+  store.read_features(0, num_nodes_, static_cast<float*>(host_.host()));
+  // The cache: the hottest nodes that fit once the slot table (4 bytes per node) is paid for.
+  const uint64_t slots = static_cast<uint64_t>(num_nodes_) * sizeof(int32_t);
+  cached_rows_ = gpu_bytes > slots ? static_cast<int64_t>(std::min<uint64_t>((gpu_bytes - slots) / row_bytes,
+                                                                            static_cast<uint64_t>(num_nodes_)))
+                                   : 0;
+  if (cached_rows_ == 0) return;
+  std::vector<int64_t> order(static_cast<size_t>(num_nodes_));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t* indptr = store.indptr();
+  // Ties by id, so the cache is a pure function of the graph.
+  std::partial_sort(order.begin(), order.begin() + cached_rows_, order.end(), [&](int64_t a, int64_t b) {
+    const int64_t da = indptr[a + 1] - indptr[a], db = indptr[b + 1] - indptr[b];
+    return da != db ? da > db : a < b;
+  });
+  order.resize(static_cast<size_t>(cached_rows_));
+  std::vector<int32_t> slot(static_cast<size_t>(num_nodes_), -1);
+  for (int64_t i = 0; i < cached_rows_; ++i) slot[static_cast<size_t>(order[i])] = static_cast<int32_t>(i);
+  slot_ = kernels::cuda::to_device(pool, slot, stream);
+  device_ = kernels::cuda::DeviceBuffer<float>(pool, static_cast<size_t>(cached_rows_ * dim_), stream);
+  upload_rows(store, order, device_.data(), stream);
+}
+
+FeatureTiers::~FeatureTiers() = default;
+
+std::string FeatureTiers::describe() const {
+  const uint64_t row_bytes = static_cast<uint64_t>(dim_) * sizeof(float);
+  if (placement_ == Placement::kDevice)
+    return "all " + std::to_string(num_nodes_) + " rows on the GPU (" +
+           kernels::cuda::format_bytes(row_bytes * static_cast<uint64_t>(num_nodes_)) + ")";
+  return "GPU cache of the " + std::to_string(cached_rows_) + " hottest of " + std::to_string(num_nodes_) + " rows (" +
+         kernels::cuda::format_bytes(row_bytes * static_cast<uint64_t>(cached_rows_)) +
+         "), every row in pinned host memory (" + kernels::cuda::format_bytes(host_.bytes()) + ")";
+}
+
+void FeatureTiers::gather(const int64_t* ids, int64_t n, const int32_t* prev_rows, kernels::ConstMatrixView prev,
+                          kernels::MatrixView out, cudaStream_t stream) {
+  GALE_ASSERT(out.cols == dim_ && out.rows >= n);
+  kernels::TieredGatherArgs a;
+  a.ids = ids;
+  a.n = n;
+  a.prev_rows = prev_rows;
+  a.prev = prev;
+  if (placement_ == Placement::kDevice) {
+    a.device = {device_.data(), num_nodes_, dim_, dim_};
+  } else {
+    a.cache_slot = cached_rows_ > 0 ? slot_.data() : nullptr;
+    a.cache = {device_.data(), cached_rows_, dim_, dim_};
+    a.host = {static_cast<const float*>(host_.device()), num_nodes_, dim_, dim_};
+  }
+  a.out = out;
+  a.counters = counters_.data();
+  kernels::tiered_gather_cuda(a, stream);
+}
+
+FeatureTierStats FeatureTiers::take_stats(cudaStream_t stream) {
+  FeatureTierStats s;
+  s.row_bytes = dim_ * static_cast<int64_t>(sizeof(float));
+  const std::vector<int64_t> counts = kernels::cuda::to_host_and_wait(counters_.view(), stream);
+  for (int t = 0; t < kernels::kFeatureTiers; ++t) s.rows[static_cast<size_t>(t)] = counts[static_cast<size_t>(t)];
+  GALE_CHECK_CUDA(cudaMemsetAsync(counters_.data(), 0, counters_.bytes(), stream));
+  return s;
+}
+
+}  // namespace gale::storage

@@ -1,0 +1,63 @@
+// storage/feature_tiers.hpp — where node features live for GPU training, decided by how many bytes
+// the GPU budget leaves for them, and the gather that reads a batch's rows from the tiers
+// (kernels/feature_gather.hpp): the previous batch on the GPU (FastGL's match), all features on
+// the GPU when they fit, else a GPU cache of the hottest nodes plus every node in pinned host
+// memory that the gather kernel reads over UVA. Counters per tier say where each row came from.
+// CUDA builds only.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/cuda/buffer.hpp"
+#include "kernels/cuda/pinned.hpp"
+#include "kernels/feature_gather.hpp"
+#include "storage/store.hpp"
+
+namespace gale::storage {
+
+struct FeatureTierStats {
+  std::array<int64_t, kernels::kFeatureTiers> rows{};  // rows served per tier (kernels::FeatureTier)
+  int64_t row_bytes = 0;                              // bytes of one feature row
+  int64_t bytes(int tier) const { return rows[static_cast<size_t>(tier)] * row_bytes; }
+};
+
+class FeatureTiers {
+ public:
+  enum class Placement { kDevice, kCacheAndHost };
+
+  // Places the store's features on `pool`'s device. With gpu_bytes >= every feature row, all of
+  // them go to the GPU; otherwise every row goes to pinned host memory (charged to host_budget when
+  // given) and the GPU keeps as many of the hottest nodes as gpu_bytes allows (hotness: in-degree,
+  // the nodes a sampler reaches most). Reads the store once; copies on `stream`.
+  FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, cudaStream_t stream, uint64_t gpu_bytes,
+               kernels::cuda::MemoryBudget* host_budget = nullptr);
+  ~FeatureTiers();
+  FeatureTiers(const FeatureTiers&) = delete;
+  FeatureTiers& operator=(const FeatureTiers&) = delete;
+
+  Placement placement() const { return placement_; }
+  int64_t dim() const { return dim_; }
+  int64_t cached_rows() const { return cached_rows_; }
+  std::string describe() const;  // "all 2.1M rows on the GPU (800 MiB)" / "cache 1.2M of 33M rows (...)"
+
+  // out (n x dim, device) = features of ids[0..n) (device); prev_rows (device, nullable): each
+  // id's row in prev (the previous batch's features, still on the GPU) or -1. Stream-ordered.
+  void gather(const int64_t* ids, int64_t n, const int32_t* prev_rows, kernels::ConstMatrixView prev,
+              kernels::MatrixView out, cudaStream_t stream);
+
+  // Rows served per tier since the last call (waits for `stream`), and the reset.
+  FeatureTierStats take_stats(cudaStream_t stream);
+
+ private:
+  int64_t num_nodes_ = 0, dim_ = 0, cached_rows_ = 0;
+  Placement placement_ = Placement::kDevice;
+  kernels::cuda::DeviceBuffer<float> device_;      // all rows, or the cache
+  kernels::cuda::DeviceBuffer<int32_t> slot_;      // per node: cache row or -1 (cache placement)
+  kernels::cuda::PinnedBuffer host_;               // all rows (cache placement)
+  kernels::cuda::DeviceBuffer<int64_t> counters_;  // kFeatureTiers rows served
+};
+
+}  // namespace gale::storage
