@@ -57,7 +57,7 @@ int run_train(const std::vector<std::string>& args) {
   engine::TrainOptions o;
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
   bool tf32 = false, no_match = false;
-  std::string eval = "auto";
+  std::string eval = "auto", feature_gpu;
   int layers = 2;
   int64_t hidden = 16, epochs = 200;
   int heads = 8;
@@ -73,6 +73,8 @@ int run_train(const std::vector<std::string>& args) {
       ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
       ("no-match", po::bool_switch(&no_match), "mini-batch on a GPU: do not reuse the previous batch's features")
+      ("feature-gpu-mem", po::value(&feature_gpu), "mini-batch on a GPU: room for features there, e.g. 2G (default: half the budget); "
+                                                    "too small for all of them keeps a cache of hot nodes and the rest in pinned host memory")
       ("eval", po::value(&eval), "auto | full (whole-graph inference) | sampled (training fanouts)")
       ("model", po::value(&model), "gcn | sage | gin | gat")
       ("layers", po::value(&layers), "number of GNN layers")
@@ -146,6 +148,10 @@ int run_train(const std::vector<std::string>& args) {
   }
   o.exec.spmm = parse_spmm_kind(spmm);
   o.match = !no_match;
+  if (!feature_gpu.empty()) {
+    o.feature_gpu_bytes = parse_size(feature_gpu, "--feature-gpu-mem");
+    if (o.feature_gpu_bytes == 0) throw InputError("--feature-gpu-mem: expected a positive size such as 2G");
+  }
   if (eval == "auto") o.eval = engine::TrainOptions::Eval::kAuto;
   else if (eval == "full") o.eval = engine::TrainOptions::Eval::kFull;
   else if (eval == "sampled") o.eval = engine::TrainOptions::Eval::kSampled;

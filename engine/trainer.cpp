@@ -178,7 +178,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       // Features may take half of what the GPU budget (or 90% of the card) allows; the rest is for
       // the model, its activations and the batches' blocks.
       const uint64_t budget = opt.gpu_mem_budget > 0 ? opt.gpu_mem_budget : device_memory(dev) / 10 * 9;
-      batch_features = std::make_unique<BatchFeatures>(store, dev, budget / 2, opt.match);
+      const uint64_t feature_bytes = opt.feature_gpu_bytes > 0 ? opt.feature_gpu_bytes : budget / 2;
+      batch_features = std::make_unique<BatchFeatures>(store, dev, feature_bytes, opt.match);
     }
   }
   const bool full_eval = opt.full_graph || opt.eval == TrainOptions::Eval::kFull ||

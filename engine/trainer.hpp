@@ -43,6 +43,9 @@ struct TrainOptions {
   std::string gpu_mem_budget_text;
   // Mini-batch on a GPU: reuse the rows the previous batch brought to the GPU (FastGL's match).
   bool match = true;
+  // Mini-batch on a GPU: what the input features may occupy there (all rows when they fit, else a
+  // cache of the hottest nodes with every row in pinned host memory). 0: half of the GPU budget.
+  uint64_t feature_gpu_bytes = 0;
   // Evaluation: kFull = full-neighbourhood inference over the whole graph (needs the graph and every
   // feature on the device); kSampled = the training fanouts on the evaluation nodes, in batches;
   // kAuto = full unless mini-batch features do not all fit on the GPU.
