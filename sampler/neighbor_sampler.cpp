@@ -13,13 +13,17 @@ namespace gale::sampler {
 
 using kernels::derive_key;
 
-NeighborSampler::NeighborSampler(kernels::CsrView graph, std::vector<int> fanouts)
-    : graph_(graph), fanouts_(std::move(fanouts)) {
-  if (fanouts_.empty()) throw InputError("--fanouts: expected at least one fanout");
-  for (int f : fanouts_) {
+void validate_fanouts(const std::vector<int>& fanouts) {
+  if (fanouts.empty()) throw InputError("--fanouts: expected at least one fanout");
+  for (int f : fanouts) {
     if (f == 0 || f < -1)
       throw InputError("--fanouts: expected positive fanouts (or -1 for all), found " + std::to_string(f));
   }
+}
+
+NeighborSampler::NeighborSampler(kernels::CsrView graph, std::vector<int> fanouts)
+    : graph_(graph), fanouts_(std::move(fanouts)) {
+  validate_fanouts(fanouts_);
 }
 
 namespace {

@@ -15,6 +15,10 @@
 
 namespace gale::sampler {
 
+// Throws InputError unless `fanouts` is non-empty and every entry is positive or -1 (all
+// neighbours). The CPU and GPU samplers take the same fanouts.
+void validate_fanouts(const std::vector<int>& fanouts);
+
 class NeighborSampler {
  public:
   // fanouts[0] is for the seeds' direct in-neighbours (the last layer), as PyG's num_neighbors.
