@@ -38,6 +38,7 @@ enum ErrorBit : unsigned long long {
   kNodeOutOfRange = 1,  // a seed (or a graph index) outside [0, rows)
   kRepeatedSeed = 2,    // a seed listed twice
   kHugeRow = 4,         // more than 32 picks from a row of 2^31 or more entries (32-bit offsets)
+  kBadWeight = 8,       // a weight that is not positive and finite in a row sampled by weight
 };
 // The per-call device state: the local id counter, then the error bits.
 constexpr int kCounter = 0;
@@ -152,7 +153,19 @@ struct SampleArgs {
   HashTable table;
   unsigned long long* counter = nullptr;
   int64_t* src_ids = nullptr;
+  const float* weights = nullptr;  // the graph's edge weights (weighted mode)
+  unsigned long long* errors = nullptr;
 };
+
+// Every neighbour of a row at or below the fanout, in graph order.
+__device__ __forceinline__ void take_whole_row(const SampleArgs& a, const int32_t* nbrs, int64_t degree,
+                                               int64_t* picked, int lane) {
+  for (int64_t j = lane; j < degree; j += kWarp) {
+    const int64_t g = nbrs[j];
+    picked[j] = g;
+    insert_source(a.table, g, a.counter, a.src_ids);
+  }
+}
 
 // Step 4: one warp per destination (a grid-stride loop over warps, so every lane of a warp
 // handles the same destination and the warp collectives are uniform).
@@ -175,11 +188,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     const int32_t* nbrs = a.graph_indices + begin;
     int64_t* picked = a.picked + out;
     if (take == degree) {
-      for (int64_t j = lane; j < degree; j += kWarp) {
-        const int64_t g = nbrs[j];
-        picked[j] = g;
-        insert_source(a.table, g, a.counter, a.src_ids);
-      }
+      take_whole_row(a, nbrs, degree, picked, lane);
       continue;
     }
     const uint64_t key = kernels::derive_key(a.hop_key, static_cast<uint64_t>(v));
@@ -219,6 +228,112 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
         picked[rank] = g;
         insert_source(a.table, g, a.counter, a.src_ids);
       }
+    }
+  }
+}
+
+// Entry j's priority in the weighted mode as order-preserving bits: E_j / w_j (NeighborSampler's
+// weighted_offsets, bit for bit: random_exponential is reproducible and the division is IEEE).
+// Priorities are positive, so their bit patterns order like the values. A weight that is not
+// positive and finite raises kBadWeight and ranks last.
+__device__ __forceinline__ unsigned long long priority_bits(uint64_t row_key, const float* weights, int64_t j,
+                                                            unsigned long long* errors) {
+  const float w = weights[j];
+  if (!(w > 0.0f) || isinf(w)) {
+    atomicOr(errors, static_cast<unsigned long long>(kBadWeight));
+    return ~0ull;
+  }
+  const double priority = kernels::random_exponential(row_key, static_cast<uint64_t>(j)) / static_cast<double>(w);
+  return static_cast<unsigned long long>(__double_as_longlong(priority));
+}
+
+// Step 4, weighted mode (Efraimidis-Spirakis A-Res as an exponential race): one warp per
+// destination takes the `take` entries of smallest priority, ties to the lower entry, as the CPU's
+// nth_element over (priority, entry). A radix select over the 64 priority bits, 8 bits a pass,
+// finds the take-th smallest value T with a 256-bin histogram per warp in shared memory (priorities
+// are recomputed each pass rather than stored: a hub row would not fit); a last pass in entry
+// order takes every priority below T and the first `remaining` equal to it, writing each pick at
+// its ballot rank, so the picks come out in graph order with no sort.
+__global__ void __launch_bounds__(kThreads) weighted_sample_kernel(SampleArgs a) {
+  __shared__ int histograms[kWarpsPerBlock][256];
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  int* hist = histograms[threadIdx.x / kWarp];
+  const unsigned lanes_below = (1u << lane) - 1u;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; i < a.n; i += warps) {
+    const int64_t v = a.frontier[i];
+    const int64_t begin = a.graph_indptr[v];
+    const int64_t degree = a.graph_indptr[v + 1] - begin;
+    const int64_t out = a.block_indptr[i];
+    const int64_t take = a.block_indptr[i + 1] - out;
+    const int32_t* nbrs = a.graph_indices + begin;
+    const float* weights = a.weights + begin;
+    int64_t* picked = a.picked + out;
+    if (take == degree) {
+      take_whole_row(a, nbrs, degree, picked, lane);
+      continue;
+    }
+    const uint64_t key = kernels::derive_key(a.hop_key, static_cast<uint64_t>(v));
+    // Radix select: after the pass at `shift`, `prefix` holds T's bits above shift and
+    // `remaining` is T's rank among the priorities sharing them (1-based).
+    unsigned long long prefix = 0, prefix_mask = 0;
+    int64_t remaining = take;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+      for (int b = lane; b < 256; b += kWarp) hist[b] = 0;
+      __syncwarp();
+      for (int64_t j = lane; j < degree; j += kWarp) {
+        const unsigned long long bits = priority_bits(key, weights, j, a.errors);
+        if ((bits & prefix_mask) == prefix) atomicAdd(hist + ((bits >> shift) & 255), 1);
+      }
+      __syncwarp();
+      // Lane l owns bins 8l .. 8l+7: its sum, then an inclusive scan over the lanes.
+      int64_t own = 0;
+      for (int b = 0; b < 8; ++b) own += hist[lane * 8 + b];
+      int64_t inclusive = own;
+      for (int d = 1; d < kWarp; d *= 2) {
+        const int64_t up = __shfl_up_sync(kFull, inclusive, d);
+        if (lane >= d) inclusive += up;
+      }
+      const int64_t exclusive = inclusive - own;
+      const unsigned owner_mask = __ballot_sync(kFull, exclusive < remaining && remaining <= inclusive);
+      const int owner = __ffs(owner_mask) - 1;
+      int bin = 0;
+      int64_t below = 0;
+      if (lane == owner) {
+        int64_t count = exclusive;
+        for (int b = 0; b < 8; ++b) {
+          const int c = hist[lane * 8 + b];
+          if (count + c >= remaining) {
+            bin = lane * 8 + b;
+            below = count;
+            break;
+          }
+          count += c;
+        }
+      }
+      bin = __shfl_sync(kFull, bin, owner);
+      below = __shfl_sync(kFull, below, owner);
+      remaining -= below;
+      prefix |= static_cast<unsigned long long>(bin) << shift;
+      prefix_mask |= 255ull << shift;
+      __syncwarp();  // every lane has read the histogram before the next pass clears it
+    }
+    // Take priorities below T, and the first `remaining` equal to T, in entry order.
+    int64_t written = 0, ties = 0;
+    for (int64_t base = 0; base < degree; base += kWarp) {
+      const int64_t j = base + lane;
+      const unsigned long long bits = j < degree ? priority_bits(key, weights, j, a.errors) : ~0ull;
+      const bool equal = j < degree && bits == prefix;
+      const unsigned equal_mask = __ballot_sync(kFull, equal);
+      const bool chosen = (j < degree && bits < prefix) || (equal && ties + __popc(equal_mask & lanes_below) < remaining);
+      const unsigned chosen_mask = __ballot_sync(kFull, chosen);
+      if (chosen) {
+        const int64_t g = nbrs[j];
+        picked[written + __popc(chosen_mask & lanes_below)] = g;
+        insert_source(a.table, g, a.counter, a.src_ids);
+      }
+      written += __popc(chosen_mask);
+      ties += __popc(equal_mask);
     }
   }
 }
@@ -263,6 +378,8 @@ void throw_on_errors(unsigned long long errors, int64_t rows) {
   if (errors & kRepeatedSeed) throw InputError("FusedMapSampler: the seeds are not distinct");
   if (errors & kHugeRow)
     throw InputError("FusedMapSampler: a fanout above 32 met a row with 2^31 or more in-neighbours (offsets are 32-bit)");
+  if (errors & kBadWeight)
+    throw InputError("FusedMapSampler: weighted sampling met an edge weight that is not positive and finite");
 }
 
 int ceil_log2(int64_t x) {
@@ -273,9 +390,12 @@ int ceil_log2(int64_t x) {
 
 }  // namespace
 
-FusedMapSampler::FusedMapSampler(kernels::CsrView graph, std::vector<int> fanouts, kernels::cuda::MemoryPool& pool)
-    : graph_(graph), fanouts_(std::move(fanouts)), pool_(&pool) {
+FusedMapSampler::FusedMapSampler(kernels::CsrView graph, std::vector<int> fanouts, kernels::cuda::MemoryPool& pool,
+                                 Sampling sampling)
+    : graph_(graph), fanouts_(std::move(fanouts)), pool_(&pool), sampling_(sampling) {
   validate_fanouts(fanouts_);
+  if (sampling_ == Sampling::kWeighted && graph_.weights == nullptr && graph_.rows > 0)
+    throw InputError("FusedMapSampler: weighted sampling needs edge weights, and the graph has none");
   if (graph_.rows < 0 || graph_.rows != graph_.cols)
     throw InputError("FusedMapSampler: the graph must be square (node ids index rows and columns), found " +
                      std::to_string(graph_.rows) + " x " + std::to_string(graph_.cols));
@@ -365,9 +485,15 @@ DeviceSampledBatch FusedMapSampler::sample(const int64_t* seeds_device, int64_t 
       args.table = table;
       args.counter = state.data() + kCounter;
       args.src_ids = block.src_ids.data();
+      args.errors = state.data() + kErrors;
       const unsigned sample_blocks = static_cast<unsigned>(
           std::clamp<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, kMaxBlocks));
-      sample_kernel<<<sample_blocks, kThreads, 0, stream>>>(args);
+      if (sampling_ == Sampling::kWeighted) {
+        args.weights = graph_.weights;
+        weighted_sample_kernel<<<sample_blocks, kThreads, 0, stream>>>(args);
+      } else {
+        sample_kernel<<<sample_blocks, kThreads, 0, stream>>>(args);
+      }
       GALE_CHECK_CUDA(cudaGetLastError());
     }
     // 5. Global ids to local ids.

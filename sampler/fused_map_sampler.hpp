@@ -26,6 +26,11 @@
 // run; the (destination, source) pairs, the per-destination source order in global ids and the
 // set of sources do not. Aggregations do not depend on the numbering.
 //
+// Sampling::kWeighted draws by the edge weights as NeighborSampler's weighted mode does, entry for
+// entry (the same exponential-race priorities, computed bit-identically on the device): one warp
+// per destination radix-selects the fanout smallest priorities over the row (9 passes over its
+// weights), so weighted hub rows cost more than uniform ones.
+//
 // Host synchronisations: one per hop (step 2) plus one at the end to learn the input layer's
 // number of sources; nothing else blocks. Every byte (the result, the table, scratch) comes from
 // the MemoryPool given, on the stream given, so the GPU budget governs it.
@@ -39,6 +44,7 @@
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/views.hpp"
 #include "sampler/device_block.hpp"
+#include "sampler/neighbor_sampler.hpp"
 
 namespace gale::sampler {
 
@@ -48,18 +54,22 @@ class FusedMapSampler {
   // readable by kernels on the pool's device: device memory, or mapped pinned host memory
   // (cudaHostAlloc with cudaHostAllocMapped, or cudaHostRegister with cudaHostRegisterMapped) read
   // over UVA, which keeps a topology larger than the GPU on the host at PCIe speed. The caller
-  // chooses, owns the memory and keeps it alive. graph.weights is ignored (uniform sampling).
+  // chooses, owns the memory and keeps it alive. graph.weights is read (same rules) only in the
+  // weighted mode, which needs it.
   // fanouts: as NeighborSampler (fanouts[0] for the seeds' hop; positive, or -1 for all).
   // pool: every allocation of sample() comes from it; it must outlive the sampler's results.
-  FusedMapSampler(kernels::CsrView graph, std::vector<int> fanouts, kernels::cuda::MemoryPool& pool);
+  FusedMapSampler(kernels::CsrView graph, std::vector<int> fanouts, kernels::cuda::MemoryPool& pool,
+                  Sampling sampling = Sampling::kUniform);
 
   int num_layers() const { return static_cast<int>(fanouts_.size()); }
   const std::vector<int>& fanouts() const { return fanouts_; }
+  Sampling sampling() const { return sampling_; }
 
   // Samples the blocks for `seeds_device` (num_seeds distinct global ids in device memory) on
   // `stream`, keyed by `key` like NeighborSampler::sample. The result's buffers are freed on
-  // `stream`. Throws InputError for a seed out of range or repeated, or a batch whose hop would
-  // need 2^31 or more local ids; ResourceError when the pool's budget is exceeded. May be called
+  // `stream`. Throws InputError for a seed out of range or repeated, a weight that is not positive
+  // and finite in a row sampled by weight, or a batch whose hop would need 2^31 or more local ids;
+  // ResourceError when the pool's budget is exceeded. May be called
   // from several threads at once (each call has its own scratch) on different streams.
   DeviceSampledBatch sample(const int64_t* seeds_device, int64_t num_seeds, uint64_t key, cudaStream_t stream) const;
 
@@ -67,6 +77,7 @@ class FusedMapSampler {
   kernels::CsrView graph_;
   std::vector<int> fanouts_;
   kernels::cuda::MemoryPool* pool_;
+  Sampling sampling_;
 };
 
 }  // namespace gale::sampler

@@ -26,6 +26,11 @@
 #include "sampler/fused_map_sampler.hpp"
 #include "sampler/neighbor_sampler.hpp"
 
+namespace gale::gpu_test {
+// random_device.cu: out[i] = random_exponential(key, i) for i < n, on the device.
+void random_exponential_on_device(uint64_t key, int64_t n, double* out, cudaStream_t stream);
+}  // namespace gale::gpu_test
+
 namespace gale::sampler {
 namespace {
 
@@ -187,16 +192,19 @@ class FusedMapSamplerTest : public ::testing::TestWithParam<Topology> {
     stream_ = std::make_unique<Stream>(0);
   }
 
-  // The graph's arrays where the parameter says, as a device-readable CsrView.
-  CsrView place(const Graph& g) {
+  // The graph's arrays (and weights, when given) where the parameter says, as a device-readable
+  // CsrView.
+  CsrView place(const Graph& g, const std::vector<float>* weights = nullptr) {
     if (GetParam() == Topology::kDevice) {
       d_indptr_ = kernels::cuda::to_device(*pool_, g.indptr, *stream_);
       d_indices_ = kernels::cuda::to_device(*pool_, g.indices, *stream_);
-      return {g.n, g.n, d_indptr_.data(), d_indices_.data(), nullptr};
+      if (weights != nullptr) d_weights_ = kernels::cuda::to_device(*pool_, *weights, *stream_);
+      return {g.n, g.n, d_indptr_.data(), d_indices_.data(), weights != nullptr ? d_weights_.data() : nullptr};
     }
     h_indptr_ = std::make_unique<MappedHost<int64_t>>(g.indptr);
     h_indices_ = std::make_unique<MappedHost<int32_t>>(g.indices);
-    return {g.n, g.n, h_indptr_->device(), h_indices_->device(), nullptr};
+    if (weights != nullptr) h_weights_ = std::make_unique<MappedHost<float>>(*weights);
+    return {g.n, g.n, h_indptr_->device(), h_indices_->device(), weights != nullptr ? h_weights_->device() : nullptr};
   }
 
   SampledBatch sample_on_gpu(const FusedMapSampler& sampler, const std::vector<int64_t>& seeds, uint64_t key) {
@@ -206,14 +214,19 @@ class FusedMapSamplerTest : public ::testing::TestWithParam<Topology> {
     return to_host_and_wait(batch, *stream_);
   }
 
-  void check(const Graph& g, const std::vector<int>& fanouts, int64_t num_seeds, uint64_t key) {
-    const CsrView device_csr = place(g);
-    const FusedMapSampler gpu(device_csr, fanouts, *pool_);
-    const NeighborSampler cpu(g.csr(), fanouts);
+  // Samples on both sides and compares; `weights` selects the weighted mode.
+  void check(const Graph& g, const std::vector<int>& fanouts, int64_t num_seeds, uint64_t key,
+             const std::vector<float>* weights = nullptr) {
+    const Sampling sampling = weights != nullptr ? Sampling::kWeighted : Sampling::kUniform;
+    const CsrView device_csr = place(g, weights);
+    const FusedMapSampler gpu(device_csr, fanouts, *pool_, sampling);
+    CsrView host_csr = g.csr();
+    if (weights != nullptr) host_csr.weights = weights->data();
+    const NeighborSampler cpu(host_csr, fanouts, sampling);
     const std::vector<int64_t> seeds = random_seeds(g.n, num_seeds, key);
     const SampledBatch expected = cpu.sample(seeds.data(), num_seeds, key);
     const SampledBatch got = sample_on_gpu(gpu, seeds, key);
-    std::string what = "fanouts";
+    std::string what = weights != nullptr ? "weighted, fanouts" : "fanouts";
     for (int f : fanouts) what += " " + std::to_string(f);
     expect_matches_cpu(got, expected, g, fanouts, seeds, what + ", " + std::to_string(num_seeds) + " seeds, key " +
                                                              std::to_string(key));
@@ -223,8 +236,10 @@ class FusedMapSamplerTest : public ::testing::TestWithParam<Topology> {
   std::unique_ptr<Stream> stream_;
   DeviceBuffer<int64_t> d_indptr_;
   DeviceBuffer<int32_t> d_indices_;
+  DeviceBuffer<float> d_weights_;
   std::unique_ptr<MappedHost<int64_t>> h_indptr_;
   std::unique_ptr<MappedHost<int32_t>> h_indices_;
+  std::unique_ptr<MappedHost<float>> h_weights_;
 };
 
 TEST_P(FusedMapSamplerTest, ThreeHopsMatchTheCpuSampler) {
@@ -314,11 +329,62 @@ TEST_P(FusedMapSamplerTest, BadSeedsAreInputErrors) {
   EXPECT_EQ(sample_on_gpu(sampler, good, 1).num_seeds(), 2);
 }
 
+// Weights 0.01 to 100, log-uniform, plus runs of equal weights (every 8th row all 1s) where only
+// the exponential variates order the entries.
+std::vector<float> random_weights(const Graph& g, uint64_t key) {
+  std::vector<float> w(g.indices.size());
+  for (int64_t v = 0; v < g.n; ++v) {
+    for (int64_t e = g.indptr[v]; e < g.indptr[v + 1]; ++e) {
+      w[static_cast<size_t>(e)] =
+          v % 8 == 5 ? 1.0f : std::pow(10.0f, 4.0f * kernels::random_uniform(key, static_cast<uint64_t>(e)) - 2.0f);
+    }
+  }
+  return w;
+}
+
+TEST_P(FusedMapSamplerTest, WeightedDrawsMatchTheCpuSampler) {
+  const Graph g = random_graph(3001, 10);
+  const std::vector<float> weights = random_weights(g, 11);
+  check(g, {15, 10, 5}, 257, 12, &weights);
+  check(g, {1}, 500, 13, &weights);
+  check(g, {-1, 2}, 17, 14, &weights);
+  check(g, {40, 100}, 31, 15, &weights);
+}
+
+TEST_P(FusedMapSamplerTest, WeightedBadWeightsAreInputErrors) {
+  const Graph g = random_graph(50, 16);
+  std::vector<float> weights(g.indices.size(), 1.0f);
+  weights[7] = 0.0f;  // in node 0's row of 49 entries
+  const FusedMapSampler sampler(place(g, &weights), {3}, *pool_, Sampling::kWeighted);
+  const std::vector<int64_t> seeds = {0};
+  DeviceBuffer<int64_t> d_seeds = kernels::cuda::to_device(*pool_, seeds, *stream_);
+  EXPECT_THROW(sampler.sample(d_seeds.data(), 1, 1, *stream_), InputError);
+  EXPECT_THROW(FusedMapSampler(place(g), {3}, *pool_, Sampling::kWeighted), InputError);  // no weights
+}
+
 INSTANTIATE_TEST_SUITE_P(Topologies, FusedMapSamplerTest, ::testing::Values(Topology::kDevice, Topology::kMappedHost),
                          [](const ::testing::TestParamInfo<Topology>& info) {
                            return info.param == Topology::kDevice ? std::string("DeviceMemory")
                                                                   : std::string("MappedPinnedHost");
                          });
+
+// Weighted sampling compares exponential variates computed on both sides: they must agree to the
+// bit (kernels/random.hpp's reproducible_log), not just closely.
+TEST(FusedMapSampler, DeviceExponentialVariatesEqualTheHostsBitForBit) {
+  if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
+  MemoryPool pool(0);
+  Stream stream(0);
+  const int64_t n = 1 << 20;
+  DeviceBuffer<double> d_out(pool, static_cast<size_t>(n), stream);
+  gpu_test::random_exponential_on_device(77, n, d_out.data(), stream);
+  const std::vector<double> gpu = kernels::cuda::to_host_and_wait(d_out.view(), stream);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double cpu = kernels::random_exponential(77, static_cast<uint64_t>(i));
+    differ += std::memcmp(&cpu, &gpu[static_cast<size_t>(i)], sizeof(double)) != 0;
+  }
+  EXPECT_EQ(differ, 0) << "of " << n;
+}
 
 TEST(FusedMapSampler, BadFanoutsAndGraphsAreInputErrors) {
   if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
