@@ -155,16 +155,25 @@ struct SampleArgs {
   int64_t* src_ids = nullptr;
   const float* weights = nullptr;  // the graph's edge weights (weighted mode)
   unsigned long long* errors = nullptr;
+  int64_t rows = 0;
 };
+
+// Records a pick and enters it in the map. A graph index outside [0, rows) (a damaged topology)
+// is flagged instead of entered: -1 would read as the empty key, and the next hop's count would
+// otherwise be the first to notice, which the last hop does not have.
+__device__ __forceinline__ void record_pick(const SampleArgs& a, int64_t* slot, int64_t g) {
+  *slot = g;
+  if (g < 0 || g >= a.rows) {
+    atomicOr(a.errors, static_cast<unsigned long long>(kNodeOutOfRange));
+    return;
+  }
+  insert_source(a.table, g, a.counter, a.src_ids);
+}
 
 // Every neighbour of a row at or below the fanout, in graph order.
 __device__ __forceinline__ void take_whole_row(const SampleArgs& a, const int32_t* nbrs, int64_t degree,
                                                int64_t* picked, int lane) {
-  for (int64_t j = lane; j < degree; j += kWarp) {
-    const int64_t g = nbrs[j];
-    picked[j] = g;
-    insert_source(a.table, g, a.counter, a.src_ids);
-  }
+  for (int64_t j = lane; j < degree; j += kWarp) record_pick(a, picked + j, nbrs[j]);
 }
 
 // Step 4: one warp per destination (a grid-stride loop over warps, so every lane of a warp
@@ -203,11 +212,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
       }
       int rank = 0;
       for (int q = 0; q < take; ++q) rank += __shfl_sync(kFull, mine, q) < mine ? 1 : 0;
-      if (lane < take) {
-        const int64_t g = nbrs[mine];
-        picked[rank] = g;
-        insert_source(a.table, g, a.counter, a.src_ids);
-      }
+      if (lane < take) record_pick(a, picked + rank, nbrs[mine]);
     } else {
       int32_t* chosen = a.scratch + out;
       for (int64_t m = 0; m < take; ++m) {
@@ -224,9 +229,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
         const int32_t offset = chosen[m];
         int64_t rank = 0;
         for (int64_t q = 0; q < take; ++q) rank += chosen[q] < offset ? 1 : 0;
-        const int64_t g = nbrs[offset];
-        picked[rank] = g;
-        insert_source(a.table, g, a.counter, a.src_ids);
+        record_pick(a, picked + rank, nbrs[offset]);
       }
     }
   }
@@ -327,11 +330,7 @@ __global__ void __launch_bounds__(kThreads) weighted_sample_kernel(SampleArgs a)
       const unsigned equal_mask = __ballot_sync(kFull, equal);
       const bool chosen = (j < degree && bits < prefix) || (equal && ties + __popc(equal_mask & lanes_below) < remaining);
       const unsigned chosen_mask = __ballot_sync(kFull, chosen);
-      if (chosen) {
-        const int64_t g = nbrs[j];
-        picked[written + __popc(chosen_mask & lanes_below)] = g;
-        insert_source(a.table, g, a.counter, a.src_ids);
-      }
+      if (chosen) record_pick(a, picked + written + __popc(chosen_mask & lanes_below), nbrs[j]);
       written += __popc(chosen_mask);
       ties += __popc(equal_mask);
     }
@@ -339,16 +338,26 @@ __global__ void __launch_bounds__(kThreads) weighted_sample_kernel(SampleArgs a)
 }
 
 // Step 5: every sampled global id becomes its local id (the table is complete: the previous
-// kernel has finished).
+// kernel has finished). A probe stops at an empty slot too, so an id never entered (flagged as out
+// of range by record_pick, and thrown at the next synchronisation) cannot loop forever.
 __global__ void rewrite_kernel(const int64_t* __restrict__ picked, int64_t entries, HashTable table,
                                int32_t* __restrict__ indices) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < entries; e += stride) {
     const int64_t g = picked[e];
     const unsigned long long key = static_cast<unsigned long long>(g);
-    unsigned long long s = slot_of(table, g);
-    while (table.keys[s] != key) s = (s + 1) & table.mask;
-    indices[e] = table.values[s];
+    int32_t local = 0;
+    if (g >= 0) {
+      for (unsigned long long s = slot_of(table, g);; s = (s + 1) & table.mask) {
+        const unsigned long long k = table.keys[s];
+        if (k == key) {
+          local = table.values[s];
+          break;
+        }
+        if (k == kEmpty) break;
+      }
+    }
+    indices[e] = local;
   }
 }
 
@@ -486,6 +495,7 @@ DeviceSampledBatch FusedMapSampler::sample(const int64_t* seeds_device, int64_t 
       args.counter = state.data() + kCounter;
       args.src_ids = block.src_ids.data();
       args.errors = state.data() + kErrors;
+      args.rows = graph_.rows;
       const unsigned sample_blocks = static_cast<unsigned>(
           std::clamp<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, kMaxBlocks));
       if (sampling_ == Sampling::kWeighted) {

@@ -329,6 +329,21 @@ TEST_P(FusedMapSamplerTest, BadSeedsAreInputErrors) {
   EXPECT_EQ(sample_on_gpu(sampler, good, 1).num_seeds(), 2);
 }
 
+// A graph index outside the node range (a damaged topology) is an error even in the last hop,
+// whose picks no later count kernel looks at, and the map's lookup does not hang on it.
+TEST_P(FusedMapSamplerTest, DamagedTopologyIsAnInputError) {
+  for (int32_t bad : {-1, 10, 1 << 30}) {
+    Graph g = random_graph(10, 17);
+    g.indices[static_cast<size_t>(g.indptr[0] + 2)] = bad;  // node 0 lists every other node
+    for (const std::vector<int>& fanouts : {std::vector<int>{-1}, std::vector<int>{3, -1}}) {
+      const FusedMapSampler sampler(place(g), fanouts, *pool_);
+      const std::vector<int64_t> seeds = {0};
+      DeviceBuffer<int64_t> d_seeds = kernels::cuda::to_device(*pool_, seeds, *stream_);
+      EXPECT_THROW(sampler.sample(d_seeds.data(), 1, 1, *stream_), InputError) << "index " << bad;
+    }
+  }
+}
+
 // Weights 0.01 to 100, log-uniform, plus runs of equal weights (every 8th row all 1s) where only
 // the exponential variates order the entries.
 std::vector<float> random_weights(const Graph& g, uint64_t key) {
