@@ -7,6 +7,7 @@
 // to a key/counter combination (a well-studied 64-bit bijection with full avalanche).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -40,6 +41,45 @@ GALE_HD uint64_t random_below(uint64_t key, uint64_t counter, uint64_t n) {
   const uint64_t bits = random_bits(key, counter);
   if (n <= 0xffffffffULL) return ((bits >> 32) * n) >> 32;
   return bits % n;
+}
+
+// Natural logarithm of x in (0, 1] with the same bits on the host and the device: x = m 2^e with
+// m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s) = 2s + 2s z P(z), s = (m - 1) / (m + 1), z = s^2,
+// P the atanh series to z^10 (truncation below 1e-17 relative), every multiply-add an explicit
+// fma. libm's log and CUDA's may differ in the last bit; frexp, IEEE division and fma do not, and
+// no product here is left for a compiler to contract. Accurate to a few ulps.
+GALE_HD double reproducible_log(double x) {
+  int e = 0;
+  double m = frexp(x, &e);  // m in [0.5, 1)
+  if (m < 0x1.6a09e667f3bcdp-1) {
+    m = m * 2.0;  // exact
+    e -= 1;
+  }
+  const double s = (m - 1.0) / (m + 1.0);
+  const double z = s * s;
+  double p = 0x1.642c8590b2164p-5;          // 1/23
+  p = fma(p, z, 0x1.8618618618618p-5);      // 1/21
+  p = fma(p, z, 0x1.af286bca1af28p-5);      // 1/19
+  p = fma(p, z, 0x1.e1e1e1e1e1e1ep-5);      // 1/17
+  p = fma(p, z, 0x1.1111111111111p-4);      // 1/15
+  p = fma(p, z, 0x1.3b13b13b13b14p-4);      // 1/13
+  p = fma(p, z, 0x1.745d1745d1746p-4);      // 1/11
+  p = fma(p, z, 0x1.c71c71c71c71cp-4);      // 1/9
+  p = fma(p, z, 0x1.2492492492492p-3);      // 1/7
+  p = fma(p, z, 0x1.999999999999ap-3);      // 1/5
+  p = fma(p, z, 0x1.5555555555555p-2);      // 1/3
+  const double two_s = 2.0 * s;             // exact
+  const double two_s_z = two_s * z;
+  const double log_m = fma(two_s_z, p, two_s);
+  return fma(static_cast<double>(e), 0x1.62e42fefa39efp-1, log_m);  // + e ln 2
+}
+
+// An Exponential(1) variate for (key, counter): -ln u with u = (52 random bits + 1/2) / 2^52,
+// strictly inside (0, 1), so the result is finite and positive. Bit-identical on host and device
+// (reproducible_log), which weighted sampling needs: it compares these values across CPU and GPU.
+GALE_HD double random_exponential(uint64_t key, uint64_t counter) {
+  const double u = (static_cast<double>(random_bits(key, counter) >> 12) + 0.5) * 0x1p-52;
+  return -reproducible_log(u);
 }
 
 // Derives a sub-key, e.g. derive_key(seed, epoch) then derive_key(that, layer).

@@ -19,6 +19,7 @@
 // compares against. spmm_cannot says why a kind cannot take given arguments.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -82,5 +83,21 @@ void spmm_cuda(SpmmKind kind, const SpmmArgs& a, cudaStream_t stream);
 // within each output row entries keep the input's row order. indptr_out has cols + 1 entries,
 // indices_out and perm_out nnz; perm_out[k] is the input position of output entry k.
 void csr_transpose(const CsrView& csr, int64_t* indptr_out, int32_t* indices_out, int64_t* perm_out);
+
+// Scratch csr_transpose_cuda needs, in bytes (CUB style: the caller allocates it, e.g. from the
+// MemoryPool): the entries' column keys and positions (12 bytes per entry) and CUB's radix-sort
+// storage for that many items over the bits of cols - 1.
+size_t csr_transpose_cuda_workspace_bytes(int64_t rows, int64_t cols, int64_t nnz);
+
+// csr_transpose on the GPU (transpose.cu; GALE_WITH_CUDA builds only): the same indptr_out,
+// indices_out and perm_out, exactly. Every pointer is device memory; nnz is csr.nnz() as known on
+// the host (the host cannot read a device indptr without a synchronisation). A stable radix sort
+// of the column keys (cub::DeviceRadixSort over the bits of cols - 1, entry positions as values)
+// gives perm_out; indptr_out[c] is a binary search for c among the sorted keys and indices_out[k]
+// one for perm_out[k] in csr.indptr. Stream-ordered, never synchronises; `workspace` must hold
+// csr_transpose_cuda_workspace_bytes(csr.rows, csr.cols, nnz) bytes and stay alive until the
+// stream has passed the call. Throws InputError on bad sizes or a short workspace.
+void csr_transpose_cuda(const CsrView& csr, int64_t nnz, int64_t* indptr_out, int32_t* indices_out,
+                        int64_t* perm_out, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace gale::kernels

@@ -3,7 +3,9 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
+#include <utility>
 #include <unordered_map>
 
 #include "kernels/error.hpp"
@@ -13,13 +15,35 @@ namespace gale::sampler {
 
 using kernels::derive_key;
 
-NeighborSampler::NeighborSampler(kernels::CsrView graph, std::vector<int> fanouts)
-    : graph_(graph), fanouts_(std::move(fanouts)) {
-  if (fanouts_.empty()) throw InputError("--fanouts: expected at least one fanout");
-  for (int f : fanouts_) {
+void validate_fanouts(const std::vector<int>& fanouts) {
+  if (fanouts.empty()) throw InputError("--fanouts: expected at least one fanout");
+  for (int f : fanouts) {
     if (f == 0 || f < -1)
       throw InputError("--fanouts: expected positive fanouts (or -1 for all), found " + std::to_string(f));
   }
+}
+
+NeighborSampler::NeighborSampler(kernels::CsrView graph, std::vector<int> fanouts, Sampling sampling)
+    : graph_(graph), fanouts_(std::move(fanouts)), sampling_(sampling) {
+  validate_fanouts(fanouts_);
+  if (sampling_ == Sampling::kWeighted && graph_.weights == nullptr && graph_.nnz() > 0)
+    throw InputError("weighted sampling needs edge weights, and the graph has none");
+}
+
+void weighted_offsets(uint64_t row_key, const float* weights, int64_t degree, int64_t k, std::vector<int64_t>* out) {
+  // (priority, entry): the k smallest in this lexicographic order, so ties go to the lower entry.
+  std::vector<std::pair<double, int64_t>> keyed(static_cast<size_t>(degree));
+  for (int64_t j = 0; j < degree; ++j) {
+    const float w = weights[j];
+    if (!(w > 0.0f) || !std::isfinite(w))
+      throw InputError("weighted sampling: edge weight " + std::to_string(w) + " at offset " + std::to_string(j) +
+                       " of the row is not positive and finite");
+    keyed[static_cast<size_t>(j)] = {kernels::random_exponential(row_key, static_cast<uint64_t>(j)) / static_cast<double>(w), j};
+  }
+  std::nth_element(keyed.begin(), keyed.begin() + (k - 1), keyed.end());
+  out->resize(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) (*out)[static_cast<size_t>(i)] = keyed[static_cast<size_t>(i)].second;
+  std::sort(out->begin(), out->end());
 }
 
 namespace {
@@ -76,6 +100,13 @@ SampledBatch NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, ui
         int64_t* dst = picked.data() + indptr[i];
         if (take == deg) {
           for (int64_t j = 0; j < deg; ++j) dst[j] = graph_.indices[begin + j];
+        } else if (sampling_ == Sampling::kWeighted) {
+          try {
+            weighted_offsets(derive_key(hop_key, static_cast<uint64_t>(v)), graph_.weights + begin, deg, take, &offsets);
+          } catch (const InputError& e) {
+            throw InputError("node " + std::to_string(v) + ": " + e.what());
+          }
+          for (int64_t j = 0; j < take; ++j) dst[j] = graph_.indices[begin + offsets[j]];
         } else {
           sample_offsets(derive_key(hop_key, static_cast<uint64_t>(v)), deg, static_cast<int>(take), &offsets);
           for (int64_t j = 0; j < take; ++j) dst[j] = graph_.indices[begin + offsets[j]];

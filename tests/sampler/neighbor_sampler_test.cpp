@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -134,6 +136,131 @@ TEST(NeighborSampler, BadFanoutsAndSeedsAreInputErrors) {
   NeighborSampler sampler(g.view(), {2});
   const int64_t bad = 10;
   EXPECT_THROW(sampler.sample(&bad, 1, 0), InputError);
+}
+
+// Positive weights for every entry of g: 0.1 to 10, log-uniform.
+std::vector<float> random_weights(const TestGraph& g, uint64_t key) {
+  std::vector<float> w(g.indices.size());
+  for (size_t e = 0; e < w.size(); ++e) w[e] = std::pow(10.0f, 2.0f * kernels::random_uniform(key, e) - 1.0f);
+  return w;
+}
+
+// Upper tail of chi-square with `dof` degrees of freedom (Wilson-Hilferty normal approximation).
+double chi2_p_value(double chi2, double dof) {
+  const double z = (std::cbrt(chi2 / dof) - (1 - 2 / (9 * dof))) / std::sqrt(2 / (9 * dof));
+  return 0.5 * std::erfc(z / std::sqrt(2.0));
+}
+
+TEST(NeighborSampler, WeightedSamplesExistAreDistinctAndRespectFanouts) {
+  const TestGraph g = random_graph(400, 21);
+  const std::vector<float> weights = random_weights(g, 22);
+  kernels::CsrView csr = g.view();
+  csr.weights = weights.data();
+  const std::vector<int> fanouts = {6, 4};
+  NeighborSampler sampler(csr, fanouts, Sampling::kWeighted);
+  std::vector<int64_t> seeds = {0, 5, 17, 3, 399};
+  const SampledBatch batch = sampler.sample(seeds.data(), static_cast<int64_t>(seeds.size()), 5);
+  for (size_t l = 0; l < batch.blocks.size(); ++l) {
+    const Block& b = batch.blocks[l];
+    const int fanout = fanouts[fanouts.size() - 1 - l];
+    for (int64_t d = 0; d < b.num_dst(); ++d) {
+      const int64_t v = b.src_ids[d];
+      EXPECT_EQ(b.indptr[d + 1] - b.indptr[d], std::min<int64_t>(csr.degree(v), fanout));
+      std::set<int64_t> picked;
+      int64_t previous = -1;
+      for (int64_t e = b.indptr[d]; e < b.indptr[d + 1]; ++e) {
+        const int64_t u = b.src_ids[b.indices[e]];
+        EXPECT_TRUE(std::binary_search(csr.indices + csr.indptr[v], csr.indices + csr.indptr[v + 1], u));
+        EXPECT_GT(u, previous) << "not in graph order";  // rows are sorted, picks keep row order
+        previous = u;
+        picked.insert(u);
+      }
+    }
+  }
+  // The same key draws the same neighbours; another key others.
+  const SampledBatch again = sampler.sample(seeds.data(), static_cast<int64_t>(seeds.size()), 5);
+  EXPECT_EQ(again.blocks[0].src_ids, batch.blocks[0].src_ids);
+  const SampledBatch other = sampler.sample(seeds.data(), static_cast<int64_t>(seeds.size()), 6);
+  EXPECT_NE(other.blocks[0].src_ids, batch.blocks[0].src_ids);
+}
+
+// One neighbour of node 0 drawn per key: each with probability w / sum(w).
+TEST(NeighborSampler, WeightedSingleDrawFollowsTheWeights) {
+  const TestGraph g = random_graph(60, 23);
+  std::vector<float> weights(g.indices.size());
+  for (size_t e = 0; e < weights.size(); ++e) weights[e] = 1.0f + static_cast<float>(e % 4);  // 1 to 4
+  kernels::CsrView csr = g.view();
+  csr.weights = weights.data();
+  NeighborSampler sampler(csr, {1}, Sampling::kWeighted);
+  const int64_t degree = csr.degree(0);
+  double total = 0;
+  for (int64_t j = 0; j < degree; ++j) total += weights[static_cast<size_t>(j)];
+  const int draws = 40000;
+  std::vector<int64_t> counts(static_cast<size_t>(degree), 0);
+  const int64_t seed = 0;
+  for (int k = 0; k < draws; ++k) {
+    const Block b = sampler.sample(&seed, 1, static_cast<uint64_t>(k)).blocks[0];
+    ASSERT_EQ(b.indptr[1], 1);
+    const int64_t u = b.src_ids[b.indices[0]];
+    counts[static_cast<size_t>(std::lower_bound(g.indices.begin(), g.indices.begin() + degree, u) - g.indices.begin())]++;
+  }
+  double chi2 = 0;
+  for (int64_t j = 0; j < degree; ++j) {
+    const double expected = draws * weights[static_cast<size_t>(j)] / total;
+    chi2 += (counts[j] - expected) * (counts[j] - expected) / expected;
+  }
+  EXPECT_GT(chi2_p_value(chi2, static_cast<double>(degree - 1)), 0.001) << "chi2 " << chi2;
+}
+
+// Two neighbours of node 0 per key: neighbour j is in the pair with probability
+// p_j (1 + sum_{i != j} p_i / (1 - p_i)), p = w / sum(w) (first draw, or second after some i).
+TEST(NeighborSampler, WeightedPairsFollowSuccessiveSampling) {
+  const TestGraph g = random_graph(40, 24);
+  const std::vector<float> weights = random_weights(g, 25);
+  kernels::CsrView csr = g.view();
+  csr.weights = weights.data();
+  NeighborSampler sampler(csr, {2}, Sampling::kWeighted);
+  const int64_t degree = csr.degree(0);
+  std::vector<double> p(static_cast<size_t>(degree));
+  double total = 0;
+  for (int64_t j = 0; j < degree; ++j) total += weights[static_cast<size_t>(j)];
+  for (int64_t j = 0; j < degree; ++j) p[j] = weights[static_cast<size_t>(j)] / total;
+  double sum_ratio = 0;
+  for (int64_t i = 0; i < degree; ++i) sum_ratio += p[i] / (1 - p[i]);
+  const int draws = 30000;
+  std::vector<int64_t> counts(static_cast<size_t>(degree), 0);
+  const int64_t seed = 0;
+  for (int k = 0; k < draws; ++k) {
+    const Block b = sampler.sample(&seed, 1, static_cast<uint64_t>(k)).blocks[0];
+    ASSERT_EQ(b.indptr[1], 2);
+    for (int64_t e = 0; e < 2; ++e) {
+      const int64_t u = b.src_ids[b.indices[e]];
+      counts[static_cast<size_t>(std::lower_bound(g.indices.begin(), g.indices.begin() + degree, u) - g.indices.begin())]++;
+    }
+  }
+  double chi2 = 0;
+  for (int64_t j = 0; j < degree; ++j) {
+    const double pi = p[j] * (1 + sum_ratio - p[j] / (1 - p[j]));
+    const double expected = draws * pi;
+    chi2 += (counts[j] - expected) * (counts[j] - expected) / (expected * (1 - pi));
+  }
+  EXPECT_GT(chi2_p_value(chi2, static_cast<double>(degree - 1)), 0.001) << "chi2 " << chi2;
+}
+
+TEST(NeighborSampler, WeightedNeedsPositiveWeights) {
+  const TestGraph g = random_graph(30, 26);
+  EXPECT_THROW(NeighborSampler(g.view(), {2}, Sampling::kWeighted), InputError);
+  std::vector<float> weights(g.indices.size(), 1.0f);
+  weights[3] = 0.0f;  // an entry of node 0's row, which has 29 entries
+  kernels::CsrView csr = g.view();
+  csr.weights = weights.data();
+  NeighborSampler sampler(csr, {2}, Sampling::kWeighted);
+  const int64_t seed = 0;
+  EXPECT_THROW(sampler.sample(&seed, 1, 1), InputError);
+  weights[3] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(sampler.sample(&seed, 1, 1), InputError);
+  weights[3] = 2.0f;
+  EXPECT_NO_THROW(sampler.sample(&seed, 1, 1));
 }
 
 }  // namespace
