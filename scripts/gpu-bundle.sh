@@ -24,4 +24,7 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$out/lib/" ;;
   esac
 done
-du -sh "$out"
+# What travels to the GPU machine is limited (64 MiB with the working tree): a gzipped tarball
+# beside the folder is a fraction of it; unpack with `tar xzf DIST.tar.gz -C /tmp`.
+tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"
+du -sh "$out" "$out.tar.gz"

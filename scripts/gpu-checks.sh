@@ -3,6 +3,7 @@
 #   scripts/gpu-checks.sh DIST tests   GPU test suites, then compute-sanitizer memcheck and racecheck
 #   scripts/gpu-checks.sh DIST bench   gale bench spmm, Gale vs PyG full-graph training, GAT 4x64
 #   scripts/gpu-checks.sh DIST cora    gale train on Cora on the GPU, and the budget's exit code
+#   scripts/gpu-checks.sh DIST sbm     MaxK vs ReLU and host- vs GPU-resident features on a 1M-node SBM
 # Each prints a short summary table last. Logs go to $OUT (or /tmp) when set.
 set -uo pipefail
 dist=$(cd "${1:?usage: gpu-checks.sh DIST tests|bench|cora}" && pwd)
@@ -39,13 +40,15 @@ tests)
   run_suite memcheck-gat $cs --tool memcheck "$dist/bin/gale_gpu_gat_tests"
   run_suite memcheck-dense $cs --tool memcheck "$dist/bin/gale_gpu_dense_tests"
   run_suite memcheck-training $cs --tool memcheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*
-  for t in "$dist"/bin/gale_gpu_maxk_tests "$dist"/bin/gale_gpu_sampler_tests; do
-    [ -x "$t" ] && run_suite "memcheck-$(basename "$t")" $cs --tool memcheck "$t"
+  for t in maxk sampler transpose gather; do
+    run_suite "memcheck-$t" $cs --tool memcheck "$dist/bin/gale_gpu_${t}_tests"
   done
+  run_suite memcheck-feature-tiers $cs --tool memcheck "$dist/bin/gale_gpu_feature_tiers_tests" --gtest_filter=-*MiniBatch*
   run_suite racecheck-spmm $cs --tool racecheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*
   run_suite racecheck-gat $cs --tool racecheck "$dist/bin/gale_gpu_gat_tests" --gtest_filter=*Backward*
   run_suite racecheck-training $cs --tool racecheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*gcn*:*GpuModelStep*gat*
-  [ -x "$dist/bin/gale_gpu_maxk_tests" ] && run_suite racecheck-maxk $cs --tool racecheck "$dist/bin/gale_gpu_maxk_tests"
+  run_suite racecheck-maxk $cs --tool racecheck "$dist/bin/gale_gpu_maxk_tests" --gtest_filter=*Small*:*TopK*:*EdgeGroups*
+  run_suite racecheck-sampler $cs --tool racecheck "$dist/bin/gale_gpu_sampler_tests"
   ;;
 cora)
   gale preprocess "$dist/data/cora" -o /tmp/cora.gale --normalize-features row --force > /dev/null
@@ -67,7 +70,20 @@ bench)
   run_suite gat-4x64 gale bench train /tmp/rmat.gale --models gat --hidden 64 --heads 4 --epochs 3 --warmup 1
   cat "$logs/bench-spmm.log" "$logs/compare-fp32.log" "$logs/compare-tf32.log" "$logs/gat-4x64.log"
   ;;
-*) echo "gpu-checks.sh: expected tests, bench or cora, found '$what'" >&2; exit 2 ;;
+sbm)
+  gale preprocess --generate sbm:nodes=1M,classes=16,avg-degree=20,feature-dim=128,seed=1 -o /tmp/sbm.gale --force > "$logs/sbm-gen.log" 2>&1
+  for a in relu maxk:32; do
+    run_suite "sbm-full-$a" gale train /tmp/sbm.gale --device cuda --model sage --layers 3 --hidden 256 --activation $a --epochs 30 --seed 1 -q
+    summary[-1]="${summary[-1]} $(tail -1 "$logs/sbm-full-$a.log")"
+  done
+  for f in resident host; do
+    extra=(); [ $f = host ] && extra=(--feature-gpu-mem 64M)
+    run_suite "sbm-minibatch-$f" gale train /tmp/sbm.gale --device cuda --model sage --layers 2 --hidden 128 --fanouts 10,10 \
+      --batch-size 1024 --epochs 3 --seed 1 --metrics "$logs/sbm-$f.jsonl" "${extra[@]}" -q
+    summary[-1]="${summary[-1]} $(tail -1 "$logs/sbm-minibatch-$f.log")"
+  done
+  ;;
+*) echo "gpu-checks.sh: expected tests, bench, cora or sbm, found '$what'" >&2; exit 2 ;;
 esac
 printf '\n== summary (%s) ==\n' "$what"
 printf '%s\n' "${summary[@]}"
