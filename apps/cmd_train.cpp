@@ -75,7 +75,7 @@ int run_train(const std::vector<std::string>& args) {
       ("no-match", po::bool_switch(&no_match), "mini-batch on a GPU: do not reuse the previous batch's features")
       ("feature-gpu-mem", po::value(&feature_gpu), "mini-batch on a GPU: room for features there, e.g. 2G (default: half the budget); "
                                                     "too small for all of them keeps a cache of hot nodes and the rest in pinned host memory")
-      ("eval", po::value(&eval), "auto | full (whole-graph inference) | sampled (training fanouts)")
+      ("eval", po::value(&eval), "auto | full (whole-graph inference) | batched (the same, a batch of nodes at a time)")
       ("model", po::value(&model), "gcn | sage | gin | gat")
       ("layers", po::value(&layers), "number of GNN layers")
       ("hidden", po::value(&hidden), "hidden width (GAT: per head)")
@@ -154,10 +154,10 @@ int run_train(const std::vector<std::string>& args) {
   }
   if (eval == "auto") o.eval = engine::TrainOptions::Eval::kAuto;
   else if (eval == "full") o.eval = engine::TrainOptions::Eval::kFull;
-  else if (eval == "sampled") o.eval = engine::TrainOptions::Eval::kSampled;
-  else throw InputError("--eval: expected auto, full or sampled, found '" + eval + "'");
-  if (o.eval == engine::TrainOptions::Eval::kSampled && fanouts.empty())
-    throw InputError("--eval sampled: needs --fanouts (mini-batch training)");
+  else if (eval == "batched") o.eval = engine::TrainOptions::Eval::kBatched;
+  else throw InputError("--eval: expected auto, full or batched, found '" + eval + "'");
+  if (o.eval == engine::TrainOptions::Eval::kBatched && fanouts.empty())
+    throw InputError("--eval batched: needs --fanouts (mini-batch training)");
   o.exec.tf32 = tf32;
   if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1");
   if (o.threads < 0) throw InputError("--threads: expected 0 (all cores) or more");

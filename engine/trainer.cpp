@@ -166,11 +166,14 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   }
 
   const bool attention = opt.model.model == "gat";
-  std::unique_ptr<sampler::NeighborSampler> sampler;
+  std::unique_ptr<sampler::NeighborSampler> sampler, eval_sampler;
   std::vector<int64_t> in_degree;
   std::unique_ptr<BatchFeatures> batch_features;
   if (!opt.full_graph) {
     sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), opt.fanouts);
+    // Batched evaluation takes every neighbour (fanout -1): the same function as full-graph
+    // inference, computed a batch of nodes at a time.
+    eval_sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), std::vector<int>(opt.fanouts.size(), -1));
     in_degree.resize(static_cast<size_t>(n));
     const int64_t* indptr = store.indptr();
     for (int64_t v = 0; v < n; ++v) in_degree[v] = indptr[v + 1] - indptr[v];
@@ -208,8 +211,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
 
   // Sampled blocks of a batch of seeds as graph operands (with each source's full-graph in-degree
   // for the GCN norm), still on the host.
-  auto prepare_blocks = [&](PreparedBatch* p, const int64_t* seeds, int64_t len, uint64_t key) {
-    p->batch = sampler->sample(seeds, len, key);
+  auto prepare_blocks = [&](PreparedBatch* p, const sampler::NeighborSampler& s, const int64_t* seeds, int64_t len,
+                            uint64_t key) {
+    p->batch = s.sample(seeds, len, key);
     for (const sampler::Block& block : p->batch.blocks) {
       std::vector<int64_t> deg(block.src_ids.size());
       for (size_t i = 0; i < deg.size(); ++i) deg[i] = in_degree[block.src_ids[i]];
@@ -233,14 +237,14 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     const Tensor x = batch_features ? batch_features->load(p->batch.input_nodes()) : p->features.to(dev);
     return model.forward(graphs, x, training, key);
   };
-  // Accuracy over `ids` with sampled blocks (Eval::kSampled), in batches of the training size.
+  // Accuracy over `ids` with all-neighbour blocks (Eval::kBatched), in batches of the training size.
   auto sampled_accuracy = [&](const std::vector<int64_t>& ids, uint64_t key) {
     if (ids.empty()) return 0.0;
     int64_t correct = 0;
     for (size_t b = 0; b < ids.size(); b += static_cast<size_t>(opt.batch_size)) {
       const int64_t len = std::min<int64_t>(opt.batch_size, static_cast<int64_t>(ids.size() - b));
       PreparedBatch p;
-      prepare_blocks(&p, ids.data() + b, len, kernels::derive_key(key, b));
+      prepare_blocks(&p, *eval_sampler, ids.data() + b, len, kernels::derive_key(key, b));
       const Tensor logits = forward_batch(&p, /*training=*/false, 0);
       std::vector<int32_t> y(static_cast<size_t>(len));
       std::vector<int64_t> rows(static_cast<size_t>(len));
@@ -284,7 +288,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           [&](int64_t b) {
             auto p = std::make_unique<PreparedBatch>();
             const int64_t len = plan.batch_length(b);
-            prepare_blocks(p.get(), plan.batch(b), len, kernels::derive_key(epoch_key, static_cast<uint64_t>(b)));
+            prepare_blocks(p.get(), *sampler, plan.batch(b), len, kernels::derive_key(epoch_key, static_cast<uint64_t>(b)));
             p->labels.resize(static_cast<size_t>(len));
             for (int64_t i = 0; i < len; ++i) p->labels[i] = labels[plan.batch(b)[i]];
             return p;
@@ -318,8 +322,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       }
     }
 
-    // Evaluation in inference mode (no dropout): full-neighbourhood over the whole graph, or with
-    // the training fanouts when the graph's features do not all fit on the GPU.
+    // Evaluation in inference mode (no dropout), full-neighbourhood: over the whole graph at once,
+    // or a batch of nodes at a time when the graph's features do not all fit on the GPU.
     const auto t_eval = Clock::now();
     if (full_eval) {
       Tensor logits = model.forward(full_graphs(), features(), /*training=*/false, 0);

@@ -46,10 +46,11 @@ struct TrainOptions {
   // Mini-batch on a GPU: what the input features may occupy there (all rows when they fit, else a
   // cache of the hottest nodes with every row in pinned host memory). 0: half of the GPU budget.
   uint64_t feature_gpu_bytes = 0;
-  // Evaluation: kFull = full-neighbourhood inference over the whole graph (needs the graph and every
-  // feature on the device); kSampled = the training fanouts on the evaluation nodes, in batches;
-  // kAuto = full unless mini-batch features do not all fit on the GPU.
-  enum class Eval { kAuto, kFull, kSampled };
+  // Evaluation, always full-neighbourhood inference: kFull over the whole graph at once (needs the
+  // graph and every feature on the device); kBatched a batch of evaluation nodes at a time, each
+  // with all of its neighbours (the same function, bounded memory); kAuto = full unless mini-batch
+  // features do not all fit on the GPU.
+  enum class Eval { kAuto, kFull, kBatched };
   Eval eval = Eval::kAuto;
 };
 

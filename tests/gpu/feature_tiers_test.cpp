@@ -182,7 +182,7 @@ TEST(GpuMiniBatch, HostResidentFeaturesLearnAsWell) {
   engine::TrainOptions host = o;
   host.feature_gpu_bytes = 64 << 10;  // room for the slot table and a handful of hot rows only
   const engine::TrainResult from_host = engine::train(host);
-  std::printf("  resident: test %.3f; host-resident (sampled eval): test %.3f, host-to-GPU bytes last epoch %lld\n",
+  std::printf("  resident: test %.3f; host-resident (batched eval): test %.3f, host-to-GPU bytes last epoch %lld\n",
               resident.test_acc_at_best_valid, from_host.test_acc_at_best_valid,
               static_cast<long long>(from_host.last.host_to_gpu_bytes));
   EXPECT_GE(resident.test_acc_at_best_valid, 0.75);
