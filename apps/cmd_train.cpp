@@ -73,6 +73,7 @@ int run_train(const std::vector<std::string>& args) {
       ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
       ("no-match", po::bool_switch(&no_match), "mini-batch on a GPU: do not reuse the previous batch's features")
+      ("reorder-window", po::value(&o.reorder_window), "mini-batch: reorder each window of this many batches for reuse (0: off)")
       ("feature-gpu-mem", po::value(&feature_gpu), "mini-batch on a GPU: room for features there, e.g. 2G (default: half the budget); "
                                                     "too small for all of them keeps a cache of hot nodes and the rest in pinned host memory")
       ("eval", po::value(&eval), "auto | full (whole-graph inference) | batched (the same, a batch of nodes at a time)")
@@ -148,6 +149,7 @@ int run_train(const std::vector<std::string>& args) {
   }
   o.exec.spmm = parse_spmm_kind(spmm);
   o.match = !no_match;
+  if (o.reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
   if (!feature_gpu.empty()) {
     o.feature_gpu_bytes = parse_size(feature_gpu, "--feature-gpu-mem");
     if (o.feature_gpu_bytes == 0) throw InputError("--feature-gpu-mem: expected a positive size such as 2G");

@@ -284,7 +284,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       const scheduler::EpochPlan plan(train_ids, opt.batch_size, opt.seed, epoch);
       double loss_sum = 0;
       const auto times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
-          plan.num_batches(), opt.prefetch,
+          plan.num_batches(), opt.prefetch, opt.reorder_window,
           [&](int64_t b) {
             auto p = std::make_unique<PreparedBatch>();
             const int64_t len = plan.batch_length(b);
@@ -292,6 +292,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
             p->labels.resize(static_cast<size_t>(len));
             for (int64_t i = 0; i < len; ++i) p->labels[i] = labels[plan.batch(b)[i]];
             return p;
+          },
+          [](const std::unique_ptr<PreparedBatch>& p) -> const std::vector<int64_t>& {
+            return p->batch.input_nodes();
           },
           [&](int64_t b, std::unique_ptr<PreparedBatch>& p) {
             model.zero_grad();
@@ -311,6 +314,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       m.compute_s = times.consume_s;
       m.wait_s = times.wait_s;
       m.batches = plan.num_batches();
+      m.input_nodes = times.reuse.nodes;
+      m.reused_nodes = times.reuse.reused;
+      m.reused_nodes_sampled_order = times.reuse.reused_sampled_order;
+      m.reorder_s = times.reorder_s;
       if (batch_features) {
         const FeatureLoadStats f = batch_features->take_stats();
         m.feature_rows = f.rows;
@@ -356,6 +363,12 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
                           {"sample_s", m.sample_s},   {"compute_s", m.compute_s}, {"wait_s", m.wait_s},
                           {"eval_s", m.eval_s},       {"batches", m.batches}};
       if (dev.is_cuda()) j["gpu_peak_bytes"] = m.gpu_peak_bytes;
+      if (!opt.full_graph) {
+        j["input_nodes"] = m.input_nodes;
+        j["reused_nodes"] = m.reused_nodes;
+        j["reused_nodes_sampled_order"] = m.reused_nodes_sampled_order;
+        j["reorder_s"] = m.reorder_s;
+      }
       if (batch_features) {
         j["feature_rows"] = {{"total", m.feature_rows}, {"previous_batch", m.rows_previous}, {"gpu", m.rows_device},
                              {"gpu_cache", m.rows_cache}, {"host", m.rows_host}};

@@ -43,6 +43,9 @@ struct TrainOptions {
   std::string gpu_mem_budget_text;
   // Mini-batch on a GPU: reuse the rows the previous batch brought to the GPU (FastGL's match).
   bool match = true;
+  // Mini-batch: sample this many batches ahead and train them in FastGL's greedy match-reorder
+  // order (scheduler/match_reorder.hpp); 0 keeps the sampled order.
+  int reorder_window = 0;
   // Mini-batch on a GPU: what the input features may occupy there (all rows when they fit, else a
   // cache of the hottest nodes with every row in pinned host memory). 0: half of the GPU budget.
   uint64_t feature_gpu_bytes = 0;
@@ -69,6 +72,10 @@ struct EpochMetrics {
   // Mini-batch: input feature rows by where they came from (engine/batch_features.hpp).
   int64_t feature_rows = 0, rows_previous = 0, rows_device = 0, rows_cache = 0, rows_host = 0;
   int64_t host_to_gpu_bytes = 0;
+  // Mini-batch: input nodes over the epoch, and how many of them the previous batch held, in the
+  // trained order and had the sampled order been kept (the match-reorder's gain is the difference).
+  int64_t input_nodes = 0, reused_nodes = 0, reused_nodes_sampled_order = 0;
+  double reorder_s = 0;
 };
 
 struct TrainResult {

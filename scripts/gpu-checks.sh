@@ -73,14 +73,20 @@ bench)
 sbm)
   gale preprocess --generate sbm:nodes=1M,classes=16,avg-degree=20,feature-dim=128,seed=1 -o /tmp/sbm.gale --force > "$logs/sbm-gen.log" 2>&1
   for a in relu maxk:32; do
-    run_suite "sbm-full-$a" gale train /tmp/sbm.gale --device cuda --model sage --layers 3 --hidden 256 --activation $a --epochs 30 --seed 1 -q
+    run_suite "sbm-full-$a" gale train /tmp/sbm.gale --device cuda --model sage --layers 3 --hidden 256 --activation $a --epochs 200 --seed 1 -q
     summary[-1]="${summary[-1]} $(tail -1 "$logs/sbm-full-$a.log")"
   done
-  for f in resident host; do
-    extra=(); [ $f = host ] && extra=(--feature-gpu-mem 64M)
+  for f in resident host host-nomatch host-reorder; do
+    extra=()
+    case $f in
+      host) extra=(--feature-gpu-mem 64M) ;;
+      host-nomatch) extra=(--feature-gpu-mem 64M --no-match) ;;
+      host-reorder) extra=(--feature-gpu-mem 64M --reorder-window 8) ;;
+    esac
     run_suite "sbm-minibatch-$f" gale train /tmp/sbm.gale --device cuda --model sage --layers 2 --hidden 128 --fanouts 10,10 \
       --batch-size 1024 --epochs 3 --seed 1 --metrics "$logs/sbm-$f.jsonl" "${extra[@]}" -q
     summary[-1]="${summary[-1]} $(tail -1 "$logs/sbm-minibatch-$f.log")"
+    summary+=("  last epoch: $(grep -v final "$logs/sbm-$f.jsonl" | tail -1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print({k: d.get(k) for k in ("epoch_s","sample_s","compute_s","host_to_gpu_bytes","feature_rows","reused_nodes","reused_nodes_sampled_order")})')")
   done
   ;;
 *) echo "gpu-checks.sh: expected tests, bench, cora or sbm, found '$what'" >&2; exit 2 ;;
