@@ -19,7 +19,7 @@
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
-#include "tests/training/cora_store.hpp"
+#include "tests/training/cora_options.hpp"
 
 namespace gale::engine {
 namespace {
@@ -173,41 +173,8 @@ class GpuCora : public ::testing::Test {
   }
 };
 
-TrainOptions pyg_options(const std::string& model) {
-  TrainOptions o;
-  o.store = testing::cora_store();
-  o.device = Device::cuda(0);
-  o.model.model = model;
-  o.model.layers = 2;
-  o.model.hidden = 16;
-  o.model.dropout = 0.5f;
-  o.epochs = 200;
-  o.lr = 0.01f;
-  o.weight_decay = 5e-4f;
-  if (model == "gin") o.model.gin_mlp_layers = 1;
-  if (model == "gat") {
-    o.model.hidden = 8;
-    o.model.heads = 8;
-    o.model.dropout = 0.6f;
-    o.model.attn_dropout = 0.6f;
-    o.model.activation = Activation::kElu;
-    o.lr = 0.005f;
-  }
-  return o;
-}
-
-double mean_test_accuracy(TrainOptions o, int seeds) {
-  double sum = 0;
-  for (int s = 0; s < seeds; ++s) {
-    o.seed = static_cast<uint64_t>(s);
-    const TrainResult r = train(o);
-    std::printf("  gpu %s seed %d: best valid %.3f, test %.3f\n", o.model.model.c_str(), s, r.best_valid_acc,
-                r.test_acc_at_best_valid);
-    sum += r.test_acc_at_best_valid;
-  }
-  std::printf("  gpu %s mean test accuracy %.4f\n", o.model.model.c_str(), sum / seeds);
-  return sum / seeds;
-}
+TrainOptions pyg_options(const std::string& model) { return testing::pyg_options(model, Device::cuda(0)); }
+using testing::mean_test_accuracy;
 
 // The CPU thresholds of tests/training/cora_accuracy_test.cpp.
 TEST_F(GpuCora, GcnReachesPyg) { EXPECT_GE(mean_test_accuracy(pyg_options("gcn"), 5), 0.80); }

@@ -8,45 +8,13 @@
 #include <cstdio>
 
 #include "engine/trainer.hpp"
-#include "tests/training/cora_store.hpp"
+#include "tests/training/cora_options.hpp"
 
 namespace gale::engine {
 namespace {
 
-double mean_test_accuracy(TrainOptions o, int seeds) {
-  double sum = 0;
-  for (int s = 0; s < seeds; ++s) {
-    o.seed = static_cast<uint64_t>(s);
-    const TrainResult r = train(o);
-    std::printf("  %s seed %d: best valid %.3f, test %.3f (epoch %lld)\n", o.model.model.c_str(), s,
-                r.best_valid_acc, r.test_acc_at_best_valid, static_cast<long long>(r.best_epoch));
-    sum += r.test_acc_at_best_valid;
-  }
-  return sum / seeds;
-}
-
-TrainOptions pyg_options(const std::string& model) {
-  TrainOptions o;
-  o.store = testing::cora_store();
-  o.model.model = model;
-  o.model.layers = 2;
-  o.model.hidden = 16;
-  o.model.dropout = 0.5f;
-  o.epochs = 200;
-  o.lr = 0.01f;
-  o.weight_decay = 5e-4f;
-  // PyG's reference GIN is GINConv(Linear): one linear layer as the MLP (anchors/pyg_accuracy.py).
-  if (model == "gin") o.model.gin_mlp_layers = 1;
-  if (model == "gat") {
-    o.model.hidden = 8;
-    o.model.heads = 8;
-    o.model.dropout = 0.6f;
-    o.model.attn_dropout = 0.6f;
-    o.model.activation = Activation::kElu;
-    o.lr = 0.005f;
-  }
-  return o;
-}
+using testing::mean_test_accuracy;
+using testing::pyg_options;
 
 TEST(CoraAccuracy, GcnReachesPyg) { EXPECT_GE(mean_test_accuracy(pyg_options("gcn"), 5), 0.80); }
 TEST(CoraAccuracy, SageReachesPyg) { EXPECT_GE(mean_test_accuracy(pyg_options("sage"), 5), 0.79); }
