@@ -76,7 +76,7 @@ int run_train(const std::vector<std::string>& args) {
       ("reorder-window", po::value(&o.reorder_window), "mini-batch: reorder each window of this many batches for reuse (0: off)")
       ("feature-gpu-mem", po::value(&feature_gpu), "mini-batch on a GPU: room for features there, e.g. 2G (default: half the budget); "
                                                     "too small for all of them keeps a cache of hot nodes and the rest in pinned host memory")
-      ("eval", po::value(&eval), "auto | full (whole-graph inference) | batched (the same, a batch of nodes at a time)")
+      ("eval", po::value(&eval), "auto | full (whole-graph inference) | batched (the same, a batch of nodes at a time) | none")
       ("model", po::value(&model), "gcn | sage | gin | gat")
       ("layers", po::value(&layers), "number of GNN layers")
       ("hidden", po::value(&hidden), "hidden width (GAT: per head)")
@@ -157,7 +157,8 @@ int run_train(const std::vector<std::string>& args) {
   if (eval == "auto") o.eval = engine::TrainOptions::Eval::kAuto;
   else if (eval == "full") o.eval = engine::TrainOptions::Eval::kFull;
   else if (eval == "batched") o.eval = engine::TrainOptions::Eval::kBatched;
-  else throw InputError("--eval: expected auto, full or batched, found '" + eval + "'");
+  else if (eval == "none") o.eval = engine::TrainOptions::Eval::kNone;
+  else throw InputError("--eval: expected auto, full, batched or none, found '" + eval + "'");
   if (o.eval == engine::TrainOptions::Eval::kBatched && fanouts.empty())
     throw InputError("--eval batched: needs --fanouts (mini-batch training)");
   o.exec.tf32 = tf32;

@@ -332,7 +332,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     // Evaluation in inference mode (no dropout), full-neighbourhood: over the whole graph at once,
     // or a batch of nodes at a time when the graph's features do not all fit on the GPU.
     const auto t_eval = Clock::now();
-    if (full_eval) {
+    if (opt.eval == TrainOptions::Eval::kNone) {
+      // No evaluation: the accuracies stay 0 and the last epoch counts as the best.
+    } else if (full_eval) {
       Tensor logits = model.forward(full_graphs(), features(), /*training=*/false, 0);
       m.train_acc = accuracy(logits, labels_all, train_rows);
       m.valid_acc = accuracy(logits, labels_all, valid_rows);

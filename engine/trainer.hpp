@@ -52,8 +52,8 @@ struct TrainOptions {
   // Evaluation, always full-neighbourhood inference: kFull over the whole graph at once (needs the
   // graph and every feature on the device); kBatched a batch of evaluation nodes at a time, each
   // with all of its neighbours (the same function, bounded memory); kAuto = full unless mini-batch
-  // features do not all fit on the GPU.
-  enum class Eval { kAuto, kFull, kBatched };
+  // features do not all fit on the GPU; kNone skips it (timing runs; accuracies are then 0).
+  enum class Eval { kAuto, kFull, kBatched, kNone };
   Eval eval = Eval::kAuto;
 };
 
