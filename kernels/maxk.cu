@@ -48,15 +48,24 @@ constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
 
 // ---- keys and small helpers -----------------------------------------------------------------
 
-// Order-preserving key of a float (maxk_cpu.cpp's order_key): larger floats, larger keys.
-__device__ __forceinline__ uint32_t order_key(float v) {
-  const uint32_t b = __float_as_uint(v);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+// Order-preserving key of a float's bits (maxk_cpu.cpp's order_key): larger floats, larger keys.
+// Negative: all bits flipped; positive: the sign bit set. One shift and one xor.
+__device__ __forceinline__ uint32_t order_key_bits(uint32_t b) {
+  return b ^ (static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u);
 }
 
 // The float a key came from, bit for bit (NaN payloads included).
 __device__ __forceinline__ float key_value(uint32_t key) {
-  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+  return __uint_as_float(key ^ (~static_cast<uint32_t>(static_cast<int32_t>(key) >> 31) | 0x80000000u));
+}
+
+// n + (a >= b) for b > 0, in two instructions: a + (2^32 - b) carries out exactly when a >= b.
+__device__ __forceinline__ int add_if_at_least(int n, uint32_t a, uint32_t minus_b) {
+  int r;
+  asm("{\n\t.reg .u32 d;\n\tadd.cc.u32 d, %1, %2;\n\taddc.u32 %0, %3, 0;\n\t}"
+      : "=r"(r)
+      : "r"(a), "r"(minus_b), "r"(n));
+  return r;
 }
 
 __device__ __forceinline__ unsigned lanemask_lt(int lane) { return (1u << lane) - 1u; }
@@ -125,13 +134,12 @@ __host__ __device__ constexpr int topk_rows_per_warp() {
   return VPT <= 16 ? 4 : 1;
 }
 
+// The row's values at columns j * 32 + lane (immediate offsets from one per-lane address).
 template <int VPT>
 __device__ __forceinline__ void load_row(const float* __restrict__ xr, int width, int lane, uint32_t (&raw)[VPT]) {
+  const float* xl = xr + lane;
 #pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    const int c = j * kWarp + lane;
-    raw[j] = c < width ? __float_as_uint(__ldg(xr + c)) : 0u;
-  }
+  for (int j = 0; j < VPT; ++j) raw[j] = j * kWarp + lane < width ? __float_as_uint(__ldg(xl + j * kWarp)) : 0u;
 }
 
 template <int VPT, typename I>
@@ -158,7 +166,7 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
         const int c = j * kWarp + lane;
         key[j] = 0u;
         if (c < width) {
-          key[j] = order_key(__uint_as_float(raw[j]));
+          key[j] = order_key_bits(raw[j]);
           lo = min(lo, key[j]);
           hi = max(hi, key[j]);
         }
@@ -183,7 +191,7 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
           const uint32_t cand = t_key | (1u << b);
           int n = 0;
 #pragma unroll
-          for (int j = 0; j < VPT; ++j) n += key[j] >= cand ? 1 : 0;  // invalid key 0 < cand
+          for (int j = 0; j < VPT; ++j) n = add_if_at_least(n, key[j], 0u - cand);  // invalid key 0 < cand
           n = warp_sum(n);
           if (n >= k) {
             t_key = cand;
@@ -351,32 +359,46 @@ size_t scan_temp_bytes(int64_t items) {
 
 // ---- aggregations -----------------------------------------------------------------------------
 //
-// Both aggregations run on sub-warps of L lanes (k rounded up to a power of two, at least
-// kMinLanes so that a row of the slot is written in whole 128-byte lines, at most a warp, which
-// then loops over the k values). Each sub-warp owns a width-float slot of shared memory and one
-// work item, and never waits for another sub-warp: the kernels have no block barriers, only
-// __syncwarp over the sub-warp's lanes.
+// Both aggregations give each warp one work item at a time and a persistent grid (warps loop over
+// the items, so no block idles behind its slowest warp). All 32 lanes of a warp always work on the
+// same item: shuffles and __syncwarp are full-warp, and no instruction is issued once per part of
+// a warp. Sources are 32-bit, so every gather address is one wide multiply-add of the source by
+// the row's byte size onto a per-lane base.
 
-constexpr int kMinLanes = 8;
-constexpr int kAggMaxThreads = 256;
-// At least 4 full blocks per SM (32 warps): at most 64 registers a thread.
+// The tuning constants below; a benchmarking build may override them (-DGALE_MAXK_HUB_DEGREE=...).
+#ifndef GALE_MAXK_GATHER
+#define GALE_MAXK_GATHER 8
+#endif
+#ifndef GALE_MAXK_SCATTER
+#define GALE_MAXK_SCATTER 4
+#endif
+#ifndef GALE_MAXK_CHUNK_GROUPS
+#define GALE_MAXK_CHUNK_GROUPS 4
+#endif
+#ifndef GALE_MAXK_HUB_DEGREE
+#define GALE_MAXK_HUB_DEGREE 128
+#endif
+
+constexpr int kAggThreads = 256;
+constexpr int kAggWarps = kAggThreads / kWarp;
+// At least 4 blocks of 8 warps per SM: at most 64 registers a thread.
 constexpr int kAggMinBlocks = 4;
-// Slot memory per block: 16 sub-warps of width 1024, 4 of width 4096 (above the default 48 KiB,
-// raised with cudaFuncSetAttribute).
+// Slot memory per block, at most: wide rows get fewer warps per block (1 KiB a slot at width 256,
+// 16 KiB at 4096; the limit is raised above the default 48 KiB with cudaFuncSetAttribute).
 constexpr int64_t kSlotBudget = 64 * 1024;
-// SpGEMM: entries whose value and column loads are in flight together (divides kMinLanes).
-constexpr int kGather = 8;
-// SSpMM: steps (of L / lanes-per-entry entries each) whose column loads are in flight together.
-constexpr int kScatter = 4;
-// Edge groups per work item of the group walks (at most kMinLanes: one lane loads each).
-constexpr int kChunkGroups = 4;
-// SpGEMM rows with at most this many entries are summed whole by one sub-warp and written once
-// with plain stores (bias and self term included). Longer rows ("hubs": about 7% of an R-MAT
-// graph's rows but 80% of its entries) are set to bias + self term by a first kernel and
-// accumulated edge group by edge group, each run of a row's groups in a work item adding its sum
-// with float4 atomics. The split depends on the degree alone, never on the group table's group
-// size, so any table of the graph gives the same result.
-constexpr int64_t kHubDegree = 128;
+// SpGEMM: steps (one entry per lane group each) whose value and column loads are in flight together.
+constexpr int kGather = GALE_MAXK_GATHER;
+// SSpMM: steps (32 / lanes-per-entry entries each) whose column loads are in flight together.
+constexpr int kScatter = GALE_MAXK_SCATTER;
+// Edge groups per work item of the group walks (lane g < kChunkGroups loads group g).
+constexpr int kChunkGroups = GALE_MAXK_CHUNK_GROUPS;
+// SpGEMM rows with at most this many entries are summed whole by one warp and written once with
+// plain stores (bias and self term included). Longer rows ("hubs": on R-MAT scale 21, 4% of the
+// rows but 77% of the entries) are set to bias + self term by a first kernel and accumulated edge
+// group by edge group, each run of a row's groups in a work item adding its sum with float4
+// atomics. The split depends on the degree alone, never on the group table's group size, so any
+// table of the graph gives the same result.
+constexpr int64_t kHubDegree = GALE_MAXK_HUB_DEGREE;
 
 struct AggParams {
   // The graph.
@@ -394,7 +416,7 @@ struct AggParams {
   const void* index = nullptr;
   int width = 0;
   int k = 0;
-  // Work items: SpGEMM's are `tiles` tiles of L rows and the group chunks, interleaved; SSpMM's
+  // Work items: SpGEMM's are `tiles` tiles of 32 rows and the group chunks, interleaved; SSpMM's
   // the group chunks.
   int64_t tiles = 0;
   int64_t items = 0;
@@ -414,16 +436,6 @@ struct AggParams {
   float* grad_values = nullptr;
 };
 
-// The lanes of this thread's sub-warp of L lanes.
-template <int L>
-__device__ __forceinline__ unsigned sub_mask() {
-  if constexpr (L == kWarp) {
-    return kFull;
-  } else {
-    return ((1u << L) - 1u) << ((threadIdx.x % kWarp) & ~(L - 1));
-  }
-}
-
 __device__ __forceinline__ int64_t group_total(const AggParams& p) {
   return p.count != nullptr ? min(*p.count, p.capacity) : p.capacity;
 }
@@ -439,8 +451,7 @@ __device__ __forceinline__ EdgeGroup load_group(const EdgeGroup* groups, int64_t
   return e;
 }
 
-// Source and coefficient (col_scale[src] * edge_weight[e]) of entry start + base + l, for the
-// lanes below m; 0 and 0 for the others.
+// Source and coefficient (col_scale[src] * edge_weight[e]) of entry e when valid, else 0 and 0.
 __device__ __forceinline__ void load_entry(const AggParams& p, int64_t e, bool valid, int32_t* src, float* coef) {
   *src = 0;
   *coef = 0.0f;
@@ -452,74 +463,107 @@ __device__ __forceinline__ void load_entry(const AggParams& p, int64_t e, bool v
   }
 }
 
+// Element `src` of rows of `row_bytes` bytes from a per-lane base: one wide multiply-add.
+template <typename T>
+__device__ __forceinline__ const T* row_at(const T* base, uint32_t src, uint32_t row_bytes) {
+  return reinterpret_cast<const T*>(reinterpret_cast<const char*>(base) + static_cast<uint64_t>(src) * row_bytes);
+}
+
 // SpGEMM's inner loop: adds coef_e * x[src_e] for the entries [start, start + count) into the
-// slot. Lane l loads entry base + l's source and coefficient; then the sub-warp takes the entries
-// kGather at a time, lane t reading value t (and t + L, ... when k > L) of each with all their
-// loads in flight, and adds them into the slot one entry after the other. One entry's columns are
-// distinct, but two entries can share a column held by different lanes: __syncwarp between.
+// warp's slots. The warp is P = 32 / L lane groups of L lanes, group h with its own slot: lane l
+// loads entry base + l's source and coefficient, then step s gives entry u0 + s * P + h to group
+// h, whose lane t reads value t (and t + L, ... when k > L) of it. kGather steps have all their
+// loads in flight before the adds, which go one step after the other: one entry's columns are
+// distinct, but two entries of a group can share a column held by different lanes.
 template <int L, typename I>
-__device__ __forceinline__ void spgemm_accumulate(const AggParams& p, int64_t start, int count, float* slot, int l,
-                                                  unsigned mask) {
-  const I* index = static_cast<const I*>(p.index);
-  const int k = p.k;
-  for (int base = 0; base < count; base += L) {
-    const int m = min(L, count - base);
+__device__ __forceinline__ void spgemm_accumulate(const AggParams& p, int64_t start, int count, float* slots,
+                                                  int lane) {
+  constexpr int P = kWarp / L;
+  const int h = lane / L;
+  const uint32_t tl = lane % L, k = p.k;
+  float* slot = slots + h * p.width;
+  const uint32_t value_bytes = k * sizeof(float), index_bytes = k * sizeof(I);
+  for (int base = 0; base < count; base += kWarp) {
+    const int m = min(kWarp, count - base);
     int32_t my_src;
     float my_coef;
-    load_entry(p, start + base + l, l < m, &my_src, &my_coef);
-    for (int u0 = 0; u0 < m; u0 += kGather) {
-      for (int t0 = 0; t0 < k; t0 += L) {
-        const int t = t0 + l;
+    load_entry(p, start + base + lane, lane < m, &my_src, &my_coef);
+    for (int u0 = 0; u0 < m; u0 += P * kGather) {
+      for (uint32_t t = tl; t - tl < k; t += L) {
+        const float* values = p.values + t;
+        const I* index = static_cast<const I*>(p.index) + t;
         float v[kGather];
         int col[kGather];
 #pragma unroll
-        for (int u = 0; u < kGather; ++u) {
-          const int32_t src = __shfl_sync(mask, my_src, u0 + u, L);
-          v[u] = 0.0f;
-          col[u] = 0;
-          if (u0 + u < m && t < k) {
-            const int64_t at = static_cast<int64_t>(src) * k + t;
-            v[u] = __ldg(p.values + at);
-            col[u] = __ldg(index + at);
+        for (int s = 0; s < kGather; ++s) {
+          const int u = u0 + s * P + h;
+          const uint32_t src = static_cast<uint32_t>(__shfl_sync(kFull, my_src, u & (kWarp - 1)));
+          v[s] = 0.0f;
+          col[s] = 0;
+          if (u < m && t < k) {
+            v[s] = __ldg(row_at(values, src, value_bytes));
+            col[s] = __ldg(row_at(index, src, index_bytes));
           }
         }
 #pragma unroll
-        for (int u = 0; u < kGather; ++u) {
-          const float coef = __shfl_sync(mask, my_coef, u0 + u, L);
-          if (u0 + u < m && t < k) slot[col[u]] += coef * v[u];
-          __syncwarp(mask);
+        for (int s = 0; s < kGather; ++s) {
+          const int u = u0 + s * P + h;
+          const float coef = __shfl_sync(kFull, my_coef, u & (kWarp - 1));
+          if (u < m && t < k) slot[col[s]] += coef * v[s];
+          __syncwarp();
         }
       }
     }
   }
 }
 
-// Writes out row r from the slot (which holds the row's sum and is left zeroed): rs * sum, plus
-// self * x[r] at x's kept columns, plus bias, in the CPU reference's order. Plain stores, marked
-// streaming: the output is not read again by this op, the gathered x should stay in L2.
+// Writes out row r from the warp's P slots (which hold the row's sum in parts, and are left
+// zeroed): rs * sum, plus self * x[r] at x's kept columns, plus bias, in the CPU reference's
+// order. Plain stores, marked streaming: the output is not read again by this op, and the
+// gathered x should keep its place in L2.
 template <int L, typename I, bool kVec>
-__device__ __forceinline__ void spgemm_write_row(const AggParams& p, int64_t r, float rs, float self, float* slot,
-                                                 int l, unsigned mask) {
+__device__ __forceinline__ void spgemm_write_row(const AggParams& p, int64_t r, float rs, float self, float* slots,
+                                                 int lane) {
+  constexpr int P = kWarp / L;
   const int width = p.width;
-  if (self != 0.0f) {
-    for (int c = l; c < width; c += L) slot[c] *= rs;
-    __syncwarp(mask);
-    const I* index = static_cast<const I*>(p.index);
-    for (int t = l; t < p.k; t += L) {
-      const int64_t at = r * p.k + t;
-      slot[__ldg(index + at)] += self * __ldg(p.values + at);
+  if (self != 0.0f) {  // warp-uniform: gather the parts into slot 0, scaled, and add the self term there
+    for (int c = lane; c < width; c += kWarp) {
+      float v = slots[c];
+#pragma unroll
+      for (int q = 1; q < P; ++q) {
+        v += slots[q * width + c];
+        slots[q * width + c] = 0.0f;
+      }
+      slots[c] = rs * v;
     }
-    __syncwarp(mask);
+    __syncwarp();
+    const I* index = static_cast<const I*>(p.index);
+    for (int t = lane; t < p.k; t += kWarp) {
+      const int64_t at = r * p.k + t;
+      slots[__ldg(index + at)] += self * __ldg(p.values + at);
+    }
+    __syncwarp();
     rs = 1.0f;
   }
   float* o = p.out + r * p.out_ld;
   if constexpr (kVec) {
-    float4* s4 = reinterpret_cast<float4*>(slot);
+    float4* s4 = reinterpret_cast<float4*>(slots);
     float4* o4 = reinterpret_cast<float4*>(o);
     const float4* b4 = reinterpret_cast<const float4*>(p.bias);
-    for (int c = l; c < width / 4; c += L) {
+    const int w4 = width / 4;
+#pragma unroll 1
+    for (int c = lane; c < w4; c += kWarp) {
       float4 v = s4[c];
       s4[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int q = 1; q < P; ++q) {
+        const float4 w = s4[q * w4 + c];
+        s4[q * w4 + c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v.x += w.x;
+        v.y += w.y;
+        v.z += w.z;
+        v.w += w.w;
+      }
       const float4 b = p.bias ? __ldg(b4 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       v.x = rs * v.x + b.x;
       v.y = rs * v.y + b.y;
@@ -528,76 +572,99 @@ __device__ __forceinline__ void spgemm_write_row(const AggParams& p, int64_t r, 
       __stcs(o4 + c, v);
     }
   } else {
-    for (int c = l; c < width; c += L) {
-      const float v = slot[c];
-      slot[c] = 0.0f;
+    for (int c = lane; c < width; c += kWarp) {
+      float v = slots[c];
+      slots[c] = 0.0f;
+#pragma unroll
+      for (int q = 1; q < P; ++q) {
+        v += slots[q * width + c];
+        slots[q * width + c] = 0.0f;
+      }
       __stcs(o + c, rs * v + (p.bias ? __ldg(p.bias + c) : 0.0f));
     }
   }
-  __syncwarp(mask);
+  __syncwarp();
 }
 
-// Adds rs[row] times the slot into out[row] with atomics (float4 ones when kVec), skipping columns
-// no entry reached, and leaves the slot zeroed.
+// Adds rs[row] times the sum of the warp's slots into out[row] with atomics (float4 ones when
+// kVec), skipping columns no entry reached, and leaves the slots zeroed.
 template <int L, bool kVec>
-__device__ __forceinline__ void spgemm_flush(const AggParams& p, int row, float* slot, int l, unsigned mask) {
-  __syncwarp(mask);
+__device__ __forceinline__ void spgemm_flush(const AggParams& p, int row, float* slots, int lane) {
+  constexpr int P = kWarp / L;
+  __syncwarp();
   const float rs = p.row_scale ? __ldg(p.row_scale + row) : 1.0f;
   float* o = p.out + static_cast<int64_t>(row) * p.out_ld;
   if constexpr (kVec) {
-    float4* s4 = reinterpret_cast<float4*>(slot);
-    for (int c = l; c < p.width / 4; c += L) {
-      const float4 v = s4[c];
+    float4* s4 = reinterpret_cast<float4*>(slots);
+    const int w4 = p.width / 4;
+#pragma unroll 1
+    for (int c = lane; c < w4; c += kWarp) {
+      float4 v = s4[c];
       s4[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int q = 1; q < P; ++q) {
+        const float4 w = s4[q * w4 + c];
+        s4[q * w4 + c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v.x += w.x;
+        v.y += w.y;
+        v.z += w.z;
+        v.w += w.w;
+      }
       if (v.x != 0.0f || v.y != 0.0f || v.z != 0.0f || v.w != 0.0f)
         atomic_add4(o + 4 * c, make_float4(rs * v.x, rs * v.y, rs * v.z, rs * v.w));
     }
   } else {
-    for (int c = l; c < p.width; c += L) {
-      const float v = slot[c];
-      slot[c] = 0.0f;
+    for (int c = lane; c < p.width; c += kWarp) {
+      float v = slots[c];
+      slots[c] = 0.0f;
+#pragma unroll
+      for (int q = 1; q < P; ++q) {
+        v += slots[q * p.width + c];
+        slots[q * p.width + c] = 0.0f;
+      }
       if (v != 0.0f) atomicAdd(o + c, rs * v);
     }
   }
-  __syncwarp(mask);
+  __syncwarp();
 }
 
-// A tile: rows tile * L ... tile * L + L - 1 (lane i loads row i's extent and scales), each row of
-// at most kHubDegree entries summed in the slot and written whole.
+// A tile: rows tile * 32 ... tile * 32 + 31 (lane i loads row i's extent and scales), each row of
+// at most kHubDegree entries summed in the slots and written whole.
 template <int L, typename I, bool kVec>
-__device__ __forceinline__ void spgemm_tile(const AggParams& p, int64_t tile, float* slot, int l, unsigned mask) {
-  const int64_t r0 = tile * L;
-  const int64_t r = r0 + l;
-  int64_t begin = 0, end = 0;
+__device__ __forceinline__ void spgemm_tile(const AggParams& p, int64_t tile, float* slots, int lane) {
+  const int64_t r0 = tile * kWarp;
+  const int64_t r = r0 + lane;
+  int64_t begin = 0;
+  int degree = 0;  // capped at kHubDegree + 1: only whether a row is a hub matters beyond
   float rs = 1.0f, self = 0.0f;
   if (r < p.rows) {
     begin = __ldg(p.indptr + r);
-    end = __ldg(p.indptr + r + 1);
+    degree = static_cast<int>(min(__ldg(p.indptr + r + 1) - begin, kHubDegree + 1));
     if (p.row_scale) rs = __ldg(p.row_scale + r);
     if (r < p.self_rows) self = p.self_scale + (p.self_coefs ? __ldg(p.self_coefs + r) : 0.0f);
   }
-  const int n = static_cast<int>(min(static_cast<int64_t>(L), p.rows - r0));
+  const int n = static_cast<int>(min(static_cast<int64_t>(kWarp), p.rows - r0));
   for (int i = 0; i < n; ++i) {
-    const int64_t b = __shfl_sync(mask, begin, i, L);
-    const int64_t degree = __shfl_sync(mask, end, i, L) - b;
-    const float row_rs = __shfl_sync(mask, rs, i, L);
-    const float row_self = __shfl_sync(mask, self, i, L);
-    if (degree > kHubDegree) continue;  // the hub kernels' row
-    spgemm_accumulate<L, I>(p, b, static_cast<int>(degree), slot, l, mask);
-    __syncwarp(mask);
-    spgemm_write_row<L, I, kVec>(p, r0 + i, row_rs, row_self, slot, l, mask);
+    const int row_degree = __shfl_sync(kFull, degree, i);
+    if (row_degree > kHubDegree) continue;  // a hub: the init kernel and the group chunks write it
+    const int64_t b = __shfl_sync(kFull, begin, i);
+    const float row_rs = __shfl_sync(kFull, rs, i);
+    const float row_self = __shfl_sync(kFull, self, i);
+    spgemm_accumulate<L, I>(p, b, row_degree, slots, lane);
+    __syncwarp();
+    spgemm_write_row<L, I, kVec>(p, r0 + i, row_rs, row_self, slots, lane);
   }
 }
 
 // A chunk: edge groups chunk * kChunkGroups ..., those of hub rows only (lane g loads group g and
-// its row's degree). Consecutive groups of one row share the slot and one flush.
+// its row's degree). Consecutive groups of one row share the slots and one flush.
 template <int L, typename I, bool kVec>
-__device__ __forceinline__ void spgemm_chunk(const AggParams& p, int64_t chunk, float* slot, int l, unsigned mask) {
+__device__ __forceinline__ void spgemm_chunk(const AggParams& p, int64_t chunk, float* slots, int lane) {
   const int64_t n = group_total(p);
-  const int64_t g = chunk * kChunkGroups + l;
+  const int64_t g = chunk * kChunkGroups + lane;
   int64_t start = 0;
   int row = -1, count = 0;
-  if (l < kChunkGroups && g < n) {
+  if (lane < kChunkGroups && g < n) {
     const EdgeGroup eg = load_group(p.groups, g);
     if (__ldg(p.indptr + eg.row + 1) - __ldg(p.indptr + eg.row) > kHubDegree) {
       start = eg.start;
@@ -607,37 +674,38 @@ __device__ __forceinline__ void spgemm_chunk(const AggParams& p, int64_t chunk, 
   }
   int current = -1;
   for (int i = 0; i < kChunkGroups; ++i) {
-    const int gr = __shfl_sync(mask, row, i, L);
-    const int64_t gs = __shfl_sync(mask, start, i, L);
-    const int gc = __shfl_sync(mask, count, i, L);
+    const int gr = __shfl_sync(kFull, row, i);
+    const int64_t gs = __shfl_sync(kFull, start, i);
+    const int gc = __shfl_sync(kFull, count, i);
     if (gr < 0) continue;
     if (gr != current) {
-      if (current >= 0) spgemm_flush<L, kVec>(p, current, slot, l, mask);
+      if (current >= 0) spgemm_flush<L, kVec>(p, current, slots, lane);
       current = gr;
     }
-    spgemm_accumulate<L, I>(p, gs, gc, slot, l, mask);
+    spgemm_accumulate<L, I>(p, gs, gc, slots, lane);
   }
-  if (current >= 0) spgemm_flush<L, kVec>(p, current, slot, l, mask);
+  if (current >= 0) spgemm_flush<L, kVec>(p, current, slots, lane);
 }
 
 // Alg. 1 reorganised: item i is a tile or a group chunk (Bresenham-interleaved, so the tiles'
 // DRAM-bound row writes and the chunks' L2-bound gathers run side by side).
 template <int L, typename I, bool kVec>
-__global__ void __launch_bounds__(kAggMaxThreads, kAggMinBlocks) spgemm_kernel(AggParams p) {
+__global__ void __launch_bounds__(kAggThreads, kAggMinBlocks) spgemm_kernel(AggParams p) {
   extern __shared__ float4 smem4[];
-  const int subs = static_cast<int>(blockDim.x) / L;
-  const int sub = static_cast<int>(threadIdx.x) / L, l = static_cast<int>(threadIdx.x) % L;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * subs + sub;
-  if (item >= p.items) return;  // no block barrier follows
-  const unsigned mask = sub_mask<L>();
-  float* slot = reinterpret_cast<float*>(smem4) + static_cast<int64_t>(sub) * p.width;
-  for (int c = l; c < p.width; c += L) slot[c] = 0.0f;
-  __syncwarp(mask);
-  const int64_t tiles_before = item * p.tiles / p.items;
-  if ((item + 1) * p.tiles / p.items > tiles_before) {
-    spgemm_tile<L, I, kVec>(p, tiles_before, slot, l, mask);
-  } else {
-    spgemm_chunk<L, I, kVec>(p, item - tiles_before, slot, l, mask);
+  constexpr int P = kWarp / L;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int warps = static_cast<int>(blockDim.x) / kWarp;
+  float* slots = reinterpret_cast<float*>(smem4) + static_cast<int64_t>(warp) * P * p.width;
+  for (int c = lane; c < P * p.width; c += kWarp) slots[c] = 0.0f;
+  __syncwarp();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * warps;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * warps + warp; item < p.items; item += stride) {
+    const int64_t tiles_before = item * p.tiles / p.items;
+    if ((item + 1) * p.tiles / p.items > tiles_before) {
+      spgemm_tile<L, I, kVec>(p, tiles_before, slots, lane);
+    } else {
+      spgemm_chunk<L, I, kVec>(p, item - tiles_before, slots, lane);
+    }
   }
 }
 
@@ -692,68 +760,67 @@ struct Columns<uint16_t, 4> {
 };
 
 // Stages rs[row] * g[row] in the slot.
-template <int L, bool kVec>
-__device__ __forceinline__ void sspmm_stage(const AggParams& p, int row, float* slot, int l) {
+template <bool kVec>
+__device__ __forceinline__ void sspmm_stage(const AggParams& p, int row, float* slot, int lane) {
   const float rs = p.row_scale ? __ldg(p.row_scale + row) : 1.0f;
   const float* g = p.grad + static_cast<int64_t>(row) * p.grad_ld;
   if constexpr (kVec) {
     float4* s4 = reinterpret_cast<float4*>(slot);
     const float4* g4 = reinterpret_cast<const float4*>(g);
-    for (int c = l; c < p.width / 4; c += L) {
+#pragma unroll 2
+    for (int c = lane; c < p.width / 4; c += kWarp) {
       const float4 v = __ldg(g4 + c);
       s4[c] = make_float4(rs * v.x, rs * v.y, rs * v.z, rs * v.w);
     }
   } else {
-    for (int c = l; c < p.width; c += L) slot[c] = rs * __ldg(g + c);
+    for (int c = lane; c < p.width; c += kWarp) slot[c] = rs * __ldg(g + c);
   }
 }
 
 // SSpMM's inner loop over the entries [start, start + count) of a row whose scaled gradient the
 // slot holds: entry (i, j) adds coef * slot[idx[j][t]] to grad_values[j][t] for every t. Lanes
-// take V consecutive t of an entry (E = 2^entry_shift lanes per entry, so P = L / E entries per
-// step); kScatter steps issue their column loads before any of their atomics. The first L
+// take V consecutive t of an entry (E = 2^entry_shift lanes per entry, so 32 / E entries per
+// step); kScatter steps issue their column loads before any of their atomics. The first 32
 // entries' sources and coefficients come in from the caller, loaded before the slot was staged.
-template <int L, typename I, int V>
+template <typename I, int V>
 __device__ __forceinline__ void sspmm_scatter(const AggParams& p, int64_t start, int count, int32_t first_src,
-                                              float first_coef, const float* slot, int l, unsigned mask) {
+                                              float first_coef, const float* slot, int lane) {
   using Cols = Columns<I, V>;
-  const int k = p.k;
-  const int pieces = k / V;
+  const uint32_t k = p.k;
+  const int pieces = static_cast<int>(k) / V;
   const int lanes_per_entry = 1 << p.entry_shift;
-  const int per_step = L >> p.entry_shift;
-  const int lane_piece = l & (lanes_per_entry - 1);
-  const int lane_entry = l >> p.entry_shift;
-  const I* index = static_cast<const I*>(p.index);
-  for (int base = 0; base < count; base += L) {
-    const int m = min(L, count - base);
+  const int per_step = kWarp >> p.entry_shift;
+  const int lane_piece = lane & (lanes_per_entry - 1);
+  const int lane_entry = lane >> p.entry_shift;
+  const uint32_t value_bytes = k * sizeof(float), index_bytes = k * sizeof(I);
+  for (int base = 0; base < count; base += kWarp) {
+    const int m = min(kWarp, count - base);
     int32_t my_src = first_src;
     float my_coef = first_coef;
-    if (base > 0) load_entry(p, start + base + l, l < m, &my_src, &my_coef);
-    for (int q0 = 0; q0 < pieces; q0 += lanes_per_entry) {
-      const int q = q0 + lane_piece;
+    if (base > 0) load_entry(p, start + base + lane, lane < m, &my_src, &my_coef);
+    for (int q = lane_piece; q - lane_piece < pieces; q += lanes_per_entry) {
+      const auto* index = reinterpret_cast<const typename Cols::Word*>(static_cast<const I*>(p.index) + q * V);
+      float* gv = p.grad_values + q * V;
       for (int u0 = 0; u0 < m; u0 += per_step * kScatter) {
-        int32_t src[kScatter];
+        uint32_t src[kScatter];
         typename Cols::Word cols[kScatter];
 #pragma unroll
         for (int s = 0; s < kScatter; ++s) {
           const int u = u0 + s * per_step + lane_entry;
-          src[s] = __shfl_sync(mask, my_src, u & (L - 1), L);
-          if (u < m && q < pieces) {
-            const int64_t at = static_cast<int64_t>(src[s]) * k + static_cast<int64_t>(q) * V;
-            cols[s] = __ldg(reinterpret_cast<const typename Cols::Word*>(index + at));
-          }
+          src[s] = static_cast<uint32_t>(__shfl_sync(kFull, my_src, u & (kWarp - 1)));
+          if (u < m && q < pieces) cols[s] = __ldg(row_at(index, src[s], index_bytes));
         }
 #pragma unroll
         for (int s = 0; s < kScatter; ++s) {
           const int u = u0 + s * per_step + lane_entry;
-          const float coef = __shfl_sync(mask, my_coef, u & (L - 1), L);
+          const float coef = __shfl_sync(kFull, my_coef, u & (kWarp - 1));
           if (u >= m || q >= pieces) continue;
-          float* gv = p.grad_values + static_cast<int64_t>(src[s]) * k + static_cast<int64_t>(q) * V;
+          float* dst = const_cast<float*>(row_at(static_cast<const float*>(gv), src[s], value_bytes));
           if constexpr (V == 4) {
-            atomic_add4(gv, make_float4(coef * slot[Cols::get(cols[s], 0)], coef * slot[Cols::get(cols[s], 1)],
-                                        coef * slot[Cols::get(cols[s], 2)], coef * slot[Cols::get(cols[s], 3)]));
+            atomic_add4(dst, make_float4(coef * slot[Cols::get(cols[s], 0)], coef * slot[Cols::get(cols[s], 1)],
+                                         coef * slot[Cols::get(cols[s], 2)], coef * slot[Cols::get(cols[s], 3)]));
           } else {
-            atomicAdd(gv, coef * slot[Cols::get(cols[s], 0)]);
+            atomicAdd(dst, coef * slot[Cols::get(cols[s], 0)]);
           }
         }
       }
@@ -761,126 +828,123 @@ __device__ __forceinline__ void sspmm_scatter(const AggParams& p, int64_t start,
   }
 }
 
-// Alg. 2 over chunks of kChunkGroups edge groups per sub-warp: the slot is restaged only when the
-// row changes (a hub's consecutive groups share it), and each group's first sources are loaded
-// before the staging so the two loads overlap.
-template <int L, typename I, int V, bool kVec>
-__global__ void __launch_bounds__(kAggMaxThreads, kAggMinBlocks) sspmm_kernel(AggParams p) {
+// Alg. 2 over chunks of kChunkGroups edge groups per warp: the slot is restaged only when the row
+// changes (a hub's consecutive groups share it), and each group's first sources are loaded before
+// the staging so that the two loads overlap.
+template <typename I, int V, bool kVec>
+__global__ void __launch_bounds__(kAggThreads, kAggMinBlocks) sspmm_kernel(AggParams p) {
   extern __shared__ float4 smem4[];
-  const int subs = static_cast<int>(blockDim.x) / L;
-  const int sub = static_cast<int>(threadIdx.x) / L, l = static_cast<int>(threadIdx.x) % L;
-  const int64_t chunk = static_cast<int64_t>(blockIdx.x) * subs + sub;
-  if (chunk >= p.items) return;  // no block barrier follows
-  const unsigned mask = sub_mask<L>();
-  float* slot = reinterpret_cast<float*>(smem4) + static_cast<int64_t>(sub) * p.width;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int warps = static_cast<int>(blockDim.x) / kWarp;
+  float* slot = reinterpret_cast<float*>(smem4) + static_cast<int64_t>(warp) * p.width;
   const int64_t n = group_total(p);
-  const int64_t g = chunk * kChunkGroups + l;
-  int64_t start = 0;
-  int row = -1, count = 0;
-  if (l < kChunkGroups && g < n) {
-    const EdgeGroup eg = load_group(p.groups, g);
-    start = eg.start;
-    row = eg.row;
-    count = eg.count;
-  }
-  int current = -1;
-  for (int i = 0; i < kChunkGroups; ++i) {
-    const int gr = __shfl_sync(mask, row, i, L);
-    const int64_t gs = __shfl_sync(mask, start, i, L);
-    const int gc = __shfl_sync(mask, count, i, L);
-    if (gr < 0) break;  // past the table's end
-    int32_t src;
-    float coef;
-    load_entry(p, gs + l, l < gc, &src, &coef);
-    if (gr != current) {
-      __syncwarp(mask);  // the previous row's gathers are done
-      sspmm_stage<L, kVec>(p, gr, slot, l);
-      __syncwarp(mask);
-      current = gr;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * warps;
+  for (int64_t chunk = static_cast<int64_t>(blockIdx.x) * warps + warp; chunk < p.items; chunk += stride) {
+    const int64_t g = chunk * kChunkGroups + lane;
+    int64_t start = 0;
+    int row = -1, count = 0;
+    if (lane < kChunkGroups && g < n) {
+      const EdgeGroup eg = load_group(p.groups, g);
+      start = eg.start;
+      row = eg.row;
+      count = eg.count;
     }
-    sspmm_scatter<L, I, V>(p, gs, gc, src, coef, slot, l, mask);
+    int current = -1;
+    for (int i = 0; i < kChunkGroups; ++i) {
+      const int gr = __shfl_sync(kFull, row, i);
+      const int64_t gs = __shfl_sync(kFull, start, i);
+      const int gc = __shfl_sync(kFull, count, i);
+      if (gr < 0) break;  // past the table's end
+      int32_t src;
+      float coef;
+      load_entry(p, gs + lane, lane < gc, &src, &coef);
+      if (gr != current) {
+        __syncwarp();  // the previous row's gathers are done
+        sspmm_stage<kVec>(p, gr, slot, lane);
+        __syncwarp();
+        current = gr;
+      }
+      sspmm_scatter<I, V>(p, gs, gc, src, coef, slot, lane);
+    }
   }
 }
 
-// grad_values[j][t] = self_coef(j) * g[j][idx[j][t]] (0 past the self rows): SSpMM's part that is
-// not a sum over entries.
+// grad_values[j][t] = self_coef(j) * g[j][idx[j][t]] for j below the self rows (0 beyond): SSpMM's
+// part that is not a sum over entries. One warp per row (no division per element); without a
+// self term the op clears grad_values with a memset instead.
 template <typename I>
-__global__ void sspmm_init_kernel(int64_t rows, int k, const I* __restrict__ index, int64_t self_rows, float self_scale,
-                                  const float* __restrict__ self_coefs, const float* __restrict__ grad, int64_t grad_ld,
-                                  float* __restrict__ grad_values) {
-  const int64_t total = rows * k;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const int64_t j = i / k;
+__global__ void __launch_bounds__(kRowThreads)
+    sspmm_init_kernel(int64_t rows, int k, const I* __restrict__ index, int64_t self_rows, float self_scale,
+                      const float* __restrict__ self_coefs, const float* __restrict__ grad, int64_t grad_ld,
+                      float* __restrict__ grad_values) {
+  const int lane = threadIdx.x & (kWarp - 1);
+  const int64_t total_warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp; j < rows; j += total_warps) {
     const float self = j < self_rows ? self_scale + (self_coefs ? __ldg(self_coefs + j) : 0.0f) : 0.0f;
-    grad_values[i] = self != 0.0f ? self * __ldg(grad + j * grad_ld + index[i]) : 0.0f;
+    for (int t = lane; t < k; t += kWarp) {
+      const int64_t at = j * k + t;
+      grad_values[at] = self != 0.0f ? self * __ldg(grad + j * grad_ld + index[at]) : 0.0f;
+    }
   }
 }
 
-// k rounded up to a power of two, clamped to [kMinLanes, 32].
+// k rounded up to a power of two, clamped to [8, 32]: SpGEMM's lanes per entry.
 int lanes_for(int64_t k) {
-  int l = kMinLanes;
+  int l = 8;
   while (l < k && l < kWarp) l *= 2;
   return l;
 }
 
 struct AggShape {
-  int lanes = kWarp;
-  int subs = 1;      // sub-warps (slots) per block
-  int threads = kWarp;
+  int warps = kAggWarps;  // per block
+  int threads = kAggThreads;
   size_t smem = 0;
 };
 
-AggShape agg_shape(int64_t width, int64_t k) {
+// Blocks of up to 8 warps, each with `slots` width-float slots, within kSlotBudget.
+AggShape agg_shape(int64_t width, int slots) {
   AggShape s;
-  s.lanes = lanes_for(k);
-  const int64_t by_smem = std::max<int64_t>(1, kSlotBudget / (width * static_cast<int64_t>(sizeof(float))));
-  s.subs = static_cast<int>(std::min<int64_t>(kAggMaxThreads / s.lanes, by_smem));
-  s.subs = std::max(s.subs, kWarp / s.lanes);  // whole warps (widths up to 4096 give 4 slots, enough)
-  s.threads = s.subs * s.lanes;
-  s.smem = static_cast<size_t>(s.subs) * static_cast<size_t>(width) * sizeof(float);
+  const int64_t warp_bytes = static_cast<int64_t>(slots) * width * static_cast<int64_t>(sizeof(float));
+  s.warps = static_cast<int>(std::clamp<int64_t>(kSlotBudget / warp_bytes, 1, kAggWarps));
+  s.threads = s.warps * kWarp;
+  s.smem = static_cast<size_t>(s.warps) * static_cast<size_t>(warp_bytes);
   return s;
 }
 
+// A persistent grid: as many blocks as the device holds at once (the warps loop over the items),
+// fewer when there are fewer items.
 template <typename Kernel>
 void launch_agg(Kernel kernel, const AggShape& s, const AggParams& p, cudaStream_t stream) {
-  const int64_t blocks = (p.items + s.subs - 1) / s.subs;
-  if (blocks > std::numeric_limits<int32_t>::max())
-    throw InputError("maxk aggregation: " + std::to_string(p.items) + " work items need too many blocks");
+  if (p.items == 0) return;
   if (s.smem > static_cast<size_t>(kDefaultSmemLimit))
     GALE_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s.smem)));
+  int device = 0, sms = 0, per_sm = 0;
+  GALE_CHECK_CUDA(cudaGetDevice(&device));
+  GALE_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  GALE_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, s.threads, s.smem));
+  const int64_t needed = (p.items + s.warps - 1) / s.warps;
+  const int64_t blocks = std::clamp<int64_t>(int64_t{sms} * std::max(per_sm, 1), 1, needed);
   kernel<<<static_cast<unsigned>(blocks), s.threads, s.smem, stream>>>(p);
   GALE_CHECK_CUDA(cudaGetLastError());
 }
 
 template <typename I, bool kVec>
-void dispatch_spgemm(const AggShape& s, const AggParams& p, cudaStream_t stream) {
-  switch (s.lanes) {
+void dispatch_spgemm(int lanes, const AggShape& s, const AggParams& p, cudaStream_t stream) {
+  switch (lanes) {
     case 8: launch_agg(spgemm_kernel<8, I, kVec>, s, p, stream); return;
     case 16: launch_agg(spgemm_kernel<16, I, kVec>, s, p, stream); return;
     case 32: launch_agg(spgemm_kernel<32, I, kVec>, s, p, stream); return;
     default: break;
   }
-  throw InternalError("spgemm_cbsr: no kernel for " + std::to_string(s.lanes) + " lanes");
-}
-
-template <typename I, int V, bool kVec>
-void dispatch_sspmm(const AggShape& s, const AggParams& p, cudaStream_t stream) {
-  switch (s.lanes) {
-    case 8: launch_agg(sspmm_kernel<8, I, V, kVec>, s, p, stream); return;
-    case 16: launch_agg(sspmm_kernel<16, I, V, kVec>, s, p, stream); return;
-    case 32: launch_agg(sspmm_kernel<32, I, V, kVec>, s, p, stream); return;
-    default: break;
-  }
-  throw InternalError("sspmm_cbsr: no kernel for " + std::to_string(s.lanes) + " lanes");
+  throw InternalError("spgemm_cbsr: no kernel for " + std::to_string(lanes) + " lanes");
 }
 
 template <typename I>
 void dispatch_sspmm(const AggShape& s, const AggParams& p, bool vec_columns, bool vec_grad, cudaStream_t stream) {
   if (vec_columns) {
-    vec_grad ? dispatch_sspmm<I, 4, true>(s, p, stream) : dispatch_sspmm<I, 4, false>(s, p, stream);
+    vec_grad ? launch_agg(sspmm_kernel<I, 4, true>, s, p, stream) : launch_agg(sspmm_kernel<I, 4, false>, s, p, stream);
   } else {
-    vec_grad ? dispatch_sspmm<I, 1, true>(s, p, stream) : dispatch_sspmm<I, 1, false>(s, p, stream);
+    vec_grad ? launch_agg(sspmm_kernel<I, 1, true>, s, p, stream) : launch_agg(sspmm_kernel<I, 1, false>, s, p, stream);
   }
 }
 
@@ -1008,15 +1072,16 @@ void spgemm_cbsr_cuda(const SpgemmCbsrArgs& a, const EdgeGroupsView& groups, cud
   }
   GALE_CHECK_CUDA(cudaGetLastError());
 
-  const AggShape s = agg_shape(p.width, p.k);
-  p.tiles = (g.rows + s.lanes - 1) / s.lanes;
+  const int lanes = lanes_for(p.k);
+  const AggShape s = agg_shape(p.width, kWarp / lanes);
+  p.tiles = (g.rows + kWarp - 1) / kWarp;
   p.items = p.tiles + (groups.capacity + kChunkGroups - 1) / kChunkGroups;
   const bool vec = p.width % 4 == 0 && a.out.ld % 4 == 0 && aligned16(a.out.data) &&
                    (a.bias == nullptr || aligned16(a.bias));
   if (u8) {
-    vec ? dispatch_spgemm<uint8_t, true>(s, p, stream) : dispatch_spgemm<uint8_t, false>(s, p, stream);
+    vec ? dispatch_spgemm<uint8_t, true>(lanes, s, p, stream) : dispatch_spgemm<uint8_t, false>(lanes, s, p, stream);
   } else {
-    vec ? dispatch_spgemm<uint16_t, true>(s, p, stream) : dispatch_spgemm<uint16_t, false>(s, p, stream);
+    vec ? dispatch_spgemm<uint16_t, true>(lanes, s, p, stream) : dispatch_spgemm<uint16_t, false>(lanes, s, p, stream);
   }
 }
 
@@ -1029,16 +1094,16 @@ void sspmm_cbsr_cuda(const SspmmCbsrArgs& a, const EdgeGroupsView& groups, cudaS
   if (pat.rows == 0) return;
   const int width = static_cast<int>(pat.width), k = static_cast<int>(pat.k);
   const int64_t self_rows = std::min(g.rows, pat.rows);
-  const unsigned init_blocks =
-      static_cast<unsigned>(std::clamp<int64_t>((pat.rows * k + kRowThreads - 1) / kRowThreads, 1, kMaxRowBlocks));
-  if (pat.index_bytes() == 1) {
-    sspmm_init_kernel<uint8_t><<<init_blocks, kRowThreads, 0, stream>>>(pat.rows, k, pat.index_u8(), self_rows,
-                                                                        a.self_scale, a.self_coefs, a.grad_out.data,
-                                                                        a.grad_out.ld, a.grad_values);
+  if ((a.self_scale == 0.0f && a.self_coefs == nullptr) || self_rows == 0) {
+    GALE_CHECK_CUDA(cudaMemsetAsync(a.grad_values, 0, static_cast<size_t>(pat.rows * k) * sizeof(float), stream));
+  } else if (pat.index_bytes() == 1) {
+    sspmm_init_kernel<uint8_t><<<row_blocks(pat.rows), kRowThreads, 0, stream>>>(
+        pat.rows, k, pat.index_u8(), self_rows, a.self_scale, a.self_coefs, a.grad_out.data, a.grad_out.ld,
+        a.grad_values);
   } else {
-    sspmm_init_kernel<uint16_t><<<init_blocks, kRowThreads, 0, stream>>>(pat.rows, k, pat.index_u16(), self_rows,
-                                                                         a.self_scale, a.self_coefs, a.grad_out.data,
-                                                                         a.grad_out.ld, a.grad_values);
+    sspmm_init_kernel<uint16_t><<<row_blocks(pat.rows), kRowThreads, 0, stream>>>(
+        pat.rows, k, pat.index_u16(), self_rows, a.self_scale, a.self_coefs, a.grad_out.data, a.grad_out.ld,
+        a.grad_values);
   }
   GALE_CHECK_CUDA(cudaGetLastError());
   if (g.rows == 0 || groups.capacity == 0) return;
@@ -1059,13 +1124,13 @@ void sspmm_cbsr_cuda(const SspmmCbsrArgs& a, const EdgeGroupsView& groups, cudaS
   p.grad = a.grad_out.data;
   p.grad_ld = a.grad_out.ld;
   p.grad_values = a.grad_values;
-  const AggShape s = agg_shape(width, k);
+  const AggShape s = agg_shape(width, 1);
   p.items = (groups.capacity + kChunkGroups - 1) / kChunkGroups;
   // Four columns per load and one float4 atomic per four values when the rows of k allow it.
   const bool vec_columns = k % 4 == 0 && aligned16(a.grad_values) &&
                            reinterpret_cast<uintptr_t>(pat.index) % (4 * pat.index_bytes()) == 0;
   const int v = vec_columns ? 4 : 1;
-  p.entry_shift = std::min(ceil_log2(k / v), ceil_log2(s.lanes));
+  p.entry_shift = std::min(ceil_log2(k / v), ceil_log2(kWarp));
   const bool vec_grad = width % 4 == 0 && a.grad_out.ld % 4 == 0 && aligned16(a.grad_out.data);
   if (pat.index_bytes() == 1) {
     dispatch_sspmm<uint8_t>(s, p, vec_columns, vec_grad, stream);
