@@ -205,19 +205,18 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
       float* vr = values + r * k;
       I* ir = index + r * k;
       int taken = 0;
-      if (exact) {  // keep every key >= T (T > 0 here, so never an invalid column)
+      if (exact) {  // keep every key >= T (T > 0 here, so never an invalid column): exactly k of them
+        const unsigned below = lanemask_lt(lane);
 #pragma unroll
         for (int j = 0; j < VPT; ++j) {
-          if (taken < k) {  // warp-uniform
-            const bool take = key[j] >= t_key;
-            const unsigned take_mask = __ballot_sync(kFull, take);
-            if (take) {
-              const int pos = taken + __popc(take_mask & lanemask_lt(lane));
-              vr[pos] = key_value(key[j]);
-              ir[pos] = static_cast<I>(j * kWarp + lane);
-            }
-            taken += __popc(take_mask);
+          const bool take = key[j] >= t_key;
+          const unsigned take_mask = __ballot_sync(kFull, take);
+          if (take) {
+            const int pos = taken + __popc(take_mask & below);
+            vr[pos] = key_value(key[j]);
+            ir[pos] = static_cast<I>(j * kWarp + lane);
           }
+          taken += __popc(take_mask);
         }
         continue;
       }
@@ -367,7 +366,7 @@ size_t scan_temp_bytes(int64_t items) {
 
 // The tuning constants below; a benchmarking build may override them (-DGALE_MAXK_HUB_DEGREE=...).
 #ifndef GALE_MAXK_GATHER
-#define GALE_MAXK_GATHER 8
+#define GALE_MAXK_GATHER 4
 #endif
 #ifndef GALE_MAXK_SCATTER
 #define GALE_MAXK_SCATTER 4
@@ -378,6 +377,20 @@ size_t scan_temp_bytes(int64_t items) {
 #ifndef GALE_MAXK_HUB_DEGREE
 #define GALE_MAXK_HUB_DEGREE 128
 #endif
+#ifndef GALE_MAXK_STREAMING
+#define GALE_MAXK_STREAMING 1
+#endif
+
+// A load of data read once: evict-first in L1 and L2 (GALE_MAXK_STREAMING), else a plain
+// read-only load.
+template <typename T>
+__device__ __forceinline__ T load_once(const T* p) {
+#if GALE_MAXK_STREAMING
+  return __ldcs(p);
+#else
+  return __ldg(p);
+#endif
+}
 
 constexpr int kAggThreads = 256;
 constexpr int kAggWarps = kAggThreads / kWarp;
@@ -386,7 +399,8 @@ constexpr int kAggMinBlocks = 4;
 // Slot memory per block, at most: wide rows get fewer warps per block (1 KiB a slot at width 256,
 // 16 KiB at 4096; the limit is raised above the default 48 KiB with cudaFuncSetAttribute).
 constexpr int64_t kSlotBudget = 64 * 1024;
-// SpGEMM: steps (one entry per lane group each) whose value and column loads are in flight together.
+// SpGEMM: steps (one entry per lane group each) whose value and column loads are in flight together
+// (4 measured faster than 8 at k = 32: fewer idle steps on the many short rows).
 constexpr int kGather = GALE_MAXK_GATHER;
 // SSpMM: steps (32 / lanes-per-entry entries each) whose column loads are in flight together.
 constexpr int kScatter = GALE_MAXK_SCATTER;
@@ -455,18 +469,21 @@ __device__ __forceinline__ EdgeGroup load_group(const EdgeGroup* groups, int64_t
 __device__ __forceinline__ void load_entry(const AggParams& p, int64_t e, bool valid, int32_t* src, float* coef) {
   *src = 0;
   *coef = 0.0f;
-  if (valid) {
-    *src = __ldg(p.indices + e);
+  if (valid) {  // read once: evict-first, so they do not push gathered rows or atomics' lines out of L2
+    *src = load_once(p.indices + e);
     float c = p.col_scale ? __ldg(p.col_scale + *src) : 1.0f;
-    if (p.edge_weight) c *= __ldg(p.edge_weight + e);
+    if (p.edge_weight) c *= load_once(p.edge_weight + e);
     *coef = c;
   }
 }
 
-// Element `src` of rows of `row_bytes` bytes from a per-lane base: one wide multiply-add.
+// Element `src` of rows of `row_bytes` bytes from a per-lane base: one wide multiply-add (written
+// out, since the compiler otherwise re-associates it into three 64-bit adds around the base).
 template <typename T>
 __device__ __forceinline__ const T* row_at(const T* base, uint32_t src, uint32_t row_bytes) {
-  return reinterpret_cast<const T*>(reinterpret_cast<const char*>(base) + static_cast<uint64_t>(src) * row_bytes);
+  uint64_t at;
+  asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(at) : "r"(src), "r"(row_bytes), "l"(reinterpret_cast<uint64_t>(base)));
+  return reinterpret_cast<const T*>(at);
 }
 
 // SpGEMM's inner loop: adds coef_e * x[src_e] for the entries [start, start + count) into the
@@ -474,7 +491,9 @@ __device__ __forceinline__ const T* row_at(const T* base, uint32_t src, uint32_t
 // loads entry base + l's source and coefficient, then step s gives entry u0 + s * P + h to group
 // h, whose lane t reads value t (and t + L, ... when k > L) of it. kGather steps have all their
 // loads in flight before the adds, which go one step after the other: one entry's columns are
-// distinct, but two entries of a group can share a column held by different lanes.
+// distinct, but two entries of a group can share a column held by different lanes. The loads are
+// unconditional (a step past the entries reads source 0, a lane past k value k - 1: both exist
+// whenever there is an entry) and only the adds are predicated.
 template <int L, typename I>
 __device__ __forceinline__ void spgemm_accumulate(const AggParams& p, int64_t start, int count, float* slots,
                                                   int lane) {
@@ -490,20 +509,17 @@ __device__ __forceinline__ void spgemm_accumulate(const AggParams& p, int64_t st
     load_entry(p, start + base + lane, lane < m, &my_src, &my_coef);
     for (int u0 = 0; u0 < m; u0 += P * kGather) {
       for (uint32_t t = tl; t - tl < k; t += L) {
-        const float* values = p.values + t;
-        const I* index = static_cast<const I*>(p.index) + t;
+        const uint32_t tc = min(t, k - 1);
+        const float* values = p.values + tc;
+        const I* index = static_cast<const I*>(p.index) + tc;
         float v[kGather];
         int col[kGather];
 #pragma unroll
         for (int s = 0; s < kGather; ++s) {
           const int u = u0 + s * P + h;
           const uint32_t src = static_cast<uint32_t>(__shfl_sync(kFull, my_src, u & (kWarp - 1)));
-          v[s] = 0.0f;
-          col[s] = 0;
-          if (u < m && t < k) {
-            v[s] = __ldg(row_at(values, src, value_bytes));
-            col[s] = __ldg(row_at(index, src, index_bytes));
-          }
+          v[s] = __ldg(row_at(values, src, value_bytes));
+          col[s] = __ldg(row_at(index, src, index_bytes));
         }
 #pragma unroll
         for (int s = 0; s < kGather; ++s) {
@@ -759,9 +775,11 @@ struct Columns<uint16_t, 4> {
   __device__ static int get(Word w, int i) { return ((i < 2 ? w.x : w.y) >> (16 * (i & 1))) & 0xffffu; }
 };
 
-// Stages rs[row] * g[row] in the slot.
+// Stages rs[row] * g[row] in the slot. A row staged for one short group is read once (evict-first,
+// keeping L2 for grad_values' lines, which the atomics otherwise push out and fetch again); a hub
+// row is staged again by the work items of its other groups, so it stays.
 template <bool kVec>
-__device__ __forceinline__ void sspmm_stage(const AggParams& p, int row, float* slot, int lane) {
+__device__ __forceinline__ void sspmm_stage(const AggParams& p, int row, bool once, float* slot, int lane) {
   const float rs = p.row_scale ? __ldg(p.row_scale + row) : 1.0f;
   const float* g = p.grad + static_cast<int64_t>(row) * p.grad_ld;
   if constexpr (kVec) {
@@ -769,11 +787,11 @@ __device__ __forceinline__ void sspmm_stage(const AggParams& p, int row, float* 
     const float4* g4 = reinterpret_cast<const float4*>(g);
 #pragma unroll 2
     for (int c = lane; c < p.width / 4; c += kWarp) {
-      const float4 v = __ldg(g4 + c);
+      const float4 v = once ? load_once(g4 + c) : __ldg(g4 + c);
       s4[c] = make_float4(rs * v.x, rs * v.y, rs * v.z, rs * v.w);
     }
   } else {
-    for (int c = lane; c < p.width; c += kWarp) slot[c] = rs * __ldg(g + c);
+    for (int c = lane; c < p.width; c += kWarp) slot[c] = rs * (once ? load_once(g + c) : __ldg(g + c));
   }
 }
 
@@ -860,7 +878,7 @@ __global__ void __launch_bounds__(kAggThreads, kAggMinBlocks) sspmm_kernel(AggPa
       load_entry(p, gs + lane, lane < gc, &src, &coef);
       if (gr != current) {
         __syncwarp();  // the previous row's gathers are done
-        sspmm_stage<kVec>(p, gr, slot, lane);
+        sspmm_stage<kVec>(p, gr, gc < kMaxkEdgeGroupSize, slot, lane);
         __syncwarp();
         current = gr;
       }
