@@ -1,22 +1,25 @@
 // kernels/maxk.cu — the CUDA twins of the MaxK family (maxk.hpp), after MaxK-GNN (ASPLOS'24):
 // the top-k nonlinearity into CBSR (Sec. 5.3, done here as an exact radix select), the forward
-// SpGEMM (Sec. 4.1, Alg. 1) and the backward SSpMM (Sec. 4.2, Alg. 2) over a table of edge
-// groups, and the scatter back to dense.
+// SpGEMM (Sec. 4.1, Alg. 1) and the backward SSpMM (Sec. 4.2, Alg. 2), and the scatter back to
+// dense.
 //
-// Both aggregations run one edge group (<= 64 entries of one row) per "slot": a width-float
-// buffer in shared memory and a sub-warp of L lanes, L = k rounded up to a power of two when
-// k < 32 (so 32 / L groups share a warp, the paper's Case 1) and L = 32 looping over the k values
-// when k >= 32 (Case 2). A block has 8 warps and as many slots as fit 48 KiB of shared memory
-// (at least 4, at most one per sub-warp), so 4 blocks share an SM's 228 KiB. The digest's pitfalls
-// are avoided: no thread leaves before a barrier (a block whose groups all lie past the table's
-// end leaves as a whole, before the first one), and the non-atomic shared-memory accumulation is
-// fenced by __syncwarp between entries, since lanes of a sub-warp need not run in lockstep
-// (two entries can share a column, one entry's columns are distinct).
-//
-// Consecutive slots of one row (a hub row cut into groups) are merged inside the block: SpGEMM
-// flushes their sum with one set of atomics, SSpMM prefetches the gradient row once for all of
-// them. Outputs are first set by small per-row kernels (bias and self term), so the op needs no
-// zeroed output and stays stream-ordered.
+// The aggregations keep the paper's building blocks (a width-float accumulator or staged gradient
+// row in shared memory per sub-warp of L lanes, L = k rounded up to a power of two up to a warp;
+// coalesced gathers of each neighbour's k values; edge groups of <= 64 entries to split hub rows)
+// but are organised around what costs bytes on a power-law graph:
+// - SpGEMM writes the dense output, 4 * width bytes per row, which dominates once the gathers
+//   shrink to 5k bytes per entry. The paper's per-group atomic flush into a zeroed output moves
+//   each output row three times (zeroing, then read and write back by the atomics) and, on rows
+//   with a single group (most rows), for nothing. Here a row of at most kHubDegree entries is
+//   summed whole by one sub-warp and written once with plain stores, bias and self term included;
+//   only longer rows are set up by a first kernel and accumulated over their edge groups with
+//   float4 atomics, consecutive groups of a row merged before their flush.
+// - SSpMM walks the edge groups a few at a time per sub-warp, stages the scaled gradient row once
+//   per row change, and scatters with four columns per load and one float4 atomic per four values.
+// No block barriers: each sub-warp works alone (the digest's early-exit pitfall cannot arise),
+// and the non-atomic shared-memory accumulation is fenced by __syncwarp between entries, since
+// lanes of a sub-warp need not run in lockstep (two entries can share a column, one entry's
+// columns are distinct). Outputs need no zeroing by the caller and the ops stay stream-ordered.
 #include <cuda_runtime.h>
 
 #include <cub/device/device_scan.cuh>
@@ -39,32 +42,30 @@ constexpr unsigned kFull = 0xffffffffu;
 // Row kernels (top-k, scatter, init): one warp per row, 8 warps per block.
 constexpr int kRowWarps = 8;
 constexpr int kRowThreads = kRowWarps * kWarp;
-// Aggregation blocks: 8 warps, so up to 256 sub-warps (L = 1) and as many slots.
-constexpr int kAggWarps = 8;
-constexpr int kAggThreads = kAggWarps * kWarp;
-constexpr int kMaxSlots = kAggThreads;
-// Shared memory the slot buffers aim for: 4 blocks (with their 4.6 KiB static slot tables) fill
-// an SM's 228 KiB; wide rows still get kMinSlots slots (64 KiB at width 4096). Above the default
-// 48 KiB per block the limit is raised with cudaFuncSetAttribute.
-constexpr int kSlotBytes = 48 * 1024;
-constexpr int kMinSlots = 4;
 constexpr int kDefaultSmemLimit = 48 * 1024;
-// Entries whose loads are issued together before their shared-memory updates.
-constexpr int kBatch = 4;
 // Row kernels cap their grid and loop beyond it (a warp takes rows w, w + total, ...).
 constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
 
 // ---- keys and small helpers -----------------------------------------------------------------
 
-// Order-preserving key of a float (maxk_cpu.cpp's order_key): larger floats, larger keys.
-__device__ __forceinline__ uint32_t order_key(float v) {
-  const uint32_t b = __float_as_uint(v);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+// Order-preserving key of a float's bits (maxk_cpu.cpp's order_key): larger floats, larger keys.
+// Negative: all bits flipped; positive: the sign bit set. One shift and one xor.
+__device__ __forceinline__ uint32_t order_key_bits(uint32_t b) {
+  return b ^ (static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u);
 }
 
 // The float a key came from, bit for bit (NaN payloads included).
 __device__ __forceinline__ float key_value(uint32_t key) {
-  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+  return __uint_as_float(key ^ (~static_cast<uint32_t>(static_cast<int32_t>(key) >> 31) | 0x80000000u));
+}
+
+// n + (a >= b) for b > 0, in two instructions: a + (2^32 - b) carries out exactly when a >= b.
+__device__ __forceinline__ int add_if_at_least(int n, uint32_t a, uint32_t minus_b) {
+  int r;
+  asm("{\n\t.reg .u32 d;\n\tadd.cc.u32 d, %1, %2;\n\taddc.u32 %0, %3, 0;\n\t}"
+      : "=r"(r)
+      : "r"(a), "r"(minus_b), "r"(n));
+  return r;
 }
 
 __device__ __forceinline__ unsigned lanemask_lt(int lane) { return (1u << lane) - 1u; }
@@ -116,73 +117,131 @@ unsigned row_blocks(int64_t rows) {
 // the ballot over lanes at each j lists columns in increasing order. Invalid columns (past the
 // width) hold key 0 and are excluded explicitly where 0 could match.
 //
-// Radix select: T is built bit by bit from the top, keeping count(key >= T) >= k. It starts from
-// the bits every key of the row shares (the common prefix of the row's min and max key, above
-// which nothing needs deciding) and stops as soon as count(key >= T) == k. At the end either
-// exactly k keys are >= T, or T is the k-th largest key. Either way the kept set is every key > T
-// plus the first k - count(key > T) keys equal to T in column order: the CPU reference's set.
+// Radix select: T is built bit by bit from the top, keeping count(key >= T) >= k, and stops as
+// soon as count(key >= T) == k. At the end either exactly k keys are >= T, or T is the k-th
+// largest key. Either way the kept set is every key > T plus the first k - count(key > T) keys
+// equal to T in column order: the CPU reference's set. The bits above the first one where a lower
+// bound of the k-th largest key and the row's maximum differ are shared by every candidate, so the
+// select starts below them. The bound is the row's minimum, or, when k <= 32 and every lane holds
+// a column, the smallest of the maxima of 2^ceil(log2 k) groups of lanes: at least that many keys
+// (one per group) are >= it, so it is at most the k-th largest. On 256 random values this skips
+// the sign, the exponent and a mantissa bit or two, about half the select's steps.
+//
+// Each warp takes kRows consecutive rows (narrow rows only) and loads the next row's values while
+// it selects in the current one, so the loads of a row overlap the select of the previous.
+template <int VPT>
+__host__ __device__ constexpr int topk_rows_per_warp() {
+  return VPT <= 16 ? 4 : 1;
+}
+
+// The row's values at columns j * 32 + lane (immediate offsets from one per-lane address).
+template <int VPT>
+__device__ __forceinline__ void load_row(const float* __restrict__ xr, int width, int lane, uint32_t (&raw)[VPT]) {
+  const float* xl = xr + lane;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) raw[j] = j * kWarp + lane < width ? __float_as_uint(__ldg(xl + j * kWarp)) : 0u;
+}
+
 template <int VPT, typename I>
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
     maxk_forward_kernel(const float* __restrict__ x, int64_t ld, int64_t rows, int width, int k,
                         float* __restrict__ values, I* __restrict__ index) {
+  constexpr int kRows = topk_rows_per_warp<VPT>();
   const int lane = threadIdx.x & (kWarp - 1);
-  const int64_t total_warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp; r < rows; r += total_warps) {
-    const float* xr = x + r * ld;
-    uint32_t key[VPT];
-    uint32_t lo = 0xffffffffu, hi = 0u;
+  const bool bounded = k <= kWarp && width >= kWarp;
+  int group_lanes = kWarp;  // 32 / (groups), groups = k rounded up to a power of two
+  while (group_lanes > 1 && kWarp / group_lanes < k) group_lanes /= 2;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps * kRows;
+  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp) * kRows; first < rows;
+       first += stride) {
+    const int64_t last = min(rows, first + kRows);
+    uint32_t raw[VPT];
+    if constexpr (kRows > 1) load_row<VPT>(x + first * ld, width, lane, raw);
+    for (int64_t r = first; r < last; ++r) {
+      if constexpr (kRows == 1) load_row<VPT>(x + r * ld, width, lane, raw);
+      uint32_t key[VPT];
+      uint32_t lo = 0xffffffffu, hi = 0u;
 #pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      const int c = j * kWarp + lane;
-      key[j] = 0u;
-      if (c < width) {
-        key[j] = order_key(__ldg(xr + c));
-        lo = min(lo, key[j]);
-        hi = max(hi, key[j]);
-      }
-    }
-    lo = warp_min(lo);
-    hi = warp_max(hi);
-    const uint32_t diff = lo ^ hi;
-    uint32_t t_key = hi;  // all keys equal: T = that key, count(key >= T) = width >= k
-    if (diff != 0u) {
-      const int top = 31 - __clz(diff);
-      t_key = hi & ~((2u << top) - 1u);  // the shared prefix; 2u << 31 wraps to 0, masking all bits
-      for (int b = top; b >= 0; --b) {
-        const uint32_t cand = t_key | (1u << b);
-        int n = 0;
-#pragma unroll
-        for (int j = 0; j < VPT; ++j) n += key[j] >= cand ? 1 : 0;  // invalid key 0 < cand
-        n = warp_sum(n);
-        if (n >= k) {
-          t_key = cand;
-          if (n == k) break;
-        }
-      }
-    }
-    int gt = 0;
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) gt += key[j] > t_key ? 1 : 0;
-    gt = warp_sum(gt);
-    const int need = k - gt;  // keys equal to T to keep, lowest columns first
-    int taken = 0, equal_seen = 0;
-    float* vr = values + r * k;
-    I* ir = index + r * k;
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      if (taken < k) {  // warp-uniform
+      for (int j = 0; j < VPT; ++j) {
         const int c = j * kWarp + lane;
-        const bool equal = c < width && key[j] == t_key;
-        const unsigned equal_mask = __ballot_sync(kFull, equal);
-        const bool take = key[j] > t_key || (equal && equal_seen + __popc(equal_mask & lanemask_lt(lane)) < need);
-        const unsigned take_mask = __ballot_sync(kFull, take);
-        if (take) {
-          const int pos = taken + __popc(take_mask & lanemask_lt(lane));
-          vr[pos] = key_value(key[j]);
-          ir[pos] = static_cast<I>(c);
+        key[j] = 0u;
+        if (c < width) {
+          key[j] = order_key_bits(raw[j]);
+          lo = min(lo, key[j]);
+          hi = max(hi, key[j]);
         }
-        taken += __popc(take_mask);
-        equal_seen += __popc(equal_mask);
+      }
+      if constexpr (kRows > 1) {
+        if (r + 1 < last) load_row<VPT>(x + (r + 1) * ld, width, lane, raw);
+      }
+      if (bounded) {
+        uint32_t group_max = hi;  // every lane holds a column
+        for (int o = 1; o < group_lanes; o *= 2) group_max = max(group_max, __shfl_xor_sync(kFull, group_max, o));
+        lo = group_max;
+      }
+      lo = warp_min(lo);
+      hi = warp_max(hi);
+      const uint32_t diff = lo ^ hi;
+      uint32_t t_key = hi;  // lo == hi: at least k keys equal the maximum, T = the maximum
+      bool exact = false;   // count(key >= T) == k
+      if (diff != 0u) {
+        const int top = 31 - __clz(diff);
+        t_key = hi & ~((2u << top) - 1u);  // the shared prefix; 2u << 31 wraps to 0, masking all bits
+        for (int b = top; b >= 0; --b) {
+          const uint32_t cand = t_key | (1u << b);
+          int n = 0;
+#pragma unroll
+          for (int j = 0; j < VPT; ++j) n = add_if_at_least(n, key[j], 0u - cand);  // invalid key 0 < cand
+          n = warp_sum(n);
+          if (n >= k) {
+            t_key = cand;
+            if (n == k) {
+              exact = true;
+              break;
+            }
+          }
+        }
+      }
+      float* vr = values + r * k;
+      I* ir = index + r * k;
+      int taken = 0;
+      if (exact) {  // keep every key >= T (T > 0 here, so never an invalid column): exactly k of them
+        const unsigned below = lanemask_lt(lane);
+#pragma unroll
+        for (int j = 0; j < VPT; ++j) {
+          const bool take = key[j] >= t_key;
+          const unsigned take_mask = __ballot_sync(kFull, take);
+          if (take) {
+            const int pos = taken + __popc(take_mask & below);
+            vr[pos] = key_value(key[j]);
+            ir[pos] = static_cast<I>(j * kWarp + lane);
+          }
+          taken += __popc(take_mask);
+        }
+        continue;
+      }
+      int gt = 0;
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) gt += key[j] > t_key ? 1 : 0;
+      gt = warp_sum(gt);
+      const int need = k - gt;  // keys equal to T to keep, lowest columns first
+      int equal_seen = 0;
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        if (taken < k) {  // warp-uniform
+          const int c = j * kWarp + lane;
+          const bool equal = c < width && key[j] == t_key;
+          const unsigned equal_mask = __ballot_sync(kFull, equal);
+          const bool take = key[j] > t_key || (equal && equal_seen + __popc(equal_mask & lanemask_lt(lane)) < need);
+          const unsigned take_mask = __ballot_sync(kFull, take);
+          if (take) {
+            const int pos = taken + __popc(take_mask & lanemask_lt(lane));
+            vr[pos] = key_value(key[j]);
+            ir[pos] = static_cast<I>(c);
+          }
+          taken += __popc(take_mask);
+          equal_seen += __popc(equal_mask);
+        }
       }
     }
   }
@@ -192,12 +251,12 @@ template <typename I>
 void launch_maxk_forward(ConstMatrixView x, const CbsrView& out, cudaStream_t stream) {
   const int width = static_cast<int>(out.width), k = static_cast<int>(out.k);
   I* index = static_cast<I*>(out.index);
-  const unsigned blocks = row_blocks(out.rows);
   const int per_lane = (width + kWarp - 1) / kWarp;
 #define GALE_MAXK_TOPK(VPT)                                                                          \
   if (per_lane <= VPT) {                                                                             \
-    maxk_forward_kernel<VPT, I><<<blocks, kRowThreads, 0, stream>>>(x.data, x.ld, out.rows, width, k, \
-                                                                    out.values, index);              \
+    const int64_t warps = (out.rows + topk_rows_per_warp<VPT>() - 1) / topk_rows_per_warp<VPT>();   \
+    maxk_forward_kernel<VPT, I><<<row_blocks(warps), kRowThreads, 0, stream>>>(x.data, x.ld, out.rows, width, k, \
+                                                                               out.values, index);  \
     GALE_CHECK_CUDA(cudaGetLastError());                                                             \
     return;                                                                                          \
   }
@@ -298,320 +357,623 @@ size_t scan_temp_bytes(int64_t items) {
 }
 
 // ---- aggregations -----------------------------------------------------------------------------
+//
+// Both aggregations give each warp one work item at a time and a persistent grid (warps loop over
+// the items, so no block idles behind its slowest warp). All 32 lanes of a warp always work on the
+// same item: shuffles and __syncwarp are full-warp, and no instruction is issued once per part of
+// a warp. Sources are 32-bit, so every gather address is one wide multiply-add of the source by
+// the row's byte size onto a per-lane base.
+
+// The tuning constants below; a benchmarking build may override them (-DGALE_MAXK_HUB_DEGREE=...).
+#ifndef GALE_MAXK_GATHER
+#define GALE_MAXK_GATHER 8
+#endif
+#ifndef GALE_MAXK_SCATTER
+#define GALE_MAXK_SCATTER 4
+#endif
+#ifndef GALE_MAXK_CHUNK_GROUPS
+#define GALE_MAXK_CHUNK_GROUPS 4
+#endif
+#ifndef GALE_MAXK_HUB_DEGREE
+#define GALE_MAXK_HUB_DEGREE 128
+#endif
+#ifndef GALE_MAXK_STREAMING
+#define GALE_MAXK_STREAMING 1
+#endif
+
+// A load of data read once: evict-first in L1 and L2 (GALE_MAXK_STREAMING), else a plain
+// read-only load.
+template <typename T>
+__device__ __forceinline__ T load_once(const T* p) {
+#if GALE_MAXK_STREAMING
+  return __ldcs(p);
+#else
+  return __ldg(p);
+#endif
+}
+
+constexpr int kAggThreads = 256;
+constexpr int kAggWarps = kAggThreads / kWarp;
+// At least 4 blocks of 8 warps per SM: at most 64 registers a thread.
+constexpr int kAggMinBlocks = 4;
+// Slot memory per block, at most: wide rows get fewer warps per block (1 KiB a slot at width 256,
+// 16 KiB at 4096; the limit is raised above the default 48 KiB with cudaFuncSetAttribute).
+constexpr int64_t kSlotBudget = 64 * 1024;
+// SpGEMM: steps (one entry per lane group each) whose value and column loads are in flight together
+// (8 measured 8-12% faster than 4 once the loads are unconditional; 4 was faster while they were
+// predicated).
+constexpr int kGather = GALE_MAXK_GATHER;
+// SSpMM: steps (32 / lanes-per-entry entries each) whose column loads are in flight together.
+constexpr int kScatter = GALE_MAXK_SCATTER;
+// Edge groups per work item of the group walks (lane g < kChunkGroups loads group g).
+constexpr int kChunkGroups = GALE_MAXK_CHUNK_GROUPS;
+// SpGEMM rows with at most this many entries are summed whole by one warp and written once with
+// plain stores (bias and self term included). Longer rows ("hubs": on R-MAT scale 21, 4% of the
+// rows but 77% of the entries) are set to bias + self term by a first kernel and accumulated edge
+// group by edge group, each run of a row's groups in a work item adding its sum with float4
+// atomics. The split depends on the degree alone, never on the group table's group size, so any
+// table of the graph gives the same result.
+constexpr int64_t kHubDegree = GALE_MAXK_HUB_DEGREE;
 
 struct AggParams {
-  const EdgeGroup* groups = nullptr;
-  int64_t capacity = 0;
-  const int64_t* count = nullptr;
+  // The graph.
+  const int64_t* indptr = nullptr;
+  int64_t rows = 0;
   const int32_t* indices = nullptr;
   const float* edge_weight = nullptr;
   const float* row_scale = nullptr;
   const float* col_scale = nullptr;
-  const void* index = nullptr;   // CBSR columns, uint8_t or uint16_t
+  // The edge groups.
+  const EdgeGroup* groups = nullptr;
+  int64_t capacity = 0;
+  const int64_t* count = nullptr;
+  // The CBSR pattern: columns (uint8_t or uint16_t), width, k.
+  const void* index = nullptr;
   int width = 0;
   int k = 0;
-  int slots = 0;
+  // Work items: SpGEMM's are `tiles` tiles of 32 rows and the group chunks, interleaved; SSpMM's
+  // the group chunks.
+  int64_t tiles = 0;
+  int64_t items = 0;
+  // SSpMM: log2 of the lanes that share one entry.
+  int entry_shift = 0;
   // SpGEMM: x's values in, out dense.
   const float* values = nullptr;
   float* out = nullptr;
   int64_t out_ld = 0;
+  const float* bias = nullptr;
+  const float* self_coefs = nullptr;
+  float self_scale = 0.0f;
+  int64_t self_rows = 0;
   // SSpMM: the dense gradient in, grad values out.
   const float* grad = nullptr;
   int64_t grad_ld = 0;
   float* grad_values = nullptr;
 };
 
-// The slot table of one block: which groups it runs, and for each slot the first slot of its run
-// (consecutive slots of the same row). Returns the number of slots, 0 when the block has none
-// (then it must leave: the caller returns before any barrier, which is block-uniform).
-struct SlotTable {
-  int64_t start[kMaxSlots];
-  int32_t row[kMaxSlots];
-  int32_t count[kMaxSlots];
-  int16_t run[kMaxSlots];  // first slot of the run this slot belongs to
-};
-
-__device__ __forceinline__ int block_slots(const AggParams& p, int64_t* first_out) {
-  const int64_t n = p.count != nullptr ? *p.count : p.capacity;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * p.slots;
-  *first_out = first;
-  if (first >= n) return 0;
-  return static_cast<int>(min(static_cast<int64_t>(p.slots), n - first));
+__device__ __forceinline__ int64_t group_total(const AggParams& p) {
+  return p.count != nullptr ? min(*p.count, p.capacity) : p.capacity;
 }
 
-// Loads the table (threads < slots), then a barrier, then each thread < slots finds its run start.
-// Ends with a barrier, so the table is ready for every thread.
-__device__ __forceinline__ void load_slots(const AggParams& p, int64_t first, int slots, SlotTable& t) {
-  if (threadIdx.x < slots) {
-    const EdgeGroup g = p.groups[first + threadIdx.x];
-    t.start[threadIdx.x] = g.start;
-    t.row[threadIdx.x] = g.row;
-    t.count[threadIdx.x] = g.count;
-  }
-  __syncthreads();
-  if (threadIdx.x < slots) {
-    int s = threadIdx.x;
-    while (s > 0 && t.row[s - 1] == t.row[threadIdx.x]) --s;
-    t.run[threadIdx.x] = static_cast<int16_t>(s);
-  }
-  __syncthreads();
+// Group g of the table as one 16-byte load: start, then row (low word) and count (high word).
+__device__ __forceinline__ EdgeGroup load_group(const EdgeGroup* groups, int64_t g) {
+  static_assert(sizeof(EdgeGroup) == 16 && alignof(EdgeGroup) == 8, "EdgeGroup layout");
+  const longlong2 v = __ldg(reinterpret_cast<const longlong2*>(groups) + g);
+  EdgeGroup e;
+  e.start = v.x;
+  e.row = static_cast<int32_t>(static_cast<uint64_t>(v.y) & 0xffffffffu);
+  e.count = static_cast<int32_t>(static_cast<uint64_t>(v.y) >> 32);
+  return e;
 }
 
-// Alg. 1: stage 0 zeroes the slot buffers, stage 1 accumulates each group's entries into its
-// buffer (sub-warp of L lanes; lane l takes values l, l + L, ... of each neighbour's k), stage 2
-// flushes every run of slots of one row with coalesced atomics (float4 ones when kVec).
-template <int L, typename I, bool kVec>
-__global__ void __launch_bounds__(kAggThreads) spgemm_kernel(AggParams p) {
-  extern __shared__ float4 smem4[];
-  float* buf = reinterpret_cast<float*>(smem4);
-  __shared__ SlotTable table;
-  int64_t first = 0;
-  const int slots = block_slots(p, &first);
-  if (slots == 0) return;  // the whole block, before any barrier
-  const int width = p.width, k = p.k;
-  for (int i = threadIdx.x; i < slots * width; i += kAggThreads) buf[i] = 0.0f;
-  load_slots(p, first, slots, table);  // its barriers also order the zeroing before stage 1
-
-  const int sub = threadIdx.x / L;
-  const int l = threadIdx.x % L;
-  if (sub < slots) {
-    const unsigned mask = L == kWarp ? kFull : (((1u << L) - 1u) << ((threadIdx.x % kWarp) / L * L));
-    const I* index = static_cast<const I*>(p.index);
-    float* b = buf + sub * width;
-    const int64_t start = table.start[sub];
-    const int count = table.count[sub];
-    for (int q = 0; q < count; q += kBatch) {
-      int32_t src[kBatch];
-      float coef[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        src[u] = -1;
-        coef[u] = 0.0f;
-        if (q + u < count) {
-          const int64_t e = start + q + u;
-          src[u] = __ldg(p.indices + e);
-          float c = p.col_scale ? __ldg(p.col_scale + src[u]) : 1.0f;
-          if (p.edge_weight) c *= __ldg(p.edge_weight + e);
-          coef[u] = c;
-        }
-      }
-      for (int t0 = 0; t0 < k; t0 += L) {
-        const int t = t0 + l;
-        float v[kBatch];
-        int col[kBatch];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          v[u] = 0.0f;
-          col[u] = 0;
-          if (src[u] >= 0 && t < k) {
-            const int64_t at = static_cast<int64_t>(src[u]) * k + t;
-            v[u] = __ldg(p.values + at);
-            col[u] = index[at];
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          if (src[u] >= 0 && t < k) b[col[u]] += coef[u] * v[u];
-          __syncwarp(mask);  // the next entry may hit a column another lane just updated
-        }
-      }
-    }
-  }
-  __syncthreads();
-
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  for (int s = warp; s < slots; s += kAggWarps) {
-    if (table.run[s] != s) continue;  // flushed by its run's first slot
-    int end = s + 1;
-    while (end < slots && table.run[end] == s) ++end;
-    const int row = table.row[s];
-    const float rs = p.row_scale ? __ldg(p.row_scale + row) : 1.0f;
-    float* o = p.out + static_cast<int64_t>(row) * p.out_ld;
-    if constexpr (kVec) {
-      for (int c = lane * 4; c < width; c += kWarp * 4) {
-        float4 v = *reinterpret_cast<const float4*>(buf + s * width + c);
-        for (int q = s + 1; q < end; ++q) {
-          const float4 w = *reinterpret_cast<const float4*>(buf + q * width + c);
-          v.x += w.x;
-          v.y += w.y;
-          v.z += w.z;
-          v.w += w.w;
-        }
-        // A column no entry reached stays 0 in every buffer: skip it (low-degree rows at small k
-        // touch few of the width columns, and the flush is the kernel's bottleneck).
-        if (v.x != 0.0f || v.y != 0.0f || v.z != 0.0f || v.w != 0.0f)
-          atomic_add4(o + c, make_float4(rs * v.x, rs * v.y, rs * v.z, rs * v.w));
-      }
-    } else {
-      for (int c = lane; c < width; c += kWarp) {
-        float v = buf[s * width + c];
-        for (int q = s + 1; q < end; ++q) v += buf[q * width + c];
-        if (v != 0.0f) atomicAdd(o + c, rs * v);
-      }
-    }
+// Source and coefficient (col_scale[src] * edge_weight[e]) of entry e when valid, else 0 and 0.
+__device__ __forceinline__ void load_entry(const AggParams& p, int64_t e, bool valid, int32_t* src, float* coef) {
+  *src = 0;
+  *coef = 0.0f;
+  if (valid) {  // read once: evict-first, so they do not push gathered rows or atomics' lines out of L2
+    *src = load_once(p.indices + e);
+    float c = p.col_scale ? __ldg(p.col_scale + *src) : 1.0f;
+    if (p.edge_weight) c *= load_once(p.edge_weight + e);
+    *coef = c;
   }
 }
 
-// Alg. 2: stage 1 stages row_scale[i] * g[i] once per run of slots of row i, stage 2 has each
-// group's sub-warp gather it at every neighbour's k columns and add into the neighbour's gradient
-// values with coalesced atomics. Shared memory is only read after the barrier: no fences needed.
+// Element `src` of rows of `row_bytes` bytes from a per-lane base: one wide multiply-add (written
+// out, since the compiler otherwise re-associates it into three 64-bit adds around the base). For
+// loads only (they say .global themselves); an atomic's address must stay visibly global.
+template <typename T>
+__device__ __forceinline__ const T* row_at(const T* base, uint32_t src, uint32_t row_bytes) {
+  uint64_t at;
+  asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(at) : "r"(src), "r"(row_bytes), "l"(reinterpret_cast<uint64_t>(base)));
+  return reinterpret_cast<const T*>(at);
+}
+
+// SpGEMM's inner loop: adds coef_e * x[src_e] for the entries [start, start + count) into the
+// warp's slots. The warp is P = 32 / L lane groups of L lanes, group h with its own slot: lane l
+// loads entry base + l's source and coefficient, then step s gives entry u0 + s * P + h to group
+// h, whose lane t reads value t (and t + L, ... when k > L) of it. kGather steps have all their
+// loads in flight before the adds, which go one step after the other: one entry's columns are
+// distinct, but two entries of a group can share a column held by different lanes. The loads are
+// unconditional (a step past the entries reads source 0, a lane past k value k - 1: both exist
+// whenever there is an entry) and only the adds are predicated.
 template <int L, typename I>
-__global__ void __launch_bounds__(kAggThreads) sspmm_kernel(AggParams p) {
-  extern __shared__ float4 smem4[];
-  float* buf = reinterpret_cast<float*>(smem4);
-  __shared__ SlotTable table;
-  int64_t first = 0;
-  const int slots = block_slots(p, &first);
-  if (slots == 0) return;  // the whole block, before any barrier
-  const int width = p.width, k = p.k;
-  load_slots(p, first, slots, table);
-
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  for (int s = warp; s < slots; s += kAggWarps) {
-    if (table.run[s] != s) continue;
-    const int row = table.row[s];
-    const float rs = p.row_scale ? __ldg(p.row_scale + row) : 1.0f;
-    const float* g = p.grad + static_cast<int64_t>(row) * p.grad_ld;
-    for (int c = lane; c < width; c += kWarp) buf[s * width + c] = rs * __ldg(g + c);
-  }
-  __syncthreads();
-
-  const int sub = threadIdx.x / L;
-  const int l = threadIdx.x % L;
-  if (sub >= slots) return;  // no barrier follows
-  const I* index = static_cast<const I*>(p.index);
-  const float* b = buf + table.run[sub] * width;
-  const int64_t start = table.start[sub];
-  const int count = table.count[sub];
-  for (int q = 0; q < count; q += kBatch) {
-    int32_t src[kBatch];
-    float coef[kBatch];
+__device__ __forceinline__ void spgemm_accumulate(const AggParams& p, int64_t start, int count, float* slots,
+                                                  int lane) {
+  constexpr int P = kWarp / L;
+  const int h = lane / L;
+  const uint32_t tl = lane % L, k = p.k;
+  float* slot = slots + h * p.width;
+  const uint32_t value_bytes = k * sizeof(float), index_bytes = k * sizeof(I);
+  for (int base = 0; base < count; base += kWarp) {
+    const int m = min(kWarp, count - base);
+    int32_t my_src;
+    float my_coef;
+    load_entry(p, start + base + lane, lane < m, &my_src, &my_coef);
+    for (int u0 = 0; u0 < m; u0 += P * kGather) {
+      for (uint32_t t = tl; t - tl < k; t += L) {
+        const uint32_t tc = min(t, k - 1);
+        const float* values = p.values + tc;
+        const I* index = static_cast<const I*>(p.index) + tc;
+        float v[kGather];
+        int col[kGather];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      src[u] = -1;
-      coef[u] = 0.0f;
-      if (q + u < count) {
-        const int64_t e = start + q + u;
-        src[u] = __ldg(p.indices + e);
-        float c = p.col_scale ? __ldg(p.col_scale + src[u]) : 1.0f;
-        if (p.edge_weight) c *= __ldg(p.edge_weight + e);
-        coef[u] = c;
+        for (int s = 0; s < kGather; ++s) {
+          const int u = u0 + s * P + h;
+          const uint32_t src = static_cast<uint32_t>(__shfl_sync(kFull, my_src, u & (kWarp - 1)));
+          v[s] = __ldg(row_at(values, src, value_bytes));
+          col[s] = __ldg(row_at(index, src, index_bytes));
+        }
+#pragma unroll
+        for (int s = 0; s < kGather; ++s) {
+          const int u = u0 + s * P + h;
+          const float coef = __shfl_sync(kFull, my_coef, u & (kWarp - 1));
+          if (u < m && t < k) slot[col[s]] += coef * v[s];
+          __syncwarp();
+        }
       }
-    }
-    for (int t0 = 0; t0 < k; t0 += L) {
-      const int t = t0 + l;
-      if (t >= k) continue;
-      int col[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) col[u] = src[u] >= 0 ? index[static_cast<int64_t>(src[u]) * k + t] : 0;
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u)
-        if (src[u] >= 0) atomicAdd(p.grad_values + static_cast<int64_t>(src[u]) * k + t, coef[u] * b[col[u]]);
     }
   }
 }
 
-// out[r] = bias (or 0), plus self_coef(r) * x[r] at x's kept columns: the part of SpGEMM's output
-// that is not a sum over entries, written before the atomics land.
-template <typename I>
-__global__ void __launch_bounds__(kRowThreads)
-    spgemm_init_kernel(int64_t rows, int width, int k, const float* __restrict__ bias, const float* __restrict__ values,
-                       const I* __restrict__ index, int64_t self_rows, float self_scale,
-                       const float* __restrict__ self_coefs, float* __restrict__ out, int64_t out_ld) {
-  const int lane = threadIdx.x & (kWarp - 1);
-  const int64_t total_warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp; r < rows; r += total_warps) {
-    float* o = out + r * out_ld;
-    for (int c = lane; c < width; c += kWarp) o[c] = bias ? __ldg(bias + c) : 0.0f;
-    const float self = r < self_rows ? self_scale + (self_coefs ? __ldg(self_coefs + r) : 0.0f) : 0.0f;
-    if (self != 0.0f) {  // uniform across the warp
-      __syncwarp();
-      for (int t = lane; t < k; t += kWarp) o[index[r * k + t]] += self * __ldg(values + r * k + t);
+// Writes out row r from the warp's P slots (which hold the row's sum in parts, and are left
+// zeroed): rs * sum, plus self * x[r] at x's kept columns, plus bias, in the CPU reference's
+// order. Plain stores, marked streaming: the output is not read again by this op, and the
+// gathered x should keep its place in L2.
+template <int L, typename I, bool kVec>
+__device__ __forceinline__ void spgemm_write_row(const AggParams& p, int64_t r, float rs, float self, float* slots,
+                                                 int lane) {
+  constexpr int P = kWarp / L;
+  const int width = p.width;
+  if (self != 0.0f) {  // warp-uniform: gather the parts into slot 0, scaled, and add the self term there
+    for (int c = lane; c < width; c += kWarp) {
+      float v = slots[c];
+#pragma unroll
+      for (int q = 1; q < P; ++q) {
+        v += slots[q * width + c];
+        slots[q * width + c] = 0.0f;
+      }
+      slots[c] = rs * v;
     }
     __syncwarp();
+    const I* index = static_cast<const I*>(p.index);
+    for (int t = lane; t < p.k; t += kWarp) {
+      const int64_t at = r * p.k + t;
+      slots[__ldg(index + at)] += self * __ldg(p.values + at);
+    }
+    __syncwarp();
+    rs = 1.0f;
+  }
+  float* o = p.out + r * p.out_ld;
+  if constexpr (kVec) {
+    float4* s4 = reinterpret_cast<float4*>(slots);
+    float4* o4 = reinterpret_cast<float4*>(o);
+    const float4* b4 = reinterpret_cast<const float4*>(p.bias);
+    const int w4 = width / 4;
+#pragma unroll 1
+    for (int c = lane; c < w4; c += kWarp) {
+      float4 v = s4[c];
+      s4[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int q = 1; q < P; ++q) {
+        const float4 w = s4[q * w4 + c];
+        s4[q * w4 + c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v.x += w.x;
+        v.y += w.y;
+        v.z += w.z;
+        v.w += w.w;
+      }
+      const float4 b = p.bias ? __ldg(b4 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      v.x = rs * v.x + b.x;
+      v.y = rs * v.y + b.y;
+      v.z = rs * v.z + b.z;
+      v.w = rs * v.w + b.w;
+      __stcs(o4 + c, v);
+    }
+  } else {
+    for (int c = lane; c < width; c += kWarp) {
+      float v = slots[c];
+      slots[c] = 0.0f;
+#pragma unroll
+      for (int q = 1; q < P; ++q) {
+        v += slots[q * width + c];
+        slots[q * width + c] = 0.0f;
+      }
+      __stcs(o + c, rs * v + (p.bias ? __ldg(p.bias + c) : 0.0f));
+    }
+  }
+  __syncwarp();
+}
+
+// Adds rs[row] times the sum of the warp's slots into out[row] with atomics (float4 ones when
+// kVec), skipping columns no entry reached, and leaves the slots zeroed.
+template <int L, bool kVec>
+__device__ __forceinline__ void spgemm_flush(const AggParams& p, int row, float* slots, int lane) {
+  constexpr int P = kWarp / L;
+  __syncwarp();
+  const float rs = p.row_scale ? __ldg(p.row_scale + row) : 1.0f;
+  float* o = p.out + static_cast<int64_t>(row) * p.out_ld;
+  if constexpr (kVec) {
+    float4* s4 = reinterpret_cast<float4*>(slots);
+    const int w4 = p.width / 4;
+#pragma unroll 1
+    for (int c = lane; c < w4; c += kWarp) {
+      float4 v = s4[c];
+      s4[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int q = 1; q < P; ++q) {
+        const float4 w = s4[q * w4 + c];
+        s4[q * w4 + c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v.x += w.x;
+        v.y += w.y;
+        v.z += w.z;
+        v.w += w.w;
+      }
+      if (v.x != 0.0f || v.y != 0.0f || v.z != 0.0f || v.w != 0.0f)
+        atomic_add4(o + 4 * c, make_float4(rs * v.x, rs * v.y, rs * v.z, rs * v.w));
+    }
+  } else {
+    for (int c = lane; c < p.width; c += kWarp) {
+      float v = slots[c];
+      slots[c] = 0.0f;
+#pragma unroll
+      for (int q = 1; q < P; ++q) {
+        v += slots[q * p.width + c];
+        slots[q * p.width + c] = 0.0f;
+      }
+      if (v != 0.0f) atomicAdd(o + c, rs * v);
+    }
+  }
+  __syncwarp();
+}
+
+// A tile: rows tile * 32 ... tile * 32 + 31 (lane i loads row i's extent and scales), each row of
+// at most kHubDegree entries summed in the slots and written whole.
+template <int L, typename I, bool kVec>
+__device__ __forceinline__ void spgemm_tile(const AggParams& p, int64_t tile, float* slots, int lane) {
+  const int64_t r0 = tile * kWarp;
+  const int64_t r = r0 + lane;
+  int64_t begin = 0;
+  int degree = 0;  // capped at kHubDegree + 1: only whether a row is a hub matters beyond
+  float rs = 1.0f, self = 0.0f;
+  if (r < p.rows) {
+    begin = __ldg(p.indptr + r);
+    degree = static_cast<int>(min(__ldg(p.indptr + r + 1) - begin, kHubDegree + 1));
+    if (p.row_scale) rs = __ldg(p.row_scale + r);
+    if (r < p.self_rows) self = p.self_scale + (p.self_coefs ? __ldg(p.self_coefs + r) : 0.0f);
+  }
+  const int n = static_cast<int>(min(static_cast<int64_t>(kWarp), p.rows - r0));
+  for (int i = 0; i < n; ++i) {
+    const int row_degree = __shfl_sync(kFull, degree, i);
+    if (row_degree > kHubDegree) continue;  // a hub: the init kernel and the group chunks write it
+    const int64_t b = __shfl_sync(kFull, begin, i);
+    const float row_rs = __shfl_sync(kFull, rs, i);
+    const float row_self = __shfl_sync(kFull, self, i);
+    spgemm_accumulate<L, I>(p, b, row_degree, slots, lane);
+    __syncwarp();
+    spgemm_write_row<L, I, kVec>(p, r0 + i, row_rs, row_self, slots, lane);
   }
 }
 
-// grad_values[j][t] = self_coef(j) * g[j][idx[j][t]] (0 past the self rows): SSpMM's part that is
-// not a sum over entries.
+// A chunk: edge groups chunk * kChunkGroups ..., those of hub rows only (lane g loads group g and
+// its row's degree). Consecutive groups of one row share the slots and one flush.
+template <int L, typename I, bool kVec>
+__device__ __forceinline__ void spgemm_chunk(const AggParams& p, int64_t chunk, float* slots, int lane) {
+  const int64_t n = group_total(p);
+  const int64_t g = chunk * kChunkGroups + lane;
+  int64_t start = 0;
+  int row = -1, count = 0;
+  if (lane < kChunkGroups && g < n) {
+    const EdgeGroup eg = load_group(p.groups, g);
+    if (__ldg(p.indptr + eg.row + 1) - __ldg(p.indptr + eg.row) > kHubDegree) {
+      start = eg.start;
+      row = eg.row;
+      count = eg.count;
+    }
+  }
+  int current = -1;
+  for (int i = 0; i < kChunkGroups; ++i) {
+    const int gr = __shfl_sync(kFull, row, i);
+    const int64_t gs = __shfl_sync(kFull, start, i);
+    const int gc = __shfl_sync(kFull, count, i);
+    if (gr < 0) continue;
+    if (gr != current) {
+      if (current >= 0) spgemm_flush<L, kVec>(p, current, slots, lane);
+      current = gr;
+    }
+    spgemm_accumulate<L, I>(p, gs, gc, slots, lane);
+  }
+  if (current >= 0) spgemm_flush<L, kVec>(p, current, slots, lane);
+}
+
+// Alg. 1 reorganised: item i is a tile or a group chunk (Bresenham-interleaved, so the tiles'
+// DRAM-bound row writes and the chunks' L2-bound gathers run side by side).
+template <int L, typename I, bool kVec>
+__global__ void __launch_bounds__(kAggThreads, kAggMinBlocks) spgemm_kernel(AggParams p) {
+  extern __shared__ float4 smem4[];
+  constexpr int P = kWarp / L;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int warps = static_cast<int>(blockDim.x) / kWarp;
+  float* slots = reinterpret_cast<float*>(smem4) + static_cast<int64_t>(warp) * P * p.width;
+  for (int c = lane; c < P * p.width; c += kWarp) slots[c] = 0.0f;
+  __syncwarp();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * warps;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * warps + warp; item < p.items; item += stride) {
+    const int64_t tiles_before = item * p.tiles / p.items;
+    if ((item + 1) * p.tiles / p.items > tiles_before) {
+      spgemm_tile<L, I, kVec>(p, tiles_before, slots, lane);
+    } else {
+      spgemm_chunk<L, I, kVec>(p, item - tiles_before, slots, lane);
+    }
+  }
+}
+
+// Hub rows (more than kHubDegree entries): out[r] = bias (or 0) + self_coef(r) * x[r] at x's kept
+// columns, before the group chunks add their sums. Lane i of a warp checks row r0 + i, then the
+// warp writes the hub rows among its 32 together.
 template <typename I>
-__global__ void sspmm_init_kernel(int64_t rows, int k, const I* __restrict__ index, int64_t self_rows, float self_scale,
-                                  const float* __restrict__ self_coefs, const float* __restrict__ grad, int64_t grad_ld,
-                                  float* __restrict__ grad_values) {
-  const int64_t total = rows * k;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const int64_t j = i / k;
-    const float self = j < self_rows ? self_scale + (self_coefs ? __ldg(self_coefs + j) : 0.0f) : 0.0f;
-    grad_values[i] = self != 0.0f ? self * __ldg(grad + j * grad_ld + index[i]) : 0.0f;
+__global__ void __launch_bounds__(kRowThreads) spgemm_hub_init_kernel(AggParams p) {
+  const int lane = threadIdx.x & (kWarp - 1);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps * kWarp;
+  const I* index = static_cast<const I*>(p.index);
+  for (int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp) * kWarp; r0 < p.rows;
+       r0 += stride) {
+    const int64_t r = r0 + lane;
+    const bool hub = r < p.rows && __ldg(p.indptr + r + 1) - __ldg(p.indptr + r) > kHubDegree;
+    unsigned hubs = __ballot_sync(kFull, hub);
+    while (hubs != 0u) {
+      const int64_t row = r0 + __ffs(hubs) - 1;
+      hubs &= hubs - 1u;
+      float* o = p.out + row * p.out_ld;
+      for (int c = lane; c < p.width; c += kWarp) o[c] = p.bias ? __ldg(p.bias + c) : 0.0f;
+      const float self = row < p.self_rows ? p.self_scale + (p.self_coefs ? __ldg(p.self_coefs + row) : 0.0f) : 0.0f;
+      if (self != 0.0f) {  // warp-uniform
+        __syncwarp();       // orders the bias stores before the updates of other lanes' columns
+        for (int t = lane; t < p.k; t += kWarp) {
+          const int64_t at = row * p.k + t;
+          o[__ldg(index + at)] += self * __ldg(p.values + at);
+        }
+      }
+      __syncwarp();
+    }
   }
 }
 
-// Sub-warp lanes for k values: k rounded up to a power of two below 32, else the whole warp.
+// SSpMM column loads: V consecutive columns of an entry's k in one load.
+template <typename I, int V>
+struct Columns;
+template <typename I>
+struct Columns<I, 1> {
+  using Word = I;
+  __device__ static int get(Word w, int) { return w; }
+};
+template <>
+struct Columns<uint8_t, 4> {
+  using Word = uint32_t;
+  __device__ static int get(Word w, int i) { return (w >> (8 * i)) & 0xffu; }
+};
+template <>
+struct Columns<uint16_t, 4> {
+  using Word = uint2;
+  __device__ static int get(Word w, int i) { return ((i < 2 ? w.x : w.y) >> (16 * (i & 1))) & 0xffffu; }
+};
+
+// Stages rs[row] * g[row] in the slot. A row staged for one short group is read once (evict-first,
+// keeping L2 for grad_values' lines, which the atomics otherwise push out and fetch again); a hub
+// row is staged again by the work items of its other groups, so it stays.
+template <bool kVec>
+__device__ __forceinline__ void sspmm_stage(const AggParams& p, int row, bool once, float* slot, int lane) {
+  const float rs = p.row_scale ? __ldg(p.row_scale + row) : 1.0f;
+  const float* g = p.grad + static_cast<int64_t>(row) * p.grad_ld;
+  if constexpr (kVec) {
+    float4* s4 = reinterpret_cast<float4*>(slot);
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+#pragma unroll 2
+    for (int c = lane; c < p.width / 4; c += kWarp) {
+      const float4 v = once ? load_once(g4 + c) : __ldg(g4 + c);
+      s4[c] = make_float4(rs * v.x, rs * v.y, rs * v.z, rs * v.w);
+    }
+  } else {
+    for (int c = lane; c < p.width; c += kWarp) slot[c] = rs * (once ? load_once(g + c) : __ldg(g + c));
+  }
+}
+
+// SSpMM's inner loop over the entries [start, start + count) of a row whose scaled gradient the
+// slot holds: entry (i, j) adds coef * slot[idx[j][t]] to grad_values[j][t] for every t. Lanes
+// take V consecutive t of an entry (E = 2^entry_shift lanes per entry, so 32 / E entries per
+// step); kScatter steps issue their column loads before any of their atomics. The first 32
+// entries' sources and coefficients come in from the caller, loaded before the slot was staged.
+template <typename I, int V>
+__device__ __forceinline__ void sspmm_scatter(const AggParams& p, int64_t start, int count, int32_t first_src,
+                                              float first_coef, const float* slot, int lane) {
+  using Cols = Columns<I, V>;
+  const uint32_t k = p.k;
+  const int pieces = static_cast<int>(k) / V;
+  const int lanes_per_entry = 1 << p.entry_shift;
+  const int per_step = kWarp >> p.entry_shift;
+  const int lane_piece = lane & (lanes_per_entry - 1);
+  const int lane_entry = lane >> p.entry_shift;
+  const uint32_t index_bytes = k * sizeof(I);
+  for (int base = 0; base < count; base += kWarp) {
+    const int m = min(kWarp, count - base);
+    int32_t my_src = first_src;
+    float my_coef = first_coef;
+    if (base > 0) load_entry(p, start + base + lane, lane < m, &my_src, &my_coef);
+    for (int q = lane_piece; q - lane_piece < pieces; q += lanes_per_entry) {
+      const auto* index = reinterpret_cast<const typename Cols::Word*>(static_cast<const I*>(p.index) + q * V);
+      float* gv = p.grad_values + q * V;
+      for (int u0 = 0; u0 < m; u0 += per_step * kScatter) {
+        uint32_t src[kScatter];
+        typename Cols::Word cols[kScatter];
+#pragma unroll
+        for (int s = 0; s < kScatter; ++s) {
+          const int u = u0 + s * per_step + lane_entry;
+          src[s] = static_cast<uint32_t>(__shfl_sync(kFull, my_src, u & (kWarp - 1)));
+          if (u < m && q < pieces) cols[s] = __ldg(row_at(index, src[s], index_bytes));
+        }
+#pragma unroll
+        for (int s = 0; s < kScatter; ++s) {
+          const int u = u0 + s * per_step + lane_entry;
+          const float coef = __shfl_sync(kFull, my_coef, u & (kWarp - 1));
+          if (u >= m || q >= pieces) continue;
+          // Plain arithmetic, not row_at: from an asm-made address the compiler cannot tell the
+          // atomic is global and emits a generic ATOM with a return (measured 7% slower) for RED.
+          float* dst = gv + static_cast<uint64_t>(src[s]) * k;
+          if constexpr (V == 4) {
+            atomic_add4(dst, make_float4(coef * slot[Cols::get(cols[s], 0)], coef * slot[Cols::get(cols[s], 1)],
+                                         coef * slot[Cols::get(cols[s], 2)], coef * slot[Cols::get(cols[s], 3)]));
+          } else {
+            atomicAdd(dst, coef * slot[Cols::get(cols[s], 0)]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Alg. 2 over chunks of kChunkGroups edge groups per warp: the slot is restaged only when the row
+// changes (a hub's consecutive groups share it), and each group's first sources are loaded before
+// the staging so that the two loads overlap.
+template <typename I, int V, bool kVec>
+__global__ void __launch_bounds__(kAggThreads, kAggMinBlocks) sspmm_kernel(AggParams p) {
+  extern __shared__ float4 smem4[];
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int warps = static_cast<int>(blockDim.x) / kWarp;
+  float* slot = reinterpret_cast<float*>(smem4) + static_cast<int64_t>(warp) * p.width;
+  const int64_t n = group_total(p);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * warps;
+  for (int64_t chunk = static_cast<int64_t>(blockIdx.x) * warps + warp; chunk < p.items; chunk += stride) {
+    const int64_t g = chunk * kChunkGroups + lane;
+    int64_t start = 0;
+    int row = -1, count = 0;
+    if (lane < kChunkGroups && g < n) {
+      const EdgeGroup eg = load_group(p.groups, g);
+      start = eg.start;
+      row = eg.row;
+      count = eg.count;
+    }
+    int current = -1;
+    for (int i = 0; i < kChunkGroups; ++i) {
+      const int gr = __shfl_sync(kFull, row, i);
+      const int64_t gs = __shfl_sync(kFull, start, i);
+      const int gc = __shfl_sync(kFull, count, i);
+      if (gr < 0) break;  // past the table's end
+      int32_t src;
+      float coef;
+      load_entry(p, gs + lane, lane < gc, &src, &coef);
+      if (gr != current) {
+        __syncwarp();  // the previous row's gathers are done
+        sspmm_stage<kVec>(p, gr, gc < kMaxkEdgeGroupSize, slot, lane);
+        __syncwarp();
+        current = gr;
+      }
+      sspmm_scatter<I, V>(p, gs, gc, src, coef, slot, lane);
+    }
+  }
+}
+
+// grad_values[j][t] = self_coef(j) * g[j][idx[j][t]] for j below the self rows (0 beyond): SSpMM's
+// part that is not a sum over entries. One warp per row (no division per element); without a
+// self term the op clears grad_values with a memset instead.
+template <typename I>
+__global__ void __launch_bounds__(kRowThreads)
+    sspmm_init_kernel(int64_t rows, int k, const I* __restrict__ index, int64_t self_rows, float self_scale,
+                      const float* __restrict__ self_coefs, const float* __restrict__ grad, int64_t grad_ld,
+                      float* __restrict__ grad_values) {
+  const int lane = threadIdx.x & (kWarp - 1);
+  const int64_t total_warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp; j < rows; j += total_warps) {
+    const float self = j < self_rows ? self_scale + (self_coefs ? __ldg(self_coefs + j) : 0.0f) : 0.0f;
+    for (int t = lane; t < k; t += kWarp) {
+      const int64_t at = j * k + t;
+      grad_values[at] = self != 0.0f ? self * __ldg(grad + j * grad_ld + index[at]) : 0.0f;
+    }
+  }
+}
+
+// k rounded up to a power of two, clamped to [8, 32]: SpGEMM's lanes per entry.
 int lanes_for(int64_t k) {
-  int l = 1;
+  int l = 8;
   while (l < k && l < kWarp) l *= 2;
   return l;
 }
 
 struct AggShape {
-  int lanes = 32;
-  int slots = 1;
+  int warps = kAggWarps;  // per block
+  int threads = kAggThreads;
   size_t smem = 0;
 };
 
-AggShape agg_shape(int64_t width, int64_t k) {
+// Blocks of up to 8 warps, each with `slots` width-float slots, within kSlotBudget.
+AggShape agg_shape(int64_t width, int slots) {
   AggShape s;
-  s.lanes = lanes_for(k);
-  const int64_t sub_warps = kAggThreads / s.lanes;
-  const int64_t by_smem = std::max<int64_t>(kMinSlots, kSlotBytes / (width * static_cast<int64_t>(sizeof(float))));
-  s.slots = static_cast<int>(std::min(sub_warps, by_smem));
-  s.smem = static_cast<size_t>(s.slots) * static_cast<size_t>(width) * sizeof(float);
+  const int64_t warp_bytes = static_cast<int64_t>(slots) * width * static_cast<int64_t>(sizeof(float));
+  s.warps = static_cast<int>(std::clamp<int64_t>(kSlotBudget / warp_bytes, 1, kAggWarps));
+  s.threads = s.warps * kWarp;
+  s.smem = static_cast<size_t>(s.warps) * static_cast<size_t>(warp_bytes);
   return s;
 }
 
-unsigned agg_blocks(int64_t capacity, int slots) {
-  const int64_t blocks = (capacity + slots - 1) / slots;
-  if (blocks > std::numeric_limits<int32_t>::max())
-    throw InputError("maxk aggregation: " + std::to_string(capacity) + " edge groups need too many blocks");
-  return static_cast<unsigned>(blocks);
-}
-
+// A persistent grid: as many blocks as the device holds at once (the warps loop over the items),
+// fewer when there are fewer items.
 template <typename Kernel>
-void launch_agg(Kernel kernel, const AggShape& s, int64_t capacity, const AggParams& p, cudaStream_t stream) {
-  // The default limit counts the static slot table too.
-  if (s.smem + sizeof(SlotTable) > static_cast<size_t>(kDefaultSmemLimit))
+void launch_agg(Kernel kernel, const AggShape& s, const AggParams& p, cudaStream_t stream) {
+  if (p.items == 0) return;
+  if (s.smem > static_cast<size_t>(kDefaultSmemLimit))
     GALE_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s.smem)));
-  kernel<<<agg_blocks(capacity, s.slots), kAggThreads, s.smem, stream>>>(p);
+  int device = 0, sms = 0, per_sm = 0;
+  GALE_CHECK_CUDA(cudaGetDevice(&device));
+  GALE_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  GALE_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, s.threads, s.smem));
+  const int64_t needed = (p.items + s.warps - 1) / s.warps;
+  const int64_t blocks = std::clamp<int64_t>(int64_t{sms} * std::max(per_sm, 1), 1, needed);
+  kernel<<<static_cast<unsigned>(blocks), s.threads, s.smem, stream>>>(p);
   GALE_CHECK_CUDA(cudaGetLastError());
 }
 
 template <typename I, bool kVec>
-void dispatch_spgemm(const AggShape& s, int64_t capacity, const AggParams& p, cudaStream_t stream) {
-  switch (s.lanes) {
-    case 1: launch_agg(spgemm_kernel<1, I, kVec>, s, capacity, p, stream); return;
-    case 2: launch_agg(spgemm_kernel<2, I, kVec>, s, capacity, p, stream); return;
-    case 4: launch_agg(spgemm_kernel<4, I, kVec>, s, capacity, p, stream); return;
-    case 8: launch_agg(spgemm_kernel<8, I, kVec>, s, capacity, p, stream); return;
-    case 16: launch_agg(spgemm_kernel<16, I, kVec>, s, capacity, p, stream); return;
-    case 32: launch_agg(spgemm_kernel<32, I, kVec>, s, capacity, p, stream); return;
+void dispatch_spgemm(int lanes, const AggShape& s, const AggParams& p, cudaStream_t stream) {
+  switch (lanes) {
+    case 8: launch_agg(spgemm_kernel<8, I, kVec>, s, p, stream); return;
+    case 16: launch_agg(spgemm_kernel<16, I, kVec>, s, p, stream); return;
+    case 32: launch_agg(spgemm_kernel<32, I, kVec>, s, p, stream); return;
     default: break;
   }
-  throw InternalError("spgemm_cbsr: no kernel for " + std::to_string(s.lanes) + " lanes");
+  throw InternalError("spgemm_cbsr: no kernel for " + std::to_string(lanes) + " lanes");
 }
 
 template <typename I>
-void dispatch_sspmm(const AggShape& s, int64_t capacity, const AggParams& p, cudaStream_t stream) {
-  switch (s.lanes) {
-    case 1: launch_agg(sspmm_kernel<1, I>, s, capacity, p, stream); return;
-    case 2: launch_agg(sspmm_kernel<2, I>, s, capacity, p, stream); return;
-    case 4: launch_agg(sspmm_kernel<4, I>, s, capacity, p, stream); return;
-    case 8: launch_agg(sspmm_kernel<8, I>, s, capacity, p, stream); return;
-    case 16: launch_agg(sspmm_kernel<16, I>, s, capacity, p, stream); return;
-    case 32: launch_agg(sspmm_kernel<32, I>, s, capacity, p, stream); return;
-    default: break;
+void dispatch_sspmm(const AggShape& s, const AggParams& p, bool vec_columns, bool vec_grad, cudaStream_t stream) {
+  if (vec_columns) {
+    vec_grad ? launch_agg(sspmm_kernel<I, 4, true>, s, p, stream) : launch_agg(sspmm_kernel<I, 4, false>, s, p, stream);
+  } else {
+    vec_grad ? launch_agg(sspmm_kernel<I, 1, true>, s, p, stream) : launch_agg(sspmm_kernel<I, 1, false>, s, p, stream);
   }
-  throw InternalError("sspmm_cbsr: no kernel for " + std::to_string(s.lanes) + " lanes");
+}
+
+int ceil_log2(int64_t v) {
+  int s = 0;
+  while ((int64_t{1} << s) < v) ++s;
+  return s;
 }
 
 std::string groups_cannot(const CsrView& g, const EdgeGroupsView& groups) {
@@ -700,50 +1062,48 @@ void spgemm_cbsr_cuda(const SpgemmCbsrArgs& a, const EdgeGroupsView& groups, cud
   require(groups_cannot(a.graph, groups), "spgemm_cbsr");
   const CsrView& g = a.graph;
   if (g.rows == 0) return;
-  const int width = static_cast<int>(a.x.width), k = static_cast<int>(a.x.k);
-  const int64_t self_rows = std::min(g.rows, a.x.rows);
-  const unsigned blocks = row_blocks(g.rows);
-  if (a.x.index_bytes() == 1) {
-    spgemm_init_kernel<uint8_t><<<blocks, kRowThreads, 0, stream>>>(g.rows, width, k, a.bias, a.x.values,
-                                                                    a.x.index_u8(), self_rows, a.self_scale,
-                                                                    a.self_coefs, a.out.data, a.out.ld);
-  } else {
-    spgemm_init_kernel<uint16_t><<<blocks, kRowThreads, 0, stream>>>(g.rows, width, k, a.bias, a.x.values,
-                                                                     a.x.index_u16(), self_rows, a.self_scale,
-                                                                     a.self_coefs, a.out.data, a.out.ld);
-  }
-  GALE_CHECK_CUDA(cudaGetLastError());
-  if (groups.capacity == 0) return;
-
   AggParams p;
-  p.groups = groups.groups;
-  p.capacity = groups.capacity;
-  p.count = groups.count;
+  p.indptr = g.indptr;
+  p.rows = g.rows;
   p.indices = g.indices;
   p.edge_weight = a.edge_weight;
   p.row_scale = a.row_scale;
   p.col_scale = a.col_scale;
+  p.groups = groups.groups;
+  p.capacity = groups.capacity;
+  p.count = groups.count;
   p.index = a.x.index;
-  p.width = width;
-  p.k = k;
+  p.width = static_cast<int>(a.x.width);
+  p.k = static_cast<int>(a.x.k);
   p.values = a.x.values;
   p.out = a.out.data;
   p.out_ld = a.out.ld;
-  const AggShape s = agg_shape(width, k);
-  p.slots = s.slots;
-  const bool vec = width % 4 == 0 && a.out.ld % 4 == 0 && aligned16(a.out.data);
-  if (a.x.index_bytes() == 1) {
-    if (vec) {
-      dispatch_spgemm<uint8_t, true>(s, groups.capacity, p, stream);
-    } else {
-      dispatch_spgemm<uint8_t, false>(s, groups.capacity, p, stream);
-    }
+  p.bias = a.bias;
+  p.self_coefs = a.self_coefs;
+  p.self_scale = a.self_scale;
+  p.self_rows = std::min(g.rows, a.x.rows);
+  const bool u8 = a.x.index_bytes() == 1;
+
+  // Hub rows first get bias + self term (their sums arrive by atomics); every other row is
+  // written whole by its tile.
+  const unsigned init_blocks = row_blocks((g.rows + kWarp - 1) / kWarp);
+  if (u8) {
+    spgemm_hub_init_kernel<uint8_t><<<init_blocks, kRowThreads, 0, stream>>>(p);
   } else {
-    if (vec) {
-      dispatch_spgemm<uint16_t, true>(s, groups.capacity, p, stream);
-    } else {
-      dispatch_spgemm<uint16_t, false>(s, groups.capacity, p, stream);
-    }
+    spgemm_hub_init_kernel<uint16_t><<<init_blocks, kRowThreads, 0, stream>>>(p);
+  }
+  GALE_CHECK_CUDA(cudaGetLastError());
+
+  const int lanes = lanes_for(p.k);
+  const AggShape s = agg_shape(p.width, kWarp / lanes);
+  p.tiles = (g.rows + kWarp - 1) / kWarp;
+  p.items = p.tiles + (groups.capacity + kChunkGroups - 1) / kChunkGroups;
+  const bool vec = p.width % 4 == 0 && a.out.ld % 4 == 0 && aligned16(a.out.data) &&
+                   (a.bias == nullptr || aligned16(a.bias));
+  if (u8) {
+    vec ? dispatch_spgemm<uint8_t, true>(lanes, s, p, stream) : dispatch_spgemm<uint8_t, false>(lanes, s, p, stream);
+  } else {
+    vec ? dispatch_spgemm<uint16_t, true>(lanes, s, p, stream) : dispatch_spgemm<uint16_t, false>(lanes, s, p, stream);
   }
 }
 
@@ -756,40 +1116,48 @@ void sspmm_cbsr_cuda(const SspmmCbsrArgs& a, const EdgeGroupsView& groups, cudaS
   if (pat.rows == 0) return;
   const int width = static_cast<int>(pat.width), k = static_cast<int>(pat.k);
   const int64_t self_rows = std::min(g.rows, pat.rows);
-  const unsigned init_blocks =
-      static_cast<unsigned>(std::clamp<int64_t>((pat.rows * k + kRowThreads - 1) / kRowThreads, 1, kMaxRowBlocks));
-  if (pat.index_bytes() == 1) {
-    sspmm_init_kernel<uint8_t><<<init_blocks, kRowThreads, 0, stream>>>(pat.rows, k, pat.index_u8(), self_rows,
-                                                                        a.self_scale, a.self_coefs, a.grad_out.data,
-                                                                        a.grad_out.ld, a.grad_values);
+  if ((a.self_scale == 0.0f && a.self_coefs == nullptr) || self_rows == 0) {
+    GALE_CHECK_CUDA(cudaMemsetAsync(a.grad_values, 0, static_cast<size_t>(pat.rows * k) * sizeof(float), stream));
+  } else if (pat.index_bytes() == 1) {
+    sspmm_init_kernel<uint8_t><<<row_blocks(pat.rows), kRowThreads, 0, stream>>>(
+        pat.rows, k, pat.index_u8(), self_rows, a.self_scale, a.self_coefs, a.grad_out.data, a.grad_out.ld,
+        a.grad_values);
   } else {
-    sspmm_init_kernel<uint16_t><<<init_blocks, kRowThreads, 0, stream>>>(pat.rows, k, pat.index_u16(), self_rows,
-                                                                         a.self_scale, a.self_coefs, a.grad_out.data,
-                                                                         a.grad_out.ld, a.grad_values);
+    sspmm_init_kernel<uint16_t><<<row_blocks(pat.rows), kRowThreads, 0, stream>>>(
+        pat.rows, k, pat.index_u16(), self_rows, a.self_scale, a.self_coefs, a.grad_out.data, a.grad_out.ld,
+        a.grad_values);
   }
   GALE_CHECK_CUDA(cudaGetLastError());
   if (g.rows == 0 || groups.capacity == 0) return;
 
   AggParams p;
-  p.groups = groups.groups;
-  p.capacity = groups.capacity;
-  p.count = groups.count;
+  p.indptr = g.indptr;
+  p.rows = g.rows;
   p.indices = g.indices;
   p.edge_weight = a.edge_weight;
   p.row_scale = a.row_scale;
   p.col_scale = a.col_scale;
+  p.groups = groups.groups;
+  p.capacity = groups.capacity;
+  p.count = groups.count;
   p.index = pat.index;
   p.width = width;
   p.k = k;
   p.grad = a.grad_out.data;
   p.grad_ld = a.grad_out.ld;
   p.grad_values = a.grad_values;
-  const AggShape s = agg_shape(width, k);
-  p.slots = s.slots;
+  const AggShape s = agg_shape(width, 1);
+  p.items = (groups.capacity + kChunkGroups - 1) / kChunkGroups;
+  // Four columns per load and one float4 atomic per four values when the rows of k allow it.
+  const bool vec_columns = k % 4 == 0 && aligned16(a.grad_values) &&
+                           reinterpret_cast<uintptr_t>(pat.index) % (4 * pat.index_bytes()) == 0;
+  const int v = vec_columns ? 4 : 1;
+  p.entry_shift = std::min(ceil_log2(k / v), ceil_log2(kWarp));
+  const bool vec_grad = width % 4 == 0 && a.grad_out.ld % 4 == 0 && aligned16(a.grad_out.data);
   if (pat.index_bytes() == 1) {
-    dispatch_sspmm<uint8_t>(s, groups.capacity, p, stream);
+    dispatch_sspmm<uint8_t>(s, p, vec_columns, vec_grad, stream);
   } else {
-    dispatch_sspmm<uint16_t>(s, groups.capacity, p, stream);
+    dispatch_sspmm<uint16_t>(s, p, vec_columns, vec_grad, stream);
   }
 }
 

@@ -196,7 +196,7 @@ typedef CUstream_st* cudaStream_t;  // NOLINT: must match cuda_runtime_api.h exa
 namespace gale::kernels {
 
 // Widest rows the CUDA ops take: top-k keeps a row in registers (up to 128 per lane), and the
-// aggregations stage one width-float row per edge group in shared memory (16 KiB at 4096).
+// aggregations keep one to four width-float rows per warp in shared memory (16 KiB each at 4096).
 constexpr int64_t kMaxkCudaMaxWidth = 4096;
 
 // Why the CUDA twin cannot take a width: "" or the reason (the *_cannot above still apply).
@@ -225,16 +225,18 @@ void maxk_backward_cuda(const ConstCbsrView& pattern, const float* grad_values, 
 void cbsr_to_dense_cuda(const ConstCbsrView& x, MatrixView out, cudaStream_t stream);
 void cbsr_dropout_cuda(const CbsrView& x, float p, uint64_t key, cudaStream_t stream);
 
-// MaxK-GNN Alg. 1: per edge group a width-float accumulator in shared memory, filled by sub-warps
-// of k lanes (k < 32: several groups per warp) reading each neighbour's k values and columns with
-// coalesced loads, then flushed with coalesced atomics into out, which a first kernel sets to the
-// self term and bias (so out needs no zeroing by the caller). Atomics reorder the sums: results
-// match the CPU to rounding, and vary in the last bits from run to run.
+// MaxK-GNN Alg. 1: width-float accumulators in shared memory, filled by groups of k lanes reading
+// each neighbour's k values and columns with coalesced loads. A row of at most 128 entries is
+// summed whole by one warp and written once with plain stores (bias and self term included); a
+// longer row is set to bias + self term first, then its edge groups add their sums with float4
+// atomics. Out needs no zeroing by the caller. Atomics reorder the long rows' sums: results match
+// the CPU to rounding, and those rows vary in the last bits from run to run.
 void spgemm_cbsr_cuda(const SpgemmCbsrArgs& a, const EdgeGroupsView& groups, cudaStream_t stream);
 
-// MaxK-GNN Alg. 2 (outer product): per edge group the dense gradient row g[i] (times row_scale[i])
-// is staged in shared memory once, then for each entry (i, j) the sub-warp gathers it at j's k
-// columns and atomically adds into grad_values[j], which a first kernel sets to the self term.
+// MaxK-GNN Alg. 2 (outer product): per row i the dense gradient row g[i] (times row_scale[i]) is
+// staged in shared memory once for its consecutive edge groups, then for each entry (i, j) the
+// warp gathers it at j's k columns and atomically adds into grad_values[j] (float4 atomics when
+// k is a multiple of 4), which a memset or a first kernel (self term) sets beforehand.
 void sspmm_cbsr_cuda(const SspmmCbsrArgs& a, const EdgeGroupsView& groups, cudaStream_t stream);
 
 }  // namespace gale::kernels

@@ -1,13 +1,16 @@
 // The CUDA MaxK family (kernels/maxk.cu) against its CPU references on fresh random inputs:
 // graphs with every fifth row empty, hub rows of thousands of entries (dozens of edge groups,
-// merged inside blocks and across blocks by atomics), rows of 20-119 entries, more sources than
-// destinations; widths 1, 7, 32, 100, 256, 257, 1024 (one- and two-byte indices, widths that are
-// not multiples of 32 or 4) and the largest, 4096 (shared memory above 48 KiB); k in
-// {1, 8, 16, 32, width}; padded leading dimensions; every combination of row scale, column scale,
-// edge weight, self term and bias. Outputs are poisoned with NaN first, so an element a kernel
-// forgets to write fails. Top-k, the scatters and the edge-group table must match exactly; the
-// aggregations (atomics reorder their sums) to 1e-5 of the sum of the magnitudes of each
-// element's terms. Tests skip with a reason when no CUDA device is present.
+// merged inside a work item and across work items by atomics), rows of 20-119 and of 100-299
+// entries (on both sides of the SpGEMM's split between rows summed whole by one sub-warp and rows
+// accumulated over their edge groups, at 128 entries), more sources than destinations; every
+// degree from 0 to 300 with edge-group tables of group sizes 5, 64 and 1000; widths 1, 7, 32,
+// 100, 256, 257, 1024 (one- and two-byte indices, widths that are not multiples of 32 or 4) and
+// the largest, 4096 (shared memory above 48 KiB); k in {1, 8, 16, 32, width} (k not a multiple
+// of 4 takes SSpMM's one-column path); padded leading dimensions; every combination of row scale,
+// column scale, edge weight, self term and bias. Outputs are poisoned with NaN first, so an
+// element a kernel forgets to write fails. Top-k, the scatters and the edge-group table must match
+// exactly; the aggregations (atomics reorder their sums) to 1e-5 of the sum of the magnitudes of
+// each element's terms. Tests skip with a reason when no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,7 +56,8 @@ struct Graph {
 };
 
 // Every fifth row empty; rows 7 and rows - 3 hubs of `hub_degree` entries; every seventh other row
-// 20 to 119 entries; the rest 1 to 11. Sources drawn from all `cols` ids (repeats allowed).
+// 20 to 119 entries, every thirteenth 100 to 299; the rest 1 to 11. Sources drawn from all `cols`
+// ids (repeats allowed).
 Graph random_graph(uint64_t key, int64_t rows, int64_t cols, int64_t hub_degree) {
   Graph g;
   g.rows = rows;
@@ -63,6 +67,7 @@ Graph random_graph(uint64_t key, int64_t rows, int64_t cols, int64_t hub_degree)
   for (int64_t r = 0; r < rows; ++r) {
     int64_t degree = 1 + static_cast<int64_t>(random_below(key, counter++, 11));
     if (r % 7 == 3) degree = 20 + static_cast<int64_t>(random_below(key, counter++, 100));
+    if (r % 13 == 6) degree = 100 + static_cast<int64_t>(random_below(key, counter++, 200));
     if (r % 5 == 0) degree = 0;
     if (r == 7 || r == rows - 3) degree = hub_degree;
     for (int64_t k = 0; k < degree; ++k)
@@ -78,8 +83,9 @@ std::vector<float> uniform(uint64_t key, size_t n, float lo, float hi) {
   return v;
 }
 
-// Half the rows drawn from {-2, -1, -0, +0, 1, 2} (ties everywhere), one row all zeros, the rest
-// uniform in [-1, 1]; row stride ld.
+// Half the rows drawn from {-2, -1, -0, +0, 1, 2} (ties everywhere), one row all zeros, two rows
+// whose first 32 (row 3) or 16 (row 9) columns hold the row's maximum (ties across every lane of
+// the top-k warp, or half of them), the rest uniform in [-1, 1]; row stride ld.
 std::vector<float> activations(uint64_t key, int64_t rows, int64_t width, int64_t ld) {
   static const float kChoices[] = {-2.0f, -1.0f, -0.0f, 0.0f, 1.0f, 2.0f};
   std::vector<float> x = uniform(key, static_cast<size_t>(rows * ld), -1.0f, 1.0f);
@@ -88,6 +94,10 @@ std::vector<float> activations(uint64_t key, int64_t rows, int64_t width, int64_
       x[r * ld + c] = kChoices[random_below(derive_key(key, 1), static_cast<uint64_t>(r * ld + c), 6)];
   if (rows > 5)
     for (int64_t c = 0; c < width; ++c) x[5 * ld + c] = 0.0f;
+  if (rows > 9) {
+    for (int64_t c = 0; c < std::min<int64_t>(width, 32); ++c) x[3 * ld + c] = 2.5f;
+    for (int64_t c = 0; c < std::min<int64_t>(width, 16); ++c) x[9 * ld + c] = 2.5f;
+  }
   return x;
 }
 
@@ -255,7 +265,7 @@ class MaxkCudaTest : public ::testing::Test {
 
   // spgemm_cbsr_cuda against spgemm_cbsr_cpu.
   void check_spgemm(const Graph& g, int64_t width, int64_t k, const Options& o, uint64_t key, int64_t pad,
-                    bool groups_on_gpu) {
+                    bool groups_on_gpu, int64_t group_size = kMaxkEdgeGroupSize) {
     const int64_t ld = width + pad;
     const Cbsr x = random_cbsr(derive_key(key, 20), g.cols, width, k);
     const Inputs in(g, width, derive_key(key, 21));
@@ -290,7 +300,7 @@ class MaxkCudaTest : public ::testing::Test {
     auto d_self = upload(in.self_coefs);
     auto d_bias = upload(in.bias);
     auto d_out = poisoned(static_cast<size_t>(g.rows * ld));
-    DeviceGroups groups = groups_for(g, d_indptr, d_indices, groups_on_gpu);
+    DeviceGroups groups = groups_for(g, d_indptr, d_indices, groups_on_gpu, group_size);
     SpgemmCbsrArgs a;
     a.graph = {g.rows, g.cols, d_indptr.data(), d_indices.data(), nullptr};
     a.x = ConstCbsrView{x.rows, width, k, d_values.data(), d_index.data()};
@@ -312,12 +322,13 @@ class MaxkCudaTest : public ::testing::Test {
     }
     expect_close(gpu_m, cpu_m, mag_m, 1e-5f,
                  "spgemm width " + std::to_string(width) + " k " + std::to_string(k) + " pad " + std::to_string(pad) +
-                     (groups_on_gpu ? " gpu groups " : " cpu groups ") + o.describe());
+                     (groups_on_gpu ? " gpu groups " : " cpu groups ") + "of " + std::to_string(group_size) + " " +
+                     o.describe());
   }
 
   // sspmm_cbsr_cuda against sspmm_cbsr_cpu; the pattern has `extra` rows past the graph's sources.
   void check_sspmm(const Graph& g, int64_t width, int64_t k, const Options& o, uint64_t key, int64_t pad,
-                   bool groups_on_gpu, int64_t extra = 3) {
+                   bool groups_on_gpu, int64_t extra = 3, int64_t group_size = kMaxkEdgeGroupSize) {
     const int64_t ld = width + pad;
     const int64_t prow = g.cols + extra;
     const Cbsr pattern = random_cbsr(derive_key(key, 30), prow, width, k);
@@ -351,7 +362,7 @@ class MaxkCudaTest : public ::testing::Test {
     auto d_weight = upload(in.weight);
     auto d_self = upload(in.self_coefs);
     auto d_gv = poisoned(cpu.size());
-    DeviceGroups groups = groups_for(g, d_indptr, d_indices, groups_on_gpu);
+    DeviceGroups groups = groups_for(g, d_indptr, d_indices, groups_on_gpu, group_size);
     SspmmCbsrArgs a;
     a.graph = {g.rows, g.cols, d_indptr.data(), d_indices.data(), nullptr};
     a.grad_out = ConstMatrixView{d_grad.data(), g.rows, width, ld};
@@ -365,7 +376,8 @@ class MaxkCudaTest : public ::testing::Test {
     sspmm_cbsr_cuda(a, groups.view, *stream_);
     expect_close(download(d_gv), cpu, magnitude, 1e-5f,
                  "sspmm width " + std::to_string(width) + " k " + std::to_string(k) + " pad " + std::to_string(pad) +
-                     (groups_on_gpu ? " gpu groups " : " cpu groups ") + o.describe());
+                     (groups_on_gpu ? " gpu groups " : " cpu groups ") + "of " + std::to_string(group_size) + " " +
+                     o.describe());
   }
 
   std::unique_ptr<MemoryPool> pool_;
@@ -472,6 +484,37 @@ TEST_F(MaxkCudaTest, LargeGraphWithHubsMatchesCpu) {
       const uint64_t key = derive_key(32, static_cast<uint64_t>(width * 100 + k));
       check_spgemm(g, width, k, Options::from(1 + 2 + 4 + 8 + 32), key, 0, true);
       check_sspmm(g, width, k, Options::from(1 + 2 + 4 + 16), key, 0, true);
+    }
+  }
+}
+
+// Every degree from 0 to 300 once (shuffled), around SpGEMM's split between rows summed whole and
+// rows accumulated over their edge groups, with tables of small, default and large group sizes (a
+// group size above a row's degree makes a long row a single group; a small one cuts short rows).
+TEST_F(MaxkCudaTest, EveryDegreeAndGroupSizeMatchesCpu) {
+  Graph g;
+  g.rows = 301;
+  g.cols = 420;
+  std::vector<int64_t> degrees(static_cast<size_t>(g.rows));
+  for (int64_t r = 0; r < g.rows; ++r) degrees[static_cast<size_t>(r)] = r;
+  for (int64_t r = g.rows - 1; r > 0; --r)
+    std::swap(degrees[static_cast<size_t>(r)], degrees[random_below(71, static_cast<uint64_t>(r), static_cast<uint64_t>(r + 1))]);
+  g.indptr.push_back(0);
+  uint64_t counter = 0;
+  for (int64_t r = 0; r < g.rows; ++r) {
+    for (int64_t e = 0; e < degrees[static_cast<size_t>(r)]; ++e)
+      g.indices.push_back(static_cast<int32_t>(random_below(72, counter++, static_cast<uint64_t>(g.cols))));
+    g.indptr.push_back(static_cast<int64_t>(g.indices.size()));
+  }
+  int n = 0;
+  for (int64_t group_size : {int64_t{5}, kMaxkEdgeGroupSize, int64_t{1000}}) {
+    for (int64_t width : {int64_t{64}, int64_t{257}}) {
+      for (int64_t k : {int64_t{6}, int64_t{16}, int64_t{48}}) {
+        const uint64_t key = derive_key(73, static_cast<uint64_t>(group_size * 1000000 + width * 1000 + k));
+        const int combo = (n++ * 7) % Options::kCombos;
+        check_spgemm(g, width, k, Options::from(combo), key, 0, n % 2 == 0, group_size);
+        check_sspmm(g, width, k, Options::from(combo), key, 0, n % 2 == 1, 3, group_size);
+      }
     }
   }
 }
