@@ -10,7 +10,6 @@
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -20,10 +19,8 @@
 
 #if GALE_WITH_CUDA
 #include <tbb/parallel_for.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 #include "kernels/cuda/buffer.hpp"

@@ -43,24 +43,7 @@ class GatLayer : public Layer {
     Tensor alpha = Tensor::empty(g.nnz(), H, DType::kF32, dev), alpha_self = Tensor::empty(g.num_dst(), H, DType::kF32, dev);
     const float p = ctx.training ? attn_dropout_ : 0.0f;
     Tensor y = Tensor::empty(g.num_dst(), H * F, DType::kF32, dev);
-    {
-    const ops::OpTimer timer(ops::OpKind::kAggregation, dev, "gat_forward");
-    if (dev.is_cpu()) {
-      kernels::gat_scores_cpu(z.view(), shape_, att_src_.value.f32(), z.rows(), el.f32());
-      kernels::gat_scores_cpu(z.view(), shape_, att_dst_.value.f32(), g.num_dst(), er.f32());
-      kernels::gat_softmax_cpu(g.csr(), shape_, el.f32(), er.f32(), alpha.f32(), alpha_self.f32());
-      kernels::gat_aggregate_cpu(g.csr(), shape_, alpha.f32(), alpha_self.f32(), p, ctx.rng_key, z.view(), y.view());
-    } else {
-#if GALE_WITH_CUDA
-      DeviceContext& dc = DeviceContext::get(dev.ordinal);
-      kernels::gat_scores_cuda(dc.blas(), z.view(), shape_, att_src_.value.f32(), z.rows(), el.f32());
-      kernels::gat_scores_cuda(dc.blas(), z.view(), shape_, att_dst_.value.f32(), g.num_dst(), er.f32());
-      // Scores, softmax and the weighted sum in one kernel (fuseGNN Sec. 5.1); alpha is kept for backward.
-      kernels::gat_forward_cuda(g.csr(), shape_, el.f32(), er.f32(), p, ctx.rng_key, z.view(), alpha.f32(),
-                                alpha_self.f32(), y.view(), dc.stream());
-#endif
-    }
-    }
+    attend(g, z, p, ctx.rng_key, &el, &er, &alpha, &alpha_self, &y);
     ops::add_bias(&y, bias_.value, ctx.relu);
     if (ctx.training) {
       x_ = x;
@@ -81,31 +64,7 @@ class GatLayer : public Layer {
     ops::column_sum(grad, &bias_.grad, /*accumulate=*/true);
     Tensor gz = Tensor::empty(g.num_src(), H * F, DType::kF32, dev);
     Tensor gel = Tensor::empty(g.num_src(), H, DType::kF32, dev), ger = Tensor::empty(g.num_dst(), H, DType::kF32, dev);
-    // Scores are el[j,h] = z[j,h,:] . att_src[h,:] (and er with att_dst over destinations).
-    {
-    const ops::OpTimer timer(ops::OpKind::kAggregation, dev, "gat_backward");
-    if (dev.is_cpu()) {
-      kernels::gat_backward_cpu(g.csr(), g.csc(), g.csc_edge(), shape_, el_.f32(), er_.f32(), alpha_.f32(),
-                                alpha_self_.f32(), p_, key_, z_.view(), grad.view(), gz.view(), gel.f32(), ger.f32());
-      kernels::gat_scores_backward_cpu(z_.view(), shape_, att_src_.value.f32(), z_.rows(), gel.f32(), gz.view(),
-                                       att_src_.grad.f32());
-      kernels::gat_scores_backward_cpu(z_.view(), shape_, att_dst_.value.f32(), g.num_dst(), ger.f32(), gz.view(),
-                                       att_dst_.grad.f32());
-    } else {
-#if GALE_WITH_CUDA
-      DeviceContext& dc = DeviceContext::get(dev.ordinal);
-      const size_t ws_bytes = kernels::gat_backward_workspace_bytes(g.nnz(), g.num_dst(), shape_);
-      Tensor ws = Tensor::empty(static_cast<int64_t>(ws_bytes), 1, DType::kU8, dev);
-      kernels::gat_backward_cuda(g.csr(), g.csc(), g.csc_edge(), shape_, el_.f32(), er_.f32(), alpha_.f32(),
-                                 alpha_self_.f32(), p_, key_, z_.view(), grad.view(), gz.view(), gel.f32(), ger.f32(),
-                                 ws.data<unsigned char>(), ws_bytes, dc.stream());
-      kernels::gat_scores_backward_cuda(dc.blas(), z_.view(), shape_, att_src_.value.f32(), z_.rows(), gel.f32(),
-                                        gz.view(), att_src_.grad.f32());
-      kernels::gat_scores_backward_cuda(dc.blas(), z_.view(), shape_, att_dst_.value.f32(), g.num_dst(), ger.f32(),
-                                        gz.view(), att_dst_.grad.f32());
-#endif
-    }
-    }
+    attend_backward(g, grad, &gz, &gel, &ger);
     z_ = el_ = er_ = alpha_ = alpha_self_ = grad = Tensor();
     Tensor gx = lin_.backward(x_, gz, need_input_grad, exec_.tf32);
     x_ = Tensor();
@@ -122,6 +81,56 @@ class GatLayer : public Layer {
   }
 
  private:
+  // Scores, softmax and weighted sum: y (num_dst x H*F) from z, keeping el / er / alpha for backward.
+  void attend(const GraphOperand& g, const Tensor& z, float p, uint64_t key, Tensor* el, Tensor* er, Tensor* alpha,
+              Tensor* alpha_self, Tensor* y) const {
+    const Device& dev = z.device();
+    const ops::OpTimer timer(ops::OpKind::kAggregation, dev, "gat_forward");
+    if (dev.is_cpu()) {
+      kernels::gat_scores_cpu(z.view(), shape_, att_src_.value.f32(), z.rows(), el->f32());
+      kernels::gat_scores_cpu(z.view(), shape_, att_dst_.value.f32(), g.num_dst(), er->f32());
+      kernels::gat_softmax_cpu(g.csr(), shape_, el->f32(), er->f32(), alpha->f32(), alpha_self->f32());
+      kernels::gat_aggregate_cpu(g.csr(), shape_, alpha->f32(), alpha_self->f32(), p, key, z.view(), y->view());
+      return;
+    }
+#if GALE_WITH_CUDA
+    DeviceContext& dc = DeviceContext::get(dev.ordinal);
+    kernels::gat_scores_cuda(dc.blas(), z.view(), shape_, att_src_.value.f32(), z.rows(), el->f32());
+    kernels::gat_scores_cuda(dc.blas(), z.view(), shape_, att_dst_.value.f32(), g.num_dst(), er->f32());
+    // Scores, softmax and the weighted sum in one kernel (fuseGNN Sec. 5.1); alpha is kept for backward.
+    kernels::gat_forward_cuda(g.csr(), shape_, el->f32(), er->f32(), p, key, z.view(), alpha->f32(),
+                              alpha_self->f32(), y->view(), dc.stream());
+#endif
+  }
+
+  // From the destinations' gradient: gz (num_src x H*F) and the scores' gradients, accumulating
+  // att_src / att_dst's gradients. Scores are el[j,h] = z[j,h,:] . att_src[h,:] (er with att_dst).
+  void attend_backward(const GraphOperand& g, const Tensor& grad, Tensor* gz, Tensor* gel, Tensor* ger) {
+    const Device& dev = grad.device();
+    const ops::OpTimer timer(ops::OpKind::kAggregation, dev, "gat_backward");
+    if (dev.is_cpu()) {
+      kernels::gat_backward_cpu(g.csr(), g.csc(), g.csc_edge(), shape_, el_.f32(), er_.f32(), alpha_.f32(),
+                                alpha_self_.f32(), p_, key_, z_.view(), grad.view(), gz->view(), gel->f32(), ger->f32());
+      kernels::gat_scores_backward_cpu(z_.view(), shape_, att_src_.value.f32(), z_.rows(), gel->f32(), gz->view(),
+                                       att_src_.grad.f32());
+      kernels::gat_scores_backward_cpu(z_.view(), shape_, att_dst_.value.f32(), g.num_dst(), ger->f32(), gz->view(),
+                                       att_dst_.grad.f32());
+      return;
+    }
+#if GALE_WITH_CUDA
+    DeviceContext& dc = DeviceContext::get(dev.ordinal);
+    const size_t ws_bytes = kernels::gat_backward_workspace_bytes(g.nnz(), g.num_dst(), shape_);
+    Tensor ws = Tensor::empty(static_cast<int64_t>(ws_bytes), 1, DType::kU8, dev);
+    kernels::gat_backward_cuda(g.csr(), g.csc(), g.csc_edge(), shape_, el_.f32(), er_.f32(), alpha_.f32(),
+                               alpha_self_.f32(), p_, key_, z_.view(), grad.view(), gz->view(), gel->f32(), ger->f32(),
+                               ws.data<unsigned char>(), ws_bytes, dc.stream());
+    kernels::gat_scores_backward_cuda(dc.blas(), z_.view(), shape_, att_src_.value.f32(), z_.rows(), gel->f32(),
+                                      gz->view(), att_src_.grad.f32());
+    kernels::gat_scores_backward_cuda(dc.blas(), z_.view(), shape_, att_dst_.value.f32(), g.num_dst(), ger->f32(),
+                                      gz->view(), att_dst_.grad.f32());
+#endif
+  }
+
   Linear lin_;
   kernels::GatShape shape_;
   float attn_dropout_;

@@ -362,54 +362,55 @@ ModelConfig small_config(const std::string& kind, float dropout) {
   return cfg;
 }
 
-// Every parameter gradient of a 2-layer model against central differences of the float64
-// reference, with feature and attention dropout off and on (a training forward's masks are a
-// pure function of its key, so the differentiated function is fixed). ELU between the layers:
-// it is smooth, so no hidden unit sits on a kink.
+// A training step of `cfg` on graph g (every layer), input x and output weights r: the output
+// against the float64 reference, then every parameter gradient of <y, r> against central
+// differences of the reference (a training forward's masks are a pure function of its key, so
+// the differentiated function is fixed).
+void check_model_gradients(const ModelConfig& cfg, uint64_t seed, const TestGraph& g, uint64_t key,
+                           uint64_t data_key, const std::string& what) {
+  Model model(cfg, seed);
+  const GraphOperand op(g.view());
+  const std::vector<const GraphOperand*> graphs(static_cast<size_t>(cfg.layers), &op);
+  const auto x = random_vector(static_cast<size_t>(g.src * cfg.in_dim), data_key);
+  const auto r = random_vector(static_cast<size_t>(g.dst * cfg.out_dim), data_key + 1);
+  const Params params = read_params(model);
+  model.zero_grad();
+  const Tensor y =
+      model.forward(graphs, Tensor::from_vector(std::vector<float>(x.begin(), x.end()), g.src, cfg.in_dim), true, key);
+  const auto y_ref = model_ref(cfg, g, x, params, true, key);
+  ASSERT_EQ(y.numel(), static_cast<int64_t>(y_ref.size()));
+  for (int64_t i = 0; i < y.numel(); ++i)
+    ASSERT_NEAR(y.f32()[i], y_ref[i], 1e-4 * (1 + std::abs(y_ref[i]))) << what << " output " << i;
+  model.backward(Tensor::from_vector(std::vector<float>(r.begin(), r.end()), g.dst, cfg.out_dim));
+  constexpr double kStep = 1e-6;
+  for (Parameter* q : model.parameters()) {
+    const auto grad = q->grad.to_vector();
+    for (size_t i = 0; i < grad.size(); ++i) {
+      Params pp = params, pm = params;
+      pp[q->name][i] += kStep;
+      pm[q->name][i] -= kStep;
+      const double numeric =
+          (dot(model_ref(cfg, g, x, pp, true, key), r) - dot(model_ref(cfg, g, x, pm, true, key), r)) / (2 * kStep);
+      EXPECT_NEAR(grad[i], numeric, 2e-3 * std::max(1.0, std::abs(numeric))) << what << " " << q->name << "[" << i << "]";
+    }
+  }
+}
+
+// Every parameter gradient of a 2-layer model, with feature and attention dropout off and on. ELU
+// between the layers: it is smooth, so no hidden unit sits on a kink.
 TEST(Model, TwoLayerTrainingBackwardMatchesFiniteDifferencesOfADoubleReference) {
-  constexpr uint64_t kKey = 99;
   for (const std::string kind : {"gcn", "sage", "gin", "gat"}) {
     for (float dropout : {0.0f, 0.3f}) {
-      const ModelConfig cfg = small_config(kind, dropout);
-      Model model(cfg, 5);
-      const TestGraph g = random_graph(10, 10, 8);
-      const GraphOperand op(g.view());
-      const std::vector<const GraphOperand*> graphs = {&op, &op};
-      const auto x = random_vector(40, 50);
-      const auto r = random_vector(30, 51);
-      const Params params = read_params(model);
-
-      model.zero_grad();
-      const Tensor y = model.forward(graphs, Tensor::from_vector(std::vector<float>(x.begin(), x.end()), 10, 4), true, kKey);
-      const auto y_ref = model_ref(cfg, g, x, params, true, kKey);
-      ASSERT_EQ(y.numel(), static_cast<int64_t>(y_ref.size()));
-      for (int64_t i = 0; i < y.numel(); ++i)
-        ASSERT_NEAR(y.f32()[i], y_ref[i], 1e-4 * (1 + std::abs(y_ref[i]))) << kind << " output " << i;
-      model.backward(Tensor::from_vector(std::vector<float>(r.begin(), r.end()), 10, 3));
-
-      constexpr double kStep = 1e-6;
-      for (Parameter* q : model.parameters()) {
-        const auto grad = q->grad.to_vector();
-        for (size_t i = 0; i < grad.size(); ++i) {
-          Params pp = params, pm = params;
-          pp[q->name][i] += kStep;
-          pm[q->name][i] -= kStep;
-          const double numeric =
-              (dot(model_ref(cfg, g, x, pp, true, kKey), r) - dot(model_ref(cfg, g, x, pm, true, kKey), r)) / (2 * kStep);
-          EXPECT_NEAR(grad[i], numeric, 2e-3 * std::max(1.0, std::abs(numeric)))
-              << kind << " dropout " << dropout << " " << q->name << "[" << i << "]";
-        }
-      }
+      check_model_gradients(small_config(kind, dropout), 5, random_graph(10, 10, 8), 99, 50,
+                            kind + " dropout " + std::to_string(dropout));
     }
   }
 }
 
 // MaxK between the layers (MaxK-GNN): the next layer aggregates the CBSR form (SpGEMM forward, SSpMM
-// backward, MaxK's mask folded in); every parameter gradient against central differences of the
-// float64 reference, with dropout off and on (dropout then acts on both forms with the same masks).
-// Three layers, so a MaxK input meets a layer that also needs its input gradient.
+// backward, MaxK's mask folded in), with dropout off and on (dropout then acts on both forms with
+// the same masks). Three layers, so a MaxK input meets a layer that also needs its input gradient.
 TEST(Model, MaxKTrainingBackwardMatchesFiniteDifferencesOfADoubleReference) {
-  constexpr uint64_t kKey = 77;
   for (const std::string kind : {"gcn", "sage", "gin"}) {
     for (float dropout : {0.0f, 0.3f}) {
       ModelConfig cfg = small_config(kind, dropout);
@@ -417,32 +418,7 @@ TEST(Model, MaxKTrainingBackwardMatchesFiniteDifferencesOfADoubleReference) {
       cfg.hidden = 7;
       cfg.activation = Activation::kMaxK;
       cfg.maxk = 3;
-      Model model(cfg, 6);
-      const TestGraph g = random_graph(12, 12, 9);
-      const GraphOperand op(g.view());
-      const std::vector<const GraphOperand*> graphs = {&op, &op, &op};
-      const auto x = random_vector(48, 52);
-      const auto r = random_vector(36, 53);
-      const Params params = read_params(model);
-      model.zero_grad();
-      const Tensor y = model.forward(graphs, Tensor::from_vector(std::vector<float>(x.begin(), x.end()), 12, 4), true, kKey);
-      const auto y_ref = model_ref(cfg, g, x, params, true, kKey);
-      for (int64_t i = 0; i < y.numel(); ++i)
-        ASSERT_NEAR(y.f32()[i], y_ref[i], 1e-4 * (1 + std::abs(y_ref[i]))) << kind << " output " << i;
-      model.backward(Tensor::from_vector(std::vector<float>(r.begin(), r.end()), 12, 3));
-      constexpr double kStep = 1e-6;
-      for (Parameter* q : model.parameters()) {
-        const auto grad = q->grad.to_vector();
-        for (size_t i = 0; i < grad.size(); ++i) {
-          Params pp = params, pm = params;
-          pp[q->name][i] += kStep;
-          pm[q->name][i] -= kStep;
-          const double numeric =
-              (dot(model_ref(cfg, g, x, pp, true, kKey), r) - dot(model_ref(cfg, g, x, pm, true, kKey), r)) / (2 * kStep);
-          EXPECT_NEAR(grad[i], numeric, 2e-3 * std::max(1.0, std::abs(numeric)))
-              << kind << " dropout " << dropout << " " << q->name << "[" << i << "]";
-        }
-      }
+      check_model_gradients(cfg, 6, random_graph(12, 12, 9), 77, 52, kind + " maxk dropout " + std::to_string(dropout));
     }
   }
 }

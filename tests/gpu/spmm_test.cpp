@@ -21,6 +21,7 @@
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
+#include "tests/gpu/random_inputs.hpp"
 #include "kernels/spmm.hpp"
 
 namespace gale::kernels {
@@ -33,39 +34,9 @@ using cuda::Stream;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr int64_t kWidths[] = {1, 3, 32, 33, 64, 100, 128, 256, 257};
 
-struct Graph {
-  int64_t rows = 0, cols = 0;
-  std::vector<int64_t> indptr;
-  std::vector<int32_t> indices;
-  int64_t nnz() const { return indptr.back(); }
-  CsrView csr() const { return {rows, cols, indptr.data(), indices.data(), nullptr}; }
-};
-
-// Every fifth row empty; rows 7 and rows - 3 hubs of `hub_degree` entries; every seventh other row
-// 20 to 119 entries; the rest 1 to 11. Sources drawn from all `cols` ids (repeats allowed).
-Graph random_graph(uint64_t key, int64_t rows, int64_t cols, int64_t hub_degree) {
-  Graph g;
-  g.rows = rows;
-  g.cols = cols;
-  g.indptr.push_back(0);
-  uint64_t counter = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t degree = 1 + static_cast<int64_t>(random_below(key, counter++, 11));
-    if (r % 7 == 3) degree = 20 + static_cast<int64_t>(random_below(key, counter++, 100));
-    if (r % 5 == 0) degree = 0;
-    if (r == 7 || r == rows - 3) degree = hub_degree;
-    for (int64_t k = 0; k < degree; ++k)
-      g.indices.push_back(static_cast<int32_t>(random_below(key, counter++, static_cast<uint64_t>(cols))));
-    g.indptr.push_back(static_cast<int64_t>(g.indices.size()));
-  }
-  return g;
-}
-
-std::vector<float> uniform(uint64_t key, size_t n, float lo, float hi) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * random_uniform(key, i);
-  return v;
-}
+using testing::Graph;
+using testing::random_graph;
+using testing::uniform;
 
 // Which optional inputs a case sets; `combo` in [0, kCombos) enumerates all of them.
 struct Options {
