@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Plain-PyTorch GPU neighbour sampling + PyG SAGEConv on a Gale store: the mini-batch anchor.
+
+The anchor ../shared/anchors/torch_gpu_sampling.py run on the graph Gale trains on instead of a
+generated one: graph/indptr.npy and graph/indices.npy (rows are destinations, so a row's entries
+are the in-neighbours a node aggregates), features.npy (f32, f16 or bf16 per manifest.json; f16 and
+bf16 stay so on the GPU and the gathered rows are widened to f32), labels.npy, and as training seeds
+the entries of splits/train.npy whose label is >= 0. Sampling and model are the anchor's: per hop,
+`fanout` neighbours drawn with replacement from each frontier node (none for a node without
+neighbours), the frontier remapped to the first positions of the next one, SAGEConv((h, h[:ndst]),
+edge_index) per block with ReLU between layers, cross-entropy on the seeds, Adam lr 0.003;
+everything on the GPU. Fanouts are listed seeds' hop first, as Gale's --fanouts.
+
+Progress goes to stderr; stdout gets one JSON line:
+  {"model": "sage", "device": ..., "epoch_s": [timed epochs], "s_per_epoch": median,
+   "ms_per_batch": median / batches, "batches": ..., "peak_gib": torch max_memory_allocated,
+   "fanouts": [...], "batch_size": ...}
+or {"model": "sage", "error": "OOM", ...} (exit 0) when the GPU runs out of memory.
+Exit 2 without a CUDA device.
+
+usage: bench/torch_minibatch.py STORE [--fanouts 15,10,5] [--batch-size 1024] [--hidden 256]
+                                [--layers 3] [--epochs 3] [--warmup 1] [--seed 0]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def load_store(path, device):
+    with open(os.path.join(path, "manifest.json")) as f:
+        manifest = json.load(f)
+    # int64 on the host first, so the GPU never holds an int32 and an int64 copy at once.
+    rowptr = torch.from_numpy(np.load(os.path.join(path, "graph/indptr.npy")).astype(np.int64)).to(device)
+    col = torch.from_numpy(np.load(os.path.join(path, "graph/indices.npy")).astype(np.int64)).to(device)
+    feats = np.load(os.path.join(path, "features.npy"))
+    dtype = manifest.get("feature_dtype", "f32")
+    if dtype == "bf16":  # stored as <u2: reinterpret the bits
+        x = torch.from_numpy(feats.view(np.int16)).view(torch.bfloat16)
+    elif dtype in ("f32", "f16"):
+        x = torch.from_numpy(feats)
+    else:
+        sys.exit(f"{path}: feature_dtype '{dtype}': expected f32, f16 or bf16")
+    x = x.to(device)
+    del feats
+    y = torch.from_numpy(np.load(os.path.join(path, "labels.npy")).astype(np.int64)).to(device)
+    train = torch.from_numpy(np.load(os.path.join(path, "splits/train.npy")).astype(np.int64)).to(device)
+    train = train[y[train] >= 0]
+    return rowptr, col, x, y, train, int(manifest["num_classes"])
+
+
+def sample(rowptr, col, seeds, fanouts):
+    """The anchor's sampler: per hop, k neighbours with replacement; dst nodes first in each block."""
+    dev = seeds.device
+    nodes = seeds
+    blocks = []
+    for k in fanouts:
+        deg = rowptr[nodes + 1] - rowptr[nodes]
+        off = (torch.rand(nodes.numel(), k, device=dev) * deg.unsqueeze(1)).long()
+        nb = col[(rowptr[nodes].unsqueeze(1) + off).clamp(max=col.numel() - 1)]
+        valid = (deg > 0).unsqueeze(1).expand(-1, k)
+        d = torch.arange(nodes.numel(), device=dev).unsqueeze(1).expand(-1, k)[valid]
+        s = nb[valid]
+        allv, inv = torch.unique(torch.cat([nodes, s]), return_inverse=True)
+        # keep dst nodes first: remap so that nodes occupy positions [0, len(nodes))
+        order = torch.full((allv.numel(),), -1, device=dev, dtype=torch.long)
+        order[inv[: nodes.numel()]] = torch.arange(nodes.numel(), device=dev)
+        rest = (order < 0).nonzero().squeeze(1)
+        order[rest] = torch.arange(nodes.numel(), nodes.numel() + rest.numel(), device=dev)
+        newnodes = torch.empty_like(allv)
+        newnodes[order] = allv
+        blocks.append((torch.stack([order[inv[nodes.numel():]], d]), nodes.numel()))
+        nodes = newnodes
+    return nodes, blocks[::-1]
+
+
+def run(a, dev):
+    from torch_geometric.nn import SAGEConv
+
+    torch.manual_seed(a.seed)
+    rowptr, col, x, y, train, ncls = load_store(a.store, dev)
+    print(f"store {a.store}: n={rowptr.numel() - 1} nnz={col.numel()} features {tuple(x.shape)} {x.dtype} "
+          f"classes={ncls} train seeds={train.numel()}", file=sys.stderr, flush=True)
+    if train.numel() == 0:
+        sys.exit(f"{a.store}: no labelled training nodes in splits/train.npy")
+    dims = [x.shape[1]] + [a.hidden] * (a.layers - 1) + [ncls]
+    convs = torch.nn.ModuleList([SAGEConv(dims[i], dims[i + 1]) for i in range(a.layers)]).to(dev)
+    opt = torch.optim.Adam(convs.parameters(), lr=0.003)
+    bsz = a.batch_size
+    nb = (train.numel() + bsz - 1) // bsz
+    times = []
+    for ep in range(a.warmup + a.epochs):
+        torch.cuda.synchronize()
+        t = time.time()
+        p = train[torch.randperm(train.numel(), device=dev)]
+        for i in range(nb):
+            seeds = p[i * bsz:(i + 1) * bsz]
+            allnodes, blocks = sample(rowptr, col, seeds, a.fanouts)
+            h = x[allnodes].float()
+            for j, (ei, ndst) in enumerate(blocks):
+                h = convs[j]((h, h[:ndst]), ei)
+                if j < a.layers - 1:
+                    h = F.relu(h)
+            opt.zero_grad()
+            F.cross_entropy(h, y[seeds]).backward()
+            opt.step()
+        torch.cuda.synchronize()
+        dt = time.time() - t
+        timed = ep >= a.warmup
+        if timed:
+            times.append(dt)
+        print(f"epoch {ep}{'' if timed else ' (warmup)'}: {dt:.2f} s for {nb} batches "
+              f"({dt / nb * 1000:.1f} ms/batch)", file=sys.stderr, flush=True)
+    med = statistics.median(times)
+    return {"epoch_s": [round(t, 4) for t in times], "s_per_epoch": round(med, 4),
+            "ms_per_batch": round(med / nb * 1000, 3), "batches": nb,
+            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("store")
+    p.add_argument("--fanouts", default="15,10,5")
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    try:
+        a.fanouts = [int(v) for v in a.fanouts.split(",")]
+    except ValueError:
+        p.error(f"--fanouts: expected integers such as 15,10,5, found '{a.fanouts}'")
+    if len(a.fanouts) != a.layers:
+        p.error(f"--fanouts has {len(a.fanouts)} hops but --layers is {a.layers}")
+    if min(a.fanouts) < 1 or a.batch_size < 1 or a.hidden < 1 or a.layers < 1 or a.epochs < 1 or a.warmup < 0:
+        p.error("fanouts, --batch-size, --hidden, --layers and --epochs must be positive, --warmup >= 0")
+    if not torch.cuda.is_available():
+        print("torch_minibatch.py: no CUDA device", file=sys.stderr)
+        sys.exit(2)
+    dev = torch.device("cuda")
+    row = {"model": "sage", "device": torch.cuda.get_device_name()}
+    try:
+        row.update(run(a, dev))
+        row.update(fanouts=a.fanouts, batch_size=a.batch_size)
+    except torch.cuda.OutOfMemoryError as e:
+        row = {"model": "sage", "error": "OOM", "device": row["device"], "detail": str(e)[:160]}
+    print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
