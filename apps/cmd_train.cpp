@@ -57,7 +57,7 @@ int run_train(const std::vector<std::string>& args) {
   engine::TrainOptions o;
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
   bool tf32 = false, no_match = false;
-  std::string eval = "auto", feature_gpu;
+  std::string eval = "auto", feature_gpu, sampler = "auto";
   int layers = 2;
   int64_t hidden = 16, epochs = 200;
   int heads = 8;
@@ -72,6 +72,7 @@ int run_train(const std::vector<std::string>& args) {
       ("gpu-mem-budget", po::value(&gpu_budget), "cap on the GPU memory Gale allocates, e.g. 8G (default: no cap)")
       ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
+      ("sampler", po::value(&sampler), "mini-batch neighbour sampler: auto (the GPU's when training there) | gpu | cpu")
       ("no-match", po::bool_switch(&no_match), "mini-batch on a GPU: do not reuse the previous batch's features")
       ("reorder-window", po::value(&o.reorder_window), "mini-batch: reorder each window of this many batches for reuse (0: off)")
       ("feature-gpu-mem", po::value(&feature_gpu), "mini-batch on a GPU: room for features there, e.g. 2G (default: half the budget); "
@@ -149,6 +150,12 @@ int run_train(const std::vector<std::string>& args) {
   }
   o.exec.spmm = parse_spmm_kind(spmm);
   o.match = !no_match;
+  if (sampler == "gpu" || sampler == "cpu") {
+    o.gpu_sampler = sampler == "gpu";
+    if (o.gpu_sampler && o.device.is_cpu()) throw InputError("--sampler gpu: needs --device cuda (training on the CPU)");
+  } else if (sampler != "auto") {
+    throw InputError("--sampler: expected auto, gpu or cpu, found '" + sampler + "'");
+  }
   if (o.reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
   if (!feature_gpu.empty()) {
     o.feature_gpu_bytes = parse_size(feature_gpu, "--feature-gpu-mem");

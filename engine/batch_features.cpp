@@ -3,6 +3,8 @@
 #include "kernels/error.hpp"
 #if GALE_WITH_CUDA
 #include "engine/device_context.hpp"
+#include "kernels/cuda/fill.hpp"
+#include "kernels/feature_gather.hpp"
 #include "storage/feature_tiers.hpp"
 #endif
 
@@ -13,10 +15,9 @@ struct BatchFeatures::Impl {
   Device device;
   bool match = false;
   FeatureLoadStats stats;
-  // Match state: the previous batch's node ids and each node's row in it (-1: not in it).
-  std::vector<int64_t> prev_nodes;
-  std::vector<int32_t> prev_row;
-  Tensor prev_features;
+  // Match state on the GPU: the previous batch's node ids and features, and every node's row in
+  // them (-1: not in them).
+  Tensor prev_nodes, row_of, prev_features;
 #if GALE_WITH_CUDA
   std::unique_ptr<storage::FeatureTiers> tiers;
 #endif
@@ -30,8 +31,11 @@ BatchFeatures::BatchFeatures(const storage::Store& store, const Device& device, 
   if (device.is_cpu()) return;
 #if GALE_WITH_CUDA
   impl_->match = match;
-  if (match) impl_->prev_row.assign(static_cast<size_t>(store.num_nodes()), -1);
   DeviceContext& ctx = DeviceContext::get(device.ordinal);
+  if (match) {
+    impl_->row_of = Tensor::empty(store.num_nodes(), 1, DType::kI32, device);
+    kernels::cuda::fill(impl_->row_of.data<int32_t>(), static_cast<size_t>(store.num_nodes()), int32_t{-1}, ctx.stream());
+  }
   impl_->tiers = std::make_unique<storage::FeatureTiers>(store, ctx.pool(), ctx.stream(), gpu_bytes);
 #else
   (void)gpu_bytes;
@@ -59,31 +63,39 @@ std::string BatchFeatures::describe() const {
 Tensor BatchFeatures::load(const std::vector<int64_t>& nodes) {
   Impl& s = *impl_;
   const int64_t n = static_cast<int64_t>(nodes.size());
-  const int64_t d = s.store.feature_dim();
-  ++s.stats.batches;
-  s.stats.rows += n;
   if (s.device.is_cpu()) {
+    const int64_t d = s.store.feature_dim();
+    ++s.stats.batches;
+    s.stats.rows += n;
     Tensor out = Tensor::empty(n, d);
     for (int64_t i = 0; i < n; ++i) s.store.read_features(nodes[i], nodes[i] + 1, out.f32() + i * d);
     s.stats.host += n;
     return out;
   }
+  return load(Tensor::from_host(nodes.data(), n, 1, DType::kI64, s.device));
+}
+
+Tensor BatchFeatures::load(const Tensor& nodes) {
+  Impl& s = *impl_;
+  if (nodes.device() != s.device) throw InternalError("BatchFeatures::load: the ids live on another device");
+  if (s.device.is_cpu()) return load(std::vector<int64_t>(nodes.data<int64_t>(), nodes.data<int64_t>() + nodes.rows()));
 #if GALE_WITH_CUDA
+  const int64_t n = nodes.rows();
+  ++s.stats.batches;
+  s.stats.rows += n;
   DeviceContext& ctx = DeviceContext::get(s.device.ordinal);
-  std::vector<int32_t> rows;
-  if (s.match) {
-    rows.resize(nodes.size());
-    for (size_t i = 0; i < nodes.size(); ++i) rows[i] = s.prev_row[static_cast<size_t>(nodes[i])];
+  Tensor out = Tensor::empty(n, s.store.feature_dim(), DType::kF32, s.device);
+  const bool reuse = s.match && s.prev_features.defined();
+  Tensor prev_rows;
+  if (reuse) {
+    prev_rows = Tensor::empty(n, 1, DType::kI32, s.device);
+    kernels::match_rows_cuda(s.row_of.data<int32_t>(), nodes.data<int64_t>(), n, prev_rows.data<int32_t>(), ctx.stream());
   }
-  const Tensor ids = Tensor::from_host(nodes.data(), n, 1, DType::kI64, s.device);
-  const Tensor prev_rows = s.match ? Tensor::from_host(rows.data(), n, 1, DType::kI32, s.device) : Tensor();
-  Tensor out = Tensor::empty(n, d, DType::kF32, s.device);
-  const kernels::ConstMatrixView prev = s.prev_features.defined() ? s.prev_features.view() : kernels::ConstMatrixView{};
-  s.tiers->gather(ids.data<int64_t>(), n, s.match && s.prev_features.defined() ? prev_rows.data<int32_t>() : nullptr, prev,
-                  out.view(), ctx.stream());
+  s.tiers->gather(nodes.data<int64_t>(), n, reuse ? prev_rows.data<int32_t>() : nullptr,
+                  reuse ? s.prev_features.view() : kernels::ConstMatrixView{}, out.view(), ctx.stream());
   if (s.match) {
-    for (int64_t v : s.prev_nodes) s.prev_row[static_cast<size_t>(v)] = -1;
-    for (int64_t i = 0; i < n; ++i) s.prev_row[static_cast<size_t>(nodes[i])] = static_cast<int32_t>(i);
+    kernels::match_advance_cuda(s.row_of.data<int32_t>(), s.prev_nodes.defined() ? s.prev_nodes.data<int64_t>() : nullptr,
+                                s.prev_nodes.rows(), nodes.data<int64_t>(), n, ctx.stream());
     s.prev_nodes = nodes;
     s.prev_features = out;  // read-only from here: layers never write their input
   }

@@ -35,8 +35,11 @@ class BatchFeatures {
   BatchFeatures(const BatchFeatures&) = delete;
   BatchFeatures& operator=(const BatchFeatures&) = delete;
 
-  // The features of `nodes` (global ids), one row each, on the device.
+  // The features of `nodes` (distinct global ids), one row each, on the device.
   Tensor load(const std::vector<int64_t>& nodes);
+  // The same for ids already on the device (i64, n x 1), as the GPU sampler leaves them: the match
+  // is found on the GPU too (kernels/feature_gather.hpp's match map), with no host pass.
+  Tensor load(const Tensor& nodes);
   // Whether every row is on the GPU (or the device is the CPU, where the store is the source).
   bool resident() const;
   std::string describe() const;

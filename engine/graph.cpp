@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/error.hpp"
+#include "kernels/graph_norms.hpp"
 #include "kernels/spmm.hpp"
 #if GALE_WITH_CUDA
 #include "engine/device_context.hpp"
@@ -17,10 +18,9 @@ Tensor host_tensor(int64_t n, DType dtype) { return Tensor::empty(n, 1, dtype, D
 
 }  // namespace
 
-GraphOperand::GraphOperand(kernels::CsrView csr, const std::vector<int64_t>* src_in_degree) {
-  if (src_in_degree == nullptr) GALE_ASSERT(csr.rows == csr.cols);
-  if (src_in_degree != nullptr) GALE_ASSERT(static_cast<int64_t>(src_in_degree->size()) == csr.cols);
+GraphOperand::GraphOperand(kernels::CsrView csr, const int64_t* src_ids, const int64_t* full_indptr) {
   GALE_ASSERT(csr.rows <= csr.cols);
+  GALE_ASSERT(csr.rows == csr.cols || (src_ids != nullptr && full_indptr != nullptr));
   // Per-edge arrays (attention coefficients, weights, csc_edge) are indexed by CSR position, so
   // the CSR must start at entry 0 (a full store CSR and every sampled block do).
   GALE_ASSERT(csr.rows == 0 || csr.indptr[0] == 0);
@@ -47,24 +47,49 @@ GraphOperand::GraphOperand(kernels::CsrView csr, const std::vector<int64_t>* src
   src_norm_ = host_tensor(csr.cols, DType::kF32);
   self_norm_ = host_tensor(csr.rows, DType::kF32);
   inv_degree_ = host_tensor(csr.rows, DType::kF32);
-  float* dst = dst_norm_.f32();
-  float* src = src_norm_.f32();
-  for (int64_t i = 0; i < csr.rows; ++i)
-    dst[i] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(csr.degree(i) + 1)));
-  for (int64_t j = 0; j < csr.cols; ++j) {
-    if (j < csr.rows) {
-      src[j] = dst[j];
-    } else {
-      const int64_t deg = src_in_degree ? (*src_in_degree)[j] : csr.degree(j);
-      src[j] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(deg + 1)));
-    }
-  }
-  for (int64_t i = 0; i < csr.rows; ++i) {
-    const int64_t d = csr.degree(i);
-    inv_degree_.f32()[i] = d > 0 ? 1.0f / static_cast<float>(d) : 0.0f;
-    self_norm_.f32()[i] = dst[i] * dst[i];
-  }
+  kernels::graph_norms({csr, src_ids, full_indptr, dst_norm_.f32(), src_norm_.f32(), self_norm_.f32(), inv_degree_.f32()});
   set_views();
+}
+
+GraphOperand GraphOperand::from_device_block(const Device& device, kernels::CsrView csr, int64_t nnz,
+                                             const int64_t* src_ids, const int64_t* full_indptr, bool edge_map) {
+  GALE_ASSERT(device.is_cuda() && csr.weights == nullptr);
+#if GALE_WITH_CUDA
+  kernels::cuda::Stream& stream = DeviceContext::get(device.ordinal).stream();
+  GraphOperand g;
+  g.device_ = device;
+  g.csr_ = csr;
+  g.nnz_ = nnz;
+  g.symmetric_ = false;  // a block's sources outnumber its destinations, or it is used once: no test
+  auto make = [&](int64_t n, DType dtype) { return Tensor::empty(n, 1, dtype, device); };
+  g.indptr_ = make(csr.rows + 1, DType::kI64);
+  g.indices_ = make(nnz, DType::kI32);
+  kernels::cuda::copy_on_device(g.indptr_.data<int64_t>(), csr.indptr, static_cast<size_t>(csr.rows + 1), stream);
+  kernels::cuda::copy_on_device(g.indices_.data<int32_t>(), csr.indices, static_cast<size_t>(nnz), stream);
+  g.set_views();  // csr_ now views the copies
+  g.csc_indptr_ = make(csr.cols + 1, DType::kI64);
+  g.csc_indices_ = make(nnz, DType::kI32);
+  g.csc_edge_ = make(nnz, DType::kI64);
+  const size_t ws_bytes = kernels::csr_transpose_cuda_workspace_bytes(csr.rows, csr.cols, nnz);
+  {
+    Tensor ws = make(static_cast<int64_t>(ws_bytes), DType::kU8);
+    kernels::csr_transpose_cuda(g.csr_, nnz, g.csc_indptr_.data<int64_t>(), g.csc_indices_.data<int32_t>(),
+                                g.csc_edge_.data<int64_t>(), ws.data<unsigned char>(), ws_bytes, stream);
+  }  // freed on the compute stream, after the transpose
+  if (!edge_map) g.csc_edge_ = Tensor();
+  g.dst_norm_ = make(csr.rows, DType::kF32);
+  g.src_norm_ = make(csr.cols, DType::kF32);
+  g.self_norm_ = make(csr.rows, DType::kF32);
+  g.inv_degree_ = make(csr.rows, DType::kF32);
+  kernels::graph_norms_cuda({g.csr_, src_ids, full_indptr, g.dst_norm_.f32(), g.src_norm_.f32(), g.self_norm_.f32(),
+                             g.inv_degree_.f32()},
+                            stream);
+  g.set_views();
+  return g;
+#else
+  (void)csr, (void)nnz, (void)src_ids, (void)full_indptr, (void)edge_map;
+  throw DeviceError("this build has no CUDA backend");
+#endif
 }
 
 void GraphOperand::set_views() {

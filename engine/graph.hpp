@@ -22,10 +22,18 @@ namespace gale::engine {
 
 class GraphOperand {
  public:
-  // Borrows `csr` (host arrays that must outlive this object). `src_in_degree`, when given, is the
-  // in-degree in the full graph of every source (size csr.cols); sources that are also
-  // destinations use their degree in `csr` instead. Without it, csr.cols must equal csr.rows.
-  explicit GraphOperand(kernels::CsrView csr, const std::vector<int64_t>* src_in_degree = nullptr);
+  // Borrows `csr` (host arrays that must outlive this object). A source that is not a destination
+  // (csr.cols > csr.rows: a sampled block) takes its GCN norm from its in-degree in the full graph,
+  // read at its global id `src_ids[j]` in `full_indptr` (both host arrays, needed then).
+  explicit GraphOperand(kernels::CsrView csr, const int64_t* src_ids = nullptr, const int64_t* full_indptr = nullptr);
+
+  // A block sampled on the GPU (sampler/device_block.hpp) as an operand on `device`, built there on
+  // the compute stream, which must already be ordered after the work that wrote the arrays: the
+  // CSR is copied (so the sampler's buffers may be freed), the CSC built by csr_transpose_cuda
+  // and the norms by graph_norms_cuda. `csr`, `src_ids` and `full_indptr` are device-accessible
+  // (full_indptr may be mapped host memory); nnz is the entry count as known on the host.
+  static GraphOperand from_device_block(const Device& device, kernels::CsrView csr, int64_t nnz,
+                                        const int64_t* src_ids, const int64_t* full_indptr, bool edge_map);
 
   // A copy on `device` owning every array (this operand's arrays when it is already there).
   // csc_edge is copied only with `edge_map` (attention needs it; the 8 bytes per entry are

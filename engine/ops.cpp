@@ -8,6 +8,7 @@
 
 #include "kernels/dense.hpp"
 #include "kernels/error.hpp"
+#include "kernels/gather.hpp"
 #if GALE_WITH_CUDA
 #include "engine/device_context.hpp"
 #endif
@@ -237,6 +238,28 @@ void copy(const Tensor& src, Tensor* dst) {
 #else
   no_cuda();
 #endif
+}
+
+Tensor gather_rows(const Tensor& src, const Tensor& ids) {
+  same_device(src, ids, "gather_rows");
+  GALE_ASSERT(ids.dtype() == DType::kI64 && ids.cols() == 1 && dtype_size(src.dtype()) == 4);
+  Tensor out = Tensor::empty(ids.rows(), src.cols(), src.dtype(), src.device());
+  if (out.nbytes() == 0) return out;
+  const OpTimer timer(OpKind::kOther, src.device(), "gather_rows");
+  // A bit-exact row copy: 4-byte elements of any type travel as floats.
+  const kernels::ConstMatrixView from{reinterpret_cast<const float*>(src.data<int32_t>()), src.rows(), src.cols(),
+                                      src.cols()};
+  const kernels::MatrixView to{reinterpret_cast<float*>(out.data<int32_t>()), out.rows(), out.cols(), out.cols()};
+  if (src.device().is_cpu()) {
+    kernels::gather_rows(from, ids.data<int64_t>(), ids.rows(), to);
+    return out;
+  }
+#if GALE_WITH_CUDA
+  kernels::gather_rows_cuda(from, ids.data<int64_t>(), ids.rows(), to, stream(src));
+#else
+  no_cuda();
+#endif
+  return out;
 }
 
 void relu(const Tensor& x, Tensor* out) {

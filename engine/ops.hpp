@@ -82,6 +82,8 @@ void column_sum(const Tensor& x, Tensor* out, bool accumulate);  // out (1 x col
 void axpy(const Tensor& x, float alpha, Tensor* y);              // y += alpha x
 void zero(Tensor* t);
 void copy(const Tensor& src, Tensor* dst);  // same shape and dtype, same device
+// out[i] = src[ids[i]] for every row id (i64, n x 1) of a 4-byte dtype (f32 or i32), bit for bit.
+Tensor gather_rows(const Tensor& src, const Tensor& ids);
 // a <- a op(b) for a square op(b) (cols x cols), in place: row panels go through a scratch of at
 // most panel_rows rows, so the product needs no second a-sized tensor.
 void gemm_in_place(Tensor* a, const Tensor& b, bool trans_b, bool tf32, int64_t panel_rows = 65536);

@@ -13,6 +13,7 @@
 #include "engine/batch_features.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/devices.hpp"
+#include "engine/gpu_batches.hpp"
 #include "engine/graph.hpp"
 #include "engine/ops.hpp"
 #include "kernels/error.hpp"
@@ -54,12 +55,15 @@ Tensor ids_tensor(const std::vector<int64_t>& ids, const Device& device) {
 }
 
 struct PreparedBatch {
+  // Sampled on the CPU: the blocks and their operands on the host.
   sampler::SampledBatch batch;
-  std::vector<std::vector<int64_t>> src_degrees;
   std::vector<std::unique_ptr<GraphOperand>> graphs;
+  // Sampled on the GPU: the blocks stay there.
+  GpuBatch gpu;
   std::vector<GraphOperand> on_device;  // graphs on the training device: the model's backward reads them
   Tensor features;
   std::vector<int32_t> labels;
+  Tensor seeds;  // GPU-sampled: the seeds on the device, once forward has built the operands
 };
 
 }  // namespace
@@ -167,21 +171,20 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
 
   const bool attention = opt.model.model == "gat";
   std::unique_ptr<sampler::NeighborSampler> sampler, eval_sampler;
-  std::vector<int64_t> in_degree;
+  std::unique_ptr<GpuBatches> gpu_batches;
   std::unique_ptr<BatchFeatures> batch_features;
   if (!opt.full_graph) {
     sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), opt.fanouts);
     // Batched evaluation takes every neighbour (fanout -1): the same function as full-graph
     // inference, computed a batch of nodes at a time.
     eval_sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), std::vector<int>(opt.fanouts.size(), -1));
-    in_degree.resize(static_cast<size_t>(n));
-    const int64_t* indptr = store.indptr();
-    for (int64_t v = 0; v < n; ++v) in_degree[v] = indptr[v + 1] - indptr[v];
     if (dev.is_cuda()) {
-      // Features may take half of what the GPU budget (or 90% of the card) allows; the rest is for
-      // the model, its activations and the batches' blocks.
+      // Features may take half of what the GPU budget (or 90% of the card) allows, the topology a
+      // quarter (else the GPU sampler reads it from pinned host memory); the rest is for the
+      // model, its activations and the batches' blocks.
       const uint64_t budget = opt.gpu_mem_budget > 0 ? opt.gpu_mem_budget : device_memory(dev) / 10 * 9;
       const uint64_t feature_bytes = opt.feature_gpu_bytes > 0 ? opt.feature_gpu_bytes : budget / 2;
+      if (opt.gpu_sampler) gpu_batches = std::make_unique<GpuBatches>(store, dev, opt.fanouts, budget / 4);
       batch_features = std::make_unique<BatchFeatures>(store, dev, feature_bytes, opt.match);
     }
   }
@@ -209,18 +212,13 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   const Tensor train_rows = ids_tensor(train_ids, dev), valid_rows = ids_tensor(valid_ids, dev),
                test_rows = ids_tensor(test_ids, dev);
 
-  // Sampled blocks of a batch of seeds as graph operands (with each source's full-graph in-degree
-  // for the GCN norm), still on the host.
+  // Sampled blocks of a batch of seeds as graph operands (each outer source's GCN norm from its
+  // full-graph in-degree), still on the host.
   auto prepare_blocks = [&](PreparedBatch* p, const sampler::NeighborSampler& s, const int64_t* seeds, int64_t len,
                             uint64_t key) {
     p->batch = s.sample(seeds, len, key);
-    for (const sampler::Block& block : p->batch.blocks) {
-      std::vector<int64_t> deg(block.src_ids.size());
-      for (size_t i = 0; i < deg.size(); ++i) deg[i] = in_degree[block.src_ids[i]];
-      p->src_degrees.push_back(std::move(deg));
-    }
-    for (size_t l = 0; l < p->batch.blocks.size(); ++l)
-      p->graphs.push_back(std::make_unique<GraphOperand>(p->batch.blocks[l].csr(), &p->src_degrees[l]));
+    for (const sampler::Block& block : p->batch.blocks)
+      p->graphs.push_back(std::make_unique<GraphOperand>(block.csr(), block.src_ids.data(), store.indptr()));
     if (!batch_features) {  // the CPU reads the features here, in parallel; a GPU gathers them later
       const auto& inputs = p->batch.input_nodes();
       p->features = Tensor::empty(static_cast<int64_t>(inputs.size()), store.feature_dim());
@@ -228,9 +226,18 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
         store.read_features(inputs[i], inputs[i] + 1, p->features.f32() + i * store.feature_dim());
     }
   };
-  // Forward of a prepared batch on the device (blocks copied there in order, on the compute stream).
+  // Forward of a prepared batch on the device (blocks copied there in order, on the compute stream,
+  // or, sampled on the GPU, built there).
   auto forward_batch = [&](PreparedBatch* p, bool training, uint64_t key) {
     p->on_device.clear();
+    if (gpu_batches && p->batch.blocks.empty()) {
+      GpuBatch::Operands o = gpu_batches->operands(p->gpu, attention);
+      p->on_device = std::move(o.graphs);
+      p->seeds = std::move(o.seeds);
+      std::vector<const GraphOperand*> graphs;
+      for (const auto& g : p->on_device) graphs.push_back(&g);
+      return model.forward(graphs, batch_features->load(o.input_nodes), training, key);
+    }
     for (const auto& g : p->graphs) p->on_device.push_back(g->to(dev, attention));
     std::vector<const GraphOperand*> graphs;
     for (const auto& g : p->on_device) graphs.push_back(&g);
@@ -283,29 +290,41 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     } else {
       const scheduler::EpochPlan plan(train_ids, opt.batch_size, opt.seed, epoch);
       double loss_sum = 0;
+      Tensor batch_rows;  // 0, 1, ..., batch_size - 1: every logits row of a batch is a seed
       const auto times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
           plan.num_batches(), opt.prefetch, opt.reorder_window,
           [&](int64_t b) {
             auto p = std::make_unique<PreparedBatch>();
             const int64_t len = plan.batch_length(b);
-            prepare_blocks(p.get(), *sampler, plan.batch(b), len, kernels::derive_key(epoch_key, static_cast<uint64_t>(b)));
+            const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
+            if (gpu_batches) {  // the node sets leave the GPU only for the match-reorder window
+              p->gpu = gpu_batches->sample(plan.batch(b), len, key, opt.reorder_window > 1);
+              return p;
+            }
+            prepare_blocks(p.get(), *sampler, plan.batch(b), len, key);
             p->labels.resize(static_cast<size_t>(len));
             for (int64_t i = 0; i < len; ++i) p->labels[i] = labels[plan.batch(b)[i]];
             return p;
           },
-          [](const std::unique_ptr<PreparedBatch>& p) -> const std::vector<int64_t>& {
-            return p->batch.input_nodes();
+          [&](const std::unique_ptr<PreparedBatch>& p) -> const std::vector<int64_t>& {
+            return gpu_batches ? p->gpu.input_nodes_host() : p->batch.input_nodes();
           },
           [&](int64_t b, std::unique_ptr<PreparedBatch>& p) {
             model.zero_grad();
             Tensor logits = forward_batch(p.get(), /*training=*/true,
                                           kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)));
-            std::vector<int64_t> rows(static_cast<size_t>(logits.rows()));
-            for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
-            Tensor grad = Tensor::empty(logits.rows(), logits.cols(), DType::kF32, dev);
-            const Tensor batch_labels = Tensor::from_host(p->labels.data(), logits.rows(), 1, DType::kI32, dev);
-            loss_sum += ops::softmax_cross_entropy(logits, batch_labels, ids_tensor(rows, dev), &grad).loss *
-                        static_cast<double>(rows.size());
+            const int64_t len = logits.rows();
+            if (!batch_rows.defined() || batch_rows.rows() < len) {
+              std::vector<int64_t> rows(static_cast<size_t>(std::max(len, opt.batch_size)));
+              for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+              batch_rows = ids_tensor(rows, dev);
+            }
+            Tensor grad = Tensor::empty(len, logits.cols(), DType::kF32, dev);
+            const Tensor batch_labels = p->seeds.defined()
+                                            ? ops::gather_rows(labels_all, p->seeds)
+                                            : Tensor::from_host(p->labels.data(), len, 1, DType::kI32, dev);
+            loss_sum += ops::softmax_cross_entropy(logits, batch_labels, batch_rows.rows_slice(0, len), &grad).loss *
+                        static_cast<double>(len);
             model.backward(std::move(grad));
             adam.step();
           });
@@ -326,6 +345,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
         m.rows_cache = f.cache;
         m.rows_host = f.host;
         m.host_to_gpu_bytes = f.host_to_gpu_bytes();
+        if (m.input_nodes == 0) {  // GPU-sampled without a window: the node sets never left the GPU
+          m.input_nodes = f.rows;
+          m.reused_nodes = m.reused_nodes_sampled_order = f.previous;
+        }
       }
     }
 

@@ -41,6 +41,9 @@ struct TrainOptions {
   // the text is what the user wrote, for messages.
   uint64_t gpu_mem_budget = 0;
   std::string gpu_mem_budget_text;
+  // Mini-batch on a GPU: sample there (FastGL's fused-map sampler, engine/gpu_batches.hpp) rather
+  // than on the CPU. Both draw the same neighbours.
+  bool gpu_sampler = true;
   // Mini-batch on a GPU: reuse the rows the previous batch brought to the GPU (FastGL's match).
   bool match = true;
   // Mini-batch: sample this many batches ahead and train them in FastGL's greedy match-reorder

@@ -52,6 +52,20 @@ __global__ void __launch_bounds__(kThreads) tiered_gather_kernel(TieredGatherArg
   }
 }
 
+__global__ void match_rows_kernel(const int32_t* row_of, const int64_t* ids, int64_t n, int32_t* rows) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) rows[i] = row_of[ids[i]];
+}
+
+// value < 0: row_of[ids[i]] = value; else row_of[ids[i]] = i.
+__global__ void match_assign_kernel(int32_t* row_of, const int64_t* ids, int64_t n, int32_t value) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    row_of[ids[i]] = value < 0 ? value : static_cast<int32_t>(i);
+}
+
+unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 8192)); }
+
 bool aligned(const ConstMatrixView& m) {
   return m.data == nullptr || (reinterpret_cast<uintptr_t>(m.data) % 16 == 0 && m.ld % 4 == 0);
 }
@@ -68,6 +82,19 @@ void tiered_gather_cuda(const TieredGatherArgs& a, cudaStream_t stream) {
   } else {
     tiered_gather_kernel<float><<<blocks, kThreads, 0, stream>>>(a);
   }
+  GALE_CHECK_CUDA(cudaGetLastError());
+}
+
+void match_rows_cuda(const int32_t* row_of, const int64_t* ids, int64_t n, int32_t* rows, cudaStream_t stream) {
+  if (n == 0) return;
+  match_rows_kernel<<<grid_for(n), kThreads, 0, stream>>>(row_of, ids, n, rows);
+  GALE_CHECK_CUDA(cudaGetLastError());
+}
+
+void match_advance_cuda(int32_t* row_of, const int64_t* prev_ids, int64_t prev_n, const int64_t* ids, int64_t n,
+                        cudaStream_t stream) {
+  if (prev_n > 0) match_assign_kernel<<<grid_for(prev_n), kThreads, 0, stream>>>(row_of, prev_ids, prev_n, -1);
+  if (n > 0) match_assign_kernel<<<grid_for(n), kThreads, 0, stream>>>(row_of, ids, n, 0);
   GALE_CHECK_CUDA(cudaGetLastError());
 }
 

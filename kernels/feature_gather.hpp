@@ -31,6 +31,14 @@ struct TieredGatherArgs {
 
 void tiered_gather_cpu(const TieredGatherArgs& a);
 
+// FastGL's match kept as a map over node ids, so a batch's reuse is found without a host pass:
+// row_of[v] is v's row in the previous batch's features, or -1 (every entry -1 at the start).
+// match_rows: rows[i] = row_of[ids[i]], the prev_rows of a tiered gather.
+// match_advance: makes `ids` the previous batch: row_of[prev_ids[i]] = -1 for i < prev_n, then
+// row_of[ids[i]] = i for i < n (ids distinct, as a batch's input nodes are).
+void match_rows_cpu(const int32_t* row_of, const int64_t* ids, int64_t n, int32_t* rows);
+void match_advance_cpu(int32_t* row_of, const int64_t* prev_ids, int64_t prev_n, const int64_t* ids, int64_t n);
+
 }  // namespace gale::kernels
 
 struct CUstream_st;
@@ -40,5 +48,9 @@ namespace gale::kernels {
 
 // Every pointer is device-accessible (host: mapped pinned memory). Never synchronises.
 void tiered_gather_cuda(const TieredGatherArgs& a, cudaStream_t stream);
+// The match map's CUDA twins; device pointers, stream-ordered, never synchronise.
+void match_rows_cuda(const int32_t* row_of, const int64_t* ids, int64_t n, int32_t* rows, cudaStream_t stream);
+void match_advance_cuda(int32_t* row_of, const int64_t* prev_ids, int64_t prev_n, const int64_t* ids, int64_t n,
+                        cudaStream_t stream);
 
 }  // namespace gale::kernels

@@ -36,4 +36,19 @@ void tiered_gather_cpu(const TieredGatherArgs& a) {
     for (int t = 0; t < kFeatureTiers; ++t) a.counters[t] += counts[t].load();
 }
 
+void match_rows_cpu(const int32_t* row_of, const int64_t* ids, int64_t n, int32_t* rows) {
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 16384), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t i = r.begin(); i < r.end(); ++i) rows[i] = row_of[ids[i]];
+  });
+}
+
+void match_advance_cpu(int32_t* row_of, const int64_t* prev_ids, int64_t prev_n, const int64_t* ids, int64_t n) {
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, prev_n, 16384), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t i = r.begin(); i < r.end(); ++i) row_of[prev_ids[i]] = -1;
+  });
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 16384), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t i = r.begin(); i < r.end(); ++i) row_of[ids[i]] = static_cast<int32_t>(i);
+  });
+}
+
 }  // namespace gale::kernels

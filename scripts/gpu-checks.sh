@@ -4,6 +4,8 @@
 #   scripts/gpu-checks.sh DIST bench   gale bench spmm, Gale vs PyG full-graph training, GAT 4x64
 #   scripts/gpu-checks.sh DIST cora    gale train on Cora on the GPU, and the budget's exit code
 #   scripts/gpu-checks.sh DIST sbm     MaxK vs ReLU and host- vs GPU-resident features on a 1M-node SBM
+#   scripts/gpu-checks.sh DIST minibatch  Gale vs the PyTorch GPU-sampling anchor, then Gale's mini-batch
+#                                      epoch by sampler, feature placement, match and reorder window
 # Each prints a short summary table last. Logs go to $OUT (or /tmp) when set.
 set -uo pipefail
 dist=$(cd "${1:?usage: gpu-checks.sh DIST tests|bench|cora}" && pwd)
@@ -89,7 +91,43 @@ sbm)
     summary+=("  last epoch: $(grep -v final "$logs/sbm-$f.jsonl" | tail -1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print({k: d.get(k) for k in ("epoch_s","sample_s","compute_s","host_to_gpu_bytes","feature_rows","reused_nodes","reused_nodes_sampled_order")})')")
   done
   ;;
-*) echo "gpu-checks.sh: expected tests, bench, cora or sbm, found '$what'" >&2; exit 2 ;;
+minibatch)
+  spec=rmat:scale=${SCALE:-21},edge-factor=16,classes=47,feature-dim=100
+  [ -d /tmp/rmat.gale ] || gale preprocess --generate "$spec" -o /tmp/rmat.gale --force > "$logs/gen.log" 2>&1
+  run_suite compare-minibatch env GALE="$dist/bin/gale" "$here/bench/compare_minibatch.sh" /tmp/rmat.gale ${MB_TF32:+-- --tf32}
+  cat "$logs/compare-minibatch.log"
+  common=(--model sage --layers 3 --hidden 256 --fanouts 15,10,5 --batch-size 1024 --epochs ${MB_EPOCHS:-4} --eval none
+          --device cuda --lr 0.003 --dropout 0 -q)
+  for f in ${MB_CONFIGS:-resident cpu-sampler budget host-nomatch host-match host-reorder8}; do
+    extra=()
+    case $f in
+      cpu-sampler) extra=(--sampler cpu) ;;
+      budget) extra=(--gpu-mem-budget ${MB_BUDGET:-1536M}) ;;
+      host-nomatch) extra=(--feature-gpu-mem 256M --no-match) ;;
+      host-match) extra=(--feature-gpu-mem 256M) ;;
+      host-reorder8) extra=(--feature-gpu-mem 256M --reorder-window 8) ;;
+      tf32) extra=(--tf32) ;;
+    esac
+    run_suite "mb-$f" gale train /tmp/rmat.gale "${common[@]}" --metrics "$logs/mb-$f.jsonl" "${extra[@]}"
+  done
+  python3 - "$logs" ${MB_CONFIGS:-resident cpu-sampler budget host-nomatch host-match host-reorder8} <<'PY'
+import json, statistics, sys
+logs = sys.argv[1]
+print(f"{'config':14} {'epoch s':>8} {'sample s':>9} {'compute s':>9} {'wait s':>7} {'H2D GB':>7} {'rows prev/gpu/cache/host (M)':>30} {'peak GiB':>8}")
+for c in sys.argv[2:]:
+    try:
+        rows = [json.loads(l) for l in open(f"{logs}/mb-{c}.jsonl") if '"final"' not in l]
+    except OSError:
+        print(f"{c:14} (no metrics)"); continue
+    rows = rows[1:] or rows  # the first epoch warms up
+    med = lambda k: statistics.median(r.get(k, 0) or 0 for r in rows)
+    fr = rows[-1].get("feature_rows", {})
+    tiers = "/".join(f"{fr.get(k, 0) / 1e6:.1f}" for k in ("previous_batch", "gpu", "gpu_cache", "host"))
+    print(f"{c:14} {med('epoch_s'):8.3f} {med('sample_s'):9.3f} {med('compute_s'):9.3f} {med('wait_s'):7.3f} "
+          f"{med('host_to_gpu_bytes') / 1e9:7.2f} {tiers:>30} {max(r.get('gpu_peak_bytes', 0) for r in rows) / 2**30:8.2f}")
+PY
+  ;;
+*) echo "gpu-checks.sh: expected tests, bench, cora, sbm or minibatch, found '$what'" >&2; exit 2 ;;
 esac
 printf '\n== summary (%s) ==\n' "$what"
 printf '%s\n' "${summary[@]}"

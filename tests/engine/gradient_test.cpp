@@ -32,6 +32,8 @@ struct TestGraph {
   std::vector<int64_t> indptr;
   std::vector<int32_t> indices;
   std::vector<int64_t> src_degree;  // full-graph in-degree of each source
+  // A full graph the block could have been sampled from: source j is node j, of degree src_degree[j].
+  std::vector<int64_t> src_ids, full_indptr;
   kernels::CsrView view() const { return {dst, src, indptr.data(), indices.data(), nullptr}; }
 };
 
@@ -55,6 +57,11 @@ TestGraph random_graph(int64_t dst, int64_t src, uint64_t seed) {
     g.indptr.push_back(static_cast<int64_t>(g.indices.size()));
   }
   for (int64_t j = 0; j < src; ++j) g.src_degree.push_back(j < dst ? g.indptr[j + 1] - g.indptr[j] : 1 + (j % 5));
+  g.full_indptr.push_back(0);
+  for (int64_t j = 0; j < src; ++j) {
+    g.src_ids.push_back(j);
+    g.full_indptr.push_back(g.full_indptr.back() + g.src_degree[j]);
+  }
   return g;
 }
 
@@ -201,7 +208,7 @@ constexpr uint64_t kLayerKey = 7;
 // Compares analytic gradients of L = <layer(x), R> with central differences of the reference.
 void check_layer(Layer& layer, const TestGraph& g, const Reference& ref, uint64_t seed) {
   const int64_t in = layer.in_dim(), out = layer.out_dim();
-  const GraphOperand op(g.view(), &g.src_degree);
+  const GraphOperand op(g.view(), g.src_ids.data(), g.full_indptr.data());
   const std::vector<double> x = random_vector(static_cast<size_t>(g.src * in), seed + 1);
   const std::vector<double> r = random_vector(static_cast<size_t>(g.dst * out), seed + 2);
   Params params = read_params(layer);
@@ -534,7 +541,7 @@ TEST(GraphOperand, TransposeAndNormsFollowTheBlock) {
   for (size_t e = 0; e < weights.size(); ++e) weights[e] = static_cast<float>(e) + 0.5f;
   kernels::CsrView csr = g.view();
   csr.weights = weights.data();
-  const GraphOperand op(csr, &g.src_degree);
+  const GraphOperand op(csr, g.src_ids.data(), g.full_indptr.data());
   EXPECT_EQ(op.num_dst(), 9);
   EXPECT_EQ(op.num_src(), 14);
   const kernels::CsrView csc = op.csc();

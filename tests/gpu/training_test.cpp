@@ -199,12 +199,56 @@ TEST_F(GpuCora, GasKernelReachesPygToo) {
   EXPECT_GE(mean_test_accuracy(o, 3), 0.80);
 }
 
-TEST_F(GpuCora, MiniBatchSageWithFanouts10x10) {
-  TrainOptions o = pyg_options("sage");
+// PyG's options for `model`, mini-batch with fanouts 10,10 in batches of `batch`.
+TrainOptions minibatch_options(const std::string& model, int64_t batch) {
+  TrainOptions o = pyg_options(model);
   o.full_graph = false;
   o.fanouts = {10, 10};
-  o.batch_size = 1024;
-  EXPECT_GE(mean_test_accuracy(o, 5), 0.78);
+  o.batch_size = batch;
+  return o;
+}
+
+TEST_F(GpuCora, MiniBatchSageWithFanouts10x10) { EXPECT_GE(mean_test_accuracy(minibatch_options("sage", 1024), 5), 0.78); }
+
+// The default mini-batch path on a GPU samples there; the CPU sampler draws the same neighbours,
+// so without dropout (whose masks follow local row numbers, which differ) the two train the same
+// model up to float summation order.
+TEST_F(GpuCora, GpuSamplerTrainsLikeTheCpuSampler) {
+  TrainOptions o = minibatch_options("sage", 64);
+  o.epochs = 4;
+  o.model.dropout = 0;
+  auto losses = [&](bool gpu_sampler) {
+    o.gpu_sampler = gpu_sampler;
+    std::vector<double> out;
+    train(o, [&](const EpochMetrics& m) { out.push_back(m.loss); });
+    return out;
+  };
+  const std::vector<double> gpu = losses(true), cpu = losses(false);
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t e = 0; e < gpu.size(); ++e) EXPECT_NEAR(gpu[e], cpu[e], 1e-3 * std::abs(cpu[e])) << "epoch " << e;
+}
+
+TEST_F(GpuCora, MiniBatchOnTheCpuSamplerToo) {
+  TrainOptions o = minibatch_options("sage", 1024);
+  o.gpu_sampler = false;
+  EXPECT_GE(mean_test_accuracy(o, 3), 0.78);
+}
+
+// GPU sampling with the match-reorder window (node sets copied back for it), deeper prefetch and
+// GAT (whose blocks need the edge map): every configuration still learns Cora.
+TEST_F(GpuCora, GpuSamplerWithReorderWindowPrefetchAndGat) {
+  TrainOptions o = minibatch_options("sage", 32);
+  o.prefetch = 3;
+  o.reorder_window = 4;
+  EpochMetrics last;
+  o.epochs = 100;
+  const TrainResult r = train(o, [&](const EpochMetrics& m) { last = m; });
+  EXPECT_GE(r.test_acc_at_best_valid, 0.76);
+  EXPECT_EQ(last.batches, 5);  // 140 seeds in batches of 32
+  EXPECT_GT(last.input_nodes, 0);
+  EXPECT_GT(last.reused_nodes, 0);
+  EXPECT_EQ(last.feature_rows, last.input_nodes);
+  EXPECT_GE(train(minibatch_options("gat", 64)).test_acc_at_best_valid, 0.76);
 }
 
 TEST_F(GpuCora, ExceededBudgetNamesTheFlag) {

@@ -1,0 +1,199 @@
+#include "engine/gpu_batches.hpp"
+
+#include <tbb/parallel_for.h>
+
+#include <cstring>
+#include <deque>
+#include <mutex>
+
+#include "kernels/error.hpp"
+#if GALE_WITH_CUDA
+#include "engine/device_context.hpp"
+#include "kernels/cuda/buffer.hpp"
+#include "kernels/cuda/pinned.hpp"
+#include "sampler/fused_map_sampler.hpp"
+#endif
+
+namespace gale::engine {
+
+struct GpuBatch::Impl {
+  int64_t num_seeds = 0, num_input = 0;
+  std::vector<int64_t> input_host;
+#if GALE_WITH_CUDA
+  kernels::cuda::DeviceBuffer<int64_t> seeds;
+  sampler::DeviceSampledBatch sampled;
+  std::unique_ptr<kernels::cuda::Event> ready;  // recorded on the sampling stream after the last hop
+#endif
+};
+
+GpuBatch::GpuBatch() = default;
+GpuBatch::~GpuBatch() = default;
+GpuBatch::GpuBatch(GpuBatch&&) noexcept = default;
+GpuBatch& GpuBatch::operator=(GpuBatch&&) noexcept = default;
+int64_t GpuBatch::num_seeds() const { return impl_ ? impl_->num_seeds : 0; }
+int64_t GpuBatch::num_input_nodes() const { return impl_ ? impl_->num_input : 0; }
+const std::vector<int64_t>& GpuBatch::input_nodes_host() const {
+  static const std::vector<int64_t> none;
+  return impl_ ? impl_->input_host : none;
+}
+
+namespace {
+
+std::string mib(uint64_t bytes) {
+  char buf[64];
+  if (bytes >= (uint64_t{1} << 30)) {
+    std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.0f MiB", static_cast<double>(bytes) / (1 << 20));
+  }
+  return buf;
+}
+
+}  // namespace
+
+struct GpuBatches::Impl {
+  Device device;
+  uint64_t topology_bytes = 0;
+  bool on_gpu = false;
+#if GALE_WITH_CUDA
+  kernels::cuda::DeviceBuffer<int64_t> indptr;
+  kernels::cuda::DeviceBuffer<int32_t> indices;
+  kernels::cuda::PinnedBuffer pinned;  // indptr, then indices
+  kernels::CsrView graph;              // device-accessible
+  std::unique_ptr<sampler::FusedMapSampler> sampler;
+  // Sampling streams: one per concurrent sample() call, created on demand and reused.
+  std::mutex mutex;
+  std::deque<kernels::cuda::Stream> streams;
+  std::vector<kernels::cuda::Stream*> idle;
+
+  kernels::cuda::Stream* acquire() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (idle.empty()) {
+      streams.emplace_back(device.ordinal);
+      return &streams.back();
+    }
+    kernels::cuda::Stream* s = idle.back();
+    idle.pop_back();
+    return s;
+  }
+  void release(kernels::cuda::Stream* s) {
+    std::lock_guard<std::mutex> lock(mutex);
+    idle.push_back(s);
+  }
+#endif
+};
+
+GpuBatches::GpuBatches(const storage::Store& store, const Device& device, std::vector<int> fanouts,
+                       uint64_t topology_gpu_bytes)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.device = device;
+  if (!device.is_cuda()) throw InternalError("GpuBatches: needs a CUDA device, given " + device.name());
+#if GALE_WITH_CUDA
+  const kernels::CsrView host = store.csr();
+  const int64_t n = host.rows, nnz = host.nnz();
+  const size_t indptr_bytes = static_cast<size_t>(n + 1) * sizeof(int64_t);
+  const size_t indices_bytes = static_cast<size_t>(nnz) * sizeof(int32_t);
+  s.topology_bytes = indptr_bytes + indices_bytes;
+  s.on_gpu = s.topology_bytes <= topology_gpu_bytes;
+  DeviceContext& ctx = DeviceContext::get(device.ordinal);
+  if (s.on_gpu) {
+    s.indptr = kernels::cuda::DeviceBuffer<int64_t>(ctx.pool(), static_cast<size_t>(n + 1), ctx.stream());
+    s.indices = kernels::cuda::DeviceBuffer<int32_t>(ctx.pool(), static_cast<size_t>(nnz), ctx.stream());
+    kernels::cuda::copy_to_device(s.indptr.data(), host.indptr, static_cast<size_t>(n + 1), ctx.stream());
+    kernels::cuda::copy_to_device(s.indices.data(), host.indices, static_cast<size_t>(nnz), ctx.stream());
+    ctx.synchronize();  // the sampling streams read these; they are not ordered after the compute stream
+    s.graph = {n, n, s.indptr.data(), s.indices.data(), nullptr};
+  } else {
+    s.pinned = kernels::cuda::PinnedBuffer(s.topology_bytes, nullptr, "the graph's topology in pinned host memory");
+    auto* dst = static_cast<unsigned char*>(s.pinned.host());
+    std::memcpy(dst, host.indptr, indptr_bytes);
+    const auto* src = reinterpret_cast<const unsigned char*>(host.indices);
+    constexpr size_t kChunk = size_t{64} << 20;  // read the store's pages in parallel
+    tbb::parallel_for(size_t{0}, (indices_bytes + kChunk - 1) / kChunk, [&](size_t c) {
+      const size_t off = c * kChunk;
+      std::memcpy(dst + indptr_bytes + off, src + off, std::min(kChunk, indices_bytes - off));
+    });
+    auto* base = static_cast<unsigned char*>(s.pinned.device());
+    s.graph = {n, n, reinterpret_cast<const int64_t*>(base), reinterpret_cast<const int32_t*>(base + indptr_bytes),
+               nullptr};
+  }
+  s.sampler = std::make_unique<sampler::FusedMapSampler>(s.graph, std::move(fanouts), ctx.pool());
+#else
+  (void)store, (void)fanouts, (void)topology_gpu_bytes;
+  throw DeviceError("this build has no CUDA backend");
+#endif
+}
+
+GpuBatches::~GpuBatches() = default;
+
+bool GpuBatches::topology_on_gpu() const { return impl_->on_gpu; }
+
+std::string GpuBatches::describe() const {
+  return impl_->on_gpu ? "GPU sampler, topology on the GPU (" + mib(impl_->topology_bytes) + ")"
+                       : "GPU sampler, topology in pinned host memory (" + mib(impl_->topology_bytes) + "), read over UVA";
+}
+
+GpuBatch GpuBatches::sample(const int64_t* seeds, int64_t n, uint64_t key, bool input_nodes_on_host) const {
+  GpuBatch out;
+  out.impl_ = std::make_unique<GpuBatch::Impl>();
+#if GALE_WITH_CUDA
+  Impl& s = *impl_;
+  GpuBatch::Impl& b = *out.impl_;
+  kernels::cuda::DeviceGuard guard(s.device.ordinal);
+  kernels::cuda::Stream* stream = s.acquire();
+  struct Release {
+    Impl& s;
+    kernels::cuda::Stream* stream;
+    ~Release() { s.release(stream); }
+  } release{s, stream};
+  kernels::cuda::MemoryPool& pool = DeviceContext::get(s.device.ordinal).pool();
+  b.num_seeds = n;
+  b.seeds = kernels::cuda::DeviceBuffer<int64_t>(pool, static_cast<size_t>(n), *stream);
+  kernels::cuda::copy_to_device(b.seeds.data(), seeds, static_cast<size_t>(n), *stream);
+  b.sampled = s.sampler->sample(b.seeds.data(), n, key, *stream);
+  b.num_input = b.sampled.num_input_nodes();
+  b.ready = std::make_unique<kernels::cuda::Event>(s.device.ordinal);
+  b.ready->record(*stream);
+  if (input_nodes_on_host) {
+    b.input_host.resize(static_cast<size_t>(b.num_input));
+    kernels::cuda::copy_to_host(b.input_host.data(), b.sampled.input_nodes(), b.input_host.size(), *stream);
+    stream->synchronize();
+  }
+#else
+  (void)seeds, (void)n, (void)key, (void)input_nodes_on_host;
+#endif
+  return out;
+}
+
+GpuBatch::Operands GpuBatches::operands(GpuBatch& batch, bool edge_map) const {
+  if (!batch.impl_) throw InternalError("GpuBatches::operands: the batch was already consumed");
+  GpuBatch::Operands o;
+#if GALE_WITH_CUDA
+  const Impl& s = *impl_;
+  GpuBatch::Impl& b = *batch.impl_;
+  kernels::cuda::Stream& compute = DeviceContext::get(s.device.ordinal).stream();
+  compute.wait(*b.ready);
+  for (const sampler::DeviceBlock& block : b.sampled.blocks)
+    o.graphs.push_back(GraphOperand::from_device_block(s.device, block.csr(), block.num_edges, block.src_ids.data(),
+                                                       s.graph.indptr, edge_map));
+  o.input_nodes = Tensor::empty(b.num_input, 1, DType::kI64, s.device);
+  kernels::cuda::copy_on_device(o.input_nodes.data<int64_t>(), b.sampled.input_nodes(), static_cast<size_t>(b.num_input),
+                                compute);
+  o.seeds = Tensor::empty(b.num_seeds, 1, DType::kI64, s.device);
+  kernels::cuda::copy_on_device(o.seeds.data<int64_t>(), b.seeds.data(), static_cast<size_t>(b.num_seeds), compute);
+  // Free the sampler's buffers on the compute stream, after the copies and kernels above read them.
+  for (sampler::DeviceBlock& block : b.sampled.blocks) {
+    block.indptr.set_stream(compute);
+    block.indices.set_stream(compute);
+    block.src_ids.set_stream(compute);
+  }
+  b.seeds.set_stream(compute);
+#else
+  (void)edge_map;
+#endif
+  batch.impl_.reset();
+  return o;
+}
+
+}  // namespace gale::engine
