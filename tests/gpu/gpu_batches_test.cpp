@@ -20,6 +20,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -223,19 +224,30 @@ const storage::Store& rmat_store() {
   return store;
 }
 
-// Everything about a sampled block that does not depend on how local ids were numbered, by global
-// id: each destination's sources in order, each source's destinations in CSC order, the norms.
+// Everything about a sampled block that does not depend on how local ids were numbered (the GPU
+// numbers the sources beyond the destinations in whatever order its threads claim them, so a
+// deeper block's destinations are in another order too), by global id: each destination's sources
+// in order, each source's destinations (CSC), and the norms' bits.
 struct BlockByGlobalId {
-  std::vector<int64_t> dst_ids;
-  std::vector<std::vector<int64_t>> sources;     // per destination
-  std::map<int64_t, std::vector<int64_t>> csc;    // source id -> destination ids
-  std::map<int64_t, float> src_norm;
-  std::vector<float> dst_norm, inv_degree;
-  bool operator==(const BlockByGlobalId& o) const {
-    return dst_ids == o.dst_ids && sources == o.sources && csc == o.csc && src_norm == o.src_norm &&
-           same_bits(dst_norm, o.dst_norm) && same_bits(inv_degree, o.inv_degree);
+  std::map<int64_t, std::vector<int64_t>> sources;  // destination id -> source ids
+  std::map<int64_t, std::vector<int64_t>> csc;      // source id -> destination ids
+  std::map<int64_t, uint32_t> src_norm, dst_norm, inv_degree;
+  // "" when equal, else the first part that differs.
+  std::string difference(const BlockByGlobalId& o) const {
+    if (sources != o.sources) return "destinations or their sources";
+    if (csc != o.csc) return "the transpose";
+    if (src_norm != o.src_norm) return "src_norm";
+    if (dst_norm != o.dst_norm) return "dst_norm";
+    if (inv_degree != o.inv_degree) return "inv_degree";
+    return "";
   }
 };
+
+uint32_t bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
 
 BlockByGlobalId describe(const std::vector<int64_t>& indptr, const std::vector<int32_t>& indices,
                          const std::vector<int64_t>& csc_indptr, const std::vector<int32_t>& csc_indices,
@@ -243,20 +255,18 @@ BlockByGlobalId describe(const std::vector<int64_t>& indptr, const std::vector<i
                          const std::vector<float>& dst_norm, const std::vector<float>& inv_degree) {
   BlockByGlobalId d;
   const int64_t rows = static_cast<int64_t>(indptr.size()) - 1;
-  d.dst_ids.assign(src_ids.begin(), src_ids.begin() + rows);
   for (int64_t i = 0; i < rows; ++i) {
-    std::vector<int64_t> s;
+    std::vector<int64_t>& s = d.sources[src_ids[i]];
     for (int64_t k = indptr[i]; k < indptr[i + 1]; ++k) s.push_back(src_ids[indices[k]]);
-    d.sources.push_back(s);
+    d.dst_norm[src_ids[i]] = bits(dst_norm[i]);
+    d.inv_degree[src_ids[i]] = bits(inv_degree[i]);
   }
   for (size_t j = 0; j < src_ids.size(); ++j) {
-    std::vector<int64_t> dsts;
+    std::vector<int64_t>& dsts = d.csc[src_ids[j]];
     for (int64_t k = csc_indptr[j]; k < csc_indptr[j + 1]; ++k) dsts.push_back(src_ids[csc_indices[k]]);
-    d.csc[src_ids[j]] = dsts;
-    d.src_norm[src_ids[j]] = src_norm[j];
+    std::sort(dsts.begin(), dsts.end());  // CSC order follows the local numbering of destinations
+    d.src_norm[src_ids[j]] = bits(src_norm[j]);
   }
-  d.dst_norm = dst_norm;
-  d.inv_degree = inv_degree;
   return d;
 }
 
@@ -305,7 +315,7 @@ void expect_like_cpu(const GpuBatches& gpu, GpuBatch batch, const std::vector<in
     const GraphOperand& g = o.graphs[l];
     ASSERT_EQ(g.num_dst(), want.blocks[l].num_dst()) << "layer " << l;
     ASSERT_EQ(g.num_src(), want.blocks[l].num_src()) << "layer " << l;
-    EXPECT_TRUE(describe_device(g, src_ids) == describe_host(want.blocks[l], store)) << "layer " << l;
+    EXPECT_EQ(describe_device(g, src_ids).difference(describe_host(want.blocks[l], store)), "") << "layer " << l;
     src_ids.resize(static_cast<size_t>(g.num_dst()));  // the next block's sources: this one's destinations
   }
   std::vector<int64_t> a = input, b = want.input_nodes();
