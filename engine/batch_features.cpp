@@ -33,10 +33,10 @@ BatchFeatures::BatchFeatures(const storage::Store& store, const Device& device, 
   impl_->match = match;
   DeviceContext& ctx = DeviceContext::get(device.ordinal);
   if (match) {
-    impl_->row_of = Tensor::empty(store.num_nodes(), 1, DType::kI32, device);
-    kernels::cuda::fill(impl_->row_of.data<int32_t>(), static_cast<size_t>(store.num_nodes()), int32_t{-1}, ctx.stream());
+    impl_->row_of = Tensor::empty_io(store.num_nodes(), 1, DType::kI32, device);
+    kernels::cuda::fill(impl_->row_of.data<int32_t>(), static_cast<size_t>(store.num_nodes()), int32_t{-1}, ctx.io_stream());
   }
-  impl_->tiers = std::make_unique<storage::FeatureTiers>(store, ctx.pool(), ctx.stream(), gpu_bytes);
+  impl_->tiers = std::make_unique<storage::FeatureTiers>(store, ctx.pool(), ctx.io_stream(), gpu_bytes);
 #else
   (void)gpu_bytes;
   (void)match;
@@ -60,6 +60,16 @@ std::string BatchFeatures::describe() const {
   return "read from the store on the CPU";
 }
 
+Tensor PendingFeatures::take() {
+#if GALE_WITH_CUDA
+  if (ready_) {
+    DeviceContext::get(features_.device().ordinal).stream().wait(*std::static_pointer_cast<kernels::cuda::Event>(ready_));
+    ready_.reset();
+  }
+#endif
+  return features_;
+}
+
 Tensor BatchFeatures::load(const std::vector<int64_t>& nodes) {
   Impl& s = *impl_;
   const int64_t n = static_cast<int64_t>(nodes.size());
@@ -72,33 +82,48 @@ Tensor BatchFeatures::load(const std::vector<int64_t>& nodes) {
     s.stats.host += n;
     return out;
   }
-  return load(Tensor::from_host(nodes.data(), n, 1, DType::kI64, s.device));
+#if GALE_WITH_CUDA
+  Tensor ids = Tensor::empty_io(n, 1, DType::kI64, s.device);
+  kernels::cuda::copy_to_device(ids.data<int64_t>(), nodes.data(), nodes.size(),
+                                DeviceContext::get(s.device.ordinal).io_stream());
+  return load_async(ids).take();
+#else
+  throw DeviceError("this build has no CUDA backend");
+#endif
 }
 
-Tensor BatchFeatures::load(const Tensor& nodes) {
+PendingFeatures BatchFeatures::load_async(const Tensor& nodes) {
   Impl& s = *impl_;
-  if (nodes.device() != s.device) throw InternalError("BatchFeatures::load: the ids live on another device");
-  if (s.device.is_cpu()) return load(std::vector<int64_t>(nodes.data<int64_t>(), nodes.data<int64_t>() + nodes.rows()));
+  if (nodes.device() != s.device) throw InternalError("BatchFeatures::load_async: the ids live on another device");
+  PendingFeatures out;
+  if (s.device.is_cpu()) {
+    out.features_ = load(std::vector<int64_t>(nodes.data<int64_t>(), nodes.data<int64_t>() + nodes.rows()));
+    return out;
+  }
 #if GALE_WITH_CUDA
   const int64_t n = nodes.rows();
   ++s.stats.batches;
   s.stats.rows += n;
-  DeviceContext& ctx = DeviceContext::get(s.device.ordinal);
-  Tensor out = Tensor::empty(n, s.store.feature_dim(), DType::kF32, s.device);
+  kernels::cuda::Stream& io = DeviceContext::get(s.device.ordinal).io_stream();
+  Tensor x = Tensor::empty_io(n, s.store.feature_dim(), DType::kF32, s.device);
   const bool reuse = s.match && s.prev_features.defined();
   Tensor prev_rows;
   if (reuse) {
-    prev_rows = Tensor::empty(n, 1, DType::kI32, s.device);
-    kernels::match_rows_cuda(s.row_of.data<int32_t>(), nodes.data<int64_t>(), n, prev_rows.data<int32_t>(), ctx.stream());
+    prev_rows = Tensor::empty_io(n, 1, DType::kI32, s.device);
+    kernels::match_rows_cuda(s.row_of.data<int32_t>(), nodes.data<int64_t>(), n, prev_rows.data<int32_t>(), io);
   }
   s.tiers->gather(nodes.data<int64_t>(), n, reuse ? prev_rows.data<int32_t>() : nullptr,
-                  reuse ? s.prev_features.view() : kernels::ConstMatrixView{}, out.view(), ctx.stream());
+                  reuse ? s.prev_features.view() : kernels::ConstMatrixView{}, x.view(), io);
   if (s.match) {
     kernels::match_advance_cuda(s.row_of.data<int32_t>(), s.prev_nodes.defined() ? s.prev_nodes.data<int64_t>() : nullptr,
-                                s.prev_nodes.rows(), nodes.data<int64_t>(), n, ctx.stream());
+                                s.prev_nodes.rows(), nodes.data<int64_t>(), n, io);
     s.prev_nodes = nodes;
-    s.prev_features = out;  // read-only from here: layers never write their input
+    s.prev_features = x;  // read-only from here: layers never write their input
   }
+  auto ready = std::make_shared<kernels::cuda::Event>(s.device.ordinal);
+  ready->record(io);
+  out.features_ = std::move(x);
+  out.ready_ = std::move(ready);
   return out;
 #else
   throw DeviceError("this build has no CUDA backend");
@@ -109,7 +134,7 @@ FeatureLoadStats BatchFeatures::take_stats() {
   FeatureLoadStats out = impl_->stats;
 #if GALE_WITH_CUDA
   if (impl_->tiers) {
-    const storage::FeatureTierStats t = impl_->tiers->take_stats(DeviceContext::get(impl_->device.ordinal).stream());
+    const storage::FeatureTierStats t = impl_->tiers->take_stats(DeviceContext::get(impl_->device.ordinal).io_stream());
     out.previous = t.rows[kernels::kTierPrevious];
     out.device = t.rows[kernels::kTierDevice];
     out.cache = t.rows[kernels::kTierCache];

@@ -26,6 +26,19 @@ struct FeatureLoadStats {
   int64_t host_to_gpu_bytes() const { return host * row_bytes; }
 };
 
+// Features being gathered on the device's IO stream (device_context.hpp) while the compute stream
+// trains: take() makes the compute stream wait for the gather (an event, not the host) and hands
+// the tensor over.
+class PendingFeatures {
+ public:
+  Tensor take();
+
+ private:
+  friend class BatchFeatures;
+  Tensor features_;
+  std::shared_ptr<void> ready_;  // the CUDA event recorded after the gather
+};
+
 class BatchFeatures {
  public:
   // `gpu_bytes`: what the features may occupy on the GPU (all rows when they fit, else a cache of
@@ -35,15 +48,18 @@ class BatchFeatures {
   BatchFeatures(const BatchFeatures&) = delete;
   BatchFeatures& operator=(const BatchFeatures&) = delete;
 
-  // The features of `nodes` (distinct global ids), one row each, on the device.
+  // The features of `nodes` (distinct global ids), one row each, on the device, ready for the
+  // compute stream.
   Tensor load(const std::vector<int64_t>& nodes);
-  // The same for ids already on the device (i64, n x 1), as the GPU sampler leaves them: the match
-  // is found on the GPU too (kernels/feature_gather.hpp's match map), with no host pass.
-  Tensor load(const Tensor& nodes);
+  // The same for ids already on the device (i64, n x 1, ready on the IO stream), as the GPU
+  // sampler leaves them, gathered on the IO stream: the match is found on the GPU too
+  // (kernels/feature_gather.hpp's match map), with no host pass. Batches are matched in the order
+  // of these calls.
+  PendingFeatures load_async(const Tensor& nodes);
   // Whether every row is on the GPU (or the device is the CPU, where the store is the source).
   bool resident() const;
   std::string describe() const;
-  // Counts since the last call (waits for the device), and the reset.
+  // Counts since the last call (waits for the IO stream), and the reset.
   FeatureLoadStats take_stats();
 
  private:

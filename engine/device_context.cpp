@@ -29,6 +29,7 @@ DeviceContext::DeviceContext(int ordinal, uint64_t budget, const std::string& bu
   pool_ = std::make_unique<kernels::cuda::MemoryPool>(ordinal, budget, budget_text);
   stream_ = std::make_unique<kernels::cuda::Stream>(ordinal);
   blas_ = std::make_unique<kernels::cuda::CublasHandle>(*stream_, *pool_);
+  io_stream_ = std::make_unique<kernels::cuda::Stream>(ordinal);
 }
 
 DeviceContext& DeviceContext::get(int ordinal) {

@@ -1,5 +1,7 @@
 // engine/device_context.hpp — what the engine holds per CUDA device: the budgeted memory pool
-// every tensor on that device is allocated from, the compute stream, and a cuBLAS handle on it.
+// every tensor on that device is allocated from, the compute stream, a cuBLAS handle on it, and
+// the IO stream on which mini-batches are assembled (blocks, feature gathers) while the compute
+// stream trains the previous one.
 //
 // One context per device for the whole process (the pool's budget is the user's
 // --gpu-mem-budget), created on first use. Only built with GALE_WITH_CUDA.
@@ -27,6 +29,7 @@ class DeviceContext {
   kernels::cuda::MemoryPool& pool() { return *pool_; }
   kernels::cuda::Stream& stream() { return *stream_; }
   kernels::cuda::CublasHandle& blas() { return *blas_; }
+  kernels::cuda::Stream& io_stream() { return *io_stream_; }
   // Blocks until all work on the compute stream has finished.
   void synchronize() { stream_->synchronize(); }
 
@@ -38,6 +41,7 @@ class DeviceContext {
   std::unique_ptr<kernels::cuda::MemoryPool> pool_;
   std::unique_ptr<kernels::cuda::Stream> stream_;
   std::unique_ptr<kernels::cuda::CublasHandle> blas_;
+  std::unique_ptr<kernels::cuda::Stream> io_stream_;
 };
 
 }  // namespace gale::engine

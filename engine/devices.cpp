@@ -1,5 +1,7 @@
 #include "engine/devices.hpp"
 
+#include <vector>
+
 #include "kernels/error.hpp"
 #if GALE_WITH_CUDA
 #include "engine/device_context.hpp"
@@ -56,7 +58,11 @@ void reset_gpu_peak(const Device& device) {
 
 void synchronize(const Device& device) {
 #if GALE_WITH_CUDA
-  if (device.is_cuda()) DeviceContext::get(device.ordinal).synchronize();
+  if (device.is_cuda()) {
+    DeviceContext& ctx = DeviceContext::get(device.ordinal);
+    ctx.io_stream().synchronize();
+    ctx.synchronize();
+  }
 #endif
   (void)device;
 }
@@ -74,6 +80,42 @@ std::string device_name(const Device& device) {
   if (device.is_cuda()) return kernels::cuda::device_info(device.ordinal).name;
 #endif
   return device.name();
+}
+
+struct IoTimer::Impl {
+  Device device;
+#if GALE_WITH_CUDA
+  std::vector<std::pair<kernels::cuda::Event, kernels::cuda::Event>> spans;
+#endif
+};
+
+IoTimer::IoTimer(const Device& device) : impl_(std::make_unique<Impl>()) { impl_->device = device; }
+IoTimer::~IoTimer() = default;
+
+void IoTimer::begin() {
+#if GALE_WITH_CUDA
+  if (!impl_->device.is_cuda()) return;
+  const int d = impl_->device.ordinal;
+  impl_->spans.emplace_back(kernels::cuda::Event(d, kernels::cuda::Event::Timing::kEnabled),
+                            kernels::cuda::Event(d, kernels::cuda::Event::Timing::kEnabled));
+  impl_->spans.back().first.record(DeviceContext::get(d).io_stream());
+#endif
+}
+
+void IoTimer::end() {
+#if GALE_WITH_CUDA
+  if (!impl_->device.is_cuda() || impl_->spans.empty()) return;
+  impl_->spans.back().second.record(DeviceContext::get(impl_->device.ordinal).io_stream());
+#endif
+}
+
+double IoTimer::take_seconds() {
+  double ms = 0;
+#if GALE_WITH_CUDA
+  for (const auto& [start, stop] : impl_->spans) ms += kernels::cuda::elapsed_ms(start, stop);
+  impl_->spans.clear();
+#endif
+  return ms * 1e-3;
 }
 
 }  // namespace gale::engine

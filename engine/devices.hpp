@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "kernels/device.hpp"
@@ -19,11 +20,30 @@ void set_gpu_budget(const Device& device, uint64_t bytes, const std::string& tex
 // Peak bytes allocated on `device` since the last reset (0 on the CPU), and the reset.
 uint64_t gpu_peak_bytes(const Device& device);
 void reset_gpu_peak(const Device& device);
-// Waits until the work queued on `device` has finished (nothing on the CPU).
+// Waits until the work queued on `device` (its compute and IO streams) has finished (nothing on
+// the CPU).
 void synchronize(const Device& device);
 // Total memory of a GPU in bytes (0 on the CPU).
 uint64_t device_memory(const Device& device);
 // "NVIDIA H100 80GB HBM3" or "cpu".
 std::string device_name(const Device& device);
+
+// GPU time of the work enqueued on a device's IO stream between begin() and end(), summed over
+// spans (timing events, so the host never waits until take_seconds). Does nothing on the CPU.
+class IoTimer {
+ public:
+  explicit IoTimer(const Device& device);
+  ~IoTimer();
+  IoTimer(const IoTimer&) = delete;
+  IoTimer& operator=(const IoTimer&) = delete;
+  void begin();
+  void end();
+  // Seconds over the spans so far (waits for the last to finish), and the reset.
+  double take_seconds();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace gale::engine

@@ -172,23 +172,22 @@ GpuBatch::Operands GpuBatches::operands(GpuBatch& batch, bool edge_map) const {
 #if GALE_WITH_CUDA
   const Impl& s = *impl_;
   GpuBatch::Impl& b = *batch.impl_;
-  kernels::cuda::Stream& compute = DeviceContext::get(s.device.ordinal).stream();
-  compute.wait(*b.ready);
+  kernels::cuda::Stream& io = DeviceContext::get(s.device.ordinal).io_stream();
+  io.wait(*b.ready);
   for (const sampler::DeviceBlock& block : b.sampled.blocks)
     o.graphs.push_back(GraphOperand::from_device_block(s.device, block.csr(), block.num_edges, block.src_ids.data(),
                                                        s.graph.indptr, edge_map));
-  o.input_nodes = Tensor::empty(b.num_input, 1, DType::kI64, s.device);
-  kernels::cuda::copy_on_device(o.input_nodes.data<int64_t>(), b.sampled.input_nodes(), static_cast<size_t>(b.num_input),
-                                compute);
-  o.seeds = Tensor::empty(b.num_seeds, 1, DType::kI64, s.device);
-  kernels::cuda::copy_on_device(o.seeds.data<int64_t>(), b.seeds.data(), static_cast<size_t>(b.num_seeds), compute);
-  // Free the sampler's buffers on the compute stream, after the copies and kernels above read them.
+  o.input_nodes = Tensor::empty_io(b.num_input, 1, DType::kI64, s.device);
+  kernels::cuda::copy_on_device(o.input_nodes.data<int64_t>(), b.sampled.input_nodes(), static_cast<size_t>(b.num_input), io);
+  o.seeds = Tensor::empty_io(b.num_seeds, 1, DType::kI64, s.device);
+  kernels::cuda::copy_on_device(o.seeds.data<int64_t>(), b.seeds.data(), static_cast<size_t>(b.num_seeds), io);
+  // Free the sampler's buffers on the IO stream, after the copies and kernels above read them.
   for (sampler::DeviceBlock& block : b.sampled.blocks) {
-    block.indptr.set_stream(compute);
-    block.indices.set_stream(compute);
-    block.src_ids.set_stream(compute);
+    block.indptr.set_stream(io);
+    block.indices.set_stream(io);
+    block.src_ids.set_stream(io);
   }
-  b.seeds.set_stream(compute);
+  b.seeds.set_stream(io);
 #else
   (void)edge_map;
 #endif

@@ -11,9 +11,10 @@
 // The topology lives on the GPU when it fits `topology_gpu_bytes` (what the budget leaves for it),
 // else in pinned host memory that the sampler's kernels read over UVA. Each sample() runs on a
 // sampling stream of its own, so sampling overlaps training on the compute stream; operands()
-// makes the compute stream wait for the batch's sampling (an event, not the host) and builds
-// everything else there: the CSR copies, the CSCs, the norms. The batch's sampler buffers are then
-// freed on the compute stream, after every kernel that read them.
+// makes the device's IO stream wait for the batch's sampling (an event, not the host) and builds
+// everything else there: the CSR copies, the CSCs, the norms (the compute stream must wait for the
+// IO stream before using them: BatchFeatures::load_async's event, recorded later on the same
+// stream, does). The batch's sampler buffers are then freed on the IO stream.
 #pragma once
 
 #include <cstdint>
@@ -71,7 +72,7 @@ class GpuBatches {
   // Returns once the sizes are known; the GPU may still be writing the last hop.
   GpuBatch sample(const int64_t* seeds, int64_t n, uint64_t key, bool input_nodes_on_host) const;
 
-  // The batch's operands on the compute stream (see the header comment). Consumes the batch's
+  // The batch's operands, built on the IO stream (see the header comment). Consumes the batch's
   // device buffers; call once per batch, from the thread that trains.
   GpuBatch::Operands operands(GpuBatch& batch, bool edge_map) const;
 

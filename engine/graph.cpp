@@ -55,13 +55,13 @@ GraphOperand GraphOperand::from_device_block(const Device& device, kernels::CsrV
                                              const int64_t* src_ids, const int64_t* full_indptr, bool edge_map) {
   GALE_ASSERT(device.is_cuda() && csr.weights == nullptr);
 #if GALE_WITH_CUDA
-  kernels::cuda::Stream& stream = DeviceContext::get(device.ordinal).stream();
+  kernels::cuda::Stream& stream = DeviceContext::get(device.ordinal).io_stream();
   GraphOperand g;
   g.device_ = device;
   g.csr_ = csr;
   g.nnz_ = nnz;
   g.symmetric_ = false;  // a block's sources outnumber its destinations, or it is used once: no test
-  auto make = [&](int64_t n, DType dtype) { return Tensor::empty(n, 1, dtype, device); };
+  auto make = [&](int64_t n, DType dtype) { return Tensor::empty_io(n, 1, dtype, device); };
   g.indptr_ = make(csr.rows + 1, DType::kI64);
   g.indices_ = make(nnz, DType::kI32);
   kernels::cuda::copy_on_device(g.indptr_.data<int64_t>(), csr.indptr, static_cast<size_t>(csr.rows + 1), stream);
@@ -75,7 +75,7 @@ GraphOperand GraphOperand::from_device_block(const Device& device, kernels::CsrV
     Tensor ws = make(static_cast<int64_t>(ws_bytes), DType::kU8);
     kernels::csr_transpose_cuda(g.csr_, nnz, g.csc_indptr_.data<int64_t>(), g.csc_indices_.data<int32_t>(),
                                 g.csc_edge_.data<int64_t>(), ws.data<unsigned char>(), ws_bytes, stream);
-  }  // freed on the compute stream, after the transpose
+  }  // freed once the IO stream has passed the transpose
   if (!edge_map) g.csc_edge_ = Tensor();
   g.dst_norm_ = make(csr.rows, DType::kF32);
   g.src_norm_ = make(csr.cols, DType::kF32);

@@ -28,7 +28,8 @@ class GraphOperand {
   explicit GraphOperand(kernels::CsrView csr, const int64_t* src_ids = nullptr, const int64_t* full_indptr = nullptr);
 
   // A block sampled on the GPU (sampler/device_block.hpp) as an operand on `device`, built there on
-  // the compute stream, which must already be ordered after the work that wrote the arrays: the
+  // the device's IO stream (Tensor::empty_io), which must already be ordered after the work that
+  // wrote the arrays, and which the compute stream must wait for before using the operand: the
   // CSR is copied (so the sampler's buffers may be freed), the CSC built by csr_transpose_cuda
   // and the norms by graph_norms_cuda. `csr`, `src_ids` and `full_indptr` are device-accessible
   // (full_indptr may be mapped host memory); nnz is the entry count as known on the host.

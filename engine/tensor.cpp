@@ -13,7 +13,7 @@ namespace gale::engine {
 // Host storage is 64-byte aligned so BLAS and vector loads see aligned rows; device storage
 // comes from the device's budgeted pool, stream-ordered on its compute stream.
 struct Tensor::Storage {
-  Storage(size_t bytes, const Device& device) : size(bytes), device(device) {
+  Storage(size_t bytes, const Device& device, bool io = false) : size(bytes), device(device), io(io) {
     if (device.is_cpu()) {
       const size_t rounded = (bytes + 63) / 64 * 64;
       ptr = static_cast<unsigned char*>(rounded == 0 ? nullptr : std::aligned_alloc(64, rounded));
@@ -23,7 +23,7 @@ struct Tensor::Storage {
     }
 #if GALE_WITH_CUDA
     DeviceContext& ctx = DeviceContext::get(device.ordinal);
-    ptr = static_cast<unsigned char*>(ctx.pool().allocate(bytes, ctx.stream()));
+    ptr = static_cast<unsigned char*>(ctx.pool().allocate(bytes, io ? ctx.io_stream() : ctx.stream()));
 #else
     throw DeviceError("device " + device.name() + ": this build has no CUDA backend");
 #endif
@@ -35,12 +35,24 @@ struct Tensor::Storage {
     }
 #if GALE_WITH_CUDA
     DeviceContext& ctx = DeviceContext::get(device.ordinal);
+    if (io && ptr != nullptr) {
+      // The IO stream may still be reading it (a later batch's match) and the compute stream may
+      // be too: free it on the compute stream once the IO stream's work so far is done as well.
+      try {
+        kernels::cuda::Event done(device.ordinal);
+        done.record(ctx.io_stream());
+        ctx.stream().wait(done);
+      } catch (...) {
+        ctx.io_stream().synchronize();  // never throw from a destructor; order the free the slow way
+      }
+    }
     ctx.pool().deallocate(ptr, size, ctx.stream());
 #endif
   }
   unsigned char* ptr = nullptr;
   size_t size = 0;
   Device device;
+  bool io = false;
 };
 
 #if GALE_WITH_CUDA
@@ -70,6 +82,18 @@ Tensor Tensor::empty(int64_t rows, int64_t cols, DType dtype, Device device) {
   t.dtype_ = dtype;
   t.device_ = device;
   t.storage_ = std::make_shared<Storage>(static_cast<size_t>(rows * cols) * dtype_size(dtype), device);
+  return t;
+}
+
+Tensor Tensor::empty_io(int64_t rows, int64_t cols, DType dtype, Device device) {
+  if (device.is_cpu()) return empty(rows, cols, dtype, device);
+  GALE_ASSERT(rows >= 0 && cols >= 0);
+  Tensor t;
+  t.rows_ = rows;
+  t.cols_ = cols;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(rows * cols) * dtype_size(dtype), device, true);
   return t;
 }
 

@@ -23,6 +23,11 @@ class Tensor {
                       Device device = Device::cpu());
   static Tensor zeros(int64_t rows, int64_t cols, DType dtype = DType::kF32,
                       Device device = Device::cpu());
+  // On a GPU, allocated in stream order on the device's IO stream (device_context.hpp), for work
+  // enqueued there; the compute stream must wait for that work (an event) before it reads the
+  // tensor. Freed safely whichever stream last used it: the free waits for both streams' work
+  // enqueued before it. On the CPU the same as empty().
+  static Tensor empty_io(int64_t rows, int64_t cols, DType dtype, Device device);
   // Copies host data into a new f32 tensor.
   static Tensor from_vector(const std::vector<float>& values, int64_t rows, int64_t cols);
   // Copies rows x cols elements of `dtype` from host memory into a new tensor on `device`.

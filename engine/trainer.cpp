@@ -58,8 +58,11 @@ struct PreparedBatch {
   // Sampled on the CPU: the blocks and their operands on the host.
   sampler::SampledBatch batch;
   std::vector<std::unique_ptr<GraphOperand>> graphs;
-  // Sampled on the GPU: the blocks stay there.
+  // Sampled on the GPU: the blocks stay there; the load stage turns them into operands and starts
+  // the feature gather on the IO stream.
   GpuBatch gpu;
+  std::optional<GpuBatch::Operands> ops;
+  PendingFeatures x;
   std::vector<GraphOperand> on_device;  // graphs on the training device: the model's backward reads them
   Tensor features;
   std::vector<int32_t> labels;
@@ -230,13 +233,14 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   // or, sampled on the GPU, built there).
   auto forward_batch = [&](PreparedBatch* p, bool training, uint64_t key) {
     p->on_device.clear();
-    if (gpu_batches && p->batch.blocks.empty()) {
-      GpuBatch::Operands o = gpu_batches->operands(p->gpu, attention);
-      p->on_device = std::move(o.graphs);
-      p->seeds = std::move(o.seeds);
+    if (gpu_batches && p->batch.blocks.empty()) {  // built by the load stage on the IO stream
+      const Tensor x = p->x.take();                   // the compute stream waits for all of it here
+      p->on_device = std::move(p->ops->graphs);
+      p->seeds = std::move(p->ops->seeds);
+      p->ops.reset();
       std::vector<const GraphOperand*> graphs;
       for (const auto& g : p->on_device) graphs.push_back(&g);
-      return model.forward(graphs, batch_features->load(o.input_nodes), training, key);
+      return model.forward(graphs, x, training, key);
     }
     for (const auto& g : p->graphs) p->on_device.push_back(g->to(dev, attention));
     std::vector<const GraphOperand*> graphs;
@@ -289,6 +293,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       m.batches = 1;
     } else {
       const scheduler::EpochPlan plan(train_ids, opt.batch_size, opt.seed, epoch);
+      IoTimer io_timer(dev);
       double loss_sum = 0;
       Tensor batch_rows;  // 0, 1, ..., batch_size - 1: every logits row of a batch is a seed
       const auto times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
@@ -308,6 +313,13 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           },
           [&](const std::unique_ptr<PreparedBatch>& p) -> const std::vector<int64_t>& {
             return gpu_batches ? p->gpu.input_nodes_host() : p->batch.input_nodes();
+          },
+          [&](int64_t, std::unique_ptr<PreparedBatch>& p) {  // in training order, ahead of the step
+            if (!gpu_batches) return;
+            io_timer.begin();
+            p->ops = gpu_batches->operands(p->gpu, attention);
+            p->x = batch_features->load_async(p->ops->input_nodes);
+            io_timer.end();
           },
           [&](int64_t b, std::unique_ptr<PreparedBatch>& p) {
             model.zero_grad();
@@ -337,6 +349,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       m.reused_nodes = times.reuse.reused;
       m.reused_nodes_sampled_order = times.reuse.reused_sampled_order;
       m.reorder_s = times.reorder_s;
+      m.io_s = io_timer.take_seconds();
       if (batch_features) {
         const FeatureLoadStats f = batch_features->take_stats();
         m.feature_rows = f.rows;
@@ -385,7 +398,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (metrics.is_open()) {
       nlohmann::json j = {{"epoch", epoch},          {"loss", m.loss},         {"train_acc", m.train_acc},
                           {"valid_acc", m.valid_acc}, {"test_acc", m.test_acc}, {"epoch_s", m.epoch_s},
-                          {"sample_s", m.sample_s},   {"compute_s", m.compute_s}, {"wait_s", m.wait_s},
+                          {"sample_s", m.sample_s},   {"io_s", m.io_s},           {"compute_s", m.compute_s},
+                          {"wait_s", m.wait_s},
                           {"eval_s", m.eval_s},       {"batches", m.batches}};
       if (dev.is_cuda()) j["gpu_peak_bytes"] = m.gpu_peak_bytes;
       if (!opt.full_graph) {
@@ -398,6 +412,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
         j["feature_rows"] = {{"total", m.feature_rows}, {"previous_batch", m.rows_previous}, {"gpu", m.rows_device},
                              {"gpu_cache", m.rows_cache}, {"host", m.rows_host}};
         j["host_to_gpu_bytes"] = m.host_to_gpu_bytes;
+        j["placement"] = batch_features->describe() + (gpu_batches ? "; " + gpu_batches->describe() : "; CPU sampler");
       }
       metrics << j.dump() << '\n';
       metrics.flush();

@@ -66,7 +66,10 @@ struct EpochMetrics {
   double loss = 0;
   double train_acc = 0, valid_acc = 0, test_acc = 0;
   double epoch_s = 0;               // wall time of training + evaluation
-  double sample_s = 0;              // mini-batch: sampling + feature gather (overlapped)
+  double sample_s = 0;              // mini-batch: sampling, summed over the batches (overlapped)
+  // Mini-batch on a GPU with its sampler: GPU time of assembling the batches on the IO stream
+  // (blocks' operands and the feature gather), overlapped with training on the compute stream.
+  double io_s = 0;
   double compute_s = 0;             // forward + backward + optimizer
   double wait_s = 0;                // compute waiting for a prepared batch
   double eval_s = 0;

@@ -2,7 +2,9 @@
 //
 //   serial: next batch index -> parallel: prepare (sample, gather features; copy the batch's node
 //   set) -> serial in order: match-reorder (buffer a window, release it in FastGL's greedy order)
-//   -> serial in order: consume (train step)
+//   -> serial in order: load (each released batch in consume order: enqueue its feature gather on
+//   the IO stream, so it runs while the previous batch trains) -> serial in order: consume (train
+//   step)
 //
 // Windows are cut in plan order (batches [k w, (k + 1) w)), and the reorder stage sees batches
 // in plan order, so the order batches are consumed in depends only on the plan and the node
@@ -33,18 +35,20 @@ namespace gale::scheduler {
 struct PipelineTimes {
   double prepare_s = 0;   // summed over batches (runs in parallel with consume)
   double reorder_s = 0;   // serial reorder stage: overlaps with the buffered batches, Algorithm 1
+  double load_s = 0;      // serial load stage (host time; the work it enqueues runs asynchronously)
   double consume_s = 0;
   double wait_s = 0;      // consume stage idle, waiting for a prepared batch
   ReuseCounts reuse;      // the match's expected reuse (nodes and reuse 0 without a node-set function)
 };
 
 // prepare(int64_t b) -> Payload (called concurrently); node_set(const Payload&) -> the batch's
-// node ids, any range of int64_t (called concurrently, right after prepare); consume(int64_t b,
-// Payload&) (serial, each batch exactly once, windows of `window` batches in match-reorder order;
-// b is the batch's plan index).
-template <typename Payload, typename Prepare, typename NodeSet, typename Consume>
+// node ids, any range of int64_t (called concurrently, right after prepare); load(int64_t b,
+// Payload&) and consume(int64_t b, Payload&) (each serial, each batch exactly once, in the same
+// order: windows of `window` batches in match-reorder order; b is the batch's plan index; the
+// load of a later batch may run while an earlier one is consumed).
+template <typename Payload, typename Prepare, typename NodeSet, typename Load, typename Consume>
 PipelineTimes run_batch_pipeline(int64_t num_batches, int prefetch, int window, Prepare&& prepare,
-                                 NodeSet&& node_set, Consume&& consume) {
+                                 NodeSet&& node_set, Load&& load, Consume&& consume) {
   using Clock = std::chrono::steady_clock;
   using Batch = std::unique_ptr<std::pair<int64_t, Payload>>;
   struct Prepared {
@@ -93,6 +97,14 @@ PipelineTimes run_batch_pipeline(int64_t num_batches, int prefetch, int window, 
                 times.reorder_s += seconds(t0, Clock::now());
                 return released;
               }) &
+          tbb::make_filter<std::shared_ptr<std::vector<Batch>>, std::shared_ptr<std::vector<Batch>>>(
+              tbb::filter_mode::serial_in_order,
+              [&](std::shared_ptr<std::vector<Batch>> released) {
+                const auto t0 = Clock::now();
+                for (Batch& batch : *released) load(batch->first, batch->second);
+                times.load_s += seconds(t0, Clock::now());
+                return released;
+              }) &
           tbb::make_filter<std::shared_ptr<std::vector<Batch>>, void>(
               tbb::filter_mode::serial_in_order,
               [&](std::shared_ptr<std::vector<Batch>> released) {
@@ -108,6 +120,15 @@ PipelineTimes run_batch_pipeline(int64_t num_batches, int prefetch, int window, 
   times.prepare_s = static_cast<double>(prepare_ns.load()) * 1e-9;
   times.reuse = reorder.counts();
   return times;
+}
+
+// Without a load stage.
+template <typename Payload, typename Prepare, typename NodeSet, typename Consume>
+PipelineTimes run_batch_pipeline(int64_t num_batches, int prefetch, int window, Prepare&& prepare,
+                                 NodeSet&& node_set, Consume&& consume) {
+  return run_batch_pipeline<Payload>(
+      num_batches, prefetch, window, std::forward<Prepare>(prepare), std::forward<NodeSet>(node_set),
+      [](int64_t, Payload&) {}, std::forward<Consume>(consume));
 }
 
 // Without a node-set function: batches are consumed in plan order, as with window 0.

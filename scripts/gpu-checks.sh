@@ -6,6 +6,8 @@
 #   scripts/gpu-checks.sh DIST sbm     MaxK vs ReLU and host- vs GPU-resident features on a 1M-node SBM
 #   scripts/gpu-checks.sh DIST minibatch  Gale vs the PyTorch GPU-sampling anchor, then Gale's mini-batch
 #                                      epoch by sampler, feature placement, match and reorder window
+#   scripts/gpu-checks.sh DIST scale25 R-MAT scale 25 (33M nodes, 1B entries, 17 GB of 128-d features)
+#                                      generated, then mini-batch SAGE under a 10 GB GPU budget
 # Each prints a short summary table last. Logs go to $OUT (or /tmp) when set.
 set -uo pipefail
 dist=$(cd "${1:?usage: gpu-checks.sh DIST tests|bench|cora}" && pwd)
@@ -102,18 +104,19 @@ minibatch)
     extra=()
     case $f in
       cpu-sampler) extra=(--sampler cpu) ;;
-      budget) extra=(--gpu-mem-budget ${MB_BUDGET:-1536M}) ;;
-      host-nomatch) extra=(--feature-gpu-mem 256M --no-match) ;;
-      host-match) extra=(--feature-gpu-mem 256M) ;;
-      host-reorder8) extra=(--feature-gpu-mem 256M --reorder-window 8) ;;
+      budget) extra=(--gpu-mem-budget ${MB_BUDGET:-1G}) ;;
+      host-nomatch) extra=(--feature-gpu-mem ${MB_FEATURE_MEM:-1M} --no-match) ;;
+      host-match) extra=(--feature-gpu-mem ${MB_FEATURE_MEM:-1M}) ;;
+      host-reorder8) extra=(--feature-gpu-mem ${MB_FEATURE_MEM:-1M} --reorder-window 8 --prefetch 8) ;;
       tf32) extra=(--tf32) ;;
     esac
     run_suite "mb-$f" gale train /tmp/rmat.gale "${common[@]}" --metrics "$logs/mb-$f.jsonl" "${extra[@]}"
   done
+  grep -h -o '"placement": *"[^"]*"' "$logs"/mb-*.jsonl | sort | uniq -c
   python3 - "$logs" ${MB_CONFIGS:-resident cpu-sampler budget host-nomatch host-match host-reorder8} <<'PY'
 import json, statistics, sys
 logs = sys.argv[1]
-print(f"{'config':14} {'epoch s':>8} {'sample s':>9} {'compute s':>9} {'wait s':>7} {'H2D GB':>7} {'rows prev/gpu/cache/host (M)':>30} {'peak GiB':>8}")
+print(f"{'config':14} {'epoch s':>8} {'sample s':>9} {'io s':>6} {'compute s':>9} {'wait s':>7} {'H2D GB':>7} {'rows prev/gpu/cache/host (M)':>30} {'peak GiB':>8}")
 for c in sys.argv[2:]:
     try:
         rows = [json.loads(l) for l in open(f"{logs}/mb-{c}.jsonl") if '"final"' not in l]
@@ -123,11 +126,21 @@ for c in sys.argv[2:]:
     med = lambda k: statistics.median(r.get(k, 0) or 0 for r in rows)
     fr = rows[-1].get("feature_rows", {})
     tiers = "/".join(f"{fr.get(k, 0) / 1e6:.1f}" for k in ("previous_batch", "gpu", "gpu_cache", "host"))
-    print(f"{c:14} {med('epoch_s'):8.3f} {med('sample_s'):9.3f} {med('compute_s'):9.3f} {med('wait_s'):7.3f} "
+    print(f"{c:14} {med('epoch_s'):8.3f} {med('sample_s'):9.3f} {med('io_s'):6.3f} {med('compute_s'):9.3f} {med('wait_s'):7.3f} "
           f"{med('host_to_gpu_bytes') / 1e9:7.2f} {tiers:>30} {max(r.get('gpu_peak_bytes', 0) for r in rows) / 2**30:8.2f}")
 PY
   ;;
-*) echo "gpu-checks.sh: expected tests, bench, cora, sbm or minibatch, found '$what'" >&2; exit 2 ;;
+scale25)
+  df -h /tmp | tail -1; free -g | head -2
+  start=$SECONDS
+  gale preprocess --generate rmat:scale=${R25_SCALE:-25},edge-factor=16,classes=47,feature-dim=128 -o /tmp/r25.gale --force \
+    --mem-budget 48G > "$logs/gen25.log" 2>&1 || { tail -5 "$logs/gen25.log"; exit 1; }
+  summary+=("generated in $((SECONDS - start)) s: $(tail -1 "$logs/gen25.log" | cut -c1-150)")
+  run_suite r25 gale train /tmp/r25.gale --model sage --layers 3 --hidden 256 --fanouts 15,10,5 --batch-size 1024 \
+    --epochs ${R25_EPOCHS:-2} --eval none --device cuda --gpu-mem-budget 10G --lr 0.003 --dropout 0 -q --metrics "$logs/r25.jsonl"
+  summary+=("$(cat "$logs/r25.jsonl")")
+  ;;
+*) echo "gpu-checks.sh: expected tests, bench, cora, sbm, minibatch or scale25, found '$what'" >&2; exit 2 ;;
 esac
 printf '\n== summary (%s) ==\n' "$what"
 printf '%s\n' "${summary[@]}"

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/device_context.hpp"
+#include "engine/devices.hpp"
 #include "engine/gpu_batches.hpp"
 #include "engine/graph.hpp"
 #include "kernels/cuda/check.hpp"
@@ -42,10 +43,11 @@ namespace {
 
 bool have_gpu() { return kernels::cuda::device_count() > 0; }
 
-// Copies n elements from a device (or mapped) pointer, after everything on the compute stream.
+// Copies n elements from a device (or mapped) pointer, after everything on the compute and IO
+// streams.
 template <typename T>
 std::vector<T> fetch(const T* p, int64_t n) {
-  DeviceContext::get(0).synchronize();
+  synchronize(Device::cuda(0));
   std::vector<T> out(static_cast<size_t>(n));
   if (n > 0) GALE_CHECK_CUDA(cudaMemcpy(out.data(), p, out.size() * sizeof(T), cudaMemcpyDefault));
   return out;
@@ -184,6 +186,7 @@ TEST_F(GpuBatchesTest, DeviceBlockOperandEqualsTheHostOperand) {
     const Tensor indptr = upload(b.g.indptr, DType::kI64), indices = upload(b.g.indices, DType::kI32);
     const Tensor ids = upload(b.src_ids, DType::kI64), full = upload(b.full_indptr, DType::kI64);
     const int64_t nnz = b.g.nnz();
+    synchronize(Device::cuda(0));  // the uploads ran on the compute stream; the operand is built on the IO stream
     const GraphOperand dev = GraphOperand::from_device_block(
         Device::cuda(0), {700, 5000, indptr.data<int64_t>(), indices.data<int32_t>(), nullptr}, nnz, ids.data<int64_t>(),
         full.data<int64_t>(), edge_map);

@@ -43,6 +43,7 @@ struct Payload {
   int64_t batch = -1;
   std::vector<int64_t> nodes;
   std::unique_ptr<Alive> alive;
+  bool loaded = false;  // set by the load stage
 };
 
 // The consume order the pipeline must produce: windows cut in plan order, each in greedy_reorder's
@@ -75,7 +76,7 @@ TEST(ReorderPipeline, DeliversEveryBatchOnceInMatchReorderOrderWithBoundedMemory
         const NodeSets batches = testing::random_window(rng, static_cast<int>(count), 120);
         LiveCount live;
         std::atomic<int> consuming{0};
-        std::vector<int64_t> consumed;
+        std::vector<int64_t> consumed, loaded;
         const PipelineTimes times = run_batch_pipeline<Payload>(
             count, prefetch, window,
             [&](int64_t b) {
@@ -84,14 +85,22 @@ TEST(ReorderPipeline, DeliversEveryBatchOnceInMatchReorderOrderWithBoundedMemory
               return Payload{b, batches[static_cast<size_t>(b)], std::make_unique<Alive>(&live)};
             },
             [](const Payload& p) -> const std::vector<int64_t>& { return p.nodes; },
+            [&](int64_t b, Payload& p) {  // load: serial, in consume order, ahead of consume
+              EXPECT_EQ(p.batch, b);
+              EXPECT_FALSE(p.loaded);
+              p.loaded = true;
+              loaded.push_back(b);
+            },
             [&](int64_t b, Payload& p) {
               EXPECT_EQ(consuming.fetch_add(1), 0) << "consume ran concurrently";
               EXPECT_EQ(p.batch, b);
+              EXPECT_TRUE(p.loaded) << "consumed before its load stage";
               consumed.push_back(b);
               std::this_thread::sleep_for(std::chrono::microseconds(300));
               consuming.fetch_sub(1);
             });
         EXPECT_EQ(consumed, expected_order(batches, window));
+        EXPECT_EQ(loaded, consumed);
         std::vector<int64_t> sorted = consumed;
         std::sort(sorted.begin(), sorted.end());
         for (int64_t b = 0; b < count; ++b) ASSERT_EQ(sorted[static_cast<size_t>(b)], b);
