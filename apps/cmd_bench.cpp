@@ -120,7 +120,8 @@ int bench_spmm(const std::vector<std::string>& args) {
     else if (name == "gar") kinds.push_back(SpmmKind::kGar);
     else if (name == "gas") kinds.push_back(SpmmKind::kGas);
     else if (name == "auto") kinds.push_back(SpmmKind::kAuto);
-    else throw InputError("--kernels: expected cusparse, gar, gas or auto, found '" + name + "'");
+    else if (name == "memory-aware") kinds.push_back(SpmmKind::kMemoryAware);
+    else throw InputError("--kernels: expected cusparse, gar, gas, memory-aware or auto, found '" + name + "'");
   }
   if (with_cusparse) kinds.insert(kinds.begin(), SpmmKind::kCusparse);
   if (kinds.empty()) throw InputError("--kernels: expected at least one kernel");

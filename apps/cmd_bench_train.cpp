@@ -120,7 +120,7 @@ int run_bench_train(const std::vector<std::string>& args) {
       ("epochs", po::value(&epochs), "timed epochs (default 5)")
       ("warmup", po::value(&warmup), "untimed epochs first (default 2)")
       ("device", po::value(&device_text), "cpu | cuda | cuda:N | auto")
-      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas")
+      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
       ("tf32", po::bool_switch(&tf32), "GEMMs on TF32 tensor cores")
       ("gpu-mem-budget", po::value(&budget), "cap on the GPU memory Gale allocates, e.g. 8G")
       ("seed", po::value(&seed), "weight initialisation seed")

@@ -70,7 +70,7 @@ int run_train(const std::vector<std::string>& args) {
       ("config", po::value(&config), "read options from an INI file (command line wins)")
       ("device", po::value(&device), "cpu | cuda | cuda:N | auto (the first GPU when present)")
       ("gpu-mem-budget", po::value(&gpu_budget), "cap on the GPU memory Gale allocates, e.g. 8G (default: no cap)")
-      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas")
+      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
       ("sampler", po::value(&sampler), "mini-batch neighbour sampler: auto (the GPU's when training there) | gpu | cpu")
       ("no-match", po::bool_switch(&no_match), "mini-batch on a GPU: do not reuse the previous batch's features")

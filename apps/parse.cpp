@@ -75,7 +75,8 @@ kernels::SpmmKind parse_spmm_kind(const std::string& text) {
   if (text == "auto") return kernels::SpmmKind::kAuto;
   if (text == "fused-gar" || text == "gar") return kernels::SpmmKind::kGar;
   if (text == "fused-gas" || text == "gas") return kernels::SpmmKind::kGas;
-  throw InputError("--spmm: expected auto, fused-gar or fused-gas, found '" + text + "'");
+  if (text == "memory-aware") return kernels::SpmmKind::kMemoryAware;
+  throw InputError("--spmm: expected auto, fused-gar, fused-gas or memory-aware, found '" + text + "'");
 }
 
 }  // namespace gale::apps

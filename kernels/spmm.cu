@@ -22,7 +22,19 @@
 // out = (accumulate ? out : 0) + self term + bias; a post-pass applies ReLU, which cannot be fused
 // into an atomic scatter. The order of the atomic additions varies, so GAS is not deterministic.
 //
-// kAuto: GAR when nnz / rows >= kSpmmGarMinDegree (4), else GAS. fuseGNN (Sec. 7, Fig. 9-11)
+// Memory-aware (FastGL, ASPLOS'24, Sec. 4.2 Fig. 7): for sampled blocks. A thread block owns a tile
+// of kMaRows destination rows; it stages the tile's entries (column ids and coefficients,
+// col_scale * weight) in shared memory with one coalesced pass, and keeps the rows' partial sums
+// in shared memory too, so the data every lane reads again and again (a coefficient once per
+// feature column, a partial sum once per entry) comes from on-chip memory and only the source
+// rows, each read once, come from global memory. Each warp owns two of the tile's rows and adds
+// their entries in CSR order: one writer per partial sum, a fixed order of additions,
+// deterministic. Tiles whose entries exceed the staging buffer take it in turns; widths above
+// kMaCols take the partial-sum buffer in column passes.
+//
+// kAuto: memory-aware for a sampled block or its transpose (rows != cols; measured on R-MAT 21
+// mini-batch SAGE 3x256 [15,10,5]: 0.298 s per epoch against 0.318 s with GAR everywhere and 0.331
+// s with the degree rule); else GAR when nnz / rows >= kSpmmGarMinDegree (4), else GAS. fuseGNN (Sec. 7, Fig. 9-11)
 // finds GAS faster on low-degree graphs (Cora, avg. degree ~4) and GAR on high-degree ones
 // (Reddit): with only a few entries per row, GAR's row groups spend most of their time on the
 // per-row prologue and epilogue and leave lanes idle, while GAS's fixed-size edge chunks keep
@@ -667,6 +679,89 @@ __global__ void __launch_bounds__(kBlock) gas_kernel(Params p) {
   }
 }
 
+// ---- memory-aware (FastGL) ----------------------------------------------------------------------
+
+constexpr int kMaRows = 16;                   // destination rows per block: two per warp
+constexpr int kMaEntries = 1024;              // entries staged at once (8 KB)
+constexpr int kMaCols = 256;                  // partial-sum columns per pass (16 KB)
+
+template <typename T>
+__global__ void __launch_bounds__(kBlock) memory_aware_kernel(Params p) {
+  constexpr int K = sizeof(T) / sizeof(float);
+  __shared__ int32_t s_col[kMaEntries];
+  __shared__ float s_coef[kMaEntries];
+  __shared__ __align__(16) float s_sum[kMaRows * kMaCols];
+  __shared__ int64_t s_ptr[kMaRows + 1];
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kMaRows;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(kMaRows), p.rows - row0));
+  if (threadIdx.x <= rows) s_ptr[threadIdx.x] = p.indptr[row0 + threadIdx.x];
+  __syncthreads();
+  const int64_t first = s_ptr[0], last = s_ptr[rows];
+  for (int64_t col0 = 0; col0 < p.width; col0 += kMaCols) {
+    const int cols = static_cast<int>(min(static_cast<int64_t>(kMaCols), p.width - col0));
+    for (int r = warp; r < rows; r += kBlock / kWarp)
+      for (int c = lane * K; c < cols; c += kWarp * K) set_zero(*reinterpret_cast<T*>(&s_sum[r * kMaCols + c]));
+    for (int64_t chunk = first; chunk < last; chunk += kMaEntries) {
+      const int n = static_cast<int>(min(static_cast<int64_t>(kMaEntries), last - chunk));
+      __syncthreads();  // the previous chunk is consumed
+      for (int i = static_cast<int>(threadIdx.x); i < n; i += kBlock) {
+        const int32_t c = p.indices[chunk + i];
+        float w = p.col_scale ? p.col_scale[c] : 1.0f;
+        if (p.edge_weight) w *= p.edge_weight[chunk + i];
+        s_col[i] = c;
+        s_coef[i] = w;
+      }
+      __syncthreads();
+      for (int r = warp; r < rows; r += kBlock / kWarp) {
+        const int lo = static_cast<int>(max(s_ptr[r], chunk) - chunk);
+        const int hi = static_cast<int>(min(s_ptr[r + 1], chunk + n) - chunk);
+        if (lo >= hi) continue;
+        for (int c = lane * K; c < cols; c += kWarp * K) {
+          T* partial = reinterpret_cast<T*>(&s_sum[r * kMaCols + c]);
+          T acc = *partial;
+          for (int i = lo; i < hi; ++i) {
+            T v;
+            load_ro(v, p.x + static_cast<int64_t>(s_col[i]) * p.x_ld + col0 + c);
+            fma_to(acc, s_coef[i], v);
+          }
+          *partial = acc;
+        }
+      }
+    }
+    // Epilogue (the warp wrote these partial sums itself: no barrier needed).
+    for (int r = warp; r < rows; r += kBlock / kWarp) {
+      const int64_t row = row0 + r;
+      const float rs = p.row_scale ? p.row_scale[row] : 1.0f;
+      float self = 0.0f;
+      if (row < p.self_rows) self = p.self_scale + (p.self_coefs ? p.self_coefs[row] : 0.0f);
+      for (int c = lane * K; c < cols; c += kWarp * K) {
+        T v = *reinterpret_cast<const T*>(&s_sum[r * kMaCols + c]);
+        scale(v, rs);
+        if (self != 0.0f) {
+          T xs;
+          load_ro(xs, p.x + row * p.x_ld + col0 + c);
+          fma_to(v, self, xs);
+        }
+        float* o = p.out + row * p.out_ld + col0 + c;
+        if (p.accumulate) {
+          T prev;
+          load_rw(prev, o);
+          add_to(v, prev);
+        }
+        if (p.bias) {
+          T b;
+          load_ro(b, p.bias + col0 + c);
+          add_to(v, b);
+        }
+        if (p.relu) relu_in_place(v);
+        store(o, v);
+      }
+    }
+  }
+}
+
 // ---- host side ------------------------------------------------------------------------------
 
 Params make_params(const SpmmArgs& a) {
@@ -834,6 +929,18 @@ void run_gas(const SpmmArgs& a, cudaStream_t stream) {
   }
 }
 
+void run_memory_aware(const SpmmArgs& a, cudaStream_t stream) {
+  const Params p = make_params(a);
+  const int64_t blocks = (p.rows + kMaRows - 1) / kMaRows;
+  if (blocks >= (int64_t{1} << 31)) throw InputError("spmm memory-aware: too many rows for one grid");
+  if (can_vectorise(a)) {
+    memory_aware_kernel<float4><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(p);
+  } else {
+    memory_aware_kernel<float><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(p);
+  }
+  GALE_CHECK_CUDA(cudaGetLastError());
+}
+
 // ---- cuSPARSE baseline ----------------------------------------------------------------------
 
 #define GALE_CHECK_CUSPARSE(call)                                                                   \
@@ -956,6 +1063,7 @@ const char* spmm_kind_name(SpmmKind kind) {
     case SpmmKind::kGar: return "gar";
     case SpmmKind::kGas: return "gas";
     case SpmmKind::kCusparse: return "cusparse";
+    case SpmmKind::kMemoryAware: return "memory-aware";
   }
   return "?";
 }
@@ -988,12 +1096,15 @@ void spmm_cuda(SpmmKind kind, const SpmmArgs& a, cudaStream_t stream) {
   if (a.graph.rows == 0 || a.out.cols == 0) return;
   if (kind == SpmmKind::kAuto) {
     const double degree = static_cast<double>(a.nnz) / static_cast<double>(a.graph.rows);
-    kind = degree >= kSpmmGarMinDegree ? SpmmKind::kGar : SpmmKind::kGas;
+    kind = a.graph.rows != a.graph.cols    ? SpmmKind::kMemoryAware
+           : degree >= kSpmmGarMinDegree ? SpmmKind::kGar
+                                         : SpmmKind::kGas;
   }
   switch (kind) {
     case SpmmKind::kGar: run_gar(a, stream); return;
     case SpmmKind::kGas: run_gas(a, stream); return;
     case SpmmKind::kCusparse: run_cusparse(a, stream); return;
+    case SpmmKind::kMemoryAware: run_memory_aware(a, stream); return;
     case SpmmKind::kAuto: break;
   }
   throw InternalError("spmm: unhandled kind");

@@ -15,8 +15,10 @@
 //
 // The CUDA family (spmm.cu) offers fuseGNN's two aggregation models over the same arguments:
 // GAR (gather-apply-reduce, row-parallel, register reduction, deterministic) and GAS
-// (gather-apply-scatter, edge-parallel, atomics), plus cuSPARSE as the baseline `gale bench spmm`
-// compares against. spmm_cannot says why a kind cannot take given arguments.
+// (gather-apply-scatter, edge-parallel, atomics); FastGL's memory-aware aggregation for sampled
+// blocks (a block of rows per thread block, their entries' coefficients and partial sums in
+// shared memory, deterministic); plus cuSPARSE as the baseline `gale bench spmm` compares
+// against. spmm_cannot says why a kind cannot take given arguments.
 #pragma once
 
 #include <cstddef>
@@ -49,9 +51,10 @@ struct SpmmArgs {
 
 void spmm_cpu(const SpmmArgs& a);
 
-// The CUDA kernels (spmm.cu; these functions exist in GALE_WITH_CUDA builds only). kAuto picks GAR when the average degree nnz / rows is at least
-// kSpmmGarMinDegree, else GAS (see spmm.cu for why).
-enum class SpmmKind { kAuto, kGar, kGas, kCusparse };
+// The CUDA kernels (spmm.cu; these functions exist in GALE_WITH_CUDA builds only). kAuto picks the
+// memory-aware kernel for a sampled block or its transpose (rows != cols), else GAR when the
+// average degree nnz / rows is at least kSpmmGarMinDegree, else GAS (see spmm.cu for why).
+enum class SpmmKind { kAuto, kGar, kGas, kCusparse, kMemoryAware };
 
 constexpr double kSpmmGarMinDegree = 4.0;
 

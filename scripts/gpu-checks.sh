@@ -76,7 +76,8 @@ bench)
   ;;
 sbm)
   gale preprocess --generate sbm:nodes=1M,classes=16,avg-degree=20,feature-dim=128,seed=1 -o /tmp/sbm.gale --force > "$logs/sbm-gen.log" 2>&1
-  for a in relu maxk:32; do
+  for a in ${SBM_FULL:-relu maxk:32}; do
+    [ "$a" = none ] && continue
     run_suite "sbm-full-$a" gale train /tmp/sbm.gale --device cuda --model sage --layers 3 --hidden 256 --activation $a --epochs 200 --seed 1 -q
     summary[-1]="${summary[-1]} $(tail -1 "$logs/sbm-full-$a.log")"
   done
@@ -96,8 +97,10 @@ sbm)
 minibatch)
   spec=rmat:scale=${SCALE:-21},edge-factor=16,classes=47,feature-dim=100
   [ -d /tmp/rmat.gale ] || gale preprocess --generate "$spec" -o /tmp/rmat.gale --force > "$logs/gen.log" 2>&1
-  run_suite compare-minibatch env GALE="$dist/bin/gale" "$here/bench/compare_minibatch.sh" /tmp/rmat.gale ${MB_TF32:+-- --tf32}
-  cat "$logs/compare-minibatch.log"
+  if [ -z "${MB_SKIP_COMPARE:-}" ]; then
+    run_suite compare-minibatch env GALE="$dist/bin/gale" "$here/bench/compare_minibatch.sh" /tmp/rmat.gale ${MB_TF32:+-- --tf32}
+    cat "$logs/compare-minibatch.log"
+  fi
   common=(--model sage --layers 3 --hidden 256 --fanouts 15,10,5 --batch-size 1024 --epochs ${MB_EPOCHS:-4} --eval none
           --device cuda --lr 0.003 --dropout 0 -q)
   for f in ${MB_CONFIGS:-resident cpu-sampler budget host-nomatch host-match host-reorder8}; do
@@ -109,6 +112,9 @@ minibatch)
       host-match) extra=(--feature-gpu-mem ${MB_FEATURE_MEM:-1M}) ;;
       host-reorder8) extra=(--feature-gpu-mem ${MB_FEATURE_MEM:-1M} --reorder-window 8 --prefetch 8) ;;
       tf32) extra=(--tf32) ;;
+      gar) extra=(--spmm fused-gar) ;;
+      memory-aware) extra=(--spmm memory-aware) ;;
+      gas) extra=(--spmm fused-gas) ;;
     esac
     run_suite "mb-$f" gale train /tmp/rmat.gale "${common[@]}" --metrics "$logs/mb-$f.jsonl" "${extra[@]}"
   done

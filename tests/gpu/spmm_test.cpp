@@ -170,7 +170,7 @@ TEST_F(SpmmCudaTest, SmallGraphsMatchCpuAtEveryWidth) {
   for (int64_t width : kWidths) {
     for (int combo = w % 24; combo < Options::kCombos; combo += 24) {
       const uint64_t key = derive_key(12, static_cast<uint64_t>(width * 1000 + combo));
-      for (SpmmKind kind : {SpmmKind::kGar, SpmmKind::kGas}) {
+      for (SpmmKind kind : {SpmmKind::kGar, SpmmKind::kGas, SpmmKind::kMemoryAware}) {
         check(kind, g, width, Options::from(combo), key);
         check(kind, g, width, Options::from(combo), key, combo % 2 ? 1 : 4);
       }
@@ -187,6 +187,7 @@ TEST_F(SpmmCudaTest, AllOptionCombinationsMatchCpu) {
       const uint64_t key = derive_key(22, static_cast<uint64_t>(width * 1000 + combo));
       check(SpmmKind::kGar, g, width, Options::from(combo), key);
       check(SpmmKind::kGas, g, width, Options::from(combo), key);
+      check(SpmmKind::kMemoryAware, g, width, Options::from(combo), key);
     }
   }
 }
@@ -198,6 +199,7 @@ TEST_F(SpmmCudaTest, LargeGraphWithHubsMatchesCpu) {
     const uint64_t key = derive_key(32, static_cast<uint64_t>(width));
     check(SpmmKind::kGar, g, width, Options::from(4 + 1 + 8 + 64), key);
     check(SpmmKind::kGas, g, width, Options::from(4 + 2 + 32 + 128), key);
+    check(SpmmKind::kMemoryAware, g, width, Options::from(4 + 1 + 16 + 64), key);
   }
 }
 
@@ -233,6 +235,11 @@ TEST_F(SpmmCudaTest, SkewedGraphAcrossTilesMatchesCpu) {
     }
   }
   check(SpmmKind::kGas, g, 100, Options::from(4 + 64), derive_key(83, 1));
+  // Tiles whose entries outnumber the memory-aware staging buffer many times, widths in one and
+  // in several partial-sum passes.
+  for (int64_t width : {int64_t{7}, int64_t{256}, int64_t{300}, int64_t{516}})
+    check(SpmmKind::kMemoryAware, g, width, Options::from(combo = (combo + 53) % Options::kCombos),
+          derive_key(84, static_cast<uint64_t>(width)), width % 4 ? 2 : 0);
 }
 
 // A low-degree graph (auto picks GAS) and a high-degree one (auto picks GAR) both match.
