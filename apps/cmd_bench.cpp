@@ -399,11 +399,18 @@ int run_bench(const std::vector<std::string>& args) {
     std::puts("usage: gale bench spmm STORE|--generate SPEC [--dims 32,64,128,256] [--kernels cusparse,gar,gas]\n"
               "                  [--maxk 16,32] [--runs 20] [--warmup 5] [--json]\n"
               "       gale bench train STORE|--generate SPEC [--models gcn,sage,gin,gat] [--layers 3] [--hidden 256] ...\n"
+              "       gale bench sample STORE|--generate SPEC [--fanouts 15,10,5] [--batch-size 1024] [--batches 50]\n"
+              "                  [--warmup 5] [--samplers gpu,cpu] [--topology gpu|host|auto] [--json]\n"
+              "       gale bench gather STORE|--generate SPEC [--fanouts 15,10,5] [--batch-size 1024] [--batches 50]\n"
+              "                  [--feature-gpu-mem all,256M,1M] [--match on,off] [--json]\n"
+              "       gale bench pipeline STORE|--generate SPEC [--model sage] [--layers 3] [--hidden 256]\n"
+              "                  [--fanouts 15,10,5] [--batch-size 1024] [--epochs 3] [--warmup 1] [--device D] ... [--json]\n"
               "`gale bench NAME --help` lists a benchmark's options.");
     return args.empty() ? static_cast<int>(ExitCode::kInput) : 0;
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "train") return run_bench_train(rest);
+  if (args[0] == "sample" || args[0] == "gather" || args[0] == "pipeline") return run_bench_minibatch(args[0], rest);
   if (args[0] == "spmm") {
 #if GALE_WITH_CUDA
     const bool maxk = std::any_of(rest.begin(), rest.end(), [](const std::string& a) { return a.rfind("--maxk", 0) == 0; });
@@ -412,7 +419,7 @@ int run_bench(const std::vector<std::string>& args) {
     throw DeviceError("bench spmm: this build has no CUDA backend");
 #endif
   }
-  throw InputError("bench: unknown benchmark '" + args[0] + "' (expected spmm or train)");
+  throw InputError("bench: unknown benchmark '" + args[0] + "' (expected spmm, train, sample, gather or pipeline)");
 }
 
 }  // namespace gale::apps

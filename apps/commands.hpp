@@ -18,6 +18,8 @@ int run_train(const std::vector<std::string>& args);
 int run_predict(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
 int run_bench_train(const std::vector<std::string>& args);  // `gale bench train`
+// `gale bench sample|gather|pipeline` (apps/cmd_bench_minibatch.cpp): `name` is the benchmark.
+int run_bench_minibatch(const std::string& name, const std::vector<std::string>& args);
 
 // Parses `args` into `vm` (positional names from `pos`); prints `desc` and returns false for
 // --help. With `notify`, runs the options' notifiers (pass false to merge a config file first).

@@ -28,7 +28,8 @@ constexpr const char* kUsage =
     "  train STORE [options]          train a GNN (gcn, sage, gin, gat) on a store\n"
     "  predict STORE --checkpoint D   class predictions (and logits) for every node\n"
     "  bench spmm STORE|--generate SPEC   time the CUDA SpMM kernels against cuSPARSE\n"
-    "\n"
+    "  bench train|sample|gather|pipeline ...   time training, the samplers, the feature gather,\n"
+    "                                 the mini-batch pipeline ('gale bench --help')\n"    "\n"
     "run 'gale <command> --help' for a command's options.\n";
 
 }  // namespace

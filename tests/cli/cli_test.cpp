@@ -253,5 +253,84 @@ TEST_F(Cli, SbmDemoLearnsFarAboveChance) {
   EXPECT_GT(last["test_acc_at_best_valid"].get<double>(), 0.5);  // chance is 0.25
 }
 
+// The JSON objects among a run's output lines (the generator's progress goes to stderr beside them).
+std::vector<nlohmann::json> json_rows(const std::string& out) {
+  std::vector<nlohmann::json> rows;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] == '{') rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+constexpr const char* kBenchGraph = "--generate rmat:scale=10,edge-factor=4";
+
+TEST_F(Cli, BenchSampleOnTheCpuPrintsOneJsonRow) {
+  const CliRun r = gale(std::string("bench sample ") + kBenchGraph + " --samplers cpu --batches 3 --warmup 1 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto rows = json_rows(r.out);
+  ASSERT_EQ(rows.size(), 1u) << r.out;
+  for (const char* key : {"bench", "device", "sampler", "topology", "fanouts", "batch_size", "batches", "warmup",
+                          "ms_per_batch", "edges_per_batch", "input_nodes_per_batch", "medges_per_s"})
+    EXPECT_TRUE(rows[0].contains(key)) << key << ": " << r.out;
+  EXPECT_EQ(rows[0]["bench"], "sample");
+  EXPECT_EQ(rows[0]["sampler"], "cpu");
+  EXPECT_EQ(rows[0]["device"], "cpu");
+  EXPECT_EQ(rows[0]["batches"], 3);
+  EXPECT_GT(rows[0]["edges_per_batch"].get<double>(), 0.0);
+  // No train split in a generated graph without classes: every node is a seed, so a batch of
+  // 1024 seeds reads at least its 1024 seeds' features.
+  EXPECT_GE(rows[0]["input_nodes_per_batch"].get<double>(), 1024.0);
+}
+
+TEST_F(Cli, BenchSampleTableNamesTheDevice) {
+  const CliRun r = gale(std::string("bench sample ") + kBenchGraph + " --samplers cpu --batches 2 --warmup 0 --fanouts 5,5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("device: cpu"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ms/batch"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, BenchSampleOnTheGpuWithoutOneNamesTheWayOut) {
+  const CliRun r = gale(std::string("bench sample ") + kBenchGraph + " --batches 2 --warmup 0");
+  if (r.code == 0) GTEST_SKIP() << "a GPU is present: the gpu sampler ran";
+  EXPECT_EQ(r.code, 4) << r.out;
+  EXPECT_NE(r.out.find("--samplers cpu"), std::string::npos) << r.out;
+  EXPECT_EQ(lines(r.out), 1) << r.out;
+}
+
+TEST_F(Cli, BenchPipelineTrainsOnTheCpu) {
+  const CliRun r = gale("bench pipeline --generate rmat:scale=10,edge-factor=4,classes=4,feature-dim=16 --device cpu "
+                        "--epochs 1 --warmup 0 --layers 2 --fanouts 5,5 --hidden 16 --batch-size 256 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto rows = json_rows(r.out);
+  ASSERT_EQ(rows.size(), 2u) << r.out;  // the epoch, then the median
+  for (const auto& row : rows) {
+    for (const char* key : {"device", "epoch_s", "sample_s", "io_s", "compute_s", "wait_s", "host_to_gpu_gb",
+                            "feature_rows", "rows_previous", "rows_device", "rows_cache", "rows_host", "peak_gib"})
+      EXPECT_TRUE(row.contains(key)) << key << ": " << r.out;
+    EXPECT_EQ(row["device"], "cpu");
+    EXPECT_GT(row["batches"].get<int64_t>(), 0);
+  }
+  EXPECT_EQ(rows[0]["epoch"], 1);
+  EXPECT_EQ(rows[1]["median"], true);
+}
+
+TEST_F(Cli, BenchBadFlagsAreNamed) {
+  const std::string graph = kBenchGraph;
+  for (const std::string& bad :
+       {"sample --fanouts x", "sample --samplers foo", "sample --samplers cpu --batches 0", "sample --topology disk",
+        "sample --fanouts 10,0", "gather --match maybe", "gather --feature-gpu-mem 12Q", "pipeline --sampler x",
+        "pipeline --layers 3 --fanouts 5,5", "pipeline --device tpu", "pipeline --epochs 0"}) {
+    const CliRun r = gale("bench " + bad + " " + graph);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    const std::string flag = bad.substr(bad.rfind("--"), bad.find(' ', bad.rfind("--")) - bad.rfind("--"));
+    EXPECT_NE(r.out.find(flag), std::string::npos) << bad << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+  }
+  const CliRun unknown = gale("bench sampel");
+  EXPECT_EQ(unknown.code, 2) << unknown.out;
+  for (const char* name : {"spmm", "train", "sample", "gather", "pipeline"})
+    EXPECT_NE(unknown.out.find(name), std::string::npos) << unknown.out;
+}
+
 }  // namespace
 }  // namespace gale

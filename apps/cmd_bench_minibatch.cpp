@@ -1,0 +1,595 @@
+// `gale bench sample|gather|pipeline`: the mini-batch pipeline's stages timed one at a time, then
+// together.
+//
+//   sample    the neighbour samplers alone: GpuBatches (FastGL's fused-map sampler, its blocks'
+//             operands built on the GPU) and the CPU NeighborSampler (its blocks' host operands),
+//             per batch, the host waiting for the device after each.
+//   gather    BatchFeatures' tiered feature gather alone, for each GPU room for the features and
+//             with and without the match, on batches sampled once beforehand.
+//   pipeline  engine::train's mini-batch epochs with evaluation off: epoch, sample, IO, compute and
+//             wait seconds, host-to-GPU bytes, rows by tier and the GPU peak per epoch.
+//
+// Batches are the trainer's: the training split (every node when the store has none) shuffled as
+// scheduler::EpochPlan does for epoch 0 (then 1, 2, ... when more batches are asked for than an
+// epoch has), each keyed derive_key(derive_key(seed, epoch), batch) as engine::train keys them.
+// Benchmarks are programs, never assertions on time (shared/STYLE.md).
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/bench_store.hpp"
+#include "apps/commands.hpp"
+#include "engine/batch_features.hpp"
+#include "engine/devices.hpp"
+#include "engine/gpu_batches.hpp"
+#include "engine/graph.hpp"
+#include "engine/trainer.hpp"
+#include "kernels/error.hpp"
+#include "kernels/random.hpp"
+#include "sampler/neighbor_sampler.hpp"
+#include "scheduler/epoch_plan.hpp"
+#include "storage/store.hpp"
+
+#if GALE_WITH_CUDA
+#include "kernels/cuda/runtime.hpp"
+#endif
+
+namespace gale::apps {
+
+namespace po = boost::program_options;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double mean(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+// "gpu,cpu" -> {"gpu", "cpu"}, each checked against `allowed`; throws InputError naming `flag`.
+std::vector<std::string> parse_names(const std::string& text, const std::string& flag,
+                                     const std::vector<std::string>& allowed) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string name = text.substr(at, comma - at);
+    at = comma + 1;
+    if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) {
+      std::string expected;
+      for (size_t i = 0; i < allowed.size(); ++i)
+        expected += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + allowed[i];
+      throw InputError(flag + ": expected " + expected + ", found '" + name + "'");
+    }
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  }
+  return out;
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+// --fanouts, --batch-size, --batches, --warmup: the checks the three benchmarks share.
+std::vector<int> parse_fanouts(const std::string& text) {
+  std::vector<int> fanouts = parse_int_list(text, "--fanouts");
+  sampler::validate_fanouts(fanouts);
+  return fanouts;
+}
+
+void check_counts(int64_t batch_size, int batches, int warmup) {
+  if (batch_size < 1) throw InputError("--batch-size: expected at least 1, found " + std::to_string(batch_size));
+  if (batches < 1) throw InputError("--batches: expected at least 1, found " + std::to_string(batches));
+  if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
+}
+
+// GPU 0, or a DeviceError saying what needed it (`what`) and how to do without (`hint`).
+Device require_gpu(const std::string& what, const std::string& hint) {
+#if GALE_WITH_CUDA
+  try {
+    kernels::cuda::require_device(0);
+  } catch (const DeviceError& e) {
+    throw DeviceError(what + " needs a GPU: " + e.what() + hint);
+  }
+  return Device::cuda(0);
+#else
+  throw DeviceError(what + " needs a GPU: this build has no CUDA backend" + hint);
+#endif
+}
+
+// The trainer's batches, one after another: batch i of the sequence is batch i mod B of epoch
+// i / B's plan (B batches per epoch), with the trainer's key.
+class BatchSequence {
+ public:
+  BatchSequence(const storage::Store& store, int64_t batch_size, uint64_t seed) : batch_size_(batch_size), seed_(seed) {
+    if (store.has_split("train")) seeds_ = store.split("train");
+    from_split_ = !seeds_.empty();
+    if (!from_split_) {
+      seeds_.resize(static_cast<size_t>(store.num_nodes()));
+      std::iota(seeds_.begin(), seeds_.end(), int64_t{0});
+    }
+    if (seeds_.empty()) throw InputError("the store has no nodes to sample from");
+  }
+
+  struct Batch {
+    const int64_t* seeds;
+    int64_t n;
+    uint64_t key;
+  };
+
+  Batch operator[](int64_t i) {
+    const int64_t per_epoch = (static_cast<int64_t>(seeds_.size()) + batch_size_ - 1) / batch_size_;
+    const int64_t epoch = i / per_epoch, b = i % per_epoch;
+    if (!plan_ || epoch_ != epoch) {
+      plan_.emplace(seeds_, batch_size_, seed_, epoch);
+      epoch_ = epoch;
+    }
+    const uint64_t epoch_key = kernels::derive_key(seed_, static_cast<uint64_t>(epoch));
+    return {plan_->batch(b), plan_->batch_length(b), kernels::derive_key(epoch_key, static_cast<uint64_t>(b))};
+  }
+
+  // "train split (153431 nodes)" / "all 1024 nodes (no train split)".
+  std::string describe() const {
+    return from_split_ ? "train split (" + std::to_string(seeds_.size()) + " nodes)"
+                       : "all " + std::to_string(seeds_.size()) + " nodes (no train split)";
+  }
+  int64_t num_seeds() const { return static_cast<int64_t>(seeds_.size()); }
+
+ private:
+  std::vector<int64_t> seeds_;
+  bool from_split_ = false;
+  int64_t batch_size_;
+  uint64_t seed_;
+  std::optional<scheduler::EpochPlan> plan_;
+  int64_t epoch_ = -1;
+};
+
+// Keys in the order written (the table's), not sorted.
+using Json = nlohmann::ordered_json;
+
+void print_json(const Json& row) {
+  std::printf("%s\n", row.dump().c_str());
+  std::fflush(stdout);
+}
+
+// ---------------------------------------------------------------------------------------------
+// gale bench sample
+
+int bench_sample(const std::vector<std::string>& args) {
+  std::string store_path, generate, fanouts_text = "15,10,5", samplers_text = "gpu,cpu", topology = "auto";
+  int64_t batch_size = 1024;
+  int batches = 50, warmup = 5;
+  uint64_t seed = 0;
+  bool json = false;
+  po::options_description desc(
+      "usage: gale bench sample STORE|--generate SPEC [options]\n\n"
+      "Times the neighbour samplers per mini-batch of training seeds: the GPU fused-map sampler\n"
+      "(sampling and building the blocks' operands on GPU 0, waiting for the device after each batch)\n"
+      "and the CPU sampler (sampling and building the blocks' host operands). Median ms per batch\n"
+      "after --warmup batches, sampled edges and input nodes per batch, million edges per second.\n\n"
+      "options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("store", po::value(&store_path), "store directory")
+      ("generate", po::value(&generate), "build this generated graph in a temporary store (deleted after)")
+      ("fanouts", po::value(&fanouts_text), "neighbours per hop, seeds' hop first (default 15,10,5)")
+      ("batch-size", po::value(&batch_size), "training seeds per batch (default 1024)")
+      ("batches", po::value(&batches), "timed batches per sampler (default 50)")
+      ("warmup", po::value(&warmup), "untimed batches first (default 5)")
+      ("samplers", po::value(&samplers_text), "comma separated, from gpu, cpu (default gpu,cpu)")
+      ("topology", po::value(&topology),
+       "GPU sampler's graph: gpu (in GPU memory) | host (pinned host memory, read over UVA) | "
+       "auto (on the GPU when it fits a quarter of 90% of its memory, as training decides; default)")
+      ("seed", po::value(&seed), "shuffling and sampling seed (default 0)")
+      ("json", po::bool_switch(&json), "one JSON object per sampler instead of the table");
+  po::positional_options_description pos;
+  pos.add("store", 1);
+  po::variables_map vm;
+  if (!parse_command_line(args, desc, pos, &vm)) return 0;
+  const std::vector<int> fanouts = parse_fanouts(fanouts_text);
+  check_counts(batch_size, batches, warmup);
+  const std::vector<std::string> samplers = parse_names(samplers_text, "--samplers", {"gpu", "cpu"});
+  if (topology != "gpu" && topology != "host" && topology != "auto")
+    throw InputError("--topology: expected gpu, host or auto, found '" + topology + "'");
+  const bool with_gpu = std::find(samplers.begin(), samplers.end(), "gpu") != samplers.end();
+  const Device gpu = with_gpu ? require_gpu("bench sample: the gpu sampler", "; --samplers cpu runs without one")
+                              : Device::cpu();
+
+  const BenchStore source(store_path, generate, "bench sample");
+  const storage::Store store = storage::Store::open(source.path());
+  BatchSequence sequence(store, batch_size, seed);
+  const int total = warmup + batches;
+
+  if (!json) {
+    std::printf("device: %s\ngraph: %s, %lld nodes, %lld edges\n", with_gpu ? engine::device_name(gpu).c_str() : "cpu",
+                source.label().c_str(), static_cast<long long>(store.num_nodes()),
+                static_cast<long long>(store.num_edges()));
+    std::printf("seeds: %s, batch size %lld, fanouts %s; median of %d batches after %d warm-up\n",
+                sequence.describe().c_str(), static_cast<long long>(batch_size), fanouts_text.c_str(), batches, warmup);
+    std::printf("%-7s %10s %13s %13s %10s  %s\n", "sampler", "ms/batch", "edges/batch", "inputs/batch", "Medges/s",
+                "topology");
+  }
+  for (const std::string& name : samplers) {
+    std::vector<double> times, edges, inputs;
+    std::string where;
+    std::string device = "cpu";
+    if (name == "gpu") {
+      device = engine::device_name(gpu);
+      const uint64_t topology_bytes = topology == "gpu"    ? std::numeric_limits<uint64_t>::max()
+                                      : topology == "host" ? 0
+                                                           : engine::device_memory(gpu) / 10 * 9 / 4;
+      const engine::GpuBatches gpu_sampler(store, gpu, fanouts, topology_bytes);
+      where = gpu_sampler.describe();
+      for (int i = 0; i < total; ++i) {
+        const BatchSequence::Batch b = sequence[i];
+        const auto t0 = Clock::now();
+        engine::GpuBatch batch = gpu_sampler.sample(b.seeds, b.n, b.key, /*input_nodes_on_host=*/false);
+        const engine::GpuBatch::Operands ops = gpu_sampler.operands(batch, /*edge_map=*/false);
+        engine::synchronize(gpu);
+        const double ms = ms_since(t0);
+        if (i < warmup) continue;
+        times.push_back(ms);
+        int64_t nnz = 0;
+        for (const engine::GraphOperand& g : ops.graphs) nnz += g.nnz();
+        edges.push_back(static_cast<double>(nnz));
+        inputs.push_back(static_cast<double>(ops.input_nodes.rows()));
+      }
+    } else {
+      where = "host memory";
+      const sampler::NeighborSampler cpu_sampler(store.csr(), fanouts);
+      for (int i = 0; i < total; ++i) {
+        const BatchSequence::Batch b = sequence[i];
+        const auto t0 = Clock::now();
+        const sampler::SampledBatch batch = cpu_sampler.sample(b.seeds, b.n, b.key);
+        std::vector<engine::GraphOperand> graphs;
+        graphs.reserve(batch.blocks.size());
+        for (const sampler::Block& block : batch.blocks)
+          graphs.emplace_back(block.csr(), block.src_ids.data(), store.indptr());
+        const double ms = ms_since(t0);
+        if (i < warmup) continue;
+        times.push_back(ms);
+        int64_t nnz = 0;
+        for (const engine::GraphOperand& g : graphs) nnz += g.nnz();
+        edges.push_back(static_cast<double>(nnz));
+        inputs.push_back(static_cast<double>(batch.input_nodes().size()));
+      }
+    }
+    const double ms = median(times);
+    const double medges = ms > 0 ? mean(edges) / (ms * 1e3) : 0.0;
+    if (json) {
+      print_json({{"bench", "sample"}, {"device", device}, {"graph", source.label()}, {"nodes", store.num_nodes()},
+                  {"edges", store.num_edges()}, {"sampler", name}, {"topology", where},
+                  {"fanouts", fanouts}, {"batch_size", batch_size}, {"seeds", sequence.num_seeds()},
+                  {"batches", batches}, {"warmup", warmup}, {"ms_per_batch", ms},
+                  {"edges_per_batch", mean(edges)}, {"input_nodes_per_batch", mean(inputs)},
+                  {"medges_per_s", medges}});
+    } else {
+      std::printf("%-7s %10.3f %13.0f %13.0f %10.1f  %s\n", name.c_str(), ms, mean(edges), mean(inputs), medges,
+                  where.c_str());
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// gale bench gather
+
+int bench_gather(const std::vector<std::string>& args) {
+  std::string store_path, generate, fanouts_text = "15,10,5", sizes_text = "all", match_text = "on,off";
+  int64_t batch_size = 1024;
+  int batches = 50, warmup = 5;
+  uint64_t seed = 0;
+  bool json = false;
+  po::options_description desc(
+      "usage: gale bench gather STORE|--generate SPEC [options]\n\n"
+      "Times the tiered feature gather of mini-batches on GPU 0 (engine/batch_features.hpp): the batches\n"
+      "are sampled once on the GPU, then for each room for the features on the GPU and each match\n"
+      "setting every batch's input features are gathered (the host waiting for the device after each).\n"
+      "Median ms per batch after --warmup batches, GB/s of delivered feature bytes, host-to-GPU GB\n"
+      "per batch and rows per batch by tier (previous batch, GPU-resident, GPU cache, pinned host).\n\n"
+      "options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("store", po::value(&store_path), "store directory")
+      ("generate", po::value(&generate), "build this generated graph in a temporary store (deleted after)")
+      ("fanouts", po::value(&fanouts_text), "neighbours per hop, seeds' hop first (default 15,10,5)")
+      ("batch-size", po::value(&batch_size), "training seeds per batch (default 1024)")
+      ("batches", po::value(&batches), "timed batches per setting (default 50)")
+      ("warmup", po::value(&warmup), "untimed batches first (default 5)")
+      ("feature-gpu-mem", po::value(&sizes_text),
+       "room for features on the GPU, comma separated sizes such as all,256M,1M (default all); "
+       "less than all keeps a cache of hot nodes there and every row in pinned host memory")
+      ("match", po::value(&match_text), "reuse the previous batch's rows on the GPU: comma separated on, off "
+                                        "(default on,off)")
+      ("seed", po::value(&seed), "shuffling and sampling seed (default 0)")
+      ("json", po::bool_switch(&json), "one JSON object per setting instead of the table");
+  po::positional_options_description pos;
+  pos.add("store", 1);
+  po::variables_map vm;
+  if (!parse_command_line(args, desc, pos, &vm)) return 0;
+  const std::vector<int> fanouts = parse_fanouts(fanouts_text);
+  check_counts(batch_size, batches, warmup);
+  // Each room as the user wrote it ("all" is resolved once the store is open).
+  std::vector<std::pair<std::string, std::optional<uint64_t>>> rooms;
+  for (size_t at = 0; at <= sizes_text.size();) {
+    const size_t comma = std::min(sizes_text.find(',', at), sizes_text.size());
+    const std::string item = sizes_text.substr(at, comma - at);
+    at = comma + 1;
+    if (item == "all") rooms.emplace_back(item, std::nullopt);
+    else rooms.emplace_back(item, parse_size(item, "--feature-gpu-mem"));
+  }
+  std::vector<bool> matches;
+  for (const std::string& m : parse_names(match_text, "--match", {"on", "off"})) matches.push_back(m == "on");
+  const Device gpu = require_gpu("bench gather", "");
+
+  const BenchStore source(store_path, generate, "bench gather");
+  const storage::Store store = storage::Store::open(source.path());
+  if (!store.has_features()) throw InputError(source.path() + ": the store has no features.npy; bench gather needs them");
+  const int64_t row_bytes = store.feature_dim() * static_cast<int64_t>(sizeof(float));
+  const uint64_t all_bytes = static_cast<uint64_t>(store.num_nodes()) * static_cast<uint64_t>(row_bytes);
+  BatchSequence sequence(store, batch_size, seed);
+  const int total = warmup + batches;
+
+  // The batches' input nodes, sampled once (the operands built, then only the ids kept).
+  std::vector<engine::Tensor> inputs;
+  std::string topology;
+  {
+    const engine::GpuBatches gpu_sampler(store, gpu, fanouts, engine::device_memory(gpu) / 10 * 9 / 4);
+    topology = gpu_sampler.describe();
+    for (int i = 0; i < total; ++i) {
+      const BatchSequence::Batch b = sequence[i];
+      engine::GpuBatch batch = gpu_sampler.sample(b.seeds, b.n, b.key, /*input_nodes_on_host=*/false);
+      inputs.push_back(gpu_sampler.operands(batch, /*edge_map=*/false).input_nodes);
+    }
+    engine::synchronize(gpu);
+  }
+
+  const std::string device = engine::device_name(gpu);
+  if (!json) {
+    std::printf("device: %s\ngraph: %s, %lld nodes, %lld edges, %lld features (%.2f GiB)\n", device.c_str(),
+                source.label().c_str(), static_cast<long long>(store.num_nodes()),
+                static_cast<long long>(store.num_edges()), static_cast<long long>(store.feature_dim()),
+                static_cast<double>(all_bytes) / static_cast<double>(1ULL << 30));
+    std::printf("seeds: %s, batch size %lld, fanouts %s, sampled on the GPU (%s); median of %d batches after %d "
+                "warm-up\n",
+                sequence.describe().c_str(), static_cast<long long>(batch_size), fanouts_text.c_str(),
+                topology.c_str(), batches, warmup);
+    std::printf("rows per batch by tier: previous batch, GPU-resident, GPU cache, pinned host\n");
+    std::printf("%-11s %-5s %10s %9s %12s %10s %10s %10s %10s  %s\n", "feature_gpu", "match", "ms/batch", "GB/s",
+                "h2d_GB/batch", "rows_prev", "rows_dev", "rows_cache", "rows_host", "placement");
+  }
+  for (const auto& [room_text, room] : rooms) {
+    const uint64_t gpu_bytes = room ? *room : all_bytes;
+    for (const bool match : matches) {
+      engine::BatchFeatures features(store, gpu, gpu_bytes, match);
+      std::vector<double> times;
+      for (int i = 0; i < total; ++i) {
+        if (i == warmup) features.take_stats();  // count the timed batches only
+        const auto t0 = Clock::now();
+        const engine::Tensor x = features.load_async(inputs[static_cast<size_t>(i)]).take();
+        engine::synchronize(gpu);
+        const double ms = ms_since(t0);
+        if (i >= warmup) times.push_back(ms);
+      }
+      const engine::FeatureLoadStats s = features.take_stats();
+      const double per_batch = 1.0 / batches;
+      const double ms = median(times);
+      const double delivered = static_cast<double>(s.rows) * static_cast<double>(s.row_bytes) * per_batch;
+      const double gbps = ms > 0 ? delivered / (ms * 1e6) : 0.0;
+      const double h2d_gb = static_cast<double>(s.host_to_gpu_bytes()) * per_batch / 1e9;
+      if (json) {
+        print_json({{"bench", "gather"}, {"device", device}, {"graph", source.label()}, {"nodes", store.num_nodes()},
+                    {"feature_dim", store.feature_dim()}, {"feature_gpu_mem", room_text}, {"feature_gpu_bytes", gpu_bytes},
+                    {"match", match}, {"placement", features.describe()}, {"fanouts", fanouts},
+                    {"batch_size", batch_size}, {"batches", batches}, {"warmup", warmup}, {"ms_per_batch", ms},
+                    {"gbps", gbps}, {"host_to_gpu_gb_per_batch", h2d_gb},
+                    {"rows_per_batch", static_cast<double>(s.rows) * per_batch},
+                    {"rows_previous_per_batch", static_cast<double>(s.previous) * per_batch},
+                    {"rows_device_per_batch", static_cast<double>(s.device) * per_batch},
+                    {"rows_cache_per_batch", static_cast<double>(s.cache) * per_batch},
+                    {"rows_host_per_batch", static_cast<double>(s.host) * per_batch}});
+      } else {
+        std::printf("%-11s %-5s %10.3f %9.1f %12.4f %10.0f %10.0f %10.0f %10.0f  %s\n", room_text.c_str(),
+                    match ? "on" : "off", ms, gbps, h2d_gb, static_cast<double>(s.previous) * per_batch,
+                    static_cast<double>(s.device) * per_batch, static_cast<double>(s.cache) * per_batch,
+                    static_cast<double>(s.host) * per_batch, features.describe().c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// gale bench pipeline
+
+int bench_pipeline(const std::vector<std::string>& args) {
+  engine::TrainOptions o;
+  std::string store_path, generate, model = "sage", fanouts_text = "15,10,5", device_text = "auto", budget,
+      feature_gpu, sampler_text = "auto", spmm = "auto";
+  int layers = 3, heads = 4, epochs = 3, warmup = 1;
+  int64_t hidden = 256;
+  bool json = false, no_match = false;
+  po::options_description desc(
+      "usage: gale bench pipeline STORE|--generate SPEC [options]\n\n"
+      "Times mini-batch training epochs end to end (engine::train: sampling, feature gather, forward,\n"
+      "backward, Adam at lr 0.003; no dropout, no evaluation): per epoch after --warmup epochs and\n"
+      "their median, wall seconds and the seconds of each stage (sampling summed over batches, GPU\n"
+      "IO-stream time, compute, compute waiting for a batch), host-to-GPU GB, feature rows by tier\n"
+      "and the peak GPU memory.\n\n"
+      "options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("store", po::value(&store_path), "store directory")
+      ("generate", po::value(&generate), "build this generated graph in a temporary store (deleted after)")
+      ("model", po::value(&model), "gcn | sage | gin | gat (default sage)")
+      ("layers", po::value(&layers), "GNN layers, one per fanout (default 3)")
+      ("hidden", po::value(&hidden), "hidden width; GAT: per head (default 256)")
+      ("heads", po::value(&heads), "GAT heads in hidden layers (default 4)")
+      ("fanouts", po::value(&fanouts_text), "neighbours per hop, seeds' hop first (default 15,10,5)")
+      ("batch-size", po::value(&o.batch_size), "training seeds per batch (default 1024)")
+      ("epochs", po::value(&epochs), "timed epochs (default 3)")
+      ("warmup", po::value(&warmup), "untimed epochs first (default 1)")
+      ("device", po::value(&device_text), "cpu | cuda | cuda:N | auto (default)")
+      ("gpu-mem-budget", po::value(&budget), "cap on the GPU memory Gale allocates, e.g. 8G")
+      ("feature-gpu-mem", po::value(&feature_gpu), "room for features on the GPU, e.g. 2G (default: half the budget)")
+      ("reorder-window", po::value(&o.reorder_window), "reorder each window of this many batches for reuse (0: off)")
+      ("prefetch", po::value(&o.prefetch), "mini-batches prepared ahead (default 2)")
+      ("no-match", po::bool_switch(&no_match), "do not reuse the previous batch's features on the GPU")
+      ("sampler", po::value(&sampler_text), "auto (the GPU's when training there) | gpu | cpu")
+      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas")
+      ("tf32", po::bool_switch(&o.exec.tf32), "GEMMs on TF32 tensor cores")
+      ("seed", po::value(&o.seed), "initialisation, sampling and shuffling seed (default 0)")
+      ("json", po::bool_switch(&json), "one JSON object per timed epoch and one for the median instead of the table");
+  po::positional_options_description pos;
+  pos.add("store", 1);
+  po::variables_map vm;
+  if (!parse_command_line(args, desc, pos, &vm)) return 0;
+  if (model != "gcn" && model != "sage" && model != "gin" && model != "gat")
+    throw InputError("--model: expected gcn, sage, gin or gat, found '" + model + "'");
+  if (layers < 1) throw InputError("--layers: expected at least 1, found " + std::to_string(layers));
+  if (hidden < 1) throw InputError("--hidden: expected at least 1, found " + std::to_string(hidden));
+  if (heads < 1) throw InputError("--heads: expected at least 1, found " + std::to_string(heads));
+  o.fanouts = parse_fanouts(fanouts_text);
+  if (static_cast<int>(o.fanouts.size()) != layers)
+    throw InputError("--fanouts: expected one fanout per layer (" + std::to_string(layers) + "), found '" +
+                     fanouts_text + "'");
+  if (o.batch_size < 1) throw InputError("--batch-size: expected at least 1, found " + std::to_string(o.batch_size));
+  if (epochs < 1) throw InputError("--epochs: expected at least 1, found " + std::to_string(epochs));
+  if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
+  if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1, found " + std::to_string(o.prefetch));
+  if (o.reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
+  o.device = parse_device(device_text);
+  engine::require(o.device);
+  if (!budget.empty()) {
+    o.gpu_mem_budget = parse_size(budget, "--gpu-mem-budget");
+    if (o.gpu_mem_budget == 0) throw InputError("--gpu-mem-budget: expected a positive size such as 8G");
+    o.gpu_mem_budget_text = budget;
+  }
+  if (!feature_gpu.empty()) {
+    o.feature_gpu_bytes = parse_size(feature_gpu, "--feature-gpu-mem");
+    if (o.feature_gpu_bytes == 0) throw InputError("--feature-gpu-mem: expected a positive size such as 2G");
+  }
+  if (sampler_text == "gpu" || sampler_text == "cpu") {
+    o.gpu_sampler = sampler_text == "gpu";
+    if (o.gpu_sampler && o.device.is_cpu()) throw InputError("--sampler gpu: needs --device cuda (training on the CPU)");
+  } else if (sampler_text != "auto") {
+    throw InputError("--sampler: expected auto, gpu or cpu, found '" + sampler_text + "'");
+  }
+  o.exec.spmm = parse_spmm_kind(spmm);
+  o.match = !no_match;
+  o.model.model = model;
+  o.model.layers = layers;
+  o.model.hidden = hidden;
+  o.model.heads = heads;
+  o.model.dropout = 0.0f;
+  o.model.attn_dropout = 0.0f;
+  o.model.activation = model == "gat" ? engine::Activation::kElu : engine::Activation::kRelu;
+  o.full_graph = false;
+  o.lr = 0.003f;
+  o.epochs = warmup + epochs;
+  o.eval = engine::TrainOptions::Eval::kNone;
+
+  const BenchStore source(store_path, generate, "bench pipeline");
+  o.store = source.path();
+  const std::string device = engine::device_name(o.device);
+  const char* sampler_used = o.device.is_cpu() || !o.gpu_sampler ? "cpu" : "gpu";
+  if (!json) {
+    std::printf("device: %s\ngraph: %s\n", device.c_str(), source.label().c_str());
+    std::printf("%s, %d layers, hidden %lld, fanouts %s, batch size %lld, %s sampler, match %s, reorder window %d, "
+                "prefetch %d, %s; %d epochs after %d warm-up\n",
+                model.c_str(), layers, static_cast<long long>(hidden), fanouts_text.c_str(),
+                static_cast<long long>(o.batch_size), sampler_used, o.match ? "on" : "off", o.reorder_window,
+                o.prefetch, o.exec.tf32 ? "tf32" : "fp32", epochs, warmup);
+    std::printf("feature rows by tier: previous batch, GPU-resident, GPU cache, pinned host\n");
+    std::printf("%-6s %7s %8s %8s %8s %9s %8s %8s %11s %11s %11s %11s %8s\n", "epoch", "batches", "epoch_s", "sample_s",
+                "io_s", "compute_s", "wait_s", "h2d_GB", "rows_prev", "rows_device", "rows_cache", "rows_host",
+                "peak_GiB");
+  }
+  // epoch: 1-based among the timed epochs, or 0 for the median row.
+  const auto report = [&](int64_t epoch, const engine::EpochMetrics& m) {
+    const double h2d_gb = static_cast<double>(m.host_to_gpu_bytes) / 1e9;
+    const double peak_gib = static_cast<double>(m.gpu_peak_bytes) / static_cast<double>(1ULL << 30);
+    if (json) {
+      Json row = {{"bench", "pipeline"}, {"device", device}, {"graph", source.label()}, {"model", model},
+                            {"layers", layers}, {"hidden", hidden}, {"fanouts", o.fanouts},
+                            {"batch_size", o.batch_size}, {"sampler", sampler_used}, {"match", o.match},
+                            {"reorder_window", o.reorder_window}, {"prefetch", o.prefetch}, {"tf32", o.exec.tf32},
+                            {"batches", m.batches}, {"epoch_s", m.epoch_s},
+                            {"sample_s", m.sample_s}, {"io_s", m.io_s}, {"compute_s", m.compute_s},
+                            {"wait_s", m.wait_s}, {"host_to_gpu_gb", h2d_gb}, {"feature_rows", m.feature_rows},
+                            {"rows_previous", m.rows_previous}, {"rows_device", m.rows_device},
+                            {"rows_cache", m.rows_cache}, {"rows_host", m.rows_host}, {"peak_gib", peak_gib},
+                            {"loss", m.loss}};
+      if (epoch > 0) row["epoch"] = epoch;
+      else row.update({{"median", true}, {"epochs", epochs}, {"warmup", warmup}});
+      print_json(row);
+    } else {
+      std::printf("%-6s %7lld %8.3f %8.3f %8.3f %9.3f %8.3f %8.3f %11lld %11lld %11lld %11lld %8.2f\n",
+                  epoch > 0 ? std::to_string(epoch).c_str() : "median",
+                  static_cast<long long>(m.batches), m.epoch_s, m.sample_s, m.io_s, m.compute_s, m.wait_s, h2d_gb,
+                  static_cast<long long>(m.rows_previous), static_cast<long long>(m.rows_device),
+                  static_cast<long long>(m.rows_cache), static_cast<long long>(m.rows_host), peak_gib);
+      std::fflush(stdout);
+    }
+  };
+  std::vector<engine::EpochMetrics> timed;
+  engine::train(o, [&](const engine::EpochMetrics& m) {
+    if (m.epoch < warmup) return;
+    timed.push_back(m);
+    report(m.epoch - warmup + 1, m);
+  });
+  // The median of each column on its own (not one epoch's row).
+  const auto column = [&](auto get) {
+    std::vector<double> v;
+    for (const engine::EpochMetrics& m : timed) v.push_back(static_cast<double>(get(m)));
+    return median(v);
+  };
+  engine::EpochMetrics med;
+  med.batches = static_cast<int64_t>(column([](const auto& m) { return m.batches; }));
+  med.epoch_s = column([](const auto& m) { return m.epoch_s; });
+  med.sample_s = column([](const auto& m) { return m.sample_s; });
+  med.io_s = column([](const auto& m) { return m.io_s; });
+  med.compute_s = column([](const auto& m) { return m.compute_s; });
+  med.wait_s = column([](const auto& m) { return m.wait_s; });
+  med.loss = column([](const auto& m) { return m.loss; });
+  med.host_to_gpu_bytes = static_cast<int64_t>(column([](const auto& m) { return m.host_to_gpu_bytes; }));
+  med.feature_rows = static_cast<int64_t>(column([](const auto& m) { return m.feature_rows; }));
+  med.rows_previous = static_cast<int64_t>(column([](const auto& m) { return m.rows_previous; }));
+  med.rows_device = static_cast<int64_t>(column([](const auto& m) { return m.rows_device; }));
+  med.rows_cache = static_cast<int64_t>(column([](const auto& m) { return m.rows_cache; }));
+  med.rows_host = static_cast<int64_t>(column([](const auto& m) { return m.rows_host; }));
+  med.gpu_peak_bytes = static_cast<uint64_t>(column([](const auto& m) { return m.gpu_peak_bytes; }));
+  report(0, med);
+  return 0;
+}
+
+}  // namespace
+
+int run_bench_minibatch(const std::string& name, const std::vector<std::string>& args) {
+  if (name == "sample") return bench_sample(args);
+  if (name == "gather") return bench_gather(args);
+  if (name == "pipeline") return bench_pipeline(args);
+  throw InternalError("run_bench_minibatch: unknown benchmark '" + name + "'");
+}
+
+}  // namespace gale::apps
