@@ -44,7 +44,7 @@ tests)
   run_suite memcheck-gat $cs --tool memcheck "$dist/bin/gale_gpu_gat_tests"
   run_suite memcheck-dense $cs --tool memcheck "$dist/bin/gale_gpu_dense_tests"
   run_suite memcheck-training $cs --tool memcheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*
-  for t in maxk sampler transpose gather; do
+  for t in maxk sampler transpose gather batches; do
     run_suite "memcheck-$t" $cs --tool memcheck "$dist/bin/gale_gpu_${t}_tests"
   done
   run_suite memcheck-feature-tiers $cs --tool memcheck "$dist/bin/gale_gpu_feature_tiers_tests" --gtest_filter=-*MiniBatch*
