@@ -42,7 +42,8 @@ class PendingFeatures {
 class BatchFeatures {
  public:
   // `gpu_bytes`: what the features may occupy on the GPU (all rows when they fit, else a cache of
-  // the hottest); ignored on the CPU. `match`: reuse the previous batch's rows on the GPU.
+  // the hottest); ignored on the CPU. `match`: reuse the previous batch's rows on the GPU (only
+  // when some rows live in host memory: with all of them on the GPU it would only cost time).
   BatchFeatures(const storage::Store& store, const Device& device, uint64_t gpu_bytes, bool match);
   ~BatchFeatures();
   BatchFeatures(const BatchFeatures&) = delete;
