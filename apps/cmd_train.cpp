@@ -57,7 +57,8 @@ int run_train(const std::vector<std::string>& args) {
   engine::TrainOptions o;
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
   bool tf32 = false, no_match = false;
-  std::string eval = "auto", feature_gpu, sampler = "auto";
+  std::string eval = "auto", feature_gpu, sampler = "auto", gpus;
+  int cpu_workers = 0;
   int layers = 2;
   int64_t hidden = 16, epochs = 200;
   int heads = 8;
@@ -72,6 +73,9 @@ int run_train(const std::vector<std::string>& args) {
       ("gpu-mem-budget", po::value(&gpu_budget), "cap on the GPU memory Gale allocates, e.g. 8G (default: no cap)")
       ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
+      ("gpus", po::value(&gpus), "data-parallel training on these GPUs, one worker each: all | 0,1,... (mini-batch)")
+      ("workers", po::value(&cpu_workers), "data-parallel CPU workers (--device cpu, mini-batch)")
+      ("check-replicas", po::bool_switch(&o.check_replicas), "compare the workers' weight checksums after every epoch")
       ("sampler", po::value(&sampler), "mini-batch neighbour sampler: auto (the GPU's when training there) | gpu | cpu")
       ("no-match", po::bool_switch(&no_match), "mini-batch on a GPU: do not reuse the previous batch's features")
       ("reorder-window", po::value(&o.reorder_window), "mini-batch: reorder each window of this many batches for reuse (0: off)")
@@ -150,6 +154,26 @@ int run_train(const std::vector<std::string>& args) {
   }
   o.exec.spmm = parse_spmm_kind(spmm);
   o.match = !no_match;
+  if (!gpus.empty()) {
+    if (cpu_workers > 0) throw InputError("--gpus and --workers: choose one (--workers is for the CPU)");
+    if (vm.count("device") && !o.device.is_cuda()) throw InputError("--gpus: needs GPUs, but --device is " + device);
+    if (gpus == "all") {
+      const int count = engine::gpu_count();
+      if (count == 0) throw DeviceError("--gpus all: no CUDA device on this machine");
+      for (int g = 0; g < count; ++g) o.devices.push_back(Device::cuda(g));
+    } else {
+      for (int64_t g : parse_int_list(gpus, "--gpus")) {
+        if (g < 0) throw InputError("--gpus: expected all or GPU numbers such as 0,1, found '" + gpus + "'");
+        o.devices.push_back(Device::cuda(static_cast<int>(g)));
+      }
+    }
+    o.device = o.devices.front();
+  }
+  if (vm.count("workers")) {
+    if (cpu_workers < 1) throw InputError("--workers: expected at least 1, found " + std::to_string(cpu_workers));
+    if (!o.device.is_cpu()) throw InputError("--workers: CPU workers need --device cpu (use --gpus on GPUs)");
+    o.devices.assign(static_cast<size_t>(cpu_workers), Device::cpu());
+  }
   if (sampler == "gpu" || sampler == "cpu") {
     o.gpu_sampler = sampler == "gpu";
     if (o.gpu_sampler && o.device.is_cpu()) throw InputError("--sampler gpu: needs --device cuda (training on the CPU)");

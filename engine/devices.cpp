@@ -17,6 +17,14 @@ Device default_device() {
   return Device::cpu();
 }
 
+int gpu_count() {
+#if GALE_WITH_CUDA
+  return kernels::cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
 void require(const Device& device) {
   if (device.is_cpu()) return;
 #if GALE_WITH_CUDA
@@ -80,6 +88,26 @@ std::string device_name(const Device& device) {
   if (device.is_cuda()) return kernels::cuda::device_info(device.ordinal).name;
 #endif
   return device.name();
+}
+
+UseDevice::UseDevice(const Device& device) {
+#if GALE_WITH_CUDA
+  if (!device.is_cuda()) return;
+  GALE_CHECK_CUDA(cudaGetDevice(&previous_));
+  if (previous_ != device.ordinal) {
+    GALE_CHECK_CUDA(cudaSetDevice(device.ordinal));
+  } else {
+    previous_ = -1;  // nothing to restore
+  }
+#else
+  (void)device;
+#endif
+}
+
+UseDevice::~UseDevice() {
+#if GALE_WITH_CUDA
+  if (previous_ >= 0) cudaSetDevice(previous_);
+#endif
 }
 
 struct IoTimer::Impl {

@@ -12,6 +12,8 @@ namespace gale::engine {
 
 // The first GPU when this build has CUDA and one is present, else the CPU.
 Device default_device();
+// GPUs present (0 without CUDA or a driver).
+int gpu_count();
 // Throws DeviceError unless `device` is the CPU or a present GPU (and the build has CUDA).
 void require(const Device& device);
 // Charges every allocation on `device` against `bytes` (0: unlimited); must precede its first use.
@@ -27,6 +29,19 @@ void synchronize(const Device& device);
 uint64_t device_memory(const Device& device);
 // "NVIDIA H100 80GB HBM3" or "cpu".
 std::string device_name(const Device& device);
+
+// Makes a GPU the calling thread's current device for a scope (kernel launches need it; worker
+// threads and TBB's pipeline threads run for several GPUs); nothing for the CPU.
+class UseDevice {
+ public:
+  explicit UseDevice(const Device& device);
+  ~UseDevice();
+  UseDevice(const UseDevice&) = delete;
+  UseDevice& operator=(const UseDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+};
 
 // GPU time of the work enqueued on a device's IO stream between begin() and end(), summed over
 // spans (timing events, so the host never waits until take_seconds). Does nothing on the CPU.

@@ -127,7 +127,7 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
   return h;
 }
 
-void Model::backward(Tensor grad_logits) {
+void Model::backward(Tensor grad_logits, const GradHook& on_layer_grads) {
   GALE_ASSERT(saved_.size() == layers_.size());
   Tensor g = std::move(grad_logits);
   for (size_t l = layers_.size(); l-- > 0;) {
@@ -141,6 +141,7 @@ void Model::backward(Tensor grad_logits) {
     }
     // The gradient is handed over, so the layer frees it as soon as it is done with it.
     g = layers_[l]->backward(*graphs_[l], std::move(g), /*need_input_grad=*/l > 0);
+    if (on_layer_grads) on_layer_grads(layers_[l]->parameters());
     if (l > 0 && s.dropped) ops::dropout_backward(g, &g, config_.dropout, s.dropout_key);
   }
   saved_.clear();
@@ -152,6 +153,12 @@ std::vector<Parameter*> Model::parameters() {
     for (Parameter* p : layer->parameters()) all.push_back(p);
   }
   return all;
+}
+
+std::vector<std::vector<Parameter*>> Model::parameters_by_layer() {
+  std::vector<std::vector<Parameter*>> out;
+  for (auto& layer : layers_) out.push_back(layer->parameters());
+  return out;
 }
 
 void Model::zero_grad() {

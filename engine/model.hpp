@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,9 +59,15 @@ class Model {
                  uint64_t rng_key);
   // Backpropagates d(loss)/d(logits) through the last training forward. Takes the gradient over
   // (and overwrites it): pass std::move(grad) to let its memory go as early as possible.
-  void backward(Tensor grad_logits);
+  // on_layer_grads, when given, is called with each layer's parameters as soon as their gradients
+  // are final (last layer first), so data-parallel workers can start summing them while the layers
+  // below still run.
+  using GradHook = std::function<void(const std::vector<Parameter*>&)>;
+  void backward(Tensor grad_logits, const GradHook& on_layer_grads = {});
 
   std::vector<Parameter*> parameters();
+  // The same, grouped by layer (input layer first).
+  std::vector<std::vector<Parameter*>> parameters_by_layer();
   void zero_grad();
   int64_t num_parameters();
 

@@ -9,9 +9,13 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <atomic>
+#include <thread>
+#include <xxhash.h>
 
 #include "engine/batch_features.hpp"
 #include "engine/checkpoint.hpp"
+#include "engine/comm.hpp"
 #include "engine/devices.hpp"
 #include "engine/gpu_batches.hpp"
 #include "engine/graph.hpp"
@@ -69,12 +73,55 @@ struct PreparedBatch {
   Tensor seeds;  // GPU-sampled: the seeds on the device, once forward has built the operands
 };
 
+// One data-parallel worker: a model replica on its device with its optimizer, its GPU sampler and
+// feature tiers, and its communicator (none with a single worker).
+struct Replica {
+  Device dev;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Adam> adam;
+  std::unique_ptr<GpuBatches> gpu_batches;
+  std::unique_ptr<BatchFeatures> batch_features;
+  std::unique_ptr<Communicator> comm;
+  Tensor labels_all;  // every node's label on dev (the GPU path gathers a batch's from it)
+};
+
+// What a worker's epoch adds to the epoch's metrics.
+struct WorkerEpoch {
+  double loss_sum = 0;  // per-seed losses, summed
+  int64_t seeds = 0;
+  double wall_s = 0;
+  scheduler::PipelineTimes times;
+  double io_s = 0, allreduce_s = 0;
+  FeatureLoadStats features;
+  uint64_t checksum = 0;
+};
+
+// xxHash64 over a model's parameter values, in order (copied to the host).
+uint64_t parameter_checksum(Model& model) {
+  XXH64_state_t* state = XXH64_createState();
+  XXH64_reset(state, 0);
+  for (Parameter* p : model.parameters()) {
+    const std::vector<float> v = p->value.to_vector();
+    XXH64_update(state, v.data(), v.size() * sizeof(float));
+  }
+  const uint64_t h = XXH64_digest(state);
+  XXH64_freeState(state);
+  return h;
+}
+
 }  // namespace
 
 TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   TrainOptions opt = opt_in;
-  const Device dev = opt.device;
-  require(dev);
+  const std::vector<Device> devices = opt.devices.empty() ? std::vector<Device>{opt.device} : opt.devices;
+  const int workers = static_cast<int>(devices.size());
+  for (const Device& d : devices) {
+    require(d);
+    if (d.is_cpu() != devices[0].is_cpu()) throw InputError("--gpus: workers must all be GPUs or all the CPU");
+    if (d.is_cuda() && std::count(devices.begin(), devices.end(), d) > 1)
+      throw InputError("--gpus: GPU " + std::to_string(d.ordinal) + " is listed twice");
+  }
+  const Device dev = devices[0];  // rank 0: evaluation, checkpoints and metrics
   if (opt.epochs < 1) throw InputError("--epochs: expected at least 1, found " + std::to_string(opt.epochs));
   if (opt.lr <= 0) throw InputError("--lr: expected a positive learning rate");
   if (opt.model.layers < 1) throw InputError("--layers: expected at least 1");
@@ -82,6 +129,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   if (!opt.full_graph && static_cast<int>(opt.fanouts.size()) != opt.model.layers)
     throw InputError("--fanouts: expected one fanout per layer (" + std::to_string(opt.model.layers) + "), found " +
                      std::to_string(opt.fanouts.size()));
+  if (workers > 1 && opt.full_graph)
+    throw InputError(std::string(dev.is_cpu() ? "--workers" : "--gpus") +
+                     ": several workers train mini-batches; give --fanouts");
 
   // Bound both thread pools: --threads, or one thread with --deterministic so results do not
   // depend on the machine's core count.
@@ -112,12 +162,27 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   opt.model.in_dim = store.feature_dim();
   opt.model.out_dim = store.num_classes();
   const int64_t n = store.num_nodes();
+  const bool attention = opt.model.model == "gat";
 
-  if (dev.is_cuda()) set_gpu_budget(dev, opt.gpu_mem_budget, opt.gpu_mem_budget_text);
-  Model model(opt.model, opt.seed);
-  model.to(dev);
-  model.set_exec(opt.exec);
-  Adam adam(model.parameters(), opt.lr, opt.weight_decay);
+  // The replicas: the same seed gives every one the same initial weights.
+  std::vector<Replica> replicas(static_cast<size_t>(workers));
+  for (int w = 0; w < workers; ++w) {
+    Replica& r = replicas[static_cast<size_t>(w)];
+    r.dev = devices[static_cast<size_t>(w)];
+    if (r.dev.is_cuda()) set_gpu_budget(r.dev, opt.gpu_mem_budget, opt.gpu_mem_budget_text);
+    const UseDevice use(r.dev);
+    r.model = std::make_unique<Model>(opt.model, opt.seed);
+    r.model->to(r.dev);
+    r.model->set_exec(opt.exec);
+    r.adam = std::make_unique<Adam>(r.model->parameters(), opt.lr, opt.weight_decay);
+    r.labels_all = Tensor::from_host(labels, n, 1, DType::kI32, r.dev);
+  }
+  if (workers > 1) {
+    auto comms = dev.is_cpu() ? make_in_process_group(workers) : make_nccl_group(devices);
+    for (int w = 0; w < workers; ++w) replicas[static_cast<size_t>(w)].comm = std::move(comms[static_cast<size_t>(w)]);
+  }
+  Model& model = *replicas[0].model;
+  Adam& adam = *replicas[0].adam;
   TrainResult result;
   result.best_valid_acc = -1;
   int64_t start_epoch = 0;
@@ -132,23 +197,27 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (s.config_json != identity)
       throw InputError(file.string() + ": checkpoint was written for another model, store or batch setup (" +
                        s.config_json + ")");
-    auto params = model.parameters();
-    if (s.names.size() != params.size()) throw CorruptStoreError(file.string() + ": parameter count differs from the model");
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (s.names[i] != params[i]->name || s.params[i].rows() != params[i]->value.rows() ||
-          s.params[i].cols() != params[i]->value.cols())
-        throw CorruptStoreError(file.string() + ": parameter " + s.names[i] + " does not match the model");
-      params[i]->value = s.params[i].to(dev);
-      adam.first_moments()[i] = s.adam_m[i].to(dev);
-      adam.second_moments()[i] = s.adam_v[i].to(dev);
+    for (Replica& r : replicas) {
+      const UseDevice use(r.dev);
+      auto params = r.model->parameters();
+      if (s.names.size() != params.size()) throw CorruptStoreError(file.string() + ": parameter count differs from the model");
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (s.names[i] != params[i]->name || s.params[i].rows() != params[i]->value.rows() ||
+            s.params[i].cols() != params[i]->value.cols())
+          throw CorruptStoreError(file.string() + ": parameter " + s.names[i] + " does not match the model");
+        params[i]->value = s.params[i].to(r.dev);
+        r.adam->first_moments()[i] = s.adam_m[i].to(r.dev);
+        r.adam->second_moments()[i] = s.adam_v[i].to(r.dev);
+      }
+      r.adam->set_steps(s.adam_steps);
     }
-    adam.set_steps(s.adam_steps);
     result.best_valid_acc = s.best_valid_acc;
     result.test_acc_at_best_valid = s.test_acc_at_best_valid;
     result.best_epoch = s.best_epoch;
     start_epoch = s.epoch + 1;
   }
   auto save = [&](const std::filesystem::path& file, int64_t epoch) {
+    const UseDevice use(dev);
     CheckpointState s;
     s.epoch = epoch;
     s.adam_steps = adam.steps();
@@ -172,27 +241,27 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (!metrics) throw InputError("--metrics " + opt.metrics_path + ": cannot open for writing");
   }
 
-  const bool attention = opt.model.model == "gat";
   std::unique_ptr<sampler::NeighborSampler> sampler, eval_sampler;
-  std::unique_ptr<GpuBatches> gpu_batches;
-  std::unique_ptr<BatchFeatures> batch_features;
   if (!opt.full_graph) {
     sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), opt.fanouts);
     // Batched evaluation takes every neighbour (fanout -1): the same function as full-graph
     // inference, computed a batch of nodes at a time.
     eval_sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), std::vector<int>(opt.fanouts.size(), -1));
-    if (dev.is_cuda()) {
+    for (Replica& r : replicas) {
+      if (!r.dev.is_cuda()) continue;
+      const UseDevice use(r.dev);
       // Features may take half of what the GPU budget (or 90% of the card) allows, the topology a
       // quarter (else the GPU sampler reads it from pinned host memory); the rest is for the
       // model, its activations and the batches' blocks.
-      const uint64_t budget = opt.gpu_mem_budget > 0 ? opt.gpu_mem_budget : device_memory(dev) / 10 * 9;
+      const uint64_t budget = opt.gpu_mem_budget > 0 ? opt.gpu_mem_budget : device_memory(r.dev) / 10 * 9;
       const uint64_t feature_bytes = opt.feature_gpu_bytes > 0 ? opt.feature_gpu_bytes : budget / 2;
-      if (opt.gpu_sampler) gpu_batches = std::make_unique<GpuBatches>(store, dev, opt.fanouts, budget / 4);
-      batch_features = std::make_unique<BatchFeatures>(store, dev, feature_bytes, opt.match);
+      if (opt.gpu_sampler) r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts, budget / 4);
+      r.batch_features = std::make_unique<BatchFeatures>(store, r.dev, feature_bytes, opt.match);
     }
   }
+  const Replica& lead = replicas[0];
   const bool full_eval = opt.full_graph || opt.eval == TrainOptions::Eval::kFull ||
-                         (opt.eval == TrainOptions::Eval::kAuto && (!batch_features || batch_features->resident()));
+                         (opt.eval == TrainOptions::Eval::kAuto && (!lead.batch_features || lead.batch_features->resident()));
 
   // The whole graph, for full-graph training and full evaluation only (a graph that needs sampled
   // training may not fit on the device whole). Built on the host once, copied to the device once
@@ -211,42 +280,42 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     }
     return all_features;
   };
-  const Tensor labels_all = Tensor::from_host(labels, n, 1, DType::kI32, dev);
+  const Tensor& labels_all = lead.labels_all;
   const Tensor train_rows = ids_tensor(train_ids, dev), valid_rows = ids_tensor(valid_ids, dev),
                test_rows = ids_tensor(test_ids, dev);
 
   // Sampled blocks of a batch of seeds as graph operands (each outer source's GCN norm from its
   // full-graph in-degree), still on the host.
-  auto prepare_blocks = [&](PreparedBatch* p, const sampler::NeighborSampler& s, const int64_t* seeds, int64_t len,
-                            uint64_t key) {
+  auto prepare_blocks = [&](const Replica& r, PreparedBatch* p, const sampler::NeighborSampler& s, const int64_t* seeds,
+                            int64_t len, uint64_t key) {
     p->batch = s.sample(seeds, len, key);
     for (const sampler::Block& block : p->batch.blocks)
       p->graphs.push_back(std::make_unique<GraphOperand>(block.csr(), block.src_ids.data(), store.indptr()));
-    if (!batch_features) {  // the CPU reads the features here, in parallel; a GPU gathers them later
+    if (!r.batch_features) {  // the CPU reads the features here, in parallel; a GPU gathers them later
       const auto& inputs = p->batch.input_nodes();
       p->features = Tensor::empty(static_cast<int64_t>(inputs.size()), store.feature_dim());
       for (size_t i = 0; i < inputs.size(); ++i)
         store.read_features(inputs[i], inputs[i] + 1, p->features.f32() + i * store.feature_dim());
     }
   };
-  // Forward of a prepared batch on the device (blocks copied there in order, on the compute stream,
-  // or, sampled on the GPU, built there).
-  auto forward_batch = [&](PreparedBatch* p, bool training, uint64_t key) {
+  // Forward of a prepared batch on the replica's device (blocks copied there in order, on the
+  // compute stream, or, sampled on the GPU, built there).
+  auto forward_batch = [&](Replica& r, PreparedBatch* p, bool training, uint64_t key) {
     p->on_device.clear();
-    if (gpu_batches && p->batch.blocks.empty()) {  // built by the load stage on the IO stream
-      const Tensor x = p->x.take();                   // the compute stream waits for all of it here
+    if (r.gpu_batches && p->batch.blocks.empty()) {  // built by the load stage on the IO stream
+      const Tensor x = p->x.take();                     // the compute stream waits for all of it here
       p->on_device = std::move(p->ops->graphs);
       p->seeds = std::move(p->ops->seeds);
       p->ops.reset();
       std::vector<const GraphOperand*> graphs;
       for (const auto& g : p->on_device) graphs.push_back(&g);
-      return model.forward(graphs, x, training, key);
+      return r.model->forward(graphs, x, training, key);
     }
-    for (const auto& g : p->graphs) p->on_device.push_back(g->to(dev, attention));
+    for (const auto& g : p->graphs) p->on_device.push_back(g->to(r.dev, attention));
     std::vector<const GraphOperand*> graphs;
     for (const auto& g : p->on_device) graphs.push_back(&g);
-    const Tensor x = batch_features ? batch_features->load(p->batch.input_nodes()) : p->features.to(dev);
-    return model.forward(graphs, x, training, key);
+    const Tensor x = r.batch_features ? r.batch_features->load(p->batch.input_nodes()) : p->features.to(r.dev);
+    return r.model->forward(graphs, x, training, key);
   };
   // Accuracy over `ids` with all-neighbour blocks (Eval::kBatched), in batches of the training size.
   auto sampled_accuracy = [&](const std::vector<int64_t>& ids, uint64_t key) {
@@ -255,8 +324,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     for (size_t b = 0; b < ids.size(); b += static_cast<size_t>(opt.batch_size)) {
       const int64_t len = std::min<int64_t>(opt.batch_size, static_cast<int64_t>(ids.size() - b));
       PreparedBatch p;
-      prepare_blocks(&p, *eval_sampler, ids.data() + b, len, kernels::derive_key(key, b));
-      const Tensor logits = forward_batch(&p, /*training=*/false, 0);
+      prepare_blocks(replicas[0], &p, *eval_sampler, ids.data() + b, len, kernels::derive_key(key, b));
+      const Tensor logits = forward_batch(replicas[0], &p, /*training=*/false, 0);
       std::vector<int32_t> y(static_cast<size_t>(len));
       std::vector<int64_t> rows(static_cast<size_t>(len));
       for (int64_t i = 0; i < len; ++i) {
@@ -270,6 +339,99 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     return static_cast<double>(correct) / static_cast<double>(ids.size());
   };
 
+  // One worker's mini-batch epoch: its slices of the epoch's steps through its own pipeline; the
+  // gradients of each layer are summed over the workers as backward produces them.
+  auto worker_epoch = [&](int rank, int64_t epoch, uint64_t epoch_key) {
+    Replica& r = replicas[static_cast<size_t>(rank)];
+    const UseDevice use(r.dev);
+    const auto t0 = Clock::now();
+    WorkerEpoch out;
+    const scheduler::EpochPlan plan(train_ids, opt.batch_size, opt.seed, epoch, workers, rank);
+    IoTimer io_timer(r.dev);
+    Tensor batch_rows;  // 0, 1, ..., batch_size - 1: every logits row of a batch is a seed
+    const auto by_layer = r.model->parameters_by_layer();
+    auto sum_layer = [&](const std::vector<Parameter*>& params) {
+      std::vector<Tensor*> grads;
+      for (Parameter* p : params) grads.push_back(&p->grad);
+      r.comm->all_reduce_sum(grads);
+    };
+    out.times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
+        plan.num_batches(), opt.prefetch, opt.reorder_window,
+        [&](int64_t b) {
+          const UseDevice use_here(r.dev);
+          auto p = std::make_unique<PreparedBatch>();
+          const int64_t len = plan.batch_length(b);
+          if (len == 0) return p;  // a worker without seeds in the last step only joins the sums
+          const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
+          if (r.gpu_batches) {  // the node sets leave the GPU only for the match-reorder window
+            p->gpu = r.gpu_batches->sample(plan.batch(b), len, key, opt.reorder_window > 1);
+            return p;
+          }
+          prepare_blocks(r, p.get(), *sampler, plan.batch(b), len, key);
+          p->labels.resize(static_cast<size_t>(len));
+          for (int64_t i = 0; i < len; ++i) p->labels[i] = labels[plan.batch(b)[i]];
+          return p;
+        },
+        [&](const std::unique_ptr<PreparedBatch>& p) -> const std::vector<int64_t>& {
+          static const std::vector<int64_t> none;  // a worker's empty slice
+          if (r.gpu_batches) return p->gpu.input_nodes_host();
+          return p->batch.blocks.empty() ? none : p->batch.input_nodes();
+        },
+        [&](int64_t b, std::unique_ptr<PreparedBatch>& p) {  // in training order, ahead of the step
+          if (!r.gpu_batches || plan.batch_length(b) == 0) return;
+          const UseDevice use_here(r.dev);
+          io_timer.begin();
+          p->ops = r.gpu_batches->operands(p->gpu, attention);
+          p->x = r.batch_features->load_async(p->ops->input_nodes);
+          io_timer.end();
+        },
+        [&](int64_t b, std::unique_ptr<PreparedBatch>& p) {
+          const UseDevice use_here(r.dev);
+          r.model->zero_grad();
+          const int64_t len = plan.batch_length(b);
+          if (len > 0) {
+            Tensor logits = forward_batch(r, p.get(), /*training=*/true,
+                                          kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)));
+            if (!batch_rows.defined() || batch_rows.rows() < len) {
+              std::vector<int64_t> rows(static_cast<size_t>(std::max(len, opt.batch_size)));
+              for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+              batch_rows = ids_tensor(rows, r.dev);
+            }
+            Tensor grad = Tensor::empty(len, logits.cols(), DType::kF32, r.dev);
+            const Tensor batch_labels = p->seeds.defined()
+                                            ? ops::gather_rows(r.labels_all, p->seeds)
+                                            : Tensor::from_host(p->labels.data(), len, 1, DType::kI32, r.dev);
+            out.loss_sum += ops::softmax_cross_entropy(logits, batch_labels, batch_rows.rows_slice(0, len), &grad).loss *
+                            static_cast<double>(len);
+            out.seeds += len;
+            logits = Tensor();
+            // The loss of a step is the mean over every worker's seeds: weigh this worker's mean.
+            const int64_t step = plan.step_length(b);
+            if (step != len) ops::axpy(grad, static_cast<float>(len) / static_cast<float>(step) - 1.0f, &grad);
+            r.model->backward(std::move(grad), r.comm ? Model::GradHook(sum_layer) : Model::GradHook());
+          } else {
+            for (size_t l = by_layer.size(); l-- > 0;) sum_layer(by_layer[l]);  // the same sums, of zeros
+          }
+          if (r.comm) r.comm->wait();
+          r.adam->step();
+        });
+    if (r.batch_features) out.features = r.batch_features->take_stats();
+    out.io_s = io_timer.take_seconds();
+    if (r.comm) out.allreduce_s = r.comm->take_seconds();
+    synchronize(r.dev);
+    out.wall_s = since(t0);
+    if (opt.check_replicas && r.comm) {
+      const std::vector<uint64_t> sums = r.comm->all_gather(parameter_checksum(*r.model));
+      for (int w = 1; w < workers; ++w) {
+        if (sums[static_cast<size_t>(w)] != sums[0])
+          throw InternalError("--check-replicas: after epoch " + std::to_string(epoch + 1) + " worker " + std::to_string(w) +
+                              "'s weights differ from worker 0's");
+      }
+      out.checksum = sums[0];
+    }
+    return out;
+  };
+
   for (int64_t epoch = start_epoch; epoch < opt.epochs; ++epoch) {
     const auto t_epoch = Clock::now();
     EpochMetrics m;
@@ -277,7 +439,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     m.epochs = opt.epochs;
     const uint64_t epoch_key = kernels::derive_key(opt.seed, static_cast<uint64_t>(epoch));
 
-    reset_gpu_peak(dev);
+    for (const Replica& r : replicas) reset_gpu_peak(r.dev);
     if (opt.full_graph) {
       const Tensor& x = features();
       const auto t0 = Clock::now();
@@ -292,81 +454,71 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       m.compute_s = since(t0);
       m.batches = 1;
     } else {
-      const scheduler::EpochPlan plan(train_ids, opt.batch_size, opt.seed, epoch);
-      IoTimer io_timer(dev);
-      double loss_sum = 0;
-      Tensor batch_rows;  // 0, 1, ..., batch_size - 1: every logits row of a batch is a seed
-      const auto times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
-          plan.num_batches(), opt.prefetch, opt.reorder_window,
-          [&](int64_t b) {
-            auto p = std::make_unique<PreparedBatch>();
-            const int64_t len = plan.batch_length(b);
-            const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
-            if (gpu_batches) {  // the node sets leave the GPU only for the match-reorder window
-              p->gpu = gpu_batches->sample(plan.batch(b), len, key, opt.reorder_window > 1);
-              return p;
-            }
-            prepare_blocks(p.get(), *sampler, plan.batch(b), len, key);
-            p->labels.resize(static_cast<size_t>(len));
-            for (int64_t i = 0; i < len; ++i) p->labels[i] = labels[plan.batch(b)[i]];
-            return p;
-          },
-          [&](const std::unique_ptr<PreparedBatch>& p) -> const std::vector<int64_t>& {
-            return gpu_batches ? p->gpu.input_nodes_host() : p->batch.input_nodes();
-          },
-          [&](int64_t, std::unique_ptr<PreparedBatch>& p) {  // in training order, ahead of the step
-            if (!gpu_batches) return;
-            io_timer.begin();
-            p->ops = gpu_batches->operands(p->gpu, attention);
-            p->x = batch_features->load_async(p->ops->input_nodes);
-            io_timer.end();
-          },
-          [&](int64_t b, std::unique_ptr<PreparedBatch>& p) {
-            model.zero_grad();
-            Tensor logits = forward_batch(p.get(), /*training=*/true,
-                                          kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)));
-            const int64_t len = logits.rows();
-            if (!batch_rows.defined() || batch_rows.rows() < len) {
-              std::vector<int64_t> rows(static_cast<size_t>(std::max(len, opt.batch_size)));
-              for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
-              batch_rows = ids_tensor(rows, dev);
-            }
-            Tensor grad = Tensor::empty(len, logits.cols(), DType::kF32, dev);
-            const Tensor batch_labels = p->seeds.defined()
-                                            ? ops::gather_rows(labels_all, p->seeds)
-                                            : Tensor::from_host(p->labels.data(), len, 1, DType::kI32, dev);
-            loss_sum += ops::softmax_cross_entropy(logits, batch_labels, batch_rows.rows_slice(0, len), &grad).loss *
-                        static_cast<double>(len);
-            model.backward(std::move(grad));
-            adam.step();
-          });
-      m.loss = loss_sum / static_cast<double>(train_ids.size());
-      m.sample_s = times.prepare_s;
-      m.compute_s = times.consume_s;
-      m.wait_s = times.wait_s;
-      m.batches = plan.num_batches();
-      m.input_nodes = times.reuse.nodes;
-      m.reused_nodes = times.reuse.reused;
-      m.reused_nodes_sampled_order = times.reuse.reused_sampled_order;
-      m.reorder_s = times.reorder_s;
-      m.io_s = io_timer.take_seconds();
-      if (batch_features) {
-        const FeatureLoadStats f = batch_features->take_stats();
-        m.feature_rows = f.rows;
-        m.rows_previous = f.previous;
-        m.rows_device = f.device;
-        m.rows_cache = f.cache;
-        m.rows_host = f.host;
-        m.host_to_gpu_bytes = f.host_to_gpu_bytes();
-        if (m.input_nodes == 0) {  // GPU-sampled without a window: the node sets never left the GPU
-          m.input_nodes = f.rows;
-          m.reused_nodes = m.reused_nodes_sampled_order = f.previous;
+      // Every worker runs its epoch on its own thread (rank 0 on this one). A worker that fails
+      // aborts the group, so the others stop at their next sum instead of waiting for it forever.
+      std::vector<WorkerEpoch> done(static_cast<size_t>(workers));
+      std::vector<std::exception_ptr> failed(static_cast<size_t>(workers));
+      std::atomic<int> first_failure{-1};  // set before the abort, so the cause wins over its echoes
+      auto run = [&](int w) {
+        Replica& r = replicas[static_cast<size_t>(w)];
+        try {
+          done[static_cast<size_t>(w)] = worker_epoch(w, epoch, epoch_key);
+        } catch (const std::exception& e) {
+          failed[static_cast<size_t>(w)] = std::current_exception();
+          int none = -1;
+          first_failure.compare_exchange_strong(none, w);
+          if (r.comm) r.comm->abort("stopped because worker " + std::to_string(w) + " (" + r.dev.name() + ") failed: " + e.what());
+        }
+      };
+      std::vector<std::thread> pool;
+      for (int w = 1; w < workers; ++w) pool.emplace_back(run, w);
+      run(0);
+      for (std::thread& t : pool) t.join();
+      if (const int w = first_failure.load(); w >= 0) {
+        if (workers == 1) std::rethrow_exception(failed[0]);
+        const std::string where = "worker " + std::to_string(w) + " (" + replicas[static_cast<size_t>(w)].dev.name() + "): ";
+        try {
+          std::rethrow_exception(failed[static_cast<size_t>(w)]);
+        } catch (const Error& e) {
+          throw Error(where + e.what(), e.code());
+        } catch (const std::exception& e) {
+          throw InternalError(where + e.what());
         }
       }
+      const WorkerEpoch& w0 = done[0];
+      double loss_sum = 0;
+      for (const WorkerEpoch& w : done) {
+        loss_sum += w.loss_sum;
+        m.worker_seeds_per_s.push_back(w.wall_s > 0 ? static_cast<double>(w.seeds) / w.wall_s : 0.0);
+        m.feature_rows += w.features.rows;
+        m.rows_previous += w.features.previous;
+        m.rows_device += w.features.device;
+        m.rows_cache += w.features.cache;
+        m.rows_host += w.features.host;
+        m.host_to_gpu_bytes += w.features.host_to_gpu_bytes();
+        m.input_nodes += w.times.reuse.nodes;
+        m.reused_nodes += w.times.reuse.reused;
+        m.reused_nodes_sampled_order += w.times.reuse.reused_sampled_order;
+      }
+      m.loss = loss_sum / static_cast<double>(train_ids.size());
+      m.sample_s = w0.times.prepare_s;
+      m.io_s = w0.io_s;
+      m.compute_s = w0.times.consume_s;
+      m.wait_s = w0.times.wait_s;
+      m.allreduce_s = w0.allreduce_s;
+      m.reorder_s = w0.times.reorder_s;
+      m.batches = scheduler::EpochPlan(train_ids, opt.batch_size, opt.seed, epoch, workers, 0).num_batches();
+      if (m.input_nodes == 0) {  // GPU-sampled without a window: the node sets never left the GPU
+        m.input_nodes = m.feature_rows;
+        m.reused_nodes = m.reused_nodes_sampled_order = m.rows_previous;
+      }
+      m.replica_checksum = w0.checksum;
     }
 
-    // Evaluation in inference mode (no dropout), full-neighbourhood: over the whole graph at once,
-    // or a batch of nodes at a time when the graph's features do not all fit on the GPU.
+    // Evaluation in inference mode (no dropout), full-neighbourhood, on worker 0 (every replica
+    // holds the same weights): over the whole graph at once, or a batch of nodes at a time when
+    // the graph's features do not all fit on the GPU.
+    const UseDevice use(dev);
     const auto t_eval = Clock::now();
     if (opt.eval == TrainOptions::Eval::kNone) {
       // No evaluation: the accuracies stay 0 and the last epoch counts as the best.
@@ -380,10 +532,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       m.train_acc = sampled_accuracy(train_ids, kernels::derive_key(eval_key, 0));
       m.valid_acc = sampled_accuracy(valid_ids, kernels::derive_key(eval_key, 1));
       m.test_acc = sampled_accuracy(test_ids, kernels::derive_key(eval_key, 2));
-      if (batch_features) batch_features->take_stats();  // evaluation's reads are not the epoch's
+      if (lead.batch_features) replicas[0].batch_features->take_stats();  // evaluation's reads are not the epoch's
     }
     m.eval_s = since(t_eval);
-    m.gpu_peak_bytes = gpu_peak_bytes(dev);
+    for (const Replica& r : replicas) m.gpu_peak_bytes = std::max(m.gpu_peak_bytes, gpu_peak_bytes(r.dev));
     // Ties go to the later epoch, as in PyG's reference script (`va >= best_val`).
     const double select = valid_ids.empty() ? m.train_acc : m.valid_acc;
     if (select >= result.best_valid_acc) {
@@ -401,18 +553,25 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
                           {"sample_s", m.sample_s},   {"io_s", m.io_s},           {"compute_s", m.compute_s},
                           {"wait_s", m.wait_s},
                           {"eval_s", m.eval_s},       {"batches", m.batches}};
-      if (dev.is_cuda()) j["gpu_peak_bytes"] = m.gpu_peak_bytes;
+      if (devices[0].is_cuda()) j["gpu_peak_bytes"] = m.gpu_peak_bytes;
       if (!opt.full_graph) {
         j["input_nodes"] = m.input_nodes;
         j["reused_nodes"] = m.reused_nodes;
         j["reused_nodes_sampled_order"] = m.reused_nodes_sampled_order;
         j["reorder_s"] = m.reorder_s;
+        j["worker_seeds_per_s"] = m.worker_seeds_per_s;
       }
-      if (batch_features) {
+      if (workers > 1) {
+        j["workers"] = workers;
+        j["allreduce_s"] = m.allreduce_s;
+        if (opt.check_replicas) j["replica_checksum"] = m.replica_checksum;
+      }
+      if (lead.batch_features) {
         j["feature_rows"] = {{"total", m.feature_rows}, {"previous_batch", m.rows_previous}, {"gpu", m.rows_device},
                              {"gpu_cache", m.rows_cache}, {"host", m.rows_host}};
         j["host_to_gpu_bytes"] = m.host_to_gpu_bytes;
-        j["placement"] = batch_features->describe() + (gpu_batches ? "; " + gpu_batches->describe() : "; CPU sampler");
+        j["placement"] = lead.batch_features->describe() +
+                         (lead.gpu_batches ? "; " + lead.gpu_batches->describe() : "; CPU sampler");
       }
       metrics << j.dump() << '\n';
       metrics.flush();

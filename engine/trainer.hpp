@@ -36,6 +36,12 @@ struct TrainOptions {
   bool resume = false;
   std::string metrics_path;         // "" disables the JSON-lines file
   Device device = Device::cpu();
+  // Data-parallel workers, one per entry (--gpus 0,1: one per GPU; --workers N on the CPU: N CPU
+  // workers); empty: one worker on `device`. Each has its own model replica, sampler, feature tiers
+  // and pipeline; gradients are summed over them every step (NCCL on GPUs, in-process on the CPU).
+  std::vector<Device> devices;
+  // Compare the replicas' weight checksums after every epoch; a difference is an InternalError.
+  bool check_replicas = false;
   ops::ExecOptions exec;            // --spmm, --tf32
   // --gpu-mem-budget: every byte Gale allocates on the GPU is charged against it (0 = unlimited);
   // the text is what the user wrote, for messages.
@@ -82,6 +88,11 @@ struct EpochMetrics {
   // trained order and had the sampled order been kept (the match-reorder's gain is the difference).
   int64_t input_nodes = 0, reused_nodes = 0, reused_nodes_sampled_order = 0;
   double reorder_s = 0;
+  // Several workers: each one's training seeds per second, worker 0's time summing gradients, and
+  // the replicas' common weight checksum (with check_replicas).
+  std::vector<double> worker_seeds_per_s;
+  double allreduce_s = 0;
+  uint64_t replica_checksum = 0;
 };
 
 struct TrainResult {

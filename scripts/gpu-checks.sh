@@ -6,6 +6,8 @@
 #   scripts/gpu-checks.sh DIST sbm     MaxK vs ReLU and host- vs GPU-resident features on a 1M-node SBM
 #   scripts/gpu-checks.sh DIST minibatch  Gale vs the PyTorch GPU-sampling anchor, then Gale's mini-batch
 #                                      epoch by sampler, feature placement, match and reorder window
+#   scripts/gpu-checks.sh DIST multigpu  the multi-GPU tests, then mini-batch SAGE 3x256 on R-MAT scale 23
+#                                      with 1, 2, ... GPUs (MG_GPUS="1 2 4"): seeds per second and speedup
 #   scripts/gpu-checks.sh DIST scale25 R-MAT scale 25 (33M nodes, 1B entries, 17 GB of 128-d features)
 #                                      generated, then mini-batch SAGE under a 10 GB GPU budget
 # Each prints a short summary table last. Logs go to $OUT (or /tmp) when set.
@@ -134,6 +136,37 @@ for c in sys.argv[2:]:
     tiers = "/".join(f"{fr.get(k, 0) / 1e6:.1f}" for k in ("previous_batch", "gpu", "gpu_cache", "host"))
     print(f"{c:14} {med('epoch_s'):8.3f} {med('sample_s'):9.3f} {med('io_s'):6.3f} {med('compute_s'):9.3f} {med('wait_s'):7.3f} "
           f"{med('host_to_gpu_bytes') / 1e9:7.2f} {tiers:>30} {max(r.get('gpu_peak_bytes', 0) for r in rows) / 2**30:8.2f}")
+PY
+  ;;
+multigpu)
+  nvidia-smi topo -m 2>/dev/null | head -6
+  run_suite multi-gpu-tests "$dist/bin/gale_gpu_multi_gpu_tests"
+  spec=rmat:scale=${MG_SCALE:-23},edge-factor=16,classes=47,feature-dim=100
+  start=$SECONDS
+  gale preprocess --generate "$spec" -o /tmp/rmat-mg.gale --force > "$logs/gen-mg.log" 2>&1 || { tail -3 "$logs/gen-mg.log"; exit 1; }
+  summary+=("generated $spec in $((SECONDS - start)) s")
+  for g in ${MG_GPUS:-1 2}; do
+    list=$(seq -s, 0 $((g - 1)))
+    run_suite "mg-$g" gale train /tmp/rmat-mg.gale --model sage --layers 3 --hidden 256 --fanouts 15,10,5 --batch-size 1024 \
+      --epochs ${MG_EPOCHS:-3} --eval none --gpus "$list" --lr 0.003 --dropout 0 --check-replicas -q --metrics "$logs/mg-$g.jsonl" ${MG_EXTRA:-}
+  done
+  python3 - "$logs" ${MG_GPUS:-1 2} <<'PY'
+import json, statistics, sys
+logs = sys.argv[1]
+base = None
+print(f"{'gpus':>4} {'epoch s':>8} {'seeds/s':>10} {'speedup':>8} {'allreduce s':>11} {'per-worker seeds/s':>30}")
+for g in sys.argv[2:]:
+    try:
+        rows = [json.loads(l) for l in open(f"{logs}/mg-{g}.jsonl") if '"final"' not in l]
+    except OSError:
+        print(f"{g:>4} (no metrics)"); continue
+    rows = rows[1:] or rows
+    ep = statistics.median(r["epoch_s"] for r in rows)
+    per = rows[-1].get("worker_seeds_per_s", [])
+    thr = sum(per)
+    base = base or thr
+    print(f"{g:>4} {ep:8.3f} {thr:10.0f} {thr / base:7.2f}x {statistics.median(r.get('allreduce_s', 0) for r in rows):11.3f} "
+          f"{' '.join(f'{x:.0f}' for x in per):>30}")
 PY
   ;;
 scale25)

@@ -105,6 +105,35 @@ TEST_F(Cli, BadFlagValuesAreNamed) {
   }
 }
 
+TEST_F(Cli, BadWorkerFlagsAreNamed) {
+  const std::string store = sbm_store();
+  for (const std::string& bad : {"--device cpu --fanouts 5,5 --workers 0", "--device cpu --full-graph --workers 2",
+                                 "--fanouts 5,5 --gpus x", "--fanouts 5,5 --gpus -1",
+                                 "--fanouts 5,5 --workers 2 --gpus 0"}) {
+    const CliRun r = gale("train " + store + " -q --epochs 1 " + bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    const bool named = r.out.find("--workers") != std::string::npos || r.out.find("--gpus") != std::string::npos;
+    EXPECT_TRUE(named) << bad << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+  }
+}
+
+TEST_F(Cli, TwoCpuWorkersTrainAndReportEachOnesThroughput) {
+  const std::string store = sbm_store();
+  const std::string metrics = path("workers.jsonl");
+  const CliRun r = gale("train " + store + " -q --device cpu --workers 2 --check-replicas --fanouts 5,5 --epochs 2 "
+                        "--metrics " + metrics);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(metrics);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const nlohmann::json j = nlohmann::json::parse(line);
+  EXPECT_EQ(j["workers"], 2);
+  EXPECT_EQ(j["worker_seeds_per_s"].size(), 2u);
+  EXPECT_TRUE(j.contains("allreduce_s"));
+  EXPECT_TRUE(j.contains("replica_checksum"));
+}
+
 TEST_F(Cli, NonNumericEdgeNamesFileAndLine) {
   write("edges.csv", "0,1\n1,2\nx3,4\n");
   const std::string store = path("bad.gale");

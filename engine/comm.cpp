@@ -1,0 +1,119 @@
+#include "engine/comm.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "kernels/error.hpp"
+
+namespace gale::engine {
+
+namespace {
+
+// What the in-process workers share: a generation barrier that abort() breaks, and each worker's
+// posted tensors and values.
+struct Shared {
+  explicit Shared(int n) : workers(n), posted(static_cast<size_t>(n)), values(static_cast<size_t>(n)) {}
+  const int workers;
+  std::mutex mutex;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+  std::string aborted;  // non-empty once a worker gave up
+  std::vector<const std::vector<Tensor*>*> posted;
+  std::vector<uint64_t> values;
+
+  void barrier() {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (!aborted.empty()) throw ResourceError(aborted);
+    const uint64_t gen = generation;
+    if (++arrived == workers) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    cv.wait(lock, [&] { return generation != gen || !aborted.empty(); });
+    if (generation == gen) throw ResourceError(aborted);
+  }
+};
+
+class InProcessCommunicator final : public Communicator {
+ public:
+  InProcessCommunicator(std::shared_ptr<Shared> shared, int rank) : shared_(std::move(shared)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return shared_->workers; }
+
+  void all_reduce_sum(const std::vector<Tensor*>& tensors) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (Tensor* t : tensors) {
+      if (!t->device().is_cpu() || t->dtype() != DType::kF32)
+        throw InternalError("in-process all-reduce: f32 tensors on the CPU only");
+    }
+    Shared& s = *shared_;
+    s.posted[static_cast<size_t>(rank_)] = &tensors;
+    s.barrier();  // every worker's tensors are posted
+    std::vector<std::vector<float>> sums(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const int64_t n = tensors[i]->numel();
+      sums[i].assign(static_cast<size_t>(n), 0.0f);
+      for (int r = 0; r < s.workers; ++r) {  // rank order: every worker adds the same way
+        const Tensor* theirs = (*s.posted[static_cast<size_t>(r)])[i];
+        if (theirs->numel() != n) throw InternalError("in-process all-reduce: workers' shapes differ");
+        const float* src = theirs->f32();
+        for (int64_t k = 0; k < n; ++k) sums[i][static_cast<size_t>(k)] += src[k];
+      }
+    }
+    s.barrier();  // everyone has read everyone's tensors
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (!sums[i].empty()) std::memcpy(tensors[i]->f32(), sums[i].data(), sums[i].size() * sizeof(float));
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  void wait() override {}
+
+  std::vector<uint64_t> all_gather(uint64_t value) override {
+    Shared& s = *shared_;
+    s.values[static_cast<size_t>(rank_)] = value;
+    s.barrier();
+    std::vector<uint64_t> out = s.values;
+    s.barrier();  // nobody overwrites a value before everyone has read them
+    return out;
+  }
+
+  double take_seconds() override {
+    const double out = seconds_;
+    seconds_ = 0;
+    return out;
+  }
+
+  void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    if (shared_->aborted.empty()) shared_->aborted = reason;
+    shared_->cv.notify_all();
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  int rank_;
+  double seconds_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_in_process_group(int workers) {
+  if (workers < 1) throw InternalError("make_in_process_group: at least one worker");
+  auto shared = std::make_shared<Shared>(workers);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < workers; ++r) out.push_back(std::make_unique<InProcessCommunicator>(shared, r));
+  return out;
+}
+
+#if !GALE_WITH_CUDA
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Device>&) {
+  throw DeviceError("--gpus: this build has no CUDA backend");
+}
+#endif
+
+}  // namespace gale::engine

@@ -1,0 +1,153 @@
+// Data-parallel workers on the CPU device (the same code path as GPUs, with the in-process
+// all-reduce standing in for NCCL): 2 workers end with the weights 1 worker reaches on the
+// combined batches, to float tolerance (uneven and empty last slices included); the replicas stay
+// identical; a communicator that is aborted stops every worker's sums instead of hanging them.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "engine/checkpoint.hpp"
+#include "engine/comm.hpp"
+#include "engine/trainer.hpp"
+#include "kernels/error.hpp"
+#include "scheduler/epoch_plan.hpp"
+#include "tests/training/cora_options.hpp"
+
+namespace gale::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("gale-workers-" + std::to_string(::getpid())) / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// SAGE on Cora, mini-batch without dropout (its masks follow a batch's row numbers, which differ
+// between one combined batch and its slices).
+TrainOptions options(int workers, int64_t batch_per_worker, int64_t epochs, const std::string& name) {
+  TrainOptions o = testing::pyg_options("sage");
+  o.model.dropout = 0;
+  o.full_graph = false;
+  o.fanouts = {5, 5};
+  o.batch_size = batch_per_worker;
+  o.epochs = epochs;
+  o.eval = TrainOptions::Eval::kNone;
+  if (workers > 1) o.devices.assign(static_cast<size_t>(workers), Device::cpu());
+  o.checkpoint_dir = fresh_dir(name).string();
+  return o;
+}
+
+std::vector<std::vector<float>> final_weights(const TrainOptions& o) {
+  const CheckpointState s = load_checkpoint(fs::path(o.checkpoint_dir) / "latest.ckpt");
+  std::vector<std::vector<float>> out;
+  for (const Tensor& t : s.params) out.push_back(t.to_vector());
+  return out;
+}
+
+void expect_close(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].size(), b[i].size());
+    for (size_t k = 0; k < a[i].size(); ++k)
+      ASSERT_NEAR(a[i][k], b[i][k], 2e-4 + 2e-3 * std::abs(b[i][k])) << "parameter " << i << " element " << k;
+  }
+}
+
+TEST(Workers, StepSlicesPartitionTheCombinedBatch) {
+  std::vector<int64_t> ids(101);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 3;
+  const scheduler::EpochPlan one(ids, 30, 7, 2);
+  const scheduler::EpochPlan w0(ids, 10, 7, 2, 3, 0), w1(ids, 10, 7, 2, 3, 1), w2(ids, 10, 7, 2, 3, 2);
+  ASSERT_EQ(w0.num_batches(), one.num_batches());
+  for (int64_t b = 0; b < one.num_batches(); ++b) {
+    std::vector<int64_t> joined;
+    for (const auto* w : {&w0, &w1, &w2}) {
+      EXPECT_EQ(w->step_length(b), one.batch_length(b));
+      joined.insert(joined.end(), w->batch(b), w->batch(b) + w->batch_length(b));
+      EXPECT_LE(std::abs(w->batch_length(b) - one.batch_length(b) / 3), 1);
+    }
+    EXPECT_EQ(joined, std::vector<int64_t>(one.batch(b), one.batch(b) + one.batch_length(b)));
+  }
+}
+
+TEST(Workers, TwoWorkersEndWhereOneWorkerOnTheCombinedBatchEnds) {
+  std::vector<double> one_loss, two_loss;
+  const TrainOptions one = options(1, 32, 3, "one");
+  const TrainOptions two = options(2, 16, 3, "two");
+  train(one, [&](const EpochMetrics& m) { one_loss.push_back(m.loss); });
+  train(two, [&](const EpochMetrics& m) {
+    two_loss.push_back(m.loss);
+    EXPECT_EQ(m.worker_seeds_per_s.size(), 2u);
+  });
+  ASSERT_EQ(one_loss.size(), two_loss.size());
+  for (size_t e = 0; e < one_loss.size(); ++e) EXPECT_NEAR(one_loss[e], two_loss[e], 1e-4 * one_loss[e]) << e;
+  expect_close(final_weights(two), final_weights(one));
+}
+
+// 140 seeds in steps of 3: the last step has 2 seeds, so one of 3 workers has none and only joins
+// the sums.
+TEST(Workers, AWorkerWithoutSeedsInTheLastStepStillJoinsTheSums) {
+  const TrainOptions one = options(1, 3, 1, "one-small");
+  const TrainOptions three = options(3, 1, 1, "three-small");
+  train(one);
+  train(three);
+  expect_close(final_weights(three), final_weights(one));
+}
+
+TEST(Workers, ReplicasStayIdentical) {
+  TrainOptions o = options(2, 32, 3, "replicas");
+  o.check_replicas = true;
+  o.model.dropout = 0.5f;  // each worker its own masks: the sums still keep the replicas equal
+  uint64_t last = 0;
+  train(o, [&](const EpochMetrics& m) {
+    EXPECT_NE(m.replica_checksum, 0u);
+    EXPECT_NE(m.replica_checksum, last);  // the weights moved
+    last = m.replica_checksum;
+  });
+}
+
+TEST(Workers, FullGraphWithSeveralWorkersIsAnInputError) {
+  TrainOptions o = options(2, 32, 1, "full");
+  o.full_graph = true;
+  EXPECT_THROW(train(o), InputError);
+}
+
+TEST(InProcessGroup, SumsAreIdenticalEverywhereAndAbortStopsWaiters) {
+  auto group = make_in_process_group(3);
+  std::vector<Tensor> t(3);
+  for (int r = 0; r < 3; ++r) t[r] = Tensor::from_vector({1.0f * (r + 1), 0.5f, -2.0f * r}, 1, 3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      group[r]->all_reduce_sum({&t[r]});
+      EXPECT_EQ(group[r]->all_gather(static_cast<uint64_t>(r * 10)), (std::vector<uint64_t>{0, 10, 20}));
+    });
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(t[r].to_vector(), (std::vector<float>{6.0f, 1.5f, -6.0f}));
+
+  // Worker 2 fails before its sum: the two waiting in theirs get an error, not a hang.
+  std::vector<std::string> errors(2);
+  threads.clear();
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        group[r]->all_reduce_sum({&t[r]});
+      } catch (const ResourceError& e) {
+        errors[r] = e.what();
+      }
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  group[2]->abort("worker 2 failed: test");
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "worker 2 failed: test");
+  EXPECT_THROW(group[0]->all_gather(1), ResourceError);  // and every later call
+}
+
+}  // namespace
+}  // namespace gale::engine
