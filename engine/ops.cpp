@@ -433,6 +433,39 @@ LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, con
 #endif
 }
 
+void softmax_cross_entropy_async(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad,
+                                 Tensor* results, int64_t slot) {
+  same_device(logits, *results, "softmax_cross_entropy_async");
+  GALE_ASSERT(results->dtype() == DType::kU8 && slot >= 0 && static_cast<int64_t>(results->nbytes()) >= 16 * (slot + 1));
+  unsigned char* out = results->data<unsigned char>() + 16 * slot;
+  if (logits.device().is_cpu()) {
+    const LossResult r = softmax_cross_entropy(logits, labels, rows, grad);
+    std::memcpy(out, &r.loss, 8);
+    std::memcpy(out + 8, &r.correct, 8);
+    return;
+  }
+#if GALE_WITH_CUDA
+  same_device(logits, labels, "softmax_cross_entropy_async");
+  same_device(logits, rows, "softmax_cross_entropy_async");
+  GALE_ASSERT(labels.dtype() == DType::kI32 && labels.numel() == logits.rows());
+  GALE_ASSERT(rows.dtype() == DType::kI64);
+  if (grad) {
+    same_device(logits, *grad, "softmax_cross_entropy_async");
+    same_shape(logits, *grad, "softmax_cross_entropy_async");
+  }
+  const OpTimer timer(OpKind::kOther, logits.device(), "softmax_cross_entropy");
+  const int64_t n = rows.numel();
+  const size_t ws = kernels::softmax_cross_entropy_workspace_bytes(logits.rows(), n);
+  Tensor scratch = Tensor::empty(static_cast<int64_t>(ws), 1, DType::kU8, logits.device());
+  kernels::softmax_cross_entropy_cuda(logits.view(), labels.data<int32_t>(), rows.data<int64_t>(), n,
+                                      grad ? grad->view() : kernels::MatrixView{}, reinterpret_cast<double*>(out),
+                                      reinterpret_cast<int64_t*>(out + 8), scratch.data<unsigned char>(), ws,
+                                      stream(logits));
+#else
+  no_cuda();
+#endif
+}
+
 // ---- MaxK --------------------------------------------------------------------------------------
 
 kernels::CbsrView Cbsr::view() {

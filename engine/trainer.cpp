@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -349,6 +350,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     const scheduler::EpochPlan plan(train_ids, opt.batch_size, opt.seed, epoch, workers, rank);
     IoTimer io_timer(r.dev);
     Tensor batch_rows;  // 0, 1, ..., batch_size - 1: every logits row of a batch is a seed
+    // Each step's mean loss and hit count (16 bytes per step), read once after the epoch: a step
+    // never waits for the device, so the host queues the next while the GPU runs this one.
+    Tensor step_losses = Tensor::empty(std::max<int64_t>(1, plan.num_batches()) * 16, 1, DType::kU8, r.dev);
     const auto by_layer = r.model->parameters_by_layer();
     auto sum_layer = [&](const std::vector<Parameter*>& params) {
       std::vector<Tensor*> grads;
@@ -401,8 +405,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
             const Tensor batch_labels = p->seeds.defined()
                                             ? ops::gather_rows(r.labels_all, p->seeds)
                                             : Tensor::from_host(p->labels.data(), len, 1, DType::kI32, r.dev);
-            out.loss_sum += ops::softmax_cross_entropy(logits, batch_labels, batch_rows.rows_slice(0, len), &grad).loss *
-                            static_cast<double>(len);
+            ops::softmax_cross_entropy_async(logits, batch_labels, batch_rows.rows_slice(0, len), &grad, &step_losses, b);
             out.seeds += len;
             logits = Tensor();
             // The loss of a step is the mean over every worker's seeds: weigh this worker's mean.
@@ -415,6 +418,13 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           if (r.comm) r.comm->wait();
           r.adam->step();
         });
+    const Tensor losses = step_losses.to(Device::cpu());
+    for (int64_t b = 0; b < plan.num_batches(); ++b) {
+      if (plan.batch_length(b) == 0) continue;
+      double loss;
+      std::memcpy(&loss, losses.data<unsigned char>() + 16 * b, sizeof loss);
+      out.loss_sum += loss * static_cast<double>(plan.batch_length(b));
+    }
     if (r.batch_features) out.features = r.batch_features->take_stats();
     out.io_s = io_timer.take_seconds();
     if (r.comm) out.allreduce_s = r.comm->take_seconds();
