@@ -354,10 +354,27 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     // never waits for the device, so the host queues the next while the GPU runs this one.
     Tensor step_losses = Tensor::empty(std::max<int64_t>(1, plan.num_batches()) * 16, 1, DType::kU8, r.dev);
     const auto by_layer = r.model->parameters_by_layer();
+    // Gradients travel in buckets of at least kBucketBytes, filled layer by layer as backward
+    // finishes them (last layer first) and sent as soon as full, so a deep or wide model's sums
+    // overlap the rest of its backward; the rest goes after backward. Every worker forms the same
+    // buckets (they depend only on the parameters' sizes), so the calls match. A bucket is one
+    // NCCL group call: fewer, larger sums wait for the other workers fewer times per step
+    // (measured on 2 H200s, R-MAT 23: one sum per layer spent 0.19 s per epoch in NCCL).
+    constexpr size_t kBucketBytes = size_t{4} << 20;
+    std::vector<Tensor*> bucket;
+    size_t bucket_bytes = 0;
+    auto flush = [&] {
+      if (bucket.empty()) return;
+      r.comm->all_reduce_sum(bucket);
+      bucket.clear();
+      bucket_bytes = 0;
+    };
     auto sum_layer = [&](const std::vector<Parameter*>& params) {
-      std::vector<Tensor*> grads;
-      for (Parameter* p : params) grads.push_back(&p->grad);
-      r.comm->all_reduce_sum(grads);
+      for (Parameter* p : params) {
+        bucket.push_back(&p->grad);
+        bucket_bytes += p->grad.nbytes();
+      }
+      if (bucket_bytes >= kBucketBytes) flush();
     };
     out.times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
         plan.num_batches(), opt.prefetch, opt.reorder_window,
@@ -415,7 +432,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           } else {
             for (size_t l = by_layer.size(); l-- > 0;) sum_layer(by_layer[l]);  // the same sums, of zeros
           }
-          if (r.comm) r.comm->wait();
+          if (r.comm) {
+            flush();
+            r.comm->wait();
+          }
           r.adam->step();
         });
     const Tensor losses = step_losses.to(Device::cpu());
