@@ -1,6 +1,9 @@
 // `gale preprocess`: options -> storage::PreprocessOptions -> storage::preprocess.
 #include <boost/program_options.hpp>
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "apps/commands.hpp"
@@ -14,7 +17,7 @@ namespace po = boost::program_options;
 int run_preprocess(const std::vector<std::string>& args) {
   storage::PreprocessOptions o;
   std::string format = "auto", feature_dtype = "f32", relabel = "none", self_loops = "remove";
-  std::string normalize, mem_budget = "8G", split_fractions = "0.1,0.1";
+  std::string normalize, mem_budget = "8G", split_fractions = "0.1,0.1", partitions;
   int64_t num_nodes = -1;
   bool keep_duplicates = false;
   po::options_description desc(
@@ -42,7 +45,10 @@ int run_preprocess(const std::vector<std::string>& args) {
       ("split", po::value(&o.split_name), "OGB split folder name (default: the only one)")
       ("split-fractions", po::value(&split_fractions), "random split when the input has none: TRAIN,VALID")
       ("seed", po::value(&o.seed), "seed for random splits and generators")
-      ("mem-budget", po::value(&mem_budget), "memory for sorting edges; larger inputs sort on disk")
+      ("partitions", po::value(&partitions), "split the nodes into P parts (partition.npy): METIS, or the "
+                                             "LDG streaming partitioner when METIS's input exceeds --mem-budget")
+      ("mem-budget", po::value(&mem_budget), "memory for sorting edges and partitioning; larger inputs sort on "
+                                             "disk and partition by streaming")
       ("temp-dir", po::value(&o.temp_dir), "where sorted runs go (default: beside the store)")
       ("generate", po::value(&o.generate), "rmat:scale=S,edge-factor=E[,a=,b=,c=,seed=] | "
                                            "sbm:nodes=N,classes=C,avg-degree=D,feature-dim=F[,homophily=,seed=]")
@@ -75,6 +81,14 @@ int run_preprocess(const std::vector<std::string>& args) {
   if (num_nodes >= 0) o.num_nodes = num_nodes;
   else if (vm.count("num-nodes")) throw InputError("--num-nodes: expected a non-negative count");
   o.mem_budget = parse_size(mem_budget, "--mem-budget");
+  if (vm.count("partitions")) {
+    char* end = nullptr;
+    errno = 0;
+    const long long p = std::strtoll(partitions.c_str(), &end, 10);
+    if (partitions.empty() || *end != '\0' || errno == ERANGE || p < 1 || p > INT32_MAX)
+      throw InputError("--partitions: expected a positive part count, found '" + partitions + "'");
+    o.partitions = static_cast<int>(p);
+  }
   {
     const size_t comma = split_fractions.find(',');
     char* end = nullptr;
@@ -96,6 +110,9 @@ int run_preprocess(const std::vector<std::string>& args) {
               static_cast<long long>(r.num_nodes), static_cast<long long>(r.num_edges), r.format.c_str(),
               static_cast<long long>(r.input_edges),
               r.sorted_runs > 1 ? (", sorted on disk in " + std::to_string(r.sorted_runs) + " runs").c_str() : "");
+  if (o.partitions > 0)
+    std::printf("partitioned into %d parts (%s), edge cut %lld of %lld edges\n", o.partitions,
+                r.partition_method.c_str(), static_cast<long long>(r.partition_cut), static_cast<long long>(r.num_edges));
   return 0;
 }
 

@@ -20,6 +20,7 @@
 #include "kernels/random.hpp"
 #include "storage/edge_sorter.hpp"
 #include "storage/generators.hpp"
+#include "storage/partition.hpp"
 #include "storage/store.hpp"
 #include "storage/text_reader.hpp"
 
@@ -499,6 +500,8 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     throw InputError(o.inputs[1] + ": expected one INPUT for this format (" + format_name(format) + ")");
   if (o.train_fraction <= 0 || o.valid_fraction < 0 || o.train_fraction + o.valid_fraction > 1)
     throw InputError("--split-fractions: expected TRAIN,VALID fractions summing to at most 1");
+  if (o.partitions < 0)
+    throw InputError("--partitions: expected a positive part count, found " + std::to_string(o.partitions));
 
   // Fails early (before any parsing) when the store exists without --force.
   StoreWriter writer(o.output, o.overwrite);
@@ -709,6 +712,21 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   m.weighted = weighted;
   report.num_nodes = n;
   report.num_edges = csr.nnz;
+
+  // 4b. Partition over stored ids, reading the indices just written (mapped, not copied).
+  if (o.partitions > 0) {
+    if (!narrow)
+      throw InputError("--partitions: the graph has " + std::to_string(n) +
+                       " nodes; partitioning takes graphs below 2^31 nodes (int32 indices)");
+    const fs::path indices_file = writer.temp_dir() / "graph/indices.npy";
+    const MappedArray indices(indices_file, read_npy_header(indices_file.string()));
+    const kernels::CsrView graph{n, n, csr.indptr.data(), indices.as<int32_t>(), nullptr};
+    std::vector<int32_t> part = partition_graph(graph, o.partitions, o.mem_budget, o.seed, &report.partition_method);
+    report.partition_cut = edge_cut(graph, part.data());
+    writer.write_array("partition.npy", DType::kI32, {n}, part.data());
+    m.num_partitions = o.partitions;
+    m.partition_method = report.partition_method;
+  }
 
   // 5. Features, row by row in stored order, in parallel chunks written sequentially.
   if (nd.has_features()) {

@@ -3,7 +3,7 @@
 // Inputs: edge lists (CSV / TSV / whitespace, '#' and '%' comments, optional weight column,
 // plain or .gz), the OGB node-property raw folder, Matrix Market coordinate files, NumPy arrays.
 // Generators: R-MAT (Graph500 parameters) and a planted-partition graph with class-correlated
-// features. Every path funnels edges through one EdgeSorter (in memory within the budget, else
+// features. Optionally partitions the nodes (METIS or LDG, storage/partition.hpp). Every path funnels edges through one EdgeSorter (in memory within the budget, else
 // sorted runs on disk and a k-way merge) into a StoreWriter, so every importer gives the same
 // bytes for the same graph.
 #pragma once
@@ -45,7 +45,9 @@ struct PreprocessOptions {
   // the rest test (--split-fractions 0.1,0.1).
   double train_fraction = 0.1, valid_fraction = 0.1;
   uint64_t seed = 0;                   // random split and generators
-  uint64_t mem_budget = 8ULL << 30;    // --mem-budget: bytes of edges held in memory when sorting
+  uint64_t mem_budget = 8ULL << 30;    // --mem-budget: bytes of edges held in memory when sorting,
+                                       // and METIS's input when partitioning (beyond it: LDG streaming)
+  int partitions = 0;                  // --partitions P: write partition.npy (0 = none); see partition.hpp
   std::string temp_dir;                // where sorted runs go; default beside the output
 
   std::string generate;                // --generate rmat:... | sbm:...
@@ -58,6 +60,8 @@ struct PreprocessReport {
   int64_t input_edges = 0;          // before de-duplication / self-loop removal / symmetrising
   int64_t sorted_runs = 0;          // > 1 when the external sort spilled to disk
   std::string format;               // the detected input format
+  std::string partition_method;     // "metis", "ldg" or "single" with --partitions, else ""
+  int64_t partition_cut = 0;        // edges (CSR entries, self loops excluded) between parts
 };
 
 // Builds the store. Throws InputError naming the file and line (or flag) on bad input; on any

@@ -104,6 +104,8 @@ std::string manifest_to_json(const Manifest& m) {
   j["num_classes"] = m.num_classes;
   j["splits"] = m.splits;
   j["num_partitions"] = m.num_partitions;
+  // Only partitioned stores carry the key, so stores without partition.npy keep their bytes.
+  if (m.num_partitions > 0) j["partition_method"] = m.partition_method;
   j["relabelled"] = m.relabelled;
   nlohmann::json files = nlohmann::json::object();
   for (const auto& [path, e] : m.files)
@@ -141,6 +143,7 @@ Manifest manifest_from_json(const std::string& text, const std::string& source) 
   get("splits", &m.splits);
   get("num_partitions", &m.num_partitions);
   get("relabelled", &m.relabelled);
+  if (j.contains("partition_method")) get("partition_method", &m.partition_method);
   for (const auto& [key, value] : std::map<std::string, int64_t>{{"num_nodes", m.num_nodes},
                                                                  {"num_edges", m.num_edges},
                                                                  {"feature_dim", m.feature_dim},
@@ -148,6 +151,8 @@ Manifest manifest_from_json(const std::string& text, const std::string& source) 
                                                                  {"num_partitions", m.num_partitions}}) {
     if (value < 0) throw CorruptStoreError(source + ": expected a non-negative " + key + ", found " + std::to_string(value));
   }
+  if (m.num_partitions > INT32_MAX)
+    throw CorruptStoreError(source + ": expected num_partitions below 2^31, found " + std::to_string(m.num_partitions));
   if (!j.contains("files") || !j["files"].is_object()) throw CorruptStoreError(source + ": missing key 'files'");
   for (const auto& [path, e] : j["files"].items()) {
     FileEntry f;
@@ -591,7 +596,41 @@ std::string describe_store(const Store& store) {
     for (const auto& [name, size] : m.splits) o << " " << name << " " << size;
     o << "\n";
   }
-  if (m.num_partitions > 0) o << "partitions " << m.num_partitions << "\n";
+  if (store.has_partition()) {
+    // open() does not scan partition.npy, so its values are checked before they index anything.
+    const int32_t* part = store.partition();
+    std::vector<int64_t> per_part(static_cast<size_t>(m.num_partitions), 0);
+    int64_t bad = 0;
+    for (int64_t v = 0; v < n; ++v) {
+      if (part[v] < 0 || part[v] >= m.num_partitions) ++bad;
+      else ++per_part[static_cast<size_t>(part[v])];
+    }
+    if (bad > 0)
+      throw CorruptStoreError((store.path() / "partition.npy").string() + ": expected parts in [0, " +
+                              std::to_string(m.num_partitions) + "), found " + std::to_string(bad) +
+                              " nodes outside (run gale info --verify)");
+    const auto [lo, hi] = std::minmax_element(per_part.begin(), per_part.end());
+    o << "partitions " << m.num_partitions;
+    if (!m.partition_method.empty()) o << " (" << m.partition_method << ")";
+    o << ", nodes per part min " << *lo << " max " << *hi;
+    if (m.files.at("graph/indices.npy").dtype == "i32") {
+      // Entries whose source and destination lie in different parts (self loops excluded).
+      const int64_t* ip = store.indptr();
+      const int32_t* idx = store.indices32();
+      int64_t cut = 0, counted = 0;
+      for (int64_t d = 0; d < n; ++d)
+        for (int64_t k = ip[d]; k < ip[d + 1]; ++k) {
+          if (idx[k] == d) continue;
+          ++counted;
+          cut += part[idx[k]] != part[d];
+        }
+      char line[96];
+      std::snprintf(line, sizeof(line), ", edge cut %lld (%.1f%% of edges)", static_cast<long long>(cut),
+                    counted > 0 ? 100.0 * static_cast<double>(cut) / static_cast<double>(counted) : 0.0);
+      o << line;
+    }
+    o << "\n";
+  }
   if (m.relabelled) o << "relabelled yes (relabel.npy maps stored ids to original ids)\n";
   uint64_t total = 0;
   for (const auto& [rel, e] : m.files) total += e.size;

@@ -48,6 +48,7 @@ struct Manifest {
   int64_t num_classes = 0;        // 0 when there are no labels
   std::map<std::string, int64_t> splits;  // name -> size (train, valid, test)
   int64_t num_partitions = 0;     // 0 when partition.npy is absent
+  std::string partition_method;   // "metis", "ldg" or "single"; written only with num_partitions > 0
   bool relabelled = false;        // relabel.npy present
   std::map<std::string, FileEntry> files;  // relative path -> entry
 };
@@ -158,6 +159,11 @@ class Store {
   // Node ids of split `name` (train, valid, test); empty when absent.
   std::vector<int64_t> split(const std::string& name) const;
 
+  // partition.npy (gale preprocess --partitions P): the part in [0, num_partitions()) of each node.
+  // open() checks its size and header only; verify() checks its hash and describe_store() its values.
+  bool has_partition() const { return manifest_.num_partitions > 0; }
+  int num_partitions() const { return static_cast<int>(manifest_.num_partitions); }
+  const std::string& partition_method() const { return manifest_.partition_method; }
   const int32_t* partition() const { return partition_.empty() ? nullptr : partition_.as<int32_t>(); }
   const int64_t* relabel() const { return relabel_.empty() ? nullptr : relabel_.as<int64_t>(); }
 
@@ -170,7 +176,8 @@ class Store {
 };
 
 // What `gale info` prints: counts, degree statistics (min / mean / median / max / p99, empty
-// rows), dtypes, splits, classes, partitions, files.
+// rows), dtypes, splits, classes, partitions (method, nodes per part, edge cut), files.
+// Throws CorruptStoreError when indices or parts lie outside the graph.
 std::string describe_store(const Store& store);
 
 }  // namespace gale::storage

@@ -179,6 +179,40 @@ TEST_F(Cli, FlippedByteIsExitThreeOnVerify) {
   EXPECT_NE(r.out.find("features.npy"), std::string::npos) << r.out;
 }
 
+TEST_F(Cli, PartitionsAreWrittenReportedAndVerified) {
+  const std::string store = path("p.gale");
+  const CliRun made = gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,seed=3 --partitions 4 -o " + store);
+  EXPECT_EQ(made.code, 0) << made.out;
+  EXPECT_NE(made.out.find("partitioned into 4 parts (metis), edge cut "), std::string::npos) << made.out;
+  const CliRun info = gale("info " + store + " --verify");
+  EXPECT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("partitions 4 (metis), nodes per part min "), std::string::npos) << info.out;
+  // A small budget streams instead.
+  const CliRun ldg = gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,seed=3 --partitions 4 "
+                          "--mem-budget 16K -o " + path("ldg.gale"));
+  EXPECT_EQ(ldg.code, 0) << ldg.out;
+  EXPECT_NE(ldg.out.find("partitioned into 4 parts (ldg)"), std::string::npos) << ldg.out;
+  {
+    std::fstream io(fs::path(store) / "partition.npy", std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(4096 + 4 * 100);
+    io.put('\x01');
+  }
+  const CliRun bad = gale("info " + store + " --verify");
+  EXPECT_EQ(bad.code, 3) << bad.out;
+  EXPECT_NE(bad.out.find("partition.npy"), std::string::npos) << bad.out;
+}
+
+TEST_F(Cli, BadPartitionCountsAreExitTwoNamingTheFlag) {
+  for (const std::string value : {"0", "x", "-2", "2001", "4x"}) {
+    const std::string store = path("bad.gale");
+    const CliRun r = gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8 --partitions " + value + " -o " + store);
+    EXPECT_EQ(r.code, 2) << value << ": " << r.out;
+    EXPECT_NE(r.out.find("--partitions"), std::string::npos) << value << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+    expect_nothing_written(store);
+  }
+}
+
 TEST_F(Cli, TruncatedArrayIsExitThree) {
   const std::string store = sbm_store();
   fs::resize_file(fs::path(store) / "graph" / "indices.npy", 5000);
