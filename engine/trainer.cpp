@@ -340,14 +340,25 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     return static_cast<double>(correct) / static_cast<double>(ids.size());
   };
 
-  // One worker's mini-batch epoch: its slices of the epoch's steps through its own pipeline; the
-  // gradients of each layer are summed over the workers as backward produces them.
+  // Several workers on a partitioned store draw their seeds from their own parts (balanced pools),
+  // so a worker's batches share neighbours; otherwise each step is sliced across them.
+  const bool by_partition = workers > 1 && !opt.full_graph && store.has_partition();
+  const std::vector<std::vector<int64_t>> seed_pools =
+      by_partition ? scheduler::balance_seed_pools(train_ids, store.partition(), workers)
+                   : std::vector<std::vector<int64_t>>();
+  auto epoch_plan = [&](int64_t epoch, int rank) {
+    return by_partition ? scheduler::EpochPlan(seed_pools, opt.batch_size, opt.seed, epoch, rank)
+                        : scheduler::EpochPlan(train_ids, opt.batch_size, opt.seed, epoch, workers, rank);
+  };
+
+  // One worker's mini-batch epoch: its share of the epoch's steps through its own pipeline; the
+  // gradients are summed over the workers as backward produces them.
   auto worker_epoch = [&](int rank, int64_t epoch, uint64_t epoch_key) {
     Replica& r = replicas[static_cast<size_t>(rank)];
     const UseDevice use(r.dev);
     const auto t0 = Clock::now();
     WorkerEpoch out;
-    const scheduler::EpochPlan plan(train_ids, opt.batch_size, opt.seed, epoch, workers, rank);
+    const scheduler::EpochPlan plan = epoch_plan(epoch, rank);
     IoTimer io_timer(r.dev);
     Tensor batch_rows;  // 0, 1, ..., batch_size - 1: every logits row of a batch is a seed
     // Each step's mean loss and hit count (16 bytes per step), read once after the epoch: a step
@@ -537,7 +548,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       m.wait_s = w0.times.wait_s;
       m.allreduce_s = w0.allreduce_s;
       m.reorder_s = w0.times.reorder_s;
-      m.batches = scheduler::EpochPlan(train_ids, opt.batch_size, opt.seed, epoch, workers, 0).num_batches();
+      m.batches = epoch_plan(epoch, 0).num_batches();
       if (m.input_nodes == 0) {  // GPU-sampled without a window: the node sets never left the GPU
         m.input_nodes = m.feature_rows;
         m.reused_nodes = m.reused_nodes_sampled_order = m.rows_previous;
@@ -593,6 +604,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       }
       if (workers > 1) {
         j["workers"] = workers;
+        j["seed_split"] = by_partition ? "partitions" : "slices";
         j["allreduce_s"] = m.allreduce_s;
         if (opt.check_replicas) j["replica_checksum"] = m.replica_checksum;
       }

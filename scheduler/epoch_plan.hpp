@@ -3,10 +3,15 @@
 // The training ids are shuffled with a key derived from (seed, epoch), so epoch e's batches are
 // the same whether the run started at epoch 0 or resumed from a checkpoint at e.
 //
-// Data-parallel workers: the shuffled ids are cut into steps of batch_size x workers, and worker
-// `rank` trains on the rank-th of `workers` near-equal slices of each step (sizes differ by at most
-// one), so every worker takes the same number of steps, and step b's slices together are exactly
-// the batch b of a single worker with batch_size x workers.
+// Data-parallel workers, two ways:
+//   - sliced (no partitions): the shuffled ids are cut into steps of batch_size x workers, and
+//     worker `rank` trains on the rank-th of `workers` near-equal slices of each step (sizes differ
+//     by at most one), so every worker takes the same number of steps, and step b's slices together
+//     are exactly the batch b of a single worker with batch_size x workers;
+//   - partition-aware (a store with partition.npy): each worker owns a pool of seeds drawn from its
+//     own parts (balance_seed_pools), shuffled per epoch and worker, so its batches share
+//     neighbours; every worker takes as many steps as the largest pool needs, a worker that has run
+//     out taking empty ones.
 #pragma once
 
 #include <cstdint>
@@ -16,24 +21,38 @@ namespace gale::scheduler {
 
 class EpochPlan {
  public:
+  // One worker, or the sliced split for worker `rank` of `workers`.
   EpochPlan(const std::vector<int64_t>& seeds, int64_t batch_size, uint64_t seed, int64_t epoch, int workers = 1,
             int rank = 0);
+  // Partition-aware: worker `rank` trains on pools[rank].
+  EpochPlan(const std::vector<std::vector<int64_t>>& pools, int64_t batch_size, uint64_t seed, int64_t epoch, int rank);
 
-  int64_t num_batches() const { return (static_cast<int64_t>(order_.size()) + step_ - 1) / step_; }
-  // This worker's seeds of step b.
-  const int64_t* batch(int64_t b) const { return order_.data() + b * step_ + slice_begin(b); }
-  int64_t batch_length(int64_t b) const { return slice_begin(b, rank_ + 1) - slice_begin(b); }
+  int64_t num_batches() const { return num_batches_; }
+  // This worker's seeds of step b (batch_length may be 0).
+  const int64_t* batch(int64_t b) const { return order_.data() + begin(b, rank_); }
+  int64_t batch_length(int64_t b) const { return begin(b, rank_ + 1) - begin(b, rank_); }
   // All workers' seeds of step b together (what the loss of the step averages over).
   int64_t step_length(int64_t b) const;
   const std::vector<int64_t>& order() const { return order_; }
 
  private:
-  int64_t slice_begin(int64_t b) const { return slice_begin(b, rank_); }
-  int64_t slice_begin(int64_t b, int r) const { return step_length(b) * r / workers_; }
+  // Offset in order_ of slice r of step b (sliced), or of this worker's batch b (pools; r is
+  // rank_ or rank_ + 1 for its end).
+  int64_t begin(int64_t b, int r) const;
 
   std::vector<int64_t> order_;
-  int64_t step_;  // batch_size x workers
+  int64_t batch_size_;
   int workers_, rank_;
+  bool pools_ = false;
+  std::vector<int64_t> pool_sizes_;  // partition-aware: every worker's pool size
+  int64_t num_batches_ = 0;
 };
+
+// Partition-aware pools: part p goes to worker p % workers; then seeds move from pools above
+// ceil(n / workers) to pools below floor(n / workers) (the last seeds of a large pool first), so
+// the sizes differ by at most one and a worker keeps its own parts' seeds wherever it can. Each
+// seed lands in exactly one pool; pools keep the seeds' given order.
+std::vector<std::vector<int64_t>> balance_seed_pools(const std::vector<int64_t>& seeds, const int32_t* partition,
+                                                     int workers);
 
 }  // namespace gale::scheduler

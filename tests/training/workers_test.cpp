@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "engine/trainer.hpp"
 #include "kernels/error.hpp"
 #include "scheduler/epoch_plan.hpp"
+#include "storage/preprocess.hpp"
 #include "tests/training/cora_options.hpp"
 
 namespace gale::engine {
@@ -147,6 +149,76 @@ TEST(InProcessGroup, SumsAreIdenticalEverywhereAndAbortStopsWaiters) {
   for (auto& th : threads) th.join();
   for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "worker 2 failed: test");
   EXPECT_THROW(group[0]->all_gather(1), ResourceError);  // and every later call
+}
+
+}  // namespace
+}  // namespace gale::engine
+
+namespace gale::scheduler {
+namespace {
+
+TEST(SeedPools, BalancedFromOwnPartsAndEverySeedOnceAnEpoch) {
+  // 3 parts of very different sizes over 1000 nodes, 2 and 3 workers.
+  std::vector<int32_t> part(1000);
+  for (int v = 0; v < 1000; ++v) part[v] = v < 700 ? 0 : v < 900 ? 1 : 2;
+  std::vector<int64_t> seeds;
+  for (int64_t v = 0; v < 1000; v += 3) seeds.push_back(v);
+  for (int workers : {2, 3}) {
+    const auto pools = balance_seed_pools(seeds, part.data(), workers);
+    ASSERT_EQ(static_cast<int>(pools.size()), workers);
+    size_t lo = seeds.size(), hi = 0, total = 0, own = 0;
+    for (int w = 0; w < workers; ++w) {
+      lo = std::min(lo, pools[w].size());
+      hi = std::max(hi, pools[w].size());
+      total += pools[w].size();
+      for (int64_t v : pools[w]) own += part[static_cast<size_t>(v)] % workers == w;
+    }
+    EXPECT_LE(hi - lo, 1u);
+    EXPECT_EQ(total, seeds.size());
+    EXPECT_GE(own, seeds.size() * 6 / 10);  // most seeds stay with their part's worker
+    // Every seed once per epoch; all workers take the same number of steps; step_length adds up.
+    std::vector<int64_t> seen;
+    std::vector<EpochPlan> plans;
+    for (int w = 0; w < workers; ++w) plans.emplace_back(pools, 40, 5, 1, w);
+    for (int64_t b = 0; b < plans[0].num_batches(); ++b) {
+      int64_t step = 0;
+      for (const EpochPlan& p : plans) {
+        EXPECT_EQ(p.num_batches(), plans[0].num_batches());
+        EXPECT_EQ(p.step_length(b), plans[0].step_length(b));
+        seen.insert(seen.end(), p.batch(b), p.batch(b) + p.batch_length(b));
+        step += p.batch_length(b);
+      }
+      EXPECT_EQ(step, plans[0].step_length(b));
+    }
+    std::sort(seen.begin(), seen.end());
+    EXPECT_EQ(seen, seeds);
+  }
+}
+
+}  // namespace
+}  // namespace gale::scheduler
+
+namespace gale::engine {
+namespace {
+
+// Two workers on a partitioned Cora store draw from their own parts and keep identical replicas.
+TEST(Workers, PartitionedStoreSplitsSeedsByPart) {
+  const fs::path dir = fresh_dir("partitioned");
+  storage::PreprocessOptions p;
+  p.inputs = {std::string(GALE_SOURCE_DIR) + "/tests/data/cora"};
+  p.output = (dir / "cora.gale").string();
+  p.normalize_features_row = true;
+  p.partitions = 2;
+  storage::preprocess(p);
+  TrainOptions o = options(2, 16, 3, "partitioned-run");
+  o.store = p.output;
+  o.check_replicas = true;
+  o.eval = TrainOptions::Eval::kFull;
+  o.epochs = 30;
+  o.model.dropout = 0.5f;
+  const TrainResult r = train(o);
+  EXPECT_GE(r.test_acc_at_best_valid, 0.70);
+  EXPECT_NE(r.last.replica_checksum, 0u);
 }
 
 }  // namespace
