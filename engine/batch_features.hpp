@@ -44,7 +44,11 @@ class BatchFeatures {
   // `gpu_bytes`: what the features may occupy on the GPU (all rows when they fit, else a cache of
   // the hottest); ignored on the CPU. `match`: reuse the previous batch's rows on the GPU (only
   // when some rows live in host memory: with all of them on the GPU it would only cost time).
-  BatchFeatures(const storage::Store& store, const Device& device, uint64_t gpu_bytes, bool match);
+  // Data-parallel workers: `share_host_with` (another GPU's BatchFeatures) lends its pinned host
+  // tier instead of a copy per GPU; `preferred` (a flag per node, e.g. the worker's own parts) goes
+  // first into the GPU cache.
+  BatchFeatures(const storage::Store& store, const Device& device, uint64_t gpu_bytes, bool match,
+                const BatchFeatures* share_host_with = nullptr, const std::vector<uint8_t>* preferred = nullptr);
   ~BatchFeatures();
   BatchFeatures(const BatchFeatures&) = delete;
   BatchFeatures& operator=(const BatchFeatures&) = delete;

@@ -257,7 +257,17 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       const uint64_t budget = opt.gpu_mem_budget > 0 ? opt.gpu_mem_budget : device_memory(r.dev) / 10 * 9;
       const uint64_t feature_bytes = opt.feature_gpu_bytes > 0 ? opt.feature_gpu_bytes : budget / 2;
       if (opt.gpu_sampler) r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts, budget / 4);
-      r.batch_features = std::make_unique<BatchFeatures>(store, r.dev, feature_bytes, opt.match);
+      // Workers share one pinned host copy of the features; on a partitioned store each GPU's cache
+      // holds its own parts' hot nodes first.
+      std::vector<uint8_t> own;
+      if (workers > 1 && store.has_partition()) {
+        const int rank = static_cast<int>(&r - replicas.data());
+        own.resize(static_cast<size_t>(n));
+        for (int64_t v = 0; v < n; ++v) own[static_cast<size_t>(v)] = store.partition()[v] % workers == rank;
+      }
+      r.batch_features = std::make_unique<BatchFeatures>(store, r.dev, feature_bytes, opt.match,
+                                                         &r == &replicas[0] ? nullptr : replicas[0].batch_features.get(),
+                                                         own.empty() ? nullptr : &own);
     }
   }
   const Replica& lead = replicas[0];

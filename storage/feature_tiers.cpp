@@ -30,7 +30,9 @@ void upload_rows(const Store& store, const std::vector<int64_t>& ids, float* dst
 }  // namespace
 
 FeatureTiers::FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, cudaStream_t stream, uint64_t gpu_bytes,
-                           kernels::cuda::MemoryBudget* host_budget)
+                           kernels::cuda::MemoryBudget* host_budget,
+                           std::shared_ptr<kernels::cuda::PinnedBuffer> shared_host,
+                           const std::vector<uint8_t>* preferred)
     : num_nodes_(store.num_nodes()), dim_(store.feature_dim()) {
   if (!store.has_features()) throw InputError(store.path().string() + ": the store has no features.npy");
   const uint64_t row_bytes = static_cast<uint64_t>(dim_) * sizeof(float);
@@ -46,9 +48,13 @@ FeatureTiers::FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, 
     return;
   }
   placement_ = Placement::kCacheAndHost;
-  host_ = kernels::cuda::PinnedBuffer(static_cast<size_t>(num_nodes_) * row_bytes, host_budget,
-                                      "--host-mem-budget (host feature tier)");
-  store.read_features(0, num_nodes_, static_cast<float*>(host_.host()));
+  if (shared_host && shared_host->bytes() == static_cast<size_t>(num_nodes_) * row_bytes) {
+    host_ = std::move(shared_host);
+  } else {
+    host_ = std::make_shared<kernels::cuda::PinnedBuffer>(static_cast<size_t>(num_nodes_) * row_bytes, host_budget,
+                                                          "--host-mem-budget (host feature tier)");
+    store.read_features(0, num_nodes_, static_cast<float*>(host_->host()));
+  }
   // The cache: the hottest nodes that fit once the slot table (4 bytes per node) is paid for.
   const uint64_t slots = static_cast<uint64_t>(num_nodes_) * sizeof(int32_t);
   cached_rows_ = gpu_bytes > slots ? static_cast<int64_t>(std::min<uint64_t>((gpu_bytes - slots) / row_bytes,
@@ -58,8 +64,11 @@ FeatureTiers::FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, 
   std::vector<int64_t> order(static_cast<size_t>(num_nodes_));
   std::iota(order.begin(), order.end(), 0);
   const int64_t* indptr = store.indptr();
-  // Ties by id, so the cache is a pure function of the graph.
+  // Preferred nodes first, then by degree; ties by id, so the cache is a pure function of the graph.
+  if (preferred && static_cast<int64_t>(preferred->size()) != num_nodes_)
+    throw InternalError("FeatureTiers: the preferred flags do not cover every node");
   std::partial_sort(order.begin(), order.begin() + cached_rows_, order.end(), [&](int64_t a, int64_t b) {
+    if (preferred && (*preferred)[a] != (*preferred)[b]) return (*preferred)[a] > (*preferred)[b];
     const int64_t da = indptr[a + 1] - indptr[a], db = indptr[b + 1] - indptr[b];
     return da != db ? da > db : a < b;
   });
@@ -80,7 +89,7 @@ std::string FeatureTiers::describe() const {
            kernels::cuda::format_bytes(row_bytes * static_cast<uint64_t>(num_nodes_)) + ")";
   return "GPU cache of the " + std::to_string(cached_rows_) + " hottest of " + std::to_string(num_nodes_) + " rows (" +
          kernels::cuda::format_bytes(row_bytes * static_cast<uint64_t>(cached_rows_)) +
-         "), every row in pinned host memory (" + kernels::cuda::format_bytes(host_.bytes()) + ")";
+         "), every row in pinned host memory (" + kernels::cuda::format_bytes(host_->bytes()) + ")";
 }
 
 void FeatureTiers::gather(const int64_t* ids, int64_t n, const int32_t* prev_rows, kernels::ConstMatrixView prev,
@@ -96,7 +105,7 @@ void FeatureTiers::gather(const int64_t* ids, int64_t n, const int32_t* prev_row
   } else {
     a.cache_slot = cached_rows_ > 0 ? slot_.data() : nullptr;
     a.cache = {device_.data(), cached_rows_, dim_, dim_};
-    a.host = {static_cast<const float*>(host_.device()), num_nodes_, dim_, dim_};
+    a.host = {static_cast<const float*>(host_->device()), num_nodes_, dim_, dim_};
   }
   a.out = out;
   a.counters = counters_.data();

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/buffer.hpp"
 #include "kernels/cuda/pinned.hpp"
@@ -32,13 +33,22 @@ class FeatureTiers {
   // them go to the GPU; otherwise every row goes to pinned host memory (charged to host_budget when
   // given) and the GPU keeps as many of the hottest nodes as gpu_bytes allows (hotness: in-degree,
   // the nodes a sampler reaches most). Reads the store once; copies on `stream`.
+  //
+  // Several GPUs of one process: `shared_host`, another FeatureTiers' host_tier(), is used instead
+  // of a pinned copy of its own (the memory is portable and mapped, so every GPU reads it), and
+  // `preferred` (a flag per node, e.g. the nodes of this worker's parts) puts those nodes ahead of
+  // the rest in the cache, hottest first within each group.
   FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, cudaStream_t stream, uint64_t gpu_bytes,
-               kernels::cuda::MemoryBudget* host_budget = nullptr);
+               kernels::cuda::MemoryBudget* host_budget = nullptr,
+               std::shared_ptr<kernels::cuda::PinnedBuffer> shared_host = nullptr,
+               const std::vector<uint8_t>* preferred = nullptr);
   ~FeatureTiers();
   FeatureTiers(const FeatureTiers&) = delete;
   FeatureTiers& operator=(const FeatureTiers&) = delete;
 
   Placement placement() const { return placement_; }
+  // The pinned host tier (null when every row is on the GPU), for other GPUs' tiers to share.
+  std::shared_ptr<kernels::cuda::PinnedBuffer> host_tier() const { return host_; }
   int64_t dim() const { return dim_; }
   int64_t cached_rows() const { return cached_rows_; }
   std::string describe() const;  // "all 2.1M rows on the GPU (800 MiB)" / "cache 1.2M of 33M rows (...)"
@@ -56,7 +66,7 @@ class FeatureTiers {
   Placement placement_ = Placement::kDevice;
   kernels::cuda::DeviceBuffer<float> device_;      // all rows, or the cache
   kernels::cuda::DeviceBuffer<int32_t> slot_;      // per node: cache row or -1 (cache placement)
-  kernels::cuda::PinnedBuffer host_;               // all rows (cache placement)
+  std::shared_ptr<kernels::cuda::PinnedBuffer> host_;  // all rows (cache placement), maybe shared
   kernels::cuda::DeviceBuffer<int64_t> counters_;  // kFeatureTiers rows served
 };
 

@@ -22,6 +22,7 @@
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/feature_gather.hpp"
 #include "kernels/random.hpp"
+#include "storage/feature_tiers.hpp"
 #include "storage/preprocess.hpp"
 #include "storage/store.hpp"
 #include "tests/training/cora_store.hpp"
@@ -155,6 +156,45 @@ TEST_P(GpuBatchFeatures, RowsEqualTheStoreAndMatchServesTheSharedRows) {
   EXPECT_EQ(s.previous, match && !resident ? shared_total : 0);  // all rows on the GPU: nothing to save
   if (resident) EXPECT_EQ(s.host, 0);
   if (!resident) EXPECT_GT(s.host, 0);
+}
+
+// A second GPU's tiers (here a second set on the same GPU) share the first one's pinned host copy,
+// and a cache with preferred nodes holds them ahead of hotter ones; rows still equal the store.
+TEST(GpuFeatureTiers, SharedHostTierAndPreferredCache) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
+  const storage::Store store = storage::Store::open(testing::cora_store());
+  const int64_t n = store.num_nodes(), d = store.feature_dim();
+  using namespace kernels;
+  // The engine's pool: this binary's other tests create the device's one pool through it.
+  engine::DeviceContext& ctx = engine::DeviceContext::get(0);
+  cuda::MemoryPool& pool = ctx.pool();
+  cuda::Stream& stream = ctx.io_stream();
+  const uint64_t bytes = static_cast<uint64_t>(n) * 4 + 100 * static_cast<uint64_t>(d) * 4;  // 100 cached rows
+  const storage::FeatureTiers first(store, pool, stream, bytes);
+  std::vector<uint8_t> preferred(static_cast<size_t>(n), 0);
+  for (int64_t v = 1; v < n; v += 7) preferred[static_cast<size_t>(v)] = 1;  // 387 nodes, more than the cache
+  storage::FeatureTiers second(store, pool, stream, bytes, nullptr, first.host_tier(), &preferred);
+  ASSERT_NE(first.host_tier(), nullptr);
+  EXPECT_EQ(second.host_tier(), first.host_tier()) << "one pinned copy for both";
+  EXPECT_EQ(second.cached_rows(), 100);
+  // Gather preferred nodes only: every one of the first 100 hottest preferred nodes is a cache hit,
+  // so hits = 100 and the other preferred nodes come from the shared host tier.
+  std::vector<int64_t> ids;
+  for (int64_t v = 1; v < n; v += 7) ids.push_back(v);
+  cuda::DeviceBuffer<int64_t> ids_d(pool, ids.size(), stream);
+  cuda::copy_to_device(ids_d.data(), ids.data(), ids.size(), stream);
+  cuda::DeviceBuffer<float> out(pool, ids.size() * static_cast<size_t>(d), stream);
+  second.gather(ids_d.data(), static_cast<int64_t>(ids.size()), nullptr, {},
+                {out.data(), static_cast<int64_t>(ids.size()), d, d}, stream);
+  const std::vector<float> got = cuda::to_host_and_wait(out.view(), stream);
+  std::vector<float> want(static_cast<size_t>(d));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    store.read_features(ids[i], ids[i] + 1, want.data());
+    ASSERT_EQ(0, std::memcmp(got.data() + i * d, want.data(), static_cast<size_t>(d) * 4)) << "row " << i;
+  }
+  const storage::FeatureTierStats st = second.take_stats(stream);
+  EXPECT_EQ(st.rows[kTierCache], 100);
+  EXPECT_EQ(st.rows[kTierHost], static_cast<int64_t>(ids.size()) - 100);
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, GpuBatchFeatures, ::testing::Combine(::testing::Bool(), ::testing::Bool()),
