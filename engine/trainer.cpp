@@ -182,6 +182,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     auto comms = dev.is_cpu() ? make_in_process_group(workers) : make_nccl_group(devices);
     for (int w = 0; w < workers; ++w) replicas[static_cast<size_t>(w)].comm = std::move(comms[static_cast<size_t>(w)]);
   }
+  // This thread trains worker 0 (and runs evaluation and checkpoints) on devices[0]: make it the
+  // current device for the whole run, so --device cuda:N launches its kernels there.
+  const UseDevice use_lead(dev);
   Model& model = *replicas[0].model;
   Adam& adam = *replicas[0].adam;
   TrainResult result;
