@@ -425,8 +425,8 @@ int bench_gather(const std::vector<std::string>& args) {
 int bench_pipeline(const std::vector<std::string>& args) {
   engine::TrainOptions o;
   std::string store_path, generate, model = "sage", fanouts_text = "15,10,5", device_text = "auto", budget,
-      feature_gpu, sampler_text = "auto", spmm = "auto";
-  int layers = 3, heads = 4, epochs = 3, warmup = 1;
+      feature_gpu, sampler_text = "auto", spmm = "auto", gpus_text;
+  int layers = 3, heads = 4, epochs = 3, warmup = 1, cpu_workers = 0;
   int64_t hidden = 256;
   bool json = false, no_match = false;
   po::options_description desc(
@@ -450,13 +450,15 @@ int bench_pipeline(const std::vector<std::string>& args) {
       ("epochs", po::value(&epochs), "timed epochs (default 3)")
       ("warmup", po::value(&warmup), "untimed epochs first (default 1)")
       ("device", po::value(&device_text), "cpu | cuda | cuda:N | auto (default)")
+      ("gpus", po::value(&gpus_text), "data-parallel on these GPUs, one worker each: all | 0,1,... (--batch-size per GPU)")
+      ("workers", po::value(&cpu_workers), "data-parallel CPU workers (--device cpu)")
       ("gpu-mem-budget", po::value(&budget), "cap on the GPU memory Gale allocates, e.g. 8G")
       ("feature-gpu-mem", po::value(&feature_gpu), "room for features on the GPU, e.g. 2G (default: half the budget)")
       ("reorder-window", po::value(&o.reorder_window), "reorder each window of this many batches for reuse (0: off)")
       ("prefetch", po::value(&o.prefetch), "mini-batches prepared ahead (default 2)")
       ("no-match", po::bool_switch(&no_match), "do not reuse the previous batch's features on the GPU")
       ("sampler", po::value(&sampler_text), "auto (the GPU's when training there) | gpu | cpu")
-      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas")
+      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
       ("tf32", po::bool_switch(&o.exec.tf32), "GEMMs on TF32 tensor cores")
       ("seed", po::value(&o.seed), "initialisation, sampling and shuffling seed (default 0)")
       ("json", po::bool_switch(&json), "one JSON object per timed epoch and one for the median instead of the table");
@@ -479,6 +481,7 @@ int bench_pipeline(const std::vector<std::string>& args) {
   if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1, found " + std::to_string(o.prefetch));
   if (o.reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
   o.device = parse_device(device_text);
+  o.devices = parse_workers(gpus_text, cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o.device);
   engine::require(o.device);
   if (!budget.empty()) {
     o.gpu_mem_budget = parse_size(budget, "--gpu-mem-budget");
@@ -511,7 +514,8 @@ int bench_pipeline(const std::vector<std::string>& args) {
 
   const BenchStore source(store_path, generate, "bench pipeline");
   o.store = source.path();
-  const std::string device = engine::device_name(o.device);
+  const std::string device = engine::device_name(o.device) +
+                             (o.devices.size() > 1 ? " x" + std::to_string(o.devices.size()) : "");
   const char* sampler_used = o.device.is_cpu() || !o.gpu_sampler ? "cpu" : "gpu";
   if (!json) {
     std::printf("device: %s\ngraph: %s\n", device.c_str(), source.label().c_str());

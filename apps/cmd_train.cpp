@@ -154,26 +154,7 @@ int run_train(const std::vector<std::string>& args) {
   }
   o.exec.spmm = parse_spmm_kind(spmm);
   o.match = !no_match;
-  if (!gpus.empty()) {
-    if (cpu_workers > 0) throw InputError("--gpus and --workers: choose one (--workers is for the CPU)");
-    if (vm.count("device") && !o.device.is_cuda()) throw InputError("--gpus: needs GPUs, but --device is " + device);
-    if (gpus == "all") {
-      const int count = engine::gpu_count();
-      if (count == 0) throw DeviceError("--gpus all: no CUDA device on this machine");
-      for (int g = 0; g < count; ++g) o.devices.push_back(Device::cuda(g));
-    } else {
-      for (int64_t g : parse_int_list(gpus, "--gpus")) {
-        if (g < 0) throw InputError("--gpus: expected all or GPU numbers such as 0,1, found '" + gpus + "'");
-        o.devices.push_back(Device::cuda(static_cast<int>(g)));
-      }
-    }
-    o.device = o.devices.front();
-  }
-  if (vm.count("workers")) {
-    if (cpu_workers < 1) throw InputError("--workers: expected at least 1, found " + std::to_string(cpu_workers));
-    if (!o.device.is_cpu()) throw InputError("--workers: CPU workers need --device cpu (use --gpus on GPUs)");
-    o.devices.assign(static_cast<size_t>(cpu_workers), Device::cpu());
-  }
+  o.devices = parse_workers(gpus, cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o.device);
   if (sampler == "gpu" || sampler == "cpu") {
     o.gpu_sampler = sampler == "gpu";
     if (o.gpu_sampler && o.device.is_cpu()) throw InputError("--sampler gpu: needs --device cuda (training on the CPU)");

@@ -33,6 +33,11 @@ uint64_t parse_size(const std::string& text, const std::string& flag);
 std::vector<int> parse_int_list(const std::string& text, const std::string& flag);
 // --device: "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (the first GPU when present, else the CPU).
 Device parse_device(const std::string& text);
+// --gpus all|0,1,... and --workers N (CPU): the data-parallel workers' devices, or {} for one worker.
+// `device` is --device as parsed; with --gpus it becomes the first GPU. device_given: --device was
+// on the command line. Throws InputError naming the flag (DeviceError for --gpus all without GPUs).
+std::vector<Device> parse_workers(const std::string& gpus, int cpu_workers, bool workers_given, bool device_given,
+                                  Device* device);
 // --spmm: "auto", "fused-gar", "fused-gas" (the training kernels; "cusparse" is a benchmark baseline only).
 kernels::SpmmKind parse_spmm_kind(const std::string& text);
 

@@ -71,6 +71,32 @@ Device parse_device(const std::string& text) {
   throw InputError("--device: expected cpu, cuda, cuda:N or auto, found '" + text + "'");
 }
 
+std::vector<Device> parse_workers(const std::string& gpus, int cpu_workers, bool workers_given, bool device_given,
+                                  Device* device) {
+  std::vector<Device> devices;
+  if (!gpus.empty()) {
+    if (workers_given) throw InputError("--gpus and --workers: choose one (--workers is for the CPU)");
+    if (device_given && !device->is_cuda()) throw InputError("--gpus: needs GPUs, but --device is " + device->name());
+    if (gpus == "all") {
+      const int count = engine::gpu_count();
+      if (count == 0) throw DeviceError("--gpus all: no CUDA device on this machine");
+      for (int g = 0; g < count; ++g) devices.push_back(Device::cuda(g));
+    } else {
+      for (int g : parse_int_list(gpus, "--gpus")) {
+        if (g < 0) throw InputError("--gpus: expected all or GPU numbers such as 0,1, found '" + gpus + "'");
+        devices.push_back(Device::cuda(g));
+      }
+    }
+    *device = devices.front();
+  }
+  if (workers_given) {
+    if (cpu_workers < 1) throw InputError("--workers: expected at least 1, found " + std::to_string(cpu_workers));
+    if (!device->is_cpu()) throw InputError("--workers: CPU workers need --device cpu (use --gpus on GPUs)");
+    devices.assign(static_cast<size_t>(cpu_workers), Device::cpu());
+  }
+  return devices;
+}
+
 kernels::SpmmKind parse_spmm_kind(const std::string& text) {
   if (text == "auto") return kernels::SpmmKind::kAuto;
   if (text == "fused-gar" || text == "gar") return kernels::SpmmKind::kGar;

@@ -134,6 +134,13 @@ TEST_F(Cli, TwoCpuWorkersTrainAndReportEachOnesThroughput) {
   EXPECT_TRUE(j.contains("replica_checksum"));
 }
 
+TEST_F(Cli, BenchPipelineWithTwoCpuWorkers) {
+  const CliRun r = gale("bench pipeline " + sbm_store() + " --device cpu --workers 2 --layers 2 --fanouts 5,5 "
+                        "--hidden 16 --epochs 1 --warmup 0 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("cpu x2"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, NonNumericEdgeNamesFileAndLine) {
   write("edges.csv", "0,1\n1,2\nx3,4\n");
   const std::string store = path("bad.gale");
