@@ -112,10 +112,7 @@ int bench_spmm(const std::vector<std::string>& args) {
   // cuSPARSE, when listed, runs first: the speedups and errors are measured against it.
   std::vector<SpmmKind> kinds;
   bool with_cusparse = false;
-  for (size_t at = 0; at <= kernels_text.size();) {
-    const size_t comma = std::min(kernels_text.find(',', at), kernels_text.size());
-    const std::string name = kernels_text.substr(at, comma - at);
-    at = comma + 1;
+  for (const std::string& name : split_list(kernels_text)) {
     if (name == "cusparse") with_cusparse = true;
     else if (name == "gar") kinds.push_back(SpmmKind::kGar);
     else if (name == "gas") kinds.push_back(SpmmKind::kGas);

@@ -67,10 +67,7 @@ double mean(const std::vector<double>& v) {
 std::vector<std::string> parse_names(const std::string& text, const std::string& flag,
                                      const std::vector<std::string>& allowed) {
   std::vector<std::string> out;
-  for (size_t at = 0; at <= text.size();) {
-    const size_t comma = std::min(text.find(',', at), text.size());
-    const std::string name = text.substr(at, comma - at);
-    at = comma + 1;
+  for (const std::string& name : split_list(text)) {
     if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) {
       std::string expected;
       for (size_t i = 0; i < allowed.size(); ++i)
@@ -235,7 +232,7 @@ int bench_sample(const std::vector<std::string>& args) {
       device = engine::device_name(gpu);
       const uint64_t topology_bytes = topology == "gpu"    ? std::numeric_limits<uint64_t>::max()
                                       : topology == "host" ? 0
-                                                           : engine::device_memory(gpu) / 10 * 9 / 4;
+                                                           : engine::GpuBatches::topology_room(gpu, 0);
       const engine::GpuBatches gpu_sampler(store, gpu, fanouts, topology_bytes);
       where = gpu_sampler.describe();
       for (int i = 0; i < total; ++i) {
@@ -330,10 +327,7 @@ int bench_gather(const std::vector<std::string>& args) {
   check_counts(batch_size, batches, warmup);
   // Each room as the user wrote it ("all" is resolved once the store is open).
   std::vector<std::pair<std::string, std::optional<uint64_t>>> rooms;
-  for (size_t at = 0; at <= sizes_text.size();) {
-    const size_t comma = std::min(sizes_text.find(',', at), sizes_text.size());
-    const std::string item = sizes_text.substr(at, comma - at);
-    at = comma + 1;
+  for (const std::string& item : split_list(sizes_text)) {
     if (item == "all") rooms.emplace_back(item, std::nullopt);
     else rooms.emplace_back(item, parse_size(item, "--feature-gpu-mem"));
   }
@@ -353,7 +347,7 @@ int bench_gather(const std::vector<std::string>& args) {
   std::vector<engine::Tensor> inputs;
   std::string topology;
   {
-    const engine::GpuBatches gpu_sampler(store, gpu, fanouts, engine::device_memory(gpu) / 10 * 9 / 4);
+    const engine::GpuBatches gpu_sampler(store, gpu, fanouts, engine::GpuBatches::topology_room(gpu, 0));
     topology = gpu_sampler.describe();
     for (int i = 0; i < total; ++i) {
       const BatchSequence::Batch b = sequence[i];

@@ -29,6 +29,8 @@ bool parse_command_line(const std::vector<std::string>& args, const boost::progr
 
 // "16G", "512M", "1024" -> bytes; throws InputError naming `flag`.
 uint64_t parse_size(const std::string& text, const std::string& flag);
+// "a,b,,c" -> {"a", "b", "", "c"} (empty items kept, for the caller to reject by name).
+std::vector<std::string> split_list(const std::string& text);
 // "15,10,5" -> {15, 10, 5}; throws InputError naming `flag`.
 std::vector<int> parse_int_list(const std::string& text, const std::string& flag);
 // --device: "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (the first GPU when present, else the CPU).

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <iostream>
@@ -69,6 +70,16 @@ Device parse_device(const std::string& text) {
     if (ec == std::errc() && ptr == end && begin != end && ordinal >= 0) return Device::cuda(ordinal);
   }
   throw InputError("--device: expected cpu, cuda, cuda:N or auto, found '" + text + "'");
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    out.push_back(text.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
 }
 
 std::vector<Device> parse_workers(const std::string& gpus, int cpu_workers, bool workers_given, bool device_given,

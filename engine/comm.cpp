@@ -1,9 +1,8 @@
 #include "engine/comm.hpp"
+#include "engine/comm_group.hpp"
 
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 
 #include "kernels/error.hpp"
 
@@ -11,39 +10,17 @@ namespace gale::engine {
 
 namespace {
 
-// What the in-process workers share: a generation barrier that abort() breaks, and each worker's
-// posted tensors and values.
-struct Shared {
-  explicit Shared(int n) : workers(n), posted(static_cast<size_t>(n)), values(static_cast<size_t>(n)) {}
-  const int workers;
-  std::mutex mutex;
-  std::condition_variable cv;
-  int arrived = 0;
-  uint64_t generation = 0;
-  std::string aborted;  // non-empty once a worker gave up
+// What the in-process workers share: the group, and each worker's posted tensors.
+struct Shared : WorkerGroup {
+  explicit Shared(int n) : WorkerGroup(n), posted(static_cast<size_t>(n)) {}
   std::vector<const std::vector<Tensor*>*> posted;
-  std::vector<uint64_t> values;
-
-  void barrier() {
-    std::unique_lock<std::mutex> lock(mutex);
-    if (!aborted.empty()) throw ResourceError(aborted);
-    const uint64_t gen = generation;
-    if (++arrived == workers) {
-      arrived = 0;
-      ++generation;
-      cv.notify_all();
-      return;
-    }
-    cv.wait(lock, [&] { return generation != gen || !aborted.empty(); });
-    if (generation == gen) throw ResourceError(aborted);
-  }
 };
 
 class InProcessCommunicator final : public Communicator {
  public:
   InProcessCommunicator(std::shared_ptr<Shared> shared, int rank) : shared_(std::move(shared)), rank_(rank) {}
   int rank() const override { return rank_; }
-  int size() const override { return shared_->workers; }
+  int size() const override { return shared_->size(); }
 
   void all_reduce_sum(const std::vector<Tensor*>& tensors) override {
     const auto t0 = std::chrono::steady_clock::now();
@@ -58,7 +35,7 @@ class InProcessCommunicator final : public Communicator {
     for (size_t i = 0; i < tensors.size(); ++i) {
       const int64_t n = tensors[i]->numel();
       sums[i].assign(static_cast<size_t>(n), 0.0f);
-      for (int r = 0; r < s.workers; ++r) {  // rank order: every worker adds the same way
+      for (int r = 0; r < s.size(); ++r) {  // rank order: every worker adds the same way
         const Tensor* theirs = (*s.posted[static_cast<size_t>(r)])[i];
         if (theirs->numel() != n) throw InternalError("in-process all-reduce: workers' shapes differ");
         const float* src = theirs->f32();
@@ -73,14 +50,7 @@ class InProcessCommunicator final : public Communicator {
 
   void wait() override {}
 
-  std::vector<uint64_t> all_gather(uint64_t value) override {
-    Shared& s = *shared_;
-    s.values[static_cast<size_t>(rank_)] = value;
-    s.barrier();
-    std::vector<uint64_t> out = s.values;
-    s.barrier();  // nobody overwrites a value before everyone has read them
-    return out;
-  }
+  std::vector<uint64_t> all_gather(uint64_t value) override { return shared_->all_gather(rank_, value); }
 
   double take_seconds() override {
     const double out = seconds_;
@@ -88,11 +58,7 @@ class InProcessCommunicator final : public Communicator {
     return out;
   }
 
-  void abort(const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(shared_->mutex);
-    if (shared_->aborted.empty()) shared_->aborted = reason;
-    shared_->cv.notify_all();
-  }
+  void abort(const std::string& reason) override { shared_->abort(reason, [] {}); }
 
  private:
   std::shared_ptr<Shared> shared_;

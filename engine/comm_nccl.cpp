@@ -2,10 +2,8 @@
 // sums on a communication stream per device, ordered after the compute stream by events.
 #include <nccl.h>
 
-#include <condition_variable>
-#include <mutex>
-
 #include "engine/comm.hpp"
+#include "engine/comm_group.hpp"
 #include "engine/device_context.hpp"
 #include "kernels/error.hpp"
 
@@ -19,30 +17,10 @@ void check_nccl(ncclResult_t r, const char* call) {
 }
 #define GALE_CHECK_NCCL(call) check_nccl((call), #call)
 
-struct Group {
-  explicit Group(int n) : workers(n), comms(static_cast<size_t>(n)), values(static_cast<size_t>(n)) {}
-  const int workers;
+// The workers' NCCL communicators, one per rank; destroyed with the group unless aborted.
+struct Group : WorkerGroup {
+  explicit Group(int n) : WorkerGroup(n), comms(static_cast<size_t>(n)) {}
   std::vector<ncclComm_t> comms;
-  std::mutex mutex;
-  std::condition_variable cv;
-  int arrived = 0;
-  uint64_t generation = 0;
-  std::string aborted;
-  std::vector<uint64_t> values;
-
-  void barrier() {
-    std::unique_lock<std::mutex> lock(mutex);
-    if (!aborted.empty()) throw ResourceError(aborted);
-    const uint64_t gen = generation;
-    if (++arrived == workers) {
-      arrived = 0;
-      ++generation;
-      cv.notify_all();
-      return;
-    }
-    cv.wait(lock, [&] { return generation != gen || !aborted.empty(); });
-    if (generation == gen) throw ResourceError(aborted);
-  }
   ~Group() {
     for (ncclComm_t c : comms)
       if (c != nullptr) ncclCommDestroy(c);
@@ -52,17 +30,17 @@ struct Group {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::shared_ptr<Group> group, int rank, const Device& device)
-      : group_(std::move(group)), rank_(rank), device_(device), stream_(device.ordinal) {}
+      : group_(std::move(group)), rank_(rank), device_(device), stream_(device.ordinal), ready_(device.ordinal),
+        done_(device.ordinal) {}
   int rank() const override { return rank_; }
-  int size() const override { return group_->workers; }
+  int size() const override { return group_->size(); }
 
   void all_reduce_sum(const std::vector<Tensor*>& tensors) override {
-    if (!group_->aborted.empty()) throw ResourceError(group_->aborted);
+    group_->throw_if_aborted();
     DeviceContext& ctx = DeviceContext::get(device_.ordinal);
     kernels::cuda::DeviceGuard guard(device_.ordinal);
-    kernels::cuda::Event ready(device_.ordinal);
-    ready.record(ctx.stream());
-    stream_.wait(ready);
+    ready_.record(ctx.stream());  // a wait takes the event's state when enqueued: one event serves every call
+    stream_.wait(ready_);
     spans_.emplace_back(kernels::cuda::Event(device_.ordinal, kernels::cuda::Event::Timing::kEnabled),
                         kernels::cuda::Event(device_.ordinal, kernels::cuda::Event::Timing::kEnabled));
     spans_.back().first.record(stream_);
@@ -78,19 +56,11 @@ class NcclCommunicator final : public Communicator {
   }
 
   void wait() override {
-    kernels::cuda::Event done(device_.ordinal);
-    done.record(stream_);
-    DeviceContext::get(device_.ordinal).stream().wait(done);
+    done_.record(stream_);
+    DeviceContext::get(device_.ordinal).stream().wait(done_);
   }
 
-  std::vector<uint64_t> all_gather(uint64_t value) override {
-    Group& g = *group_;
-    g.values[static_cast<size_t>(rank_)] = value;
-    g.barrier();
-    std::vector<uint64_t> out = g.values;
-    g.barrier();
-    return out;
-  }
+  std::vector<uint64_t> all_gather(uint64_t value) override { return group_->all_gather(rank_, value); }
 
   double take_seconds() override {
     double ms = 0;
@@ -100,17 +70,15 @@ class NcclCommunicator final : public Communicator {
   }
 
   void abort(const std::string& reason) override {
-    Group& g = *group_;
-    std::lock_guard<std::mutex> lock(g.mutex);
-    if (!g.aborted.empty()) return;
-    g.aborted = reason;
     // Ends every rank's NCCL kernels, so a worker blocked on a sum its failed peer never joined
     // sees an error instead of waiting forever.
-    for (ncclComm_t& c : g.comms) {
-      if (c != nullptr) ncclCommAbort(c);
-      c = nullptr;
-    }
-    g.cv.notify_all();
+    Group& g = *group_;
+    g.abort(reason, [&g] {
+      for (ncclComm_t& c : g.comms) {
+        if (c != nullptr) ncclCommAbort(c);
+        c = nullptr;
+      }
+    });
   }
 
  private:
@@ -118,6 +86,7 @@ class NcclCommunicator final : public Communicator {
   int rank_;
   Device device_;
   kernels::cuda::Stream stream_;
+  kernels::cuda::Event ready_, done_;  // compute -> communication and back; one worker thread uses them
   std::vector<std::pair<kernels::cuda::Event, kernels::cuda::Event>> spans_;
 };
 

@@ -30,6 +30,15 @@ DeviceContext::DeviceContext(int ordinal, uint64_t budget, const std::string& bu
   stream_ = std::make_unique<kernels::cuda::Stream>(ordinal);
   blas_ = std::make_unique<kernels::cuda::CublasHandle>(*stream_, *pool_);
   io_stream_ = std::make_unique<kernels::cuda::Stream>(ordinal);
+  io_done_ = std::make_unique<kernels::cuda::Event>(ordinal);
+}
+
+void DeviceContext::order_compute_after_io() {
+  // A wait takes the event's state when it is enqueued, so one event serves every call; the lock
+  // keeps another thread's record from landing between this record and its wait.
+  std::lock_guard<std::mutex> lock(io_mutex_);
+  io_done_->record(*io_stream_);
+  stream_->wait(*io_done_);
 }
 
 DeviceContext& DeviceContext::get(int ordinal) {

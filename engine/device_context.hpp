@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "kernels/cuda/runtime.hpp"
@@ -30,6 +31,10 @@ class DeviceContext {
   kernels::cuda::Stream& stream() { return *stream_; }
   kernels::cuda::CublasHandle& blas() { return *blas_; }
   kernels::cuda::Stream& io_stream() { return *io_stream_; }
+  // Orders the compute stream after the work enqueued on the IO stream so far (one reused event;
+  // any thread). What Tensor::empty_io's frees use, so memory the IO stream still reads is never
+  // handed out again on the compute stream.
+  void order_compute_after_io();
   // Blocks until all work on the compute stream has finished.
   void synchronize() { stream_->synchronize(); }
 
@@ -42,6 +47,8 @@ class DeviceContext {
   std::unique_ptr<kernels::cuda::Stream> stream_;
   std::unique_ptr<kernels::cuda::CublasHandle> blas_;
   std::unique_ptr<kernels::cuda::Stream> io_stream_;
+  std::mutex io_mutex_;
+  std::unique_ptr<kernels::cuda::Event> io_done_;
 };
 
 }  // namespace gale::engine

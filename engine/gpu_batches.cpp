@@ -6,6 +6,7 @@
 #include <deque>
 #include <mutex>
 
+#include "engine/devices.hpp"
 #include "kernels/error.hpp"
 #if GALE_WITH_CUDA
 #include "engine/device_context.hpp"
@@ -126,6 +127,10 @@ GpuBatches::GpuBatches(const storage::Store& store, const Device& device, std::v
 }
 
 GpuBatches::~GpuBatches() = default;
+
+uint64_t GpuBatches::topology_room(const Device& device, uint64_t gpu_mem_budget) {
+  return (gpu_mem_budget > 0 ? gpu_mem_budget : device_memory(device) / 10 * 9) / 4;
+}
 
 bool GpuBatches::topology_on_gpu() const { return impl_->on_gpu; }
 

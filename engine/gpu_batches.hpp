@@ -56,6 +56,10 @@ class GpuBatch {
 
 class GpuBatches {
  public:
+  // What training gives the topology on `device` under a GPU budget (0: none, i.e. 90% of the
+  // card): a quarter of it. Features take half (BatchFeatures), the rest is for the model.
+  static uint64_t topology_room(const Device& device, uint64_t gpu_mem_budget);
+
   // Throws DeviceError on a build without CUDA, ResourceError when the topology does not fit in
   // pinned host memory either.
   GpuBatches(const storage::Store& store, const Device& device, std::vector<int> fanouts, uint64_t topology_gpu_bytes);

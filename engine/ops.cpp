@@ -390,7 +390,9 @@ void adam_update(Tensor* w, const Tensor& g, Tensor* m, Tensor* v, const kernels
 #endif
 }
 
-LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad) {
+namespace {
+
+void check_loss_args(const Tensor& logits, const Tensor& labels, const Tensor& rows, const Tensor* grad) {
   same_device(logits, labels, "softmax_cross_entropy");
   same_device(logits, rows, "softmax_cross_entropy");
   GALE_ASSERT(labels.dtype() == DType::kI32 && labels.numel() == logits.rows());
@@ -399,38 +401,33 @@ LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, con
     same_device(logits, *grad, "softmax_cross_entropy");
     same_shape(logits, *grad, "softmax_cross_entropy");
   }
-  const int64_t n = rows.numel();
-  const kernels::MatrixView grad_view = grad ? grad->view() : kernels::MatrixView{};
+}
+
+}  // namespace
+
+LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad) {
   LossResult r;
-  const OpTimer timer(OpKind::kOther, logits.device(), "softmax_cross_entropy");
   if (logits.device().is_cpu()) {
+    check_loss_args(logits, labels, rows, grad);
+    const OpTimer timer(OpKind::kOther, logits.device(), "softmax_cross_entropy");
+    const int64_t n = rows.numel();
     const int64_t* ids = rows.data<int64_t>();
     const int32_t* y = labels.data<int32_t>();
     for (int64_t i = 0; i < n; ++i) {
       GALE_ASSERT(ids[i] >= 0 && ids[i] < logits.rows());
       GALE_ASSERT(y[ids[i]] >= 0 && y[ids[i]] < logits.cols());
     }
-    r.loss = kernels::softmax_cross_entropy_cpu(logits.view(), y, ids, n, grad_view, &r.correct);
+    r.loss = kernels::softmax_cross_entropy_cpu(logits.view(), y, ids, n, grad ? grad->view() : kernels::MatrixView{},
+                                                &r.correct);
     return r;
   }
-#if GALE_WITH_CUDA
-  // One scratch tensor: the loss (double), the hit count (int64), then the kernel's workspace.
-  const size_t ws = kernels::softmax_cross_entropy_workspace_bytes(logits.rows(), n);
-  Tensor scratch = Tensor::empty(static_cast<int64_t>(256 + ws), 1, DType::kU8, logits.device());
-  auto* base = scratch.data<unsigned char>();
-  auto* loss = reinterpret_cast<double*>(base);
-  auto* correct = reinterpret_cast<int64_t*>(base + 8);
-  kernels::softmax_cross_entropy_cuda(logits.view(), labels.data<int32_t>(), rows.data<int64_t>(), n, grad_view, loss,
-                                      correct, base + 256, ws, stream(logits));
-  unsigned char host[16];
-  kernels::cuda::copy_to_host(host, base, 16, stream(logits));
-  context(logits).synchronize();
-  std::memcpy(&r.loss, host, 8);
-  std::memcpy(&r.correct, host + 8, 8);
+  // The GPU computes into 16 bytes of device memory, which come back to the host here.
+  Tensor results = Tensor::empty(16, 1, DType::kU8, logits.device());
+  softmax_cross_entropy_async(logits, labels, rows, grad, &results, 0);
+  const Tensor host = results.to(Device::cpu());  // waits for the device
+  std::memcpy(&r.loss, host.data<unsigned char>(), 8);
+  std::memcpy(&r.correct, host.data<unsigned char>() + 8, 8);
   return r;
-#else
-  no_cuda();
-#endif
 }
 
 void softmax_cross_entropy_async(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad,
@@ -445,14 +442,7 @@ void softmax_cross_entropy_async(const Tensor& logits, const Tensor& labels, con
     return;
   }
 #if GALE_WITH_CUDA
-  same_device(logits, labels, "softmax_cross_entropy_async");
-  same_device(logits, rows, "softmax_cross_entropy_async");
-  GALE_ASSERT(labels.dtype() == DType::kI32 && labels.numel() == logits.rows());
-  GALE_ASSERT(rows.dtype() == DType::kI64);
-  if (grad) {
-    same_device(logits, *grad, "softmax_cross_entropy_async");
-    same_shape(logits, *grad, "softmax_cross_entropy_async");
-  }
+  check_loss_args(logits, labels, rows, grad);
   const OpTimer timer(OpKind::kOther, logits.device(), "softmax_cross_entropy");
   const int64_t n = rows.numel();
   const size_t ws = kernels::softmax_cross_entropy_workspace_bytes(logits.rows(), n);

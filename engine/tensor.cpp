@@ -39,9 +39,7 @@ struct Tensor::Storage {
       // The IO stream may still be reading it (a later batch's match) and the compute stream may
       // be too: free it on the compute stream once the IO stream's work so far is done as well.
       try {
-        kernels::cuda::Event done(device.ordinal);
-        done.record(ctx.io_stream());
-        ctx.stream().wait(done);
+        ctx.order_compute_after_io();
       } catch (...) {
         ctx.io_stream().synchronize();  // never throw from a destructor; order the free the slow way
       }

@@ -221,7 +221,6 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     start_epoch = s.epoch + 1;
   }
   auto save = [&](const std::filesystem::path& file, int64_t epoch) {
-    const UseDevice use(dev);
     CheckpointState s;
     s.epoch = epoch;
     s.adam_steps = adam.steps();
@@ -259,7 +258,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       // model, its activations and the batches' blocks.
       const uint64_t budget = opt.gpu_mem_budget > 0 ? opt.gpu_mem_budget : device_memory(r.dev) / 10 * 9;
       const uint64_t feature_bytes = opt.feature_gpu_bytes > 0 ? opt.feature_gpu_bytes : budget / 2;
-      if (opt.gpu_sampler) r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts, budget / 4);
+      if (opt.gpu_sampler)
+        r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts,
+                                                     GpuBatches::topology_room(r.dev, opt.gpu_mem_budget));
       // Workers share one pinned host copy of the features; on a partitioned store each GPU's cache
       // holds its own parts' hot nodes first.
       std::vector<uint8_t> own;
@@ -572,7 +573,6 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     // Evaluation in inference mode (no dropout), full-neighbourhood, on worker 0 (every replica
     // holds the same weights): over the whole graph at once, or a batch of nodes at a time when
     // the graph's features do not all fit on the GPU.
-    const UseDevice use(dev);
     const auto t_eval = Clock::now();
     if (opt.eval == TrainOptions::Eval::kNone) {
       // No evaluation: the accuracies stay 0 and the last epoch counts as the best.
