@@ -167,15 +167,36 @@ void print_json(const Json& row) {
   std::fflush(stdout);
 }
 
-// ---------------------------------------------------------------------------------------------
-// gale bench sample
-
-int bench_sample(const std::vector<std::string>& args) {
-  std::string store_path, generate, fanouts_text = "15,10,5", samplers_text = "gpu,cpu", topology = "auto";
+// The flags `gale bench sample` and `gale bench gather` share: which graph, which batches, the
+// output format.
+struct BatchFlags {
+  std::string store_path, generate, fanouts_text = "15,10,5";
   int64_t batch_size = 1024;
   int batches = 50, warmup = 5;
   uint64_t seed = 0;
   bool json = false;
+
+  // `per`: what --batches counts per ("sampler", "setting"); `json_help`: what a JSON row is.
+  void add_to(po::options_description& desc, const std::string& per, const std::string& json_help) {
+    desc.add_options()
+        ("help,h", "show this help")
+        ("store", po::value(&store_path), "store directory")
+        ("generate", po::value(&generate), "build this generated graph in a temporary store (deleted after)")
+        ("fanouts", po::value(&fanouts_text), "neighbours per hop, seeds' hop first (default 15,10,5)")
+        ("batch-size", po::value(&batch_size), "training seeds per batch (default 1024)")
+        ("batches", po::value(&batches), ("timed batches per " + per + " (default 50)").c_str())
+        ("warmup", po::value(&warmup), "untimed batches first (default 5)")
+        ("seed", po::value(&seed), "shuffling and sampling seed (default 0)")
+        ("json", po::bool_switch(&json), json_help.c_str());
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// gale bench sample
+
+int bench_sample(const std::vector<std::string>& args) {
+  BatchFlags f;
+  std::string samplers_text = "gpu,cpu", topology = "auto";
   po::options_description desc(
       "usage: gale bench sample STORE|--generate SPEC [options]\n\n"
       "Times the neighbour samplers per mini-batch of training seeds: the GPU fused-map sampler\n"
@@ -183,26 +204,18 @@ int bench_sample(const std::vector<std::string>& args) {
       "and the CPU sampler (sampling and building the blocks' host operands). Median ms per batch\n"
       "after --warmup batches, sampled edges and input nodes per batch, million edges per second.\n\n"
       "options");
+  f.add_to(desc, "sampler", "one JSON object per sampler instead of the table");
   desc.add_options()
-      ("help,h", "show this help")
-      ("store", po::value(&store_path), "store directory")
-      ("generate", po::value(&generate), "build this generated graph in a temporary store (deleted after)")
-      ("fanouts", po::value(&fanouts_text), "neighbours per hop, seeds' hop first (default 15,10,5)")
-      ("batch-size", po::value(&batch_size), "training seeds per batch (default 1024)")
-      ("batches", po::value(&batches), "timed batches per sampler (default 50)")
-      ("warmup", po::value(&warmup), "untimed batches first (default 5)")
       ("samplers", po::value(&samplers_text), "comma separated, from gpu, cpu (default gpu,cpu)")
       ("topology", po::value(&topology),
        "GPU sampler's graph: gpu (in GPU memory) | host (pinned host memory, read over UVA) | "
-       "auto (on the GPU when it fits a quarter of 90% of its memory, as training decides; default)")
-      ("seed", po::value(&seed), "shuffling and sampling seed (default 0)")
-      ("json", po::bool_switch(&json), "one JSON object per sampler instead of the table");
+       "auto (on the GPU when it fits a quarter of 90% of its memory, as training decides; default)");
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
   if (!parse_command_line(args, desc, pos, &vm)) return 0;
-  const std::vector<int> fanouts = parse_fanouts(fanouts_text);
-  check_counts(batch_size, batches, warmup);
+  const std::vector<int> fanouts = parse_fanouts(f.fanouts_text);
+  check_counts(f.batch_size, f.batches, f.warmup);
   const std::vector<std::string> samplers = parse_names(samplers_text, "--samplers", {"gpu", "cpu"});
   if (topology != "gpu" && topology != "host" && topology != "auto")
     throw InputError("--topology: expected gpu, host or auto, found '" + topology + "'");
@@ -210,17 +223,17 @@ int bench_sample(const std::vector<std::string>& args) {
   const Device gpu = with_gpu ? require_gpu("bench sample: the gpu sampler", "; --samplers cpu runs without one")
                               : Device::cpu();
 
-  const BenchStore source(store_path, generate, "bench sample");
+  const BenchStore source(f.store_path, f.generate, "bench sample");
   const storage::Store store = storage::Store::open(source.path());
-  BatchSequence sequence(store, batch_size, seed);
-  const int total = warmup + batches;
+  BatchSequence sequence(store, f.batch_size, f.seed);
+  const int total = f.warmup + f.batches;
 
-  if (!json) {
+  if (!f.json) {
     std::printf("device: %s\ngraph: %s, %lld nodes, %lld edges\n", with_gpu ? engine::device_name(gpu).c_str() : "cpu",
                 source.label().c_str(), static_cast<long long>(store.num_nodes()),
                 static_cast<long long>(store.num_edges()));
     std::printf("seeds: %s, batch size %lld, fanouts %s; median of %d batches after %d warm-up\n",
-                sequence.describe().c_str(), static_cast<long long>(batch_size), fanouts_text.c_str(), batches, warmup);
+                sequence.describe().c_str(), static_cast<long long>(f.batch_size), f.fanouts_text.c_str(), f.batches, f.warmup);
     std::printf("%-7s %10s %13s %13s %10s  %s\n", "sampler", "ms/batch", "edges/batch", "inputs/batch", "Medges/s",
                 "topology");
   }
@@ -242,7 +255,7 @@ int bench_sample(const std::vector<std::string>& args) {
         const engine::GpuBatch::Operands ops = gpu_sampler.operands(batch, /*edge_map=*/false);
         engine::synchronize(gpu);
         const double ms = ms_since(t0);
-        if (i < warmup) continue;
+        if (i < f.warmup) continue;
         times.push_back(ms);
         int64_t nnz = 0;
         for (const engine::GraphOperand& g : ops.graphs) nnz += g.nnz();
@@ -261,7 +274,7 @@ int bench_sample(const std::vector<std::string>& args) {
         for (const sampler::Block& block : batch.blocks)
           graphs.emplace_back(block.csr(), block.src_ids.data(), store.indptr());
         const double ms = ms_since(t0);
-        if (i < warmup) continue;
+        if (i < f.warmup) continue;
         times.push_back(ms);
         int64_t nnz = 0;
         for (const engine::GraphOperand& g : graphs) nnz += g.nnz();
@@ -271,11 +284,11 @@ int bench_sample(const std::vector<std::string>& args) {
     }
     const double ms = median(times);
     const double medges = ms > 0 ? mean(edges) / (ms * 1e3) : 0.0;
-    if (json) {
+    if (f.json) {
       print_json({{"bench", "sample"}, {"device", device}, {"graph", source.label()}, {"nodes", store.num_nodes()},
                   {"edges", store.num_edges()}, {"sampler", name}, {"topology", where},
-                  {"fanouts", fanouts}, {"batch_size", batch_size}, {"seeds", sequence.num_seeds()},
-                  {"batches", batches}, {"warmup", warmup}, {"ms_per_batch", ms},
+                  {"fanouts", fanouts}, {"batch_size", f.batch_size}, {"seeds", sequence.num_seeds()},
+                  {"batches", f.batches}, {"warmup", f.warmup}, {"ms_per_batch", ms},
                   {"edges_per_batch", mean(edges)}, {"input_nodes_per_batch", mean(inputs)},
                   {"medges_per_s", medges}});
     } else {
@@ -291,11 +304,8 @@ int bench_sample(const std::vector<std::string>& args) {
 // gale bench gather
 
 int bench_gather(const std::vector<std::string>& args) {
-  std::string store_path, generate, fanouts_text = "15,10,5", sizes_text = "all", match_text = "on,off";
-  int64_t batch_size = 1024;
-  int batches = 50, warmup = 5;
-  uint64_t seed = 0;
-  bool json = false;
+  BatchFlags f;
+  std::string sizes_text = "all", match_text = "on,off";
   po::options_description desc(
       "usage: gale bench gather STORE|--generate SPEC [options]\n\n"
       "Times the tiered feature gather of mini-batches on GPU 0 (engine/batch_features.hpp): the batches\n"
@@ -304,27 +314,19 @@ int bench_gather(const std::vector<std::string>& args) {
       "Median ms per batch after --warmup batches, GB/s of delivered feature bytes, host-to-GPU GB\n"
       "per batch and rows per batch by tier (previous batch, GPU-resident, GPU cache, pinned host).\n\n"
       "options");
+  f.add_to(desc, "setting", "one JSON object per setting instead of the table");
   desc.add_options()
-      ("help,h", "show this help")
-      ("store", po::value(&store_path), "store directory")
-      ("generate", po::value(&generate), "build this generated graph in a temporary store (deleted after)")
-      ("fanouts", po::value(&fanouts_text), "neighbours per hop, seeds' hop first (default 15,10,5)")
-      ("batch-size", po::value(&batch_size), "training seeds per batch (default 1024)")
-      ("batches", po::value(&batches), "timed batches per setting (default 50)")
-      ("warmup", po::value(&warmup), "untimed batches first (default 5)")
       ("feature-gpu-mem", po::value(&sizes_text),
        "room for features on the GPU, comma separated sizes such as all,256M,1M (default all); "
        "less than all keeps a cache of hot nodes there and every row in pinned host memory")
       ("match", po::value(&match_text), "reuse the previous batch's rows on the GPU: comma separated on, off "
-                                        "(default on,off)")
-      ("seed", po::value(&seed), "shuffling and sampling seed (default 0)")
-      ("json", po::bool_switch(&json), "one JSON object per setting instead of the table");
+                                        "(default on,off)");
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
   if (!parse_command_line(args, desc, pos, &vm)) return 0;
-  const std::vector<int> fanouts = parse_fanouts(fanouts_text);
-  check_counts(batch_size, batches, warmup);
+  const std::vector<int> fanouts = parse_fanouts(f.fanouts_text);
+  check_counts(f.batch_size, f.batches, f.warmup);
   // Each room as the user wrote it ("all" is resolved once the store is open).
   std::vector<std::pair<std::string, std::optional<uint64_t>>> rooms;
   for (const std::string& item : split_list(sizes_text)) {
@@ -335,15 +337,15 @@ int bench_gather(const std::vector<std::string>& args) {
   for (const std::string& m : parse_names(match_text, "--match", {"on", "off"})) matches.push_back(m == "on");
   const Device gpu = require_gpu("bench gather", "");
 
-  const BenchStore source(store_path, generate, "bench gather");
+  const BenchStore source(f.store_path, f.generate, "bench gather");
   const storage::Store store = storage::Store::open(source.path());
   if (!store.has_features()) throw InputError(source.path() + ": the store has no features.npy; bench gather needs them");
   const int64_t row_bytes = store.feature_dim() * static_cast<int64_t>(sizeof(float));
   const uint64_t all_bytes = static_cast<uint64_t>(store.num_nodes()) * static_cast<uint64_t>(row_bytes);
-  BatchSequence sequence(store, batch_size, seed);
-  const int total = warmup + batches;
+  BatchSequence sequence(store, f.batch_size, f.seed);
+  const int total = f.warmup + f.batches;
 
-  // The batches' input nodes, sampled once (the operands built, then only the ids kept).
+  // The f.batches' input nodes, sampled once (the operands built, then only the ids kept).
   std::vector<engine::Tensor> inputs;
   std::string topology;
   {
@@ -358,15 +360,15 @@ int bench_gather(const std::vector<std::string>& args) {
   }
 
   const std::string device = engine::device_name(gpu);
-  if (!json) {
+  if (!f.json) {
     std::printf("device: %s\ngraph: %s, %lld nodes, %lld edges, %lld features (%.2f GiB)\n", device.c_str(),
                 source.label().c_str(), static_cast<long long>(store.num_nodes()),
                 static_cast<long long>(store.num_edges()), static_cast<long long>(store.feature_dim()),
                 static_cast<double>(all_bytes) / static_cast<double>(1ULL << 30));
     std::printf("seeds: %s, batch size %lld, fanouts %s, sampled on the GPU (%s); median of %d batches after %d "
                 "warm-up\n",
-                sequence.describe().c_str(), static_cast<long long>(batch_size), fanouts_text.c_str(),
-                topology.c_str(), batches, warmup);
+                sequence.describe().c_str(), static_cast<long long>(f.batch_size), f.fanouts_text.c_str(),
+                topology.c_str(), f.batches, f.warmup);
     std::printf("rows per batch by tier: previous batch, GPU-resident, GPU cache, pinned host\n");
     std::printf("%-11s %-5s %10s %9s %12s %10s %10s %10s %10s  %s\n", "feature_gpu", "match", "ms/batch", "GB/s",
                 "h2d_GB/batch", "rows_prev", "rows_dev", "rows_cache", "rows_host", "placement");
@@ -377,24 +379,24 @@ int bench_gather(const std::vector<std::string>& args) {
       engine::BatchFeatures features(store, gpu, gpu_bytes, match);
       std::vector<double> times;
       for (int i = 0; i < total; ++i) {
-        if (i == warmup) features.take_stats();  // count the timed batches only
+        if (i == f.warmup) features.take_stats();  // count the timed f.batches only
         const auto t0 = Clock::now();
         const engine::Tensor x = features.load_async(inputs[static_cast<size_t>(i)]).take();
         engine::synchronize(gpu);
         const double ms = ms_since(t0);
-        if (i >= warmup) times.push_back(ms);
+        if (i >= f.warmup) times.push_back(ms);
       }
       const engine::FeatureLoadStats s = features.take_stats();
-      const double per_batch = 1.0 / batches;
+      const double per_batch = 1.0 / f.batches;
       const double ms = median(times);
       const double delivered = static_cast<double>(s.rows) * static_cast<double>(s.row_bytes) * per_batch;
       const double gbps = ms > 0 ? delivered / (ms * 1e6) : 0.0;
       const double h2d_gb = static_cast<double>(s.host_to_gpu_bytes()) * per_batch / 1e9;
-      if (json) {
+      if (f.json) {
         print_json({{"bench", "gather"}, {"device", device}, {"graph", source.label()}, {"nodes", store.num_nodes()},
                     {"feature_dim", store.feature_dim()}, {"feature_gpu_mem", room_text}, {"feature_gpu_bytes", gpu_bytes},
                     {"match", match}, {"placement", features.describe()}, {"fanouts", fanouts},
-                    {"batch_size", batch_size}, {"batches", batches}, {"warmup", warmup}, {"ms_per_batch", ms},
+                    {"batch_size", f.batch_size}, {"batches", f.batches}, {"warmup", f.warmup}, {"ms_per_batch", ms},
                     {"gbps", gbps}, {"host_to_gpu_gb_per_batch", h2d_gb},
                     {"rows_per_batch", static_cast<double>(s.rows) * per_batch},
                     {"rows_previous_per_batch", static_cast<double>(s.previous) * per_batch},
