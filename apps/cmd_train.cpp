@@ -10,6 +10,7 @@
 
 #include "apps/commands.hpp"
 #include "engine/devices.hpp"
+#include "engine/processes.hpp"
 #include "engine/trainer.hpp"
 #include "kernels/error.hpp"
 
@@ -76,6 +77,8 @@ int run_train(const std::vector<std::string>& args) {
       ("gpus", po::value(&gpus), "data-parallel training on these GPUs, one worker each: all | 0,1,... (mini-batch)")
       ("workers", po::value(&cpu_workers), "data-parallel CPU workers (--device cpu, mini-batch)")
       ("check-replicas", po::bool_switch(&o.check_replicas), "compare the workers' weight checksums after every epoch")
+      ("comm-timeout", po::value(&o.comm_timeout_s), "under mpirun: seconds a gradient sum or exchange may wait for the "
+                                                     "other processes before the run ends (exit code 5)")
       ("sampler", po::value(&sampler), "mini-batch neighbour sampler: auto (the GPU's when training there) | gpu | cpu")
       ("no-match", po::bool_switch(&no_match), "mini-batch on a GPU: do not reuse the previous batch's features")
       ("reorder-window", po::value(&o.reorder_window), "mini-batch: reorder each window of this many batches for reuse (0: off)")
@@ -176,14 +179,16 @@ int run_train(const std::vector<std::string>& args) {
   o.exec.tf32 = tf32;
   if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1");
   if (o.threads < 0) throw InputError("--threads: expected 0 (all cores) or more");
+  if (!(o.comm_timeout_s > 0)) throw InputError("--comm-timeout: expected a positive number of seconds");
 
   Progress progress(!quiet && ::isatty(STDERR_FILENO));
   const bool show = !quiet;
   const engine::TrainResult r = engine::train(o, [&](const engine::EpochMetrics& m) {
     if (show) progress.epoch(m);
   });
-  std::printf("best valid_acc %.4f at epoch %lld, test_acc %.4f\n", r.best_valid_acc,
-              static_cast<long long>(r.best_epoch + 1), r.test_acc_at_best_valid);
+  if (engine::Processes::get().rank() == 0)  // under mpirun every process has the same result
+    std::printf("best valid_acc %.4f at epoch %lld, test_acc %.4f\n", r.best_valid_acc,
+                static_cast<long long>(r.best_epoch + 1), r.test_acc_at_best_valid);
   return 0;
 }
 

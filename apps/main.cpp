@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "apps/commands.hpp"
+#include "engine/processes.hpp"
 #include "kernels/error.hpp"
 
 namespace {
@@ -31,6 +32,20 @@ constexpr const char* kUsage =
     "  bench train|sample|gather|pipeline ...   time training, the samplers, the feature gather,\n"
     "                                 the mini-batch pipeline ('gale bench --help')\n"    "\n"
     "run 'gale <command> --help' for a command's options.\n";
+
+// Prints the one-line error and returns its exit code. In a run of several processes (mpirun) the
+// line names this process's rank and host, and every other process is stopped with the same code.
+int report(const std::string& prefix, const std::string& message, gale::ExitCode code) {
+  bool distributed = false;
+  try {
+    distributed = gale::engine::Processes::launched() && gale::engine::Processes::get().distributed();
+  } catch (const std::exception&) {  // MPI itself would not start: report this process's error alone
+  }
+  const std::string where = distributed ? gale::engine::Processes::get().name() + ": " : "";
+  std::fprintf(stderr, "%s%s%s\n", prefix.c_str(), where.c_str(), message.c_str());
+  if (distributed) gale::engine::Processes::get().fail(static_cast<int>(code));
+  return static_cast<int>(code);
+}
 
 }  // namespace
 
@@ -57,16 +72,12 @@ int main(int argc, char** argv) {
     if (command == "bench") return gale::apps::run_bench(args);
     throw gale::InputError("unknown command '" + command + "' (expected preprocess, info, train, predict or bench)");
   } catch (const gale::Error& e) {
-    std::fprintf(stderr, "gale: error: %s\n", e.what());
-    return static_cast<int>(e.code());
+    return report("gale: error: ", e.what(), e.code());
   } catch (const boost::program_options::error& e) {
-    std::fprintf(stderr, "gale %s: error: %s\n", command.c_str(), e.what());
-    return static_cast<int>(gale::ExitCode::kInput);
+    return report("gale " + command + ": error: ", e.what(), gale::ExitCode::kInput);
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "gale: error: out of host memory\n");
-    return static_cast<int>(gale::ExitCode::kResource);
+    return report("gale: error: ", "out of host memory", gale::ExitCode::kResource);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gale: internal error: %s\n", e.what());
-    return static_cast<int>(gale::ExitCode::kInternal);
+    return report("gale: internal error: ", e.what(), gale::ExitCode::kInternal);
   }
 }

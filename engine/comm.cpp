@@ -12,15 +12,16 @@ namespace {
 
 // What the in-process workers share: the group, and each worker's posted tensors.
 struct Shared : WorkerGroup {
-  explicit Shared(int n) : WorkerGroup(n), posted(static_cast<size_t>(n)) {}
+  Shared(int n, Processes* procs) : WorkerGroup(n, procs), posted(static_cast<size_t>(n)) {}
   std::vector<const std::vector<Tensor*>*> posted;
+  std::vector<float> across;  // with several processes: the run's sums, flattened (worker 0 fills it)
 };
 
 class InProcessCommunicator final : public Communicator {
  public:
-  InProcessCommunicator(std::shared_ptr<Shared> shared, int rank) : shared_(std::move(shared)), rank_(rank) {}
-  int rank() const override { return rank_; }
-  int size() const override { return shared_->size(); }
+  InProcessCommunicator(std::shared_ptr<Shared> shared, int local) : shared_(std::move(shared)), local_(local) {}
+  int rank() const override { return shared_->world_rank(local_); }
+  int size() const override { return shared_->world_size(); }
 
   void all_reduce_sum(const std::vector<Tensor*>& tensors) override {
     const auto t0 = std::chrono::steady_clock::now();
@@ -29,7 +30,7 @@ class InProcessCommunicator final : public Communicator {
         throw InternalError("in-process all-reduce: f32 tensors on the CPU only");
     }
     Shared& s = *shared_;
-    s.posted[static_cast<size_t>(rank_)] = &tensors;
+    s.posted[static_cast<size_t>(local_)] = &tensors;
     s.barrier();  // every worker's tensors are posted
     std::vector<std::vector<float>> sums(tensors.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -42,15 +43,34 @@ class InProcessCommunicator final : public Communicator {
         for (int64_t k = 0; k < n; ++k) sums[i][static_cast<size_t>(k)] += src[k];
       }
     }
-    s.barrier();  // everyone has read everyone's tensors
-    for (size_t i = 0; i < tensors.size(); ++i)
-      if (!sums[i].empty()) std::memcpy(tensors[i]->f32(), sums[i].data(), sums[i].size() * sizeof(float));
+    if (Processes* procs = s.processes(); procs != nullptr && local_ == 0) {
+      // This process's sums (every worker's are the same) against the others', added in process
+      // order: every process ends with the same bits.
+      std::vector<float> mine;
+      for (const auto& v : sums) mine.insert(mine.end(), v.begin(), v.end());
+      const std::vector<uint8_t> all = procs->all_gather(mine.data(), mine.size() * sizeof(float), "a gradient sum");
+      s.across.assign(mine.size(), 0.0f);
+      const float* theirs = reinterpret_cast<const float*>(all.data());
+      for (int p = 0; p < procs->size(); ++p, theirs += mine.size())
+        for (size_t k = 0; k < mine.size(); ++k) s.across[k] += theirs[k];
+    }
+    // Everyone has read everyone's tensors (and the processes' sums are in). Worker 0 refills
+    // `across` only after the next call's first barrier, which everyone reaches after copying.
+    s.barrier();
+    const float* across = s.processes() ? s.across.data() : nullptr;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const float* src = across ? across : sums[i].data();
+      if (!sums[i].empty()) std::memcpy(tensors[i]->f32(), src, sums[i].size() * sizeof(float));
+      if (across) across += sums[i].size();
+    }
     seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   void wait() override {}
 
-  std::vector<uint64_t> all_gather(uint64_t value) override { return shared_->all_gather(rank_, value); }
+  std::vector<uint64_t> all_gather(const std::vector<uint64_t>& values) override {
+    return shared_->all_gather(local_, values);
+  }
 
   double take_seconds() override {
     const double out = seconds_;
@@ -62,22 +82,22 @@ class InProcessCommunicator final : public Communicator {
 
  private:
   std::shared_ptr<Shared> shared_;
-  int rank_;
+  int local_;
   double seconds_ = 0;
 };
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_in_process_group(int workers) {
+std::vector<std::unique_ptr<Communicator>> make_in_process_group(int workers, Processes* procs) {
   if (workers < 1) throw InternalError("make_in_process_group: at least one worker");
-  auto shared = std::make_shared<Shared>(workers);
+  auto shared = std::make_shared<Shared>(workers, procs);
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < workers; ++r) out.push_back(std::make_unique<InProcessCommunicator>(shared, r));
   return out;
 }
 
 #if !GALE_WITH_CUDA
-std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Device>&) {
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Device>&, Processes*) {
   throw DeviceError("--gpus: this build has no CUDA backend");
 }
 #endif

@@ -1,10 +1,17 @@
-// The NCCL communicator of engine/comm.hpp: one rank per GPU of this process (ncclCommInitAll),
-// sums on a communication stream per device, ordered after the compute stream by events.
+// The NCCL communicator of engine/comm.hpp: one rank per GPU (ncclCommInitAll in one process;
+// ncclCommInitRank with an id MPI hands out across processes), sums on a communication stream per
+// device, ordered after the compute stream by events. The watchdog of engine/processes.hpp polls
+// NCCL's asynchronous errors and ends a run whose sum has waited longer than --comm-timeout.
 #include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 
 #include "engine/comm.hpp"
 #include "engine/comm_group.hpp"
 #include "engine/device_context.hpp"
+#include "engine/processes.hpp"
 #include "kernels/error.hpp"
 
 namespace gale::engine {
@@ -17,11 +24,49 @@ void check_nccl(ncclResult_t r, const char* call) {
 }
 #define GALE_CHECK_NCCL(call) check_nccl((call), #call)
 
-// The workers' NCCL communicators, one per rank; destroyed with the group unless aborted.
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// This process's workers' NCCL communicators, one per local rank; destroyed with the group unless
+// aborted. `issued_ns[w]` is when worker w's latest sum was enqueued (0: none yet) and `sent[w]`
+// the event after it: the watchdog's view of a sum that never finishes.
 struct Group : WorkerGroup {
-  explicit Group(int n) : WorkerGroup(n), comms(static_cast<size_t>(n)) {}
+  Group(int n, Processes* procs, const std::vector<Device>& devices)
+      : WorkerGroup(n, procs), comms(static_cast<size_t>(n)), issued_ns(static_cast<size_t>(n)) {
+    for (const Device& d : devices) sent.emplace_back(d.ordinal);
+  }
   std::vector<ncclComm_t> comms;
+  std::vector<std::atomic<int64_t>> issued_ns;
+  std::vector<kernels::cuda::Event> sent;
+  std::mutex comms_mutex;  // abort() against the watchdog's polling
+  Processes* watcher = nullptr;
+  int watch_id = -1;
+
+  // Why the run cannot go on, or "": an asynchronous NCCL error, or a sum older than `timeout_s`.
+  std::string check(double timeout_s) try {
+    std::lock_guard<std::mutex> lock(comms_mutex);
+    for (size_t w = 0; w < comms.size(); ++w) {
+      if (comms[w] == nullptr) continue;
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(comms[w], &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+        return std::string("NCCL reports an error on GPU ") + std::to_string(sent[w].device()) + ": " +
+               ncclGetErrorString(async) + " (a peer was lost?)";
+      const int64_t issued = issued_ns[w].load();
+      if (issued != 0 && static_cast<double>(now_ns() - issued) * 1e-9 > timeout_s && !sent[w].ready()) {
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%g", timeout_s);
+        return "a gradient sum on GPU " + std::to_string(sent[w].device()) + " got no answer from the other workers within --comm-timeout " +
+               secs + " s (a peer was lost or stopped answering)";
+      }
+    }
+    return "";
+  } catch (const std::exception& e) {
+    return std::string("checking the gradient sums: ") + e.what();
+  }
+
   ~Group() {
+    if (watcher) watcher->unwatch(watch_id);
     for (ncclComm_t c : comms)
       if (c != nullptr) ncclCommDestroy(c);
   }
@@ -29,11 +74,11 @@ struct Group : WorkerGroup {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::shared_ptr<Group> group, int rank, const Device& device)
-      : group_(std::move(group)), rank_(rank), device_(device), stream_(device.ordinal), ready_(device.ordinal),
+  NcclCommunicator(std::shared_ptr<Group> group, int local, const Device& device)
+      : group_(std::move(group)), local_(local), device_(device), stream_(device.ordinal), ready_(device.ordinal),
         done_(device.ordinal) {}
-  int rank() const override { return rank_; }
-  int size() const override { return group_->size(); }
+  int rank() const override { return group_->world_rank(local_); }
+  int size() const override { return group_->world_size(); }
 
   void all_reduce_sum(const std::vector<Tensor*>& tensors) override {
     group_->throw_if_aborted();
@@ -49,10 +94,12 @@ class NcclCommunicator final : public Communicator {
       if (t->device() != device_ || t->dtype() != DType::kF32)
         throw InternalError("NCCL all-reduce: f32 tensors on the worker's GPU only");
       GALE_CHECK_NCCL(ncclAllReduce(t->f32(), t->f32(), static_cast<size_t>(t->numel()), ncclFloat, ncclSum,
-                                    group_->comms[static_cast<size_t>(rank_)], stream_));
+                                    group_->comms[static_cast<size_t>(local_)], stream_));
     }
     GALE_CHECK_NCCL(ncclGroupEnd());
     spans_.back().second.record(stream_);
+    group_->sent[static_cast<size_t>(local_)].record(stream_);
+    group_->issued_ns[static_cast<size_t>(local_)].store(now_ns());
   }
 
   void wait() override {
@@ -60,7 +107,9 @@ class NcclCommunicator final : public Communicator {
     DeviceContext::get(device_.ordinal).stream().wait(done_);
   }
 
-  std::vector<uint64_t> all_gather(uint64_t value) override { return group_->all_gather(rank_, value); }
+  std::vector<uint64_t> all_gather(const std::vector<uint64_t>& values) override {
+    return group_->all_gather(local_, values);
+  }
 
   double take_seconds() override {
     double ms = 0;
@@ -74,6 +123,7 @@ class NcclCommunicator final : public Communicator {
     // sees an error instead of waiting forever.
     Group& g = *group_;
     g.abort(reason, [&g] {
+      std::lock_guard<std::mutex> lock(g.comms_mutex);
       for (ncclComm_t& c : g.comms) {
         if (c != nullptr) ncclCommAbort(c);
         c = nullptr;
@@ -83,7 +133,7 @@ class NcclCommunicator final : public Communicator {
 
  private:
   std::shared_ptr<Group> group_;
-  int rank_;
+  int local_;
   Device device_;
   kernels::cuda::Stream stream_;
   kernels::cuda::Event ready_, done_;  // compute -> communication and back; one worker thread uses them
@@ -92,16 +142,37 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Device>& devices) {
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Device>& devices, Processes* procs) {
   const int n = static_cast<int>(devices.size());
   if (n < 1) throw InternalError("make_nccl_group: at least one device");
-  auto group = std::make_shared<Group>(n);
   std::vector<int> ordinals;
   for (const Device& d : devices) {
     if (!d.is_cuda()) throw InternalError("make_nccl_group: " + d.name() + " is not a GPU");
     ordinals.push_back(d.ordinal);
   }
-  GALE_CHECK_NCCL(ncclCommInitAll(group->comms.data(), n, ordinals.data()));
+  auto group = std::make_shared<Group>(n, procs, devices);
+  if (Processes* p = group->processes()) {
+    // Rank 0 makes the run's id, MPI hands it to every process; each process then joins its GPUs
+    // to the run in one NCCL group call.
+    ncclUniqueId id{};
+    if (p->rank() == 0) GALE_CHECK_NCCL(ncclGetUniqueId(&id));
+    p->broadcast(&id, sizeof id, "handing out NCCL's unique id");
+    GALE_CHECK_NCCL(ncclGroupStart());
+    for (int w = 0; w < n; ++w) {
+      kernels::cuda::DeviceGuard guard(ordinals[static_cast<size_t>(w)]);
+      GALE_CHECK_NCCL(ncclCommInitRank(&group->comms[static_cast<size_t>(w)], group->world_size(), id, group->world_rank(w)));
+    }
+    GALE_CHECK_NCCL(ncclGroupEnd());
+  } else {
+    GALE_CHECK_NCCL(ncclCommInitAll(group->comms.data(), n, ordinals.data()));
+  }
+  // The watchdog polls NCCL's errors and stalled sums (it holds the group only while it lives).
+  if (procs != nullptr) {
+    Group* g = group.get();
+    const double timeout = procs->timeout();
+    group->watcher = procs;
+    group->watch_id = procs->watch([g, timeout] { return g->check(timeout); });
+  }
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < n; ++r) out.push_back(std::make_unique<NcclCommunicator>(group, r, devices[static_cast<size_t>(r)]));
   return out;

@@ -21,6 +21,7 @@
 #include "engine/gpu_batches.hpp"
 #include "engine/graph.hpp"
 #include "engine/ops.hpp"
+#include "engine/processes.hpp"
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
 #include "kernels/threads.hpp"
@@ -95,7 +96,38 @@ struct WorkerEpoch {
   double io_s = 0, allreduce_s = 0;
   FeatureLoadStats features;
   uint64_t checksum = 0;
+  // With several workers: every worker's record (record() below), in rank order, gathered after
+  // the epoch, so rank 0 reports the whole run's counts.
+  std::vector<uint64_t> everyone;
+
+  // What a worker tells the others after an epoch, as 64-bit words (doubles by their bits).
+  std::vector<uint64_t> record() const {
+    auto bits = [](double v) {
+      uint64_t u;
+      std::memcpy(&u, &v, sizeof u);
+      return u;
+    };
+    return {bits(loss_sum),
+            static_cast<uint64_t>(seeds),
+            bits(wall_s),
+            static_cast<uint64_t>(features.rows),
+            static_cast<uint64_t>(features.previous),
+            static_cast<uint64_t>(features.device),
+            static_cast<uint64_t>(features.cache),
+            static_cast<uint64_t>(features.host),
+            static_cast<uint64_t>(features.host_to_gpu_bytes()),
+            static_cast<uint64_t>(times.reuse.nodes),
+            static_cast<uint64_t>(times.reuse.reused),
+            static_cast<uint64_t>(times.reuse.reused_sampled_order),
+            bits(allreduce_s)};
+  }
 };
+
+double double_bits(uint64_t u) {
+  double v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
 
 // xxHash64 over a model's parameter values, in order (copied to the host).
 uint64_t parameter_checksum(Model& model) {
@@ -114,8 +146,16 @@ uint64_t parameter_checksum(Model& model) {
 
 TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   TrainOptions opt = opt_in;
-  const std::vector<Device> devices = opt.devices.empty() ? std::vector<Device>{opt.device} : opt.devices;
+  // This process's workers (its slice of --gpus when several processes share a host), and the
+  // run's: `world` workers, this process's ranked from `first_rank`.
+  Processes& procs = Processes::get();
+  procs.set_timeout(opt.comm_timeout_s);
+  const std::vector<Device> devices = place_devices(opt.devices.empty() ? std::vector<Device>{opt.device} : opt.devices,
+                                                    procs.local_rank(), procs.local_size(), procs.host());
   const int workers = static_cast<int>(devices.size());
+  const int world = workers * procs.size();
+  const int first_rank = procs.rank() * workers;
+  const bool lead_process = procs.rank() == 0;
   for (const Device& d : devices) {
     require(d);
     if (d.is_cpu() != devices[0].is_cpu()) throw InputError("--gpus: workers must all be GPUs or all the CPU");
@@ -130,8 +170,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   if (!opt.full_graph && static_cast<int>(opt.fanouts.size()) != opt.model.layers)
     throw InputError("--fanouts: expected one fanout per layer (" + std::to_string(opt.model.layers) + "), found " +
                      std::to_string(opt.fanouts.size()));
-  if (workers > 1 && opt.full_graph)
-    throw InputError(std::string(dev.is_cpu() ? "--workers" : "--gpus") +
+  if (world > 1 && opt.full_graph)
+    throw InputError(std::string(procs.distributed() ? "mpirun" : dev.is_cpu() ? "--workers" : "--gpus") +
                      ": several workers train mini-batches; give --fanouts");
 
   // Bound both thread pools: --threads, or one thread with --deterministic so results do not
@@ -163,6 +203,22 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   opt.model.in_dim = store.feature_dim();
   opt.model.out_dim = store.num_classes();
   const int64_t n = store.num_nodes();
+  if (procs.distributed()) {
+    // Every process must train the same model on the same store with as many workers: compare
+    // each one's worker count and a fingerprint of its options and store with rank 0's.
+    const std::string mine = identity_json(opt, store) + "|" + std::to_string(opt.epochs) + "|" +
+                             std::to_string(opt.lr) + "|" + std::to_string(store.has_partition());
+    const uint64_t fields[2] = {static_cast<uint64_t>(workers), XXH64(mine.data(), mine.size(), 0)};
+    const std::vector<uint8_t> all = procs.all_gather(fields, sizeof fields, "comparing the processes' options");
+    const auto* theirs = reinterpret_cast<const uint64_t*>(all.data());
+    for (int p = 1; p < procs.size(); ++p) {
+      if (theirs[2 * p] != theirs[0])
+        throw InputError("mpirun: rank " + std::to_string(p) + " has " + std::to_string(theirs[2 * p]) +
+                         " workers, rank 0 has " + std::to_string(theirs[0]) + " (every process needs as many GPUs)");
+      if (theirs[2 * p + 1] != theirs[1])
+        throw InputError("mpirun: rank " + std::to_string(p) + "'s model, options or store differ from rank 0's");
+    }
+  }
   const bool attention = opt.model.model == "gat";
 
   // The replicas: the same seed gives every one the same initial weights.
@@ -178,8 +234,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     r.adam = std::make_unique<Adam>(r.model->parameters(), opt.lr, opt.weight_decay);
     r.labels_all = Tensor::from_host(labels, n, 1, DType::kI32, r.dev);
   }
-  if (workers > 1) {
-    auto comms = dev.is_cpu() ? make_in_process_group(workers) : make_nccl_group(devices);
+  if (world > 1) {
+    auto comms = dev.is_cpu() ? make_in_process_group(workers, &procs) : make_nccl_group(devices, &procs);
     for (int w = 0; w < workers; ++w) replicas[static_cast<size_t>(w)].comm = std::move(comms[static_cast<size_t>(w)]);
   }
   // This thread trains worker 0 (and runs evaluation and checkpoints) on devices[0]: make it the
@@ -239,7 +295,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   };
 
   std::ofstream metrics;
-  if (!opt.metrics_path.empty()) {
+  if (!opt.metrics_path.empty() && lead_process) {
     metrics.open(opt.metrics_path, opt.resume ? std::ios::app : std::ios::trunc);
     if (!metrics) throw InputError("--metrics " + opt.metrics_path + ": cannot open for writing");
   }
@@ -264,10 +320,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       // Workers share one pinned host copy of the features; on a partitioned store each GPU's cache
       // holds its own parts' hot nodes first.
       std::vector<uint8_t> own;
-      if (workers > 1 && store.has_partition()) {
-        const int rank = static_cast<int>(&r - replicas.data());
+      if (world > 1 && store.has_partition()) {
+        const int rank = first_rank + static_cast<int>(&r - replicas.data());
         own.resize(static_cast<size_t>(n));
-        for (int64_t v = 0; v < n; ++v) own[static_cast<size_t>(v)] = store.partition()[v] % workers == rank;
+        for (int64_t v = 0; v < n; ++v) own[static_cast<size_t>(v)] = store.partition()[v] % world == rank;
       }
       r.batch_features = std::make_unique<BatchFeatures>(store, r.dev, feature_bytes, opt.match,
                                                          &r == &replicas[0] ? nullptr : replicas[0].batch_features.get(),
@@ -356,23 +412,23 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
 
   // Several workers on a partitioned store draw their seeds from their own parts (balanced pools),
   // so a worker's batches share neighbours; otherwise each step is sliced across them.
-  const bool by_partition = workers > 1 && !opt.full_graph && store.has_partition();
+  const bool by_partition = world > 1 && !opt.full_graph && store.has_partition();
   const std::vector<std::vector<int64_t>> seed_pools =
-      by_partition ? scheduler::balance_seed_pools(train_ids, store.partition(), workers)
+      by_partition ? scheduler::balance_seed_pools(train_ids, store.partition(), world)
                    : std::vector<std::vector<int64_t>>();
   auto epoch_plan = [&](int64_t epoch, int rank) {
     return by_partition ? scheduler::EpochPlan(seed_pools, opt.batch_size, opt.seed, epoch, rank)
-                        : scheduler::EpochPlan(train_ids, opt.batch_size, opt.seed, epoch, workers, rank);
+                        : scheduler::EpochPlan(train_ids, opt.batch_size, opt.seed, epoch, world, rank);
   };
 
   // One worker's mini-batch epoch: its share of the epoch's steps through its own pipeline; the
   // gradients are summed over the workers as backward produces them.
-  auto worker_epoch = [&](int rank, int64_t epoch, uint64_t epoch_key) {
-    Replica& r = replicas[static_cast<size_t>(rank)];
+  auto worker_epoch = [&](int local, int64_t epoch, uint64_t epoch_key) {
+    Replica& r = replicas[static_cast<size_t>(local)];
     const UseDevice use(r.dev);
     const auto t0 = Clock::now();
     WorkerEpoch out;
-    const scheduler::EpochPlan plan = epoch_plan(epoch, rank);
+    const scheduler::EpochPlan plan = epoch_plan(epoch, first_rank + local);
     IoTimer io_timer(r.dev);
     Tensor batch_rows;  // 0, 1, ..., batch_size - 1: every logits row of a batch is a seed
     // Each step's mean loss and hit count (16 bytes per step), read once after the epoch: a step
@@ -475,14 +531,21 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (r.comm) out.allreduce_s = r.comm->take_seconds();
     synchronize(r.dev);
     out.wall_s = since(t0);
-    if (opt.check_replicas && r.comm) {
-      const std::vector<uint64_t> sums = r.comm->all_gather(parameter_checksum(*r.model));
-      for (int w = 1; w < workers; ++w) {
-        if (sums[static_cast<size_t>(w)] != sums[0])
-          throw InternalError("--check-replicas: after epoch " + std::to_string(epoch + 1) + " worker " + std::to_string(w) +
-                              "'s weights differ from worker 0's");
+    if (r.comm) {
+      // Every worker's counts to every worker (rank 0 reports them), and with --check-replicas
+      // each one's weight checksum after the record.
+      std::vector<uint64_t> mine = out.record();
+      if (opt.check_replicas) mine.push_back(parameter_checksum(*r.model));
+      out.everyone = r.comm->all_gather(mine);
+      if (opt.check_replicas) {
+        const size_t words = mine.size();
+        for (int w = 1; w < world; ++w) {
+          if (out.everyone[w * words + words - 1] != out.everyone[words - 1])
+            throw InternalError("--check-replicas: after epoch " + std::to_string(epoch + 1) + " worker " +
+                                std::to_string(w) + "'s weights differ from worker 0's");
+        }
+        out.checksum = out.everyone[words - 1];
       }
-      out.checksum = sums[0];
     }
     return out;
   };
@@ -522,7 +585,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           failed[static_cast<size_t>(w)] = std::current_exception();
           int none = -1;
           first_failure.compare_exchange_strong(none, w);
-          if (r.comm) r.comm->abort("stopped because worker " + std::to_string(w) + " (" + r.dev.name() + ") failed: " + e.what());
+          if (r.comm)
+            r.comm->abort("stopped because worker " + std::to_string(first_rank + w) + " (" + r.dev.name() + ") failed: " + e.what());
         }
       };
       std::vector<std::thread> pool;
@@ -531,7 +595,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       for (std::thread& t : pool) t.join();
       if (const int w = first_failure.load(); w >= 0) {
         if (workers == 1) std::rethrow_exception(failed[0]);
-        const std::string where = "worker " + std::to_string(w) + " (" + replicas[static_cast<size_t>(w)].dev.name() + "): ";
+        const std::string where =
+            "worker " + std::to_string(first_rank + w) + " (" + replicas[static_cast<size_t>(w)].dev.name() + "): ";
         try {
           std::rethrow_exception(failed[static_cast<size_t>(w)]);
         } catch (const Error& e) {
@@ -541,19 +606,25 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
         }
       }
       const WorkerEpoch& w0 = done[0];
+      // Every worker of the run (the records gathered after the epoch), or the only one.
+      const std::vector<uint64_t> records = w0.everyone.empty() ? w0.record() : w0.everyone;
+      const size_t words = records.size() / static_cast<size_t>(world);
       double loss_sum = 0;
-      for (const WorkerEpoch& w : done) {
-        loss_sum += w.loss_sum;
-        m.worker_seeds_per_s.push_back(w.wall_s > 0 ? static_cast<double>(w.seeds) / w.wall_s : 0.0);
-        m.feature_rows += w.features.rows;
-        m.rows_previous += w.features.previous;
-        m.rows_device += w.features.device;
-        m.rows_cache += w.features.cache;
-        m.rows_host += w.features.host;
-        m.host_to_gpu_bytes += w.features.host_to_gpu_bytes();
-        m.input_nodes += w.times.reuse.nodes;
-        m.reused_nodes += w.times.reuse.reused;
-        m.reused_nodes_sampled_order += w.times.reuse.reused_sampled_order;
+      for (int w = 0; w < world; ++w) {
+        const uint64_t* rec = records.data() + static_cast<size_t>(w) * words;
+        const double wall = double_bits(rec[2]);
+        loss_sum += double_bits(rec[0]);
+        m.worker_seeds_per_s.push_back(wall > 0 ? static_cast<double>(rec[1]) / wall : 0.0);
+        m.feature_rows += static_cast<int64_t>(rec[3]);
+        m.rows_previous += static_cast<int64_t>(rec[4]);
+        m.rows_device += static_cast<int64_t>(rec[5]);
+        m.rows_cache += static_cast<int64_t>(rec[6]);
+        m.rows_host += static_cast<int64_t>(rec[7]);
+        m.host_to_gpu_bytes += static_cast<int64_t>(rec[8]);
+        m.input_nodes += static_cast<int64_t>(rec[9]);
+        m.reused_nodes += static_cast<int64_t>(rec[10]);
+        m.reused_nodes_sampled_order += static_cast<int64_t>(rec[11]);
+        m.worker_allreduce_s.push_back(double_bits(rec[12]));
       }
       m.loss = loss_sum / static_cast<double>(train_ids.size());
       m.sample_s = w0.times.prepare_s;
@@ -596,10 +667,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       result.best_valid_acc = select;
       result.test_acc_at_best_valid = m.test_acc;
       result.best_epoch = epoch;
-      if (!opt.checkpoint_dir.empty()) save(ckpt_dir / "best.ckpt", epoch);
+      if (!opt.checkpoint_dir.empty() && lead_process) save(ckpt_dir / "best.ckpt", epoch);
     }
     m.epoch_s = since(t_epoch);
-    if (!opt.checkpoint_dir.empty()) save(ckpt_dir / "latest.ckpt", epoch);
+    if (!opt.checkpoint_dir.empty() && lead_process) save(ckpt_dir / "latest.ckpt", epoch);
 
     if (metrics.is_open()) {
       nlohmann::json j = {{"epoch", epoch},          {"loss", m.loss},         {"train_acc", m.train_acc},
@@ -615,10 +686,12 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
         j["reorder_s"] = m.reorder_s;
         j["worker_seeds_per_s"] = m.worker_seeds_per_s;
       }
-      if (workers > 1) {
-        j["workers"] = workers;
+      if (world > 1) {
+        j["workers"] = world;
+        if (procs.distributed()) j["processes"] = procs.size();
         j["seed_split"] = by_partition ? "partitions" : "slices";
         j["allreduce_s"] = m.allreduce_s;
+        j["worker_allreduce_s"] = m.worker_allreduce_s;
         if (opt.check_replicas) j["replica_checksum"] = m.replica_checksum;
       }
       if (lead.batch_features) {
@@ -633,7 +706,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     }
     result.last = m;
     ++result.epochs_run;
-    if (on_epoch) on_epoch(m);
+    if (on_epoch && lead_process) on_epoch(m);
   }
 
   if (metrics.is_open()) {

@@ -42,6 +42,11 @@ struct TrainOptions {
   std::vector<Device> devices;
   // Compare the replicas' weight checksums after every epoch; a difference is an InternalError.
   bool check_replicas = false;
+  // Under mpirun (engine/processes.hpp): each process trains `devices` (its slice of them, with
+  // several processes on a host), and the workers of every process form one data-parallel run.
+  // A collective or NCCL sum that waits longer than this for the other processes ends the run
+  // (ExitCode::kPeer).
+  double comm_timeout_s = 600;
   ops::ExecOptions exec;            // --spmm, --tf32
   // --gpu-mem-budget: every byte Gale allocates on the GPU is charged against it (0 = unlimited);
   // the text is what the user wrote, for messages.
@@ -92,6 +97,7 @@ struct EpochMetrics {
   // the replicas' common weight checksum (with check_replicas).
   std::vector<double> worker_seeds_per_s;
   double allreduce_s = 0;
+  std::vector<double> worker_allreduce_s;  // every worker's time summing gradients, in rank order
   uint64_t replica_checksum = 0;
 };
 
@@ -107,7 +113,9 @@ using EpochCallback = std::function<void(const EpochMetrics&)>;
 
 // Trains as configured. Throws InputError for bad options or a store without features / labels /
 // train split, CorruptStoreError for a bad store or checkpoint, DeviceError when the device is
-// not available, ResourceError when --gpu-mem-budget is exceeded.
+// not available, ResourceError when --gpu-mem-budget is exceeded. With several processes every
+// one evaluates (their replicas are identical) but only rank 0 writes metrics and checkpoints and
+// calls `on_epoch`.
 TrainResult train(const TrainOptions& options, const EpochCallback& on_epoch = {});
 
 

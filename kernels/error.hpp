@@ -17,6 +17,7 @@ enum class ExitCode : int {
   kInput = 2,          // bad input file, flag or usage
   kCorruptStore = 3,   // a store that fails its size, manifest or hash checks, or a wrong version
   kResource = 4,       // an exceeded memory budget, or a missing / failing device
+  kPeer = 5,           // another process of a distributed run was lost or stopped answering
 };
 
 class Error : public std::runtime_error {
@@ -50,6 +51,12 @@ class ResourceError : public Error {
 class DeviceError : public Error {
  public:
   explicit DeviceError(const std::string& message) : Error(message, ExitCode::kResource) {}
+};
+
+// A distributed run that cannot go on: a peer process was lost, failed or stopped answering.
+class PeerError : public Error {
+ public:
+  explicit PeerError(const std::string& message) : Error(message, ExitCode::kPeer) {}
 };
 
 // A broken invariant inside Gale: always a bug.

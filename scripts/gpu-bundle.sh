@@ -15,12 +15,15 @@ mkdir -p "$out/bin" "$out/lib"
 cp "$build"/bin/gale "$build"/bin/gale_gpu_* "$out/bin/"
 strip "$out"/bin/*
 cp -r tests/data "$out/data"
-# Libraries the GPU machine lacks: everything ldd resolves outside glibc, libstdc++ and CUDA.
+# Libraries the GPU machine lacks: everything ldd resolves outside glibc, libstdc++ and CUDA. MPI
+# stays out: its libraries must be the ones of the machine's own mpirun (Open MPI 4.1 there too,
+# the same libmpi.so.40).
 for f in "$out"/bin/*; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libstdc++*|libgcc_s*|ld-linux*|libpthread*|libdl.so*|librt.so*|libcuda*|libcudart*|libcublas*|libcusparse*|libnccl*|libnvJitLink*|libz.so*) ;;
+    libmpi*|libopen-rte*|libopen-pal*|libhwloc*|libevent*|libpmix*|libudev*) ;;
     *) cp -L "$lib" "$out/lib/" ;;
   esac
 done

@@ -8,6 +8,10 @@
 #                                      epoch by sampler, feature placement, match and reorder window
 #   scripts/gpu-checks.sh DIST multigpu  the multi-GPU tests, then mini-batch SAGE 3x256 on R-MAT scale 23
 #                                      with 1, 2, ... GPUs (MG_GPUS="1 2 4"): seeds per second and speedup
+#   scripts/gpu-checks.sh DIST mpi     the mpirun tests on GPUs, then the multigpu R-MAT runs (MG_GPUS) and
+#                                      MG_PROCS="2 4" processes of one GPU each under mpirun
+#   scripts/gpu-checks.sh DIST sbm-mg  accuracy on the 1M-node SBM (one part per GPU) with 1 GPU at N GPUs'
+#                                      global batch, N GPUs in one process, N processes (SBM_EPOCHS, SBM_SEEDS)
 #   scripts/gpu-checks.sh DIST scale25 R-MAT scale 25 (33M nodes, 1B entries, 17 GB of 128-d features)
 #                                      generated, then mini-batch SAGE under a 10 GB GPU budget
 # Each prints a short summary table last. Logs go to $OUT (or /tmp) when set.
@@ -140,9 +144,14 @@ for c in sys.argv[2:]:
           f"{med('host_to_gpu_bytes') / 1e9:7.2f} {tiers:>30} {max(r.get('gpu_peak_bytes', 0) for r in rows) / 2**30:8.2f}")
 PY
   ;;
-multigpu)
+multigpu|mpi)
   nvidia-smi topo -m 2>/dev/null | head -6
-  run_suite multi-gpu-tests "$dist/bin/gale_gpu_multi_gpu_tests"
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  if [ "$what" = mpi ]; then
+    run_suite gpu-mpi-tests env GALE="$dist/bin/gale" "$dist/bin/gale_gpu_mpi_tests"
+  else
+    run_suite multi-gpu-tests "$dist/bin/gale_gpu_multi_gpu_tests"
+  fi
   spec=rmat:scale=${MG_SCALE:-23},edge-factor=16,classes=47,feature-dim=100
   start=$SECONDS
   gale preprocess --generate "$spec" -o /tmp/rmat-mg.gale --force > "$logs/gen-mg.log" 2>&1 || { tail -3 "$logs/gen-mg.log"; exit 1; }
@@ -152,7 +161,17 @@ multigpu)
     run_suite "mg-$g" gale train /tmp/rmat-mg.gale --model sage --layers 3 --hidden 256 --fanouts 15,10,5 --batch-size 1024 \
       --epochs ${MG_EPOCHS:-3} --eval none --gpus "$list" --lr 0.003 --dropout 0 --check-replicas -q --metrics "$logs/mg-$g.jsonl" ${MG_EXTRA:-}
   done
-  python3 - "$logs" ${MG_GPUS:-1 2} <<'PY'
+  runs=(${MG_GPUS:-1 2})
+  if [ "$what" = mpi ]; then  # the same run as P processes of one GPU each (MG_PROCS="2 4")
+    for p in ${MG_PROCS:-2}; do
+      run_suite "mg-${p}p" env CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((p - 1))) mpirun -np $p --bind-to none gale train \
+        /tmp/rmat-mg.gale --model sage --layers 3 --hidden 256 --fanouts 15,10,5 --batch-size 1024 \
+        --epochs ${MG_EPOCHS:-3} --eval none --gpus all --lr 0.003 --dropout 0 --check-replicas -q \
+        --metrics "$logs/mg-${p}p.jsonl" ${MG_EXTRA:-}
+      runs+=(${p}p)
+    done
+  fi
+  python3 - "$logs" "${runs[@]}" <<'PY'
 import json, statistics, sys
 logs = sys.argv[1]
 base = None
@@ -171,6 +190,24 @@ for g in sys.argv[2:]:
           f"{' '.join(f'{x:.0f}' for x in per):>30}")
 PY
   ;;
+sbm-mg)
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  start=$SECONDS
+  gale preprocess --generate sbm:nodes=1M,classes=16,avg-degree=20,feature-dim=128,seed=1 \
+    --partitions $(nvidia-smi -L | wc -l) \
+    -o /tmp/sbm-mg.gale --force > "$logs/sbm-mg-gen.log" 2>&1 || { tail -3 "$logs/sbm-mg-gen.log"; exit 1; }
+  summary+=("generated and partitioned in $((SECONDS - start)) s")
+  common=(/tmp/sbm-mg.gale --model sage --layers 2 --hidden 128 --fanouts 10,10 --batch-size 1024
+          --epochs ${SBM_EPOCHS:-10} -q --check-replicas)
+  # 1 GPU with the global batch of N GPUs (the same steps), N GPUs in one process, N processes.
+  n=$(nvidia-smi -L | wc -l)
+  for seed in ${SBM_SEEDS:-1}; do
+    run_suite "sbm-1gpu-s$seed" gale train "${common[@]}" --seed $seed --device cuda --batch-size $((1024 * n))
+    run_suite "sbm-${n}gpu-s$seed" gale train "${common[@]}" --seed $seed --gpus all
+    run_suite "sbm-${n}proc-s$seed" mpirun -np $n --bind-to none gale train "${common[@]}" --seed $seed --gpus all
+    for c in 1gpu ${n}gpu ${n}proc; do summary+=("sbm $c seed $seed: $(tail -1 "$logs/sbm-$c-s$seed.log")"); done
+  done
+  ;;
 scale25)
   df -h /tmp | tail -1; free -g | head -2
   start=$SECONDS
@@ -181,7 +218,7 @@ scale25)
     --epochs ${R25_EPOCHS:-2} --eval none --device cuda --gpu-mem-budget 10G --lr 0.003 --dropout 0 -q --metrics "$logs/r25.jsonl"
   summary+=("$(cat "$logs/r25.jsonl")")
   ;;
-*) echo "gpu-checks.sh: expected tests, bench, cora, sbm, minibatch or scale25, found '$what'" >&2; exit 2 ;;
+*) echo "gpu-checks.sh: expected tests, bench, cora, sbm, minibatch, multigpu, mpi or scale25, found '$what'" >&2; exit 2 ;;
 esac
 printf '\n== summary (%s) ==\n' "$what"
 printf '%s\n' "${summary[@]}"

@@ -2,7 +2,8 @@
 # Installs the Debian/Ubuntu packages Gale builds against, when any is missing.
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libtbb-dev liburing-dev libboost-program-options-dev libspdlog-dev libfmt-dev
-      nlohmann-json3-dev libxxhash-dev zlib1g-dev libopenblas-dev libmetis-dev libgtest-dev python3-numpy)
+      nlohmann-json3-dev libxxhash-dev zlib1g-dev libopenblas-dev libmetis-dev libgtest-dev python3-numpy
+      libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -12,6 +12,7 @@
 
 #include "engine/checkpoint.hpp"
 #include "engine/comm.hpp"
+#include "engine/processes.hpp"
 #include "engine/trainer.hpp"
 #include "kernels/error.hpp"
 #include "scheduler/epoch_plan.hpp"
@@ -219,6 +220,34 @@ TEST(Workers, PartitionedStoreSplitsSeedsByPart) {
   const TrainResult r = train(o);
   EXPECT_GE(r.test_acc_at_best_valid, 0.70);
   EXPECT_NE(r.last.replica_checksum, 0u);
+}
+
+// Processes sharing a host split the --gpus list in local-rank order; CPU workers and a lone
+// process keep theirs; a list that does not divide, or a GALE_GPUS_PER_PROCESS past its end, is
+// an InputError naming the cause.
+TEST(Workers, ProcessesOnAHostSplitTheirGpus) {
+  ::unsetenv("GALE_GPUS_PER_PROCESS");
+  const std::vector<Device> four = {Device::cuda(0), Device::cuda(1), Device::cuda(2), Device::cuda(3)};
+  EXPECT_EQ(place_devices(four, 0, 1, "h"), four);
+  EXPECT_EQ(place_devices(four, 1, 2, "h"), (std::vector<Device>{Device::cuda(2), Device::cuda(3)}));
+  EXPECT_EQ(place_devices(four, 3, 4, "h"), std::vector<Device>{Device::cuda(3)});
+  const std::vector<Device> cpus(2, Device::cpu());
+  EXPECT_EQ(place_devices(cpus, 1, 2, "h"), cpus);
+  try {
+    place_devices(four, 0, 3, "node7");
+    ADD_FAILURE() << "4 GPUs among 3 processes";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("node7"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("GALE_GPUS_PER_PROCESS"), std::string::npos) << e.what();
+  }
+  ::setenv("GALE_GPUS_PER_PROCESS", "1", 1);
+  EXPECT_EQ(place_devices(four, 2, 3, "h"), std::vector<Device>{Device::cuda(2)});
+  EXPECT_EQ(place_devices(four, 0, 1, "h"), std::vector<Device>{Device::cuda(0)});
+  ::setenv("GALE_GPUS_PER_PROCESS", "3", 1);
+  EXPECT_THROW(place_devices(four, 1, 2, "h"), InputError);
+  ::setenv("GALE_GPUS_PER_PROCESS", "two", 1);
+  EXPECT_THROW(place_devices(four, 0, 2, "h"), InputError);
+  ::unsetenv("GALE_GPUS_PER_PROCESS");
 }
 
 }  // namespace

@@ -1,0 +1,280 @@
+// Several processes under mpirun: 2 processes of 1 worker end bit for bit where 1 process of 2
+// workers ends; a rank that fails, is killed, or stops answering ends the whole run within a bounded
+// time, with a message naming the rank and a distinct exit code, never a hang.
+// Built twice: gale_mpi_tests on the CPU device (the code path GPUs take, with MPI standing in for
+// NCCL; CTest label workers, in CI), and gale_gpu_mpi_tests (GALE_MPI_TEST_GPUS) with one GPU per
+// worker and NCCL between the processes (labels gpu, multi_gpu; skipped without enough GPUs).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/devices.hpp"
+
+extern char** environ;
+
+namespace gale {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// The binary under test: $GALE when set (a bundle on a GPU machine), else this build's.
+const std::string kGale = std::getenv("GALE") ? std::getenv("GALE") : std::string(GALE_BINARY_DIR) + "/bin/gale";
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// One mpirun, started in the background with its output in a file.
+class Launch {
+ public:
+  Launch(const std::string& mpirun_args, const fs::path& log) : log_(log) {
+    // --bind-to none: each process runs threads (sampling, the pipeline) beyond its first core.
+    const std::string cmd = "exec mpirun --oversubscribe --bind-to none " + mpirun_args + " > " + log.string() + " 2>&1";
+    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+    if (::posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0) pid_ = -1;
+  }
+  ~Launch() {
+    if (pid_ > 0 && code_ == kRunning) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool started() const { return pid_ > 0; }
+  // The exit code once mpirun has ended, waiting at most `limit`; -1 if still running then.
+  int wait(std::chrono::seconds limit) {
+    const auto end = Clock::now() + limit;
+    while (code_ == kRunning && Clock::now() < end) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return code_ == kRunning ? -1 : code_;
+  }
+  std::string output() const { return read_file(log_); }
+
+ private:
+  static constexpr int kRunning = -1000;
+  pid_t pid_ = -1;
+  int code_ = kRunning;
+  fs::path log_;
+};
+
+// The pid of the gale process of `rank` whose command line mentions `marker`, or -1.
+pid_t rank_pid(int rank, const std::string& marker) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = read_file(e.path() / "cmdline");
+    for (char& c : cmdline)
+      if (c == '\0') c = ' ';
+    if (cmdline.find("gale train") == std::string::npos || cmdline.find(marker) == std::string::npos) continue;
+    std::string env = read_file(e.path() / "environ");
+    for (char& c : env)
+      if (c == '\0') c = '\n';
+    if (env.find("\nOMPI_COMM_WORLD_RANK=" + std::to_string(rank) + "\n") != std::string::npos ||
+        env.rfind("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + "\n", 0) == 0)
+      return static_cast<pid_t>(std::stol(name));
+  }
+  return -1;
+}
+
+class Mpi : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // Open MPI refuses to start as root (CI's containers) without these.
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    // Shared-memory transport without the kernel's cross-memory attach, which containers forbid.
+    ::setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
+  }
+  void SetUp() override {
+#if GALE_MPI_TEST_GPUS
+    if (engine::gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+#endif
+    dir_ = fs::temp_directory_path() / ("gale-mpi-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    store_ = (dir_ / "sbm.gale").string();
+    const std::string cmd = kGale + " preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,feature-dim=16,seed=3 -o " +
+                            store_ + " > /dev/null 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    ASSERT_EQ(std::system("mpirun --version > /dev/null 2>&1"), 0) << "mpirun (openmpi-bin) is not installed";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  // `workers` per process: CPU workers, or this many of the host's GPUs for each process.
+  static std::string workers(int n) {
+#if GALE_MPI_TEST_GPUS
+    return "--gpus all" + std::string(n == 1 ? "" : " --threads 1");
+#else
+    return "--device cpu --workers " + std::to_string(n);
+#endif
+  }
+  std::string train(const std::string& more) const {
+    return kGale + " train " + store_ + " -q --fanouts 5,5 --batch-size 128 " + more;
+  }
+  // Each line of a metrics file that reports an epoch.
+  static std::vector<nlohmann::json> epochs(const std::string& file) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(file);
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("epoch")) out.push_back(j);
+    }
+    return out;
+  }
+  // Starts a long run of 2 processes and waits for its first epoch; `extra` goes to both ranks.
+  std::unique_ptr<Launch> long_run(const std::string& extra, const std::string& metrics) {
+    auto run = std::make_unique<Launch>("-np 2 " + train(workers(1) + " --epochs 1000000 --metrics " + metrics + " " + extra),
+                                        dir_ / "run.log");
+    EXPECT_TRUE(run->started());
+    for (int i = 0; i < 600 && epochs(metrics).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(epochs(metrics).empty()) << run->output();
+    return run;
+  }
+
+  fs::path dir_;
+  std::string store_;
+};
+
+TEST_F(Mpi, TwoProcessesEndWhereTwoWorkersOfOneProcessEnd) {
+  const std::string one = path("one.jsonl"), two = path("two.jsonl");
+#if GALE_MPI_TEST_GPUS
+  // The GPU sampler numbers a block's nodes in the order its threads reach them, so two runs sum
+  // in different orders (and would drop different rows): no dropout, losses to float tolerance.
+  const std::string common = " --dropout 0 --check-replicas --epochs 3 --metrics ";
+#else
+  const std::string common = " --deterministic --check-replicas --epochs 3 --metrics ";
+#endif
+  // One process with 2 workers (on a GPU host: both GPUs), then 2 processes of 1 (one GPU each).
+  ASSERT_EQ(std::system((train(workers(2) + common + one) + " > /dev/null 2>&1").c_str()), 0);
+  Launch run("-np 2 " + train(workers(1) + common + two), dir_ / "log");
+  ASSERT_EQ(run.wait(std::chrono::seconds(120)), 0) << run.output();
+  const auto a = epochs(one), b = epochs(two);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t e = 0; e < a.size(); ++e) {
+#if GALE_MPI_TEST_GPUS
+    EXPECT_NEAR(a[e]["loss"].get<double>(), b[e]["loss"].get<double>(), 1e-3 * a[e]["loss"].get<double>()) << "epoch " << e;
+#else
+    // Same seeds per worker, same sums in the same order: the same bits.
+    EXPECT_EQ(a[e]["loss"].get<double>(), b[e]["loss"].get<double>()) << "epoch " << e;
+    EXPECT_EQ(a[e]["replica_checksum"], b[e]["replica_checksum"]) << "epoch " << e;
+    EXPECT_EQ(a[e]["input_nodes"], b[e]["input_nodes"]);  // both processes' counts reach rank 0
+#endif
+    EXPECT_EQ(b[e]["workers"], 2);
+    EXPECT_EQ(b[e]["processes"], 2);
+    EXPECT_EQ(b[e]["worker_seeds_per_s"].size(), 2u);
+  }
+  // One result line: only rank 0 prints.
+  const std::string out = run.output();
+  EXPECT_NE(out.find("best valid_acc"), std::string::npos) << out;
+  EXPECT_EQ(out.find("best valid_acc"), out.rfind("best valid_acc")) << out;
+}
+
+#if !GALE_MPI_TEST_GPUS
+// Rank 0 writes the checkpoints; on --resume every rank reads them and the run goes on as if it
+// had never stopped.
+TEST_F(Mpi, ResumeContinuesTheSameRun) {
+  const std::string ckpt = path("ckpt"), split = path("split.jsonl"), whole = path("whole.jsonl");
+  const std::string common = workers(1) + " --deterministic --metrics ";
+  Launch first("-np 2 " + train(common + split + " --epochs 2 --checkpoint-dir " + ckpt), dir_ / "log1");
+  ASSERT_EQ(first.wait(std::chrono::seconds(120)), 0) << first.output();
+  Launch rest("-np 2 " + train(common + split + " --epochs 4 --resume --checkpoint-dir " + ckpt), dir_ / "log2");
+  ASSERT_EQ(rest.wait(std::chrono::seconds(120)), 0) << rest.output();
+  Launch once("-np 2 " + train(common + whole + " --epochs 4"), dir_ / "log3");
+  ASSERT_EQ(once.wait(std::chrono::seconds(120)), 0) << once.output();
+  const auto a = epochs(split), b = epochs(whole);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t e = 0; e < a.size(); ++e) EXPECT_EQ(a[e]["loss"].get<double>(), b[e]["loss"].get<double>()) << "epoch " << e;
+}
+#endif
+
+TEST_F(Mpi, TwoProcessesOfTwoWorkersKeepIdenticalReplicas) {
+#if GALE_MPI_TEST_GPUS
+  if (engine::gpu_count() < 4) GTEST_SKIP() << "needs 4 GPUs";
+#endif
+  const std::string metrics = path("m.jsonl");
+  Launch run("-np 2 " + train(workers(2) + " --threads 1 --check-replicas --epochs 2 --metrics " + metrics), dir_ / "log");
+  ASSERT_EQ(run.wait(std::chrono::seconds(120)), 0) << run.output();
+  const auto e = epochs(metrics);
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e[1]["workers"], 4);
+  EXPECT_EQ(e[1]["worker_seeds_per_s"].size(), 4u);
+}
+
+TEST_F(Mpi, ARankThatFailsStopsTheRunWithItsError) {
+  // MPMD: rank 1 is given a store that does not exist; rank 0 would wait for it at the first exchange.
+  const auto t0 = Clock::now();
+  Launch run("-np 1 " + train(workers(1) + " --epochs 3") + " : -np 1 " + kGale + " train " + path("missing.gale") +
+                 " -q --fanouts 5,5 --epochs 3 " + workers(1),
+             dir_ / "log");
+  const int code = run.wait(std::chrono::seconds(90));
+  EXPECT_EQ(code, 2) << run.output();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(60));
+  EXPECT_NE(run.output().find("rank 1 ("), std::string::npos) << run.output();
+  EXPECT_NE(run.output().find("missing.gale"), std::string::npos) << run.output();
+}
+
+TEST_F(Mpi, RanksWithDifferentOptionsAreRefused) {
+  Launch run("-np 1 " + train(workers(1) + " --epochs 3") + " : -np 1 " + train(workers(1) + " --epochs 4"),
+             dir_ / "log");
+  EXPECT_EQ(run.wait(std::chrono::seconds(90)), 2) << run.output();
+  EXPECT_NE(run.output().find("rank 1's model, options or store differ from rank 0's"), std::string::npos) << run.output();
+}
+
+TEST_F(Mpi, KillingARankEndsTheOthersWithinAMinute) {
+  const std::string metrics = path("kill.jsonl");
+  auto run = long_run("", metrics);
+  const pid_t victim = rank_pid(1, metrics);
+  ASSERT_GT(victim, 0) << run->output();
+  const auto t0 = Clock::now();
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const int code = run->wait(std::chrono::seconds(90));
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(60));
+  EXPECT_NE(code, 0) << run->output();
+  EXPECT_NE(code, -1) << "the run still goes on 90 s after its rank 1 was killed";
+  EXPECT_NE(run->output().find("rank 1"), std::string::npos) << run->output();
+  EXPECT_EQ(rank_pid(0, metrics), -1) << "rank 0 outlived the run";
+}
+
+TEST_F(Mpi, ARankThatStopsAnsweringTimesOutWithExitCode5) {
+  const std::string metrics = path("stop.jsonl");
+  auto run = long_run("--comm-timeout 3", metrics);
+  const pid_t victim = rank_pid(1, metrics);
+  ASSERT_GT(victim, 0) << run->output();
+  const auto t0 = Clock::now();
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);  // alive but silent: mpirun alone would wait forever
+  const int code = run->wait(std::chrono::seconds(90));
+  if (code == -1) ::kill(victim, SIGKILL);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(60));
+  EXPECT_EQ(code, 5) << run->output();
+  EXPECT_NE(run->output().find("rank 0 ("), std::string::npos) << run->output();
+  EXPECT_NE(run->output().find("--comm-timeout 3 s"), std::string::npos) << run->output();
+  EXPECT_EQ(rank_pid(1, metrics), -1) << "the stopped rank outlived the run";
+}
+
+}  // namespace
+}  // namespace gale
