@@ -29,6 +29,7 @@
 #include "apps/commands.hpp"
 #include "engine/batch_features.hpp"
 #include "engine/devices.hpp"
+#include "engine/processes.hpp"
 #include "engine/gpu_batches.hpp"
 #include "engine/graph.hpp"
 #include "engine/trainer.hpp"
@@ -510,10 +511,14 @@ int bench_pipeline(const std::vector<std::string>& args) {
 
   const BenchStore source(store_path, generate, "bench pipeline");
   o.store = source.path();
+  const engine::Processes& procs = engine::Processes::get();
   const std::string device = engine::device_name(o.device) +
-                             (o.devices.size() > 1 ? " x" + std::to_string(o.devices.size()) : "");
+                             (o.devices.size() > 1 ? " x" + std::to_string(o.devices.size()) : "") +
+                             (procs.distributed() ? ", " + std::to_string(procs.size()) + " processes" : "");
   const char* sampler_used = o.device.is_cpu() || !o.gpu_sampler ? "cpu" : "gpu";
-  if (!json) {
+  // Under mpirun rank 0 reports for the run (engine::train calls back on rank 0 only).
+  const bool lead = procs.rank() == 0;
+  if (!json && lead) {
     std::printf("device: %s\ngraph: %s\n", device.c_str(), source.label().c_str());
     std::printf("%s, %d layers, hidden %lld, fanouts %s, batch size %lld, %s sampler, match %s, reorder window %d, "
                 "prefetch %d, %s; %d epochs after %d warm-up\n",
@@ -558,6 +563,7 @@ int bench_pipeline(const std::vector<std::string>& args) {
     timed.push_back(m);
     report(m.epoch - warmup + 1, m);
   });
+  if (timed.empty()) return 0;  // another rank's process
   // The median of each column on its own (not one epoch's row).
   const auto column = [&](auto get) {
     std::vector<double> v;

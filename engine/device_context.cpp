@@ -1,5 +1,7 @@
 #include "engine/device_context.hpp"
 
+#include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -13,6 +15,10 @@ struct Registry {
   std::mutex mutex;
   std::map<int, std::pair<uint64_t, std::string>> budgets;
   std::map<int, std::unique_ptr<DeviceContext>> contexts;
+  // Every op asks for its device's context: once created, a context is found here without the
+  // lock (worker threads of several GPUs would otherwise contend for it thousands of times a step).
+  static constexpr int kFast = 64;
+  std::array<std::atomic<DeviceContext*>, kFast> fast{};
 };
 
 // Never destroyed: freeing pools and handles during static destruction races the CUDA runtime's
@@ -43,6 +49,10 @@ void DeviceContext::order_compute_after_io() {
 
 DeviceContext& DeviceContext::get(int ordinal) {
   Registry& r = registry();
+  const bool fast = ordinal >= 0 && ordinal < Registry::kFast;
+  if (fast) {
+    if (DeviceContext* ctx = r.fast[static_cast<size_t>(ordinal)].load(std::memory_order_acquire)) return *ctx;
+  }
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.contexts.find(ordinal);
   if (it != r.contexts.end()) return *it->second;
@@ -52,6 +62,7 @@ DeviceContext& DeviceContext::get(int ordinal) {
   auto ctx = std::make_unique<DeviceContext>(ordinal, budget, text);
   DeviceContext& ref = *ctx;
   r.contexts[ordinal] = std::move(ctx);
+  if (fast) r.fast[static_cast<size_t>(ordinal)].store(&ref, std::memory_order_release);
   return ref;
 }
 

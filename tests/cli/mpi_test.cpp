@@ -212,6 +212,23 @@ TEST_F(Mpi, ResumeContinuesTheSameRun) {
 }
 #endif
 
+// `gale bench pipeline` under mpirun: rank 0 reports the run's epochs once.
+TEST_F(Mpi, BenchPipelineReportsOnceForTheRun) {
+  Launch run("-np 2 " + kGale + " bench pipeline " + store_ + " " + workers(1) +
+                 " --layers 2 --fanouts 5,5 --hidden 16 --epochs 1 --warmup 0 --json",
+             dir_ / "log");
+  ASSERT_EQ(run.wait(std::chrono::seconds(120)), 0) << run.output();
+  std::istringstream out(run.output());
+  int rows = 0;
+  for (std::string line; std::getline(out, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_NE(j["device"].get<std::string>().find("2 processes"), std::string::npos) << line;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 2) << run.output();  // the epoch and the median
+}
+
 TEST_F(Mpi, TwoProcessesOfTwoWorkersKeepIdenticalReplicas) {
 #if GALE_MPI_TEST_GPUS
   if (engine::gpu_count() < 4) GTEST_SKIP() << "needs 4 GPUs";
