@@ -20,6 +20,7 @@ dist=$(cd "${1:?usage: gpu-checks.sh DIST tests|bench|cora}" && pwd)
 what=${2:?usage: gpu-checks.sh DIST tests|bench|cora}
 export LD_LIBRARY_PATH="$dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$dist/bin:$PATH"
+export GALE="$dist/bin/gale"  # the binary the mpirun tests start
 logs=${OUT:-/tmp}
 here=$(cd "$(dirname "$0")/.." && pwd)
 nvidia-smi -L || true
