@@ -179,7 +179,6 @@ int run_train(const std::vector<std::string>& args) {
   o.exec.tf32 = tf32;
   if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1");
   if (o.threads < 0) throw InputError("--threads: expected 0 (all cores) or more");
-  if (!(o.comm_timeout_s > 0)) throw InputError("--comm-timeout: expected a positive number of seconds");
 
   Progress progress(!quiet && ::isatty(STDERR_FILENO));
   const bool show = !quiet;

@@ -32,36 +32,39 @@ class InProcessCommunicator final : public Communicator {
     Shared& s = *shared_;
     s.posted[static_cast<size_t>(local_)] = &tensors;
     s.barrier();  // every worker's tensors are posted
-    std::vector<std::vector<float>> sums(tensors.size());
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const int64_t n = tensors[i]->numel();
-      sums[i].assign(static_cast<size_t>(n), 0.0f);
-      for (int r = 0; r < s.size(); ++r) {  // rank order: every worker adds the same way
-        const Tensor* theirs = (*s.posted[static_cast<size_t>(r)])[i];
-        if (theirs->numel() != n) throw InternalError("in-process all-reduce: workers' shapes differ");
-        const float* src = theirs->f32();
-        for (int64_t k = 0; k < n; ++k) sums[i][static_cast<size_t>(k)] += src[k];
+    // This process's sum, flattened, added in rank order so every worker adds the same way. With
+    // several processes only worker 0 needs it: it adds the processes' sums in process order into
+    // `across`, which every worker then copies, so every process ends with the same bits.
+    Processes* procs = s.processes();
+    std::vector<float> local;
+    if (procs == nullptr || local_ == 0) {
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        const int64_t n = tensors[i]->numel();
+        const size_t at = local.size();
+        local.resize(at + static_cast<size_t>(n), 0.0f);
+        for (int r = 0; r < s.size(); ++r) {
+          const Tensor* theirs = (*s.posted[static_cast<size_t>(r)])[i];
+          if (theirs->numel() != n) throw InternalError("in-process all-reduce: workers' shapes differ");
+          const float* src = theirs->f32();
+          for (int64_t k = 0; k < n; ++k) local[at + static_cast<size_t>(k)] += src[k];
+        }
       }
     }
-    if (Processes* procs = s.processes(); procs != nullptr && local_ == 0) {
-      // This process's sums (every worker's are the same) against the others', added in process
-      // order: every process ends with the same bits.
-      std::vector<float> mine;
-      for (const auto& v : sums) mine.insert(mine.end(), v.begin(), v.end());
-      const std::vector<uint8_t> all = procs->all_gather(mine.data(), mine.size() * sizeof(float), "a gradient sum");
-      s.across.assign(mine.size(), 0.0f);
+    if (procs != nullptr && local_ == 0) {
+      const std::vector<uint8_t> all = procs->all_gather(local.data(), local.size() * sizeof(float), "a gradient sum");
+      s.across.assign(local.size(), 0.0f);
       const float* theirs = reinterpret_cast<const float*>(all.data());
-      for (int p = 0; p < procs->size(); ++p, theirs += mine.size())
-        for (size_t k = 0; k < mine.size(); ++k) s.across[k] += theirs[k];
+      for (int p = 0; p < procs->size(); ++p, theirs += local.size())
+        for (size_t k = 0; k < local.size(); ++k) s.across[k] += theirs[k];
     }
     // Everyone has read everyone's tensors (and the processes' sums are in). Worker 0 refills
     // `across` only after the next call's first barrier, which everyone reaches after copying.
     s.barrier();
-    const float* across = s.processes() ? s.across.data() : nullptr;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const float* src = across ? across : sums[i].data();
-      if (!sums[i].empty()) std::memcpy(tensors[i]->f32(), src, sums[i].size() * sizeof(float));
-      if (across) across += sums[i].size();
+    const float* src = procs != nullptr ? s.across.data() : local.data();
+    for (Tensor* t : tensors) {
+      const size_t n = static_cast<size_t>(t->numel());
+      if (n > 0) std::memcpy(t->f32(), src, n * sizeof(float));
+      src += n;
     }
     seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }

@@ -149,7 +149,7 @@ multigpu|mpi)
   nvidia-smi topo -m 2>/dev/null | head -6
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   if [ "$what" = mpi ]; then
-    run_suite gpu-mpi-tests env GALE="$dist/bin/gale" "$dist/bin/gale_gpu_mpi_tests"
+    run_suite gpu-mpi-tests "$dist/bin/gale_gpu_mpi_tests"
   else
     run_suite multi-gpu-tests "$dist/bin/gale_gpu_multi_gpu_tests"
   fi

@@ -118,6 +118,13 @@ TEST_F(Cli, BadWorkerFlagsAreNamed) {
   }
 }
 
+TEST_F(Cli, NonPositiveCommTimeoutIsNamed) {
+  const CliRun r = gale("train " + sbm_store() + " -q --device cpu --fanouts 5,5 --epochs 1 --comm-timeout 0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--comm-timeout"), std::string::npos) << r.out;
+  EXPECT_EQ(lines(r.out), 1) << r.out;
+}
+
 TEST_F(Cli, TwoCpuWorkersTrainAndReportEachOnesThroughput) {
   const std::string store = sbm_store();
   const std::string metrics = path("workers.jsonl");

@@ -7,15 +7,16 @@
 #include <cmath>
 #include <filesystem>
 
-#include "engine/checkpoint.hpp"
 #include "engine/devices.hpp"
 #include "engine/trainer.hpp"
+#include "tests/training/checkpoint_weights.hpp"
 #include "tests/training/cora_options.hpp"
 
 namespace gale::engine {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::final_weights;
 
 class MultiGpu : public ::testing::Test {
  protected:
@@ -35,13 +36,6 @@ TrainOptions options(int gpus, int64_t batch_per_gpu, const std::string& name) {
   fs::create_directories(d);
   o.checkpoint_dir = d.string();
   return o;
-}
-
-std::vector<std::vector<float>> final_weights(const TrainOptions& o) {
-  const CheckpointState s = load_checkpoint(fs::path(o.checkpoint_dir) / "latest.ckpt");
-  std::vector<std::vector<float>> out;
-  for (const Tensor& t : s.params) out.push_back(t.to_vector());
-  return out;
 }
 
 TEST_F(MultiGpu, ReplicasStayIdenticalAcrossThreeEpochs) {

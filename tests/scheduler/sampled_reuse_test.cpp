@@ -14,18 +14,12 @@
 #include "scheduler/epoch_plan.hpp"
 #include "scheduler/match_reorder.hpp"
 #include "storage/generators.hpp"
+#include "tests/common/owned_csr.hpp"
 
 namespace gale::scheduler {
 namespace {
 
-struct Graph {
-  std::vector<int64_t> indptr;
-  std::vector<int32_t> indices;
-  kernels::CsrView view() const {
-    const auto n = static_cast<int64_t>(indptr.size()) - 1;
-    return {n, n, indptr.data(), indices.data(), nullptr};
-  }
-};
+using Graph = gale::testing::OwnedCsr;
 
 // The generator's edges, symmetrised, without duplicates or self loops (as `gale preprocess
 // --undirected` stores them).

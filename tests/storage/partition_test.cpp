@@ -16,6 +16,7 @@
 #include "storage/partition.hpp"
 #include "storage/preprocess.hpp"
 #include "storage/store.hpp"
+#include "tests/common/owned_csr.hpp"
 #include "tests/storage/test_files.hpp"
 
 namespace gale::storage {
@@ -23,16 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::TempDir;
-
-// A destination-major CSR owning its arrays, built from (src, dst) pairs.
-struct Graph {
-  std::vector<int64_t> indptr;
-  std::vector<int32_t> indices;
-  kernels::CsrView view() const {
-    const auto n = static_cast<int64_t>(indptr.size()) - 1;
-    return {n, n, indptr.data(), indices.data(), nullptr};
-  }
-};
+// Built from (src, dst) pairs by from_edges.
+using Graph = gale::testing::OwnedCsr;
 
 Graph from_edges(int64_t n, std::vector<std::pair<int32_t, int32_t>> edges, bool sort_rows = true) {
   std::stable_sort(edges.begin(), edges.end(), [&](auto a, auto b) {

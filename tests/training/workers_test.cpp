@@ -10,19 +10,20 @@
 #include <filesystem>
 #include <thread>
 
-#include "engine/checkpoint.hpp"
 #include "engine/comm.hpp"
 #include "engine/processes.hpp"
 #include "engine/trainer.hpp"
 #include "kernels/error.hpp"
 #include "scheduler/epoch_plan.hpp"
 #include "storage/preprocess.hpp"
+#include "tests/training/checkpoint_weights.hpp"
 #include "tests/training/cora_options.hpp"
 
 namespace gale::engine {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::final_weights;
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("gale-workers-" + std::to_string(::getpid())) / name;
@@ -44,13 +45,6 @@ TrainOptions options(int workers, int64_t batch_per_worker, int64_t epochs, cons
   if (workers > 1) o.devices.assign(static_cast<size_t>(workers), Device::cpu());
   o.checkpoint_dir = fresh_dir(name).string();
   return o;
-}
-
-std::vector<std::vector<float>> final_weights(const TrainOptions& o) {
-  const CheckpointState s = load_checkpoint(fs::path(o.checkpoint_dir) / "latest.ckpt");
-  std::vector<std::vector<float>> out;
-  for (const Tensor& t : s.params) out.push_back(t.to_vector());
-  return out;
 }
 
 void expect_close(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
