@@ -26,6 +26,7 @@ GraphOperand::GraphOperand(kernels::CsrView csr, const int64_t* src_ids, const i
   GALE_ASSERT(csr.rows == 0 || csr.indptr[0] == 0);
   csr_ = csr;
   nnz_ = csr.nnz();
+  whole_graph_ = src_ids == nullptr && csr.rows == csr.cols;
   csc_indptr_ = host_tensor(csr.cols + 1, DType::kI64);
   csc_indices_ = host_tensor(nnz_, DType::kI32);
   csc_edge_ = host_tensor(nnz_, DType::kI64);
@@ -117,6 +118,7 @@ GraphOperand GraphOperand::to(const Device& device, bool edge_map) const {
   g.csr_ = csr_;
   g.nnz_ = nnz_;
   g.symmetric_ = symmetric_;
+  g.whole_graph_ = whole_graph_;
   auto copy = [&](const void* data, int64_t n, DType dtype) { return Tensor::from_host(data, n, 1, dtype, device); };
   auto move = [&](const Tensor& t) { return t.defined() ? t.to(device) : Tensor(); };
   GALE_ASSERT(device_.is_cpu());  // operands are built on the host and copied once
@@ -136,6 +138,25 @@ GraphOperand GraphOperand::to(const Device& device, bool edge_map) const {
   g.inv_degree_ = move(inv_degree_);
   g.set_views();
   return g;
+}
+
+const float* GraphOperand::entry_scale(EntryScale which) const {
+  if (device_.is_cpu() || !whole_graph_) return nullptr;
+#if GALE_WITH_CUDA
+  // A symmetric graph's CSC is its CSR, and a whole graph's src_norm is its dst_norm: one array.
+  if (symmetric_ && which == EntryScale::kGcnCsc) which = EntryScale::kGcnCsr;
+  Tensor& t = entry_scales_[static_cast<int>(which)];
+  if (!t.defined()) {
+    t = Tensor::empty(nnz_, 1, DType::kF32, device_);
+    const bool csc = which != EntryScale::kGcnCsr;
+    const float* scale = which == EntryScale::kGcnCsr ? src_norm() : which == EntryScale::kGcnCsc ? dst_norm() : inv_degree();
+    kernels::spmm_entry_scale_cuda(csc ? csc_ : csr_, nnz_, scale, t.f32(), DeviceContext::get(device_.ordinal).stream());
+  }
+  return t.f32();
+#else
+  (void)which;
+  return nullptr;
+#endif
 }
 
 kernels::EdgeGroupsView GraphOperand::edge_groups() const {

@@ -61,6 +61,15 @@ class GraphOperand {
   // SAGE mean: 1 / in-degree (0 for a destination without in-neighbours).
   const float* inv_degree() const { return inv_degree_.f32(); }
 
+  // A column scale copied into entry order (kernels::spmm_entry_scale), for aggregations that
+  // pass it as a coalesced per-entry weight instead of gathering it per entry and column tile:
+  // kGcnCsr = src_norm over the CSR's columns (GCN forward), kGcnCsc = dst_norm over the CSC's
+  // (GCN backward; the same array as kGcnCsr when the graph is symmetric), kMeanCsc = inv_degree
+  // over the CSC's (SAGE mean backward). Built on the device on first use and kept (a cache, like
+  // edge_groups, nnz floats each). Null on the CPU and for sampled blocks, which are aggregated a
+  // few times only: callers then pass the column scale itself.
+  enum class EntryScale { kGcnCsr = 0, kGcnCsc = 1, kMeanCsc = 2 };
+  const float* entry_scale(EntryScale which) const;
   // The MaxK aggregations' edge-group table of the CSR (kernels/maxk.hpp), built on the device on
   // first use and kept (a cache: not thread-safe, like the layers that use it). Empty on the CPU,
   // whose kernels need none.
@@ -81,6 +90,8 @@ class GraphOperand {
   Tensor csc_indptr_, csc_indices_, csc_weights_, csc_edge_;
   Tensor dst_norm_, src_norm_, self_norm_, inv_degree_;
   mutable Tensor edge_groups_, edge_group_count_;
+  mutable Tensor entry_scales_[3];
+  bool whole_graph_ = false;  // a whole (square, not sampled) graph, aggregated every epoch
 };
 
 }  // namespace gale::engine

@@ -45,6 +45,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/error.hpp"
@@ -280,8 +281,8 @@ __device__ __forceinline__ void load_piece(const Params& p, const int32_t* vstar
   }
 }
 
-// Walks the group's virtual range [vb, ve) for the tile column `col` of lane g (its K floats).
-// Calls flush(row, acc) whenever a row's entries in this range are summed up (row changes, or the
+// Walks the group's virtual range [vb, ve) for the tile column `col` of lane g (its K floats;
+// col = -1 for a lane past the width, which gathers nothing and sums zeros). Calls flush(row, acc) whenever a row's entries in this range are summed up (row changes, or the
 // range ends). Every lane of the warp must call this together (full-mask shuffles): the loop runs
 // to the warp's largest piece count; groups past their range load row 0 and add nothing.
 template <typename T, int G, typename Flush>
@@ -302,7 +303,11 @@ __device__ __forceinline__ void walk(const Params& p, const int32_t* vstart, con
 #pragma unroll
     for (int u = 0; u < P; ++u) {
       const int c = __shfl_sync(kFull, cur.col[u / G], u % G, G);
-      load_ro(v[u], p.x + static_cast<int64_t>(c) * p.x_ld + col);
+      if (col >= 0) {
+        load_ro(v[u], p.x + static_cast<int64_t>(c) * p.x_ld + col);
+      } else {
+        set_zero(v[u]);  // a lane past the width: no gather
+      }
     }
     // The next piece's indices and weights are read while the gathers are in flight.
     Held<H> next;
@@ -342,7 +347,7 @@ struct GarShared {
 };
 
 // Sums entries [vb, ve) of one row (entry numbers relative to `begin`) for lane g's K floats at
-// col, in pieces of P entries as walk() does, without rows to track. Every lane of the warp calls
+// col (-1: past the width), in pieces of P entries as walk() does, without rows to track. Every lane of the warp calls
 // this together; past ve a lane loads row 0 and adds nothing.
 template <typename T, int G>
 __device__ __forceinline__ T sum_range(const Params& p, int64_t begin, int64_t vb, int64_t ve, int g, int64_t col) {
@@ -366,7 +371,11 @@ __device__ __forceinline__ T sum_range(const Params& p, int64_t begin, int64_t v
 #pragma unroll
     for (int u = 0; u < P; ++u) {
       const int c = __shfl_sync(kFull, cols[u / G], u % G, G);
-      load_ro(v[u], p.x + static_cast<int64_t>(c) * p.x_ld + col);
+      if (col >= 0) {
+        load_ro(v[u], p.x + static_cast<int64_t>(c) * p.x_ld + col);
+      } else {
+        set_zero(v[u]);  // a lane past the width: no gather
+      }
     }
     float w[H];
 #pragma unroll
@@ -398,7 +407,7 @@ __device__ void long_row(const Params& p, int64_t r, int64_t col0, GarShared<T, 
   const int64_t n = p.indptr[r + 1] - begin;
   float* part = sh.buf;
   const int64_t lane_col = col0 + static_cast<int64_t>(g) * K;
-  const T sum = sum_range<T, G>(p, begin, n * q / kGroups, n * (q + 1) / kGroups, g, lane_col < p.width ? lane_col : 0);
+  const T sum = sum_range<T, G>(p, begin, n * q / kGroups, n * (q + 1) / kGroups, g, lane_col < p.width ? lane_col : -1);
   store(part + q * kTile + g * K, sum);
   __syncthreads();
   {
@@ -422,7 +431,7 @@ __device__ __forceinline__ int group_of(int64_t v, int64_t total, int n) {
 }
 
 // The regular path for the block's rows [r0, r0 + kBlock) and the tile at col0.
-template <typename T, int G>
+template <typename T, int G, bool kVecOut>
 __device__ void span_rows(const Params& p, int64_t r0, int64_t col0, GarShared<T, G>& sh) {
   constexpr int K = sizeof(T) / sizeof(float);
   constexpr int kTile = G * K;
@@ -476,32 +485,36 @@ __device__ void span_rows(const Params& p, int64_t r0, int64_t col0, GarShared<T
     }
     if (sh.vstart[lo] < vb) straddler = lo;
   }
-  walk<T, G>(p, sh.vstart, sh.rbeg, rows, vb, ve, g, lane_col < p.width ? lane_col : 0, [&](int i, const T& acc) {
+  walk<T, G>(p, sh.vstart, sh.rbeg, rows, vb, ve, g, lane_col < p.width ? lane_col : -1, [&](int i, const T& acc) {
     store((i == straddler ? slots + q * kTile : rowbuf + i * kTile) + g * K, acc);
   });
   __syncthreads();
-  // The epilogue over the block's rows, K floats a thread: a row's sum is its buffer row plus the
-  // slots of the later groups its entries run into, added in group order (deterministic).
-  constexpr int kVectors = kTile / K;
+  // The epilogue over the block's rows, KO floats a thread (K, or one float when the output rows
+  // are not 16-byte aligned: float4 gathers from a padded x into a dense output of odd width): a
+  // row's sum is its buffer row plus the slots of the later groups its entries run into, added in
+  // group order (deterministic, and the same additions whatever KO is).
+  using TO = std::conditional_t<kVecOut, T, float>;
+  constexpr int KO = sizeof(TO) / sizeof(float);
+  constexpr int kVectors = kTile / KO;
   for (int it = threadIdx.x; it < rows * kVectors; it += kBlock) {
     const int i = it / kVectors;
-    const int64_t col = col0 + static_cast<int64_t>(it % kVectors) * K;
+    const int64_t col = col0 + static_cast<int64_t>(it % kVectors) * KO;
     if (col >= p.width || sh.rbeg[i] < 0) continue;  // past the width, or a long row
     const int32_t a = sh.vstart[i], b = sh.vstart[i + 1];
-    T sum;
+    TO sum;
     set_zero(sum);
     if (b > a) {
-      load_rw(sum, rowbuf + i * kTile + (it % kVectors) * K);
+      load_rw(sum, rowbuf + i * kTile + (it % kVectors) * KO);
       for (int qq = group_of(a, total, kGroups) + 1; qq < kGroups; ++qq) {
         const int64_t qb = static_cast<int64_t>(total) * qq / kGroups;
         if (qb >= b) break;
         if (static_cast<int64_t>(total) * (qq + 1) / kGroups == qb) continue;  // an empty range
-        T y;
-        load_rw(y, slots + qq * kTile + (it % kVectors) * K);
+        TO y;
+        load_rw(y, slots + qq * kTile + (it % kVectors) * KO);
         add_to(sum, y);
       }
     }
-    finish<T>(p, r0 + i, col, sum);
+    finish<TO>(p, r0 + i, col, sum);
   }
   __syncthreads();  // shared memory is reused by the next tile
 }
@@ -536,7 +549,7 @@ __device__ __forceinline__ void long_rows(const Params& p, int64_t long_span, Ga
 // (128 bytes at kTile = 32), so far more of them stay resident than whole rows would, and each
 // DRAM fetch of a source slice is reused more. Blocks [0, long_blocks) take the long rows (see
 // long_rows); the others take kBlock rows each (span_rows).
-template <typename T, int G>
+template <typename T, int G, bool kVecOut>
 __global__ void __launch_bounds__(kBlock, kGarBlocksPerSm) gar_kernel(Params p, int64_t long_blocks, int64_t long_span) {
   constexpr int kTile = G * (sizeof(T) / sizeof(float));
   __shared__ GarShared<T, G> sh;
@@ -546,7 +559,7 @@ __global__ void __launch_bounds__(kBlock, kGarBlocksPerSm) gar_kernel(Params p, 
   }
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) - long_blocks) * kBlock;
   const int64_t tile_step = static_cast<int64_t>(gridDim.y) * kTile;
-  for (int64_t col0 = blockIdx.y * int64_t{kTile}; col0 < p.width; col0 += tile_step) span_rows<T, G>(p, r0, col0, sh);
+  for (int64_t col0 = blockIdx.y * int64_t{kTile}; col0 < p.width; col0 += tile_step) span_rows<T, G, kVecOut>(p, r0, col0, sh);
 }
 
 // GAS pre-pass: out = (accumulate ? out : 0) + self term + bias; the scatter adds the rest.
@@ -855,7 +868,7 @@ void with_shape(const Shape& s, F&& f) {
   throw InternalError("spmm: no kernel for group " + std::to_string(s.g) + " x " + std::to_string(s.vpt));
 }
 
-template <typename T, int G>
+template <typename T, int G, bool kVecOut>
 void launch_gar(const Params& p, cudaStream_t stream) {
   constexpr int64_t kTile = G * (sizeof(T) / sizeof(float));
   const int64_t row_blocks = (p.rows + kBlock - 1) / kBlock;
@@ -863,7 +876,7 @@ void launch_gar(const Params& p, cudaStream_t stream) {
   const int64_t long_span = (p.rows + long_blocks - 1) / long_blocks;
   const int64_t tiles = std::min<int64_t>((p.width + kTile - 1) / kTile, 65535);  // more tiles loop
   const dim3 grid(static_cast<unsigned>(long_blocks + row_blocks), static_cast<unsigned>(tiles));
-  gar_kernel<T, G><<<grid, kBlock, 0, stream>>>(p, long_blocks, long_span);
+  gar_kernel<T, G, kVecOut><<<grid, kBlock, 0, stream>>>(p, long_blocks, long_span);
   GALE_CHECK_CUDA(cudaGetLastError());
 }
 
@@ -891,28 +904,65 @@ unsigned elementwise_blocks(int64_t total) {
 // rounded up to a power of two of lanes when it is narrower.
 constexpr int64_t kGarTile = 32;
 
-void run_gar(const SpmmArgs& a, cudaStream_t stream) {
-  const Params p = make_params(a);
-  const bool vec = can_vectorise(a);
+// float4 gathers need x's rows 16-byte aligned; float4 stores (and bias loads) the output's too,
+// with a width that is a multiple of 4. Gathers may read past the width up to the next multiple
+// of 4 (never past x.ld): the extra columns are summed in registers and never stored.
+bool gar_vector_loads(const SpmmArgs& a) { return a.x.ld % 4 == 0 && aligned16(a.x.data); }
+bool gar_vector_stores(const SpmmArgs& a) {
+  return a.out.cols % 4 == 0 && a.out.ld % 4 == 0 && aligned16(a.out.data) && (a.bias == nullptr || aligned16(a.bias));
+}
+
+// One GAR launch over the columns [col0, col0 + width) of a: groups sized for that width.
+void launch_gar_columns(const SpmmArgs& a, int64_t col0, int64_t width, cudaStream_t stream) {
+  Params p = make_params(a);
+  p.x += col0;
+  p.out += col0;
+  if (p.bias) p.bias += col0;
+  p.width = width;
+  SpmmArgs part = a;  // the alignment of the part: col0 is a multiple of 32 floats
+  part.x.data = p.x;
+  part.out.data = p.out;
+  part.out.cols = width;
+  part.bias = p.bias;
+  const bool vec = gar_vector_loads(part);
+  const bool vec_out = vec && gar_vector_stores(part);
   const int64_t k = vec ? 4 : 1;
-  const int64_t lanes = std::min((a.out.cols + k - 1) / k, kGarTile / k);
+  const int64_t lanes = std::min((width + k - 1) / k, kGarTile / k);
   int g = 1;
   while (g < lanes) g *= 2;
-#define GALE_GAR_GROUP(T, G)             \
-  if (vec == (sizeof(T) == 16) && g == G) \
-    return launch_gar<T, G>(p, stream);
-  GALE_GAR_GROUP(float4, 1)
-  GALE_GAR_GROUP(float4, 2)
-  GALE_GAR_GROUP(float4, 4)
-  GALE_GAR_GROUP(float4, 8)
-  GALE_GAR_GROUP(float, 1)
-  GALE_GAR_GROUP(float, 2)
-  GALE_GAR_GROUP(float, 4)
-  GALE_GAR_GROUP(float, 8)
-  GALE_GAR_GROUP(float, 16)
-  GALE_GAR_GROUP(float, 32)
+#define GALE_GAR_GROUP(T, G, VEC_OUT)                                         \
+  if (vec == (sizeof(T) == 16) && g == G && (vec_out == VEC_OUT || !vec)) \
+    return launch_gar<T, G, VEC_OUT>(p, stream);
+  GALE_GAR_GROUP(float4, 1, true)
+  GALE_GAR_GROUP(float4, 2, true)
+  GALE_GAR_GROUP(float4, 4, true)
+  GALE_GAR_GROUP(float4, 8, true)
+  GALE_GAR_GROUP(float4, 1, false)
+  GALE_GAR_GROUP(float4, 2, false)
+  GALE_GAR_GROUP(float4, 4, false)
+  GALE_GAR_GROUP(float4, 8, false)
+  GALE_GAR_GROUP(float, 1, false)
+  GALE_GAR_GROUP(float, 2, false)
+  GALE_GAR_GROUP(float, 4, false)
+  GALE_GAR_GROUP(float, 8, false)
+  GALE_GAR_GROUP(float, 16, false)
+  GALE_GAR_GROUP(float, 32, false)
 #undef GALE_GAR_GROUP
   throw InternalError("spmm gar: no kernel for a group of " + std::to_string(g));
+}
+
+// Whole 32-float tiles in one launch, and a partial last tile of at least 8 columns (e.g. the
+// last 15 of a width of 47) in a second launch whose groups are only as wide as that tail, where
+// the tiles' launch would spend a group of 8 float4 lanes per entry on it: measured on R-MAT
+// scale 21, a 16-column tail alone takes 1.45 ms against 1.66 for a whole tile. A narrower tail
+// stays the tiles' launch's last tile (its lanes past the width gather nothing): a launch of
+// 1-lane groups reads each lane's own entries' indices uncoalesced, and took 3.4 ms for 4 columns.
+void run_gar(const SpmmArgs& a, cudaStream_t stream) {
+  const int64_t width = a.out.cols;
+  const int64_t whole = width / kGarTile * kGarTile;
+  if (whole == 0 || width - whole < 8) return launch_gar_columns(a, 0, width, stream);
+  launch_gar_columns(a, 0, whole, stream);
+  launch_gar_columns(a, whole, width - whole, stream);
 }
 
 void run_gas(const SpmmArgs& a, cudaStream_t stream) {
@@ -1090,17 +1140,40 @@ std::string spmm_cannot(SpmmKind kind, const SpmmArgs& a) {
   return "";
 }
 
+SpmmKind spmm_resolve(SpmmKind kind, const SpmmArgs& a) {
+  if (kind != SpmmKind::kAuto) return kind;
+  if (a.graph.rows != a.graph.cols) return SpmmKind::kMemoryAware;
+  const double degree = a.graph.rows == 0 ? 0.0 : static_cast<double>(a.nnz) / static_cast<double>(a.graph.rows);
+  return degree >= kSpmmGarMinDegree ? SpmmKind::kGar : SpmmKind::kGas;
+}
+
+int64_t spmm_gar_padded_ld(const SpmmArgs& a) {
+  const int64_t width = a.x.cols;
+  if (width < 8) return 0;
+  const int64_t align = width > 16 ? 32 : width > 8 ? 16 : 8;  // floats
+  const bool fine = a.x.ld % align == 0 && reinterpret_cast<uintptr_t>(a.x.data) % (align * sizeof(float)) == 0;
+  return fine ? 0 : (width + align - 1) / align * align;
+}
+
+namespace {
+__global__ void entry_scale_kernel(const int32_t* indices, int64_t nnz, const float* col_scale, float* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < nnz; k += stride)
+    out[k] = __ldg(col_scale + __ldcs(indices + k));
+}
+}  // namespace
+
+void spmm_entry_scale_cuda(const CsrView& graph, int64_t nnz, const float* col_scale, float* out, cudaStream_t stream) {
+  if (nnz <= 0) return;  // indptr[0] == 0 is the caller's promise: the host cannot read it here
+  entry_scale_kernel<<<elementwise_blocks(nnz), kBlock, 0, stream>>>(graph.indices, nnz, col_scale, out);
+  GALE_CHECK_CUDA(cudaGetLastError());
+}
+
 void spmm_cuda(SpmmKind kind, const SpmmArgs& a, cudaStream_t stream) {
   const std::string why = spmm_cannot(kind, a);
   if (!why.empty()) throw InputError(std::string("spmm ") + spmm_kind_name(kind) + ": " + why);
   if (a.graph.rows == 0 || a.out.cols == 0) return;
-  if (kind == SpmmKind::kAuto) {
-    const double degree = static_cast<double>(a.nnz) / static_cast<double>(a.graph.rows);
-    kind = a.graph.rows != a.graph.cols    ? SpmmKind::kMemoryAware
-           : degree >= kSpmmGarMinDegree ? SpmmKind::kGar
-                                         : SpmmKind::kGas;
-  }
-  switch (kind) {
+  switch (spmm_resolve(kind, a)) {
     case SpmmKind::kGar: run_gar(a, stream); return;
     case SpmmKind::kGas: run_gas(a, stream); return;
     case SpmmKind::kCusparse: run_cusparse(a, stream); return;

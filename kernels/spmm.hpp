@@ -51,6 +51,12 @@ struct SpmmArgs {
 
 void spmm_cpu(const SpmmArgs& a);
 
+// The scale of each entry's column, in entry order: out[e] = col_scale[indices[e]] for the
+// graph's entries, which must start at 0 (indptr[0] == 0, as a whole CSR or CSC does). A graph aggregated many times (full-graph training) passes it as
+// edge_weight with col_scale = null: GAR and GAS then read one coalesced value per entry instead
+// of gathering col_scale[c] (a random 32-byte sector) for every entry and column tile.
+void spmm_entry_scale(const CsrView& graph, const float* col_scale, float* out);
+
 // The CUDA kernels (spmm.cu; these functions exist in GALE_WITH_CUDA builds only). kAuto picks the
 // memory-aware kernel for a sampled block or its transpose (rows != cols), else GAR when the
 // average degree nnz / rows is at least kSpmmGarMinDegree, else GAS (see spmm.cu for why).
@@ -67,6 +73,19 @@ const char* spmm_kind_name(SpmmKind kind);
 // scale, no self term, no epilogue, and fewer than 2^31 entries.
 std::string spmm_cannot(SpmmKind kind, const SpmmArgs& a);
 
+// The kernel kAuto stands for with these arguments (by the rule above); any other kind as it is.
+SpmmKind spmm_resolve(SpmmKind kind, const SpmmArgs& a);
+
+// The leading dimension GAR would rather gather x with, or 0 when x's rows already suit it. GAR
+// gathers 32-float tiles of source rows; a row that starts inside a 128-byte line makes every
+// tile straddle two lines, which halves what the L2 holds of the hot rows (on R-MAT scale 21 at
+// width 100, 14.6 GB read from DRAM instead of 8.4, the tiles 57% slower), and a row that is not
+// 16-byte aligned forbids 16-byte gathers altogether. So widths above 16 want rows of whole
+// lines (x.ld a multiple of 32 floats, x 128-byte aligned), widths 8-16 a power of two of floats;
+// narrower ones are left alone. GAR writes its output a float at a time when the output's rows
+// are not 16-byte aligned, so only x needs the copy.
+int64_t spmm_gar_padded_ld(const SpmmArgs& a);
+
 }  // namespace gale::kernels
 
 // cudaStream_t exactly as the CUDA headers declare it, so this header stays plain C++.
@@ -81,6 +100,9 @@ namespace gale::kernels {
 // of its atomic additions varies from run to run). kCusparse keeps a per-thread handle and
 // workspace outside the memory budget: it is the benchmark's baseline, not a training path.
 void spmm_cuda(SpmmKind kind, const SpmmArgs& a, cudaStream_t stream);
+
+// Twin of spmm_entry_scale; nnz as known on the host. Stream-ordered, never synchronises.
+void spmm_entry_scale_cuda(const CsrView& graph, int64_t nnz, const float* col_scale, float* out, cudaStream_t stream);
 
 // Transposes a CSR (rows x cols) into its CSC (cols x rows) with a stable counting sort:
 // within each output row entries keep the input's row order. indptr_out has cols + 1 entries,

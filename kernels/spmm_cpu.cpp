@@ -3,9 +3,19 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/error.hpp"
 #include "kernels/spmm.hpp"
 
 namespace gale::kernels {
+
+void spmm_entry_scale(const CsrView& graph, const float* col_scale, float* out) {
+  if (graph.rows == 0) return;
+  if (graph.indptr[0] != 0) throw InputError("spmm_entry_scale: the graph's entries must start at 0");
+  const int64_t nnz = graph.indptr[graph.rows];
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, nnz, 1 << 16), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t e = r.begin(); e < r.end(); ++e) out[e] = col_scale[graph.indices[e]];
+  });
+}
 
 void spmm_cpu(const SpmmArgs& a) {
   const CsrView& g = a.graph;

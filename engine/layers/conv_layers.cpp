@@ -41,6 +41,17 @@ struct Epilogue {
   bool accumulate = false;  // add into `out`'s current values
 };
 
+// A column scale for an SpMM: the operand's per-entry copy when it keeps one (a whole graph on a
+// GPU: read coalesced as the entries' weights), else the per-column array itself.
+void set_col_scale(const GraphOperand& g, GraphOperand::EntryScale which, const float* col_scale,
+                   kernels::SpmmArgs* a) {
+  if (const float* per_entry = g.entry_scale(which)) {
+    a->edge_weight = per_entry;
+  } else {
+    a->col_scale = col_scale;
+  }
+}
+
 // out = A_norm x (+ epilogue), out preallocated (num_dst x width).
 void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor& x, Tensor* out,
                const ops::ExecOptions& exec, const Epilogue& ep = {}) {
@@ -52,7 +63,7 @@ void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor&
   switch (norm) {
     case Norm::kGcn:
       a.row_scale = g.dst_norm();
-      a.col_scale = g.src_norm();
+      set_col_scale(g, GraphOperand::EntryScale::kGcnCsr, g.src_norm(), &a);
       a.self_coefs = g.self_norm();
       break;
     case Norm::kMean: a.row_scale = g.inv_degree(); break;
@@ -116,10 +127,10 @@ Tensor aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, co
   switch (norm) {
     case Norm::kGcn:
       a.row_scale = g.src_norm();
-      a.col_scale = g.dst_norm();
+      set_col_scale(g, GraphOperand::EntryScale::kGcnCsc, g.dst_norm(), &a);
       a.self_coefs = g.self_norm();
       break;
-    case Norm::kMean: a.col_scale = g.inv_degree(); break;
+    case Norm::kMean: set_col_scale(g, GraphOperand::EntryScale::kMeanCsc, g.inv_degree(), &a); break;
     case Norm::kSum: a.self_scale = self_scale; break;
   }
   ops::spmm(a, g.device(), exec.spmm);

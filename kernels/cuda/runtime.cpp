@@ -283,4 +283,10 @@ void copy_bytes(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
   GALE_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream));
 }
 
+void copy_rows_on_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows,
+                         cudaStream_t stream) {
+  if (rows == 0 || row_bytes == 0) return;
+  GALE_CHECK_CUDA(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, stream));
+}
+
 }  // namespace gale::kernels::cuda

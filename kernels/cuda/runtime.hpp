@@ -204,4 +204,9 @@ void copy_on_device(T* dst, const T* src, size_t count, cudaStream_t stream) {
   copy_bytes(dst, src, count * sizeof(T), cudaMemcpyDeviceToDevice, stream);
 }
 
+// Stream-ordered copy of `rows` rows of `row_bytes` between device buffers of different row
+// pitches (cudaMemcpy2DAsync), e.g. a dense matrix into one whose rows are padded.
+void copy_rows_on_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows,
+                         cudaStream_t stream);
+
 }  // namespace gale::kernels::cuda

@@ -93,9 +93,11 @@ class SpmmCudaTest : public ::testing::Test {
   }
 
   // Runs `kind` and spmm_cpu on the same fresh inputs and compares. x and out have leading
-  // dimensions width + pad (pad 1 forces the scalar path on a width divisible by 4).
-  void check(SpmmKind kind, const Graph& g, int64_t width, const Options& o, uint64_t key, int64_t pad = 0) {
-    const int64_t x_ld = width + pad, out_ld = width + pad;
+  // dimensions width + pad (pad 1 forces the scalar path on a width divisible by 4); out_pad >= 0
+  // gives out its own (x padded to 16-byte rows, out dense: GAR's float4 gathers, float stores).
+  void check(SpmmKind kind, const Graph& g, int64_t width, const Options& o, uint64_t key, int64_t pad = 0,
+             int64_t out_pad = -1) {
+    const int64_t x_ld = width + pad, out_ld = width + (out_pad >= 0 ? out_pad : pad);
     const auto x = uniform(derive_key(key, 1), static_cast<size_t>(g.cols * x_ld), -1.0f, 1.0f);
     const auto row_scale = uniform(derive_key(key, 2), static_cast<size_t>(g.rows), 0.1f, 1.0f);
     const auto col_scale = uniform(derive_key(key, 3), static_cast<size_t>(g.cols), 0.1f, 1.0f);
@@ -154,8 +156,8 @@ class SpmmCudaTest : public ::testing::Test {
       cpu_m.insert(cpu_m.end(), cpu.begin() + r * out_ld, cpu.begin() + r * out_ld + width);
     }
     expect_close(gpu_m, cpu_m, 1e-4f,
-                 std::string(spmm_kind_name(kind)) + " width " + std::to_string(width) + " pad " +
-                     std::to_string(pad) + " " + o.describe());
+                 std::string(spmm_kind_name(kind)) + " width " + std::to_string(width) + " ld " +
+                     std::to_string(x_ld) + " / " + std::to_string(out_ld) + " " + o.describe());
   }
 
   std::unique_ptr<MemoryPool> pool_;
@@ -240,6 +242,60 @@ TEST_F(SpmmCudaTest, SkewedGraphAcrossTilesMatchesCpu) {
   for (int64_t width : {int64_t{7}, int64_t{256}, int64_t{300}, int64_t{516}})
     check(SpmmKind::kMemoryAware, g, width, Options::from(combo = (combo + 53) % Options::kCombos),
           derive_key(84, static_cast<uint64_t>(width)), width % 4 ? 2 : 0);
+}
+
+// x in rows padded to 16 bytes, out dense of an odd width (what ops::spmm hands GAR for a 47-class
+// layer): float4 gathers that read the padding columns, float stores that must not write them;
+// widths with whole 32-column tiles and a partial last tile (two launches), and narrower ones.
+TEST_F(SpmmCudaTest, GarGathersPaddedRowsIntoADenseOutput) {
+  const Graph small = random_graph(91, 400, 450, 1800);
+  const Graph skewed = skewed_graph(92, 20011, 15000);
+  int combo = 5;
+  for (int64_t width : {int64_t{3}, int64_t{15}, int64_t{47}, int64_t{101}, int64_t{257}}) {
+    const int64_t pad = (width + 3) / 4 * 4 - width;
+    for (const Graph* g : {&small, &skewed}) {
+      combo = (combo + 29) % Options::kCombos;
+      check(SpmmKind::kGar, *g, width, Options::from(combo), derive_key(93, static_cast<uint64_t>(width * 7 + combo)),
+            pad, /*out_pad=*/0);
+    }
+  }
+  // Partial last tiles with every buffer aligned: 4 columns in the tiles' launch (100 = 3 tiles
+  // and 4), 8 and 16 columns in a launch of their own.
+  for (int64_t width : {int64_t{36}, int64_t{40}, int64_t{100}, int64_t{208}})
+    check(SpmmKind::kGar, small, width, Options::from(combo = (combo + 31) % Options::kCombos),
+          derive_key(94, static_cast<uint64_t>(width)));
+}
+
+// spmm_entry_scale copies col_scale into entry order, and an aggregation given it as edge weights
+// equals the one given the column scale.
+TEST_F(SpmmCudaTest, EntryScaleMatchesCpuAndStandsForTheColumnScale) {
+  const Graph g = random_graph(95, 3000, 3000, 2500);
+  const auto col_scale = uniform(96, static_cast<size_t>(g.cols), 0.1f, 1.0f);
+  std::vector<float> cpu(static_cast<size_t>(g.nnz()));
+  spmm_entry_scale(g.csr(), col_scale.data(), cpu.data());
+  for (int64_t e = 0; e < g.nnz(); ++e) ASSERT_EQ(cpu[static_cast<size_t>(e)], col_scale[static_cast<size_t>(g.indices[static_cast<size_t>(e)])]);
+  auto d_indptr = upload(g.indptr);
+  auto d_indices = upload(g.indices);
+  auto d_scale = upload(col_scale);
+  DeviceBuffer<float> d_out(*pool_, cpu.size(), *stream_);
+  spmm_entry_scale_cuda({g.rows, g.cols, d_indptr.data(), d_indices.data(), nullptr}, g.nnz(), d_scale.data(),
+                        d_out.data(), *stream_);
+  EXPECT_EQ(cuda::to_host_and_wait(d_out.view(), *stream_), cpu);
+
+  const int64_t width = 40;
+  const auto x = uniform(97, static_cast<size_t>(g.cols * width), -1.0f, 1.0f);
+  std::vector<float> by_column(static_cast<size_t>(g.rows * width)), by_entry(by_column.size());
+  SpmmArgs a;
+  a.graph = g.csr();
+  a.x = ConstMatrixView{x.data(), g.cols, width, width};
+  a.out = MatrixView{by_column.data(), g.rows, width, width};
+  a.col_scale = col_scale.data();
+  spmm_cpu(a);
+  a.col_scale = nullptr;
+  a.edge_weight = cpu.data();
+  a.out.data = by_entry.data();
+  spmm_cpu(a);
+  EXPECT_EQ(by_entry, by_column);
 }
 
 // A low-degree graph (auto picks GAS) and a high-degree one (auto picks GAR) both match.

@@ -68,7 +68,7 @@ ModelConfig config_for(const std::string& model) {
   c.in_dim = 37;
   c.hidden = model == "gat" ? 12 : 48;
   c.heads = 3;
-  c.out_dim = 5;
+  c.out_dim = 11;  // a width GAR gathers from padded rows (as 37 and 48)
   c.dropout = 0.3f;
   c.attn_dropout = 0.2f;
   c.activation = model == "gat" ? Activation::kElu : Activation::kRelu;

@@ -11,6 +11,7 @@
 
 #include "kernels/dense.hpp"
 #include "kernels/dtype.hpp"
+#include "kernels/error.hpp"
 #include "kernels/gat.hpp"
 #include "kernels/random.hpp"
 #include "kernels/spmm.hpp"
@@ -79,6 +80,20 @@ TEST(Spmm, MatchesNaiveLoopsWithScalesWeightsAndSelfTerms) {
       }
     }
   }
+}
+
+TEST(Spmm, EntryScaleIsTheColumnScaleInEntryOrder) {
+  const Graph g = random_graph(37, 53, 9);
+  const auto cs = random_floats(53, 3);
+  std::vector<float> out(g.indices.size());
+  spmm_entry_scale(g.view(), cs.data(), out.data());
+  for (size_t e = 0; e < out.size(); ++e) ASSERT_EQ(out[e], cs[static_cast<size_t>(g.indices[e])]) << "entry " << e;
+  // A view of rows 2.. (past the hub in row 1: entries not starting at 0) is refused.
+  CsrView tail = g.view();
+  tail.indptr += 2;
+  tail.rows -= 2;
+  ASSERT_GT(tail.indptr[0], 0);
+  EXPECT_THROW(spmm_entry_scale(tail, cs.data(), out.data()), InputError);
 }
 
 TEST(CsrTranspose, IsStableAndRoundTrips) {
