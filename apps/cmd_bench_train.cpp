@@ -60,6 +60,7 @@ Result time_model(const engine::ModelConfig& cfg, const Workload& w, const Devic
   engine::Model model(cfg, seed);
   model.to(dev);
   model.set_exec(exec);
+  model.set_constant_input(true);  // w.x, as full-graph training's resident features
   engine::Adam adam(model.parameters(), 0.01f, 0.0f);
   const std::vector<const engine::GraphOperand*> graphs(static_cast<size_t>(cfg.layers), &w.graph);
   auto step = [&] {

@@ -1,5 +1,6 @@
 #include "engine/graph.hpp"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -16,6 +17,11 @@ namespace {
 
 Tensor host_tensor(int64_t n, DType dtype) { return Tensor::empty(n, 1, dtype, Device::cpu()); }
 
+uint64_t next_id() {
+  static std::atomic<uint64_t> counter{0};
+  return ++counter;
+}
+
 }  // namespace
 
 GraphOperand::GraphOperand(kernels::CsrView csr, const int64_t* src_ids, const int64_t* full_indptr) {
@@ -27,6 +33,7 @@ GraphOperand::GraphOperand(kernels::CsrView csr, const int64_t* src_ids, const i
   csr_ = csr;
   nnz_ = csr.nnz();
   whole_graph_ = src_ids == nullptr && csr.rows == csr.cols;
+  id_ = next_id();
   csc_indptr_ = host_tensor(csr.cols + 1, DType::kI64);
   csc_indices_ = host_tensor(nnz_, DType::kI32);
   csc_edge_ = host_tensor(nnz_, DType::kI64);
@@ -62,6 +69,7 @@ GraphOperand GraphOperand::from_device_block(const Device& device, kernels::CsrV
   g.csr_ = csr;
   g.nnz_ = nnz;
   g.symmetric_ = false;  // a block's sources outnumber its destinations, or it is used once: no test
+  g.id_ = next_id();
   auto make = [&](int64_t n, DType dtype) { return Tensor::empty_io(n, 1, dtype, device); };
   g.indptr_ = make(csr.rows + 1, DType::kI64);
   g.indices_ = make(nnz, DType::kI32);
@@ -119,6 +127,7 @@ GraphOperand GraphOperand::to(const Device& device, bool edge_map) const {
   g.nnz_ = nnz_;
   g.symmetric_ = symmetric_;
   g.whole_graph_ = whole_graph_;
+  g.id_ = next_id();
   auto copy = [&](const void* data, int64_t n, DType dtype) { return Tensor::from_host(data, n, 1, dtype, device); };
   auto move = [&](const Tensor& t) { return t.defined() ? t.to(device) : Tensor(); };
   GALE_ASSERT(device_.is_cpu());  // operands are built on the host and copied once

@@ -52,6 +52,11 @@ class GraphOperand {
   kernels::CsrView csc() const { return csc_; }
   const int64_t* csc_edge() const;
   bool symmetric() const { return symmetric_; }
+  // A whole graph (square, not a sampled block): aggregated at every step of full-graph training.
+  bool whole_graph() const { return whole_graph_; }
+  // Distinct for every operand built or copied to a device (copies of one object share it, and
+  // its arrays): what a layer keys results derived from the graph by.
+  uint64_t id() const { return id_; }
 
   // GCN symmetric normalisation with a self loop: 1 / sqrt(in-degree + 1).
   const float* dst_norm() const { return dst_norm_.f32(); }
@@ -91,7 +96,8 @@ class GraphOperand {
   Tensor dst_norm_, src_norm_, self_norm_, inv_degree_;
   mutable Tensor edge_groups_, edge_group_count_;
   mutable Tensor entry_scales_[3];
-  bool whole_graph_ = false;  // a whole (square, not sampled) graph, aggregated every epoch
+  bool whole_graph_ = false;
+  uint64_t id_ = 0;
 };
 
 }  // namespace gale::engine

@@ -29,6 +29,13 @@ struct ForwardContext {
   // gradient its backward returns is then restricted to the kept positions: MaxK's own backward
   // is folded into it, so the model applies no further mask.
   const ops::Cbsr* maxk_input = nullptr;
+  // x is the same tensor, unchanged, at every call (full-graph training's resident input
+  // features, no dropout): on a whole graph a layer may keep what it derives from x alone (the
+  // first layer's A x) from one step to the next.
+  bool constant_input = false;
+  // The model's first layer: x is the model's input (which the caller holds), not a previous
+  // layer's activation (which nothing else keeps once the forward has moved on).
+  bool first_layer = false;
 };
 
 class Layer {
@@ -38,8 +45,10 @@ class Layer {
   virtual int64_t in_dim() const = 0;
   virtual int64_t out_dim() const = 0;
   // x: num_src x in_dim, on the graph's device. Returns num_dst x out_dim (after ReLU when
-  // ctx.relu). A training forward keeps what backward needs; backward releases it.
-  virtual Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) = 0;
+  // ctx.relu). A training forward keeps what backward needs; backward releases it. x is taken by
+  // value so that a layer given the last reference (Model::forward moves each activation in) can
+  // free it as soon as it no longer needs it.
+  virtual Tensor forward(const GraphOperand& g, Tensor x, const ForwardContext& ctx) = 0;
   // grad_out: num_dst x out_dim, for the last training forward. Accumulates parameter gradients;
   // returns the num_src x in_dim input gradient when need_input_grad, else an undefined Tensor.
   // grad_out is taken by value so a layer can release it as soon as it is done with it.

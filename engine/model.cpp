@@ -108,7 +108,9 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
     ctx.relu = hidden && config_.activation == Activation::kRelu;  // the layer fuses it where it can
     ctx.exec = exec_;
     ctx.maxk_input = sparse.values.defined() ? &sparse : nullptr;
-    h = layers_[l]->forward(*graphs[l], h, ctx);
+    ctx.constant_input = constant_input_ && l == 0 && !saved->dropped;
+    ctx.first_layer = l == 0;
+    h = layers_[l]->forward(*graphs[l], std::move(h), ctx);  // h's last owner: the layer frees it when it can
     sparse = ops::Cbsr();
     if (hidden && config_.activation == Activation::kMaxK) {
       // The next layer holds the CBSR form for its backward, and returns gradients already masked.

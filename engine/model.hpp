@@ -52,6 +52,11 @@ class Model {
   const Device& device() const { return device_; }
   // Kernel choices for the layers (--spmm, --tf32); the model's identity does not depend on them.
   void set_exec(const ops::ExecOptions& exec) { exec_ = exec; }
+  // The caller's promise that forward's x is the same tensor with the same contents at every call
+  // (full-graph training's resident features). Without input dropout the first layer then keeps
+  // its aggregation A x on a whole graph instead of computing it twice per step (forward, and
+  // again in backward); it holds one num_nodes x in_dim tensor for that.
+  void set_constant_input(bool constant) { constant_input_ = constant; }
 
   // One graph per layer (the same full graph for all, or the sampled blocks outermost first).
   // x: graphs[0]->num_src x in_dim. Returns graphs.back()->num_dst x out_dim logits.
@@ -75,6 +80,7 @@ class Model {
   ModelConfig config_;
   Device device_ = Device::cpu();
   ops::ExecOptions exec_;
+  bool constant_input_ = false;
   std::vector<std::unique_ptr<Layer>> layers_;
   // Saved by forward for backward: per layer, its input after dropout, dropout key, pre-activation.
   struct Saved;

@@ -231,6 +231,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     r.model = std::make_unique<Model>(opt.model, opt.seed);
     r.model->to(r.dev);
     r.model->set_exec(opt.exec);
+    r.model->set_constant_input(opt.full_graph);  // the resident features(), unchanged all run
     r.adam = std::make_unique<Adam>(r.model->parameters(), opt.lr, opt.weight_decay);
     r.labels_all = Tensor::from_host(labels, n, 1, DType::kI32, r.dev);
   }

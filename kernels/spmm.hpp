@@ -80,9 +80,10 @@ SpmmKind spmm_resolve(SpmmKind kind, const SpmmArgs& a);
 // gathers 32-float tiles of source rows; a row that starts inside a 128-byte line makes every
 // tile straddle two lines, which halves what the L2 holds of the hot rows (on R-MAT scale 21 at
 // width 100, 14.6 GB read from DRAM instead of 8.4, the tiles 57% slower), and a row that is not
-// 16-byte aligned forbids 16-byte gathers altogether. So widths above 16 want rows of whole
-// lines (x.ld a multiple of 32 floats, x 128-byte aligned), widths 8-16 a power of two of floats;
-// narrower ones are left alone. GAR writes its output a float at a time when the output's rows
+// 16-byte aligned forbids 16-byte gathers altogether. So widths from 64 up want rows of whole
+// lines (x.ld a multiple of 32 floats, x 128-byte aligned), widths 9-63 rows of 64-byte halves
+// (a multiple of 16 floats: 47 is padded to 48, which costs less memory than 64 at a small
+// price in straddling tiles), widths 8 and under 32-byte sectors; narrower ones are left alone. GAR writes its output a float at a time when the output's rows
 // are not 16-byte aligned, so only x needs the copy.
 int64_t spmm_gar_padded_ld(const SpmmArgs& a);
 

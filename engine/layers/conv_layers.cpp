@@ -1,7 +1,9 @@
 // GCN, SAGE and GIN layers: a Linear and a normalised SpMM each, ordered so the SpMM runs on the
 // narrower of the input and output widths (aggregation is linear, so A (x W) = (A x) W), as
-// PyG's GCNConv does. With equal widths the transform goes first: its saved input is the previous
-// layer's activation, which the model keeps anyway, so no extra N x width tensor stays alive.
+// PyG's GCNConv does. With equal widths the transform goes first when the layer has a root term
+// (SAGE), and the aggregation first otherwise (GCN, GIN), whichever keeps less for backward (see
+// AggregateLinear::forward). A constant input (full-graph training's resident features) lets the
+// first layer keep A x from one step to the next instead of computing it twice per step.
 //
 // When the transform goes first the layer's bias, its SAGE root term and the ReLU that follows
 // it are fused into the aggregation kernel (fuseGNN Sec. 5): the aggregated rows make one trip
@@ -52,14 +54,15 @@ void set_col_scale(const GraphOperand& g, GraphOperand::EntryScale which, const 
   }
 }
 
-// out = A_norm x (+ epilogue), out preallocated (num_dst x width).
-void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor& x, Tensor* out,
-               const ops::ExecOptions& exec, const Epilogue& ep = {}) {
+// out = A_norm x (+ epilogue), out preallocated (num_dst x width); `col0` is out's first column
+// within the output tensor (a column block of it), where the bias is read from.
+void aggregate(const GraphOperand& g, Norm norm, float self_scale, kernels::ConstMatrixView x, kernels::MatrixView out,
+               const Device& device, const ops::ExecOptions& exec, const Epilogue& ep = {}, int64_t col0 = 0) {
   kernels::SpmmArgs a;
   a.graph = g.csr();
   a.nnz = g.nnz();
-  a.x = x.view();
-  a.out = out->view();
+  a.x = x;
+  a.out = out;
   switch (norm) {
     case Norm::kGcn:
       a.row_scale = g.dst_norm();
@@ -69,11 +72,17 @@ void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor&
     case Norm::kMean: a.row_scale = g.inv_degree(); break;
     case Norm::kSum: a.self_scale = self_scale; break;
   }
-  a.bias = ep.bias ? ep.bias->f32() : nullptr;
+  a.bias = ep.bias ? ep.bias->f32() + col0 : nullptr;
   a.relu = ep.relu;
   a.accumulate = ep.accumulate;
-  ops::spmm(a, g.device(), exec.spmm);
+  ops::spmm(a, device, exec.spmm);
 }
+
+void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor& x, Tensor* out,
+               const ops::ExecOptions& exec, const Epilogue& ep = {}) {
+  aggregate(g, norm, self_scale, x.view(), out->view(), g.device(), exec, ep);
+}
+
 
 // The scales of `aggregate` on the CBSR aggregations' arguments (SpgemmCbsrArgs, SspmmCbsrArgs).
 template <typename Args>
@@ -149,10 +158,19 @@ class AggregateLinear {
         norm_(norm),
         self_scale_(self_scale) {}
 
-  Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) {
+  Tensor forward(const GraphOperand& g, Tensor x, const ForwardContext& ctx) {
     exec_ = ctx.exec;
-    transform_first_ = lin_.out() <= lin_.in();
-    const Tensor x_dst = x.rows_slice(0, g.num_dst());
+    // A narrowing layer transforms first (the SpMM then runs on the narrower width). At equal
+    // widths a layer with a root term does too: it keeps its input x for the root's gradient
+    // anyway, which is all a transform-first backward needs. Without one, aggregating first
+    // keeps A x instead of x, and its backward then never holds more than two num_nodes x width
+    // tensors (dW from A x and the gradient; the gradient times W^T; its aggregation), where a
+    // transform-first backward holds x, the gradient and its aggregation at once: on 2M nodes at
+    // hidden 256, 2 GiB less at the peak of GCN and GIN training, for a bias and ReLU pass that
+    // the aggregation no longer fuses.
+    transform_first_ = lin_.out() < lin_.in() || (lin_.out() == lin_.in() && root_ != nullptr);
+    saved_is_aggregated_ = false;
+    const Tensor x_dst = root_ ? x.rows_slice(0, g.num_dst()) : Tensor();  // the root term's rows
     Tensor y;
     // A MaxK input is aggregated over its CBSR form (MaxK-GNN's SpGEMM) unless the layer narrows:
     // then transforming the dense form first (zeros included) and aggregating the narrow result
@@ -175,15 +193,19 @@ class AggregateLinear {
       aggregate(g, norm_, self_scale_, t, &y, exec_, {&bias_.value, ctx.relu, /*accumulate=*/root_ != nullptr});
       if (ctx.training) saved_ = x;
     } else {
-      Tensor a = Tensor::empty(g.num_dst(), lin_.in(), DType::kF32, x.device());
-      aggregate(g, norm_, self_scale_, x, &a, exec_);
+      Tensor a = aggregated_input(g, x, ctx.training && ctx.constant_input);
+      if (!ctx.first_layer && !root_) x = Tensor();  // a previous activation, needed no more
       y = lin_.forward(a, exec_.tf32);
-      a = Tensor();
       if (root_) ops::gemm(x_dst, false, root_->weight().value, false, 1.0f, &y, exec_.tf32);
       ops::add_bias(&y, bias_.value, ctx.relu);
-      // Backward recomputes A x rather than keeping it: one more SpMM on the narrow width buys
-      // a whole num_dst x in tensor of memory (x itself is usually the resident input features).
-      if (ctx.training) saved_ = x;
+      // The first layer's input is the model's input, which its caller holds anyway: backward
+      // recomputes A x from it (or finds it kept, for a constant input), which buys a num_dst x in
+      // tensor of memory for one more SpMM on the narrow width. A hidden layer keeps A x instead,
+      // so its input (the previous activation) is freed as soon as the forward has moved on.
+      if (ctx.training) {
+        saved_is_aggregated_ = !ctx.first_layer;
+        saved_ = saved_is_aggregated_ ? a : x;
+      }
     }
     if (ctx.training && root_) x_dst_ = x_dst;
     return y;
@@ -219,14 +241,12 @@ class AggregateLinear {
       }
       return gx;
     }
-    {
-      Tensor a = Tensor::empty(g.num_dst(), lin_.in(), DType::kF32, grad.device());
-      aggregate(g, norm_, self_scale_, saved_, &a, exec_);
-      lin_.accumulate_grads(a, grad, exec_.tf32);
-    }
+    lin_.accumulate_grads(saved_is_aggregated_ ? saved_ : aggregated_input(g, saved_, /*keep=*/false), grad,
+                          exec_.tf32);
     saved_ = Tensor();
     if (!need_input_grad) return Tensor();
     Tensor ga = lin_.input_grad(grad, exec_.tf32);
+    if (!root_) grad = Tensor();
     gx = aggregate_backward(g, norm_, self_scale_, ga, exec_);
     ga = Tensor();
     if (root_) {
@@ -243,6 +263,19 @@ class AggregateLinear {
   }
 
  private:
+  // A x for the aggregate-first order: the kept one when it was computed from this very tensor on
+  // this graph, else computed now, and kept when `keep` (a constant input on a whole graph). The
+  // kept x reference pins its storage, so a matching pointer is the same, unchanged input.
+  Tensor aggregated_input(const GraphOperand& g, const Tensor& x, bool keep) {
+    if (kept_.a.defined() && kept_.graph == g.id() && kept_.x.f32() == x.f32() && kept_.x.rows() == x.rows() &&
+        kept_.x.cols() == x.cols())
+      return kept_.a;
+    Tensor a = Tensor::empty(g.num_dst(), lin_.in(), DType::kF32, x.device());
+    aggregate(g, norm_, self_scale_, x, &a, exec_);
+    if (keep && g.whole_graph()) kept_ = {g.id(), x, a};
+    return a;
+  }
+
   // Backward for a MaxK input aggregated in CBSR form: dW from the saved SpGEMM output, the input
   // gradient at the kept positions only: SSpMM of grad W^T, plus the root term's grad W_r^T,
   // through MaxK's backward.
@@ -278,10 +311,16 @@ class AggregateLinear {
   float self_scale_;
   ops::ExecOptions exec_;
   bool transform_first_ = false;
+  bool saved_is_aggregated_ = false;  // saved_ holds A x (a hidden layer), not x
   bool sparse_input_ = false;  // the last forward aggregated a MaxK input's CBSR form
-  // The input x (aggregate-first recomputes A x from it), or the SpGEMM output for a MaxK input.
+  // The input x (transform-first; aggregate-first in the first layer, which recomputes A x from it),
+  // A x (aggregate-first in a hidden layer), or the SpGEMM output for a MaxK input.
   Tensor saved_;
   Tensor x_dst_;  // the destinations' own input rows (root term)
+  struct Kept {
+    uint64_t graph = 0;
+    Tensor x, a;
+  } kept_;  // A x of a constant input (aggregated_input)
   ops::Cbsr maxk_;  // the CBSR form of a MaxK input, for backward
 };
 
@@ -292,8 +331,8 @@ class GcnLayer : public Layer {
   std::string kind() const override { return "gcn"; }
   int64_t in_dim() const override { return conv_.in(); }
   int64_t out_dim() const override { return conv_.out(); }
-  Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) override {
-    return conv_.forward(g, x, ctx);
+  Tensor forward(const GraphOperand& g, Tensor x, const ForwardContext& ctx) override {
+    return conv_.forward(g, std::move(x), ctx);
   }
   Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) override {
     return conv_.backward(g, std::move(grad), need_input_grad);
@@ -318,8 +357,8 @@ class SageLayer : public Layer {
   std::string kind() const override { return "sage"; }
   int64_t in_dim() const override { return conv_.in(); }
   int64_t out_dim() const override { return conv_.out(); }
-  Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) override {
-    return conv_.forward(g, x, ctx);
+  Tensor forward(const GraphOperand& g, Tensor x, const ForwardContext& ctx) override {
+    return conv_.forward(g, std::move(x), ctx);
   }
   Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) override {
     return conv_.backward(g, std::move(grad), need_input_grad);
@@ -346,11 +385,11 @@ class GinLayer : public Layer {
   std::string kind() const override { return "gin"; }
   int64_t in_dim() const override { return first_.in(); }
   int64_t out_dim() const override { return first_.out(); }
-  Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) override {
-    if (!second_) return first_.forward(g, x, ctx);
+  Tensor forward(const GraphOperand& g, Tensor x, const ForwardContext& ctx) override {
+    if (!second_) return first_.forward(g, std::move(x), ctx);
     ForwardContext inner = ctx;
     inner.relu = true;
-    Tensor z = first_.forward(g, x, inner);
+    Tensor z = first_.forward(g, std::move(x), inner);
     exec_ = ctx.exec;
     if (ctx.training) hidden_ = z;
     return second_->forward(z, exec_.tf32, ctx.relu);

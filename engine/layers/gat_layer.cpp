@@ -34,7 +34,7 @@ class GatLayer : public Layer {
   int64_t in_dim() const override { return lin_.in(); }
   int64_t out_dim() const override { return lin_.out(); }
 
-  Tensor forward(const GraphOperand& g, const Tensor& x, const ForwardContext& ctx) override {
+  Tensor forward(const GraphOperand& g, Tensor x, const ForwardContext& ctx) override {
     const int64_t H = shape_.heads, F = shape_.f;
     const Device dev = x.device();
     exec_ = ctx.exec;

@@ -155,6 +155,25 @@ TEST_P(GpuModelStep, MatchesTheCpuStepWithMaxK) {
   for (size_t i = 0; i < cpu.grads.size(); ++i) EXPECT_LT(rel_error(gpu.grads[i], cpu.grads[i]), 1e-3) << "parameter " << i;
 }
 
+// Wider layers, in every order: 170 -> 160 transforms first, 160 -> 160 aggregates first (GCN,
+// GIN: the hidden layer keeps A x) or transforms first (SAGE), 160 -> 11 transforms first; widths
+// that GAR gathers from padded rows, in whole tiles plus a tail launch.
+TEST(GpuWideModelStep, EveryLayerOrderMatchesTheCpuStep) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
+  const RandomGraph g = random_graph(25, 401, true);
+  for (const std::string model : {"gcn", "sage", "gin"}) {
+    ModelConfig cfg = config_for(model);
+    cfg.in_dim = 170;  // wider than the hidden layers: the first one transforms first too
+    cfg.hidden = 160;
+    const StepResult cpu = step(cfg, g, Device::cpu(), kernels::SpmmKind::kGar);
+    const StepResult gpu = step(cfg, g, Device::cuda(0), kernels::SpmmKind::kGar);
+    EXPECT_LT(rel_error(gpu.logits, cpu.logits), 1e-4) << model;
+    EXPECT_NEAR(gpu.loss, cpu.loss, 1e-4 * std::abs(cpu.loss)) << model;
+    for (size_t i = 0; i < cpu.grads.size(); ++i)
+      EXPECT_LT(rel_error(gpu.grads[i], cpu.grads[i]), 1e-3) << model << " parameter " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Models, GpuModelStep,
     ::testing::Combine(::testing::Values("gcn", "sage", "gin", "gat"), ::testing::Bool(),
