@@ -153,6 +153,9 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float be
 }
 
 void gemm_in_place(Tensor* a, const Tensor& b, bool trans_b, bool tf32, int64_t panel_rows) {
+  // 256 MiB panels: in GIN's backward on 2M x 256 (two layers, H100, tf32) the GEMMs took 3.1 ms
+  // and the copies 3.2 where 32 panels of 65536 rows a layer took 3.5 and 3.45.
+  if (panel_rows == 0) panel_rows = std::max<int64_t>(1, kGemmPanelBytes / (std::max<int64_t>(1, a->cols()) * 4));
   GALE_ASSERT(b.rows() == b.cols() && b.rows() == a->cols() && panel_rows > 0);
   if (a->rows() == 0) return;
   Tensor scratch = Tensor::empty(std::min(panel_rows, a->rows()), a->cols(), DType::kF32, a->device());

@@ -85,8 +85,10 @@ void copy(const Tensor& src, Tensor* dst);  // same shape and dtype, same device
 // out[i] = src[ids[i]] for every row id (i64, n x 1) of a 4-byte dtype (f32 or i32), bit for bit.
 Tensor gather_rows(const Tensor& src, const Tensor& ids);
 // a <- a op(b) for a square op(b) (cols x cols), in place: row panels go through a scratch of at
-// most panel_rows rows, so the product needs no second a-sized tensor.
-void gemm_in_place(Tensor* a, const Tensor& b, bool trans_b, bool tf32, int64_t panel_rows = 65536);
+// most panel_rows rows (0: as many as fit in kGemmPanelBytes), so the product needs no second
+// a-sized tensor.
+constexpr int64_t kGemmPanelBytes = int64_t{256} << 20;
+void gemm_in_place(Tensor* a, const Tensor& b, bool trans_b, bool tf32, int64_t panel_rows = 0);
 
 void relu(const Tensor& x, Tensor* out);  // may alias
 void relu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in);
