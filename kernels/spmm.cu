@@ -281,8 +281,9 @@ __device__ __forceinline__ void load_piece(const Params& p, const int32_t* vstar
   }
 }
 
-// Walks the group's virtual range [vb, ve) for the tile column `col` of lane g (its K floats;
-// col = -1 for a lane past the width, which gathers nothing and sums zeros). Calls flush(row, acc) whenever a row's entries in this range are summed up (row changes, or the
+// Walks the group's virtual range [vb, ve) for the tile column `col` of lane g (its K floats; a
+// lane past the width is given the tile's first column, so its loads repeat lane 0's within the
+// same request: no extra sectors, no branch, and a sum that is never stored). Calls flush(row, acc) whenever a row's entries in this range are summed up (row changes, or the
 // range ends). Every lane of the warp must call this together (full-mask shuffles): the loop runs
 // to the warp's largest piece count; groups past their range load row 0 and add nothing.
 template <typename T, int G, typename Flush>
@@ -303,11 +304,7 @@ __device__ __forceinline__ void walk(const Params& p, const int32_t* vstart, con
 #pragma unroll
     for (int u = 0; u < P; ++u) {
       const int c = __shfl_sync(kFull, cur.col[u / G], u % G, G);
-      if (col >= 0) {
-        load_ro(v[u], p.x + static_cast<int64_t>(c) * p.x_ld + col);
-      } else {
-        set_zero(v[u]);  // a lane past the width: no gather
-      }
+      load_ro(v[u], p.x + static_cast<int64_t>(c) * p.x_ld + col);
     }
     // The next piece's indices and weights are read while the gathers are in flight.
     Held<H> next;
@@ -347,7 +344,7 @@ struct GarShared {
 };
 
 // Sums entries [vb, ve) of one row (entry numbers relative to `begin`) for lane g's K floats at
-// col (-1: past the width), in pieces of P entries as walk() does, without rows to track. Every lane of the warp calls
+// col, in pieces of P entries as walk() does, without rows to track. Every lane of the warp calls
 // this together; past ve a lane loads row 0 and adds nothing.
 template <typename T, int G>
 __device__ __forceinline__ T sum_range(const Params& p, int64_t begin, int64_t vb, int64_t ve, int g, int64_t col) {
@@ -371,11 +368,7 @@ __device__ __forceinline__ T sum_range(const Params& p, int64_t begin, int64_t v
 #pragma unroll
     for (int u = 0; u < P; ++u) {
       const int c = __shfl_sync(kFull, cols[u / G], u % G, G);
-      if (col >= 0) {
-        load_ro(v[u], p.x + static_cast<int64_t>(c) * p.x_ld + col);
-      } else {
-        set_zero(v[u]);  // a lane past the width: no gather
-      }
+      load_ro(v[u], p.x + static_cast<int64_t>(c) * p.x_ld + col);
     }
     float w[H];
 #pragma unroll
@@ -407,7 +400,7 @@ __device__ void long_row(const Params& p, int64_t r, int64_t col0, GarShared<T, 
   const int64_t n = p.indptr[r + 1] - begin;
   float* part = sh.buf;
   const int64_t lane_col = col0 + static_cast<int64_t>(g) * K;
-  const T sum = sum_range<T, G>(p, begin, n * q / kGroups, n * (q + 1) / kGroups, g, lane_col < p.width ? lane_col : -1);
+  const T sum = sum_range<T, G>(p, begin, n * q / kGroups, n * (q + 1) / kGroups, g, lane_col < p.width ? lane_col : col0);
   store(part + q * kTile + g * K, sum);
   __syncthreads();
   {
@@ -485,7 +478,7 @@ __device__ void span_rows(const Params& p, int64_t r0, int64_t col0, GarShared<T
     }
     if (sh.vstart[lo] < vb) straddler = lo;
   }
-  walk<T, G>(p, sh.vstart, sh.rbeg, rows, vb, ve, g, lane_col < p.width ? lane_col : -1, [&](int i, const T& acc) {
+  walk<T, G>(p, sh.vstart, sh.rbeg, rows, vb, ve, g, lane_col < p.width ? lane_col : col0, [&](int i, const T& acc) {
     store((i == straddler ? slots + q * kTile : rowbuf + i * kTile) + g * K, acc);
   });
   __syncthreads();
