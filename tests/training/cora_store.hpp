@@ -18,6 +18,7 @@ inline std::string cora_store() {
     o.inputs = {std::string(GALE_SOURCE_DIR) + "/tests/data/cora"};
     o.output = (dir / "cora.gale").string();
     o.normalize_features_row = true;
+    o.overwrite = true;  // a store left by an earlier process with the same pid (killed mid-run)
     storage::preprocess(o);
     return o.output;
   }();
