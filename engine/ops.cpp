@@ -168,6 +168,27 @@ void gemm_in_place(Tensor* a, const Tensor& b, bool trans_b, bool tf32, int64_t 
   }
 }
 
+void gemm_bias(const Tensor& a, const Tensor& b, float beta, Tensor* c, const Tensor& bias, bool relu, bool tf32) {
+  same_device(a, b, "gemm_bias");
+  same_device(a, *c, "gemm_bias");
+  same_device(a, bias, "gemm_bias");
+  const int64_t m = a.rows(), k = a.cols(), n = b.cols();
+  GALE_ASSERT(b.rows() == k && c->rows() == m && c->cols() == n && bias.numel() == n);
+#if GALE_WITH_CUDA
+  if (a.device().is_cuda()) {
+    const OpTimer timer(OpKind::kGemm, a.device(),
+                        active_profile ? "gemm+bias " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k)
+                                       : "");
+    kernels::cuda::CublasHandle& blas = context(a).blas();
+    if (kernels::gemm_bias_cuda(blas, blas.workspace(), blas.workspace_bytes(), false, false, m, n, k, a.f32(), k,
+                                b.f32(), n, beta, c->f32(), n, bias.f32(), relu, tf32))
+      return;
+  }
+#endif
+  gemm(a, false, b, false, beta, c, tf32);
+  add_bias(c, bias, relu);
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b, bool tf32) {
   Tensor c = Tensor::empty(a.rows(), b.cols(), DType::kF32, a.device());
   gemm(a, false, b, false, 0.0f, &c, tf32);

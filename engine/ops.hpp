@@ -76,6 +76,9 @@ class OpTimer {
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta, Tensor* c, bool tf32);
 // a b as a new tensor.
 Tensor matmul(const Tensor& a, const Tensor& b, bool tf32);
+// c = a b + beta c + bias (1 x cols), then ReLU when relu: gemm and add_bias in one pass where the
+// device can (cuBLASLt's bias epilogue on a GPU), else one after the other.
+void gemm_bias(const Tensor& a, const Tensor& b, float beta, Tensor* c, const Tensor& bias, bool relu, bool tf32);
 
 void add_bias(Tensor* y, const Tensor& bias, bool relu = false);  // y[r] += bias (then ReLU, one pass)
 void column_sum(const Tensor& x, Tensor* out, bool accumulate);  // out (1 x cols) (+)= sum of rows

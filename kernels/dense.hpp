@@ -88,6 +88,15 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
                bool tf32 = false);
 
+// c = op(a) op(b) + beta c + bias (one value per column of the row-major c), then ReLU when
+// relu: gemm_cuda then add_bias(_relu)_cuda in one cuBLASLt call (the bias epilogue), so the
+// product makes one trip through memory. `workspace` is the handle's (cuBLAS and cuBLASLt calls
+// on one stream may share it). Returns false, having done nothing, when cuBLASLt offers no
+// algorithm for the shape (or bias is null, or k is 0): the caller then does the two steps.
+bool gemm_bias_cuda(cublasHandle_t handle, void* workspace, size_t workspace_bytes, bool trans_a, bool trans_b,
+                    int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                    float* c, int64_t ldc, const float* bias, bool relu, bool tf32 = false);
+
 void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream);
 void add_bias_relu_cuda(MatrixView out, const float* bias, cudaStream_t stream);
 void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream);

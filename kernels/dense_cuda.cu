@@ -9,13 +9,16 @@
 // Reductions are deterministic: no floating-point atomics, every sum in an order fixed by the
 // shape alone, accumulated in double as the CPU does. Random draws use random.hpp's counter RNG
 // with the CPU's counters, so dropout masks are bit-identical.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <tuple>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/dense.hpp"
@@ -524,6 +527,106 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   GALE_CHECK_CUBLAS(cublasGemmEx_64(handle, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda,
                                     &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+namespace {
+
+// A cuBLASLt handle for the calling thread's current device, and the algorithm its heuristic chose
+// for each problem shape (asked once per shape: the query costs tens of microseconds on the host).
+class LtState {
+ public:
+  LtState() = default;
+  LtState(const LtState&) = delete;
+  LtState& operator=(const LtState&) = delete;
+  ~LtState() {
+    if (handle_ != nullptr) (void)cublasLtDestroy(handle_);  // errors ignored: the context may be gone
+  }
+  cublasLtHandle_t handle() {
+    int device = 0;
+    GALE_CHECK_CUDA(cudaGetDevice(&device));
+    if (device != device_) {
+      if (handle_ != nullptr) (void)cublasLtDestroy(handle_);
+      handle_ = nullptr;
+      algos_.clear();
+      GALE_CHECK_CUBLAS(cublasLtCreate(&handle_));
+      device_ = device;
+    }
+    return handle_;
+  }
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, size_t>;
+  std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>> algos_;
+
+ private:
+  int device_ = -1;
+  cublasLtHandle_t handle_ = nullptr;
+};
+
+thread_local LtState lt_state;
+
+template <typename T, void (*Destroy)(T)>
+struct LtOwned {
+  T v = nullptr;
+  ~LtOwned() {
+    if (v != nullptr) Destroy(v);
+  }
+};
+void destroy_desc(cublasLtMatmulDesc_t d) { (void)cublasLtMatmulDescDestroy(d); }
+void destroy_layout(cublasLtMatrixLayout_t l) { (void)cublasLtMatrixLayoutDestroy(l); }
+void destroy_pref(cublasLtMatmulPreference_t p) { (void)cublasLtMatmulPreferenceDestroy(p); }
+
+size_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return a % 16 == 0 ? 16 : a % 8 == 0 ? 8 : 4;
+}
+
+}  // namespace
+
+bool gemm_bias_cuda(cublasHandle_t handle, void* workspace, size_t workspace_bytes, bool trans_a, bool trans_b,
+                    int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                    float* c, int64_t ldc, const float* bias, bool relu, bool tf32) {
+  if (m == 0 || n == 0) return true;
+  if (k == 0 || bias == nullptr) return false;
+  cudaStream_t stream = nullptr;
+  GALE_CHECK_CUBLAS(cublasGetStream(handle, &stream));
+  const cublasLtHandle_t lt = lt_state.handle();
+  // As gemm_cuda: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. The bias then
+  // runs along C^T's rows, which is what cuBLASLt broadcasts: one value per column of C.
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LtOwned<cublasLtMatmulDesc_t, destroy_desc> desc;
+  GALE_CHECK_CUBLAS(
+      cublasLtMatmulDescCreate(&desc.v, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  GALE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.v, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
+  GALE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.v, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
+  const cublasLtEpilogue_t epilogue = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  GALE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.v, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  GALE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.v, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  // Stored shapes (column-major rows x cols) of the operands as cuBLASLt reads them.
+  LtOwned<cublasLtMatrixLayout_t, destroy_layout> la, lb, lc;
+  GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&la.v, CUDA_R_32F, trans_b ? k : n, trans_b ? n : k, ldb));
+  GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lb.v, CUDA_R_32F, trans_a ? m : k, trans_a ? k : m, lda));
+  GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lc.v, CUDA_R_32F, n, m, ldc));
+  const size_t aligned = std::min({alignment(a), alignment(b), alignment(c), alignment(bias)});
+  const LtState::Key key{m, n, k, lda, ldb, ldc, (trans_a ? 1 : 0) | (trans_b ? 2 : 0) | (relu ? 4 : 0) |
+                                                    (beta != 0.0f ? 8 : 0) | (tf32 ? 16 : 0), aligned};
+  auto found = lt_state.algos_.find(key);
+  if (found == lt_state.algos_.end()) {
+    LtOwned<cublasLtMatmulPreference_t, destroy_pref> pref;
+    GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref.v));
+    GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref.v, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &workspace_bytes, sizeof(workspace_bytes)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt, desc.v, la.v, lb.v, lc.v, lc.v, pref.v, 1, &result, &count);
+    const bool ok = st == CUBLAS_STATUS_SUCCESS && count > 0;
+    found = lt_state.algos_.emplace(key, std::make_pair(ok, result.algo)).first;
+  }
+  if (!found->second.first) return false;  // no fused algorithm for this shape: the caller falls back
+  const float alpha = 1.0f;
+  GALE_CHECK_CUBLAS(cublasLtMatmul(lt, desc.v, &alpha, b, la.v, a, lb.v, &beta, c, lc.v, c, lc.v, &found->second.second,
+                                   workspace, workspace_bytes, stream));
+  return true;
 }
 
 void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream) {

@@ -179,9 +179,7 @@ class AggregateLinear {
     sparse_input_ = ctx.maxk_input != nullptr && lin_.in() <= lin_.out();
     if (sparse_input_) {
       Tensor a = aggregate_cbsr(g, norm_, self_scale_, *ctx.maxk_input);
-      y = lin_.forward(a, exec_.tf32);
-      if (root_) ops::gemm(x_dst, false, root_->weight().value, false, 1.0f, &y, exec_.tf32);
-      ops::add_bias(&y, bias_.value, ctx.relu);
+      y = transform_with_bias(a, x_dst, ctx.relu);
       if (ctx.training) saved_ = a;  // kept: the SpGEMM's output is what dW needs
     } else if (transform_first_) {
       const Tensor t = lin_.forward(x, exec_.tf32);
@@ -195,9 +193,7 @@ class AggregateLinear {
     } else {
       Tensor a = aggregated_input(g, x, ctx.training && ctx.constant_input);
       if (!ctx.first_layer && !root_) x = Tensor();  // a previous activation, needed no more
-      y = lin_.forward(a, exec_.tf32);
-      if (root_) ops::gemm(x_dst, false, root_->weight().value, false, 1.0f, &y, exec_.tf32);
-      ops::add_bias(&y, bias_.value, ctx.relu);
+      y = transform_with_bias(a, x_dst, ctx.relu);
       // The first layer's input is the model's input, which its caller holds anyway: backward
       // recomputes A x from it (or finds it kept, for a constant input), which buys a num_dst x in
       // tensor of memory for one more SpMM on the narrow width. A hidden layer keeps A x instead,
@@ -263,6 +259,19 @@ class AggregateLinear {
   }
 
  private:
+  // a W (+ x_dst W_root) + bias, then ReLU when asked: the bias and ReLU ride on the last GEMM's
+  // epilogue (ops::gemm_bias).
+  Tensor transform_with_bias(const Tensor& a, const Tensor& x_dst, bool relu) const {
+    Tensor y = Tensor::empty(a.rows(), lin_.out(), DType::kF32, a.device());
+    if (!root_) {
+      ops::gemm_bias(a, lin_.weight().value, 0.0f, &y, bias_.value, relu, exec_.tf32);
+      return y;
+    }
+    ops::gemm(a, false, lin_.weight().value, false, 0.0f, &y, exec_.tf32);
+    ops::gemm_bias(x_dst, root_->weight().value, 1.0f, &y, bias_.value, relu, exec_.tf32);
+    return y;
+  }
+
   // A x for the aggregate-first order: the kept one when it was computed from this very tensor on
   // this graph, else computed now, and kept when `keep` (a constant input on a whole graph). The
   // kept x reference pins its storage, so a matching pointer is the same, unchanged input.

@@ -27,9 +27,13 @@ Linear::Linear(const std::string& name, int64_t in, int64_t out, bool bias, uint
 }
 
 Tensor Linear::forward(const Tensor& x, bool tf32, bool relu) const {
+  if (bias_.value.defined()) {
+    Tensor y = Tensor::empty(x.rows(), out(), DType::kF32, x.device());
+    ops::gemm_bias(x, weight_.value, 0.0f, &y, bias_.value, relu, tf32);
+    return y;
+  }
   Tensor y = ops::matmul(x, weight_.value, tf32);
-  if (bias_.value.defined()) ops::add_bias(&y, bias_.value, relu);
-  else if (relu) ops::relu(y, &y);
+  if (relu) ops::relu(y, &y);
   return y;
 }
 

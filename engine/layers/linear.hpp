@@ -26,6 +26,7 @@ class Linear {
   int64_t in() const { return weight_.value.rows(); }
   int64_t out() const { return weight_.value.cols(); }
   Parameter& weight() { return weight_; }
+  const Parameter& weight() const { return weight_; }
 
  private:
   Parameter weight_;

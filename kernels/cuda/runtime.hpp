@@ -174,6 +174,9 @@ class CublasHandle {
   cublasHandle_t get() const noexcept { return handle_; }
   operator cublasHandle_t() const noexcept { return handle_; }  // NOLINT: cuBLAS calls take it
   cudaStream_t stream() const noexcept { return stream_; }
+  // The handle's workspace, for cuBLASLt calls on the same stream.
+  void* workspace() const noexcept { return workspace_; }
+  size_t workspace_bytes() const noexcept { return workspace_bytes_; }
 
  private:
   void reset() noexcept;
