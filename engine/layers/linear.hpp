@@ -20,8 +20,9 @@ class Linear {
   void accumulate_grads(const Tensor& x, const Tensor& grad_out, bool tf32);
   // g W^T, added into `into` (beta 1) when given, else as a new tensor.
   Tensor input_grad(const Tensor& grad_out, bool tf32, Tensor* into = nullptr) const;
-  // g <- g W^T for a square W, without a second g-sized tensor.
-  void input_grad_in_place(Tensor* grad_out, bool tf32) const;
+  // g <- g W^T for a square W, without a second g-sized tensor; then through ReLU's backward at
+  // relu_of (the ReLU's output) when given, in the same pass.
+  void input_grad_in_place(Tensor* grad_out, bool tf32, const Tensor* relu_of = nullptr) const;
   void add_parameters(std::vector<Parameter*>* out);
   int64_t in() const { return weight_.value.rows(); }
   int64_t out() const { return weight_.value.cols(); }
