@@ -403,8 +403,8 @@ void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind ki
   const cudaStream_t s = DeviceContext::get(device.ordinal).stream();
   const int64_t ld = kernels::spmm_resolve(kind, a) == kernels::SpmmKind::kGar ? kernels::spmm_gar_padded_ld(a) : 0;
   if (ld > 0 && a.graph.rows > 0) {
-    const Tensor padded = Tensor::empty(a.x.rows, ld, DType::kF32, device);
-    kernels::cuda::copy_rows_on_device(const_cast<float*>(padded.f32()), ld * sizeof(float), a.x.data,
+    Tensor padded = Tensor::empty(a.x.rows, ld, DType::kF32, device);
+    kernels::cuda::copy_rows_on_device(padded.f32(), ld * sizeof(float), a.x.data,
                                        a.x.ld * sizeof(float), a.x.cols * sizeof(float), a.x.rows, s);
     kernels::SpmmArgs b = a;
     b.x = kernels::ConstMatrixView{padded.f32(), a.x.rows, a.x.cols, ld};

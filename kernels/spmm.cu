@@ -283,8 +283,9 @@ __device__ __forceinline__ void load_piece(const Params& p, const int32_t* vstar
 
 // Walks the group's virtual range [vb, ve) for the tile column `col` of lane g (its K floats; a
 // lane past the width is given the tile's first column, so its loads repeat lane 0's within the
-// same request: no extra sectors, no branch, and a sum that is never stored). Calls flush(row, acc) whenever a row's entries in this range are summed up (row changes, or the
-// range ends). Every lane of the warp must call this together (full-mask shuffles): the loop runs
+// same request: no extra sectors, no branch, and a sum that is never stored). Calls
+// flush(row, acc) whenever a row's entries in this range are summed up (row changes, or the range
+// ends). Every lane of the warp must call this together (full-mask shuffles): the loop runs
 // to the warp's largest piece count; groups past their range load row 0 and add nothing.
 template <typename T, int G, typename Flush>
 __device__ __forceinline__ void walk(const Params& p, const int32_t* vstart, const int64_t* rbeg, int rows,
@@ -794,11 +795,15 @@ Params make_params(const SpmmArgs& a) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// float4 loads need every row start (and the bias) 16-byte aligned.
-bool can_vectorise(const SpmmArgs& a) {
-  return a.out.cols % 4 == 0 && a.x.ld % 4 == 0 && a.out.ld % 4 == 0 && aligned16(a.x.data) &&
-         aligned16(a.out.data) && (a.bias == nullptr || aligned16(a.bias));
+// float4 gathers need x's rows 16-byte aligned; float4 stores (and bias loads) the output's too,
+// with a width that is a multiple of 4. GAR's gathers may read past the width up to the next
+// multiple of 4 (never past x.ld): the extra columns are summed in registers and never stored.
+bool vector_loads(const SpmmArgs& a) { return a.x.ld % 4 == 0 && aligned16(a.x.data); }
+bool vector_stores(const SpmmArgs& a) {
+  return a.out.cols % 4 == 0 && a.out.ld % 4 == 0 && aligned16(a.out.data) && (a.bias == nullptr || aligned16(a.bias));
 }
+// GAS and the memory-aware kernel vectorise loads and stores together.
+bool can_vectorise(const SpmmArgs& a) { return vector_loads(a) && vector_stores(a); }
 
 // GAS: lanes per row group (G) and elements per lane (VPT) for a width of `units` elements (floats or
 // float4s): up to 32 units one unit per lane, with the group shrunk to the next power of two so
@@ -897,28 +902,16 @@ unsigned elementwise_blocks(int64_t total) {
 // rounded up to a power of two of lanes when it is narrower.
 constexpr int64_t kGarTile = 32;
 
-// float4 gathers need x's rows 16-byte aligned; float4 stores (and bias loads) the output's too,
-// with a width that is a multiple of 4. Gathers may read past the width up to the next multiple
-// of 4 (never past x.ld): the extra columns are summed in registers and never stored.
-bool gar_vector_loads(const SpmmArgs& a) { return a.x.ld % 4 == 0 && aligned16(a.x.data); }
-bool gar_vector_stores(const SpmmArgs& a) {
-  return a.out.cols % 4 == 0 && a.out.ld % 4 == 0 && aligned16(a.out.data) && (a.bias == nullptr || aligned16(a.bias));
-}
-
 // One GAR launch over the columns [col0, col0 + width) of a: groups sized for that width.
 void launch_gar_columns(const SpmmArgs& a, int64_t col0, int64_t width, cudaStream_t stream) {
-  Params p = make_params(a);
-  p.x += col0;
-  p.out += col0;
-  if (p.bias) p.bias += col0;
-  p.width = width;
-  SpmmArgs part = a;  // the alignment of the part: col0 is a multiple of 32 floats
-  part.x.data = p.x;
-  part.out.data = p.out;
+  SpmmArgs part = a;
+  part.x.data += col0;
+  part.out.data += col0;
   part.out.cols = width;
-  part.bias = p.bias;
-  const bool vec = gar_vector_loads(part);
-  const bool vec_out = vec && gar_vector_stores(part);
+  if (part.bias) part.bias += col0;
+  const Params p = make_params(part);
+  const bool vec = vector_loads(part);
+  const bool vec_out = vec && vector_stores(part);
   const int64_t k = vec ? 4 : 1;
   const int64_t lanes = std::min((width + k - 1) / k, kGarTile / k);
   int g = 1;

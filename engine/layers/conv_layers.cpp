@@ -55,15 +55,14 @@ void set_col_scale(const GraphOperand& g, GraphOperand::EntryScale which, const 
   }
 }
 
-// out = A_norm x (+ epilogue), out preallocated (num_dst x width); `col0` is out's first column
-// within the output tensor (a column block of it), where the bias is read from.
-void aggregate(const GraphOperand& g, Norm norm, float self_scale, kernels::ConstMatrixView x, kernels::MatrixView out,
-               const Device& device, const ops::ExecOptions& exec, const Epilogue& ep = {}, int64_t col0 = 0) {
+// out = A_norm x (+ epilogue), out preallocated (num_dst x width).
+void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor& x, Tensor* out,
+               const ops::ExecOptions& exec, const Epilogue& ep = {}) {
   kernels::SpmmArgs a;
   a.graph = g.csr();
   a.nnz = g.nnz();
-  a.x = x;
-  a.out = out;
+  a.x = x.view();
+  a.out = out->view();
   switch (norm) {
     case Norm::kGcn:
       a.row_scale = g.dst_norm();
@@ -73,17 +72,11 @@ void aggregate(const GraphOperand& g, Norm norm, float self_scale, kernels::Cons
     case Norm::kMean: a.row_scale = g.inv_degree(); break;
     case Norm::kSum: a.self_scale = self_scale; break;
   }
-  a.bias = ep.bias ? ep.bias->f32() + col0 : nullptr;
+  a.bias = ep.bias ? ep.bias->f32() : nullptr;
   a.relu = ep.relu;
   a.accumulate = ep.accumulate;
-  ops::spmm(a, device, exec.spmm);
+  ops::spmm(a, g.device(), exec.spmm);
 }
-
-void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor& x, Tensor* out,
-               const ops::ExecOptions& exec, const Epilogue& ep = {}) {
-  aggregate(g, norm, self_scale, x.view(), out->view(), g.device(), exec, ep);
-}
-
 
 // The scales of `aggregate` on the CBSR aggregations' arguments (SpgemmCbsrArgs, SspmmCbsrArgs).
 template <typename Args>
@@ -238,8 +231,7 @@ class AggregateLinear {
       }
       return gx;
     }
-    lin_.accumulate_grads(saved_is_aggregated_ ? saved_ : aggregated_input(g, saved_, /*keep=*/false), grad,
-                          exec_.tf32);
+    lin_.accumulate_grads(saved_aggregate(g), grad, exec_.tf32);
     saved_ = Tensor();
     if (!need_input_grad) return Tensor();
     Tensor ga = lin_.input_grad(grad, exec_.tf32);
@@ -286,6 +278,11 @@ class AggregateLinear {
     return a;
   }
 
+  // The aggregate-first forward's A x: saved (a hidden layer), kept or recomputed (the first).
+  Tensor saved_aggregate(const GraphOperand& g) {
+    return saved_is_aggregated_ ? saved_ : aggregated_input(g, saved_, /*keep=*/false);
+  }
+
   // Backward for a MaxK input aggregated in CBSR form: dW from the saved SpGEMM output, the input
   // gradient at the kept positions only: SSpMM of grad W^T, plus the root term's grad W_r^T,
   // through MaxK's backward.
@@ -319,8 +316,7 @@ class AggregateLinear {
   // backward.
   Tensor output_again(const GraphOperand& g, bool relu) {
     GALE_ASSERT(aggregates_first() && saved_.defined());
-    const Tensor a = saved_is_aggregated_ ? saved_ : aggregated_input(g, saved_, /*keep=*/false);
-    return transform_with_bias(a, x_dst_, relu);
+    return transform_with_bias(saved_aggregate(g), x_dst_, relu);
   }
 
  private:
@@ -421,7 +417,6 @@ class GinLayer : public Layer {
   Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) override {
     if (!second_) return first_.backward(g, std::move(grad), need_input_grad);
     Tensor hidden = recompute_hidden_ ? first_.output_again(g, /*relu=*/true) : std::move(hidden_);
-    hidden_ = Tensor();
     second_->accumulate_grads(hidden, grad, exec_.tf32);
     // The MLP's hidden width equals its output width: the input gradient overwrites grad in row
     // panels, written back through the inner ReLU's backward, so the hidden activation, grad and
