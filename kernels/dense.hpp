@@ -127,7 +127,8 @@ void adam_update_cuda(float* w, const float* g, float* m, float* v, int64_t n, c
 
 // Device scratch softmax_cross_entropy_cuda needs (CUB style: the caller allocates it, e.g. a
 // DeviceBuffer<uint8_t> from the MemoryPool, so it is charged to the budget): one double loss and
-// one int32 hit per listed row, one int32 multiplicity per logits row.
+// one int32 hit per listed row or per logits row, whichever are more, and one int32 multiplicity
+// per logits row.
 size_t softmax_cross_entropy_workspace_bytes(int64_t logits_rows, int64_t n_rows);
 
 // Twin of softmax_cross_entropy_cpu: mean softmax cross-entropy over the n_rows

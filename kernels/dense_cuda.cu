@@ -374,10 +374,15 @@ struct RowStats {
   double log_sum;
 };
 
+// exp(z - max) values a lane keeps from the row statistics for the gradient: rows of up to 128
+// classes need one double exp per logit instead of two (the kernels are bound by FP64 work).
+constexpr int kKeptPerLane = 4;
+
 // Max, first argmax and log-sum-exp (shifted by the max, in double) of one row, computed by a warp;
 // every lane returns the same values. The xor butterfly leaves the same bits in every lane because
-// each step adds the same two partials, only in swapped order (addition is commutative).
-__device__ RowStats row_stats(const float* z, int64_t cols, int lane) {
+// each step adds the same two partials, only in swapped order (addition is commutative). Lane l's
+// exp(z[k] - max) for k = l + 32 j, j < kKeptPerLane, are left in kept (0 past the row).
+__device__ RowStats row_stats(const float* z, int64_t cols, int lane, double (&kept)[kKeptPerLane]) {
   float mx = -INFINITY;
   int64_t arg = INT64_MAX;  // lanes past the last column never win a tie
   for (int64_t k = lane; k < cols; k += kWarp) {
@@ -396,17 +401,24 @@ __device__ RowStats row_stats(const float* z, int64_t cols, int lane) {
       arg = oa;
     }
   }
+  // The same additions in the same order as one loop over k = lane, lane + 32, ...: a kept slot
+  // past the row adds an exact 0.
   double sum = 0.0;
-  for (int64_t k = lane; k < cols; k += kWarp) sum += exp(static_cast<double>(z[k]) - mx);
+#pragma unroll
+  for (int j = 0; j < kKeptPerLane; ++j) {
+    const int64_t k = lane + j * kWarp;
+    kept[j] = k < cols ? exp(static_cast<double>(z[k]) - mx) : 0.0;
+    sum += kept[j];
+  }
+  for (int64_t k = lane + kKeptPerLane * kWarp; k < cols; k += kWarp) sum += exp(static_cast<double>(z[k]) - mx);
 #pragma unroll
   for (int off = kWarp / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(kFullMask, sum, off);
   return {mx, arg, log(sum)};
 }
 
-// One warp per listed row: its loss and hit into the workspace, and (for the gradient) one more
-// listing of its logits row. The multiplicity count is an integer atomic: exact in any order.
+// Loss only (no gradient): one warp per listed row, its loss and hit into the workspace.
 __global__ void ce_loss_kernel(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
-                               double* row_loss, int32_t* row_hit, int32_t* multiplicity) {
+                               double* row_loss, int32_t* row_hit) {
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; i < n_rows; i += warps) {
@@ -420,19 +432,35 @@ __global__ void ce_loss_kernel(ConstMatrixView logits, const int32_t* labels, co
       continue;
     }
     const float* z = logits.data + r * logits.ld;
-    const RowStats s = row_stats(z, logits.cols, lane);
+    double kept[kKeptPerLane];
+    const RowStats s = row_stats(z, logits.cols, lane, kept);
     if (lane == 0) {
       row_loss[i] = s.log_sum - (static_cast<double>(z[y]) - s.max);
       row_hit[i] = s.arg == y ? 1 : 0;
-      if (multiplicity != nullptr) atomicAdd(multiplicity + r, 1);
     }
   }
 }
 
-// One warp per logits row: zeros for rows never listed; for a row listed k times, the CPU's
-// per-listing float contribution added k times in float, as the CPU accumulates it.
-__global__ void ce_grad_kernel(ConstMatrixView logits, const int32_t* labels, const int32_t* multiplicity, double inv_n,
-                               MatrixView grad) {
+// With the gradient, each logits row's statistics are computed once however often it is listed:
+// first the listings of rows with a valid label are counted (an integer atomic: exact in any
+// order), ...
+__global__ void ce_count_kernel(const int32_t* labels, const int64_t* rows, int64_t n_rows, ConstMatrixView logits,
+                                int32_t* multiplicity) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_rows; i += stride) {
+    const int64_t r = rows[i];
+    if (r < 0 || r >= logits.rows) continue;
+    const int32_t y = labels[r];
+    if (y >= 0 && y < logits.cols) atomicAdd(multiplicity + r, 1);
+  }
+}
+
+// ... then one warp per logits row writes its gradient (zeros for rows never listed; for a row
+// listed k times, the CPU's per-listing float contribution added k times in float, as the CPU
+// accumulates it) and, for a listed row, its loss and hit by row, which the reduction reads
+// through the listing.
+__global__ void ce_rows_kernel(ConstMatrixView logits, const int32_t* labels, const int32_t* multiplicity, double inv_n,
+                               MatrixView grad, double* row_loss, int32_t* row_hit) {
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; r < logits.rows;
@@ -445,27 +473,42 @@ __global__ void ce_grad_kernel(ConstMatrixView logits, const int32_t* labels, co
     }
     const int32_t y = labels[r];
     const float* z = logits.data + r * logits.ld;
-    const RowStats s = row_stats(z, logits.cols, lane);
-    for (int64_t k = lane; k < logits.cols; k += kWarp) {
-      const double p = exp(static_cast<double>(z[k]) - s.max - s.log_sum);
+    double kept[kKeptPerLane];
+    const RowStats s = row_stats(z, logits.cols, lane, kept);
+    const double inv_sum = exp(-s.log_sum);
+    const auto write = [&](int64_t k, double p) {
       const float d = static_cast<float>((p - (k == y ? 1.0 : 0.0)) * inv_n);
       float acc = 0.0f;
       for (int32_t j = 0; j < listed; ++j) acc += d;
       g[k] = acc;
+    };
+#pragma unroll
+    for (int j = 0; j < kKeptPerLane; ++j) {
+      const int64_t k = lane + j * kWarp;
+      if (k < logits.cols) write(k, kept[j] * inv_sum);
+    }
+    for (int64_t k = lane + kKeptPerLane * kWarp; k < logits.cols; k += kWarp) {
+      write(k, exp(static_cast<double>(z[k]) - s.max - s.log_sum));
+    }
+    if (lane == 0) {
+      row_loss[r] = s.log_sum - (static_cast<double>(z[y]) - s.max);
+      row_hit[r] = s.arg == y ? 1 : 0;
     }
   }
 }
 
 constexpr int kReduceThreads = 256;
 
-// Adds the per-row losses and hits in two launches: block b sums rows [b * chunk, (b + 1) * chunk)
-// (thread t takes rows t, t + 256, ... of it in order, then a fixed tree), then one block sums the
-// blocks' partials the same way, scaled by inv_n. The order depends only on n_rows: the same sum
+// Adds the listings' losses and hits in two launches: block b sums listings [b * chunk, (b + 1) *
+// chunk) (thread t takes listings t, t + 256, ... of it in order, then a fixed tree), then one block
+// sums the blocks' partials the same way, scaled by inv_n. The first pass reads listing i's values
+// at i, or with by_row at its row by_row[i] (ce_rows_kernel's layout). The order depends only on n_rows: the same sum
 // bit for bit on every run, and a million rows no longer wait on a single block.
 template <typename Hit>
 __global__ void __launch_bounds__(kReduceThreads)
-    ce_reduce_kernel(const double* row_loss, const Hit* row_hit, int64_t n_rows, int64_t chunk, double scale,
-                     double* loss_out, int64_t* correct_out) {
+    ce_reduce_kernel(const double* row_loss, const Hit* row_hit, const int64_t* by_row, const int32_t* multiplicity,
+                     int64_t logits_rows, int64_t n_rows, int64_t chunk, double scale, double* loss_out,
+                     int64_t* correct_out) {
   __shared__ double loss[kReduceThreads];
   __shared__ long long hits[kReduceThreads];
   double acc = 0.0;
@@ -473,8 +516,15 @@ __global__ void __launch_bounds__(kReduceThreads)
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t end = min(n_rows, begin + chunk);
   for (int64_t i = begin + threadIdx.x; i < end; i += kReduceThreads) {
-    acc += row_loss[i];
-    right += row_hit[i];
+    if (by_row == nullptr) {
+      acc += row_loss[i];
+      right += row_hit[i];
+    } else {  // listing i's row: its loss by row, or NaN when the row or its label is out of range
+      const int64_t r = by_row[i];
+      const bool valid = r >= 0 && r < logits_rows && multiplicity[r] > 0;
+      acc += valid ? row_loss[r] : static_cast<double>(NAN);
+      right += valid ? row_hit[r] : 0;
+    }
   }
   loss[threadIdx.x] = acc;
   hits[threadIdx.x] = right;
@@ -726,9 +776,10 @@ void adam_update_cuda(float* w, const float* g, float* m, float* v, int64_t n, c
 }
 
 size_t softmax_cross_entropy_workspace_bytes(int64_t logits_rows, int64_t n_rows) {
-  const size_t n = static_cast<size_t>(std::max<int64_t>(0, n_rows));
-  return section(n * sizeof(double)) + section(n * sizeof(int32_t)) +
-         section(static_cast<size_t>(std::max<int64_t>(0, logits_rows)) * sizeof(int32_t)) +
+  // The per-listing (loss only) or per-row (with the gradient) losses and hits share one room.
+  const size_t rows = static_cast<size_t>(std::max<int64_t>(0, logits_rows));
+  const size_t n = std::max(static_cast<size_t>(std::max<int64_t>(0, n_rows)), rows);
+  return section(n * sizeof(double)) + section(n * sizeof(int32_t)) + section(rows * sizeof(int32_t)) +
          2 * section(static_cast<size_t>(kReduceMaxBlocks) * 8);
 }
 
@@ -747,38 +798,43 @@ void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, c
   const size_t needed = softmax_cross_entropy_workspace_bytes(logits.rows, n_rows);
   require(workspace_bytes >= needed, "softmax_cross_entropy_cuda: workspace of " + std::to_string(workspace_bytes) +
                                          " bytes, " + std::to_string(needed) + " needed");
-  const size_t n = static_cast<size_t>(n_rows);
+  const size_t logits_rows = static_cast<size_t>(std::max<int64_t>(0, logits.rows));
+  const size_t room = std::max(static_cast<size_t>(n_rows), logits_rows);
   auto* base = static_cast<unsigned char*>(workspace);
   auto* row_loss = reinterpret_cast<double*>(base);
-  auto* row_hit = reinterpret_cast<int32_t*>(base + section(n * sizeof(double)));
-  auto* multiplicity = reinterpret_cast<int32_t*>(base + section(n * sizeof(double)) + section(n * sizeof(int32_t)));
-  unsigned char* partials = base + section(n * sizeof(double)) + section(n * sizeof(int32_t)) +
-                            section(static_cast<size_t>(std::max<int64_t>(0, logits.rows)) * sizeof(int32_t));
-  auto* partial_loss = reinterpret_cast<double*>(partials);
-  auto* partial_hits = reinterpret_cast<int64_t*>(partials + section(static_cast<size_t>(kReduceMaxBlocks) * 8));
+  base += section(room * sizeof(double));
+  auto* row_hit = reinterpret_cast<int32_t*>(base);
+  base += section(room * sizeof(int32_t));
+  auto* multiplicity = reinterpret_cast<int32_t*>(base);
+  base += section(logits_rows * sizeof(int32_t));
+  auto* partial_loss = reinterpret_cast<double*>(base);
+  auto* partial_hits = reinterpret_cast<int64_t*>(base + section(static_cast<size_t>(kReduceMaxBlocks) * 8));
   const double inv_n = n_rows == 0 ? 0.0 : 1.0 / static_cast<double>(n_rows);
 
+  const int64_t* by_row = nullptr;
   if (want_grad && logits.rows > 0) {
-    GALE_CHECK_CUDA(
-        cudaMemsetAsync(multiplicity, 0, static_cast<size_t>(logits.rows) * sizeof(int32_t), stream));
-  }
-  if (n_rows > 0) {
-    ce_loss_kernel<<<blocks_for(n_rows, kWarpsPerBlock), kThreads, 0, stream>>>(
-        logits, labels, rows, n_rows, row_loss, row_hit, want_grad ? multiplicity : nullptr);
+    GALE_CHECK_CUDA(cudaMemsetAsync(multiplicity, 0, logits_rows * sizeof(int32_t), stream));
+    if (n_rows > 0) {
+      ce_count_kernel<<<blocks_for(n_rows), kThreads, 0, stream>>>(labels, rows, n_rows, logits, multiplicity);
+      check_launch();
+    }
+    ce_rows_kernel<<<blocks_for(logits.rows, kWarpsPerBlock), kThreads, 0, stream>>>(logits, labels, multiplicity,
+                                                                                     inv_n, grad, row_loss, row_hit);
     check_launch();
-  }
-  if (want_grad && logits.rows > 0) {
-    ce_grad_kernel<<<blocks_for(logits.rows, kWarpsPerBlock), kThreads, 0, stream>>>(logits, labels, multiplicity,
-                                                                                     inv_n, grad);
+    by_row = rows;
+  } else if (n_rows > 0) {
+    ce_loss_kernel<<<blocks_for(n_rows, kWarpsPerBlock), kThreads, 0, stream>>>(logits, labels, rows, n_rows, row_loss,
+                                                                               row_hit);
     check_launch();
   }
   const int64_t chunk = reduce_chunk(n_rows);
   const int64_t blocks = std::max<int64_t>(1, (n_rows + chunk - 1) / chunk);
   ce_reduce_kernel<int32_t><<<static_cast<unsigned>(blocks), kReduceThreads, 0, stream>>>(
-      row_loss, row_hit, n_rows, chunk, 1.0, partial_loss, partial_hits);
+      row_loss, row_hit, by_row, multiplicity, logits.rows, n_rows, chunk, 1.0, partial_loss, partial_hits);
   check_launch();
-  ce_reduce_kernel<int64_t><<<1, kReduceThreads, 0, stream>>>(partial_loss, partial_hits, blocks, blocks, inv_n,
-                                                              loss_out, correct_out != nullptr ? correct_out : nullptr);
+  ce_reduce_kernel<int64_t><<<1, kReduceThreads, 0, stream>>>(partial_loss, partial_hits, nullptr, nullptr, 0, blocks,
+                                                              blocks, inv_n, loss_out,
+                                                              correct_out != nullptr ? correct_out : nullptr);
   check_launch();
 }
 
