@@ -556,6 +556,63 @@ void maxk_backward(const Cbsr& pattern, const Tensor* grad_values, const Tensor*
 #endif
 }
 
+Cbsr cbsr_rows(const Cbsr& c, int64_t rows) {
+  if (rows == c.rows()) return c;
+  return {c.values.rows_slice(0, rows), c.index.rows_slice(0, rows), c.width};
+}
+
+bool cbsr_gemm_fits(const Device& device, int64_t width, int64_t n, int terms) {
+  if (device.is_cpu()) return true;
+#if GALE_WITH_CUDA
+  return kernels::cbsr_gemm_cuda_cannot(width, n, terms).empty();
+#else
+  (void)width;
+  (void)n;
+  (void)terms;
+  return false;
+#endif
+}
+
+void cbsr_gemm(const Cbsr& x, const Tensor& w, float beta, Tensor* out) {
+  kernels::CbsrGemmArgs a;
+  a.x = x.view();
+  a.w = w.view();
+  a.beta = beta;
+  a.out = out->view();
+  const OpTimer timer(OpKind::kGemm, out->device(),
+                      active_profile ? "cbsr_gemm k" + std::to_string(x.k()) + " " + std::to_string(x.width) + "x" +
+                                           std::to_string(w.cols())
+                                     : "");
+  if (out->device().is_cpu()) return kernels::cbsr_gemm_cpu(a);
+#if GALE_WITH_CUDA
+  kernels::cbsr_gemm_cuda(a, stream(*out));
+#else
+  no_cuda();
+#endif
+}
+
+void cbsr_gemm_grad(const Cbsr& pattern, const std::vector<std::pair<Tensor, Tensor>>& terms, Tensor* grad_in) {
+  GALE_ASSERT(!terms.empty() && terms.size() <= 2);
+  kernels::CbsrGemmGradArgs a;
+  a.pattern = pattern.view();
+  a.terms = static_cast<int>(terms.size());
+  for (size_t t = 0; t < terms.size(); ++t) {
+    a.grad[t] = terms[t].first.view();
+    a.w[t] = terms[t].second.view();
+  }
+  a.grad_in = grad_in->view();
+  const OpTimer timer(OpKind::kGemm, grad_in->device(),
+                      active_profile ? "cbsr_gemm_grad k" + std::to_string(pattern.k()) + " x" +
+                                           std::to_string(terms.size())
+                                     : "");
+  if (grad_in->device().is_cpu()) return kernels::cbsr_gemm_grad_cpu(a);
+#if GALE_WITH_CUDA
+  kernels::cbsr_gemm_grad_cuda(a, stream(*grad_in));
+#else
+  no_cuda();
+#endif
+}
+
 void spgemm(const kernels::SpgemmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups) {
   const OpTimer timer(OpKind::kAggregation, device,
                       active_profile ? "spgemm k" + std::to_string(a.x.k) + " w" + std::to_string(a.out.cols) : "");

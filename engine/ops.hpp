@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/tensor.hpp"
@@ -136,6 +137,17 @@ void cbsr_to_dense(const Cbsr& c, Tensor* out);
 void cbsr_dropout(Cbsr* c, float p, uint64_t key);
 // grad_in = at kept positions (grad_dense) + (grad_values), 0 elsewhere; either may be null.
 void maxk_backward(const Cbsr& pattern, const Tensor* grad_values, const Tensor* grad_dense, Tensor* grad_in);
+// The first `rows` rows of c (a sampled block's destinations), sharing its storage.
+Cbsr cbsr_rows(const Cbsr& c, int64_t rows);
+// Whether cbsr_gemm and cbsr_gemm_grad take a width x n W (terms of them) on this device: always
+// on the CPU; on a GPU while W fits in shared memory (a narrowing layer's). Otherwise a layer uses
+// the dense form and GEMMs.
+bool cbsr_gemm_fits(const Device& device, int64_t width, int64_t n, int terms);
+// out = x W + beta * out for a CBSR x: the dense layer after MaxK without the dense input.
+void cbsr_gemm(const Cbsr& x, const Tensor& w, float beta, Tensor* out);
+// grad_in (dense, pattern.rows x width) = sum over the terms of grad W^T, at pattern's kept
+// positions only (MaxK's backward folded in), 0 elsewhere. A term's grad may have fewer rows.
+void cbsr_gemm_grad(const Cbsr& pattern, const std::vector<std::pair<Tensor, Tensor>>& terms, Tensor* grad_in);
 // The CBSR aggregations; `groups` is the graph's edge-group table on a GPU (ignored on the CPU).
 void spgemm(const kernels::SpgemmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups);
 void sspmm(const kernels::SspmmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups);

@@ -116,11 +116,39 @@ struct SspmmCbsrArgs {
   float self_scale = 0.0f;
 };
 
+// The dense layer after MaxK, on the CBSR form of its input (maxk_linear_cpu.cpp / maxk_linear.cu):
+// out = x W + beta * out, with x rows x width in CBSR and W width x n dense. A row costs k x n
+// multiply-adds instead of width x n, and x is never read in dense form: on a narrowing layer
+// (hidden 256 to 47 classes, W small enough for shared memory) this beats a dense GEMM that reads
+// the dense input.
+struct CbsrGemmArgs {
+  ConstCbsrView x;
+  ConstMatrixView w;      // x.width x out.cols
+  float beta = 0.0f;      // 0: out is written whole (never read)
+  MatrixView out;         // x.rows x w.cols
+};
+
+// Its input gradient, restricted to the kept positions (MaxK's backward folded in), summed over up
+// to two such products and scattered to dense:
+//   grad_in[r][c] = sum_p sum_j grad[p][r][j] * w[p][c][j]   for c kept in row r of pattern,
+//   grad_in[r][c] = 0                                        elsewhere,
+// where grad[p] may have fewer rows than pattern (a sampled block's destinations): rows past them
+// add nothing.
+struct CbsrGemmGradArgs {
+  ConstCbsrView pattern;
+  int terms = 1;                  // 1 or 2
+  ConstMatrixView grad[2];        // grad[p]: rows <= pattern.rows, w[p].cols columns
+  ConstMatrixView w[2];           // w[p]: pattern.width x grad[p].cols
+  MatrixView grad_in;             // pattern.rows x pattern.width, written whole
+};
+
 // Why the ops cannot take these arguments, or "" (shapes and set inputs only, never memory).
 std::string maxk_forward_cannot(ConstMatrixView x, const CbsrView& out);
 std::string maxk_backward_cannot(const ConstCbsrView& pattern, ConstMatrixView grad_dense, MatrixView grad_in);
 std::string spgemm_cbsr_cannot(const SpgemmCbsrArgs& a);
 std::string sspmm_cbsr_cannot(const SspmmCbsrArgs& a);
+std::string cbsr_gemm_cannot(const CbsrGemmArgs& a);
+std::string cbsr_gemm_grad_cannot(const CbsrGemmGradArgs& a);
 
 // ---- CPU references ------------------------------------------------------------------------
 // Each throws InputError with the *_cannot reason. Rows are independent and computed in a fixed
@@ -153,6 +181,11 @@ void spgemm_cbsr_cpu(const SpgemmCbsrArgs& a);
 
 // Sums per source in the transpose's (stable) entry order; builds the transpose internally.
 void sspmm_cbsr_cpu(const SspmmCbsrArgs& a);
+
+// Per output element, the kept values' products added in kept order (t = 0, 1, ...) onto
+// beta * out; per gradient element, term 0's then term 1's products in column order.
+void cbsr_gemm_cpu(const CbsrGemmArgs& a);
+void cbsr_gemm_grad_cpu(const CbsrGemmGradArgs& a);
 
 // ---- edge groups (MaxK-GNN Sec. 4.1 "warp level partition") ---------------------------------
 //
@@ -238,5 +271,16 @@ void spgemm_cbsr_cuda(const SpgemmCbsrArgs& a, const EdgeGroupsView& groups, cud
 // warp gathers it at j's k columns and atomically adds into grad_values[j] (float4 atomics when
 // k is a multiple of 4), which a memset or a first kernel (self term) sets beforehand.
 void sspmm_cbsr_cuda(const SspmmCbsrArgs& a, const EdgeGroupsView& groups, cudaStream_t stream);
+
+// The CBSR dense layer keeps W (both W's for the gradient) in shared memory: "" when it fits, else
+// the reason (the caller then uses the dense form and a GEMM). Up to 128 output columns.
+std::string cbsr_gemm_cuda_cannot(int64_t width, int64_t n, int terms);
+
+// One warp per row: the kept (column, value) pairs go round the warp by shuffles and each lane
+// adds value * W[column][lane + 32 m] for its output columns, in kept order (the CPU's order; fused
+// multiply-adds here, so results match the CPU to rounding). The gradient: per row the warp stages grad rows in shared memory, lane t
+// forms kept column t's dot products, and the row is written dense through a shared row buffer.
+void cbsr_gemm_cuda(const CbsrGemmArgs& a, cudaStream_t stream);
+void cbsr_gemm_grad_cuda(const CbsrGemmGradArgs& a, cudaStream_t stream);
 
 }  // namespace gale::kernels

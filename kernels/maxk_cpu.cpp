@@ -95,6 +95,30 @@ std::string sspmm_cbsr_cannot(const SspmmCbsrArgs& a) {
   return why;
 }
 
+std::string cbsr_gemm_cannot(const CbsrGemmArgs& a) {
+  std::string why = cbsr_shape_cannot("x", a.x.rows, a.x.width, a.x.k);
+  if (why.empty()) why = matrix_cannot("W", a.w.rows, a.w.cols, a.w.ld, a.x.width, a.w.cols);
+  if (why.empty()) why = matrix_cannot("out", a.out.rows, a.out.cols, a.out.ld, a.x.rows, a.w.cols);
+  if (why.empty() && a.w.cols < 1) why = "W has no columns";
+  return why;
+}
+
+std::string cbsr_gemm_grad_cannot(const CbsrGemmGradArgs& a) {
+  const ConstCbsrView& p = a.pattern;
+  std::string why = cbsr_shape_cannot("the pattern", p.rows, p.width, p.k);
+  if (why.empty() && (a.terms < 1 || a.terms > 2)) why = "takes 1 or 2 terms, got " + std::to_string(a.terms);
+  for (int t = 0; why.empty() && t < a.terms; ++t) {
+    const ConstMatrixView& g = a.grad[t];
+    if (g.rows > p.rows || g.rows < 0)
+      why = "grad " + std::to_string(t) + " has " + std::to_string(g.rows) + " rows, the pattern " + std::to_string(p.rows);
+    if (why.empty()) why = matrix_cannot("grad", g.rows, g.cols, g.ld, g.rows, a.w[t].cols);
+    if (why.empty()) why = matrix_cannot("W", a.w[t].rows, a.w[t].cols, a.w[t].ld, p.width, g.cols);
+    if (why.empty() && g.cols < 1) why = "W has no columns";
+  }
+  if (why.empty()) why = matrix_cannot("grad_in", a.grad_in.rows, a.grad_in.cols, a.grad_in.ld, p.rows, p.width);
+  return why;
+}
+
 // ---- MaxK -----------------------------------------------------------------------------------
 
 void maxk_forward_cpu(ConstMatrixView x, const CbsrView& out) {
@@ -229,6 +253,47 @@ void sspmm_cbsr_cpu(const SspmmCbsrArgs& a) {
         float v = cs * acc[t];
         if (self != 0.0f) v += self * a.grad_out.row(j)[cols[t]];
         a.grad_values[j * k + t] = v;
+      }
+    }
+  });
+}
+
+// ---- the dense layer on a CBSR input --------------------------------------------------------
+
+void cbsr_gemm_cpu(const CbsrGemmArgs& a) {
+  require(cbsr_gemm_cannot(a), "cbsr_gemm");
+  const ConstCbsrView& x = a.x;
+  const int64_t n = a.w.cols, k = x.k;
+  tbb::parallel_for(rows_range(x.rows), [&](const tbb::blocked_range<int64_t>& range) {
+    for (int64_t r = range.begin(); r < range.end(); ++r) {
+      float* o = a.out.row(r);
+      for (int64_t j = 0; j < n; ++j) o[j] = a.beta == 0.0f ? 0.0f : a.beta * o[j];
+      for (int64_t t = 0; t < k; ++t) {
+        const float v = x.values[r * k + t];
+        const float* w = a.w.row(x.column(r, t));
+        for (int64_t j = 0; j < n; ++j) o[j] += v * w[j];
+      }
+    }
+  });
+}
+
+void cbsr_gemm_grad_cpu(const CbsrGemmGradArgs& a) {
+  require(cbsr_gemm_grad_cannot(a), "cbsr_gemm_grad");
+  const ConstCbsrView& p = a.pattern;
+  tbb::parallel_for(rows_range(p.rows), [&](const tbb::blocked_range<int64_t>& range) {
+    for (int64_t r = range.begin(); r < range.end(); ++r) {
+      float* o = a.grad_in.row(r);
+      std::fill(o, o + p.width, 0.0f);
+      for (int64_t t = 0; t < p.k; ++t) {
+        const int64_t c = p.column(r, t);
+        float sum = 0.0f;
+        for (int term = 0; term < a.terms; ++term) {
+          if (r >= a.grad[term].rows) continue;
+          const float* g = a.grad[term].row(r);
+          const float* w = a.w[term].row(c);
+          for (int64_t j = 0; j < a.grad[term].cols; ++j) sum += g[j] * w[j];
+        }
+        o[c] = sum;
       }
     }
   });

@@ -164,6 +164,7 @@ class AggregateLinear {
     // the aggregation no longer fuses.
     transform_first_ = lin_.out() < lin_.in() || (lin_.out() == lin_.in() && root_ != nullptr);
     saved_is_aggregated_ = false;
+    cbsr_linear_ = false;
     const Tensor x_dst = root_ ? x.rows_slice(0, g.num_dst()) : Tensor();  // the root term's rows
     Tensor y;
     // A MaxK input is aggregated over its CBSR form (MaxK-GNN's SpGEMM) unless the layer narrows:
@@ -176,9 +177,15 @@ class AggregateLinear {
       y = transform_with_bias(a, x_dst, ctx.relu);
       if (ctx.training) saved_ = a;  // kept: the SpGEMM's output is what dW needs
     } else if (transform_first_) {
-      const Tensor t = lin_.forward(x, exec_.tf32);
+      // A narrowing layer on a MaxK input multiplies its CBSR form (k values a row) while W fits
+      // the CBSR kernels; its backward then forms the input gradient at the kept positions only.
+      cbsr_linear_ = ctx.maxk_input != nullptr &&
+                     ops::cbsr_gemm_fits(x.device(), lin_.in(), lin_.out(), root_ ? 2 : 1);
+      const Tensor t = cbsr_linear_ ? cbsr_transform(*ctx.maxk_input, lin_.weight().value)
+                                    : lin_.forward(x, exec_.tf32);
       if (root_) {
-        y = root_->forward(x_dst, exec_.tf32);
+        y = cbsr_linear_ ? cbsr_transform(ops::cbsr_rows(*ctx.maxk_input, g.num_dst()), root_->weight().value)
+                         : root_->forward(x_dst, exec_.tf32);
       } else {
         y = Tensor::empty(g.num_dst(), lin_.out(), DType::kF32, x.device());
       }
@@ -214,6 +221,16 @@ class AggregateLinear {
       lin_.accumulate_grads(saved_, gh, exec_.tf32);
       saved_ = Tensor();
       if (!need_input_grad) return Tensor();
+      if (cbsr_linear_ && maxk_.values.defined()) {  // the gradient at the kept positions, directly
+        std::vector<std::pair<Tensor, Tensor>> terms{{gh, lin_.weight().value}};
+        if (root_) terms.emplace_back(grad, root_->weight().value);
+        grad = Tensor();
+        gh = Tensor();
+        gx = Tensor::empty(g.num_src(), lin_.in(), DType::kF32, terms[0].first.device());
+        ops::cbsr_gemm_grad(maxk_, terms, &gx);
+        maxk_ = ops::Cbsr();
+        return gx;
+      }
       if (root_) {
         gx = root_->input_grad(grad, exec_.tf32);  // rows = num_dst = num_src on a full graph
         if (gx.rows() < g.num_src()) gx = pad_rows(gx, g.num_src());
@@ -262,6 +279,13 @@ class AggregateLinear {
     }
     ops::gemm(a, false, lin_.weight().value, false, 0.0f, &y, exec_.tf32);
     ops::gemm_bias(x_dst, root_->weight().value, 1.0f, &y, bias_.value, relu, exec_.tf32);
+    return y;
+  }
+
+  // x W for the CBSR form of x.
+  static Tensor cbsr_transform(const ops::Cbsr& x, const Tensor& w) {
+    Tensor y = Tensor::empty(x.rows(), w.cols(), DType::kF32, x.device());
+    ops::cbsr_gemm(x, w, 0.0f, &y);
     return y;
   }
 
@@ -329,6 +353,7 @@ class AggregateLinear {
   bool transform_first_ = false;
   bool saved_is_aggregated_ = false;  // saved_ holds A x (a hidden layer), not x
   bool sparse_input_ = false;  // the last forward aggregated a MaxK input's CBSR form
+  bool cbsr_linear_ = false;   // the last transform-first forward multiplied a MaxK input's CBSR form
   // The input x (transform-first; aggregate-first in the first layer, which recomputes A x from it),
   // A x (aggregate-first in a hidden layer), or the SpGEMM output for a MaxK input.
   Tensor saved_;

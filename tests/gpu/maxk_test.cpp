@@ -400,6 +400,85 @@ TEST_F(MaxkCudaTest, BackwardAndToDenseMatchCpuExactly) {
   }
 }
 
+// The dense layer on a CBSR input (cbsr_gemm) and its input gradient at the kept positions
+// (cbsr_gemm_grad, one and two terms, the second with fewer rows), at every width and k the
+// kernels take, output widths 1 to 128, beta 0 and 1.
+TEST_F(MaxkCudaTest, DenseLayerOnCbsrAndItsGradientMatchCpu) {
+  uint64_t key = 700;
+  int grad_cases = 0;
+  for (int64_t width : {int64_t{1}, int64_t{7}, int64_t{100}, int64_t{256}, int64_t{257}}) {
+    for (int64_t k : ks_for(width)) {
+      const int64_t rows = 3001;
+      const Cbsr x = random_cbsr(++key, rows, width, k);
+      auto d_values = upload(x.values);
+      auto d_index = upload(x.index);
+      const ConstCbsrView d_x{rows, width, k, d_values.data(), d_index.data()};
+      for (int64_t n : {int64_t{1}, int64_t{47}, int64_t{100}, int64_t{128}}) {
+        SCOPED_TRACE("width " + std::to_string(width) + ", k " + std::to_string(k) + ", n " + std::to_string(n));
+        ASSERT_EQ(cbsr_gemm_cuda_cannot(width, n, 1), "");
+        const auto w = uniform(++key, static_cast<size_t>(width * n), -1.0f, 1.0f);
+        auto d_w = upload(w);
+        for (float beta : {0.0f, 1.0f}) {
+          const auto before = uniform(++key, static_cast<size_t>(rows * n), -1.0f, 1.0f);
+          std::vector<float> cpu = before, mag = absolute(before);
+          cbsr_gemm_cpu({x.cview(), matrix(w.data(), width, n), beta, matrix(cpu.data(), rows, n)});
+          Cbsr ax = x;
+          ax.values = absolute(ax.values);
+          const auto aw = absolute(w);
+          cbsr_gemm_cpu({ax.cview(), matrix(aw.data(), width, n), beta, matrix(mag.data(), rows, n)});
+          auto d_out = beta == 0.0f ? poisoned(cpu.size()) : upload(before);
+          cbsr_gemm_cuda({d_x, matrix(d_w.data(), width, n), beta, matrix(d_out.data(), rows, n)}, *stream_);
+          expect_close(download(d_out), cpu, mag, 1e-5f, "cbsr_gemm beta " + std::to_string(beta));
+        }
+        for (int terms : {1, 2}) {
+          if (!cbsr_gemm_cuda_cannot(width, n, terms).empty()) {  // two W's of 100+ columns at width 256
+            EXPECT_GE(width * n, 100 * 100);
+            continue;
+          }
+          ++grad_cases;
+          const int64_t n2 = 3, rows2 = rows / 2;
+          const auto g0 = uniform(++key, static_cast<size_t>(rows * n), -1.0f, 1.0f);
+          const auto g1 = uniform(++key, static_cast<size_t>(rows2 * n2), -1.0f, 1.0f);
+          const auto w1 = uniform(++key, static_cast<size_t>(width * n2), -1.0f, 1.0f);
+          CbsrGemmGradArgs a;
+          a.pattern = x.cview();
+          a.terms = terms;
+          a.grad[0] = matrix(g0.data(), rows, n);
+          a.w[0] = matrix(w.data(), width, n);
+          a.grad[1] = matrix(g1.data(), rows2, n2);
+          a.w[1] = matrix(w1.data(), width, n2);
+          std::vector<float> cpu(static_cast<size_t>(rows * width), kNaN), mag = cpu;
+          a.grad_in = matrix(cpu.data(), rows, width);
+          cbsr_gemm_grad_cpu(a);
+          const auto ag0 = absolute(g0), ag1 = absolute(g1), aw0 = absolute(w), aw1 = absolute(w1);
+          CbsrGemmGradArgs m = a;
+          m.grad[0].data = ag0.data();
+          m.grad[1].data = ag1.data();
+          m.w[0].data = aw0.data();
+          m.w[1].data = aw1.data();
+          m.grad_in = matrix(mag.data(), rows, width);
+          cbsr_gemm_grad_cpu(m);
+          auto d_g0 = upload(g0), d_g1 = upload(g1), d_w1 = upload(w1);
+          auto d_out = poisoned(cpu.size());
+          CbsrGemmGradArgs d = a;
+          d.pattern = d_x;
+          d.grad[0].data = d_g0.data();
+          d.grad[1].data = d_g1.data();
+          d.w[0].data = d_w.data();
+          d.w[1].data = d_w1.data();
+          d.grad_in = matrix(d_out.data(), rows, width);
+          cbsr_gemm_grad_cuda(d, *stream_);
+          expect_close(download(d_out), cpu, mag, 1e-5f, "cbsr_gemm_grad terms " + std::to_string(terms));
+        }
+      }
+    }
+  }
+  EXPECT_GE(grad_cases, 40);
+  EXPECT_EQ(cbsr_gemm_cuda_cannot(256, 47, 2), "");    // a SAGE layer from hidden 256 to 47 classes
+  EXPECT_NE(cbsr_gemm_cuda_cannot(256, 129, 1), "");   // more than 128 output columns
+  EXPECT_NE(cbsr_gemm_cuda_cannot(1024, 128, 2), "");  // W does not fit in shared memory
+}
+
 TEST_F(MaxkCudaTest, EdgeGroupsBuiltOnGpuMatchCpu) {
   for (int64_t size : {int64_t{5}, kMaxkEdgeGroupSize}) {
     const Graph g = random_graph(7, 3000, 3500, 5000);

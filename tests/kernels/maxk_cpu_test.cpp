@@ -455,6 +455,96 @@ TEST(SpgemmCbsr, RefusesMismatchedShapes) {
 
 // ---- edge groups ----------------------------------------------------------------------------
 
+// ---- the dense layer on a CBSR input ---------------------------------------------------------
+
+std::vector<float> densified(const Cbsr& c) {
+  std::vector<float> d(static_cast<size_t>(c.rows * c.width));
+  cbsr_to_dense_cpu(c.cview(), matrix(d.data(), c.rows, c.width));
+  return d;
+}
+
+TEST(CbsrGemm, EqualsTheDenseProductOfTheDensifiedInput) {
+  for (int64_t width : {1, 7, 256, 300}) {
+    for (int64_t k : {int64_t{1}, int64_t{3}, width}) {
+      if (k > width) continue;
+      for (int64_t n : {1, 47}) {
+        for (float beta : {0.0f, 1.0f}) {
+          SCOPED_TRACE("width " + std::to_string(width) + ", k " + std::to_string(k) + ", n " + std::to_string(n) +
+                       ", beta " + std::to_string(beta));
+          const int64_t rows = 9, ld = n + 3;  // padded output rows
+          const Cbsr x = random_cbsr(rows, width, k, static_cast<uint64_t>(width * 100 + k));
+          const auto w = random_floats(static_cast<size_t>(width * n), static_cast<uint64_t>(n));
+          const auto before = random_floats(static_cast<size_t>(rows * ld), 5);
+          std::vector<float> out = before;
+          cbsr_gemm_cpu({x.cview(), matrix(w.data(), width, n), beta, MatrixView{out.data(), rows, n, ld}});
+          const auto d = densified(x);
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t j = 0; j < n; ++j) {
+              double want = beta * before[r * ld + j];
+              for (int64_t c = 0; c < width; ++c) want += static_cast<double>(d[r * width + c]) * w[c * n + j];
+              EXPECT_NEAR(out[r * ld + j], want, 1e-5 * std::max(1.0, std::fabs(want))) << r << ", " << j;
+            }
+            for (int64_t j = n; j < ld; ++j) EXPECT_EQ(out[r * ld + j], before[r * ld + j]);  // padding untouched
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CbsrGemmGrad, IsTheDenseInputGradientAtTheKeptPositionsOnly) {
+  for (int64_t width : {7, 256, 300}) {
+    for (int64_t k : {int64_t{1}, int64_t{5}, width}) {
+      for (int terms : {1, 2}) {
+        SCOPED_TRACE("width " + std::to_string(width) + ", k " + std::to_string(k) + ", terms " + std::to_string(terms));
+        const int64_t rows = 11, n[2] = {47, 3}, grad_rows[2] = {rows, 6};  // term 1: a block's destinations
+        const Cbsr p = random_cbsr(rows, width, k, static_cast<uint64_t>(width + k));
+        std::vector<float> g[2], w[2];
+        CbsrGemmGradArgs a;
+        a.pattern = p.cview();
+        a.terms = terms;
+        for (int t = 0; t < terms; ++t) {
+          g[t] = random_floats(static_cast<size_t>(grad_rows[t] * n[t]), static_cast<uint64_t>(20 + t));
+          w[t] = random_floats(static_cast<size_t>(width * n[t]), static_cast<uint64_t>(30 + t));
+          a.grad[t] = matrix(g[t].data(), grad_rows[t], n[t]);
+          a.w[t] = matrix(w[t].data(), width, n[t]);
+        }
+        std::vector<float> out(static_cast<size_t>(rows * width), kNaN);
+        a.grad_in = matrix(out.data(), rows, width);
+        cbsr_gemm_grad_cpu(a);
+        for (int64_t r = 0; r < rows; ++r) {
+          std::vector<bool> kept(static_cast<size_t>(width), false);
+          for (int64_t t = 0; t < k; ++t) kept[p.cview().column(r, t)] = true;
+          for (int64_t c = 0; c < width; ++c) {
+            double want = 0.0;
+            for (int t = 0; t < terms && kept[c]; ++t) {
+              if (r >= grad_rows[t]) continue;
+              for (int64_t j = 0; j < n[t]; ++j) want += static_cast<double>(g[t][r * n[t] + j]) * w[t][c * n[t] + j];
+            }
+            EXPECT_NEAR(out[r * width + c], want, 1e-5 * std::max(1.0, std::fabs(want))) << r << ", " << c;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CbsrGemm, RefusesMismatchedShapes) {
+  Cbsr x(4, 10, 2);
+  std::vector<float> w(10 * 3), out(4 * 3);
+  EXPECT_THROW(cbsr_gemm_cpu({x.cview(), matrix(w.data(), 9, 3), 0.0f, matrix(out.data(), 4, 3)}), InputError);
+  EXPECT_THROW(cbsr_gemm_cpu({x.cview(), matrix(w.data(), 10, 3), 0.0f, matrix(out.data(), 3, 3)}), InputError);
+  CbsrGemmGradArgs a;
+  a.pattern = x.cview();
+  a.terms = 3;
+  a.grad_in = matrix(out.data(), 4, 10);
+  EXPECT_THROW(cbsr_gemm_grad_cpu(a), InputError);
+  a.terms = 1;
+  a.grad[0] = matrix(out.data(), 5, 3);  // more rows than the pattern
+  a.w[0] = matrix(w.data(), 10, 3);
+  EXPECT_THROW(cbsr_gemm_grad_cpu(a), InputError);
+}
+
 TEST(EdgeGroups, CoverEveryEntryOnceInRowOrderWithinTheBound) {
   for (int64_t size : {int64_t{1}, int64_t{5}, kMaxkEdgeGroupSize}) {
     const Graph g = random_graph(300, 2000, 70);  // row 1: 2000 entries, 32 groups of 64
