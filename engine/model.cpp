@@ -114,8 +114,7 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
     sparse = ops::Cbsr();
     if (hidden && config_.activation == Activation::kMaxK) {
       // The next layer holds the CBSR form for its backward, and returns gradients already masked.
-      sparse = ops::maxk(h, config_.maxk);
-      ops::cbsr_to_dense(sparse, &h);
+      sparse = ops::maxk(h, config_.maxk, &h);  // and the dense form, in place
     } else if (hidden && config_.activation == Activation::kElu) {
       ops::elu(h, &h);
       if (training) saved->activated = h;

@@ -504,7 +504,8 @@ kernels::ConstCbsrView Cbsr::view() const {
   return {values.rows(), width, values.cols(), values.f32(), index.data<unsigned char>()};
 }
 
-Cbsr maxk(const Tensor& y, int64_t k) {
+Cbsr maxk(const Tensor& y, int64_t k, Tensor* dense) {
+  GALE_ASSERT(dense == nullptr || (dense->rows() == y.rows() && dense->cols() == y.cols() && dense->device() == y.device()));
   Cbsr c;
   c.width = y.cols();
   c.values = Tensor::empty(y.rows(), k, DType::kF32, y.device());
@@ -512,10 +513,11 @@ Cbsr maxk(const Tensor& y, int64_t k) {
   const OpTimer timer(OpKind::kOther, y.device(), "maxk");
   if (y.device().is_cpu()) {
     kernels::maxk_forward_cpu(y.view(), c.view());
+    if (dense) kernels::cbsr_to_dense_cpu(c.view(), dense->view());
     return c;
   }
 #if GALE_WITH_CUDA
-  kernels::maxk_forward_cuda(y.view(), c.view(), stream(y));
+  kernels::maxk_forward_cuda(y.view(), c.view(), stream(y), dense ? dense->view() : kernels::MatrixView{});
   return c;
 #else
   no_cuda();

@@ -129,8 +129,9 @@ struct Cbsr {
   kernels::CbsrView view();
   kernels::ConstCbsrView view() const;
 };
-// The k largest values of every row of y (ties to the lower column).
-Cbsr maxk(const Tensor& y, int64_t k);
+// The k largest values of every row of y (ties to the lower column). With `dense` (y.rows x y.cols,
+// and it may be y itself) the dense form too, as cbsr_to_dense would write it, in the same pass.
+Cbsr maxk(const Tensor& y, int64_t k, Tensor* dense = nullptr);
 // out (rows x width) = the dense form: kept values in place, zeros elsewhere.
 void cbsr_to_dense(const Cbsr& c, Tensor* out);
 // Dropout on the kept values with the masks dropout() draws for the same key on the dense form.

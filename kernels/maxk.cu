@@ -183,8 +183,8 @@ __device__ __forceinline__ void load_row(const float* __restrict__ xr, int width
 
 template <int VPT, typename I>
 __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
-    maxk_forward_kernel(const float* __restrict__ x, int64_t ld, int64_t rows, int width, int k,
-                        float* __restrict__ values, I* __restrict__ index) {
+    maxk_forward_kernel(const float* x, int64_t ld, int64_t rows, int width, int k, float* __restrict__ values,
+                        I* __restrict__ index, float* dense, int64_t dense_ld) {
   constexpr int kRows = topk_rows_per_warp<VPT>();
   const int lane = threadIdx.x & (kWarp - 1);
   const bool bounded = k <= kWarp && width >= kWarp;
@@ -243,6 +243,7 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
       }
       float* vr = values + r * k;
       I* ir = index + r * k;
+      float* dr = dense != nullptr ? dense + r * dense_ld : nullptr;  // may be x's row: read above
       int taken = 0;
       if (exact) {  // keep every key >= T (T > 0 here, so never an invalid column): exactly k of them
         const unsigned below = lanemask_lt(lane);
@@ -255,6 +256,7 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
             vr[pos] = key_value(key[j]);
             ir[pos] = static_cast<I>(j * kWarp + lane);
           }
+          if (dr != nullptr && j * kWarp + lane < width) dr[j * kWarp + lane] = take ? key_value(key[j]) : 0.0f;
           taken += __popc(take_mask);
         }
         continue;
@@ -267,11 +269,12 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
       int equal_seen = 0;
 #pragma unroll
       for (int j = 0; j < VPT; ++j) {
+        const int c = j * kWarp + lane;
+        bool take = false;
         if (taken < k) {  // warp-uniform
-          const int c = j * kWarp + lane;
           const bool equal = c < width && key[j] == t_key;
           const unsigned equal_mask = __ballot_sync(kFull, equal);
-          const bool take = key[j] > t_key || (equal && equal_seen + __popc(equal_mask & lanemask_lt(lane)) < need);
+          take = key[j] > t_key || (equal && equal_seen + __popc(equal_mask & lanemask_lt(lane)) < need);
           const unsigned take_mask = __ballot_sync(kFull, take);
           if (take) {
             const int pos = taken + __popc(take_mask & lanemask_lt(lane));
@@ -281,13 +284,14 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
           taken += __popc(take_mask);
           equal_seen += __popc(equal_mask);
         }
+        if (dr != nullptr && c < width) dr[c] = take ? key_value(key[j]) : 0.0f;
       }
     }
   }
 }
 
 template <typename I>
-void launch_maxk_forward(ConstMatrixView x, const CbsrView& out, cudaStream_t stream) {
+void launch_maxk_forward(ConstMatrixView x, const CbsrView& out, MatrixView dense, cudaStream_t stream) {
   const int width = static_cast<int>(out.width), k = static_cast<int>(out.k);
   I* index = static_cast<I*>(out.index);
   const int per_lane = (width + kWarp - 1) / kWarp;
@@ -295,7 +299,7 @@ void launch_maxk_forward(ConstMatrixView x, const CbsrView& out, cudaStream_t st
   if (per_lane <= VPT) {                                                                             \
     const int64_t warps = (out.rows + topk_rows_per_warp<VPT>() - 1) / topk_rows_per_warp<VPT>();   \
     maxk_forward_kernel<VPT, I><<<row_blocks(warps), kRowThreads, 0, stream>>>(x.data, x.ld, out.rows, width, k, \
-                                                                               out.values, index);  \
+                                                                               out.values, index, dense.data, dense.ld); \
     GALE_CHECK_CUDA(cudaGetLastError());                                                             \
     return;                                                                                          \
   }
@@ -1078,14 +1082,17 @@ void edge_groups_cuda(const CsrView& graph, int64_t group_size, EdgeGroup* group
   GALE_CHECK_CUDA(cudaGetLastError());
 }
 
-void maxk_forward_cuda(ConstMatrixView x, const CbsrView& out, cudaStream_t stream) {
+void maxk_forward_cuda(ConstMatrixView x, const CbsrView& out, cudaStream_t stream, MatrixView dense) {
   require(maxk_forward_cannot(x, out), "maxk_forward");
   require(maxk_cuda_cannot(out.width), "maxk_forward");
+  if (dense.data != nullptr && (dense.rows != x.rows || dense.cols != x.cols || dense.ld < dense.cols))
+    throw InputError("maxk_forward: the dense output is " + std::to_string(dense.rows) + " x " +
+                     std::to_string(dense.cols) + ", expected " + std::to_string(x.rows) + " x " + std::to_string(x.cols));
   if (out.rows == 0) return;
   if (out.index_bytes() == 1) {
-    launch_maxk_forward<uint8_t>(x, out, stream);
+    launch_maxk_forward<uint8_t>(x, out, dense, stream);
   } else {
-    launch_maxk_forward<uint16_t>(x, out, stream);
+    launch_maxk_forward<uint16_t>(x, out, dense, stream);
   }
 }
 

@@ -249,8 +249,11 @@ void edge_groups_cuda(const CsrView& graph, int64_t group_size, EdgeGroup* group
 // One warp per row: the row's order-preserving keys sit in registers, a bitwise radix select finds
 // the k-th largest key (starting below the bits all keys share, stopping as soon as the count is
 // exactly k), and a ballot/popc compaction writes the kept values in column order with ties
-// broken towards lower columns. Same output as maxk_forward_cpu, bit for bit.
-void maxk_forward_cuda(ConstMatrixView x, const CbsrView& out, cudaStream_t stream);
+// broken towards lower columns. Same output as maxk_forward_cpu, bit for bit. With `dense` (data
+// not null; x.rows x x.cols, and it may be x itself: each row is read before it is written) the
+// warp also writes the dense form, cbsr_to_dense_cpu of the output, from the values it holds:
+// the model's next layer then needs no separate scatter pass.
+void maxk_forward_cuda(ConstMatrixView x, const CbsrView& out, cudaStream_t stream, MatrixView dense = {});
 
 void maxk_backward_cuda(const ConstCbsrView& pattern, const float* grad_values, ConstMatrixView grad_dense,
                         MatrixView grad_in, cudaStream_t stream);

@@ -230,6 +230,19 @@ class MaxkCudaTest : public ::testing::Test {
                              std::to_string(pad);
     EXPECT_TRUE(download(d_index) == cpu.index) << what << ": indices differ";
     EXPECT_TRUE(same_bits(download(d_values), cpu.values)) << what << ": values differ";
+    // Again with the dense form written over x itself (the model's in-place use): the same CBSR,
+    // and x's rows become cbsr_to_dense of it, the padding untouched.
+    std::vector<float> want = x;
+    std::vector<float> dense(static_cast<size_t>(rows * width));
+    cbsr_to_dense_cpu(cpu.cview(), matrix(dense.data(), rows, width));
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(dense.begin() + r * width, width, want.begin() + r * ld);
+    auto d_values2 = poisoned(cpu.values.size());
+    cuda::fill(d_index.data(), cpu.index.size(), uint8_t{0xee}, *stream_);
+    maxk_forward_cuda(ConstMatrixView{d_x.data(), rows, width, ld}, CbsrView{rows, width, k, d_values2.data(), d_index.data()},
+                      *stream_, MatrixView{d_x.data(), rows, width, ld});
+    EXPECT_TRUE(same_bits(download(d_values2), cpu.values)) << what << ": values differ (in place)";
+    EXPECT_TRUE(download(d_index) == cpu.index) << what << ": indices differ (in place)";
+    EXPECT_TRUE(same_bits(download(d_x), want)) << what << ": the dense form differs";
   }
 
   // spgemm_cbsr_cuda against spgemm_cbsr_cpu.
