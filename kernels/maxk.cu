@@ -181,7 +181,7 @@ __device__ __forceinline__ void load_row(const float* __restrict__ xr, int width
   for (int j = 0; j < VPT; ++j) raw[j] = j * kWarp + lane < width ? __float_as_uint(__ldg(xl + j * kWarp)) : 0u;
 }
 
-template <int VPT, typename I>
+template <int VPT, typename I, bool kDense>
 __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
     maxk_forward_kernel(const float* x, int64_t ld, int64_t rows, int width, int k, float* __restrict__ values,
                         I* __restrict__ index, float* dense, int64_t dense_ld) {
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
       }
       float* vr = values + r * k;
       I* ir = index + r * k;
-      float* dr = dense != nullptr ? dense + r * dense_ld : nullptr;  // may be x's row: read above
+      float* dr = kDense ? dense + r * dense_ld : nullptr;  // may be x's row: read above
       int taken = 0;
       if (exact) {  // keep every key >= T (T > 0 here, so never an invalid column): exactly k of them
         const unsigned below = lanemask_lt(lane);
@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
             vr[pos] = key_value(key[j]);
             ir[pos] = static_cast<I>(j * kWarp + lane);
           }
-          if (dr != nullptr && j * kWarp + lane < width) dr[j * kWarp + lane] = take ? key_value(key[j]) : 0.0f;
+          if (kDense && j * kWarp + lane < width) dr[j * kWarp + lane] = take ? key_value(key[j]) : 0.0f;
           taken += __popc(take_mask);
         }
         continue;
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
           taken += __popc(take_mask);
           equal_seen += __popc(equal_mask);
         }
-        if (dr != nullptr && c < width) dr[c] = take ? key_value(key[j]) : 0.0f;
+        if (kDense && c < width) dr[c] = take ? key_value(key[j]) : 0.0f;
       }
     }
   }
@@ -298,8 +298,13 @@ void launch_maxk_forward(ConstMatrixView x, const CbsrView& out, MatrixView dens
 #define GALE_MAXK_TOPK(VPT)                                                                          \
   if (per_lane <= VPT) {                                                                             \
     const int64_t warps = (out.rows + topk_rows_per_warp<VPT>() - 1) / topk_rows_per_warp<VPT>();   \
-    maxk_forward_kernel<VPT, I><<<row_blocks(warps), kRowThreads, 0, stream>>>(x.data, x.ld, out.rows, width, k, \
-                                                                               out.values, index, dense.data, dense.ld); \
+    if (dense.data != nullptr) {                                                                     \
+      maxk_forward_kernel<VPT, I, true><<<row_blocks(warps), kRowThreads, 0, stream>>>(              \
+          x.data, x.ld, out.rows, width, k, out.values, index, dense.data, dense.ld);                \
+    } else {                                                                                         \
+      maxk_forward_kernel<VPT, I, false><<<row_blocks(warps), kRowThreads, 0, stream>>>(             \
+          x.data, x.ld, out.rows, width, k, out.values, index, nullptr, 0);                          \
+    }                                                                                                \
     GALE_CHECK_CUDA(cudaGetLastError());                                                             \
     return;                                                                                          \
   }
