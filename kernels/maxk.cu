@@ -30,6 +30,7 @@
 #include <string>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/runtime.hpp"
 #include "kernels/error.hpp"
 #include "kernels/maxk.hpp"
 
@@ -997,9 +998,8 @@ void launch_agg(Kernel kernel, const AggShape& s, const AggParams& p, cudaStream
   if (p.items == 0) return;
   if (s.smem > static_cast<size_t>(kDefaultSmemLimit))
     GALE_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s.smem)));
-  int device = 0, sms = 0, per_sm = 0;
-  GALE_CHECK_CUDA(cudaGetDevice(&device));
-  GALE_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int per_sm = 0;
+  const int sms = cuda::current_multiprocessors();
   GALE_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, s.threads, s.smem));
   const int64_t needed = (p.items + s.warps - 1) / s.warps;
   const int64_t blocks = std::clamp<int64_t>(int64_t{sms} * std::max(per_sm, 1), 1, needed);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/runtime.hpp"
 #include "kernels/error.hpp"
 #include "kernels/maxk.hpp"
 
@@ -50,10 +51,7 @@ size_t grad_shared_bytes(int64_t width, const int64_t* n, int terms) {
 // Blocks for `rows` at rows_per_block, at most `per_sm` per multiprocessor: the blocks loop over
 // rows, so W is staged once per block, not once per handful of rows.
 unsigned grid_for(int64_t rows, int rows_per_block, int per_sm) {
-  int device = 0, sms = 0;
-  GALE_CHECK_CUDA(cudaGetDevice(&device));
-  GALE_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t most = std::max<int64_t>(1, static_cast<int64_t>(sms) * per_sm);
+  const int64_t most = std::max<int64_t>(1, static_cast<int64_t>(cuda::current_multiprocessors()) * per_sm);
   return static_cast<unsigned>(std::clamp<int64_t>((rows + rows_per_block - 1) / rows_per_block, 1, most));
 }
 

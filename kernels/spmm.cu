@@ -48,6 +48,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/runtime.hpp"
 #include "kernels/error.hpp"
 #include "kernels/spmm.hpp"
 
@@ -830,13 +831,6 @@ Shape choose_shape(const SpmmArgs& a) {
   return s;
 }
 
-int multiprocessors() {
-  int device = 0, sms = 0;
-  GALE_CHECK_CUDA(cudaGetDevice(&device));
-  GALE_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
 // Calls f.template operator()<T, G, VPT>() for the shape's instantiation.
 template <typename F>
 void with_shape(const Shape& s, F&& f) {
@@ -870,7 +864,7 @@ template <typename T, int G, bool kVecOut>
 void launch_gar(const Params& p, cudaStream_t stream) {
   constexpr int64_t kTile = G * (sizeof(T) / sizeof(float));
   const int64_t row_blocks = (p.rows + kBlock - 1) / kBlock;
-  const int64_t long_blocks = std::min<int64_t>(int64_t{kLongBlocksPerSm} * multiprocessors(), row_blocks);
+  const int64_t long_blocks = std::min<int64_t>(int64_t{kLongBlocksPerSm} * cuda::current_multiprocessors(), row_blocks);
   const int64_t long_span = (p.rows + long_blocks - 1) / long_blocks;
   const int64_t tiles = std::min<int64_t>((p.width + kTile - 1) / kTile, 65535);  // more tiles loop
   const dim3 grid(static_cast<unsigned>(long_blocks + row_blocks), static_cast<unsigned>(tiles));
@@ -887,7 +881,7 @@ struct GasLaunch {
     constexpr int64_t kGroups = kBlock / G;
     const int64_t chunks = (nnz_bound + kGasChunk - 1) / kGasChunk;
     // Persistent grid: 8 blocks of 256 threads fill an SM's 2048 threads; more chunks loop.
-    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(int64_t{8} * multiprocessors(),
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(int64_t{8} * cuda::current_multiprocessors(),
                                                                   (chunks + kGroups - 1) / kGroups));
     gas_kernel<T, G, VPT><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(p);
     GALE_CHECK_CUDA(cudaGetLastError());
@@ -957,7 +951,7 @@ void run_gas(const SpmmArgs& a, cudaStream_t stream) {
   gas_init_kernel<<<elementwise_blocks(total), kBlock, 0, stream>>>(p);
   GALE_CHECK_CUDA(cudaGetLastError());
   // Without the host-side count, size the grid for one SM-filling wave; chunks beyond it loop.
-  const int64_t bound = a.nnz >= 0 ? a.nnz : int64_t{8} * multiprocessors() * kBlock * kGasChunk;
+  const int64_t bound = a.nnz >= 0 ? a.nnz : int64_t{8} * cuda::current_multiprocessors() * kBlock * kGasChunk;
   with_shape(choose_shape(a), GasLaunch{p, bound, stream});
   if (p.relu) {
     relu_kernel<<<elementwise_blocks(total), kBlock, 0, stream>>>(p);

@@ -40,6 +40,13 @@ DeviceInfo device_info(int ordinal) {
   return info;
 }
 
+int current_multiprocessors() {
+  int device = 0, sms = 0;
+  GALE_CHECK_CUDA(cudaGetDevice(&device));
+  GALE_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 // --- DeviceGuard ---------------------------------------------------------------------------------
 
 DeviceGuard::DeviceGuard(int ordinal) {

@@ -39,6 +39,10 @@ struct DeviceInfo {
 };
 DeviceInfo device_info(int ordinal);
 
+// SM count of the calling thread's current device, for sizing a launch's grid (one attribute
+// query, cheap enough per launch, unlike device_info's full property read).
+int current_multiprocessors();
+
 // Makes `ordinal` the calling thread's current device for a scope, then restores the previous one.
 // Kernel launches, stream and event creation act on the current device.
 class DeviceGuard {
