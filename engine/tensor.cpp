@@ -72,27 +72,23 @@ void copy_between(void* dst, const Device& to, const void* src, const Device& fr
 
 unsigned char* Tensor::base() const { return storage_ ? storage_->ptr : nullptr; }
 
-Tensor Tensor::empty(int64_t rows, int64_t cols, DType dtype, Device device) {
+Tensor Tensor::allocate(int64_t rows, int64_t cols, DType dtype, Device device, bool io) {
   GALE_ASSERT(rows >= 0 && cols >= 0);
   Tensor t;
   t.rows_ = rows;
   t.cols_ = cols;
   t.dtype_ = dtype;
   t.device_ = device;
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(rows * cols) * dtype_size(dtype), device);
+  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(rows * cols) * dtype_size(dtype), device, io);
   return t;
 }
 
+Tensor Tensor::empty(int64_t rows, int64_t cols, DType dtype, Device device) {
+  return allocate(rows, cols, dtype, device, /*io=*/false);
+}
+
 Tensor Tensor::empty_io(int64_t rows, int64_t cols, DType dtype, Device device) {
-  if (device.is_cpu()) return empty(rows, cols, dtype, device);
-  GALE_ASSERT(rows >= 0 && cols >= 0);
-  Tensor t;
-  t.rows_ = rows;
-  t.cols_ = cols;
-  t.dtype_ = dtype;
-  t.device_ = device;
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(rows * cols) * dtype_size(dtype), device, true);
-  return t;
+  return allocate(rows, cols, dtype, device, /*io=*/!device.is_cpu());
 }
 
 Tensor Tensor::zeros(int64_t rows, int64_t cols, DType dtype, Device device) {

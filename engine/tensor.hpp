@@ -62,6 +62,8 @@ class Tensor {
  private:
   struct Storage;
   unsigned char* base() const;
+  // A fresh rows x cols tensor; `io` takes a device's memory on its IO stream (empty_io).
+  static Tensor allocate(int64_t rows, int64_t cols, DType dtype, Device device, bool io);
 
   std::shared_ptr<Storage> storage_;
   size_t offset_ = 0;  // bytes

@@ -365,11 +365,13 @@ class AggregateLinear {
   ops::Cbsr maxk_;  // the CBSR form of a MaxK input, for backward
 };
 
-class GcnLayer : public Layer {
+// A layer that is one AggregateLinear: GCN (PyG GCNConv) and SAGE (PyG SAGEConv, mean:
+// lin_l(mean_j x_j) + lin_r(x_i), lin_l carrying the bias; parameter order neigh.lin, neigh.bias,
+// root is the checkpoints' order).
+class ConvLayer : public Layer {
  public:
-  GcnLayer(const std::string& prefix, int64_t in, int64_t out, uint64_t key)
-      : conv_(prefix, in, out, Norm::kGcn, 0.0f, key) {}
-  std::string kind() const override { return "gcn"; }
+  ConvLayer(std::string kind, AggregateLinear conv) : kind_(std::move(kind)), conv_(std::move(conv)) {}
+  std::string kind() const override { return kind_; }
   int64_t in_dim() const override { return conv_.in(); }
   int64_t out_dim() const override { return conv_.out(); }
   Tensor forward(const GraphOperand& g, Tensor x, const ForwardContext& ctx) override {
@@ -385,32 +387,7 @@ class GcnLayer : public Layer {
   }
 
  private:
-  AggregateLinear conv_;
-};
-
-// PyG SAGEConv (mean): lin_l(mean_j x_j) + lin_r(x_i); lin_l carries the bias. Parameter order
-// (neigh.lin, neigh.bias, root) is the checkpoints' order.
-class SageLayer : public Layer {
- public:
-  SageLayer(const std::string& prefix, int64_t in, int64_t out, uint64_t key)
-      : conv_(prefix + ".neigh", in, out, Norm::kMean, 0.0f, kernels::derive_key(key, 1),
-              std::make_unique<Linear>(prefix + ".root", in, out, /*bias=*/false, kernels::derive_key(key, 2))) {}
-  std::string kind() const override { return "sage"; }
-  int64_t in_dim() const override { return conv_.in(); }
-  int64_t out_dim() const override { return conv_.out(); }
-  Tensor forward(const GraphOperand& g, Tensor x, const ForwardContext& ctx) override {
-    return conv_.forward(g, std::move(x), ctx);
-  }
-  Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) override {
-    return conv_.backward(g, std::move(grad), need_input_grad);
-  }
-  std::vector<Parameter*> parameters() override {
-    std::vector<Parameter*> p;
-    conv_.add_parameters(&p);
-    return p;
-  }
-
- private:
+  std::string kind_;
   AggregateLinear conv_;
 };
 
@@ -469,10 +446,13 @@ class GinLayer : public Layer {
 }  // namespace
 
 std::unique_ptr<Layer> make_gcn_layer(const std::string& prefix, int64_t in, int64_t out, uint64_t seed) {
-  return std::make_unique<GcnLayer>(prefix, in, out, seed);
+  return std::make_unique<ConvLayer>("gcn", AggregateLinear(prefix, in, out, Norm::kGcn, 0.0f, seed));
 }
 std::unique_ptr<Layer> make_sage_layer(const std::string& prefix, int64_t in, int64_t out, uint64_t seed) {
-  return std::make_unique<SageLayer>(prefix, in, out, seed);
+  return std::make_unique<ConvLayer>(
+      "sage", AggregateLinear(prefix + ".neigh", in, out, Norm::kMean, 0.0f, kernels::derive_key(seed, 1),
+                              std::make_unique<Linear>(prefix + ".root", in, out, /*bias=*/false,
+                                                       kernels::derive_key(seed, 2))));
 }
 std::unique_ptr<Layer> make_gin_layer(const std::string& prefix, int64_t in, int64_t out, float eps, int mlp_layers,
                                       uint64_t seed) {
