@@ -864,7 +864,8 @@ template <typename T, int G, bool kVecOut>
 void launch_gar(const Params& p, cudaStream_t stream) {
   constexpr int64_t kTile = G * (sizeof(T) / sizeof(float));
   const int64_t row_blocks = (p.rows + kBlock - 1) / kBlock;
-  const int64_t long_blocks = std::min<int64_t>(int64_t{kLongBlocksPerSm} * cuda::current_multiprocessors(), row_blocks);
+  const int64_t sms = cuda::current_multiprocessors();
+  const int64_t long_blocks = std::min<int64_t>(kLongBlocksPerSm * sms, row_blocks);
   const int64_t long_span = (p.rows + long_blocks - 1) / long_blocks;
   const int64_t tiles = std::min<int64_t>((p.width + kTile - 1) / kTile, 65535);  // more tiles loop
   const dim3 grid(static_cast<unsigned>(long_blocks + row_blocks), static_cast<unsigned>(tiles));
