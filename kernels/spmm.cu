@@ -5,14 +5,17 @@
 // registers, no atomics. Groups of G lanes gather source rows with 16-byte loads (column indices
 // and coefficients, col_scale * weight, read with one coalesced load and broadcast by shuffle);
 // the row scale, self term, bias and ReLU are applied before the single store of each output
-// element (the fused epilogue of Sec. 5). Three things make it fast on power-law graphs (see the
+// element (the fused epilogue of Sec. 5). Four things make it fast on power-law graphs (see the
 // GAR section below):
 //   - column tiles of 32 floats, tile-major over the grid: the L2 holds the hot source rows'
 //     128-byte slices instead of whole rows (on R-MAT scale 21 at width 256, DRAM reads drop from
 //     37 to ~20 GB per product);
 //   - a block splits its 256 rows' entries evenly over its groups (merge-path inside the block),
 //     so a block no longer lasts as long as its longest row;
-//   - rows above kLongRow entries go to the grid's first blocks, cut over a whole block each.
+//   - rows above kLongRow entries go to the grid's first blocks, cut over a whole block each;
+//   - rows are dealt to blocks interleaved (a regular block takes every nb-th chunk of 16 rows, a
+//     long-row block every LB-th row), so a store whose ids follow the degree (`--relabel degree`)
+//     spreads its heavy rows over many blocks instead of piling them on the first few.
 // Every output element has one writer and a fixed order of additions: GAR is deterministic.
 //
 // GAS (gather-apply-scatter, fuseGNN Sec. 4 Fig. 2 and Sec. 6 Alg. 1): edge-parallel. Each group
@@ -67,8 +70,29 @@ constexpr int kBlock = 256;
 // grid's tail if it started late. Measured on R-MAT scale 21: 4096 slightly ahead of 16384 and
 // 65536, well ahead of 1024 (which sends a third of the entries through the long-row blocks).
 constexpr int64_t kLongRow = 4096;
-// Long-row blocks per SM, each scanning a span of rows (launched first, so scheduled first).
-constexpr int kLongBlocksPerSm = 2;
+// Long-row blocks per SM (launched first, so scheduled first); block b of LB scans rows b, b + LB,
+// b + 2 LB, ... for long rows (spans of consecutive rows gave a degree-ordered store's 1562 long
+// rows, 12M entries, all to the first block). The heaviest of them should not outlast its tile:
+// on R-MAT 21 in Graph500 order, GAR at width 256 took 11.05 / 10.99 / 10.77 / 10.70 ms with 4 /
+// 6 / 10 / 16 per SM (H100; spans of 2 per SM, before: 10.45).
+#ifndef GALE_GAR_LONG_PER_SM
+#define GALE_GAR_LONG_PER_SM 16
+#endif
+constexpr int kLongBlocksPerSm = GALE_GAR_LONG_PER_SM;
+// A regular GAR block's rows: chunks of kChunkRows consecutive rows, block j of nb taking chunks j,
+// j + nb, j + 2 nb, ... Contiguous spans of kBlock rows give the first blocks all the heavy rows of
+// a degree-ordered store (R-MAT 21 relabelled by degree: 526K entries in the heaviest block against
+// 6.3K on average; with the long rows, GAR took 46.8 ms there at width 256, 3.5x cuSPARSE's time,
+// and 10.5 ms interleaved). Interleaved by 16 rows the heaviest block holds 36K entries on that
+// store and 17K on the Graph500-ordered one, as contiguous spans do; chunks of 16 rows keep the
+// indptr and index reads of short rows contiguous. Measured at width 256 (H100), 6 long-row blocks
+// per SM: 256 / 16 rows 10.84 / 10.99 ms on the Graph500 order, 13.26 / 10.50 on the degree order;
+// 2 per SM, Graph500 order: 256 / 8 / 4 / 1 rows 10.78 / 11.07 / 11.18 / 11.48.
+#ifndef GALE_GAR_CHUNK_ROWS
+#define GALE_GAR_CHUNK_ROWS 16
+#endif
+constexpr int kChunkRows = GALE_GAR_CHUNK_ROWS;
+static_assert(kBlock % kChunkRows == 0, "a block's row table holds whole chunks");
 // Entries per GAS chunk: enough that the binary search for the chunk's first row (log2(rows)
 // dependent loads) is amortised over many gathers, small enough for ~16 chunks per SM lane group
 // on a graph of a million entries.
@@ -212,8 +236,9 @@ __host__ __device__ constexpr int unroll() {
 
 // ---- GAR ------------------------------------------------------------------------------------
 //
-// A regular GAR block takes a span of kBlock rows and one column tile of kTile = G * K floats (G
-// lanes per group, K floats per lane: 8 lanes of float4 for the 32-float tile). One group per row
+// A regular GAR block takes kBlock rows (chunks of kChunkRows, interleaved) and one column tile of
+// kTile = G * K floats (G lanes per group, K floats per lane: 8 lanes of float4 for the 32-float
+// tile). One group per row
 // wastes most of a block on power-law rows, since the block lasts as long as its longest row: on
 // R-MAT scale 21 that ran the gathers at ~2.2 TB/s. So the block first counts its rows' entries
 // (one thread per row, a block-wide prefix sum into vstart), then cuts the concatenated entries
@@ -425,9 +450,14 @@ __device__ __forceinline__ int group_of(int64_t v, int64_t total, int n) {
   return static_cast<int>(((v + 1) * n + total - 1) / total) - 1;
 }
 
-// The regular path for the block's rows [r0, r0 + kBlock) and the tile at col0.
+// Row i of regular block j of `blocks` (see kChunkRows); past p.rows for the last chunks' tails.
+__device__ __forceinline__ int64_t block_row(int64_t j, int64_t blocks, int i) {
+  return (j + blocks * (i / kChunkRows)) * kChunkRows + i % kChunkRows;
+}
+
+// The regular path for regular block j's rows (block_row) and the tile at col0.
 template <typename T, int G, bool kVecOut>
-__device__ void span_rows(const Params& p, int64_t r0, int64_t col0, GarShared<T, G>& sh) {
+__device__ void span_rows(const Params& p, int64_t j, int64_t blocks, int64_t col0, GarShared<T, G>& sh) {
   constexpr int K = sizeof(T) / sizeof(float);
   constexpr int kTile = G * K;
   constexpr int kGroups = kBlock / G;
@@ -435,14 +465,18 @@ __device__ void span_rows(const Params& p, int64_t r0, int64_t col0, GarShared<T
   const int q = threadIdx.x / G;
   float* rowbuf = sh.buf;
   float* slots = sh.buf + kBlock * kTile;
-  // Count: one thread per row; long rows count as empty here (their blocks write them).
-  const int64_t r = r0 + threadIdx.x;
+  // Count: one thread per row; long rows count as empty here (their blocks write them), and so do
+  // the rows past p.rows that end the table (rbeg -1: the epilogue skips both).
+  const int64_t r = block_row(j, blocks, threadIdx.x);
   int32_t count = 0;
+  sh.rbeg[threadIdx.x] = -1;
   if (r < p.rows) {
     const int64_t b = p.indptr[r], e = p.indptr[r + 1];
     const bool is_long = e - b > kLongRow;
-    sh.rbeg[threadIdx.x] = is_long ? -1 : b;
-    if (!is_long) count = static_cast<int32_t>(e - b);
+    if (!is_long) {
+      sh.rbeg[threadIdx.x] = b;
+      count = static_cast<int32_t>(e - b);
+    }
   }
   // Block-wide exclusive prefix sum of the counts into vstart.
   __shared__ int32_t warp_total[kBlock / kWarp];
@@ -464,7 +498,7 @@ __device__ void span_rows(const Params& p, int64_t r0, int64_t col0, GarShared<T
   if (threadIdx.x == 0) sh.vstart[kBlock] = total;
   __syncthreads();
   // Rows past p.rows have count 0 and vstart == total: a search below total never lands on them.
-  const int rows = static_cast<int>(min(static_cast<int64_t>(kBlock), p.rows - r0));
+  constexpr int rows = kBlock;
   const int64_t vb = static_cast<int64_t>(total) * q / kGroups;
   const int64_t ve = static_cast<int64_t>(total) * (q + 1) / kGroups;
   const int64_t lane_col = col0 + static_cast<int64_t>(g) * K;
@@ -509,29 +543,31 @@ __device__ void span_rows(const Params& p, int64_t r0, int64_t col0, GarShared<T
         add_to(sum, y);
       }
     }
-    finish<TO>(p, r0 + i, col, sum);
+    finish<TO>(p, block_row(j, blocks, i), col, sum);
   }
   __syncthreads();  // shared memory is reused by the next tile
 }
 
-// The long-row blocks' part of gar_kernel: block b scans rows [b * long_span, (b + 1) * long_span)
-// for rows above the threshold and writes them.
+// The long-row blocks' part of gar_kernel: scanner b of `scanners` takes rows b, b + scanners, ...
+// above the threshold and writes them for the tiles at col0, col0 + tile_step, ... (Spans of
+// consecutive rows gave a degree-ordered store's 1562 long rows, 12M entries, all to the first
+// block.)
 template <typename T, int G>
-__device__ __forceinline__ void long_rows(const Params& p, int64_t long_span, GarShared<T, G>& sh) {
-  constexpr int kTile = G * (sizeof(T) / sizeof(float));
+__device__ __forceinline__ void long_rows(const Params& p, int64_t b, int64_t scanners, int64_t col0, int64_t tile_step,
+                                          GarShared<T, G>& sh) {
   __shared__ unsigned long_mask[kBlock / kWarp];
-  const int64_t lo = static_cast<int64_t>(blockIdx.x) * long_span;
-  const int64_t hi = min(p.rows, lo + long_span);
-  const int64_t tile_step = static_cast<int64_t>(gridDim.y) * kTile;
-  for (int64_t col0 = blockIdx.y * int64_t{kTile}; col0 < p.width; col0 += tile_step) {
-    for (int64_t base = lo; base < hi; base += kBlock) {
-      const int64_t r = base + threadIdx.x;
-      const bool is_long = r < hi && p.indptr[r + 1] - p.indptr[r] > kLongRow;
+  const int64_t mine = (p.rows - b + scanners - 1) / scanners;  // rows b + m * scanners, m < mine
+  for (; col0 < p.width; col0 += tile_step) {
+    for (int64_t base = 0; base < mine; base += kBlock) {
+      const int64_t m = base + threadIdx.x;
+      const int64_t r = b + m * scanners;
+      const bool is_long = m < mine && p.indptr[r + 1] - p.indptr[r] > kLongRow;
       const unsigned mask = __ballot_sync(kFull, is_long);
       if ((threadIdx.x & (kWarp - 1)) == 0) long_mask[threadIdx.x / kWarp] = mask;
       __syncthreads();
       for (int w = 0; w < kBlock / kWarp; ++w) {
-        for (unsigned m = long_mask[w]; m != 0; m &= m - 1) long_row<T, G>(p, base + w * kWarp + __ffs(m) - 1, col0, sh);
+        for (unsigned bits = long_mask[w]; bits != 0; bits &= bits - 1)
+          long_row<T, G>(p, b + (base + w * kWarp + __ffs(bits) - 1) * scanners, col0, sh);
       }
       __syncthreads();  // long_mask is rewritten next round
     }
@@ -542,19 +578,22 @@ __device__ __forceinline__ void long_rows(const Params& p, int64_t long_span, Ga
 // blocks are dispatched x-fastest, one tile of every row is done before the next tile starts.
 // While a tile is in flight the L2 only has to hold the hot source rows' kTile-column slices
 // (128 bytes at kTile = 32), so far more of them stay resident than whole rows would, and each
-// DRAM fetch of a source slice is reused more. Blocks [0, long_blocks) take the long rows (see
-// long_rows); the others take kBlock rows each (span_rows).
+// DRAM fetch of a source slice is reused more. Blocks [0, scanners) take the long rows (long_rows;
+// starting every tile's long rows with the kernel instead measured 13% slower on R-MAT 21 at width
+// 256: the L2 then holds all tiles' slices at once); the others take kBlock rows each, interleaved
+// by chunks (block_row, span_rows).
 template <typename T, int G, bool kVecOut>
-__global__ void __launch_bounds__(kBlock, kGarBlocksPerSm) gar_kernel(Params p, int64_t long_blocks, int64_t long_span) {
+__global__ void __launch_bounds__(kBlock, kGarBlocksPerSm) gar_kernel(Params p, int64_t scanners) {
   constexpr int kTile = G * (sizeof(T) / sizeof(float));
   __shared__ GarShared<T, G> sh;
-  if (blockIdx.x < long_blocks) {
-    long_rows<T, G>(p, long_span, sh);
+  const int64_t tile_step = static_cast<int64_t>(gridDim.y) * kTile;
+  if (blockIdx.x < scanners) {
+    long_rows<T, G>(p, blockIdx.x, scanners, blockIdx.y * int64_t{kTile}, tile_step, sh);
     return;
   }
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) - long_blocks) * kBlock;
-  const int64_t tile_step = static_cast<int64_t>(gridDim.y) * kTile;
-  for (int64_t col0 = blockIdx.y * int64_t{kTile}; col0 < p.width; col0 += tile_step) span_rows<T, G, kVecOut>(p, r0, col0, sh);
+  const int64_t j = static_cast<int64_t>(blockIdx.x) - scanners, blocks = gridDim.x - scanners;
+  for (int64_t col0 = blockIdx.y * int64_t{kTile}; col0 < p.width; col0 += tile_step)
+    span_rows<T, G, kVecOut>(p, j, blocks, col0, sh);
 }
 
 // GAS pre-pass: out = (accumulate ? out : 0) + self term + bias; the scatter adds the rest.
@@ -865,11 +904,10 @@ void launch_gar(const Params& p, cudaStream_t stream) {
   constexpr int64_t kTile = G * (sizeof(T) / sizeof(float));
   const int64_t row_blocks = (p.rows + kBlock - 1) / kBlock;
   const int64_t sms = cuda::current_multiprocessors();
-  const int64_t long_blocks = std::min<int64_t>(kLongBlocksPerSm * sms, row_blocks);
-  const int64_t long_span = (p.rows + long_blocks - 1) / long_blocks;
+  const int64_t scanners = std::min<int64_t>(kLongBlocksPerSm * sms, row_blocks);
   const int64_t tiles = std::min<int64_t>((p.width + kTile - 1) / kTile, 65535);  // more tiles loop
-  const dim3 grid(static_cast<unsigned>(long_blocks + row_blocks), static_cast<unsigned>(tiles));
-  gar_kernel<T, G, kVecOut><<<grid, kBlock, 0, stream>>>(p, long_blocks, long_span);
+  const dim3 grid(static_cast<unsigned>(scanners + row_blocks), static_cast<unsigned>(tiles));
+  gar_kernel<T, G, kVecOut><<<grid, kBlock, 0, stream>>>(p, scanners);
   GALE_CHECK_CUDA(cudaGetLastError());
 }
 

@@ -1,7 +1,7 @@
 // The CUDA SpMM family (kernels/spmm.cu: GAR, GAS, auto, cuSPARSE) against spmm_cpu on fresh
 // random graphs: every fifth row empty, hub rows with thousands of entries (GAR's long-row
 // blocks), rows of 20-120 entries (several gather pieces), a skewed graph whose rows cross many of
-// a GAR block's group ranges, more sources than destinations;
+// a GAR block's group ranges (also with its rows in degree order), more sources than destinations;
 // widths 1, 3, 32, 33, 64, 100, 128, 256, 257 (scalar and float4 paths, partial groups, several
 // column tiles), padded leading dimensions, and every combination of row scale, column scale, edge
 // weight, self term, accumulate, bias and ReLU. Outputs are poisoned with NaN first, so an element
@@ -194,7 +194,7 @@ TEST_F(SpmmCudaTest, AllOptionCombinationsMatchCpu) {
   }
 }
 
-// Many blocks scan for long rows; hubs land in different blocks' spans.
+// Many blocks scan for long rows; hubs land in different long-row blocks.
 TEST_F(SpmmCudaTest, LargeGraphWithHubsMatchesCpu) {
   const Graph g = random_graph(31, 20000, 25000, 6000);
   for (int64_t width : {int64_t{1}, int64_t{64}, int64_t{257}}) {
@@ -242,6 +242,40 @@ TEST_F(SpmmCudaTest, SkewedGraphAcrossTilesMatchesCpu) {
   for (int64_t width : {int64_t{7}, int64_t{256}, int64_t{300}, int64_t{516}})
     check(SpmmKind::kMemoryAware, g, width, Options::from(combo = (combo + 53) % Options::kCombos),
           derive_key(84, static_cast<uint64_t>(width)), width % 4 ? 2 : 0);
+}
+
+// The skewed graph's rows reordered by degree, largest first (what `gale preprocess --relabel
+// degree` makes): every long row and the rows of hundreds to thousands of entries at the start,
+// where GAR's interleaved row chunks and long-row scans must still find and write each of them.
+Graph degree_ordered(const Graph& g) {
+  std::vector<int64_t> order(static_cast<size_t>(g.rows));
+  for (int64_t r = 0; r < g.rows; ++r) order[static_cast<size_t>(r)] = r;
+  const auto degree = [&](int64_t r) { return g.indptr[static_cast<size_t>(r + 1)] - g.indptr[static_cast<size_t>(r)]; };
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return degree(a) > degree(b); });
+  Graph o;
+  o.rows = g.rows;
+  o.cols = g.cols;
+  o.indptr.push_back(0);
+  for (int64_t r : order) {
+    o.indices.insert(o.indices.end(), g.indices.begin() + g.indptr[static_cast<size_t>(r)],
+                     g.indices.begin() + g.indptr[static_cast<size_t>(r + 1)]);
+    o.indptr.push_back(static_cast<int64_t>(o.indices.size()));
+  }
+  return o;
+}
+
+TEST_F(SpmmCudaTest, DegreeOrderedGraphMatchesCpu) {
+  const Graph g = degree_ordered(skewed_graph(85, 20011, 15000));
+  ASSERT_GT(g.indptr[1] - g.indptr[0], 4096);  // long rows first
+  int combo = 11;
+  for (int64_t width : {int64_t{1}, int64_t{32}, int64_t{100}, int64_t{256}}) {
+    for (int64_t pad : {int64_t{0}, int64_t{3}}) {
+      check(SpmmKind::kGar, g, width, Options::from(combo = (combo + 41) % Options::kCombos),
+            derive_key(86, static_cast<uint64_t>(width * 10 + pad)), pad);
+    }
+  }
+  check(SpmmKind::kGas, g, 64, Options::from(2 + 8 + 128), derive_key(87, 1));
+  check(SpmmKind::kMemoryAware, g, 64, Options::from(1 + 4 + 64), derive_key(87, 2));
 }
 
 // x in rows padded to 16 bytes, out dense of an odd width (what ops::spmm hands GAR for a 47-class
