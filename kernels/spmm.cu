@@ -238,20 +238,19 @@ __host__ __device__ constexpr int unroll() {
 //
 // A regular GAR block takes kBlock rows (chunks of kChunkRows, interleaved) and one column tile of
 // kTile = G * K floats (G lanes per group, K floats per lane: 8 lanes of float4 for the 32-float
-// tile). One group per row
-// wastes most of a block on power-law rows, since the block lasts as long as its longest row: on
-// R-MAT scale 21 that ran the gathers at ~2.2 TB/s. So the block first counts its rows' entries
-// (one thread per row, a block-wide prefix sum into vstart), then cuts the concatenated entries
-// into equal ranges, one per group (merge-path inside the block). A group walks its range in
-// pieces (piece_entries) with one running sum and, when the row changes, stores the sum into the
-// block's shared row buffer: one shared store, cheap even when every entry ends a row, where a
-// direct epilogue there would run once per group, divergent. The row that a group's range starts
-// in the middle of goes to the group's slot instead. After a barrier the block writes its rows:
-// buffer row plus the slots of the later groups the row ran into, in group order, then the
-// epilogue, with coalesced stores.
+// tile). One group per row wastes most of a block on power-law rows, since the block lasts as long
+// as its longest row: on R-MAT scale 21 that ran the gathers at ~2.2 TB/s. So the block first
+// counts its rows' entries (one thread per row, a block-wide prefix sum into vstart), then cuts the
+// concatenated entries into equal ranges, one per group (merge-path inside the block). A group
+// walks its range in pieces (piece_entries) with one running sum and, when the row changes, stores
+// the sum into the block's shared row buffer: one shared store, cheap even when every entry ends a
+// row, where a direct epilogue there would run once per group, divergent. The row that a group's
+// range starts in the middle of goes to the group's slot instead. After a barrier the block writes
+// its rows: buffer row plus the slots of the later groups the row ran into, in group order, then
+// the epilogue, with coalesced stores.
 //
 // Rows above kLongRow entries (hubs: up to 1e5 entries on R-MAT scale 21) would still make their
-// block a straggler; the grid's first blocks (dispatched first) each scan a span of rows for them
+// block a straggler; the grid's first blocks (dispatched first) each scan every LB-th row for them
 // and cut every long row over all their groups, reducing the group sums in shared memory in a
 // fixed order. (Cutting a long row over several blocks by 8-float sub-tiles was tried and lost:
 // 32-byte gathers of the same lines at different times doubled DRAM reads on the hubs.)
