@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/warp.cuh"
 #include "kernels/dense.hpp"
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
@@ -29,8 +30,6 @@ namespace gale::kernels {
 
 namespace {
 
-constexpr int kWarp = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kThreads = 256;
 // 4096 blocks of 256 threads keep every SM of an H100/H200 (132 SMs x 2048 threads) busy several
 // times over; larger arrays loop inside the kernel.
@@ -192,7 +191,7 @@ __global__ void relu_mask_kernel(ConstMatrixView y, uint32_t* bits, int64_t word
     const int64_t r = i / words;
     const int64_t c = (i - r * words) * kWarp + lane;
     const bool positive = c < y.cols && y.data[r * y.ld + c] > 0.0f;
-    const unsigned word = __ballot_sync(kFullMask, positive);
+    const unsigned word = __ballot_sync(kFull, positive);
     if (lane == 0) bits[i] = word;
   }
 }
@@ -221,9 +220,9 @@ __global__ void relu_mask4_kernel(ConstMatrixView y, uint32_t* bits, int64_t wor
       }
     }
     unsigned word = nibble << (4 * sub);
-    word |= __shfl_xor_sync(kFullMask, word, 1);
-    word |= __shfl_xor_sync(kFullMask, word, 2);
-    word |= __shfl_xor_sync(kFullMask, word, 4);
+    word |= __shfl_xor_sync(kFull, word, 1);
+    word |= __shfl_xor_sync(kFull, word, 2);
+    word |= __shfl_xor_sync(kFull, word, 4);
     if (t < total && sub == 0) bits[t / 8] = word;
   }
 }
@@ -394,8 +393,8 @@ __device__ RowStats row_stats(const float* z, int64_t cols, int lane, double (&k
   }
 #pragma unroll
   for (int off = kWarp / 2; off > 0; off >>= 1) {
-    const float om = __shfl_xor_sync(kFullMask, mx, off);
-    const int64_t oa = __shfl_xor_sync(kFullMask, arg, off);
+    const float om = __shfl_xor_sync(kFull, mx, off);
+    const int64_t oa = __shfl_xor_sync(kFull, arg, off);
     if (om > mx || (om == mx && oa < arg)) {
       mx = om;
       arg = oa;
@@ -412,7 +411,7 @@ __device__ RowStats row_stats(const float* z, int64_t cols, int lane, double (&k
   }
   for (int64_t k = lane + kKeptPerLane * kWarp; k < cols; k += kWarp) sum += exp(static_cast<double>(z[k]) - mx);
 #pragma unroll
-  for (int off = kWarp / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(kFullMask, sum, off);
+  for (int off = kWarp / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(kFull, sum, off);
   return {mx, arg, log(sum)};
 }
 

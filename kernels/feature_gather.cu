@@ -7,13 +7,13 @@
 #include <algorithm>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/warp.cuh"
 #include "kernels/feature_gather.hpp"
 
 namespace gale::kernels {
 
 namespace {
 
-constexpr int kWarp = 32;
 constexpr int kThreads = 256;
 
 template <typename T>

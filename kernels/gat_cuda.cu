@@ -27,6 +27,7 @@
 #include <string>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/warp.cuh"
 #include "kernels/error.hpp"
 #include "kernels/gat.hpp"
 #include "kernels/random.hpp"
@@ -35,8 +36,6 @@ namespace gale::kernels {
 
 namespace {
 
-constexpr int kWarp = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
 // 4 warps (128 threads) per block: small blocks keep the tail of a skewed degree distribution from
 // holding a whole SM, and 4 x the largest per-warp staging area (10 KiB at 512 heads) stays below
 // the 48 KiB of shared memory a launch gets without opting in.
@@ -87,7 +86,7 @@ __device__ __forceinline__ void softmax_merge(float& m, float& s, float m2, floa
 // every lane keeps one head (lane % heads) for the whole sweep, so per-head reductions are xor
 // shuffles over offsets 16 .. heads. Otherwise the warp sweeps one head at a time (group = 1).
 __device__ __forceinline__ float group_sum(float v, int group) {
-  for (int off = kWarp / 2; off >= group; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
+  for (int off = kWarp / 2; off >= group; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
   return v;
 }
 
@@ -105,8 +104,8 @@ __device__ __forceinline__ void row_softmax_stats(const int64_t* indptr, const i
     softmax_push(m, s, leaky(el[static_cast<int64_t>(indices[e]) * heads + h] + eri, slope));
   }
   for (int off = kWarp / 2; off >= group; off >>= 1) {
-    const float m2 = __shfl_xor_sync(kFullMask, m, off);
-    const float s2 = __shfl_xor_sync(kFullMask, s, off);
+    const float m2 = __shfl_xor_sync(kFull, m, off);
+    const float s2 = __shfl_xor_sync(kFull, s, off);
     softmax_merge(m, s, m2, s2);
   }
   max_out = m;
@@ -341,7 +340,7 @@ __global__ void __launch_bounds__(kBlock) gat_gather_kernel(GatherArgs a) {
     for (int v = 0; v < kNv; ++v) {
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        for (int off = kWarp / 2; off >= lanes; off >>= 1) acc[v].v[k] += __shfl_xor_sync(kFullMask, acc[v].v[k], off);
+        for (int off = kWarp / 2; off >= lanes; off >>= 1) acc[v].v[k] += __shfl_xor_sync(kFull, acc[v].v[k], off);
       }
       if (grp == 0 && valid[v]) store<kVec>(out_row + col[v], acc[v]);
     }
@@ -417,7 +416,7 @@ __global__ void __launch_bounds__(kBlock) gat_score_grad_kernel(ScoreGradArgs a)
         for (int q = 0; q < kVec; ++q) dot += gv.v[q] * zv.v[q];
       }
     }
-    for (int off = lanes / 2; off >= 1; off >>= 1) dot += __shfl_xor_sync(kFullMask, dot, off);
+    for (int off = lanes / 2; off >= 1; off >>= 1) dot += __shfl_xor_sync(kFull, dot, off);
     if (valid && c == 0) {
       if (self) {
         a.gpre_self[row * H + h] = dot * m;
@@ -478,6 +477,35 @@ void check_shape(const char* op, const GatShape& s) {
 
 float dropout_scale(float p) { return p > 0.0f ? 1.0f / (1.0f - p) : 1.0f; }
 
+// What every gather sets: the walked structure (the CSR forward, the CSC for kGradZ), the CSR whose
+// rows number the self-loop dropout counters, the shape, the dropout, and the gathered rows x and
+// the written rows out.
+GatherArgs gather_args(const CsrView& walked, const CsrView& csr, const GatShape& s, float p, uint64_t key,
+                       ConstMatrixView x, MatrixView out) {
+  GatherArgs a;
+  a.rows = walked.rows;
+  a.indptr = walked.indptr;
+  a.indices = walked.indices;
+  a.csr_indptr = csr.indptr;
+  a.csr_rows = csr.rows;
+  a.heads = s.heads;
+  a.f = s.f;
+  a.slope = s.slope;
+  a.p = p;
+  a.scale = dropout_scale(p);
+  a.key = key;
+  a.x = x.data;
+  a.x_ld = x.ld;
+  a.out = out.data;
+  a.out_ld = out.ld;
+  return a;
+}
+
+// Whether a kernel over rows of x and y (heads x f floats each) may move float4s.
+bool vec4_rows(const GatShape& s, ConstMatrixView x, ConstMatrixView y) {
+  return s.f % 4 == 0 && vec4_ok(x.data, x.ld) && vec4_ok(y.data, y.ld);
+}
+
 // Chooses the vector width, lanes per entry and vectors per lane for a gather over heads*f floats
 // per row, and launches.
 template <GatherMode kMode>
@@ -534,53 +562,22 @@ void gat_aggregate_cuda(const CsrView& g, const GatShape& s, const float* alpha,
                         uint64_t key, ConstMatrixView z, MatrixView out, cudaStream_t stream) {
   check_shape("gat_aggregate_cuda", s);
   if (g.rows == 0) return;
-  GatherArgs a;
-  a.rows = g.rows;
-  a.indptr = g.indptr;
-  a.indices = g.indices;
-  a.csr_indptr = g.indptr;
-  a.csr_rows = g.rows;
-  a.heads = s.heads;
-  a.f = s.f;
-  a.slope = s.slope;
-  a.p = p;
-  a.scale = dropout_scale(p);
-  a.key = key;
+  GatherArgs a = gather_args(g, g, s, p, key, z, out);
   a.alpha = alpha;
   a.alpha_self = alpha_self;
-  a.x = z.data;
-  a.x_ld = z.ld;
-  a.out = out.data;
-  a.out_ld = out.ld;
-  launch_gather<GatherMode::kAggregate>(a, s.f % 4 == 0 && vec4_ok(z.data, z.ld) && vec4_ok(out.data, out.ld),
-                                        stream);
+  launch_gather<GatherMode::kAggregate>(a, vec4_rows(s, z, out), stream);
 }
 
 void gat_forward_cuda(const CsrView& g, const GatShape& s, const float* el, const float* er, float p, uint64_t key,
                       ConstMatrixView z, float* alpha, float* alpha_self, MatrixView out, cudaStream_t stream) {
   check_shape("gat_forward_cuda", s);
   if (g.rows == 0) return;
-  GatherArgs a;
-  a.rows = g.rows;
-  a.indptr = g.indptr;
-  a.indices = g.indices;
-  a.csr_indptr = g.indptr;
-  a.csr_rows = g.rows;
-  a.heads = s.heads;
-  a.f = s.f;
-  a.slope = s.slope;
-  a.p = p;
-  a.scale = dropout_scale(p);
-  a.key = key;
+  GatherArgs a = gather_args(g, g, s, p, key, z, out);
   a.el = el;
   a.er = er;
   a.alpha_out = alpha;
   a.alpha_self_out = alpha_self;
-  a.x = z.data;
-  a.x_ld = z.ld;
-  a.out = out.data;
-  a.out_ld = out.ld;
-  launch_gather<GatherMode::kFused>(a, s.f % 4 == 0 && vec4_ok(z.data, z.ld) && vec4_ok(out.data, out.ld), stream);
+  launch_gather<GatherMode::kFused>(a, vec4_rows(s, z, out), stream);
 }
 
 size_t gat_backward_workspace_bytes(int64_t nnz, int64_t dst_rows, const GatShape& s) {
@@ -627,7 +624,7 @@ void gat_backward_cuda(const CsrView& g, const CsrView& csc, const int64_t* csc_
     a.gpre_capacity = static_cast<int64_t>((workspace_bytes - self_bytes) / sizeof(float));
     a.gpre_self = gpre_self;
     a.grad_er = grad_er;
-    const bool vec4 = s.f % 4 == 0 && vec4_ok(z.data, z.ld) && vec4_ok(grad_out.data, grad_out.ld);
+    const bool vec4 = vec4_rows(s, z, grad_out);
     a.lanes = next_pow2(vec4 ? s.f / 4 : s.f);
     if (vec4) gat_score_grad_kernel<4><<<grid_for(g.rows), kBlock, 0, stream>>>(a);
     else gat_score_grad_kernel<1><<<grid_for(g.rows), kBlock, 0, stream>>>(a);
@@ -635,30 +632,14 @@ void gat_backward_cuda(const CsrView& g, const CsrView& csc, const int64_t* csc_
   }
 
   if (csc.rows > 0) {
-    GatherArgs a;
-    a.rows = csc.rows;
-    a.indptr = csc.indptr;
-    a.indices = csc.indices;
+    GatherArgs a = gather_args(csc, g, s, p, key, grad_out, grad_z);
     a.edge = csc_edge;
-    a.csr_indptr = g.indptr;
-    a.csr_rows = g.rows;
-    a.heads = s.heads;
-    a.f = s.f;
-    a.slope = s.slope;
-    a.p = p;
-    a.scale = scale;
-    a.key = key;
     a.alpha = alpha;
     a.alpha_self = alpha_self;
-    a.x = grad_out.data;
-    a.x_ld = grad_out.ld;
-    a.out = grad_z.data;
-    a.out_ld = grad_z.ld;
     a.gpre = gpre;
     a.gpre_self = gpre_self;
     a.grad_el = grad_el;
-    launch_gather<GatherMode::kGradZ>(
-        a, s.f % 4 == 0 && vec4_ok(grad_out.data, grad_out.ld) && vec4_ok(grad_z.data, grad_z.ld), stream);
+    launch_gather<GatherMode::kGradZ>(a, vec4_rows(s, grad_out, grad_z), stream);
   }
 }
 

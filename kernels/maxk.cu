@@ -30,6 +30,7 @@
 #include <string>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/warp.cuh"
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/error.hpp"
 #include "kernels/maxk.hpp"
@@ -38,8 +39,6 @@ namespace gale::kernels {
 
 namespace {
 
-constexpr int kWarp = 32;
-constexpr unsigned kFull = 0xffffffffu;
 // Row kernels (top-k, scatter, init): one warp per row, 8 warps per block.
 constexpr int kRowWarps = 8;
 constexpr int kRowThreads = kRowWarps * kWarp;
@@ -67,45 +66,6 @@ __device__ __forceinline__ int add_if_at_least(int n, uint32_t a, uint32_t minus
       : "=r"(r)
       : "r"(a), "r"(minus_b), "r"(n));
   return r;
-}
-
-__device__ __forceinline__ unsigned lanemask_lt(int lane) { return (1u << lane) - 1u; }
-
-// Warp reductions: one instruction each on sm_80 and later, shuffles before.
-__device__ __forceinline__ uint32_t warp_min(uint32_t v) {
-#if __CUDA_ARCH__ >= 800
-  return __reduce_min_sync(kFull, v);
-#else
-  for (int o = kWarp / 2; o > 0; o /= 2) v = min(v, __shfl_xor_sync(kFull, v, o));
-  return v;
-#endif
-}
-__device__ __forceinline__ uint32_t warp_max(uint32_t v) {
-#if __CUDA_ARCH__ >= 800
-  return __reduce_max_sync(kFull, v);
-#else
-  for (int o = kWarp / 2; o > 0; o /= 2) v = max(v, __shfl_xor_sync(kFull, v, o));
-  return v;
-#endif
-}
-__device__ __forceinline__ int warp_sum(int v) {
-#if __CUDA_ARCH__ >= 800
-  return __reduce_add_sync(kFull, v);
-#else
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(kFull, v, o);
-  return v;
-#endif
-}
-
-__device__ __forceinline__ void atomic_add4(float* p, float4 v) {
-#if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4*>(p), v);  // one 16-byte atomic (sm_90)
-#else
-  atomicAdd(p, v.x);
-  atomicAdd(p + 1, v.y);
-  atomicAdd(p + 2, v.z);
-  atomicAdd(p + 3, v.w);
-#endif
 }
 
 // SSpMM's L2 policy. Its atomics read-modify-write grad_values (rows x k floats: 268 MB at R-MAT
@@ -144,7 +104,7 @@ __device__ __forceinline__ void red_add4(float* p, float4 v, uint64_t policy) {
 }
 #else
 __device__ __forceinline__ uint64_t evict_last_policy() { return 0; }
-__device__ __forceinline__ void red_add4(float* p, float4 v, uint64_t) { atomic_add4(p, v); }
+__device__ __forceinline__ void red_add4(float* p, float4 v, uint64_t) { atomic_add(p, v); }
 #endif
 
 unsigned row_blocks(int64_t rows) {
@@ -678,7 +638,7 @@ __device__ __forceinline__ void spgemm_flush(const AggParams& p, int row, float*
         v.w += w.w;
       }
       if (v.x != 0.0f || v.y != 0.0f || v.z != 0.0f || v.w != 0.0f)
-        atomic_add4(o + 4 * c, make_float4(rs * v.x, rs * v.y, rs * v.z, rs * v.w));
+        atomic_add(o + 4 * c, make_float4(rs * v.x, rs * v.y, rs * v.z, rs * v.w));
     }
   } else {
     for (int c = lane; c < p.width; c += kWarp) {

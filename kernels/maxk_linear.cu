@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/warp.cuh"
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/error.hpp"
 #include "kernels/maxk.hpp"
@@ -17,8 +18,6 @@ namespace gale::kernels {
 
 namespace {
 
-constexpr int kWarp = 32;
-constexpr unsigned kFull = 0xffffffffu;
 constexpr int kMaxCols = 128;                 // output columns a lane covers: up to 4 per lane
 constexpr int kGemmThreads = 512;
 constexpr int kGradThreads = 1024;            // one block per SM: W takes most of its shared memory

@@ -51,6 +51,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/warp.cuh"
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/error.hpp"
 #include "kernels/spmm.hpp"
@@ -59,8 +60,6 @@ namespace gale::kernels {
 
 namespace {
 
-constexpr int kWarp = 32;
-constexpr unsigned kFull = 0xffffffffu;
 // 8 warps per block. A GAR block takes 256 rows (one counting thread per row) and keeps a 256 x 32
 // float row buffer (40 KB of shared memory with its row table), four blocks per SM.
 constexpr int kBlock = 256;
@@ -167,27 +166,6 @@ __device__ __forceinline__ void relu_in_place(float4& a) {
   a.z = fmaxf(a.z, 0.0f);
   a.w = fmaxf(a.w, 0.0f);
 }
-__device__ __forceinline__ void atomic_add(float* p, const float& v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_add(float* p, const float4& v) {
-#if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4*>(p), v);  // one 16-byte atomic (sm_90)
-#else
-  atomicAdd(p, v.x);
-  atomicAdd(p + 1, v.y);
-  atomicAdd(p + 2, v.z);
-  atomicAdd(p + 3, v.w);
-#endif
-}
-
-__device__ __forceinline__ int warp_max(int v) {
-#if __CUDA_ARCH__ >= 800
-  return __reduce_max_sync(kFull, v);
-#else
-  for (int o = kWarp / 2; o > 0; o /= 2) v = max(v, __shfl_xor_sync(kFull, v, o));
-  return v;
-#endif
-}
-
 // The epilogue of spmm.hpp for one element (or four): out = relu?(rs * sum + self * x[r] +
 // (accumulate ? out : 0) + bias), in the CPU reference's order of additions.
 template <typename T>

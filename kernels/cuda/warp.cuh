@@ -1,0 +1,53 @@
+// kernels/cuda/warp.cuh — the warp-level pieces the CUDA kernels share: the warp size and full
+// mask, a lane's mask of the lanes below it, whole-warp reductions (one instruction each on sm_80
+// and later, shuffles before) and float atomics, four floats in one 16-byte atomic on sm_90.
+// Device code: include from .cu files only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace gale::kernels {
+
+constexpr int kWarp = 32;
+constexpr unsigned kFull = 0xffffffffu;
+
+__device__ __forceinline__ unsigned lanemask_lt(int lane) { return (1u << lane) - 1u; }
+
+// Whole-warp reductions of int or uint32_t: every lane gets the result. Before sm_80, xor shuffles.
+template <typename T, typename Op>
+__device__ __forceinline__ T shuffle_reduce(T v, Op op) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+
+#if __CUDA_ARCH__ >= 800
+template <typename T>
+__device__ __forceinline__ T warp_min(T v) { return __reduce_min_sync(kFull, v); }
+template <typename T>
+__device__ __forceinline__ T warp_max(T v) { return __reduce_max_sync(kFull, v); }
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) { return __reduce_add_sync(kFull, v); }
+#else
+template <typename T>
+__device__ __forceinline__ T warp_min(T v) { return shuffle_reduce(v, [](T a, T b) { return min(a, b); }); }
+template <typename T>
+__device__ __forceinline__ T warp_max(T v) { return shuffle_reduce(v, [](T a, T b) { return max(a, b); }); }
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) { return shuffle_reduce(v, [](T a, T b) { return a + b; }); }
+#endif
+
+__device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(float* p, float4 v) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(p), v);  // one 16-byte atomic
+#else
+  atomicAdd(p, v.x);
+  atomicAdd(p + 1, v.y);
+  atomicAdd(p + 2, v.z);
+  atomicAdd(p + 3, v.w);
+#endif
+}
+
+}  // namespace gale::kernels
