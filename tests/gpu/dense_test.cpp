@@ -20,6 +20,7 @@
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/dense.hpp"
 #include "kernels/random.hpp"
+#include "tests/gpu/cuda_fixture.hpp"
 
 namespace gale::kernels {
 namespace {
@@ -63,14 +64,8 @@ struct Matrix {
   MatrixView device_view() { return {device.data(), rows, cols, ld}; }
 };
 
-class DenseCuda : public ::testing::Test {
+class DenseCuda : public gale::testing::CudaFixture<> {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
-    pool_ = std::make_unique<MemoryPool>(0);
-    stream_ = std::make_unique<Stream>(0);
-  }
-
   // Random values in [lo, hi) everywhere, padding included, copied to the device.
   Matrix random_matrix(uint64_t key, int64_t rows, int64_t cols, int64_t ld, float lo = -2.0f, float hi = 2.0f) {
     Matrix m{rows, cols, ld, random_values(key, static_cast<size_t>(rows * ld), lo, hi), {}};
@@ -84,11 +79,6 @@ class DenseCuda : public ::testing::Test {
     m.device = DeviceBuffer<float>(*pool_, m.host.size(), *stream_);
     cuda::fill(m.device.data(), m.host.size(), kNaN, *stream_);
     return m;
-  }
-
-  template <typename T>
-  std::vector<T> download(const DeviceBuffer<T>& b) {
-    return cuda::to_host_and_wait(b.view(), *stream_);
   }
 
   // Compares the logical elements of the device matrix with the host reference (bit for bit when
@@ -111,9 +101,6 @@ class DenseCuda : public ::testing::Test {
     }
     EXPECT_EQ(mismatches, 0) << what;
   }
-
-  std::unique_ptr<MemoryPool> pool_;
-  std::unique_ptr<Stream> stream_;
 };
 
 // Every rows x cols combination, tight and with a padded leading dimension (+4 keeps float4

@@ -25,6 +25,7 @@
 #include "kernels/random.hpp"
 #include "sampler/fused_map_sampler.hpp"
 #include "sampler/neighbor_sampler.hpp"
+#include "tests/gpu/cuda_fixture.hpp"
 
 namespace gale::gpu_test {
 // random_device.cu: out[i] = random_exponential(key, i) for i < n, on the device.
@@ -184,14 +185,8 @@ void expect_matches_cpu(const SampledBatch& gpu, const SampledBatch& cpu, const 
 
 enum class Topology { kDevice, kMappedHost };
 
-class FusedMapSamplerTest : public ::testing::TestWithParam<Topology> {
+class FusedMapSamplerTest : public gale::testing::CudaFixture<::testing::TestWithParam<Topology>> {
  protected:
-  void SetUp() override {
-    if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
-    pool_ = std::make_unique<MemoryPool>(0);
-    stream_ = std::make_unique<Stream>(0);
-  }
-
   // The graph's arrays (and weights, when given) where the parameter says, as a device-readable
   // CsrView.
   CsrView place(const Graph& g, const std::vector<float>* weights = nullptr) {
@@ -232,8 +227,6 @@ class FusedMapSamplerTest : public ::testing::TestWithParam<Topology> {
                                                              std::to_string(key));
   }
 
-  std::unique_ptr<MemoryPool> pool_;
-  std::unique_ptr<Stream> stream_;
   DeviceBuffer<int64_t> d_indptr_;
   DeviceBuffer<int32_t> d_indices_;
   DeviceBuffer<float> d_weights_;

@@ -23,6 +23,7 @@
 #include "kernels/gat.hpp"
 #include "kernels/random.hpp"
 #include "kernels/spmm.hpp"
+#include "tests/gpu/cuda_fixture.hpp"
 
 namespace gale::kernels {
 namespace {
@@ -142,30 +143,8 @@ Problem make_problem(uint64_t key, Graph g, int64_t heads, int64_t f, float p, i
   return pr;
 }
 
-class GatCudaTest : public ::testing::Test {
+class GatCudaTest : public gale::testing::CudaFixture<> {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
-    pool_ = std::make_unique<MemoryPool>(0);
-    stream_ = std::make_unique<Stream>(0);
-  }
-
-  template <typename T>
-  DeviceBuffer<T> upload(const std::vector<T>& host) {
-    return cuda::to_device(*pool_, host, *stream_);
-  }
-
-  DeviceBuffer<float> poisoned(size_t n) {
-    DeviceBuffer<float> b(*pool_, n, *stream_);
-    if (n > 0) cuda::fill(b.data(), n, kNaN, *stream_);
-    return b;
-  }
-
-  template <typename T>
-  std::vector<T> download(const DeviceBuffer<T>& b) {
-    return cuda::to_host_and_wait(b.view(), *stream_);
-  }
-
   // The problem's inputs on the device.
   struct Device {
     DeviceBuffer<int64_t> indptr, csc_indptr, csc_edge;
@@ -235,9 +214,6 @@ class GatCudaTest : public ::testing::Test {
     expect_close(download(grad_el), pr.grad_el, 1e-3f, "grad_el");
     expect_close(download(grad_er), pr.grad_er, 1e-3f, "grad_er");
   }
-
-  std::unique_ptr<MemoryPool> pool_;
-  std::unique_ptr<Stream> stream_;
 };
 
 // (heads, f, attention dropout)

@@ -21,6 +21,7 @@
 #include "kernels/error.hpp"
 #include "kernels/gather.hpp"
 #include "kernels/random.hpp"
+#include "tests/gpu/cuda_fixture.hpp"
 
 namespace gale::kernels {
 namespace {
@@ -69,14 +70,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 enum class Source { kDevice, kMappedHost };
 
-class GatherRowsCudaTest : public ::testing::TestWithParam<Source> {
+class GatherRowsCudaTest : public gale::testing::CudaFixture<::testing::TestWithParam<Source>> {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
-    pool_ = std::make_unique<MemoryPool>(0);
-    stream_ = std::make_unique<Stream>(0);
-  }
-
   // Gathers n ids from a rows x width source with leading dimensions src_ld / out_ld; `offset`
   // shifts the source data by that many floats (0 keeps it 16-byte aligned).
   void check(int64_t rows, int64_t width, int64_t src_ld, int64_t out_ld, int64_t n, int64_t offset, uint64_t key) {
@@ -111,9 +106,6 @@ class GatherRowsCudaTest : public ::testing::TestWithParam<Source> {
     const std::vector<float> gpu = cuda::to_host_and_wait(d_out.view(), *stream_);
     EXPECT_TRUE(same_bits(gpu, cpu)) << what;
   }
-
-  std::unique_ptr<MemoryPool> pool_;
-  std::unique_ptr<Stream> stream_;
 };
 
 TEST_P(GatherRowsCudaTest, AlignedRowsMatchTheCpuBitForBit) {

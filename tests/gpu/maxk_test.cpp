@@ -28,6 +28,8 @@
 #include "kernels/error.hpp"
 #include "kernels/maxk.hpp"
 #include "kernels/random.hpp"
+#include "tests/common/aggregation_options.hpp"
+#include "tests/gpu/cuda_fixture.hpp"
 #include "tests/gpu/random_inputs.hpp"
 
 namespace gale::kernels {
@@ -114,26 +116,8 @@ std::vector<float> absolute(std::vector<float> v) {
   return v;
 }
 
-// Which optional inputs a case sets; `combo` in [0, kCombos) enumerates all of them (SSpMM
-// ignores the bias bit).
-struct Options {
-  bool row_scale = false, col_scale = false, edge_weight = false, bias = false;
-  int self = 0;  // 0 none, 1 self_scale, 2 self_coefs, 3 both
-  static constexpr int kCombos = 2 * 2 * 2 * 4 * 2;
-  static Options from(int combo) {
-    Options o;
-    o.row_scale = combo & 1;
-    o.col_scale = combo & 2;
-    o.edge_weight = combo & 4;
-    o.self = (combo >> 3) & 3;
-    o.bias = combo & 32;
-    return o;
-  }
-  std::string describe() const {
-    return "row_scale=" + std::to_string(row_scale) + " col_scale=" + std::to_string(col_scale) +
-           " weight=" + std::to_string(edge_weight) + " self=" + std::to_string(self) + " bias=" + std::to_string(bias);
-  }
-};
+// Which optional inputs a case sets (SSpMM ignores the bias bit).
+using Options = gale::testing::AggregationOptions;
 
 // Host-side optional inputs of one case.
 struct Inputs {
@@ -155,28 +139,8 @@ struct Inputs {
   }
 };
 
-class MaxkCudaTest : public ::testing::Test {
+class MaxkCudaTest : public gale::testing::CudaFixture<> {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
-    pool_ = std::make_unique<MemoryPool>(0);
-    stream_ = std::make_unique<Stream>(0);
-  }
-
-  template <typename T>
-  DeviceBuffer<T> upload(const std::vector<T>& host) {
-    return cuda::to_device(*pool_, host, *stream_);
-  }
-  template <typename T>
-  std::vector<T> download(const DeviceBuffer<T>& d) {
-    return cuda::to_host_and_wait(d.view(), *stream_);
-  }
-  DeviceBuffer<float> poisoned(size_t n) {
-    DeviceBuffer<float> d(*pool_, n, *stream_);
-    if (n > 0) cuda::fill(d.data(), n, kNaN, *stream_);
-    return d;
-  }
-
   // The graph's edge groups in device memory: built on the GPU (count on the device, capacity the
   // bound) when `on_gpu`, else the CPU table uploaded (count null). Checks the GPU table against
   // the CPU one on the way.
@@ -361,9 +325,6 @@ class MaxkCudaTest : public ::testing::Test {
                      (groups_on_gpu ? " gpu groups " : " cpu groups ") + "of " + std::to_string(group_size) + " " +
                      o.describe());
   }
-
-  std::unique_ptr<MemoryPool> pool_;
-  std::unique_ptr<Stream> stream_;
 };
 
 TEST_F(MaxkCudaTest, TopKMatchesCpuExactlyAtEveryWidthAndK) {

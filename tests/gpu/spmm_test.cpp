@@ -21,6 +21,7 @@
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
+#include "tests/gpu/cuda_fixture.hpp"
 #include "tests/gpu/random_inputs.hpp"
 #include "kernels/spmm.hpp"
 
@@ -79,19 +80,8 @@ void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, 
                      << (bad ? gpu[first] : 0.0f) << " cpu " << (bad ? cpu[first] : 0.0f);
 }
 
-class SpmmCudaTest : public ::testing::Test {
+class SpmmCudaTest : public gale::testing::CudaFixture<> {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
-    pool_ = std::make_unique<MemoryPool>(0);
-    stream_ = std::make_unique<Stream>(0);
-  }
-
-  template <typename T>
-  DeviceBuffer<T> upload(const std::vector<T>& host) {
-    return cuda::to_device(*pool_, host, *stream_);
-  }
-
   // Runs `kind` and spmm_cpu on the same fresh inputs and compares. x and out have leading
   // dimensions width + pad (pad 1 forces the scalar path on a width divisible by 4); out_pad >= 0
   // gives out its own (x padded to 16-byte rows, out dense: GAR's float4 gathers, float stores).
@@ -159,9 +149,6 @@ class SpmmCudaTest : public ::testing::Test {
                  std::string(spmm_kind_name(kind)) + " width " + std::to_string(width) + " ld " +
                      std::to_string(x_ld) + " / " + std::to_string(out_ld) + " " + o.describe());
   }
-
-  std::unique_ptr<MemoryPool> pool_;
-  std::unique_ptr<Stream> stream_;
 };
 
 // Every width with a rotating eighth of the option combinations, each kind, padded and not; small

@@ -15,6 +15,7 @@
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
 #include "kernels/spmm.hpp"
+#include "tests/gpu/cuda_fixture.hpp"
 
 namespace gale::kernels {
 namespace {
@@ -49,14 +50,8 @@ Graph random_graph(int64_t rows, int64_t cols, int64_t hub, uint64_t key) {
   return g;
 }
 
-class CsrTransposeCudaTest : public ::testing::Test {
+class CsrTransposeCudaTest : public gale::testing::CudaFixture<> {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
-    pool_ = std::make_unique<MemoryPool>(0);
-    stream_ = std::make_unique<Stream>(0);
-  }
-
   // Transposes rows [first, first + rows) of g (a slice: indptr starts at g.indptr[first]).
   void check(const Graph& g, int64_t first, int64_t rows, const std::string& what) {
     const CsrView host{rows, g.cols, g.indptr.data() + first, g.indices.data(), nullptr};
@@ -83,9 +78,6 @@ class CsrTransposeCudaTest : public ::testing::Test {
     EXPECT_EQ(cuda::to_host_and_wait(out_indices.view(), *stream_), indices) << what;
     EXPECT_EQ(cuda::to_host_and_wait(out_perm.view(), *stream_), perm) << what;
   }
-
-  std::unique_ptr<MemoryPool> pool_;
-  std::unique_ptr<Stream> stream_;
 };
 
 TEST_F(CsrTransposeCudaTest, RandomGraphsMatchTheCpuTransposeExactly) {

@@ -18,6 +18,7 @@
 #include "kernels/maxk.hpp"
 #include "kernels/random.hpp"
 #include "kernels/spmm.hpp"
+#include "tests/common/aggregation_options.hpp"
 
 namespace gale::kernels {
 namespace {
@@ -228,24 +229,8 @@ Graph random_graph(int64_t rows, int64_t cols, uint64_t key) {
   return g;
 }
 
-struct Options {
-  bool row_scale = false, col_scale = false, edge_weight = false, bias = false;
-  int self = 0;  // 0 none, 1 self_scale, 2 self_coefs, 3 both
-  static constexpr int kCombos = 2 * 2 * 2 * 4 * 2;
-  static Options from(int combo) {
-    Options o;
-    o.row_scale = combo & 1;
-    o.col_scale = combo & 2;
-    o.edge_weight = combo & 4;
-    o.self = (combo >> 3) & 3;
-    o.bias = combo & 32;
-    return o;
-  }
-  std::string describe() const {
-    return "row_scale=" + std::to_string(row_scale) + " col_scale=" + std::to_string(col_scale) +
-           " weight=" + std::to_string(edge_weight) + " self=" + std::to_string(self) + " bias=" + std::to_string(bias);
-  }
-};
+// Which optional inputs a case sets (SSpMM ignores the bias bit).
+using Options = gale::testing::AggregationOptions;
 
 struct Inputs {
   std::vector<float> row_scale, col_scale, weight, self_coefs, bias;
