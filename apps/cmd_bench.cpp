@@ -93,7 +93,8 @@ int bench_spmm(const std::vector<std::string>& args) {
       ("generate", po::value(&generate), "build this generated graph in a temporary store (deleted after)")
       ("dims", po::value(&dims_text), "feature widths, comma separated (default 32,64,128,256)")
       ("kernels", po::value(&kernels_text),
-       "kernels to time, comma separated, from cusparse, gar, gas, auto (default cusparse,gar,gas); "
+       "kernels to time, comma separated, from cusparse, gar, gas, memory-aware, auto, gar-scan (GAR "
+       "finding its long rows by scanning, as without the graph's list; default cusparse,gar,gas); "
        "speedups and errors are against cusparse when it is listed")
       ("runs", po::value(&runs), "timed launches per kernel and width (default 20)")
       ("warmup", po::value(&warmup), "untimed launches first (default 5)")
@@ -110,17 +111,25 @@ int bench_spmm(const std::vector<std::string>& args) {
   if (runs < 1) throw InputError("--runs: expected at least 1, found " + std::to_string(runs));
   if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
   // cuSPARSE, when listed, runs first: the speedups and errors are measured against it.
-  std::vector<SpmmKind> kinds;
+  // GAR and auto get the graph's long-row list, as training passes it; gar-scan runs GAR without.
+  struct Kernel {
+    SpmmKind kind;
+    std::string name;
+    bool listed = true;
+  };
+  std::vector<Kernel> kinds;
   bool with_cusparse = false;
   for (const std::string& name : split_list(kernels_text)) {
     if (name == "cusparse") with_cusparse = true;
-    else if (name == "gar") kinds.push_back(SpmmKind::kGar);
-    else if (name == "gas") kinds.push_back(SpmmKind::kGas);
-    else if (name == "auto") kinds.push_back(SpmmKind::kAuto);
-    else if (name == "memory-aware") kinds.push_back(SpmmKind::kMemoryAware);
-    else throw InputError("--kernels: expected cusparse, gar, gas, memory-aware or auto, found '" + name + "'");
+    else if (name == "gar") kinds.push_back({SpmmKind::kGar, name});
+    else if (name == "gar-scan") kinds.push_back({SpmmKind::kGar, name, false});
+    else if (name == "gas") kinds.push_back({SpmmKind::kGas, name});
+    else if (name == "auto") kinds.push_back({SpmmKind::kAuto, name});
+    else if (name == "memory-aware") kinds.push_back({SpmmKind::kMemoryAware, name});
+    else
+      throw InputError("--kernels: expected cusparse, gar, gar-scan, gas, memory-aware or auto, found '" + name + "'");
   }
-  if (with_cusparse) kinds.insert(kinds.begin(), SpmmKind::kCusparse);
+  if (with_cusparse) kinds.insert(kinds.begin(), {SpmmKind::kCusparse, "cusparse"});
   if (kinds.empty()) throw InputError("--kernels: expected at least one kernel");
 
   kernels::cuda::require_device(0);
@@ -140,11 +149,19 @@ int bench_spmm(const std::vector<std::string>& args) {
   const auto indptr = kernels::cuda::to_device(pool, host.indptr, static_cast<size_t>(rows + 1), stream);
   const auto indices = kernels::cuda::to_device(pool, host.indices, static_cast<size_t>(nnz), stream);
   const auto weights = kernels::cuda::to_device(pool, random_floats(1, static_cast<size_t>(nnz), 0.5f, 1.5f), stream);
+  // GAR's long-row list, once per graph (as GraphOperand keeps it for training).
+  const int64_t long_capacity = kernels::gar_long_rows_capacity(rows, nnz);
+  DeviceBuffer<int64_t> long_rows(pool, static_cast<size_t>(std::max<int64_t>(long_capacity, 1)), stream);
+  DeviceBuffer<int64_t> long_count(pool, 1, stream);
+  kernels::gar_long_rows_cuda({rows, cols, indptr.data(), indices.data(), nullptr}, long_rows.data(), long_capacity,
+                              long_count.data(), stream);
+  const int64_t long_listed = kernels::cuda::to_host_and_wait(long_count.view(), stream)[0];
 
   if (!json) {
-    std::printf("device: %s\ngraph: %s, %lld rows, %lld entries (avg degree %.1f)\n", info.name.c_str(),
-                source.label().c_str(), static_cast<long long>(rows),
-                static_cast<long long>(nnz), rows ? static_cast<double>(nnz) / rows : 0.0);
+    std::printf("device: %s\ngraph: %s, %lld rows, %lld entries (avg degree %.1f), %lld rows of more than %lld\n",
+                info.name.c_str(), source.label().c_str(), static_cast<long long>(rows), static_cast<long long>(nnz),
+                rows ? static_cast<double>(nnz) / rows : 0.0, static_cast<long long>(long_listed),
+                static_cast<long long>(kernels::kGarLongRow));
     std::printf("median of %d runs after %d warm-up, CUDA events; speedup = cusparse_ms / kernel_ms\n", runs, warmup);
     std::printf("%6s  %-9s %10s %9s %9s %12s\n", "width", "kernel", "median_ms", "speedup", "GB/s", "max_abs_err");
   }
@@ -161,7 +178,8 @@ int bench_spmm(const std::vector<std::string>& args) {
                          static_cast<double>(nnz) * w * 4 + static_cast<double>(rows) * w * 4;
     std::vector<Row> results;
     std::vector<DeviceBuffer<float>> outputs;
-    for (SpmmKind kind : kinds) {
+    for (const Kernel& kernel : kinds) {
+      const SpmmKind kind = kernel.kind;
       outputs.emplace_back(pool, static_cast<size_t>(rows * w), stream);
       kernels::SpmmArgs a;
       a.graph = {rows, cols, indptr.data(), indices.data(), nullptr};
@@ -169,9 +187,10 @@ int bench_spmm(const std::vector<std::string>& args) {
       a.out = kernels::MatrixView{outputs.back().data(), rows, w, w};
       a.edge_weight = weights.data();
       a.nnz = nnz;
+      if (kernel.listed) a.long_rows = {long_rows.data(), long_count.data(), long_capacity};
       Row row;
       row.width = w;
-      row.kernel = kernels::spmm_kind_name(kind);
+      row.kernel = kernel.name;
       row.skipped = kernels::spmm_cannot(kind, a);
       if (row.skipped.empty()) {
         for (int i = 0; i < warmup; ++i) kernels::spmm_cuda(kind, a, stream);

@@ -1,5 +1,6 @@
 #include "engine/graph.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -186,6 +187,25 @@ kernels::EdgeGroupsView GraphOperand::edge_groups() const {
   return {reinterpret_cast<const kernels::EdgeGroup*>(edge_groups_.data<int64_t>()), capacity,
           edge_group_count_.data<int64_t>()};
 #else
+  return {};
+#endif
+}
+
+kernels::GarLongRows GraphOperand::gar_long_rows(bool csc) const {
+  if (device_.is_cpu() || !whole_graph_) return {};
+#if GALE_WITH_CUDA
+  const int which = csc && !symmetric_ ? 1 : 0;  // a symmetric graph's CSC is its CSR
+  const kernels::CsrView& g = which == 1 ? csc_ : csr_;
+  const int64_t capacity = kernels::gar_long_rows_capacity(g.rows, nnz_);
+  if (!long_rows_[which].defined()) {
+    long_rows_[which] = Tensor::empty(std::max<int64_t>(capacity, 1), 1, DType::kI64, device_);
+    long_row_count_[which] = Tensor::empty(1, 1, DType::kI64, device_);
+    kernels::gar_long_rows_cuda(g, long_rows_[which].data<int64_t>(), capacity, long_row_count_[which].data<int64_t>(),
+                                DeviceContext::get(device_.ordinal).stream());
+  }
+  return {long_rows_[which].data<int64_t>(), long_row_count_[which].data<int64_t>(), capacity};
+#else
+  (void)csc;
   return {};
 #endif
 }

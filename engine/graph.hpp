@@ -16,6 +16,7 @@
 
 #include "engine/tensor.hpp"
 #include "kernels/maxk.hpp"
+#include "kernels/spmm.hpp"
 #include "kernels/views.hpp"
 
 namespace gale::engine {
@@ -79,6 +80,10 @@ class GraphOperand {
   // first use and kept (a cache: not thread-safe, like the layers that use it). Empty on the CPU,
   // whose kernels need none.
   kernels::EdgeGroupsView edge_groups() const;
+  // GAR's list of the CSR's (or the CSC's) rows of more than kernels::kGarLongRow entries, built
+  // on the device on first use and kept (a cache, like edge_groups), so that GAR need not scan for
+  // them in every call. Empty on the CPU and for sampled blocks: GAR then scans.
+  kernels::GarLongRows gar_long_rows(bool csc) const;
 
  private:
   GraphOperand() = default;
@@ -95,6 +100,7 @@ class GraphOperand {
   Tensor csc_indptr_, csc_indices_, csc_weights_, csc_edge_;
   Tensor dst_norm_, src_norm_, self_norm_, inv_degree_;
   mutable Tensor edge_groups_, edge_group_count_;
+  mutable Tensor long_rows_[2], long_row_count_[2];  // of the CSR, of the CSC
   mutable Tensor entry_scales_[3];
   bool whole_graph_ = false;
   uint64_t id_ = 0;

@@ -12,10 +12,11 @@
 //     37 to ~20 GB per product);
 //   - a block splits its 256 rows' entries evenly over its groups (merge-path inside the block),
 //     so a block no longer lasts as long as its longest row;
-//   - rows above kLongRow entries go to the grid's first blocks, cut over a whole block each;
+//   - rows above kLongRow entries go to the grid's first blocks, cut over a whole block each,
+//     from the graph's list of them when the caller passes one (SpmmArgs::long_rows);
 //   - rows are dealt to blocks interleaved (a regular block takes every nb-th chunk of 16 rows, a
-//     long-row block every LB-th row), so a store whose ids follow the degree (`--relabel degree`)
-//     spreads its heavy rows over many blocks instead of piling them on the first few.
+//     long-row block every LB-th long row), so a store whose ids follow the degree (`--relabel
+//     degree`) spreads its heavy rows over many blocks instead of piling them on the first few.
 // Every output element has one writer and a fixed order of additions: GAR is deterministic.
 //
 // GAS (gather-apply-scatter, fuseGNN Sec. 4 Fig. 2 and Sec. 6 Alg. 1): edge-parallel. Each group
@@ -68,12 +69,15 @@ constexpr int kBlock = 256;
 // (a block averages ~5K entries on R-MAT scale 21); much longer rows would make their block the
 // grid's tail if it started late. Measured on R-MAT scale 21: 4096 slightly ahead of 16384 and
 // 65536, well ahead of 1024 (which sends a third of the entries through the long-row blocks).
-constexpr int64_t kLongRow = 4096;
-// Long-row blocks per SM (launched first, so scheduled first); block b of LB scans rows b, b + LB,
-// b + 2 LB, ... for long rows (spans of consecutive rows gave a degree-ordered store's 1562 long
-// rows, 12M entries, all to the first block). The heaviest of them should not outlast its tile:
-// on R-MAT 21 in Graph500 order, GAR at width 256 took 11.05 / 10.99 / 10.77 / 10.70 ms with 4 /
-// 6 / 10 / 16 per SM (H100; spans of 2 per SM, before: 10.45).
+constexpr int64_t kLongRow = kGarLongRow;  // 4096
+// Long-row blocks per SM (launched first, so scheduled first); block b of LB takes entries b, b +
+// LB, b + 2 LB, ... of the graph's long-row list, or without one scans rows b, b + LB, ... for long
+// rows (spans of consecutive rows gave a degree-ordered store's 1562 long rows, 12M entries, all
+// to the first block). The heaviest of them should not outlast its tile: on R-MAT 21 in Graph500
+// order, GAR scanning at width 256 took 11.05 / 10.99 / 10.77 / 10.70 ms with 4 / 6 / 10 / 16 per
+// SM (H100; spans of 2 per SM, before: 10.45). With the list instead of the scan, same run (H100):
+// 1.307 / 2.603 / 5.330 / 10.794 ms against 1.348 / 2.741 / 5.491 / 11.100 at widths 32 / 64 /
+// 128 / 256 (a rerun in the other order: 5.380 / 10.873 against 5.367 / 11.076 at 128 / 256).
 #ifndef GALE_GAR_LONG_PER_SM
 #define GALE_GAR_LONG_PER_SM 16
 #endif
@@ -115,6 +119,9 @@ struct Params {
   const float* bias = nullptr;
   bool accumulate = false;
   bool relu = false;
+  const int64_t* long_list = nullptr;  // GAR's long rows, listed (SpmmArgs::long_rows), or null
+  const int64_t* long_count = nullptr;
+  int64_t long_capacity = 0;
 };
 
 // ---- element helpers: one float or one float4 -----------------------------------------------
@@ -228,9 +235,10 @@ __host__ __device__ constexpr int unroll() {
 // the epilogue, with coalesced stores.
 //
 // Rows above kLongRow entries (hubs: up to 1e5 entries on R-MAT scale 21) would still make their
-// block a straggler; the grid's first blocks (dispatched first) each scan every LB-th row for them
-// and cut every long row over all their groups, reducing the group sums in shared memory in a
-// fixed order. (Cutting a long row over several blocks by 8-float sub-tiles was tried and lost:
+// block a straggler; the grid's first blocks (dispatched first) each take every LB-th of them
+// (from the graph's list, or scanning every LB-th row) and cut every long row over all their
+// groups, reducing the group sums in shared memory in a fixed order. (Cutting a long row over
+// several blocks by 8-float sub-tiles was tried and lost:
 // 32-byte gathers of the same lines at different times doubled DRAM reads on the hubs.)
 
 // Per-lane entries of one piece: a piece is piece_entries consecutive entries of a group's range;
@@ -525,13 +533,20 @@ __device__ void span_rows(const Params& p, int64_t j, int64_t blocks, int64_t co
   __syncthreads();  // shared memory is reused by the next tile
 }
 
-// The long-row blocks' part of gar_kernel: scanner b of `scanners` takes rows b, b + scanners, ...
-// above the threshold and writes them for the tiles at col0, col0 + tile_step, ... (Spans of
-// consecutive rows gave a degree-ordered store's 1562 long rows, 12M entries, all to the first
-// block.)
+// The long-row blocks' part of gar_kernel. With the graph's list (SpmmArgs::long_rows) block b of
+// `scanners` takes its entries b, b + scanners, ...; without, it scans rows b, b + scanners, ...
+// for rows above the threshold. Either way it writes them for the tiles at col0, col0 + tile_step,
+// ... (Spans of consecutive rows gave a degree-ordered store's 1562 long rows, 12M entries, all to
+// the first block.)
 template <typename T, int G>
 __device__ __forceinline__ void long_rows(const Params& p, int64_t b, int64_t scanners, int64_t col0, int64_t tile_step,
                                           GarShared<T, G>& sh) {
+  if (p.long_list != nullptr) {
+    const int64_t listed = min(*p.long_count, p.long_capacity);
+    for (; col0 < p.width; col0 += tile_step)
+      for (int64_t i = b; i < listed; i += scanners) long_row<T, G>(p, p.long_list[i], col0, sh);
+    return;
+  }
   __shared__ unsigned long_mask[kBlock / kWarp];
   const int64_t mine = (p.rows - b + scanners - 1) / scanners;  // rows b + m * scanners, m < mine
   for (; col0 < p.width; col0 += tile_step) {
@@ -807,6 +822,9 @@ Params make_params(const SpmmArgs& a) {
   p.bias = a.bias;
   p.accumulate = a.accumulate;
   p.relu = a.relu;
+  p.long_list = a.long_rows.rows;
+  p.long_count = a.long_rows.count;
+  p.long_capacity = a.long_rows.capacity;
   return p;
 }
 
@@ -881,7 +899,8 @@ void launch_gar(const Params& p, cudaStream_t stream) {
   constexpr int64_t kTile = G * (sizeof(T) / sizeof(float));
   const int64_t row_blocks = (p.rows + kBlock - 1) / kBlock;
   const int64_t sms = cuda::current_multiprocessors();
-  const int64_t scanners = std::min<int64_t>(kLongBlocksPerSm * sms, row_blocks);
+  // With a list, no more long-row blocks than it can hold rows (none for a graph too small for any).
+  const int64_t scanners = std::min<int64_t>(kLongBlocksPerSm * sms, p.long_list ? p.long_capacity : row_blocks);
   const int64_t tiles = std::min<int64_t>((p.width + kTile - 1) / kTile, 65535);  // more tiles loop
   const dim3 grid(static_cast<unsigned>(scanners + row_blocks), static_cast<unsigned>(tiles));
   gar_kernel<T, G, kVecOut><<<grid, kBlock, 0, stream>>>(p, scanners);
@@ -1125,6 +1144,8 @@ std::string spmm_cannot(SpmmKind kind, const SpmmArgs& a) {
     return "x has " + std::to_string(a.x.rows) + " rows, the graph " + std::to_string(g.cols) + " columns";
   if (a.x.ld < a.x.cols || a.out.ld < a.out.cols) return "a leading dimension is below the width";
   if (kind == SpmmKind::kAuto && a.nnz < 0) return "auto needs SpmmArgs::nnz to pick by average degree";
+  if (a.long_rows.rows != nullptr && (a.long_rows.count == nullptr || a.long_rows.capacity < 0))
+    return "long_rows lists rows without a count or with a negative capacity";
   if (kind != SpmmKind::kCusparse) return "";
   if (a.nnz < 0) return "cuSPARSE needs SpmmArgs::nnz for its descriptor";
   if (a.nnz >= (int64_t{1} << 31) || g.rows >= (int64_t{1} << 31) || g.cols >= (int64_t{1} << 31))
@@ -1159,7 +1180,27 @@ __global__ void entry_scale_kernel(const int32_t* indices, int64_t nnz, const fl
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < nnz; k += stride)
     out[k] = __ldg(col_scale + __ldcs(indices + k));
 }
+
+__global__ void long_rows_kernel(const int64_t* indptr, int64_t rows, int64_t* list, int64_t capacity,
+                                 unsigned long long* count) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride) {
+    if (indptr[r + 1] - indptr[r] <= kLongRow) continue;
+    const unsigned long long at = atomicAdd(count, 1ull);
+    if (at < static_cast<unsigned long long>(capacity)) list[at] = r;
+  }
+}
 }  // namespace
+
+void gar_long_rows_cuda(const CsrView& graph, int64_t* rows, int64_t capacity, int64_t* count, cudaStream_t stream) {
+  if (graph.rows < 0 || capacity < 0) throw InputError("gar_long_rows: negative rows or capacity");
+  GALE_CHECK_CUDA(cudaMemsetAsync(count, 0, sizeof(int64_t), stream));
+  if (graph.rows == 0 || capacity == 0) return;
+  static_assert(sizeof(int64_t) == sizeof(unsigned long long), "the count is a 64-bit atomic");
+  long_rows_kernel<<<elementwise_blocks(graph.rows), kBlock, 0, stream>>>(graph.indptr, graph.rows, rows, capacity,
+                                                                          reinterpret_cast<unsigned long long*>(count));
+  GALE_CHECK_CUDA(cudaGetLastError());
+}
 
 void spmm_entry_scale_cuda(const CsrView& graph, int64_t nnz, const float* col_scale, float* out, cudaStream_t stream) {
   if (nnz <= 0) return;  // indptr[0] == 0 is the caller's promise: the host cannot read it here

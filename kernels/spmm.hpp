@@ -24,10 +24,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/views.hpp"
 
 namespace gale::kernels {
+
+// GAR hands the rows of more than kGarLongRow entries to blocks of their own, each row cut over a
+// whole block (spmm.cu). Those blocks find the rows by scanning every row, once per call and column
+// tile, unless the rows are listed: a graph aggregated many times lists them once
+// (gar_long_rows_cuda) and passes the list with every call.
+constexpr int64_t kGarLongRow = 4096;
+
+struct GarLongRows {
+  const int64_t* rows = nullptr;   // the graph's rows of more than kGarLongRow entries, any order
+  const int64_t* count = nullptr;  // how many (device memory, as the list is built on the device)
+  int64_t capacity = 0;            // the list's length, gar_long_rows_capacity: count is clamped to it
+};
 
 struct SpmmArgs {
   CsrView graph;                      // rows = out.rows, cols = x.rows
@@ -43,6 +56,9 @@ struct SpmmArgs {
   // max(0, .) applied last, to the accumulated value when accumulate is set.
   const float* bias = nullptr;
   bool relu = false;
+  // GAR only: this graph's long rows, listed (device pointers); none = GAR scans for them. The list
+  // must be of this very graph: a row missing from it is left unwritten.
+  GarLongRows long_rows;
   // graph.nnz() as known on the host. spmm_cuda's graph arrays are device memory, which the host
   // cannot read without a synchronisation; kAuto (the average degree) and kCusparse (its
   // descriptor) need the count, GAR and GAS do not. -1 = not given.
@@ -50,6 +66,12 @@ struct SpmmArgs {
 };
 
 void spmm_cpu(const SpmmArgs& a);
+
+// The most rows of more than kGarLongRow entries a graph of `rows` rows and nnz entries can have.
+int64_t gar_long_rows_capacity(int64_t rows, int64_t nnz);
+// The rows of more than kGarLongRow entries, in increasing order (the CPU twin of
+// gar_long_rows_cuda, whose order is unspecified).
+std::vector<int64_t> gar_long_rows_cpu(const CsrView& graph);
 
 // The scale of each entry's column, in entry order: out[e] = col_scale[indices[e]] for the
 // graph's entries, which must start at 0 (indptr[0] == 0, as a whole CSR or CSC does). A graph aggregated many times (full-graph training) passes it as
@@ -101,6 +123,11 @@ namespace gale::kernels {
 // of its atomic additions varies from run to run). kCusparse keeps a per-thread handle and
 // workspace outside the memory budget: it is the benchmark's baseline, not a training path.
 void spmm_cuda(SpmmKind kind, const SpmmArgs& a, cudaStream_t stream);
+
+// Lists the graph's rows of more than kGarLongRow entries in rows[0, *count), in an unspecified
+// order, for SpmmArgs::long_rows; `capacity` = gar_long_rows_capacity(graph.rows, nnz). Stream-
+// ordered, never synchronises.
+void gar_long_rows_cuda(const CsrView& graph, int64_t* rows, int64_t capacity, int64_t* count, cudaStream_t stream);
 
 // Twin of spmm_entry_scale; nnz as known on the host. Stream-ordered, never synchronises.
 void spmm_entry_scale_cuda(const CsrView& graph, int64_t nnz, const float* col_scale, float* out, cudaStream_t stream);

@@ -67,4 +67,15 @@ void csr_transpose(const CsrView& csr, int64_t* indptr_out, int32_t* indices_out
   }
 }
 
+int64_t gar_long_rows_capacity(int64_t rows, int64_t nnz) {
+  return std::max<int64_t>(0, std::min(rows, nnz / (kGarLongRow + 1)));
+}
+
+std::vector<int64_t> gar_long_rows_cpu(const CsrView& graph) {
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < graph.rows; ++r)
+    if (graph.indptr[r + 1] - graph.indptr[r] > kGarLongRow) rows.push_back(r);
+  return rows;
+}
+
 }  // namespace gale::kernels

@@ -60,6 +60,7 @@ void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor&
                const ops::ExecOptions& exec, const Epilogue& ep = {}) {
   kernels::SpmmArgs a;
   a.graph = g.csr();
+  a.long_rows = g.gar_long_rows(/*csc=*/false);
   a.nnz = g.nnz();
   a.x = x.view();
   a.out = out->view();
@@ -124,6 +125,7 @@ Tensor aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, co
   Tensor out = Tensor::empty(g.num_src(), grad.cols(), DType::kF32, grad.device());
   kernels::SpmmArgs a;
   a.graph = g.csc();
+  a.long_rows = g.gar_long_rows(/*csc=*/true);
   a.nnz = g.nnz();
   a.x = grad.view();
   a.out = out.view();

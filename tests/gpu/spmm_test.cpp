@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -137,6 +138,13 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
     a.edge_weight = o.edge_weight ? d_weight.data() : nullptr;
     a.self_coefs = (o.self & 2) ? d_self.data() : nullptr;
     a.bias = o.bias ? d_bias.data() : nullptr;
+    const int64_t long_capacity = gar_long_rows_capacity(g.rows, g.nnz());
+    DeviceBuffer<int64_t> d_long(*pool_, static_cast<size_t>(std::max<int64_t>(long_capacity, 1)), *stream_);
+    DeviceBuffer<int64_t> d_long_count(*pool_, 1, *stream_);
+    if (listed_) {
+      gar_long_rows_cuda(a.graph, d_long.data(), long_capacity, d_long_count.data(), *stream_);
+      a.long_rows = {d_long.data(), d_long_count.data(), long_capacity};
+    }
     spmm_cuda(kind, a, *stream_);
     std::vector<float> gpu = cuda::to_host_and_wait(d_out.view(), *stream_);
     // Padding columns are never written by either side: compare the matrix proper.
@@ -147,8 +155,11 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
     }
     expect_close(gpu_m, cpu_m, 1e-4f,
                  std::string(spmm_kind_name(kind)) + " width " + std::to_string(width) + " ld " +
-                     std::to_string(x_ld) + " / " + std::to_string(out_ld) + " " + o.describe());
+                     std::to_string(x_ld) + " / " + std::to_string(out_ld) + " " + o.describe() +
+                     (listed_ ? " (long rows listed)" : ""));
   }
+
+  bool listed_ = false;  // check() passes GAR the graph's long-row list, built on the device
 };
 
 // Every width with a rotating eighth of the option combinations, each kind, padded and not; small
@@ -263,6 +274,54 @@ TEST_F(SpmmCudaTest, DegreeOrderedGraphMatchesCpu) {
   }
   check(SpmmKind::kGas, g, 64, Options::from(2 + 8 + 128), derive_key(87, 1));
   check(SpmmKind::kMemoryAware, g, 64, Options::from(1 + 4 + 64), derive_key(87, 2));
+}
+
+// GAR given the graph's long-row list (what training passes) instead of scanning for the rows: the
+// list built on the device holds exactly the CPU's rows, the output is the scan's bit for bit, and
+// the CPU's under rotating options.
+TEST_F(SpmmCudaTest, GarWithTheLongRowListMatchesTheScanBitForBit) {
+  for (const Graph& g : {skewed_graph(95, 20011, 15000), degree_ordered(skewed_graph(96, 20011, 15000))}) {
+    const auto d_indptr = upload(g.indptr);
+    const auto d_indices = upload(g.indices);
+    const CsrView dg{g.rows, g.cols, d_indptr.data(), d_indices.data(), nullptr};
+    const int64_t capacity = gar_long_rows_capacity(g.rows, g.nnz());
+    DeviceBuffer<int64_t> list(*pool_, static_cast<size_t>(std::max<int64_t>(capacity, 1)), *stream_);
+    DeviceBuffer<int64_t> count(*pool_, 1, *stream_);
+    gar_long_rows_cuda(dg, list.data(), capacity, count.data(), *stream_);
+    const int64_t listed = download(count)[0];
+    ASSERT_LE(listed, capacity);
+    std::vector<int64_t> got = download(list);
+    got.resize(static_cast<size_t>(listed));
+    std::sort(got.begin(), got.end());
+    const std::vector<int64_t> want = gar_long_rows_cpu(g.csr());
+    ASSERT_FALSE(want.empty());
+    EXPECT_EQ(got, want);
+    for (int64_t width : {int64_t{32}, int64_t{100}, int64_t{256}}) {
+      const auto d_x = upload(uniform(derive_key(95, static_cast<uint64_t>(width)), static_cast<size_t>(g.cols * width),
+                                      -1.0f, 1.0f));
+      SpmmArgs a;
+      a.graph = dg;
+      a.nnz = g.nnz();
+      a.x = ConstMatrixView{d_x.data(), g.cols, width, width};
+      auto scanned = poisoned(static_cast<size_t>(g.rows * width));
+      a.out = MatrixView{scanned.data(), g.rows, width, width};
+      spmm_cuda(SpmmKind::kGar, a, *stream_);
+      auto with_list = poisoned(static_cast<size_t>(g.rows * width));
+      a.out = MatrixView{with_list.data(), g.rows, width, width};
+      a.long_rows = {list.data(), count.data(), capacity};
+      spmm_cuda(SpmmKind::kGar, a, *stream_);
+      const std::vector<float> s1 = download(scanned), s2 = download(with_list);
+      EXPECT_EQ(std::memcmp(s1.data(), s2.data(), s1.size() * sizeof(float)), 0) << "width " << width;
+    }
+  }
+  listed_ = true;
+  const Graph g = degree_ordered(skewed_graph(97, 20011, 15000));
+  int combo = 3;
+  for (int64_t width : {int64_t{1}, int64_t{32}, int64_t{100}, int64_t{256}}) {
+    check(SpmmKind::kGar, g, width, Options::from(combo = (combo + 41) % Options::kCombos),
+          derive_key(98, static_cast<uint64_t>(width)), width % 2 == 0 ? 3 : 0);
+  }
+  listed_ = false;
 }
 
 // x in rows padded to 16 bytes, out dense of an odd width (what ops::spmm hands GAR for a 47-class
@@ -389,6 +448,11 @@ TEST(SpmmCannot, NamesWhatAKindCannotTake) {
   a.relu = false;
   a.self_scale = 1.0f;
   EXPECT_NE(spmm_cannot(SpmmKind::kCusparse, a).find("self"), std::string::npos);
+  a.self_scale = 0.0f;
+  int64_t listed[1] = {0};
+  a.long_rows = {listed, nullptr, 1};
+  EXPECT_NE(spmm_cannot(SpmmKind::kGar, a).find("long_rows"), std::string::npos);
+  a.long_rows = {};
   a.out = matrix(out, 1, 4);
   EXPECT_NE(spmm_cannot(SpmmKind::kGar, a).find("rows"), std::string::npos);
   EXPECT_THROW(spmm_cuda(SpmmKind::kGar, a, nullptr), InputError);

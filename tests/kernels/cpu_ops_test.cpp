@@ -96,6 +96,24 @@ TEST(Spmm, EntryScaleIsTheColumnScaleInEntryOrder) {
   EXPECT_THROW(spmm_entry_scale(tail, cs.data(), out.data()), InputError);
 }
 
+TEST(Spmm, GarLongRowsAreTheRowsAboveTheThresholdAndFitTheirCapacity) {
+  // Rows of kGarLongRow - 1, kGarLongRow and kGarLongRow + 1 entries, empty rows, a 3x hub last.
+  const std::vector<int64_t> lengths{0, kGarLongRow + 1, 5, kGarLongRow, 0, kGarLongRow - 1, kGarLongRow + 1,
+                                     3 * kGarLongRow};
+  std::vector<int64_t> indptr{0};
+  for (int64_t n : lengths) indptr.push_back(indptr.back() + n);
+  const std::vector<int32_t> indices(static_cast<size_t>(indptr.back()), 0);
+  const int64_t rows = static_cast<int64_t>(lengths.size());
+  const CsrView g{rows, 1, indptr.data(), indices.data(), nullptr};
+  EXPECT_EQ(gar_long_rows_cpu(g), (std::vector<int64_t>{1, 6, 7}));
+  const int64_t capacity = gar_long_rows_capacity(rows, indptr.back());
+  EXPECT_GE(capacity, 3);
+  EXPECT_LE(capacity, rows);
+  EXPECT_EQ(gar_long_rows_capacity(100, kGarLongRow), 0);      // no row can be above the threshold
+  EXPECT_EQ(gar_long_rows_capacity(2, 100 * kGarLongRow), 2);  // never more than the rows
+  EXPECT_TRUE(gar_long_rows_cpu(CsrView{0, 0, indptr.data(), indices.data(), nullptr}).empty());
+}
+
 TEST(CsrTranspose, IsStableAndRoundTrips) {
   const Graph g = random_graph(41, 29, 9);
   const int64_t nnz = static_cast<int64_t>(g.indices.size());
