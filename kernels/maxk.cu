@@ -544,6 +544,28 @@ __device__ __forceinline__ void spgemm_accumulate(const AggParams& p, int64_t st
   }
 }
 
+// Column c of the warp's P slots summed over the parts (part q at q * stride, in T units), parts
+// added in order (the CPU reference's), every part left zeroed for the next row.
+__device__ __forceinline__ void add_to(float& a, float b) { a += b; }
+__device__ __forceinline__ void add_to(float4& a, float4 b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+}
+template <int P, typename T>
+__device__ __forceinline__ T take_parts(T* slots, int stride, int c) {
+  const T zero{};
+  T v = slots[c];
+  slots[c] = zero;
+#pragma unroll
+  for (int q = 1; q < P; ++q) {
+    add_to(v, slots[q * stride + c]);
+    slots[q * stride + c] = zero;
+  }
+  return v;
+}
+
 // Writes out row r from the warp's P slots (which hold the row's sum in parts, and are left
 // zeroed): rs * sum, plus self * x[r] at x's kept columns, plus bias, in the CPU reference's
 // order. Plain stores, marked streaming: the output is not read again by this op, and the
@@ -554,15 +576,7 @@ __device__ __forceinline__ void spgemm_write_row(const AggParams& p, int64_t r, 
   constexpr int P = kWarp / L;
   const int width = p.width;
   if (self != 0.0f) {  // warp-uniform: gather the parts into slot 0, scaled, and add the self term there
-    for (int c = lane; c < width; c += kWarp) {
-      float v = slots[c];
-#pragma unroll
-      for (int q = 1; q < P; ++q) {
-        v += slots[q * width + c];
-        slots[q * width + c] = 0.0f;
-      }
-      slots[c] = rs * v;
-    }
+    for (int c = lane; c < width; c += kWarp) slots[c] = rs * take_parts<P>(slots, width, c);
     __syncwarp();
     const I* index = static_cast<const I*>(p.index);
     for (int t = lane; t < p.k; t += kWarp) {
@@ -580,17 +594,7 @@ __device__ __forceinline__ void spgemm_write_row(const AggParams& p, int64_t r, 
     const int w4 = width / 4;
 #pragma unroll 1
     for (int c = lane; c < w4; c += kWarp) {
-      float4 v = s4[c];
-      s4[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int q = 1; q < P; ++q) {
-        const float4 w = s4[q * w4 + c];
-        s4[q * w4 + c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        v.x += w.x;
-        v.y += w.y;
-        v.z += w.z;
-        v.w += w.w;
-      }
+      float4 v = take_parts<P>(s4, w4, c);
       const float4 b = p.bias ? __ldg(b4 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       v.x = rs * v.x + b.x;
       v.y = rs * v.y + b.y;
@@ -600,13 +604,7 @@ __device__ __forceinline__ void spgemm_write_row(const AggParams& p, int64_t r, 
     }
   } else {
     for (int c = lane; c < width; c += kWarp) {
-      float v = slots[c];
-      slots[c] = 0.0f;
-#pragma unroll
-      for (int q = 1; q < P; ++q) {
-        v += slots[q * width + c];
-        slots[q * width + c] = 0.0f;
-      }
+      const float v = take_parts<P>(slots, width, c);
       __stcs(o + c, rs * v + (p.bias ? __ldg(p.bias + c) : 0.0f));
     }
   }
@@ -626,29 +624,13 @@ __device__ __forceinline__ void spgemm_flush(const AggParams& p, int row, float*
     const int w4 = p.width / 4;
 #pragma unroll 1
     for (int c = lane; c < w4; c += kWarp) {
-      float4 v = s4[c];
-      s4[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int q = 1; q < P; ++q) {
-        const float4 w = s4[q * w4 + c];
-        s4[q * w4 + c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        v.x += w.x;
-        v.y += w.y;
-        v.z += w.z;
-        v.w += w.w;
-      }
+      const float4 v = take_parts<P>(s4, w4, c);
       if (v.x != 0.0f || v.y != 0.0f || v.z != 0.0f || v.w != 0.0f)
         atomic_add(o + 4 * c, make_float4(rs * v.x, rs * v.y, rs * v.z, rs * v.w));
     }
   } else {
     for (int c = lane; c < p.width; c += kWarp) {
-      float v = slots[c];
-      slots[c] = 0.0f;
-#pragma unroll
-      for (int q = 1; q < P; ++q) {
-        v += slots[q * p.width + c];
-        slots[q * p.width + c] = 0.0f;
-      }
+      const float v = take_parts<P>(slots, p.width, c);
       if (v != 0.0f) atomicAdd(o + c, rs * v);
     }
   }

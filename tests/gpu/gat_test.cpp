@@ -24,6 +24,8 @@
 #include "kernels/random.hpp"
 #include "kernels/spmm.hpp"
 #include "tests/gpu/cuda_fixture.hpp"
+#include "tests/gpu/expect_close.hpp"
+#include "tests/gpu/random_inputs.hpp"
 
 namespace gale::kernels {
 namespace {
@@ -31,6 +33,8 @@ namespace {
 using cuda::DeviceBuffer;
 using cuda::MemoryPool;
 using cuda::Stream;
+using gale::testing::expect_close;
+using testing::uniform;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -72,29 +76,6 @@ Graph random_graph(uint64_t key, int64_t rows, int64_t cols, int64_t hub_degree)
   }
   transpose(&g);
   return g;
-}
-
-std::vector<float> uniform(uint64_t key, size_t n, float lo, float hi) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * random_uniform(key, i);
-  return v;
-}
-
-// Element-wise |gpu - cpu| <= rel * |cpu| + floor, where floor = rel * 1e-2 * max |cpu| absorbs
-// sums that cancel to near zero (grad_er sums alpha * (ga - w), which is 0 in exact arithmetic
-// when all scores are positive). NaN on the GPU side always fails.
-void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, float rel, const std::string& what) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  float scale = 0.0f;
-  for (float c : cpu) scale = std::max(scale, std::fabs(c));
-  const float floor = rel * 1e-2f * scale;
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < gpu.size(); ++i) {
-    const bool ok = !std::isnan(gpu[i]) && std::fabs(gpu[i] - cpu[i]) <= rel * std::fabs(cpu[i]) + floor;
-    if (!ok && bad++ == 0) first = i;
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << gpu.size() << " differ; first at " << first << ": gpu "
-                     << (bad ? gpu[first] : 0.0f) << " cpu " << (bad ? cpu[first] : 0.0f);
 }
 
 // One GAT attention problem: the graph, el / er / z / grad_out, and the CPU reference results.

@@ -23,6 +23,7 @@
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
 #include "tests/gpu/cuda_fixture.hpp"
+#include "tests/gpu/expect_close.hpp"
 #include "tests/gpu/random_inputs.hpp"
 #include "kernels/spmm.hpp"
 
@@ -32,6 +33,7 @@ namespace {
 using cuda::DeviceBuffer;
 using cuda::MemoryPool;
 using cuda::Stream;
+using gale::testing::expect_close;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr int64_t kWidths[] = {1, 3, 32, 33, 64, 100, 128, 256, 257};
@@ -64,22 +66,6 @@ struct Options {
            " accumulate=" + (accumulate ? "1" : "0") + " bias=" + (bias ? "1" : "0") + " relu=" + (relu ? "1" : "0");
   }
 };
-
-// Element-wise |gpu - cpu| <= rel * |cpu| + floor with floor = rel * 1e-2 * max |cpu| (sums that
-// cancel to near zero); NaN on the GPU side always fails.
-void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, float rel, const std::string& what) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  float scale = 0.0f;
-  for (float c : cpu) scale = std::max(scale, std::fabs(c));
-  const float floor = rel * 1e-2f * scale;
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < gpu.size(); ++i) {
-    const bool ok = !std::isnan(gpu[i]) && std::fabs(gpu[i] - cpu[i]) <= rel * std::fabs(cpu[i]) + floor;
-    if (!ok && bad++ == 0) first = i;
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << gpu.size() << " differ; first at " << first << ": gpu "
-                     << (bad ? gpu[first] : 0.0f) << " cpu " << (bad ? cpu[first] : 0.0f);
-}
 
 class SpmmCudaTest : public gale::testing::CudaFixture<> {
  protected:
