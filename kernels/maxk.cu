@@ -546,13 +546,6 @@ __device__ __forceinline__ void spgemm_accumulate(const AggParams& p, int64_t st
 
 // Column c of the warp's P slots summed over the parts (part q at q * stride, in T units), parts
 // added in order (the CPU reference's), every part left zeroed for the next row.
-__device__ __forceinline__ void add_to(float& a, float b) { a += b; }
-__device__ __forceinline__ void add_to(float4& a, float4 b) {
-  a.x += b.x;
-  a.y += b.y;
-  a.z += b.z;
-  a.w += b.w;
-}
 template <int P, typename T>
 __device__ __forceinline__ T take_parts(T* slots, int stride, int c) {
   const T zero{};

@@ -159,13 +159,6 @@ __device__ __forceinline__ void scale(float4& a, float s) {
   a.z *= s;
   a.w *= s;
 }
-__device__ __forceinline__ void add_to(float& a, const float& b) { a += b; }
-__device__ __forceinline__ void add_to(float4& a, const float4& b) {
-  a.x += b.x;
-  a.y += b.y;
-  a.z += b.z;
-  a.w += b.w;
-}
 __device__ __forceinline__ void relu_in_place(float& a) { a = fmaxf(a, 0.0f); }
 __device__ __forceinline__ void relu_in_place(float4& a) {
   a.x = fmaxf(a.x, 0.0f);
@@ -238,8 +231,8 @@ __host__ __device__ constexpr int unroll() {
 // block a straggler; the grid's first blocks (dispatched first) each take every LB-th of them
 // (from the graph's list, or scanning every LB-th row) and cut every long row over all their
 // groups, reducing the group sums in shared memory in a fixed order. (Cutting a long row over
-// several blocks by 8-float sub-tiles was tried and lost:
-// 32-byte gathers of the same lines at different times doubled DRAM reads on the hubs.)
+// several blocks by 8-float sub-tiles was tried and lost: 32-byte gathers of the same lines at
+// different times doubled DRAM reads on the hubs.)
 
 // Per-lane entries of one piece: a piece is piece_entries consecutive entries of a group's range;
 // lane g holds entries g, g + G, ... (H of them). row = index in the block's row table, -1 past

@@ -1,7 +1,8 @@
 // kernels/cuda/warp.cuh — the warp-level pieces the CUDA kernels share: the warp size and full
 // mask, a lane's mask of the lanes below it, whole-warp reductions (one instruction each on sm_80
-// and later, shuffles before) and float atomics, four floats in one 16-byte atomic on sm_90.
-// Device code: include from .cu files only.
+// and later, shuffles before), and the per-element float / float4 operations their gathers use:
+// adds and atomics, four floats in one 16-byte atomic on sm_90. Device code: include from .cu
+// files only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,6 +38,14 @@ __device__ __forceinline__ T warp_max(T v) { return shuffle_reduce(v, [](T a, T 
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) { return shuffle_reduce(v, [](T a, T b) { return a + b; }); }
 #endif
+
+__device__ __forceinline__ void add_to(float& a, float b) { a += b; }
+__device__ __forceinline__ void add_to(float4& a, float4 b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+}
 
 __device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void atomic_add(float* p, float4 v) {
