@@ -210,4 +210,27 @@ kernels::GarLongRows GraphOperand::gar_long_rows(bool csc) const {
 #endif
 }
 
+kernels::SspmmHubsView GraphOperand::sspmm_hubs(int64_t k) const {
+  if (device_.is_cpu() || !whole_graph_) return {};
+#if GALE_WITH_CUDA
+  const int capacity = kernels::sspmm_hub_capacity(k);
+  if (capacity < 1) return {};
+  if (!hub_ids_.defined() || hub_capacity_ != capacity) {
+    hub_ids_ = Tensor::empty(capacity, 1, DType::kI32, device_);
+    hub_mask_ = Tensor::empty(std::max<int64_t>(kernels::sspmm_hub_mask_words(nnz_), 1), 1, DType::kI32, device_);
+    const size_t ws_bytes = kernels::sspmm_hubs_workspace_bytes(csr_.cols);
+    const Tensor ws = Tensor::empty(static_cast<int64_t>(ws_bytes), 1, DType::kU8, device_);
+    kernels::sspmm_hubs_cuda(csr_, capacity, kernels::kSspmmHubMinEntries, hub_ids_.data<int32_t>(),
+                             reinterpret_cast<uint32_t*>(hub_mask_.data<int32_t>()), nnz_,
+                             const_cast<unsigned char*>(ws.data<unsigned char>()), ws_bytes,
+                             DeviceContext::get(device_.ordinal).stream());
+    hub_capacity_ = capacity;
+  }
+  return {hub_ids_.data<int32_t>(), reinterpret_cast<const uint32_t*>(hub_mask_.data<int32_t>()), capacity};
+#else
+  (void)k;
+  return {};
+#endif
+}
+
 }  // namespace gale::engine

@@ -84,6 +84,10 @@ class GraphOperand {
   // on the device on first use and kept (a cache, like edge_groups), so that GAR need not scan for
   // them in every call. Empty on the CPU and for sampled blocks: GAR then scans.
   kernels::GarLongRows gar_long_rows(bool csc) const;
+  // SSpMM's hub plan of the CSR for a CBSR of k kept values (kernels::sspmm_hub_capacity(k)
+  // hubs), built on the device on first use and kept while k stays the same (a cache, like
+  // edge_groups). Empty on the CPU and for sampled blocks, whose SSpMM takes global atomics only.
+  kernels::SspmmHubsView sspmm_hubs(int64_t k) const;
 
  private:
   GraphOperand() = default;
@@ -101,6 +105,8 @@ class GraphOperand {
   Tensor dst_norm_, src_norm_, self_norm_, inv_degree_;
   mutable Tensor edge_groups_, edge_group_count_;
   mutable Tensor long_rows_[2], long_row_count_[2];  // of the CSR, of the CSC
+  mutable Tensor hub_ids_, hub_mask_;
+  mutable int hub_capacity_ = 0;
   mutable Tensor entry_scales_[3];
   bool whole_graph_ = false;
   uint64_t id_ = 0;

@@ -22,6 +22,7 @@
 // columns are distinct). Outputs need no zeroing by the caller and the ops stay stream-ordered.
 #include <cuda_runtime.h>
 
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
@@ -365,6 +366,80 @@ size_t scan_temp_bytes(int64_t items) {
   return bytes;
 }
 
+// ---- SSpMM's hub plan ------------------------------------------------------------------------
+
+constexpr int kMaxHubs = 1024;
+
+size_t sort_temp_bytes(int64_t items) {
+  size_t bytes = 0;
+  GALE_CHECK_CUDA(cub::DeviceRadixSort::SortPairsDescending(
+      nullptr, bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(std::max<int64_t>(items, 1))));
+  return bytes;
+}
+
+// The place of src among the first `capacity` ids (ascending), or -1 when it is not there.
+__device__ __forceinline__ int find_hub(const int32_t* ids, int capacity, int32_t src) {
+  int lo = 0, hi = capacity;  // the first place whose id is not below src
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (ids[mid] < src) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo < capacity && ids[lo] == src ? lo : -1;
+}
+
+// counts[j] = entries of source j (counts zeroed before), and order[j] = j for the sort.
+__global__ void __launch_bounds__(kRowThreads)
+    hub_count_kernel(const int64_t* __restrict__ indptr, int64_t rows, const int32_t* __restrict__ indices,
+                     uint32_t* __restrict__ counts, int32_t* __restrict__ order, int64_t sources) {
+  const int64_t begin = __ldg(indptr), end = __ldg(indptr + rows);
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t e = begin + t0; e < end; e += threads) atomicAdd(counts + __ldg(indices + e), 1u);
+  for (int64_t j = t0; j < sources; j += threads) order[j] = static_cast<int32_t>(j);
+}
+
+// One block of kMaxHubs threads: the first `capacity` sources by count that have at least
+// min_entries, sorted by id (rank by comparison), then kSspmmNoHub.
+__global__ void __launch_bounds__(kMaxHubs)
+    hub_pick_kernel(const uint32_t* __restrict__ sorted_counts, const int32_t* __restrict__ sorted, int64_t sources,
+                    int capacity, uint32_t min_entries, int32_t* __restrict__ ids) {
+  __shared__ int32_t pick[kMaxHubs];
+  const int t = static_cast<int>(threadIdx.x);
+  int32_t id = kSspmmNoHub;
+  if (t < capacity && t < sources && sorted_counts[t] >= min_entries) id = sorted[t];
+  if (t < capacity) pick[t] = id;
+  __syncthreads();
+  if (t >= capacity) return;
+  int rank = 0;
+  for (int u = 0; u < capacity; ++u) rank += pick[u] < id || (pick[u] == id && u < t) ? 1 : 0;
+  ids[rank] = id;
+}
+
+// One warp per mask word: lane l looks entry 32 w + l's source up among the ids (binary search),
+// the ballot is the word. Entries before indptr[0] are never flagged.
+__global__ void __launch_bounds__(kRowThreads)
+    hub_mask_kernel(const int64_t* __restrict__ indptr, int64_t rows, const int32_t* __restrict__ indices, int64_t nnz,
+                    const int32_t* __restrict__ ids, int capacity, uint32_t* __restrict__ mask) {
+  __shared__ int32_t hub[kMaxHubs];
+  for (int i = static_cast<int>(threadIdx.x); i < capacity; i += static_cast<int>(blockDim.x)) hub[i] = ids[i];
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t begin = rows > 0 ? __ldg(indptr) : 0;
+  const int64_t words = (nnz + kWarp - 1) / kWarp;
+  const int64_t total_warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp; w < words; w += total_warps) {
+    const int64_t e = w * kWarp + lane;
+    const bool flagged = e >= begin && e < nnz && find_hub(hub, capacity, __ldg(indices + e)) >= 0;
+    const uint32_t word = __ballot_sync(kFull, flagged);
+    if (lane == 0) mask[w] = word;
+  }
+}
+
 // ---- aggregations -----------------------------------------------------------------------------
 //
 // Both aggregations give each warp one work item at a time and a persistent grid (warps loop over
@@ -424,6 +499,12 @@ constexpr int kChunkGroups = GALE_MAXK_CHUNK_GROUPS;
 // table of the graph gives the same result.
 constexpr int64_t kHubDegree = GALE_MAXK_HUB_DEGREE;
 
+// Floats before SSpMM's hub sums in a block's shared memory: the warps' slots, rounded up to 16
+// bytes so that the sums can be read as float4.
+__host__ __device__ constexpr int64_t hub_sums_offset(int warps, int width) {
+  return (static_cast<int64_t>(warps) * width + 3) / 4 * 4;
+}
+
 struct AggParams {
   // The graph.
   const int64_t* indptr = nullptr;
@@ -458,6 +539,10 @@ struct AggParams {
   const float* grad = nullptr;
   int64_t grad_ld = 0;
   float* grad_values = nullptr;
+  // SSpMM's hub plan (kernels/maxk.hpp), when the kernel is built for one.
+  const int32_t* hub_ids = nullptr;
+  const uint32_t* hub_mask = nullptr;
+  int hub_capacity = 0;
 };
 
 __device__ __forceinline__ int64_t group_total(const AggParams& p) {
@@ -485,6 +570,14 @@ __device__ __forceinline__ void load_entry(const AggParams& p, int64_t e, bool v
     if (p.edge_weight) c *= load_once(p.edge_weight + e);
     *coef = c;
   }
+}
+
+// The place of entry e's source among the block's hubs (ids: the plan's, in shared memory) when
+// the plan's mask flags the entry, else -1. A flagged source missing from ids (a plan that does
+// not fit its graph) also gives -1: its entry then takes the global atomic like any other.
+__device__ __forceinline__ int hub_slot(const AggParams& p, const int32_t* ids, int64_t e, bool valid, int32_t src) {
+  if (!valid || ((__ldg(p.hub_mask + (e >> 5)) >> (e & 31)) & 1u) == 0) return -1;
+  return find_hub(ids, p.hub_capacity, src);
 }
 
 // Element `src` of rows of `row_bytes` bytes from a per-lane base: one wide multiply-add (written
@@ -787,9 +880,13 @@ __device__ __forceinline__ void sspmm_stage(const AggParams& p, int row, bool on
 // take V consecutive t of an entry (E = 2^entry_shift lanes per entry, so 32 / E entries per
 // step); kScatter steps issue their column loads before any of their atomics. The first 32
 // entries' sources and coefficients come in from the caller, loaded before the slot was staged.
-template <typename I, int V>
+//
+// With kHubs, an entry whose source is one of the block's hubs (first_hub, or hub_slot for the
+// later entries: its place, else -1) adds into that hub's sums in shared memory instead.
+template <typename I, int V, bool kHubs>
 __device__ __forceinline__ void sspmm_scatter(const AggParams& p, int64_t start, int count, int32_t first_src,
-                                              float first_coef, const float* slot, int lane) {
+                                              float first_coef, int first_hub, const float* slot,
+                                              const int32_t* hub_ids, float* hub_sums, int lane) {
   using Cols = Columns<I, V>;
   const uint32_t k = p.k;
   const int pieces = static_cast<int>(k) / V;
@@ -804,7 +901,11 @@ __device__ __forceinline__ void sspmm_scatter(const AggParams& p, int64_t start,
     const int m = min(kWarp, count - base);
     int32_t my_src = first_src;
     float my_coef = first_coef;
-    if (base > 0) load_entry(p, start + base + lane, lane < m, &my_src, &my_coef);
+    int my_hub = first_hub;
+    if (base > 0) {
+      load_entry(p, start + base + lane, lane < m, &my_src, &my_coef);
+      if constexpr (kHubs) my_hub = hub_slot(p, hub_ids, start + base + lane, lane < m, my_src);
+    }
     for (int q = lane_piece; q - lane_piece < pieces; q += lanes_per_entry) {
       const auto* index = reinterpret_cast<const typename Cols::Word*>(static_cast<const I*>(p.index) + q * V);
       float* gv = p.grad_values + q * V;
@@ -825,7 +926,14 @@ __device__ __forceinline__ void sspmm_scatter(const AggParams& p, int64_t start,
         for (int s = 0; s < kScatter; ++s) {
           const int u = u0 + s * per_step + lane_entry;
           const float coef = __shfl_sync(kFull, my_coef, u & (kWarp - 1));
+          const int hub = kHubs ? __shfl_sync(kFull, my_hub, u & (kWarp - 1)) : -1;
           if (u >= m || q >= pieces) continue;
+          if (kHubs && hub >= 0) {
+            float* h = hub_sums + hub * static_cast<int>(k) + q * V;
+#pragma unroll
+            for (int v = 0; v < V; ++v) atomicAdd(h + v, coef * slot[Cols::get(cols[s], v)]);
+            continue;
+          }
           // Plain arithmetic, not row_at: from an asm-made address the compiler cannot tell the
           // atomic is global and emits a generic ATOM with a return (measured 7% slower) for RED.
           float* dst = gv + static_cast<uint64_t>(src[s]) * k;
@@ -846,12 +954,25 @@ __device__ __forceinline__ void sspmm_scatter(const AggParams& p, int64_t start,
 // Alg. 2 over chunks of kChunkGroups edge groups per warp: the slot is restaged only when the row
 // changes (a hub's consecutive groups share it), and each group's first sources are loaded before
 // the staging so that the two loads overlap.
-template <typename I, int V, bool kVec>
+//
+// With kHubs the block also holds the plan's hubs (ids) and a k-float sum per hub after the warps'
+// slots (sspmm_smem_bytes): zeroed first, filled by the hubs' entries, added to grad_values once
+// every warp of the block is done.
+template <typename I, int V, bool kVec, bool kHubs>
 __global__ void __launch_bounds__(kAggThreads, kAggMinBlocks) sspmm_kernel(AggParams p) {
   extern __shared__ float4 smem4[];
   const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
   const int warps = static_cast<int>(blockDim.x) / kWarp;
   float* slot = reinterpret_cast<float*>(smem4) + static_cast<int64_t>(warp) * p.width;
+  float* hub_sums = reinterpret_cast<float*>(smem4) + hub_sums_offset(warps, p.width);
+  int32_t* hub_ids = reinterpret_cast<int32_t*>(hub_sums + p.hub_capacity * p.k);
+  if constexpr (kHubs) {
+    for (int i = static_cast<int>(threadIdx.x); i < p.hub_capacity * p.k; i += static_cast<int>(blockDim.x))
+      hub_sums[i] = 0.0f;
+    for (int i = static_cast<int>(threadIdx.x); i < p.hub_capacity; i += static_cast<int>(blockDim.x))
+      hub_ids[i] = __ldg(p.hub_ids + i);
+    __syncthreads();
+  }
   const int64_t n = group_total(p);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * warps;
   for (int64_t chunk = static_cast<int64_t>(blockIdx.x) * warps + warp; chunk < p.items; chunk += stride) {
@@ -873,13 +994,33 @@ __global__ void __launch_bounds__(kAggThreads, kAggMinBlocks) sspmm_kernel(AggPa
       int32_t src;
       float coef;
       load_entry(p, gs + lane, lane < gc, &src, &coef);
+      const int hub = kHubs ? hub_slot(p, hub_ids, gs + lane, lane < gc, src) : -1;
       if (gr != current) {
         __syncwarp();  // the previous row's gathers are done
         sspmm_stage<kVec>(p, gr, GALE_MAXK_G_ONCE || gc < kMaxkEdgeGroupSize, slot, lane);
         __syncwarp();
         current = gr;
       }
-      sspmm_scatter<I, V>(p, gs, gc, src, coef, slot, lane);
+      sspmm_scatter<I, V, kHubs>(p, gs, gc, src, coef, hub, slot, hub_ids, hub_sums, lane);
+    }
+  }
+  if constexpr (kHubs) {
+    __syncthreads();  // every warp's entries are in the sums
+    const int pieces = p.k / V;
+    const uint64_t policy = evict_last_policy();
+    (void)policy;
+    for (int i = static_cast<int>(threadIdx.x); i < p.hub_capacity * pieces; i += static_cast<int>(blockDim.x)) {
+      const int h = i / pieces, c = (i - h * pieces) * V;
+      const int32_t id = hub_ids[h];
+      if (id == kSspmmNoHub) continue;
+      const float* sum = hub_sums + h * p.k + c;
+      float* dst = p.grad_values + static_cast<int64_t>(id) * p.k + c;
+      if constexpr (V == 4) {
+        const float4 v = make_float4(sum[0], sum[1], sum[2], sum[3]);
+        if (v.x != 0.0f || v.y != 0.0f || v.z != 0.0f || v.w != 0.0f) red_add4(dst, v, policy);
+      } else {
+        if (sum[0] != 0.0f) atomicAdd(dst, sum[0]);
+      }
     }
   }
 }
@@ -953,12 +1094,14 @@ void dispatch_spgemm(int lanes, const AggShape& s, const AggParams& p, cudaStrea
   throw InternalError("spgemm_cbsr: no kernel for " + std::to_string(lanes) + " lanes");
 }
 
-template <typename I>
+template <typename I, bool kHubs>
 void dispatch_sspmm(const AggShape& s, const AggParams& p, bool vec_columns, bool vec_grad, cudaStream_t stream) {
   if (vec_columns) {
-    vec_grad ? launch_agg(sspmm_kernel<I, 4, true>, s, p, stream) : launch_agg(sspmm_kernel<I, 4, false>, s, p, stream);
+    vec_grad ? launch_agg(sspmm_kernel<I, 4, true, kHubs>, s, p, stream)
+             : launch_agg(sspmm_kernel<I, 4, false, kHubs>, s, p, stream);
   } else {
-    vec_grad ? launch_agg(sspmm_kernel<I, 1, true>, s, p, stream) : launch_agg(sspmm_kernel<I, 1, false>, s, p, stream);
+    vec_grad ? launch_agg(sspmm_kernel<I, 1, true, kHubs>, s, p, stream)
+             : launch_agg(sspmm_kernel<I, 1, false, kHubs>, s, p, stream);
   }
 }
 
@@ -1106,6 +1249,11 @@ void sspmm_cbsr_cuda(const SspmmCbsrArgs& a, const EdgeGroupsView& groups, cudaS
   require(sspmm_cbsr_cannot(a), "sspmm_cbsr");
   require(maxk_cuda_cannot(a.pattern.width), "sspmm_cbsr");
   require(groups_cannot(a.graph, groups), "sspmm_cbsr");
+  if (a.hubs.capacity < 0 || a.hubs.capacity > sspmm_hub_capacity(a.pattern.k))
+    throw InputError("sspmm_cbsr: a hub plan of capacity " + std::to_string(a.hubs.capacity) + " for k = " +
+                     std::to_string(a.pattern.k) + ", at most " + std::to_string(sspmm_hub_capacity(a.pattern.k)));
+  if (a.hubs.capacity > 0 && (a.hubs.ids == nullptr || a.hubs.entry_mask == nullptr))
+    throw InputError("sspmm_cbsr: the hub plan's ids or entry mask is null");
   const CsrView& g = a.graph;
   const ConstCbsrView& pat = a.pattern;
   if (pat.rows == 0) return;
@@ -1141,8 +1289,15 @@ void sspmm_cbsr_cuda(const SspmmCbsrArgs& a, const EdgeGroupsView& groups, cudaS
   p.grad = a.grad_out.data;
   p.grad_ld = a.grad_out.ld;
   p.grad_values = a.grad_values;
-  const AggShape s = agg_shape(width, 1);
+  AggShape s = agg_shape(width, 1);
   p.items = (groups.capacity + kChunkGroups - 1) / kChunkGroups;
+  const bool hubs = a.hubs.capacity > 0;
+  if (hubs) {
+    p.hub_ids = a.hubs.ids;
+    p.hub_mask = a.hubs.entry_mask;
+    p.hub_capacity = a.hubs.capacity;
+    s.smem = static_cast<size_t>(hub_sums_offset(s.warps, width) + int64_t{p.hub_capacity} * (k + 1)) * sizeof(float);
+  }
   // Four columns per load and one float4 atomic per four values when the rows of k allow it.
   const bool vec_columns = k % 4 == 0 && aligned16(a.grad_values) &&
                            reinterpret_cast<uintptr_t>(pat.index) % (4 * pat.index_bytes()) == 0;
@@ -1150,9 +1305,58 @@ void sspmm_cbsr_cuda(const SspmmCbsrArgs& a, const EdgeGroupsView& groups, cudaS
   p.entry_shift = std::min(ceil_log2(k / v), ceil_log2(kWarp));
   const bool vec_grad = width % 4 == 0 && a.grad_out.ld % 4 == 0 && aligned16(a.grad_out.data);
   if (pat.index_bytes() == 1) {
-    dispatch_sspmm<uint8_t>(s, p, vec_columns, vec_grad, stream);
+    hubs ? dispatch_sspmm<uint8_t, true>(s, p, vec_columns, vec_grad, stream)
+         : dispatch_sspmm<uint8_t, false>(s, p, vec_columns, vec_grad, stream);
   } else {
-    dispatch_sspmm<uint16_t>(s, p, vec_columns, vec_grad, stream);
+    hubs ? dispatch_sspmm<uint16_t, true>(s, p, vec_columns, vec_grad, stream)
+         : dispatch_sspmm<uint16_t, false>(s, p, vec_columns, vec_grad, stream);
+  }
+}
+
+size_t sspmm_hubs_workspace_bytes(int64_t sources) {
+  const size_t column = align256(static_cast<size_t>(std::max<int64_t>(sources, 1)) * sizeof(uint32_t));
+  return 4 * column + align256(sort_temp_bytes(sources));
+}
+
+void sspmm_hubs_cuda(const CsrView& graph, int capacity, int64_t min_entries, int32_t* ids, uint32_t* entry_mask,
+                     int64_t nnz, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (capacity < 1 || capacity > kMaxHubs)
+    throw InputError("sspmm hubs: capacity " + std::to_string(capacity) + " is outside [1, " + std::to_string(kMaxHubs) + "]");
+  if (graph.cols >= (int64_t{1} << 31))
+    throw InputError("sspmm hubs: the graph has " + std::to_string(graph.cols) + " columns, at most 2^31 - 1 fit");
+  if (ids == nullptr || (entry_mask == nullptr && nnz > 0)) throw InputError("sspmm hubs: ids or entry_mask is null");
+  if (nnz < 0) throw InputError("sspmm hubs: negative entry count");
+  const size_t need = sspmm_hubs_workspace_bytes(graph.cols);
+  if (workspace_bytes < need || workspace == nullptr)
+    throw InputError("sspmm hubs: the workspace has " + std::to_string(workspace_bytes) + " bytes, " +
+                     std::to_string(need) + " needed");
+  const int64_t sources = graph.cols;
+  const size_t column = align256(static_cast<size_t>(std::max<int64_t>(sources, 1)) * sizeof(uint32_t));
+  char* w = static_cast<char*>(workspace);
+  auto* counts = reinterpret_cast<uint32_t*>(w);
+  auto* sorted_counts = reinterpret_cast<uint32_t*>(w + column);
+  auto* order = reinterpret_cast<int32_t*>(w + 2 * column);
+  auto* sorted = reinterpret_cast<int32_t*>(w + 3 * column);
+  void* temp = w + 4 * column;
+  size_t temp_bytes = workspace_bytes - 4 * column;
+  if (sources > 0) {
+    GALE_CHECK_CUDA(cudaMemsetAsync(counts, 0, static_cast<size_t>(sources) * sizeof(uint32_t), stream));
+    hub_count_kernel<<<row_blocks(graph.rows), kRowThreads, 0, stream>>>(graph.indptr, graph.rows, graph.indices, counts,
+                                                                         order, sources);
+    GALE_CHECK_CUDA(cudaGetLastError());
+    // Stable: among equal counts the lower id stays first.
+    GALE_CHECK_CUDA(cub::DeviceRadixSort::SortPairsDescending(temp, temp_bytes, counts, sorted_counts, order, sorted,
+                                                              static_cast<int>(sources), 0, 32, stream));
+  }
+  hub_pick_kernel<<<1, kMaxHubs, 0, stream>>>(sorted_counts, sorted, sources, capacity,
+                                               static_cast<uint32_t>(std::clamp<int64_t>(min_entries, 1, UINT32_MAX)), ids);
+  GALE_CHECK_CUDA(cudaGetLastError());
+  const int64_t words = sspmm_hub_mask_words(nnz);
+  if (words > 0) {
+    const unsigned mask_blocks = static_cast<unsigned>(std::clamp<int64_t>((words + kRowWarps - 1) / kRowWarps, 1, kMaxRowBlocks));
+    hub_mask_kernel<<<mask_blocks, kRowThreads, 0, stream>>>(graph.indptr, graph.rows, graph.indices, nnz, ids,
+                                                              capacity, entry_mask);
+    GALE_CHECK_CUDA(cudaGetLastError());
   }
 }
 

@@ -87,6 +87,46 @@ inline int64_t cbsr_index_size_bytes(int64_t rows, int64_t width, int64_t k) {
   return rows * k * cbsr_index_bytes(width);
 }
 
+// ---- SSpMM's hub plan -----------------------------------------------------------------------
+//
+// SSpMM adds each entry (i, j)'s k values into grad_values[j] with global atomics, and on a
+// power-law graph a few sources j take a large share of them (R-MAT scale 21: the 256 sources with
+// the most entries hold ~7% of them). A hub plan names up to `capacity` such sources; the CUDA
+// SSpMM then sums their entries in shared memory per thread block and adds each block's sums once
+// at the end, so their entries cost a shared atomic instead of a global one. Build it once per
+// graph (like the edge groups) for the k it will serve: the capacity follows from k.
+//
+// ids: `capacity` values, the hubs in increasing order, then kSspmmNoHub for the unused places.
+// entry_mask: one bit per entry of the graph, bit e % 32 of word e / 32 set when indices[e] is a
+// hub (words: sspmm_hub_mask_words(nnz)). The hubs are the sources with at least `min_entries`
+// entries, the most entries first and, among equal counts, the lower id first, up to capacity.
+constexpr int32_t kSspmmNoHub = 0x7fffffff;
+constexpr int64_t kSspmmHubMinEntries = 1024;
+// Shared memory a block spends on the hubs' sums: capacity x k floats within it (and at most 1024).
+constexpr int64_t kSspmmHubBytes = 32 * 1024;
+
+inline int sspmm_hub_capacity(int64_t k) {
+  if (k < 1) return 0;
+  const int64_t c = kSspmmHubBytes / (k * static_cast<int64_t>(sizeof(float)));
+  return static_cast<int>(c < 1024 ? c : 1024);
+}
+inline int64_t sspmm_hub_mask_words(int64_t nnz) { return (nnz + 31) / 32; }
+
+struct SspmmHubsView {
+  const int32_t* ids = nullptr;
+  const uint32_t* entry_mask = nullptr;
+  int capacity = 0;  // 0: no plan
+};
+
+struct SspmmHubs {
+  std::vector<int32_t> ids;
+  std::vector<uint32_t> entry_mask;
+  SspmmHubsView view() const { return {ids.data(), entry_mask.data(), static_cast<int>(ids.size())}; }
+};
+
+// The plan of a host graph whose entries index `sources` columns (graph.cols).
+SspmmHubs sspmm_hubs_cpu(const CsrView& graph, int capacity, int64_t min_entries = kSspmmHubMinEntries);
+
 // ---- arguments ------------------------------------------------------------------------------
 
 // Forward aggregation over a CBSR input (the first formula above).
@@ -114,6 +154,8 @@ struct SspmmCbsrArgs {
   const float* edge_weight = nullptr;
   const float* self_coefs = nullptr;
   float self_scale = 0.0f;
+  // Optional (CUDA only; the CPU ignores it): the graph's hub plan for pattern.k (see below).
+  SspmmHubsView hubs;
 };
 
 // The dense layer after MaxK, on the CBSR form of its input (maxk_linear_cpu.cpp / maxk_linear.cu):
@@ -273,7 +315,21 @@ void spgemm_cbsr_cuda(const SpgemmCbsrArgs& a, const EdgeGroupsView& groups, cud
 // staged in shared memory once for its consecutive edge groups, then for each entry (i, j) the
 // warp gathers it at j's k columns and atomically adds into grad_values[j] (float4 atomics when
 // k is a multiple of 4), which a memset or a first kernel (self term) sets beforehand.
+//
+// With a hub plan (a.hubs.capacity > 0, at most sspmm_hub_capacity(k)) the entries of the plan's
+// hubs go to per-block sums in shared memory instead, added to grad_values when the block ends.
 void sspmm_cbsr_cuda(const SspmmCbsrArgs& a, const EdgeGroupsView& groups, cudaStream_t stream);
+
+// Scratch sspmm_hubs_cuda needs for a graph of `sources` columns (CUB style, as for edge groups).
+size_t sspmm_hubs_workspace_bytes(int64_t sources);
+
+// Builds the hub plan of a device CSR on `stream` (the same plan as sspmm_hubs_cpu): per-source
+// entry counts, a CUB radix sort of the sources by count, the first `capacity` of at least
+// min_entries sorted by id into ids (capacity values), then one bit per entry into entry_mask
+// (sspmm_hub_mask_words(nnz) words, where nnz = indptr[rows]: the caller sizes it from its own
+// count). Allocates nothing and never synchronises.
+void sspmm_hubs_cuda(const CsrView& graph, int capacity, int64_t min_entries, int32_t* ids, uint32_t* entry_mask,
+                     int64_t nnz, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // The CBSR dense layer keeps W (both W's for the gradient) in shared memory: "" when it fits, else
 // the reason (the caller then uses the dense form and a GEMM). Up to 128 output columns.

@@ -299,6 +299,36 @@ void cbsr_gemm_grad_cpu(const CbsrGemmGradArgs& a) {
   });
 }
 
+// ---- SSpMM's hub plan --------------------------------------------------------------------------
+
+SspmmHubs sspmm_hubs_cpu(const CsrView& graph, int capacity, int64_t min_entries) {
+  if (capacity < 0 || capacity > 1024)
+    throw InputError("sspmm hubs: capacity " + std::to_string(capacity) + " is outside [0, 1024]");
+  if (graph.cols >= (int64_t{1} << 31))
+    throw InputError("sspmm hubs: the graph has " + std::to_string(graph.cols) + " columns, at most 2^31 - 1 fit");
+  const int64_t end = graph.rows == 0 ? 0 : graph.indptr[graph.rows];
+  std::vector<int64_t> counts(static_cast<size_t>(graph.cols), 0);
+  for (int64_t e = graph.rows == 0 ? 0 : graph.indptr[0]; e < end; ++e) ++counts[static_cast<size_t>(graph.indices[e])];
+  // Most entries first, lower id first among equals (the CUDA twin's stable radix sort).
+  std::vector<int32_t> order(static_cast<size_t>(graph.cols));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return counts[a] > counts[b]; });
+  SspmmHubs h;
+  for (int32_t v : order) {
+    if (static_cast<int>(h.ids.size()) == capacity || counts[static_cast<size_t>(v)] < std::max<int64_t>(min_entries, 1))
+      break;
+    h.ids.push_back(v);
+  }
+  std::sort(h.ids.begin(), h.ids.end());
+  std::vector<char> is_hub(static_cast<size_t>(graph.cols), 0);
+  for (int32_t v : h.ids) is_hub[static_cast<size_t>(v)] = 1;
+  h.ids.resize(static_cast<size_t>(capacity), kSspmmNoHub);
+  h.entry_mask.assign(static_cast<size_t>(sspmm_hub_mask_words(end)), 0u);
+  for (int64_t e = graph.rows == 0 ? 0 : graph.indptr[0]; e < end; ++e)
+    if (is_hub[static_cast<size_t>(graph.indices[e])]) h.entry_mask[static_cast<size_t>(e / 32)] |= 1u << (e % 32);
+  return h;
+}
+
 // ---- edge groups ----------------------------------------------------------------------------
 
 int64_t edge_groups_capacity(int64_t rows, int64_t nnz, int64_t group_size) {

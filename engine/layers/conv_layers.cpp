@@ -115,6 +115,7 @@ Tensor aggregate_cbsr_backward(const GraphOperand& g, Norm norm, float self_scal
   a.grad_out = grad.view();
   a.pattern = pattern.view();
   a.grad_values = gv.f32();
+  a.hubs = g.sspmm_hubs(pattern.k());
   ops::sspmm(a, g.device(), g.edge_groups());
   return gv;
 }

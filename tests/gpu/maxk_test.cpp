@@ -272,9 +272,38 @@ class MaxkCudaTest : public gale::testing::CudaFixture<> {
                      o.describe());
   }
 
+  // A hub plan built on the device, checked against sspmm_hubs_cpu (ids and mask exactly).
+  struct DeviceHubs {
+    DeviceBuffer<int32_t> ids;
+    DeviceBuffer<uint32_t> mask;
+    SspmmHubsView view;
+    int planted = 0;  // real hubs in the plan (ids other than kSspmmNoHub)
+  };
+  DeviceHubs hubs_for(const Graph& g, const DeviceBuffer<int64_t>& indptr, const DeviceBuffer<int32_t>& indices,
+                      int capacity, int64_t min_entries) {
+    DeviceHubs d;
+    const SspmmHubs cpu = sspmm_hubs_cpu(g.csr(), capacity, min_entries);
+    d.ids = DeviceBuffer<int32_t>(*pool_, static_cast<size_t>(capacity), *stream_);
+    d.mask = DeviceBuffer<uint32_t>(*pool_, std::max<size_t>(cpu.entry_mask.size(), 1), *stream_);
+    const size_t bytes = sspmm_hubs_workspace_bytes(g.cols);
+    DeviceBuffer<uint8_t> workspace(*pool_, bytes, *stream_);
+    const CsrView dg{g.rows, g.cols, indptr.data(), indices.data(), nullptr};
+    sspmm_hubs_cuda(dg, capacity, min_entries, d.ids.data(), d.mask.data(), g.nnz(), workspace.data(), bytes, *stream_);
+    EXPECT_TRUE(download(d.ids) == cpu.ids) << "hub ids, capacity " << capacity << " min " << min_entries;
+    std::vector<uint32_t> mask = download(d.mask);
+    mask.resize(cpu.entry_mask.size());
+    EXPECT_TRUE(mask == cpu.entry_mask) << "hub mask, capacity " << capacity << " min " << min_entries;
+    d.planted = static_cast<int>(std::count_if(cpu.ids.begin(), cpu.ids.end(), [](int32_t v) { return v != kSspmmNoHub; }));
+    d.view = {d.ids.data(), d.mask.data(), capacity};
+    return d;
+  }
+
   // sspmm_cbsr_cuda against sspmm_cbsr_cpu; the pattern has `extra` rows past the graph's sources.
-  void check_sspmm(const Graph& g, int64_t width, int64_t k, const Options& o, uint64_t key, int64_t pad,
-                   bool groups_on_gpu, int64_t extra = 3, int64_t group_size = kMaxkEdgeGroupSize) {
+  // hub_min > 0: with a hub plan of the sources of at least hub_min entries (hub_capacity of them,
+  // or sspmm_hub_capacity(k) when 0); returns how many hubs it had.
+  int check_sspmm(const Graph& g, int64_t width, int64_t k, const Options& o, uint64_t key, int64_t pad,
+                  bool groups_on_gpu, int64_t extra = 3, int64_t group_size = kMaxkEdgeGroupSize, int64_t hub_min = 0,
+                  int hub_capacity = 0) {
     const int64_t ld = width + pad;
     const int64_t prow = g.cols + extra;
     const Cbsr pattern = random_cbsr(derive_key(key, 30), prow, width, k);
@@ -319,11 +348,17 @@ class MaxkCudaTest : public gale::testing::CudaFixture<> {
     a.edge_weight = o.edge_weight ? d_weight.data() : nullptr;
     a.self_coefs = (o.self & 2) ? d_self.data() : nullptr;
     a.self_scale = self_scale;
+    DeviceHubs hubs;
+    if (hub_min > 0) {
+      hubs = hubs_for(g, d_indptr, d_indices, hub_capacity > 0 ? hub_capacity : sspmm_hub_capacity(k), hub_min);
+      a.hubs = hubs.view;
+    }
     sspmm_cbsr_cuda(a, groups.view, *stream_);
     expect_close(download(d_gv), cpu, magnitude, 1e-5f,
                  "sspmm width " + std::to_string(width) + " k " + std::to_string(k) + " pad " + std::to_string(pad) +
                      (groups_on_gpu ? " gpu groups " : " cpu groups ") + "of " + std::to_string(group_size) + " " +
-                     o.describe());
+                     (hub_min > 0 ? std::to_string(hubs.planted) + " hubs " : "") + o.describe());
+    return hubs.planted;
   }
 };
 
@@ -539,6 +574,56 @@ TEST_F(MaxkCudaTest, EveryDegreeAndGroupSizeMatchesCpu) {
       }
     }
   }
+}
+
+// SSpMM with a hub plan: 40 planted sources take a third of the entries (about 1500 each), so
+// the plan holds them when its capacity allows, its top 5 by count when capacity is 5, and every
+// source with at least 1 entry competes when min_entries is 1 (capacity binds). The plan built on
+// the device must equal the CPU's, and the sums must match the CPU reference as without a plan;
+// widths 32 and 257 (float4 and scalar rows), k 7 (the one-column path), 8, 32 and 48.
+TEST_F(MaxkCudaTest, SspmmWithAHubPlanMatchesCpu) {
+  Graph g = random_graph(61, 4000, 3000, 2500);
+  for (size_t e = 0; e < g.indices.size(); ++e)
+    if (random_uniform(62, e) < 0.34)
+      g.indices[e] = static_cast<int32_t>(75 * random_below(63, e, 40));  // sources 0, 75, ..., 2925
+  int n = 0;
+  for (int64_t width : {int64_t{32}, int64_t{257}}) {
+    for (int64_t k : {int64_t{7}, int64_t{8}, int64_t{32}, int64_t{48}}) {
+      if (k > width) continue;
+      const uint64_t key = derive_key(64, static_cast<uint64_t>(width * 100 + k));
+      const Options o = Options::from((n++ * 5) % Options::kCombos);
+      EXPECT_EQ(check_sspmm(g, width, k, o, key, 0, true, 3, kMaxkEdgeGroupSize, 500), 40);
+      EXPECT_EQ(check_sspmm(g, width, k, o, derive_key(key, 1), 1, false, 3, kMaxkEdgeGroupSize, 500, 5), 5);
+      EXPECT_EQ(check_sspmm(g, width, k, o, derive_key(key, 2), 0, true, 0, kMaxkEdgeGroupSize, 1),
+                std::min(sspmm_hub_capacity(k), static_cast<int>(g.cols)));
+    }
+  }
+  // No source has enough entries: an empty plan (all kSspmmNoHub), and the sums as without one.
+  const Graph plain = random_graph(65, 300, 350, 1500);
+  EXPECT_EQ(check_sspmm(plain, 64, 16, Options::from(3), 66, 0, true, 3, kMaxkEdgeGroupSize, 100000), 0);
+}
+
+TEST_F(MaxkCudaTest, SspmmRefusesAHubPlanItCannotHold) {
+  const Graph g = random_graph(67, 50, 60, 100);
+  auto d_indptr = upload(g.indptr);
+  auto d_indices = upload(g.indices);
+  DeviceBuffer<int32_t> ids(*pool_, 1024, *stream_);
+  DeviceBuffer<uint32_t> mask(*pool_, 64, *stream_);
+  DeviceBuffer<float> grad(*pool_, static_cast<size_t>(g.rows * 64), *stream_);
+  DeviceBuffer<uint8_t> index(*pool_, static_cast<size_t>(g.cols * 32), *stream_);
+  DeviceBuffer<float> gv(*pool_, static_cast<size_t>(g.cols * 32), *stream_);
+  SspmmCbsrArgs a;
+  a.graph = {g.rows, g.cols, d_indptr.data(), d_indices.data(), nullptr};
+  a.grad_out = ConstMatrixView{grad.data(), g.rows, 64, 64};
+  a.pattern = ConstCbsrView{g.cols, 64, 32, nullptr, index.data()};
+  a.grad_values = gv.data();
+  a.hubs = {ids.data(), mask.data(), sspmm_hub_capacity(32) + 1};
+  EXPECT_THROW(sspmm_cbsr_cuda(a, EdgeGroupsView{}, *stream_), InputError);
+  a.hubs = {nullptr, mask.data(), 4};
+  EXPECT_THROW(sspmm_cbsr_cuda(a, EdgeGroupsView{}, *stream_), InputError);
+  const CsrView dg{g.rows, g.cols, d_indptr.data(), d_indices.data(), nullptr};
+  EXPECT_THROW(sspmm_hubs_cuda(dg, 0, 1, ids.data(), mask.data(), g.nnz(), nullptr, 0, *stream_), InputError);
+  EXPECT_THROW(sspmm_hubs_cuda(dg, 8, 1, ids.data(), mask.data(), g.nnz(), nullptr, 0, *stream_), InputError);  // no workspace
 }
 
 // The widest rows take 64 KiB of slot buffers per block: above the default limit.

@@ -552,6 +552,67 @@ TEST(EdgeGroups, CoverEveryEntryOnceInRowOrderWithinTheBound) {
   }
 }
 
+// Sources 2 and 9 read 4 times each, 5 three times, 7 and 0 twice, 3 once, the rest never.
+Graph counted_graph() {
+  Graph g;
+  g.rows = 4;
+  g.cols = 12;
+  for (const std::vector<int32_t>& row : std::vector<std::vector<int32_t>>{
+           {0, 2, 5, 9}, {2, 7, 9}, {}, {2, 2, 3, 5, 5, 7, 9, 9, 0}}) {
+    g.indices.insert(g.indices.end(), row.begin(), row.end());
+    g.indptr.push_back(static_cast<int64_t>(g.indices.size()));
+  }
+  return g;
+}
+
+TEST(SspmmHubs, PicksTheMostReadSourcesLowerIdsFirstAndFlagsTheirEntries) {
+  const Graph g = counted_graph();
+  const auto flagged = [&](const SspmmHubs& h) {
+    std::vector<int32_t> sources;
+    for (size_t e = 0; e < g.indices.size(); ++e)
+      if ((h.entry_mask[e / 32] >> (e % 32)) & 1u) sources.push_back(g.indices[e]);
+    return sources;
+  };
+  // Capacity 4, at least 3 entries: 2 and 9 (4 each), then 5 (3), in id order, one place free.
+  SspmmHubs h = sspmm_hubs_cpu(g.view(), 4, 3);
+  EXPECT_EQ(h.ids, (std::vector<int32_t>{2, 5, 9, kSspmmNoHub}));
+  ASSERT_EQ(h.entry_mask.size(), 1u);  // 16 entries, one word
+  EXPECT_EQ(flagged(h), (std::vector<int32_t>{2, 5, 9, 2, 9, 2, 2, 5, 5, 9, 9}));
+  // Capacity 3 with every source allowed: still 2, 5, 9; capacity 4: 0 and 7 tie at 2, 0 wins.
+  EXPECT_EQ(sspmm_hubs_cpu(g.view(), 3, 1).ids, (std::vector<int32_t>{2, 5, 9}));
+  EXPECT_EQ(sspmm_hubs_cpu(g.view(), 4, 1).ids, (std::vector<int32_t>{0, 2, 5, 9}));
+  // Capacity 1: the tie between 2 and 9 goes to 2.
+  EXPECT_EQ(sspmm_hubs_cpu(g.view(), 1, 1).ids, (std::vector<int32_t>{2}));
+  // Nothing reaches 5 entries: no hubs, no flags.
+  h = sspmm_hubs_cpu(g.view(), 8, 5);
+  EXPECT_EQ(h.ids, std::vector<int32_t>(8, kSspmmNoHub));
+  EXPECT_TRUE(flagged(h).empty());
+  // A graph of more than 32 entries spans several words, bit e % 32 of word e / 32.
+  Graph big;
+  big.rows = 1;
+  big.cols = 3;
+  for (int e = 0; e < 70; ++e) big.indices.push_back(e % 3 == 1 ? 1 : 0);
+  big.indptr.push_back(70);
+  h = sspmm_hubs_cpu(big.view(), 1, 1);
+  EXPECT_EQ(h.ids, (std::vector<int32_t>{0}));
+  ASSERT_EQ(h.entry_mask.size(), 3u);
+  for (int e = 0; e < 70; ++e) EXPECT_EQ((h.entry_mask[e / 32] >> (e % 32)) & 1u, e % 3 == 1 ? 0u : 1u) << e;
+}
+
+TEST(SspmmHubs, CapacityFollowsKAndPlansOutsideItAreRefused) {
+  EXPECT_EQ(sspmm_hub_capacity(32), 256);  // 32 KiB of sums at k = 32
+  EXPECT_EQ(sspmm_hub_capacity(16), 512);
+  EXPECT_EQ(sspmm_hub_capacity(1), 1024);  // never above 1024
+  EXPECT_EQ(sspmm_hub_capacity(4096), 2);
+  EXPECT_EQ(sspmm_hub_capacity(0), 0);
+  EXPECT_EQ(sspmm_hub_mask_words(0), 0);
+  EXPECT_EQ(sspmm_hub_mask_words(33), 2);
+  const Graph g = counted_graph();
+  EXPECT_THROW(sspmm_hubs_cpu(g.view(), 1025), InputError);
+  EXPECT_THROW(sspmm_hubs_cpu(g.view(), -1), InputError);
+  EXPECT_TRUE(sspmm_hubs_cpu(g.view(), 0).ids.empty());
+}
+
 TEST(EdgeGroups, CapacityIsTightWhenEveryRowIsOneGroupPlusOne) {
   // Degrees of exactly 64 are the bound's worst case: 1 group per row, bound 2 per row.
   EXPECT_EQ(edge_groups_capacity(10, 640), 20);
