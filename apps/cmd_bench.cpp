@@ -390,10 +390,11 @@ int bench_spmm_maxk(const std::vector<std::string>& args) {
       b.pattern = cbsr;
       b.grad_values = grad_values.data();
       b.edge_weight = weights.data();
-      // SSpMM with global atomics only (sspmm-flat), then as training runs it, with the graph's hub
-      // plan for this k (built once per graph and k, like the edge groups). Both write the same
-      // buffer: its lines' L2 priority (the atomics mark half of them evict-last) outlives a run,
-      // and a second buffer would time the later kernel against the first one's leftovers.
+      // SSpMM with global atomics only (sspmm-flat), then as training runs it: with the graph's hub
+      // plan for this k (built once per graph and k, like the edge groups) from k = 32 on, else
+      // the same as sspmm-flat. Both write the same buffer: its lines' L2 priority (the atomics
+      // mark half of them evict-last) outlives a run, and a second buffer would time the later
+      // kernel against the first one's leftovers.
       const double flat_ms = time_median([&] { kernels::sspmm_cbsr_cuda(b, group_view, stream); });
       DeviceBuffer<float> flat_values(pool, static_cast<size_t>(cols * k), stream);
       kernels::cuda::copy_on_device(flat_values.data(), grad_values.data(), static_cast<size_t>(cols * k), stream);
@@ -403,7 +404,7 @@ int bench_spmm_maxk(const std::vector<std::string>& args) {
                                       stream);
       const size_t hub_ws_bytes = kernels::sspmm_hubs_workspace_bytes(cols);
       DeviceBuffer<uint8_t> hub_ws(pool, hub_ws_bytes, stream);
-      if (hub_capacity > 0) {
+      if (hub_capacity > 0 && k >= kernels::kSspmmHubMinK) {
         kernels::sspmm_hubs_cuda(graph, hub_capacity, kernels::kSspmmHubMinEntries, hub_ids.data(), hub_mask.data(), nnz,
                                  hub_ws.data(), hub_ws_bytes, stream);
         b.hubs = kernels::SspmmHubsView{hub_ids.data(), hub_mask.data(), hub_capacity};

@@ -214,7 +214,7 @@ kernels::SspmmHubsView GraphOperand::sspmm_hubs(int64_t k) const {
   if (device_.is_cpu() || !whole_graph_) return {};
 #if GALE_WITH_CUDA
   const int capacity = kernels::sspmm_hub_capacity(k);
-  if (capacity < 1) return {};
+  if (capacity < 1 || k < kernels::kSspmmHubMinK) return {};
   if (!hub_ids_.defined() || hub_capacity_ != capacity) {
     hub_ids_ = Tensor::empty(capacity, 1, DType::kI32, device_);
     hub_mask_ = Tensor::empty(std::max<int64_t>(kernels::sspmm_hub_mask_words(nnz_), 1), 1, DType::kI32, device_);

@@ -86,7 +86,8 @@ class GraphOperand {
   kernels::GarLongRows gar_long_rows(bool csc) const;
   // SSpMM's hub plan of the CSR for a CBSR of k kept values (kernels::sspmm_hub_capacity(k)
   // hubs), built on the device on first use and kept while k stays the same (a cache, like
-  // edge_groups). Empty on the CPU and for sampled blocks, whose SSpMM takes global atomics only.
+  // edge_groups). Empty on the CPU, below k = kernels::kSspmmHubMinK and for sampled blocks,
+  // whose SSpMM then takes global atomics only.
   kernels::SspmmHubsView sspmm_hubs(int64_t k) const;
 
  private:
