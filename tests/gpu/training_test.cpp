@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/device_context.hpp"
 #include "engine/devices.hpp"
 #include "engine/graph.hpp"
 #include "engine/model.hpp"
@@ -153,6 +154,37 @@ TEST_P(GpuModelStep, MatchesTheCpuStepWithMaxK) {
   EXPECT_LT(rel_error(gpu.logits, cpu.logits), 1e-4);
   EXPECT_NEAR(gpu.loss, cpu.loss, 1e-4 * std::abs(cpu.loss));
   for (size_t i = 0; i < cpu.grads.size(); ++i) EXPECT_LT(rel_error(gpu.grads[i], cpu.grads[i]), 1e-3) << "parameter " << i;
+}
+
+// MaxK at k = 32 on a symmetric graph of 4501 nodes whose node 3 is read by a quarter of them: each
+// layer's SSpMM takes the graph's hub plan (node 3 among its hubs: more than 1024 entries), and
+// the whole step still matches the CPU's. Below k = 32 the operand gives no plan.
+TEST(GpuMaxkHubPlan, TheStepWithTheGraphsHubPlanMatchesTheCpuStep) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
+  const RandomGraph g = random_graph(17, 4501, true);
+  {
+    const GraphOperand op = GraphOperand(g.view()).to(Device::cuda(0), false);
+    const kernels::SspmmHubsView hubs = op.sspmm_hubs(32);
+    ASSERT_EQ(hubs.capacity, kernels::sspmm_hub_capacity(32));
+    std::vector<int32_t> ids(static_cast<size_t>(hubs.capacity));
+    kernels::cuda::Stream& stream = DeviceContext::get(0).stream();
+    kernels::cuda::copy_to_host(ids.data(), hubs.ids, ids.size(), stream);
+    stream.synchronize();
+    EXPECT_TRUE(std::binary_search(ids.begin(), ids.end(), 3));
+    EXPECT_EQ(op.sspmm_hubs(16).capacity, 0);
+  }
+  for (const char* model : {"sage", "gcn"}) {
+    ModelConfig cfg = config_for(model);
+    cfg.hidden = 64;
+    cfg.activation = Activation::kMaxK;
+    cfg.maxk = 32;
+    const StepResult cpu = step(cfg, g, Device::cpu(), kernels::SpmmKind::kAuto);
+    const StepResult gpu = step(cfg, g, Device::cuda(0), kernels::SpmmKind::kAuto);
+    EXPECT_LT(rel_error(gpu.logits, cpu.logits), 1e-4) << model;
+    EXPECT_NEAR(gpu.loss, cpu.loss, 1e-4 * std::abs(cpu.loss)) << model;
+    for (size_t i = 0; i < cpu.grads.size(); ++i)
+      EXPECT_LT(rel_error(gpu.grads[i], cpu.grads[i]), 1e-3) << model << " parameter " << i;
+  }
 }
 
 // Wider layers, in every order: 170 -> 160 transforms first, 160 -> 160 aggregates first (GCN,
