@@ -215,7 +215,7 @@ kernels::SspmmHubsView GraphOperand::sspmm_hubs(int64_t k) const {
 #if GALE_WITH_CUDA
   const int capacity = kernels::sspmm_hub_capacity(k);
   if (capacity < 1 || k < kernels::kSspmmHubMinK) return {};
-  if (!hub_ids_.defined() || hub_capacity_ != capacity) {
+  if (!hub_ids_.defined() || hub_ids_.rows() != capacity) {
     hub_ids_ = Tensor::empty(capacity, 1, DType::kI32, device_);
     hub_mask_ = Tensor::empty(std::max<int64_t>(kernels::sspmm_hub_mask_words(nnz_), 1), 1, DType::kI32, device_);
     const size_t ws_bytes = kernels::sspmm_hubs_workspace_bytes(csr_.cols);
@@ -224,7 +224,6 @@ kernels::SspmmHubsView GraphOperand::sspmm_hubs(int64_t k) const {
                              reinterpret_cast<uint32_t*>(hub_mask_.data<int32_t>()), nnz_,
                              const_cast<unsigned char*>(ws.data<unsigned char>()), ws_bytes,
                              DeviceContext::get(device_.ordinal).stream());
-    hub_capacity_ = capacity;
   }
   return {hub_ids_.data<int32_t>(), reinterpret_cast<const uint32_t*>(hub_mask_.data<int32_t>()), capacity};
 #else

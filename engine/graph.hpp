@@ -106,8 +106,7 @@ class GraphOperand {
   Tensor dst_norm_, src_norm_, self_norm_, inv_degree_;
   mutable Tensor edge_groups_, edge_group_count_;
   mutable Tensor long_rows_[2], long_row_count_[2];  // of the CSR, of the CSC
-  mutable Tensor hub_ids_, hub_mask_;
-  mutable int hub_capacity_ = 0;
+  mutable Tensor hub_ids_, hub_mask_;  // hub_ids_ has the plan's capacity rows
   mutable Tensor entry_scales_[3];
   bool whole_graph_ = false;
   uint64_t id_ = 0;

@@ -368,8 +368,6 @@ size_t scan_temp_bytes(int64_t items) {
 
 // ---- SSpMM's hub plan ------------------------------------------------------------------------
 
-constexpr int kMaxHubs = 1024;
-
 size_t sort_temp_bytes(int64_t items) {
   size_t bytes = 0;
   GALE_CHECK_CUDA(cub::DeviceRadixSort::SortPairsDescending(
@@ -403,12 +401,12 @@ __global__ void __launch_bounds__(kRowThreads)
   for (int64_t j = t0; j < sources; j += threads) order[j] = static_cast<int32_t>(j);
 }
 
-// One block of kMaxHubs threads: the first `capacity` sources by count that have at least
+// One block of kSspmmMaxHubs threads: the first `capacity` sources by count that have at least
 // min_entries, sorted by id (rank by comparison), then kSspmmNoHub.
-__global__ void __launch_bounds__(kMaxHubs)
+__global__ void __launch_bounds__(kSspmmMaxHubs)
     hub_pick_kernel(const uint32_t* __restrict__ sorted_counts, const int32_t* __restrict__ sorted, int64_t sources,
                     int capacity, uint32_t min_entries, int32_t* __restrict__ ids) {
-  __shared__ int32_t pick[kMaxHubs];
+  __shared__ int32_t pick[kSspmmMaxHubs];
   const int t = static_cast<int>(threadIdx.x);
   int32_t id = kSspmmNoHub;
   if (t < capacity && t < sources && sorted_counts[t] >= min_entries) id = sorted[t];
@@ -425,7 +423,7 @@ __global__ void __launch_bounds__(kMaxHubs)
 __global__ void __launch_bounds__(kRowThreads)
     hub_mask_kernel(const int64_t* __restrict__ indptr, int64_t rows, const int32_t* __restrict__ indices, int64_t nnz,
                     const int32_t* __restrict__ ids, int capacity, uint32_t* __restrict__ mask) {
-  __shared__ int32_t hub[kMaxHubs];
+  __shared__ int32_t hub[kSspmmMaxHubs];
   for (int i = static_cast<int>(threadIdx.x); i < capacity; i += static_cast<int>(blockDim.x)) hub[i] = ids[i];
   __syncthreads();
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
@@ -1124,6 +1122,26 @@ void require(const std::string& why, const char* op) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+// What both aggregations take alike: the graph, its scales and weights, the edge groups and the
+// CBSR pattern's columns (Args: SpgemmCbsrArgs or SspmmCbsrArgs).
+template <typename Args>
+AggParams agg_params(const Args& a, const ConstCbsrView& cbsr, const EdgeGroupsView& groups) {
+  AggParams p;
+  p.indptr = a.graph.indptr;
+  p.rows = a.graph.rows;
+  p.indices = a.graph.indices;
+  p.edge_weight = a.edge_weight;
+  p.row_scale = a.row_scale;
+  p.col_scale = a.col_scale;
+  p.groups = groups.groups;
+  p.capacity = groups.capacity;
+  p.count = groups.count;
+  p.index = cbsr.index;
+  p.width = static_cast<int>(cbsr.width);
+  p.k = static_cast<int>(cbsr.k);
+  return p;
+}
+
 }  // namespace
 
 // ---- public entry points ------------------------------------------------------------------------
@@ -1200,19 +1218,7 @@ void spgemm_cbsr_cuda(const SpgemmCbsrArgs& a, const EdgeGroupsView& groups, cud
   require(groups_cannot(a.graph, groups), "spgemm_cbsr");
   const CsrView& g = a.graph;
   if (g.rows == 0) return;
-  AggParams p;
-  p.indptr = g.indptr;
-  p.rows = g.rows;
-  p.indices = g.indices;
-  p.edge_weight = a.edge_weight;
-  p.row_scale = a.row_scale;
-  p.col_scale = a.col_scale;
-  p.groups = groups.groups;
-  p.capacity = groups.capacity;
-  p.count = groups.count;
-  p.index = a.x.index;
-  p.width = static_cast<int>(a.x.width);
-  p.k = static_cast<int>(a.x.k);
+  AggParams p = agg_params(a, a.x, groups);
   p.values = a.x.values;
   p.out = a.out.data;
   p.out_ld = a.out.ld;
@@ -1273,19 +1279,7 @@ void sspmm_cbsr_cuda(const SspmmCbsrArgs& a, const EdgeGroupsView& groups, cudaS
   GALE_CHECK_CUDA(cudaGetLastError());
   if (g.rows == 0 || groups.capacity == 0) return;
 
-  AggParams p;
-  p.indptr = g.indptr;
-  p.rows = g.rows;
-  p.indices = g.indices;
-  p.edge_weight = a.edge_weight;
-  p.row_scale = a.row_scale;
-  p.col_scale = a.col_scale;
-  p.groups = groups.groups;
-  p.capacity = groups.capacity;
-  p.count = groups.count;
-  p.index = pat.index;
-  p.width = width;
-  p.k = k;
+  AggParams p = agg_params(a, pat, groups);
   p.grad = a.grad_out.data;
   p.grad_ld = a.grad_out.ld;
   p.grad_values = a.grad_values;
@@ -1320,10 +1314,8 @@ size_t sspmm_hubs_workspace_bytes(int64_t sources) {
 
 void sspmm_hubs_cuda(const CsrView& graph, int capacity, int64_t min_entries, int32_t* ids, uint32_t* entry_mask,
                      int64_t nnz, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  if (capacity < 1 || capacity > kMaxHubs)
-    throw InputError("sspmm hubs: capacity " + std::to_string(capacity) + " is outside [1, " + std::to_string(kMaxHubs) + "]");
-  if (graph.cols >= (int64_t{1} << 31))
-    throw InputError("sspmm hubs: the graph has " + std::to_string(graph.cols) + " columns, at most 2^31 - 1 fit");
+  require(sspmm_hubs_cannot(graph, capacity), "sspmm hubs");
+  if (capacity < 1) throw InputError("sspmm hubs: capacity 0 (the CUDA builder needs at least one place)");
   if (ids == nullptr || (entry_mask == nullptr && nnz > 0)) throw InputError("sspmm hubs: ids or entry_mask is null");
   if (nnz < 0) throw InputError("sspmm hubs: negative entry count");
   const size_t need = sspmm_hubs_workspace_bytes(graph.cols);
@@ -1348,7 +1340,7 @@ void sspmm_hubs_cuda(const CsrView& graph, int capacity, int64_t min_entries, in
     GALE_CHECK_CUDA(cub::DeviceRadixSort::SortPairsDescending(temp, temp_bytes, counts, sorted_counts, order, sorted,
                                                               static_cast<int>(sources), 0, 32, stream));
   }
-  hub_pick_kernel<<<1, kMaxHubs, 0, stream>>>(sorted_counts, sorted, sources, capacity,
+  hub_pick_kernel<<<1, kSspmmMaxHubs, 0, stream>>>(sorted_counts, sorted, sources, capacity,
                                                static_cast<uint32_t>(std::clamp<int64_t>(min_entries, 1, UINT32_MAX)), ids);
   GALE_CHECK_CUDA(cudaGetLastError());
   const int64_t words = sspmm_hub_mask_words(nnz);

@@ -102,8 +102,10 @@ inline int64_t cbsr_index_size_bytes(int64_t rows, int64_t width, int64_t k) {
 // entries, the most entries first and, among equal counts, the lower id first, up to capacity.
 constexpr int32_t kSspmmNoHub = 0x7fffffff;
 constexpr int64_t kSspmmHubMinEntries = 1024;
-// Shared memory a block spends on the hubs' sums: capacity x k floats within it (and at most 1024).
+// Shared memory a block spends on the hubs' sums: capacity x k floats within it (and at most
+// kSspmmMaxHubs hubs).
 constexpr int64_t kSspmmHubBytes = 32 * 1024;
+constexpr int kSspmmMaxHubs = 1024;
 
 // Training and `gale bench spmm` use a plan from this k on: on R-MAT scale 21 (H100, width 256) it
 // made SSpMM 2.7% faster at k = 32 and 1% slower at k = 16, where an entry's atomic is half a
@@ -113,7 +115,7 @@ constexpr int64_t kSspmmHubMinK = 32;
 inline int sspmm_hub_capacity(int64_t k) {
   if (k < 1) return 0;
   const int64_t c = kSspmmHubBytes / (k * static_cast<int64_t>(sizeof(float)));
-  return static_cast<int>(c < 1024 ? c : 1024);
+  return static_cast<int>(c < kSspmmMaxHubs ? c : kSspmmMaxHubs);
 }
 inline int64_t sspmm_hub_mask_words(int64_t nnz) { return (nnz + 31) / 32; }
 
@@ -128,6 +130,9 @@ struct SspmmHubs {
   std::vector<uint32_t> entry_mask;
   SspmmHubsView view() const { return {ids.data(), entry_mask.data(), static_cast<int>(ids.size())}; }
 };
+
+// Why a plan of this capacity cannot be built for the graph, or "" (both builders check it).
+std::string sspmm_hubs_cannot(const CsrView& graph, int capacity);
 
 // The plan of a host graph whose entries index `sources` columns (graph.cols).
 SspmmHubs sspmm_hubs_cpu(const CsrView& graph, int capacity, int64_t min_entries = kSspmmHubMinEntries);

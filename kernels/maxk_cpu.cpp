@@ -301,11 +301,17 @@ void cbsr_gemm_grad_cpu(const CbsrGemmGradArgs& a) {
 
 // ---- SSpMM's hub plan --------------------------------------------------------------------------
 
-SspmmHubs sspmm_hubs_cpu(const CsrView& graph, int capacity, int64_t min_entries) {
-  if (capacity < 0 || capacity > 1024)
-    throw InputError("sspmm hubs: capacity " + std::to_string(capacity) + " is outside [0, 1024]");
+std::string sspmm_hubs_cannot(const CsrView& graph, int capacity) {
+  if (capacity < 0 || capacity > kSspmmMaxHubs)
+    return "capacity " + std::to_string(capacity) + " is outside [0, " + std::to_string(kSspmmMaxHubs) + "]";
   if (graph.cols >= (int64_t{1} << 31))
-    throw InputError("sspmm hubs: the graph has " + std::to_string(graph.cols) + " columns, at most 2^31 - 1 fit");
+    return "the graph has " + std::to_string(graph.cols) + " columns, at most 2^31 - 1 fit";
+  return "";
+}
+
+SspmmHubs sspmm_hubs_cpu(const CsrView& graph, int capacity, int64_t min_entries) {
+  const std::string why = sspmm_hubs_cannot(graph, capacity);
+  if (!why.empty()) throw InputError("sspmm hubs: " + why);
   const int64_t end = graph.rows == 0 ? 0 : graph.indptr[graph.rows];
   std::vector<int64_t> counts(static_cast<size_t>(graph.cols), 0);
   for (int64_t e = graph.rows == 0 ? 0 : graph.indptr[0]; e < end; ++e) ++counts[static_cast<size_t>(graph.indices[e])];

@@ -121,6 +121,15 @@ StepResult step(const ModelConfig& cfg, const RandomGraph& g, const Device& dev,
   return r;
 }
 
+// The GPU step against the CPU step: logits, loss and every parameter gradient.
+void expect_same_step(const StepResult& gpu, const StepResult& cpu, const std::string& what) {
+  EXPECT_LT(rel_error(gpu.logits, cpu.logits), 1e-4) << what;
+  EXPECT_NEAR(gpu.loss, cpu.loss, 1e-4 * std::abs(cpu.loss)) << what;
+  ASSERT_EQ(gpu.grads.size(), cpu.grads.size()) << what;
+  for (size_t i = 0; i < cpu.grads.size(); ++i)
+    EXPECT_LT(rel_error(gpu.grads[i], cpu.grads[i]), 1e-3) << what << " parameter " << i;
+}
+
 class GpuModelStep : public ::testing::TestWithParam<std::tuple<std::string, bool, kernels::SpmmKind>> {
  protected:
   void SetUp() override {
@@ -134,10 +143,7 @@ TEST_P(GpuModelStep, MatchesTheCpuStep) {
   const ModelConfig cfg = config_for(model);
   const StepResult cpu = step(cfg, g, Device::cpu(), kind);
   const StepResult gpu = step(cfg, g, Device::cuda(0), kind);
-  EXPECT_LT(rel_error(gpu.logits, cpu.logits), 1e-4);
-  EXPECT_NEAR(gpu.loss, cpu.loss, 1e-4 * std::abs(cpu.loss));
-  ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
-  for (size_t i = 0; i < cpu.grads.size(); ++i) EXPECT_LT(rel_error(gpu.grads[i], cpu.grads[i]), 1e-3) << "parameter " << i;
+  expect_same_step(gpu, cpu, model);
 }
 
 // MaxK between the layers: top-k selects the same columns on both devices (bit-identical kernels on
@@ -151,9 +157,7 @@ TEST_P(GpuModelStep, MatchesTheCpuStepWithMaxK) {
   cfg.maxk = 8;
   const StepResult cpu = step(cfg, g, Device::cpu(), kind);
   const StepResult gpu = step(cfg, g, Device::cuda(0), kind);
-  EXPECT_LT(rel_error(gpu.logits, cpu.logits), 1e-4);
-  EXPECT_NEAR(gpu.loss, cpu.loss, 1e-4 * std::abs(cpu.loss));
-  for (size_t i = 0; i < cpu.grads.size(); ++i) EXPECT_LT(rel_error(gpu.grads[i], cpu.grads[i]), 1e-3) << "parameter " << i;
+  expect_same_step(gpu, cpu, model);
 }
 
 // MaxK at k = 32 on a symmetric graph of 4501 nodes whose node 3 is read by a quarter of them: each
@@ -180,10 +184,7 @@ TEST(GpuMaxkHubPlan, TheStepWithTheGraphsHubPlanMatchesTheCpuStep) {
     cfg.maxk = 32;
     const StepResult cpu = step(cfg, g, Device::cpu(), kernels::SpmmKind::kAuto);
     const StepResult gpu = step(cfg, g, Device::cuda(0), kernels::SpmmKind::kAuto);
-    EXPECT_LT(rel_error(gpu.logits, cpu.logits), 1e-4) << model;
-    EXPECT_NEAR(gpu.loss, cpu.loss, 1e-4 * std::abs(cpu.loss)) << model;
-    for (size_t i = 0; i < cpu.grads.size(); ++i)
-      EXPECT_LT(rel_error(gpu.grads[i], cpu.grads[i]), 1e-3) << model << " parameter " << i;
+    expect_same_step(gpu, cpu, model);
   }
 }
 
@@ -199,10 +200,7 @@ TEST(GpuWideModelStep, EveryLayerOrderMatchesTheCpuStep) {
     cfg.hidden = 160;
     const StepResult cpu = step(cfg, g, Device::cpu(), kernels::SpmmKind::kGar);
     const StepResult gpu = step(cfg, g, Device::cuda(0), kernels::SpmmKind::kGar);
-    EXPECT_LT(rel_error(gpu.logits, cpu.logits), 1e-4) << model;
-    EXPECT_NEAR(gpu.loss, cpu.loss, 1e-4 * std::abs(cpu.loss)) << model;
-    for (size_t i = 0; i < cpu.grads.size(); ++i)
-      EXPECT_LT(rel_error(gpu.grads[i], cpu.grads[i]), 1e-3) << model << " parameter " << i;
+    expect_same_step(gpu, cpu, model);
   }
 }
 
