@@ -365,7 +365,6 @@ __global__ void adam_kernel(float* w, const float* g, float* m, float* v, int64_
 
 // ---- softmax cross-entropy --------------------------------------------------------------------
 
-constexpr int kWarpsPerBlock = kThreads / kWarp;
 
 struct RowStats {
   float max;
@@ -373,67 +372,93 @@ struct RowStats {
   double log_sum;
 };
 
-// exp(z - max) values a lane keeps from the row statistics for the gradient: rows of up to 128
-// classes need one double exp per logit instead of two (the kernels are bound by FP64 work).
-constexpr int kKeptPerLane = 4;
+// A logits row belongs to a group of G lanes of a warp (32 / G rows at once), sized to the class
+// count so few lanes idle and the group's shuffles cover only log2(G) steps: at 47 classes a
+// warp per row left 17 of 64 lane-slots empty and spent most of its time on ten double-width
+// shuffle rounds per row (1.85 ms for 2M rows; the double exps themselves are ~0.1 ms of FP64).
+// Each lane keeps exp(z - max) of its first K columns for the gradient, so rows of up to G * K
+// classes need one double exp per logit.
+template <int G>
+struct CeGroup {
+  static_assert(G == 8 || G == 16 || G == 32, "a row group is 8, 16 or 32 lanes");
+  static constexpr int kKept = G == 32 ? 4 : 8;
+  int sub;        // the lane's place in its group
+  unsigned mask;  // the group's lanes
+  __device__ CeGroup() {
+    const int lane = static_cast<int>(threadIdx.x) % kWarp;
+    sub = lane % G;
+    mask = G == kWarp ? kFull : ((1u << G) - 1u) << (lane - sub);
+  }
+};
 
-// Max, first argmax and log-sum-exp (shifted by the max, in double) of one row, computed by a warp;
-// every lane returns the same values. The xor butterfly leaves the same bits in every lane because
-// each step adds the same two partials, only in swapped order (addition is commutative). Lane l's
-// exp(z[k] - max) for k = l + 32 j, j < kKeptPerLane, are left in kept (0 past the row).
-__device__ RowStats row_stats(const float* z, int64_t cols, int lane, double (&kept)[kKeptPerLane]) {
+// Max, first argmax and log-sum-exp (shifted by the max, in double) of one row, computed by a
+// group; every lane of it returns the same values. The xor butterfly stays inside the group and
+// leaves the same bits in every lane because each step adds the same two partials, only in
+// swapped order. Lane s's exp(z[k] - max) for k = s + G j, j < kKept, are left in kept (0 past the
+// row).
+template <int G>
+__device__ RowStats row_stats(const CeGroup<G>& grp, const float* z, int64_t cols,
+                              double (&kept)[CeGroup<G>::kKept]) {
   float mx = -INFINITY;
   int64_t arg = INT64_MAX;  // lanes past the last column never win a tie
-  for (int64_t k = lane; k < cols; k += kWarp) {
+  for (int64_t k = grp.sub; k < cols; k += G) {
     // Strictly greater, as the CPU: within a lane k rises, so the first maximum is kept.
-    if (k == lane || z[k] > mx) {
+    if (k == grp.sub || z[k] > mx) {
       mx = z[k];
       arg = k;
     }
   }
 #pragma unroll
-  for (int off = kWarp / 2; off > 0; off >>= 1) {
-    const float om = __shfl_xor_sync(kFull, mx, off);
-    const int64_t oa = __shfl_xor_sync(kFull, arg, off);
+  for (int off = G / 2; off > 0; off >>= 1) {
+    const float om = __shfl_xor_sync(grp.mask, mx, off);
+    const int64_t oa = __shfl_xor_sync(grp.mask, arg, off);
     if (om > mx || (om == mx && oa < arg)) {
       mx = om;
       arg = oa;
     }
   }
-  // The same additions in the same order as one loop over k = lane, lane + 32, ...: a kept slot
-  // past the row adds an exact 0.
   double sum = 0.0;
 #pragma unroll
-  for (int j = 0; j < kKeptPerLane; ++j) {
-    const int64_t k = lane + j * kWarp;
+  for (int j = 0; j < CeGroup<G>::kKept; ++j) {
+    const int64_t k = grp.sub + j * G;
     kept[j] = k < cols ? exp(static_cast<double>(z[k]) - mx) : 0.0;
     sum += kept[j];
   }
-  for (int64_t k = lane + kKeptPerLane * kWarp; k < cols; k += kWarp) sum += exp(static_cast<double>(z[k]) - mx);
+  for (int64_t k = grp.sub + CeGroup<G>::kKept * G; k < cols; k += G) sum += exp(static_cast<double>(z[k]) - mx);
 #pragma unroll
-  for (int off = kWarp / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(kFull, sum, off);
+  for (int off = G / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(grp.mask, sum, off);
   return {mx, arg, log(sum)};
 }
 
-// Loss only (no gradient): one warp per listed row, its loss and hit into the workspace.
+// The first row a group takes and the stride to its next: rows go to groups in launch order.
+template <int G>
+__device__ int64_t ce_first_row() {
+  return (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
+}
+template <int G>
+__device__ int64_t ce_row_stride() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x / G;
+}
+
+// Loss only (no gradient): one group per listed row, its loss and hit into the workspace.
+template <int G>
 __global__ void ce_loss_kernel(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
                                double* row_loss, int32_t* row_hit) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; i < n_rows; i += warps) {
+  const CeGroup<G> grp;
+  for (int64_t i = ce_first_row<G>(); i < n_rows; i += ce_row_stride<G>()) {
     const int64_t r = rows[i];
     const int32_t y = r >= 0 && r < logits.rows ? labels[r] : -1;
-    if (y < 0 || y >= logits.cols) {  // warp-uniform: every lane read the same r and y
-      if (lane == 0) {
+    if (y < 0 || y >= logits.cols) {  // group-uniform: every lane read the same r and y
+      if (grp.sub == 0) {
         row_loss[i] = NAN;
         row_hit[i] = 0;
       }
       continue;
     }
     const float* z = logits.data + r * logits.ld;
-    double kept[kKeptPerLane];
-    const RowStats s = row_stats(z, logits.cols, lane, kept);
-    if (lane == 0) {
+    double kept[CeGroup<G>::kKept];
+    const RowStats s = row_stats(grp, z, logits.cols, kept);
+    if (grp.sub == 0) {
       row_loss[i] = s.log_sum - (static_cast<double>(z[y]) - s.max);
       row_hit[i] = s.arg == y ? 1 : 0;
     }
@@ -454,26 +479,25 @@ __global__ void ce_count_kernel(const int32_t* labels, const int64_t* rows, int6
   }
 }
 
-// ... then one warp per logits row writes its gradient (zeros for rows never listed; for a row
+// ... then one group per logits row writes its gradient (zeros for rows never listed; for a row
 // listed k times, the CPU's per-listing float contribution added k times in float, as the CPU
 // accumulates it) and, for a listed row, its loss and hit by row, which the reduction reads
 // through the listing.
+template <int G>
 __global__ void ce_rows_kernel(ConstMatrixView logits, const int32_t* labels, const int32_t* multiplicity, double inv_n,
                                MatrixView grad, double* row_loss, int32_t* row_hit) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; r < logits.rows;
-       r += warps) {
+  const CeGroup<G> grp;
+  for (int64_t r = ce_first_row<G>(); r < logits.rows; r += ce_row_stride<G>()) {
     float* g = grad.data + r * grad.ld;
     const int32_t listed = multiplicity[r];
     if (listed == 0) {
-      for (int64_t k = lane; k < grad.cols; k += kWarp) g[k] = 0.0f;
+      for (int64_t k = grp.sub; k < grad.cols; k += G) g[k] = 0.0f;
       continue;
     }
     const int32_t y = labels[r];
     const float* z = logits.data + r * logits.ld;
-    double kept[kKeptPerLane];
-    const RowStats s = row_stats(z, logits.cols, lane, kept);
+    double kept[CeGroup<G>::kKept];
+    const RowStats s = row_stats(grp, z, logits.cols, kept);
     const double inv_sum = exp(-s.log_sum);
     const auto write = [&](int64_t k, double p) {
       const float d = static_cast<float>((p - (k == y ? 1.0 : 0.0)) * inv_n);
@@ -482,18 +506,36 @@ __global__ void ce_rows_kernel(ConstMatrixView logits, const int32_t* labels, co
       g[k] = acc;
     };
 #pragma unroll
-    for (int j = 0; j < kKeptPerLane; ++j) {
-      const int64_t k = lane + j * kWarp;
+    for (int j = 0; j < CeGroup<G>::kKept; ++j) {
+      const int64_t k = grp.sub + j * G;
       if (k < logits.cols) write(k, kept[j] * inv_sum);
     }
-    for (int64_t k = lane + kKeptPerLane * kWarp; k < logits.cols; k += kWarp) {
+    for (int64_t k = grp.sub + CeGroup<G>::kKept * G; k < logits.cols; k += G) {
       write(k, exp(static_cast<double>(z[k]) - s.max - s.log_sum));
     }
-    if (lane == 0) {
+    if (grp.sub == 0) {
       row_loss[r] = s.log_sum - (static_cast<double>(z[y]) - s.max);
       row_hit[r] = s.arg == y ? 1 : 0;
     }
   }
+}
+
+// Lanes per row for a class count: the smallest group whose kept exps cover the row (8 up to 64
+// classes, 16 up to 128), a whole warp past that.
+int ce_group_lanes(int64_t cols) { return cols <= 64 ? 8 : cols <= 128 ? 16 : 32; }
+
+template <int G>
+void launch_ce_rows(ConstMatrixView logits, const int32_t* labels, const int32_t* multiplicity, double inv_n,
+                    MatrixView grad, double* row_loss, int32_t* row_hit, cudaStream_t stream) {
+  ce_rows_kernel<G><<<blocks_for(logits.rows, kThreads / G), kThreads, 0, stream>>>(logits, labels, multiplicity,
+                                                                                     inv_n, grad, row_loss, row_hit);
+}
+
+template <int G>
+void launch_ce_loss(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
+                    double* row_loss, int32_t* row_hit, cudaStream_t stream) {
+  ce_loss_kernel<G><<<blocks_for(n_rows, kThreads / G), kThreads, 0, stream>>>(logits, labels, rows, n_rows, row_loss,
+                                                                               row_hit);
 }
 
 constexpr int kReduceThreads = 256;
@@ -817,13 +859,19 @@ void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, c
       ce_count_kernel<<<blocks_for(n_rows), kThreads, 0, stream>>>(labels, rows, n_rows, logits, multiplicity);
       check_launch();
     }
-    ce_rows_kernel<<<blocks_for(logits.rows, kWarpsPerBlock), kThreads, 0, stream>>>(logits, labels, multiplicity,
-                                                                                     inv_n, grad, row_loss, row_hit);
+    switch (ce_group_lanes(logits.cols)) {
+      case 8: launch_ce_rows<8>(logits, labels, multiplicity, inv_n, grad, row_loss, row_hit, stream); break;
+      case 16: launch_ce_rows<16>(logits, labels, multiplicity, inv_n, grad, row_loss, row_hit, stream); break;
+      default: launch_ce_rows<32>(logits, labels, multiplicity, inv_n, grad, row_loss, row_hit, stream); break;
+    }
     check_launch();
     by_row = rows;
   } else if (n_rows > 0) {
-    ce_loss_kernel<<<blocks_for(n_rows, kWarpsPerBlock), kThreads, 0, stream>>>(logits, labels, rows, n_rows, row_loss,
-                                                                               row_hit);
+    switch (ce_group_lanes(logits.cols)) {
+      case 8: launch_ce_loss<8>(logits, labels, rows, n_rows, row_loss, row_hit, stream); break;
+      case 16: launch_ce_loss<16>(logits, labels, rows, n_rows, row_loss, row_hit, stream); break;
+      default: launch_ce_loss<32>(logits, labels, rows, n_rows, row_loss, row_hit, stream); break;
+    }
     check_launch();
   }
   const int64_t chunk = reduce_chunk(n_rows);
