@@ -27,7 +27,8 @@ struct ForwardContext {
   // Set when x is the output of MaxK (MaxK-GNN): its CBSR form, with the same values. A layer
   // that takes it aggregates the CBSR form (SpGEMM forward, SSpMM backward), and the input
   // gradient its backward returns is then restricted to the kept positions: MaxK's own backward
-  // is folded into it, so the model applies no further mask.
+  // is folded into it, so the model applies no further mask. x is then the dense form, or
+  // undefined for a layer that does not read it (Layer::reads_dense_maxk_input).
   const ops::Cbsr* maxk_input = nullptr;
   // x is the same tensor, unchanged, at every call (full-graph training's resident input
   // features, no dropout): on a whole graph a layer may keep what it derives from x alone (the
@@ -54,6 +55,10 @@ class Layer {
   // grad_out is taken by value so a layer can release it as soon as it is done with it.
   virtual Tensor backward(const GraphOperand& g, Tensor grad_out, bool need_input_grad) = 0;
   virtual std::vector<Parameter*> parameters() = 0;
+  // Whether forward, given a MaxK input (ForwardContext::maxk_input), also reads its dense form
+  // x. When it does not, the model writes only the CBSR form (top-k without its dense pass) and
+  // hands the layer an undefined x.
+  virtual bool reads_dense_maxk_input() const { return true; }
 };
 
 }  // namespace gale::engine

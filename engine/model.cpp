@@ -95,9 +95,11 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
     if (training && config_.dropout > 0.0f) {
       saved->dropped = true;
       saved->dropout_key = kernels::derive_key(rng_key, 2 * l);
-      Tensor d = Tensor::empty(h.rows(), h.cols(), DType::kF32, device_);
-      ops::dropout(h, &d, config_.dropout, saved->dropout_key);
-      h = d;
+      if (h.defined()) {  // undefined: a MaxK output whose dense form this layer does not read
+        Tensor d = Tensor::empty(h.rows(), h.cols(), DType::kF32, device_);
+        ops::dropout(h, &d, config_.dropout, saved->dropout_key);
+        h = d;
+      }
       // The same masks on the kept values, so both forms still agree.
       if (sparse.values.defined()) ops::cbsr_dropout(&sparse, config_.dropout, saved->dropout_key);
     }
@@ -114,7 +116,13 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
     sparse = ops::Cbsr();
     if (hidden && config_.activation == Activation::kMaxK) {
       // The next layer holds the CBSR form for its backward, and returns gradients already masked.
-      sparse = ops::maxk(h, config_.maxk, &h);  // and the dense form, in place
+      // The dense form is written in place only for a next layer that reads it.
+      if (layers_[l + 1]->reads_dense_maxk_input()) {
+        sparse = ops::maxk(h, config_.maxk, &h);
+      } else {
+        sparse = ops::maxk(h, config_.maxk);
+        h = Tensor();
+      }
     } else if (hidden && config_.activation == Activation::kElu) {
       ops::elu(h, &h);
       if (training) saved->activated = h;

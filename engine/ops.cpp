@@ -252,6 +252,57 @@ void zero(Tensor* t) {
 #endif
 }
 
+void copy_into_columns(const Tensor& src, Tensor* dst, int64_t col) {
+  same_device(src, *dst, "copy_into_columns");
+  GALE_ASSERT(src.dtype() == DType::kF32 && dst->dtype() == DType::kF32);
+  GALE_ASSERT(src.rows() <= dst->rows() && col >= 0 && col + src.cols() <= dst->cols());
+  if (src.nbytes() == 0) return;
+  const OpTimer timer(OpKind::kOther, src.device(), "copy_into_columns");
+  float* to = dst->f32() + col;
+  if (src.device().is_cpu()) {
+    for (int64_t r = 0; r < src.rows(); ++r)
+      std::memcpy(to + r * dst->cols(), src.f32() + r * src.cols(), static_cast<size_t>(src.cols()) * sizeof(float));
+    return;
+  }
+#if GALE_WITH_CUDA
+  kernels::cuda::copy_rows_on_device(to, static_cast<size_t>(dst->cols()) * sizeof(float), src.f32(),
+                                     static_cast<size_t>(src.cols()) * sizeof(float),
+                                     static_cast<size_t>(src.cols()) * sizeof(float), static_cast<size_t>(src.rows()),
+                                     stream(src));
+#else
+  no_cuda();
+#endif
+}
+
+void zero_block(Tensor* t, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
+  GALE_ASSERT(t->dtype() == DType::kF32);
+  GALE_ASSERT(0 <= row0 && row0 <= row1 && row1 <= t->rows() && 0 <= col0 && col0 <= col1 && col1 <= t->cols());
+  if (row0 == row1 || col0 == col1) return;
+  const OpTimer timer(OpKind::kOther, t->device(), "zero_block");
+  const kernels::MatrixView block{t->f32() + row0 * t->cols() + col0, row1 - row0, col1 - col0, t->cols()};
+  if (t->device().is_cpu()) return kernels::fill_block(block, 0.0f);
+#if GALE_WITH_CUDA
+  kernels::fill_block_cuda(block, 0.0f, stream(*t));
+#else
+  no_cuda();
+#endif
+}
+
+void axpy_columns(const Tensor& x, int64_t col, float alpha, Tensor* y) {
+  same_device(x, *y, "axpy_columns");
+  GALE_ASSERT(x.rows() == y->rows() && col >= 0 && col + y->cols() <= x.cols());
+  kernels::ConstMatrixView block = x.view();
+  block.data += col;
+  block.cols = y->cols();
+  const OpTimer timer(OpKind::kOther, x.device(), "axpy");
+  if (x.device().is_cpu()) return kernels::axpy(block, alpha, y->view());
+#if GALE_WITH_CUDA
+  kernels::axpy_cuda(block, alpha, y->view(), stream(x));
+#else
+  no_cuda();
+#endif
+}
+
 void copy(const Tensor& src, Tensor* dst) {
   same_device(src, *dst, "copy");
   same_shape(src, *dst, "copy");
@@ -524,12 +575,16 @@ Cbsr maxk(const Tensor& y, int64_t k, Tensor* dense) {
 #endif
 }
 
-void cbsr_to_dense(const Cbsr& c, Tensor* out) {
-  GALE_ASSERT(out->rows() == c.rows() && out->cols() == c.width && out->device() == c.device());
+void cbsr_to_dense(const Cbsr& c, Tensor* out, int64_t col_offset) {
+  GALE_ASSERT(out->rows() == c.rows() && col_offset >= 0 && out->cols() >= col_offset + c.width &&
+              out->device() == c.device());
+  kernels::MatrixView block = out->view();  // the column block, rows out->cols() apart
+  block.data += col_offset;
+  block.cols = c.width;
   const OpTimer timer(OpKind::kOther, out->device(), "cbsr_to_dense");
-  if (out->device().is_cpu()) return kernels::cbsr_to_dense_cpu(c.view(), out->view());
+  if (out->device().is_cpu()) return kernels::cbsr_to_dense_cpu(c.view(), block);
 #if GALE_WITH_CUDA
-  kernels::cbsr_to_dense_cuda(c.view(), out->view(), stream(*out));
+  kernels::cbsr_to_dense_cuda(c.view(), block, stream(*out));
 #else
   no_cuda();
 #endif

@@ -86,6 +86,12 @@ void column_sum(const Tensor& x, Tensor* out, bool accumulate);  // out (1 x col
 void axpy(const Tensor& x, float alpha, Tensor* y);              // y += alpha x
 void zero(Tensor* t);
 void copy(const Tensor& src, Tensor* dst);  // same shape and dtype, same device
+// Column blocks of f32 tensors, for operands laid side by side: dst's rows [0, src.rows()) and
+// columns [col, col + src.cols()) = src; t's rows [row0, row1) and columns [col0, col1) = 0;
+// y += alpha x[:, col, col + y.cols()) over y's rows (x.rows() == y.rows()).
+void copy_into_columns(const Tensor& src, Tensor* dst, int64_t col);
+void zero_block(Tensor* t, int64_t row0, int64_t row1, int64_t col0, int64_t col1);
+void axpy_columns(const Tensor& x, int64_t col, float alpha, Tensor* y);
 // out[i] = src[ids[i]] for every row id (i64, n x 1) of a 4-byte dtype (f32 or i32), bit for bit.
 Tensor gather_rows(const Tensor& src, const Tensor& ids);
 // a <- a op(b) for a square op(b) (cols x cols), in place: row panels go through a scratch of at
@@ -132,8 +138,9 @@ struct Cbsr {
 // The k largest values of every row of y (ties to the lower column). With `dense` (y.rows x y.cols,
 // and it may be y itself) the dense form too, as cbsr_to_dense would write it, in the same pass.
 Cbsr maxk(const Tensor& y, int64_t k, Tensor* dense = nullptr);
-// out (rows x width) = the dense form: kept values in place, zeros elsewhere.
-void cbsr_to_dense(const Cbsr& c, Tensor* out);
+// Columns [col_offset, col_offset + width) of out (rows x at least that many columns) = the dense
+// form: kept values in place, zeros elsewhere; out's other columns are left as they are.
+void cbsr_to_dense(const Cbsr& c, Tensor* out, int64_t col_offset = 0);
 // Dropout on the kept values with the masks dropout() draws for the same key on the dense form.
 void cbsr_dropout(Cbsr* c, float p, uint64_t key);
 // grad_in = at kept positions (grad_dense) + (grad_values), 0 elsewhere; either may be null.

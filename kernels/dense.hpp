@@ -26,6 +26,8 @@ void column_sum(ConstMatrixView x, float* out, bool accumulate);
 
 // y += alpha * x, elementwise over equal shapes (layers add a root or residual term this way).
 void axpy(ConstMatrixView x, float alpha, MatrixView y);
+// out[r][c] = value over the view (a column block of a wider matrix, say).
+void fill_block(MatrixView out, float value);
 
 // out = max(x, 0); may alias.
 void relu_forward(ConstMatrixView x, MatrixView out);
@@ -100,6 +102,9 @@ bool gemm_bias_cuda(cublasHandle_t handle, void* workspace, size_t workspace_byt
 void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream);
 void add_bias_relu_cuda(MatrixView out, const float* bias, cudaStream_t stream);
 void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream);
+// One thread per element or four (16-byte stores where aligned): a narrow column block of many
+// rows (2 floats of 2M rows) takes ~0.02 ms where cudaMemset2DAsync took 0.67.
+void fill_block_cuda(MatrixView out, float value, cudaStream_t stream);
 // Deterministic: each column is reduced over rows in double in an order fixed by the shape alone
 // (no atomics), so two calls give bit-identical results on any GPU. Rows are summed in chunks in
 // parallel and the chunks' partial sums added in order, in a workspace (CUB style: the caller

@@ -44,6 +44,10 @@ void add_bias(MatrixView out, const float* bias) {
   });
 }
 
+void fill_block(MatrixView out, float value) {
+  for_rows(out.rows, out.cols, [&](int64_t r) { std::fill(out.row(r), out.row(r) + out.cols, value); });
+}
+
 void add_bias_relu(MatrixView out, const float* bias) {
   for_rows(out.rows, out.cols, [&](int64_t r) {
     float* row = out.row(r);

@@ -127,6 +127,18 @@ struct AddBias {
   }
 };
 
+struct FillBlock {
+  MatrixView out;
+  float value;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    Pack<V> x;
+#pragma unroll
+    for (int i = 0; i < V; ++i) x.v[i] = value;
+    store<V>(at(out, r, c), x);
+  }
+};
+
 struct Axpy {
   ConstMatrixView x;
   float alpha;
@@ -728,6 +740,10 @@ void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream) {
 void add_bias_relu_cuda(MatrixView out, const float* bias, cudaStream_t stream) {
   const bool vec4 = vector_ok(out.data, out.ld) && vector_ok(bias, 0);
   launch_map(out.rows, out.cols, vec4, AddBias<true>{out, bias}, stream);
+}
+
+void fill_block_cuda(MatrixView out, float value, cudaStream_t stream) {
+  launch_map(out.rows, out.cols, vector_ok(out.data, out.ld), FillBlock{out, value}, stream);
 }
 
 void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream) {

@@ -403,50 +403,55 @@ void check_model_gradients(const ModelConfig& cfg, uint64_t seed, const TestGrap
   }
 }
 
-// A narrowing layer given a MaxK input (ForwardContext::maxk_input) on a block (9 destinations of
-// 14 sources) multiplies the CBSR form and forms the input gradient at the kept positions only:
-// the same output and parameter gradients as the dense path on the masked input, and that path's
-// input gradient at the kept positions, zero elsewhere.
-TEST(Layers, NarrowingLayerOnAMaxKInputEqualsTheDensePathMaskedOnABlock) {
-  for (const std::string kind : {"gcn", "sage", "gin"}) {
-    SCOPED_TRACE(kind);
-    const int64_t in = 8, out = 3, k = 3;
-    const auto make = [&]() {
-      if (kind == "gcn") return make_gcn_layer("l", in, out, 5);
-      if (kind == "sage") return make_sage_layer("l", in, out, 5);
-      return make_gin_layer("l", in, out, 0.1f, 2, 5);
-    };
-    auto sparse = make(), dense = make();
-    const TestGraph g = random_graph(9, 14, 11);
-    const GraphOperand op(g.view(), g.src_ids.data(), g.full_indptr.data());
-    const auto xv = random_vector(static_cast<size_t>(g.src * in), 21);
-    const ops::Cbsr x_cbsr = ops::maxk(Tensor::from_vector(std::vector<float>(xv.begin(), xv.end()), g.src, in), k);
-    Tensor x = Tensor::empty(g.src, in, DType::kF32, Device::cpu());
-    ops::cbsr_to_dense(x_cbsr, &x);
-    ForwardContext with_cbsr{true, kLayerKey};
-    with_cbsr.maxk_input = &x_cbsr;
-    const Tensor ys = sparse->forward(op, x, with_cbsr);
-    const Tensor yd = dense->forward(op, x, ForwardContext{true, kLayerKey});
-    ASSERT_EQ(ys.numel(), yd.numel());
-    for (int64_t i = 0; i < ys.numel(); ++i) EXPECT_NEAR(ys.f32()[i], yd.f32()[i], 1e-5) << "output " << i;
-    const auto rv = random_vector(static_cast<size_t>(g.dst * out), 22);
-    const std::vector<float> r(rv.begin(), rv.end());
-    const Tensor gs = sparse->backward(op, Tensor::from_vector(r, g.dst, out), true);
-    const Tensor gd = dense->backward(op, Tensor::from_vector(r, g.dst, out), true);
-    const auto ps = sparse->parameters(), pd = dense->parameters();
-    ASSERT_EQ(ps.size(), pd.size());
-    for (size_t q = 0; q < ps.size(); ++q) {
-      const auto a = ps[q]->grad.to_vector(), b = pd[q]->grad.to_vector();
-      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << ps[q]->name << "[" << i << "]";
+// A layer given a MaxK input (ForwardContext::maxk_input) on a block (9 destinations of 14
+// sources): a narrowing one multiplies the CBSR form, a square one aggregates it (SpGEMM; SAGE's
+// [A x | x_dst] beside each other in one GEMM) without reading the dense form at all (it gets an
+// undefined x); both form the input gradient at the kept positions only: the same output and
+// parameter gradients as the dense path on the masked input, and that path's input gradient at
+// the kept positions, zero elsewhere.
+TEST(Layers, ALayerOnAMaxKInputEqualsTheDensePathMaskedOnABlock) {
+  for (const int64_t out : {int64_t{3}, int64_t{8}}) {
+    for (const std::string kind : {"gcn", "sage", "gin"}) {
+      SCOPED_TRACE(kind + " out " + std::to_string(out));
+      const int64_t in = 8, k = 3;
+      const auto make = [&]() {
+        if (kind == "gcn") return make_gcn_layer("l", in, out, 5);
+        if (kind == "sage") return make_sage_layer("l", in, out, 5);
+        return make_gin_layer("l", in, out, 0.1f, 2, 5);
+      };
+      auto sparse = make(), dense = make();
+      const TestGraph g = random_graph(9, 14, 11);
+      const GraphOperand op(g.view(), g.src_ids.data(), g.full_indptr.data());
+      const auto xv = random_vector(static_cast<size_t>(g.src * in), 21);
+      const ops::Cbsr x_cbsr = ops::maxk(Tensor::from_vector(std::vector<float>(xv.begin(), xv.end()), g.src, in), k);
+      Tensor x = Tensor::empty(g.src, in, DType::kF32, Device::cpu());
+      ops::cbsr_to_dense(x_cbsr, &x);
+      ForwardContext with_cbsr{true, kLayerKey};
+      with_cbsr.maxk_input = &x_cbsr;
+      EXPECT_EQ(sparse->reads_dense_maxk_input(), out < in);
+      const Tensor ys = sparse->forward(op, sparse->reads_dense_maxk_input() ? x : Tensor(), with_cbsr);
+      const Tensor yd = dense->forward(op, x, ForwardContext{true, kLayerKey});
+      ASSERT_EQ(ys.numel(), yd.numel());
+      for (int64_t i = 0; i < ys.numel(); ++i) EXPECT_NEAR(ys.f32()[i], yd.f32()[i], 1e-5) << "output " << i;
+      const auto rv = random_vector(static_cast<size_t>(g.dst * out), 22);
+      const std::vector<float> r(rv.begin(), rv.end());
+      const Tensor gs = sparse->backward(op, Tensor::from_vector(r, g.dst, out), true);
+      const Tensor gd = dense->backward(op, Tensor::from_vector(r, g.dst, out), true);
+      const auto ps = sparse->parameters(), pd = dense->parameters();
+      ASSERT_EQ(ps.size(), pd.size());
+      for (size_t q = 0; q < ps.size(); ++q) {
+        const auto a = ps[q]->grad.to_vector(), b = pd[q]->grad.to_vector();
+        for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << ps[q]->name << "[" << i << "]";
+      }
+      ASSERT_EQ(gs.rows(), g.src);
+      int64_t kept = 0;
+      for (int64_t i = 0; i < gs.numel(); ++i) {
+        const bool is_kept = x.f32()[i] != 0.0f;  // the random inputs are never exactly 0
+        kept += is_kept;
+        EXPECT_NEAR(gs.f32()[i], is_kept ? gd.f32()[i] : 0.0f, 1e-5) << "input gradient " << i;
+      }
+      EXPECT_EQ(kept, g.src * k);
     }
-    ASSERT_EQ(gs.rows(), g.src);
-    int64_t kept = 0;
-    for (int64_t i = 0; i < gs.numel(); ++i) {
-      const bool is_kept = x.f32()[i] != 0.0f;  // the random inputs are never exactly 0
-      kept += is_kept;
-      EXPECT_NEAR(gs.f32()[i], is_kept ? gd.f32()[i] : 0.0f, 1e-5) << "input gradient " << i;
-    }
-    EXPECT_EQ(kept, g.src * k);
   }
 }
 

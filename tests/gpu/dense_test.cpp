@@ -214,6 +214,17 @@ TEST_F(DenseCuda, AxpyIsBitIdentical) {
   });
 }
 
+// A block of a wider matrix (here the logical columns of a padded one) set to one value, the
+// padding left alone: 16-byte stores where the block and its rows are aligned, floats elsewhere.
+TEST_F(DenseCuda, FillBlockIsBitIdentical) {
+  for_each_shape([&](int64_t rows, int64_t cols, int64_t ld) {
+    Matrix out = poisoned_matrix(rows, cols, ld);
+    fill_block(out.host_view(), -1.5f);
+    fill_block_cuda(out.device_view(), -1.5f, *stream_);
+    expect_matches(out, 0.0, "fill_block");
+  });
+}
+
 TEST_F(DenseCuda, DropoutMasksAreBitIdenticalToTheCpu) {
   uint64_t key = 400;
   for (float p : {0.0f, 0.1f, 0.5f, 0.9f}) {

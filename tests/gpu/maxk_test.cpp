@@ -406,6 +406,13 @@ TEST_F(MaxkCudaTest, BackwardAndToDenseMatchCpuExactly) {
     auto d_out = poisoned(cpu.size());
     cbsr_to_dense_cuda(d_pattern, matrix(d_out.data(), rows, width), *stream_);
     EXPECT_TRUE(same_bits(download(d_out), cpu)) << "to dense width " << width;
+    // Into a column block of wider rows (a layer's side-by-side operand): the rest stays NaN.
+    const int64_t wide = width + 7, offset = 3;
+    std::vector<float> cpu_block(static_cast<size_t>(rows * wide), kNaN);
+    cbsr_to_dense_cpu(pattern.cview(), MatrixView{cpu_block.data() + offset, rows, width, wide});
+    auto d_block = poisoned(cpu_block.size());
+    cbsr_to_dense_cuda(d_pattern, MatrixView{d_block.data() + offset, rows, width, wide}, *stream_);
+    EXPECT_TRUE(same_bits(download(d_block), cpu_block)) << "to dense block width " << width;
   }
 }
 
