@@ -100,7 +100,7 @@ int run_bench_train(const std::vector<std::string>& args) {
   int64_t hidden = 256;
   float dropout = 0.0f;
   uint64_t seed = 0;
-  bool json = false, tf32 = false, op_table = false;
+  bool json = false, tf32 = false, tune_gemm = false, op_table = false;
   po::options_description desc(
       "usage: gale bench train STORE [options]\n"
       "       gale bench train --generate rmat:scale=S,edge-factor=E,classes=C,feature-dim=D [options]\n\n"
@@ -123,6 +123,7 @@ int run_bench_train(const std::vector<std::string>& args) {
       ("device", po::value(&device_text), "cpu | cuda | cuda:N | auto")
       ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
       ("tf32", po::bool_switch(&tf32), "GEMMs on TF32 tensor cores")
+      ("tune-gemm", po::bool_switch(&tune_gemm), "time cuBLASLt's candidates once per large GEMM shape, keep the fastest")
       ("gpu-mem-budget", po::value(&budget), "cap on the GPU memory Gale allocates, e.g. 8G")
       ("seed", po::value(&seed), "weight initialisation seed")
       ("json", po::bool_switch(&json), "one JSON object per model instead of the table")
@@ -150,6 +151,7 @@ int run_bench_train(const std::vector<std::string>& args) {
   const Device dev = parse_device(device_text);
   engine::require(dev);
   engine::ops::ExecOptions exec{parse_spmm_kind(spmm), tf32};
+  engine::ops::set_gemm_tuning(tune_gemm);
   if (!budget.empty()) {
     const uint64_t bytes = parse_size(budget, "--gpu-mem-budget");
     if (bytes == 0) throw InputError("--gpu-mem-budget: expected a positive size such as 8G");
@@ -184,7 +186,8 @@ int run_bench_train(const std::vector<std::string>& args) {
                 static_cast<long long>(store.feature_dim()), store.num_classes());
     std::printf("%d layers, hidden %lld, %s, spmm %s, %s; median of %d epochs after %d warm-up\n", layers,
                 static_cast<long long>(hidden), activation.empty() ? "relu (gat: elu)" : activation.c_str(), spmm.c_str(),
-                tf32 ? "tf32" : "fp32", epochs, warmup);
+                tune_gemm ? (tf32 ? "tf32, tuned GEMMs" : "fp32, tuned GEMMs") : (tf32 ? "tf32" : "fp32"), epochs,
+                warmup);
     std::printf("%-6s %10s %9s %9s %9s %9s\n", "model", "ms/epoch", "agg_ms", "gemm_ms", "other_ms", "peak_GiB");
   }
   for (const std::string& m : models) {
@@ -209,7 +212,7 @@ int run_bench_train(const std::vector<std::string>& args) {
     if (json) {
       nlohmann::json row = {{"side", "gale"}, {"model", m}, {"layers", layers}, {"hidden", hidden},
                             {"activation", engine::activation_name(cfg)},
-                            {"device", device_name}, {"spmm", spmm}, {"tf32", tf32}};
+                            {"device", device_name}, {"spmm", spmm}, {"tf32", tf32}, {"tune_gemm", tune_gemm}};
       if (m == "gat") row["heads"] = heads;
       if (r.error.empty()) {
         row.update({{"ms_per_epoch", r.ms}, {"agg_ms", r.agg_ms}, {"gemm_ms", r.gemm_ms}, {"other_ms", r.other_ms},

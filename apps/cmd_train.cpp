@@ -10,6 +10,7 @@
 
 #include "apps/commands.hpp"
 #include "engine/devices.hpp"
+#include "engine/ops.hpp"
 #include "engine/processes.hpp"
 #include "engine/trainer.hpp"
 #include "kernels/error.hpp"
@@ -57,7 +58,7 @@ class Progress {
 int run_train(const std::vector<std::string>& args) {
   engine::TrainOptions o;
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
-  bool tf32 = false, no_match = false;
+  bool tf32 = false, tune_gemm = false, no_match = false;
   std::string eval = "auto", feature_gpu, sampler = "auto", gpus;
   int cpu_workers = 0;
   int layers = 2;
@@ -74,6 +75,8 @@ int run_train(const std::vector<std::string>& args) {
       ("gpu-mem-budget", po::value(&gpu_budget), "cap on the GPU memory Gale allocates, e.g. 8G (default: no cap)")
       ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
+      ("tune-gemm", po::bool_switch(&tune_gemm), "GPU GEMMs: time cuBLASLt's candidates once per large repeated shape "
+                                                 "and keep the fastest (faster; runs may then differ in the last bits)")
       ("gpus", po::value(&gpus), "data-parallel training on these GPUs, one worker each: all | 0,1,... (mini-batch)")
       ("workers", po::value(&cpu_workers), "data-parallel CPU workers (--device cpu, mini-batch)")
       ("check-replicas", po::bool_switch(&o.check_replicas), "compare the workers' weight checksums after every epoch")
@@ -177,6 +180,9 @@ int run_train(const std::vector<std::string>& args) {
   if (o.eval == engine::TrainOptions::Eval::kBatched && fanouts.empty())
     throw InputError("--eval batched: needs --fanouts (mini-batch training)");
   o.exec.tf32 = tf32;
+  if (tune_gemm && o.deterministic)
+    throw InputError("--tune-gemm: cannot be combined with --deterministic (the tuned GEMMs may differ between runs)");
+  engine::ops::set_gemm_tuning(tune_gemm);
   if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1");
   if (o.threads < 0) throw InputError("--threads: expected 0 (all cores) or more");
 

@@ -144,11 +144,20 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float be
     return;
   }
 #if GALE_WITH_CUDA
-  kernels::gemm_cuda(context(a).blas(), trans_a, trans_b, m, n, k, 1.0f, a.f32(), a.cols(), b.f32(), b.cols(), beta,
-                     c->f32(), n, tf32);
+  kernels::cuda::CublasHandle& blas = context(a).blas();
+  kernels::gemm_cuda(blas, trans_a, trans_b, m, n, k, 1.0f, a.f32(), a.cols(), b.f32(), b.cols(), beta, c->f32(), n,
+                     tf32, blas.workspace(), blas.workspace_bytes());
 #else
   (void)tf32;
   no_cuda();
+#endif
+}
+
+void set_gemm_tuning(bool on) {
+#if GALE_WITH_CUDA
+  kernels::set_gemm_tuning(on);
+#else
+  (void)on;
 #endif
 }
 

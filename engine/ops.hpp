@@ -72,6 +72,10 @@ class OpTimer {
 
 // ---- ops ---------------------------------------------------------------------------------------
 
+// GPU GEMMs choose among cuBLASLt's candidates by timing them once per large repeated shape
+// (kernels::set_gemm_tuning; `--tune-gemm`). Process-wide; no effect on the CPU.
+void set_gemm_tuning(bool on);
+
 // c = op(a) op(b) + beta c, op transposing when the flag is set. c must be allocated with the
 // product's shape (beta = 0 overwrites it).
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta, Tensor* c, bool tf32);

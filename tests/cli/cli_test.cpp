@@ -96,7 +96,7 @@ TEST_F(Cli, UnknownFlagIsNamed) {
 TEST_F(Cli, BadFlagValuesAreNamed) {
   const std::string store = sbm_store();
   for (const std::string& bad : {"--fanouts 10,x", "--model gnn", "--device tpu", "--epochs 0", "--dropout 1.5",
-                                 "--layers 2 --fanouts 10,10,10"}) {
+                                 "--layers 2 --fanouts 10,10,10", "--deterministic --tune-gemm"}) {
     const CliRun r = gale("train " + store + " -q " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     const std::string flag = bad.substr(bad.rfind("--"), bad.find(' ', bad.rfind("--")) - bad.rfind("--"));

@@ -407,6 +407,51 @@ TEST_F(DenseCudaGemm, BiasEpilogueMatchesGemmThenBias) {
 }
 TEST_F(DenseCudaGemm, AllTransposesMatchTheCpuInTf32) { run(true, 1e-2); }
 
+// With GEMM tuning on, a product large enough to tune (16384 x 512 x 512, kGemmTuneMacs) is run
+// with the heuristic's first candidate, then timed over the candidates on its second call, then
+// run with the winner, overwriting (beta 0: the timing runs rerun it in place) and accumulating
+// (beta 1), plain and with the bias epilogue, in FP32 and TF32, transposed and not: every result
+// against the CPU.
+TEST_F(DenseCudaGemm, TunedGemmsMatchTheCpu) {
+  CublasHandle handle(*stream_, *pool_);
+  set_gemm_tuning(true);
+  const int64_t m = 16384, n = 512, k = 512;
+  ASSERT_GE(static_cast<double>(m) * n * k, kGemmTuneMacs);
+  uint64_t key = 1000;
+  for (bool tf32 : {false, true}) {
+    for (bool trans_b : {false, true}) {
+      SCOPED_TRACE(std::string(tf32 ? "tf32" : "fp32") + (trans_b ? " B^T" : " B"));
+      // TF32 rounds each input to 11 significant bits: over 512 products of up to 1 in magnitude the
+      // rounding errors add up to ~0.003 (one sigma), and 8M outputs reach ~5 sigma.
+      const double tol = tf32 ? 3e-2 : 1e-4;
+      Matrix a = random_matrix(++key, m, k, k, -1.0f, 1.0f);
+      Matrix b = random_matrix(++key, trans_b ? n : k, trans_b ? k : n, trans_b ? k : n, -1.0f, 1.0f);
+      Matrix c = poisoned_matrix(m, n, n);
+      for (int call = 0; call < 3; ++call) {  // heuristic, tuning, tuned
+        SCOPED_TRACE("call " + std::to_string(call));
+        const float beta = call == 2 ? 1.0f : 0.0f;
+        gemm(false, trans_b, m, n, k, 1.0f, a.host.data(), a.ld, b.host.data(), b.ld, beta, c.host.data(), c.ld);
+        gemm_cuda(handle, false, trans_b, m, n, k, 1.0f, a.device.data(), a.ld, b.device.data(), b.ld, beta,
+                  c.device.data(), c.ld, tf32, handle.workspace(), handle.workspace_bytes());
+        expect_matches(c, tol, "tuned gemm");
+      }
+      const std::vector<float> bias = random_values(++key, static_cast<size_t>(n), -1.0f, 1.0f);
+      DeviceBuffer<float> bias_d = cuda::to_device(*pool_, bias, *stream_);
+      for (int call = 0; call < 3; ++call) {
+        SCOPED_TRACE("bias call " + std::to_string(call));
+        const float beta = call == 2 ? 1.0f : 0.0f;
+        gemm(false, trans_b, m, n, k, 1.0f, a.host.data(), a.ld, b.host.data(), b.ld, beta, c.host.data(), c.ld);
+        add_bias_relu(c.host_view(), bias.data());
+        ASSERT_TRUE(gemm_bias_cuda(handle, handle.workspace(), handle.workspace_bytes(), false, trans_b, m, n, k,
+                                   a.device.data(), a.ld, b.device.data(), b.ld, beta, c.device.data(), c.ld,
+                                   bias_d.data(), /*relu=*/true, tf32));
+        expect_matches(c, tol, "tuned gemm_bias");
+      }
+    }
+  }
+  set_gemm_tuning(false);
+}
+
 // The CPU twin on plain arrays: the semantics the CUDA op must reproduce.
 double cpu_softmax_cross_entropy(const std::vector<float>& logits, int64_t n, int64_t c, const int32_t* labels,
                                  const std::vector<int64_t>& rows, std::vector<float>* grad, int64_t* correct) {
