@@ -653,6 +653,9 @@ class LtState {
   // m, n, k, lda, ldb, ldc, flags (transposes, epilogue, tf32; not beta), alignment.
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, size_t>;
   std::map<Key, LtChoice> algos_;
+  // Sampled blocks bring new shapes every batch: past this many the choices start over (full-graph
+  // training has a few dozen shapes).
+  static constexpr size_t kMaxProblems = 4096;
 
  private:
   int device_ = -1;
@@ -745,9 +748,11 @@ bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cuda
   const int flags = (p.trans_a ? 1 : 0) | (p.trans_b ? 2 : 0) | (p.bias != nullptr ? 4 : 0) | (p.relu ? 8 : 0) |
                     (p.tf32 ? 16 : 0);
   const LtState::Key key{p.m, p.n, p.k, p.lda, p.ldb, p.ldc, flags, aligned};
-  const bool tuning = tuning_on.load(std::memory_order_relaxed);
+  const double macs = static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
+  const bool tuning = tuning_on.load(std::memory_order_relaxed) && macs >= kGemmTuneMacs;
   auto found = lt_state.algos_.find(key);
   if (found == lt_state.algos_.end()) {
+    if (lt_state.algos_.size() >= LtState::kMaxProblems) lt_state.algos_.clear();
     LtOwned<cublasLtMatmulPreference_t, destroy_pref> pref;
     GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref.v));
     GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref.v, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -768,9 +773,7 @@ bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cuda
     return cublasLtMatmul(lt, desc.v, &p.alpha, p.b, la.v, p.a, lb.v, &p.beta, p.c, lc.v, p.c, lc.v,
                           &choice.candidates[static_cast<size_t>(candidate)].algo, workspace, workspace_bytes, stream);
   };
-  const double macs = static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
-  if (tuning && !choice.tuned && choice.seen >= 2 && p.beta == 0.0f && macs >= kGemmTuneMacs &&
-      choice.candidates.size() > 1) {
+  if (tuning && !choice.tuned && choice.seen >= 2 && p.beta == 0.0f && choice.candidates.size() > 1) {
     std::vector<float> ms(choice.candidates.size());
     for (size_t i = 0; i < ms.size(); ++i) ms[i] = time_candidate(stream, [&] { return run(static_cast<int>(i)); });
     float best = -1.0f;
