@@ -20,6 +20,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/check.hpp"
@@ -534,22 +535,14 @@ __global__ void ce_rows_kernel(ConstMatrixView logits, const int32_t* labels, co
   }
 }
 
-// Lanes per row for a class count: the smallest group whose kept exps cover the row (8 up to 64
-// classes, 16 up to 128), a whole warp past that.
-int ce_group_lanes(int64_t cols) { return cols <= 64 ? 8 : cols <= 128 ? 16 : 32; }
-
-template <int G>
-void launch_ce_rows(ConstMatrixView logits, const int32_t* labels, const int32_t* multiplicity, double inv_n,
-                    MatrixView grad, double* row_loss, int32_t* row_hit, cudaStream_t stream) {
-  ce_rows_kernel<G><<<blocks_for(logits.rows, kThreads / G), kThreads, 0, stream>>>(logits, labels, multiplicity,
-                                                                                     inv_n, grad, row_loss, row_hit);
-}
-
-template <int G>
-void launch_ce_loss(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
-                    double* row_loss, int32_t* row_hit, cudaStream_t stream) {
-  ce_loss_kernel<G><<<blocks_for(n_rows, kThreads / G), kThreads, 0, stream>>>(logits, labels, rows, n_rows, row_loss,
-                                                                               row_hit);
+// Calls launch(std::integral_constant<int, G>) with the lanes per row for a class count: the
+// smallest group whose kept exps cover the row (8 up to 64 classes, 16 up to 128), a whole warp
+// past that.
+template <typename Launch>
+void with_ce_group(int64_t cols, Launch&& launch) {
+  if (cols <= 64) return launch(std::integral_constant<int, 8>{});
+  if (cols <= 128) return launch(std::integral_constant<int, 16>{});
+  launch(std::integral_constant<int, 32>{});
 }
 
 constexpr int kReduceThreads = 256;
@@ -619,12 +612,12 @@ namespace {
 std::atomic<bool> tuning_on{false};
 
 // The algorithm for one problem (shape, layouts, flags, alignment) on the current device: the
-// heuristic's candidates (one, or kGemmTuneCandidates with tuning on), the one in use, and how
-// often the problem was seen.
+// heuristic's candidates (one, or kGemmTuneCandidates when it may be tuned), the one in use, and
+// where tuning stands (it runs at the problem's second tunable call).
 struct LtChoice {
   std::vector<cublasLtMatmulHeuristicResult_t> candidates;
   int use = 0;
-  int seen = 0;
+  bool seen = false;
   bool tuned = false;
 };
 
@@ -768,12 +761,14 @@ bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cuda
   }
   LtChoice& choice = found->second;
   if (choice.candidates.empty()) return false;  // no algorithm for this problem: the caller falls back
-  ++choice.seen;
   const auto run = [&](int candidate) {
     return cublasLtMatmul(lt, desc.v, &p.alpha, p.b, la.v, p.a, lb.v, &p.beta, p.c, lc.v, p.c, lc.v,
                           &choice.candidates[static_cast<size_t>(candidate)].algo, workspace, workspace_bytes, stream);
   };
-  if (tuning && !choice.tuned && choice.seen >= 2 && p.beta == 0.0f && choice.candidates.size() > 1) {
+  const bool tunable = tuning && !choice.tuned && p.beta == 0.0f && choice.candidates.size() > 1;
+  if (tunable && !choice.seen) {
+    choice.seen = true;
+  } else if (tunable) {
     std::vector<float> ms(choice.candidates.size());
     for (size_t i = 0; i < ms.size(); ++i) ms[i] = time_candidate(stream, [&] { return run(static_cast<int>(i)); });
     float best = -1.0f;
@@ -975,19 +970,19 @@ void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, c
       ce_count_kernel<<<blocks_for(n_rows), kThreads, 0, stream>>>(labels, rows, n_rows, logits, multiplicity);
       check_launch();
     }
-    switch (ce_group_lanes(logits.cols)) {
-      case 8: launch_ce_rows<8>(logits, labels, multiplicity, inv_n, grad, row_loss, row_hit, stream); break;
-      case 16: launch_ce_rows<16>(logits, labels, multiplicity, inv_n, grad, row_loss, row_hit, stream); break;
-      default: launch_ce_rows<32>(logits, labels, multiplicity, inv_n, grad, row_loss, row_hit, stream); break;
-    }
+    with_ce_group(logits.cols, [&](auto group) {
+      constexpr int G = decltype(group)::value;
+      ce_rows_kernel<G><<<blocks_for(logits.rows, kThreads / G), kThreads, 0, stream>>>(
+          logits, labels, multiplicity, inv_n, grad, row_loss, row_hit);
+    });
     check_launch();
     by_row = rows;
   } else if (n_rows > 0) {
-    switch (ce_group_lanes(logits.cols)) {
-      case 8: launch_ce_loss<8>(logits, labels, rows, n_rows, row_loss, row_hit, stream); break;
-      case 16: launch_ce_loss<16>(logits, labels, rows, n_rows, row_loss, row_hit, stream); break;
-      default: launch_ce_loss<32>(logits, labels, rows, n_rows, row_loss, row_hit, stream); break;
-    }
+    with_ce_group(logits.cols, [&](auto group) {
+      constexpr int G = decltype(group)::value;
+      ce_loss_kernel<G><<<blocks_for(n_rows, kThreads / G), kThreads, 0, stream>>>(logits, labels, rows, n_rows,
+                                                                                   row_loss, row_hit);
+    });
     check_launch();
   }
   const int64_t chunk = reduce_chunk(n_rows);

@@ -206,9 +206,10 @@ class AggregateLinear {
     const Tensor x_dst = root_ ? x.rows_slice(0, g.num_dst()) : Tensor();  // the root term's rows
     if (transform_first_) {
       // A narrowing layer on a MaxK input multiplies its CBSR form (k values a row) while W fits
-      // the CBSR kernels; its backward then forms the input gradient at the kept positions only.
-      cbsr_linear_ = ctx.maxk_input != nullptr &&
-                     ops::cbsr_gemm_fits(x.device(), lin_.in(), lin_.out(), root_ ? 2 : 1);
+      // the CBSR kernels; its backward then forms the input gradient at the kept positions only,
+      // with a root term from the side-by-side pair's weights (backward_pair).
+      cbsr_linear_ = ctx.maxk_input != nullptr && ops::cbsr_gemm_fits(x.device(), lin_.in(), lin_.out(), 1) &&
+                     (!root_ || ops::cbsr_gemm_fits(x.device(), lin_.in(), pair_cols(), 1));
       const Tensor t = cbsr_linear_ ? cbsr_transform(*ctx.maxk_input, lin_.weight().value)
                                     : lin_.forward(x, exec_.tf32);
       if (root_) {
@@ -251,12 +252,9 @@ class AggregateLinear {
       saved_ = Tensor();
       if (!need_input_grad) return Tensor();
       if (cbsr_linear_ && maxk_.values.defined()) {  // the gradient at the kept positions, directly
-        std::vector<std::pair<Tensor, Tensor>> terms{{gh, lin_.weight().value}};
-        if (root_) terms.emplace_back(grad, root_->weight().value);
         grad = Tensor();
-        gh = Tensor();
-        gx = Tensor::empty(g.num_src(), lin_.in(), DType::kF32, terms[0].first.device());
-        ops::cbsr_gemm_grad(maxk_, terms, &gx);
+        gx = Tensor::empty(g.num_src(), lin_.in(), DType::kF32, gh.device());
+        ops::cbsr_gemm_grad(maxk_, {{gh, lin_.weight().value}}, &gx);
         maxk_ = ops::Cbsr();
         return gx;
       }
@@ -349,8 +347,7 @@ class AggregateLinear {
   // are read once each instead of twice. The pair is small (2 x the narrow width), so this only
   // adds the pair's own width to the moment grad and it coexist.
   Tensor backward_pair(const GraphOperand& g, Tensor grad, bool need_input_grad) {
-    const int64_t in = lin_.in(), out = lin_.out();
-    const int64_t n = (2 * out + 15) / 16 * 16;  // 94 -> 96: rows of whole 64-byte halves
+    const int64_t in = lin_.in(), out = lin_.out(), n = pair_cols();
     Tensor pair = Tensor::empty(g.num_src(), n, DType::kF32, grad.device());
     ops::copy_into_columns(grad, &pair, 0);
     ops::zero_block(&pair, g.num_dst(), g.num_src(), 0, out);
@@ -380,7 +377,7 @@ class AggregateLinear {
     ops::copy_into_columns(lin_.weight().value, &w, out);
     ops::zero_block(&w, 0, in, 2 * out, n);
     Tensor gx = Tensor::empty(g.num_src(), in, DType::kF32, pair.device());
-    if (cbsr_linear_ && maxk_.values.defined() && ops::cbsr_gemm_fits(pair.device(), in, n, 1)) {
+    if (cbsr_linear_ && maxk_.values.defined()) {
       ops::cbsr_gemm_grad(maxk_, {{pair, w}}, &gx);  // at the kept positions only
       maxk_ = ops::Cbsr();
       return gx;
@@ -389,6 +386,10 @@ class AggregateLinear {
     pair = Tensor();
     return masked_by_maxk_input(std::move(gx));
   }
+
+  // Columns of backward_pair's [grad | A^T grad]: 2 out rounded up to whole 64-byte halves (94 ->
+  // 96), so that grad's rows suit GAR's gathers.
+  int64_t pair_cols() const { return (2 * lin_.out() + 15) / 16 * 16; }
 
   // A dense input gradient; for a MaxK input (its pattern kept from forward) restricted to the
   // kept positions, where that input's gradient lives.
