@@ -59,6 +59,15 @@ class Layer {
   // x. When it does not, the model writes only the CBSR form (top-k without its dense pass) and
   // hands the layer an undefined x.
   virtual bool reads_dense_maxk_input() const { return true; }
+  // Bias gradients without a pass over a mostly-zero gradient. A layer whose forward took a MaxK
+  // input folds MaxK's backward into its own and writes an input gradient that is zero past the
+  // kept positions; the kernel that writes it can sum its columns from the values it writes
+  // (kernels/maxk.hpp), and those sums are the bias gradient of the layer below. The model takes
+  // them after a backward (undefined when the layer made none) and gives them to the layer below
+  // before its backward, which then adds them to its bias gradient instead of summing its
+  // grad_out. A layer may ignore what it is given.
+  virtual Tensor take_input_grad_sums() { return Tensor(); }
+  virtual void give_output_grad_sums(Tensor sums) { (void)sums; }
 };
 
 }  // namespace gale::engine

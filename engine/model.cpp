@@ -139,6 +139,7 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
 void Model::backward(Tensor grad_logits, const GradHook& on_layer_grads) {
   GALE_ASSERT(saved_.size() == layers_.size());
   Tensor g = std::move(grad_logits);
+  Tensor g_sums;  // g's column sums, when the backward that wrote g made them (Layer::take_input_grad_sums)
   for (size_t l = layers_.size(); l-- > 0;) {
     Saved& s = *saved_[l];
     if (l + 1 < layers_.size()) {
@@ -148,10 +149,16 @@ void Model::backward(Tensor grad_logits, const GradHook& on_layer_grads) {
       else if (config_.activation == Activation::kRelu) ops::relu_backward_mask(g, s.relu_mask, &g);
       s.activated = s.relu_mask = Tensor();  // released as soon as it has served, to bound peak memory
     }
+    if (config_.activation != Activation::kMaxK) g_sums = Tensor();  // sums of g before its activation's backward
+    if (g_sums.defined()) layers_[l]->give_output_grad_sums(std::move(g_sums));
     // The gradient is handed over, so the layer frees it as soon as it is done with it.
     g = layers_[l]->backward(*graphs_[l], std::move(g), /*need_input_grad=*/l > 0);
+    g_sums = layers_[l]->take_input_grad_sums();
     if (on_layer_grads) on_layer_grads(layers_[l]->parameters());
-    if (l > 0 && s.dropped) ops::dropout_backward(g, &g, config_.dropout, s.dropout_key);
+    if (l > 0 && s.dropped) {
+      ops::dropout_backward(g, &g, config_.dropout, s.dropout_key);
+      g_sums = Tensor();  // the sums of g before dropout's backward
+    }
   }
   saved_.clear();
 }

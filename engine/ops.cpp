@@ -609,17 +609,51 @@ void cbsr_dropout(Cbsr* c, float p, uint64_t key) {
 #endif
 }
 
-void maxk_backward(const Cbsr& pattern, const Tensor* grad_values, const Tensor* grad_dense, Tensor* grad_in) {
-  GALE_ASSERT(grad_in->rows() == pattern.rows() && grad_in->cols() == pattern.width);
-  const float* gv = grad_values ? grad_values->f32() : nullptr;
-  const kernels::ConstMatrixView gd = grad_dense ? grad_dense->view() : kernels::ConstMatrixView{};
-  const OpTimer timer(OpKind::kOther, grad_in->device(), "maxk_backward");
-  if (grad_in->device().is_cpu()) return kernels::maxk_backward_cpu(pattern.view(), gv, gd, grad_in->view());
+namespace {
+
+// The column sums of a MaxK gradient from the per-warp rows its kernel wrote (kernels/maxk.hpp):
+// column_sum over them, in their fixed order.
+void sum_partial_rows(const Tensor& partial, Tensor* column_sums) {
 #if GALE_WITH_CUDA
-  kernels::maxk_backward_cuda(pattern.view(), gv, gd, grad_in->view(), stream(*grad_in));
+  const size_t bytes = kernels::column_sum_workspace_bytes(partial.rows(), partial.cols());
+  Tensor ws = Tensor::empty(static_cast<int64_t>(bytes), 1, DType::kU8, partial.device());
+  kernels::column_sum_cuda(partial.view(), column_sums->f32(), /*accumulate=*/false, ws.data<unsigned char>(), bytes,
+                           stream(partial));
 #else
+  (void)partial;
+  (void)column_sums;
   no_cuda();
 #endif
+}
+
+}  // namespace
+
+void maxk_backward(const Cbsr& pattern, const Tensor* grad_values, const Tensor* grad_dense, Tensor* grad_in,
+                   Tensor* column_sums) {
+  GALE_ASSERT(grad_in->rows() == pattern.rows() && grad_in->cols() == pattern.width);
+  GALE_ASSERT(column_sums == nullptr || column_sums->numel() == pattern.width);
+  const float* gv = grad_values ? grad_values->f32() : nullptr;
+  const kernels::ConstMatrixView gd = grad_dense ? grad_dense->view() : kernels::ConstMatrixView{};
+  {
+    const OpTimer timer(OpKind::kOther, grad_in->device(), "maxk_backward");
+    if (grad_in->device().is_cpu()) {
+      kernels::maxk_backward_cpu(pattern.view(), gv, gd, grad_in->view());
+    } else {
+#if GALE_WITH_CUDA
+      if (column_sums != nullptr && pattern.width <= kernels::kMaxkSumWidth) {
+        Tensor partial = Tensor::empty(kernels::maxk_backward_sum_rows(pattern.rows()), pattern.width, DType::kF32,
+                                       grad_in->device());
+        kernels::maxk_backward_cuda(pattern.view(), gv, gd, grad_in->view(), stream(*grad_in), partial.f32());
+        sum_partial_rows(partial, column_sums);
+        return;
+      }
+      kernels::maxk_backward_cuda(pattern.view(), gv, gd, grad_in->view(), stream(*grad_in));
+#else
+      no_cuda();
+#endif
+    }
+  }
+  if (column_sums != nullptr) column_sum(*grad_in, column_sums, /*accumulate=*/false);
 }
 
 Cbsr cbsr_rows(const Cbsr& c, int64_t rows) {
@@ -657,8 +691,10 @@ void cbsr_gemm(const Cbsr& x, const Tensor& w, float beta, Tensor* out) {
 #endif
 }
 
-void cbsr_gemm_grad(const Cbsr& pattern, const std::vector<std::pair<Tensor, Tensor>>& terms, Tensor* grad_in) {
+void cbsr_gemm_grad(const Cbsr& pattern, const std::vector<std::pair<Tensor, Tensor>>& terms, Tensor* grad_in,
+                    Tensor* column_sums) {
   GALE_ASSERT(!terms.empty() && terms.size() <= 2);
+  GALE_ASSERT(column_sums == nullptr || column_sums->numel() == pattern.width);
   kernels::CbsrGemmGradArgs a;
   a.pattern = pattern.view();
   a.terms = static_cast<int>(terms.size());
@@ -667,16 +703,30 @@ void cbsr_gemm_grad(const Cbsr& pattern, const std::vector<std::pair<Tensor, Ten
     a.w[t] = terms[t].second.view();
   }
   a.grad_in = grad_in->view();
-  const OpTimer timer(OpKind::kGemm, grad_in->device(),
-                      active_profile ? "cbsr_gemm_grad k" + std::to_string(pattern.k()) + " x" +
-                                           std::to_string(terms.size())
-                                     : "");
-  if (grad_in->device().is_cpu()) return kernels::cbsr_gemm_grad_cpu(a);
+  {
+    const OpTimer timer(OpKind::kGemm, grad_in->device(),
+                        active_profile ? "cbsr_gemm_grad k" + std::to_string(pattern.k()) + " x" +
+                                             std::to_string(terms.size())
+                                       : "");
+    if (grad_in->device().is_cpu()) {
+      kernels::cbsr_gemm_grad_cpu(a);
+    } else {
 #if GALE_WITH_CUDA
-  kernels::cbsr_gemm_grad_cuda(a, stream(*grad_in));
+      if (column_sums != nullptr && kernels::cbsr_gemm_grad_sums_cannot(a).empty()) {
+        Tensor partial = Tensor::empty(kernels::cbsr_gemm_grad_sum_rows(pattern.rows()), pattern.width, DType::kF32,
+                                       grad_in->device());
+        a.column_partial = partial.f32();
+        kernels::cbsr_gemm_grad_cuda(a, stream(*grad_in));
+        sum_partial_rows(partial, column_sums);
+        return;
+      }
+      kernels::cbsr_gemm_grad_cuda(a, stream(*grad_in));
 #else
-  no_cuda();
+      no_cuda();
 #endif
+    }
+  }
+  if (column_sums != nullptr) column_sum(*grad_in, column_sums, /*accumulate=*/false);
 }
 
 void spgemm(const kernels::SpgemmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups) {

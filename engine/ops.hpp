@@ -148,7 +148,11 @@ void cbsr_to_dense(const Cbsr& c, Tensor* out, int64_t col_offset = 0);
 // Dropout on the kept values with the masks dropout() draws for the same key on the dense form.
 void cbsr_dropout(Cbsr* c, float p, uint64_t key);
 // grad_in = at kept positions (grad_dense) + (grad_values), 0 elsewhere; either may be null.
-void maxk_backward(const Cbsr& pattern, const Tensor* grad_values, const Tensor* grad_dense, Tensor* grad_in);
+// With column_sums (1 x width): also = the column sums of grad_in (the bias gradient of the layer
+// that produced MaxK's input), made on a GPU by the same pass from the values it writes
+// (kernels/maxk.hpp), not by reading the mostly-zero grad_in again.
+void maxk_backward(const Cbsr& pattern, const Tensor* grad_values, const Tensor* grad_dense, Tensor* grad_in,
+                   Tensor* column_sums = nullptr);
 // The first `rows` rows of c (a sampled block's destinations), sharing its storage.
 Cbsr cbsr_rows(const Cbsr& c, int64_t rows);
 // Whether cbsr_gemm and cbsr_gemm_grad take a width x n W (terms of them) on this device: always
@@ -159,7 +163,9 @@ bool cbsr_gemm_fits(const Device& device, int64_t width, int64_t n, int terms);
 void cbsr_gemm(const Cbsr& x, const Tensor& w, float beta, Tensor* out);
 // grad_in (dense, pattern.rows x width) = sum over the terms of grad W^T, at pattern's kept
 // positions only (MaxK's backward folded in), 0 elsewhere. A term's grad may have fewer rows.
-void cbsr_gemm_grad(const Cbsr& pattern, const std::vector<std::pair<Tensor, Tensor>>& terms, Tensor* grad_in);
+// column_sums as for maxk_backward.
+void cbsr_gemm_grad(const Cbsr& pattern, const std::vector<std::pair<Tensor, Tensor>>& terms, Tensor* grad_in,
+                    Tensor* column_sums = nullptr);
 // The CBSR aggregations; `groups` is the graph's edge-group table on a GPU (ignored on the CPU).
 void spgemm(const kernels::SpgemmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups);
 void sspmm(const kernels::SspmmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups);

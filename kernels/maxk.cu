@@ -46,6 +46,8 @@ constexpr int kRowThreads = kRowWarps * kWarp;
 constexpr int kDefaultSmemLimit = 48 * 1024;
 // Row kernels cap their grid and loop beyond it (a warp takes rows w, w + total, ...).
 constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
+// A scatter that makes column sums runs this many blocks per SM (one wave at 256 threads).
+constexpr int64_t kScatterSumBlocksPerSm = 8;
 
 // ---- keys and small helpers -----------------------------------------------------------------
 
@@ -286,14 +288,25 @@ void launch_maxk_forward(ConstMatrixView x, const CbsrView& out, MatrixView dens
 
 // One warp per row: zeros over the row, then (after __syncwarp, which orders the two writes of a
 // column made by different lanes) dense + sparse at the kept columns, either alone when the other
-// is absent, as scatter_rows in maxk_cpu.cpp.
+// is absent, as scatter_rows in maxk_cpu.cpp. With `partial` (maxk.hpp's column sums) each warp
+// also adds the values it writes into its own row of width floats in shared memory, in row order
+// (a row's kept columns are distinct, so no two lanes add into one slot), and ends by writing
+// that row to partial's row of the warp.
 template <typename I>
 __global__ void __launch_bounds__(kRowThreads)
     scatter_kernel(int64_t rows, int width, int k, const I* __restrict__ index, const float* __restrict__ sparse,
-                   const float* __restrict__ dense, int64_t dense_ld, float* __restrict__ out, int64_t out_ld) {
+                   const float* __restrict__ dense, int64_t dense_ld, float* __restrict__ out, int64_t out_ld,
+                   float* __restrict__ partial) {
+  extern __shared__ float4 smem4[];
   const int lane = threadIdx.x & (kWarp - 1);
+  const int warp = static_cast<int>(threadIdx.x) / kWarp;
+  float* acc = partial != nullptr ? reinterpret_cast<float*>(smem4) + warp * width : nullptr;
+  if (acc != nullptr) {
+    for (int c = lane; c < width; c += kWarp) acc[c] = 0.0f;
+    __syncwarp();
+  }
   const int64_t total_warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp; r < rows; r += total_warps) {
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; r < rows; r += total_warps) {
     float* o = out + r * out_ld;
     for (int c = lane; c < width; c += kWarp) o[c] = 0.0f;
     __syncwarp();
@@ -308,21 +321,33 @@ __global__ void __launch_bounds__(kRowThreads)
         v = __ldg(sparse + r * k + t);
       }
       o[c] = v;
+      if (acc != nullptr) acc[c] += v;
     }
     __syncwarp();  // the next row's zeros cannot alias, but keep the warp together per row
   }
+  if (acc != nullptr) {
+    float* pr = partial + (static_cast<int64_t>(blockIdx.x) * kRowWarps + warp) * width;
+    for (int c = lane; c < width; c += kWarp) pr[c] = acc[c];
+  }
+}
+
+// Blocks of a scatter that makes column sums: a few waves, so partial stays small (warps x width).
+unsigned scatter_sum_blocks(int64_t rows) {
+  const int64_t most = static_cast<int64_t>(cuda::current_multiprocessors()) * kScatterSumBlocksPerSm;
+  return static_cast<unsigned>(std::clamp<int64_t>((rows + kRowWarps - 1) / kRowWarps, 1, most));
 }
 
 void launch_scatter(const ConstCbsrView& p, const float* sparse, ConstMatrixView dense, MatrixView out,
-                    cudaStream_t stream) {
-  const unsigned blocks = row_blocks(p.rows);
+                    float* partial, cudaStream_t stream) {
+  const unsigned blocks = partial != nullptr ? scatter_sum_blocks(p.rows) : row_blocks(p.rows);
   const int width = static_cast<int>(p.width), k = static_cast<int>(p.k);
+  const size_t smem = partial != nullptr ? static_cast<size_t>(kRowWarps) * static_cast<size_t>(width) * sizeof(float) : 0;
   if (p.index_bytes() == 1) {
-    scatter_kernel<uint8_t><<<blocks, kRowThreads, 0, stream>>>(p.rows, width, k, p.index_u8(), sparse, dense.data,
-                                                                dense.ld, out.data, out.ld);
+    scatter_kernel<uint8_t><<<blocks, kRowThreads, smem, stream>>>(p.rows, width, k, p.index_u8(), sparse,
+                                                                   dense.data, dense.ld, out.data, out.ld, partial);
   } else {
-    scatter_kernel<uint16_t><<<blocks, kRowThreads, 0, stream>>>(p.rows, width, k, p.index_u16(), sparse,
-                                                                 dense.data, dense.ld, out.data, out.ld);
+    scatter_kernel<uint16_t><<<blocks, kRowThreads, smem, stream>>>(p.rows, width, k, p.index_u16(), sparse,
+                                                                    dense.data, dense.ld, out.data, out.ld, partial);
   }
   GALE_CHECK_CUDA(cudaGetLastError());
 }
@@ -1197,19 +1222,26 @@ void maxk_forward_cuda(ConstMatrixView x, const CbsrView& out, cudaStream_t stre
   }
 }
 
+int64_t maxk_backward_sum_rows(int64_t rows) {
+  return rows == 0 ? 0 : static_cast<int64_t>(scatter_sum_blocks(rows)) * kRowWarps;
+}
+
 void maxk_backward_cuda(const ConstCbsrView& pattern, const float* grad_values, ConstMatrixView grad_dense,
-                        MatrixView grad_in, cudaStream_t stream) {
+                        MatrixView grad_in, cudaStream_t stream, float* column_partial) {
   require(maxk_backward_cannot(pattern, grad_dense, grad_in), "maxk_backward");
   require(maxk_cuda_cannot(pattern.width), "maxk_backward");
+  if (column_partial != nullptr && pattern.width > kMaxkSumWidth)
+    throw InputError("maxk_backward: column sums take widths up to " + std::to_string(kMaxkSumWidth) + ", not " +
+                     std::to_string(pattern.width));
   if (pattern.rows == 0) return;
-  launch_scatter(pattern, grad_values, grad_dense, grad_in, stream);
+  launch_scatter(pattern, grad_values, grad_dense, grad_in, column_partial, stream);
 }
 
 void cbsr_to_dense_cuda(const ConstCbsrView& x, MatrixView out, cudaStream_t stream) {
   require(maxk_backward_cannot(x, ConstMatrixView{}, out), "cbsr_to_dense");
   require(maxk_cuda_cannot(x.width), "cbsr_to_dense");
   if (x.rows == 0) return;
-  launch_scatter(x, x.values, ConstMatrixView{}, out, stream);
+  launch_scatter(x, x.values, ConstMatrixView{}, out, nullptr, stream);
 }
 
 void spgemm_cbsr_cuda(const SpgemmCbsrArgs& a, const EdgeGroupsView& groups, cudaStream_t stream) {

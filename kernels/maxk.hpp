@@ -192,6 +192,9 @@ struct CbsrGemmGradArgs {
   ConstMatrixView grad[2];        // grad[p]: rows <= pattern.rows, w[p].cols columns
   ConstMatrixView w[2];           // w[p]: pattern.width x grad[p].cols
   MatrixView grad_in;             // pattern.rows x pattern.width, written whole
+  // Optional (CUDA): cbsr_gemm_grad_sum_rows(pattern.rows) x pattern.width floats for the column
+  // sums of grad_in (see "Column sums" below).
+  float* column_partial = nullptr;
 };
 
 // Why the ops cannot take these arguments, or "" (shapes and set inputs only, never memory).
@@ -307,8 +310,20 @@ void edge_groups_cuda(const CsrView& graph, int64_t group_size, EdgeGroup* group
 // the model's next layer then needs no separate scatter pass.
 void maxk_forward_cuda(ConstMatrixView x, const CbsrView& out, cudaStream_t stream, MatrixView dense = {});
 
+// Column sums. The gradient these kernels write (MaxK's backward, cbsr_gemm_grad) is the next
+// layer down's output gradient, whose column sums are that layer's bias gradient; it is zero past
+// the kept positions, so a separate column_sum would read 4 x width bytes a row for k values.
+// Given `column_partial` (maxk_backward_sum_rows(rows), or cbsr_gemm_grad_sum_rows(rows), x width
+// floats), each warp of the kernel adds the values it writes into its own row of width floats in
+// shared memory, in row order, and writes that row to column_partial; column_sum_cuda over those
+// rows (a fixed order, in double) then gives the sums, deterministic like column_sum itself.
+// maxk_backward takes widths up to kMaxkSumWidth with them; cbsr_gemm_grad whatever leaves room
+// in shared memory (cbsr_gemm_grad_sums_cannot).
+constexpr int64_t kMaxkSumWidth = 1024;
+int64_t maxk_backward_sum_rows(int64_t rows);
+int64_t cbsr_gemm_grad_sum_rows(int64_t rows);
 void maxk_backward_cuda(const ConstCbsrView& pattern, const float* grad_values, ConstMatrixView grad_dense,
-                        MatrixView grad_in, cudaStream_t stream);
+                        MatrixView grad_in, cudaStream_t stream, float* column_partial = nullptr);
 
 void cbsr_to_dense_cuda(const ConstCbsrView& x, MatrixView out, cudaStream_t stream);
 void cbsr_dropout_cuda(const CbsrView& x, float p, uint64_t key, cudaStream_t stream);
@@ -351,5 +366,6 @@ std::string cbsr_gemm_cuda_cannot(int64_t width, int64_t n, int terms);
 // forms kept column t's dot products, and the row is written dense through a shared row buffer.
 void cbsr_gemm_cuda(const CbsrGemmArgs& a, cudaStream_t stream);
 void cbsr_gemm_grad_cuda(const CbsrGemmGradArgs& a, cudaStream_t stream);
+std::string cbsr_gemm_grad_sums_cannot(const CbsrGemmGradArgs& a);
 
 }  // namespace gale::kernels

@@ -22,6 +22,7 @@ constexpr int kMaxCols = 128;                 // output columns a lane covers: u
 constexpr int kGemmThreads = 512;
 constexpr int kGradThreads = 1024;            // one block per SM: W takes most of its shared memory
 constexpr size_t kSharedLimit = 200 * 1024;   // of the 227 KiB an H100 block may opt into
+constexpr size_t kSumsSharedLimit = 227 * 1024;  // with the column sums' rows (sm_90's opt-in most)
 
 // Row stride (floats) of W in shared memory for the forward: n rounded up to whole float4s.
 __host__ __device__ int64_t forward_stride(int64_t n) { return (n + 3) / 4 * 4; }
@@ -45,6 +46,11 @@ size_t grad_shared_bytes(int64_t width, const int64_t* n, int terms) {
   const size_t units = static_cast<size_t>(grad_units(n, terms)) * static_cast<size_t>(terms);
   const size_t per_warp = units + static_cast<size_t>((width + 3) / 4);
   return (units * static_cast<size_t>(width) + (kGradThreads / kWarp) * per_warp) * sizeof(float4);
+}
+
+// The column sums' rows of the gradient kernel: one of width floats per warp.
+size_t sums_shared_bytes(int64_t width) {
+  return static_cast<size_t>(kGradThreads / kWarp) * static_cast<size_t>(width) * sizeof(float);
 }
 
 // Blocks for `rows` at rows_per_block, at most `per_sm` per multiprocessor: the blocks loop over
@@ -138,6 +144,13 @@ __global__ void __launch_bounds__(kGradThreads) cbsr_gemm_grad_kernel(CbsrGemmGr
   const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
   float4* g_sh = sh4 + terms * width * U + warp * (terms * U + (width + 3) / 4);
   float* row_sh = reinterpret_cast<float*>(g_sh + terms * U);
+  // With column sums: the warp's row of them, after every warp's buffers (maxk.hpp).
+  float* acc = a.column_partial == nullptr ? nullptr
+               : reinterpret_cast<float*>(sh4 + terms * width * U +
+                                          (kGradThreads / kWarp) * (terms * U + (width + 3) / 4)) + warp * width;
+  if (acc != nullptr) {
+    for (int c = lane; c < width; c += kWarp) acc[c] = 0.0f;
+  }
   __syncthreads();
   const auto* index = static_cast<const I*>(p.index);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGradThreads / kWarp);
@@ -168,11 +181,16 @@ __global__ void __launch_bounds__(kGradThreads) cbsr_gemm_grad_kernel(CbsrGemmGr
         }
       }
       row_sh[c] = sum;  // kept columns are distinct: no two lanes write one slot
+      if (acc != nullptr) acc[c] += sum;  // in row order, one lane per slot
     }
     __syncwarp();
     float* o = a.grad_in.data + r * a.grad_in.ld;
     for (int c = lane; c < width; c += kWarp) o[c] = row_sh[c];
     __syncwarp();  // the buffers are rewritten for the warp's next row
+  }
+  if (acc != nullptr) {
+    float* pr = a.column_partial + (static_cast<int64_t>(blockIdx.x) * (kGradThreads / kWarp) + warp) * width;
+    for (int c = lane; c < width; c += kWarp) pr[c] = acc[c];
   }
 }
 
@@ -200,7 +218,8 @@ void launch_gemm(const CbsrGemmArgs& a, cudaStream_t stream) {
 template <typename I>
 void launch_grad(const CbsrGemmGradArgs& a, cudaStream_t stream) {
   const int64_t n[2] = {a.w[0].cols, a.terms > 1 ? a.w[1].cols : 0};
-  const size_t bytes = grad_shared_bytes(a.pattern.width, n, a.terms);
+  const size_t bytes = grad_shared_bytes(a.pattern.width, n, a.terms) +
+                       (a.column_partial != nullptr ? sums_shared_bytes(a.pattern.width) : 0);
   const unsigned grid = grid_for(a.pattern.rows, kGradThreads / kWarp, 1);
   const auto launch = [&](auto kernel) {
     GALE_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
@@ -235,9 +254,23 @@ void cbsr_gemm_cuda(const CbsrGemmArgs& a, cudaStream_t stream) {
   launch_gemm<uint16_t>(a, stream);
 }
 
+std::string cbsr_gemm_grad_sums_cannot(const CbsrGemmGradArgs& a) {
+  const int64_t n[2] = {a.w[0].cols, a.terms > 1 ? a.w[1].cols : 0};
+  const size_t bytes = grad_shared_bytes(a.pattern.width, n, a.terms) + sums_shared_bytes(a.pattern.width);
+  if (bytes > kSumsSharedLimit)
+    return "W (" + std::to_string(a.pattern.width) + " x " + std::to_string(std::max(n[0], n[1])) +
+           ") with the column sums does not fit in shared memory";
+  return "";
+}
+
+int64_t cbsr_gemm_grad_sum_rows(int64_t rows) {
+  return rows == 0 ? 0 : static_cast<int64_t>(grid_for(rows, kGradThreads / kWarp, 1)) * (kGradThreads / kWarp);
+}
+
 void cbsr_gemm_grad_cuda(const CbsrGemmGradArgs& a, cudaStream_t stream) {
   require(cbsr_gemm_grad_cannot(a), "cbsr_gemm_grad");
   for (int t = 0; t < a.terms; ++t) require(cbsr_gemm_cuda_cannot(a.pattern.width, a.w[t].cols, a.terms), "cbsr_gemm_grad");
+  if (a.column_partial != nullptr) require(cbsr_gemm_grad_sums_cannot(a), "cbsr_gemm_grad");
   if (a.pattern.rows == 0) return;
   if (a.pattern.index_bytes() == 1) return launch_grad<uint8_t>(a, stream);
   launch_grad<uint16_t>(a, stream);

@@ -959,16 +959,21 @@ void launch_gar_columns(const SpmmArgs& a, int64_t col0, int64_t width, cudaStre
   throw InternalError("spmm gar: no kernel for a group of " + std::to_string(g));
 }
 
-// Whole 32-float tiles in one launch, and a partial last tile of at least 8 columns (e.g. the
-// last 15 of a width of 47) in a second launch whose groups are only as wide as that tail, where
-// the tiles' launch would spend a group of 8 float4 lanes per entry on it: measured on R-MAT
-// scale 21, a 16-column tail alone takes 1.45 ms against 1.66 for a whole tile. A narrower tail
-// stays the tiles' launch's last tile (its lanes past the width gather nothing): a launch of
-// 1-lane groups reads each lane's own entries' indices uncoalesced, and took 3.4 ms for 4 columns.
+// Float4 gathers: every tile in one launch, a partial last one included (its lanes past the width
+// gather the tile's first columns again: no extra sectors). Scalar gathers: whole 32-float tiles
+// in one launch, and a partial last tile of at least 8 columns (e.g. the last 15 of a width of 47)
+// in a second launch whose groups are only as wide as that tail. Measured on R-MAT scale 21 (H100,
+// two runs): one launch against two at width 40 / 48 / 56 with float4 gathers 3.11 / 2.85 / 3.54
+// ms against 4.18 / 3.14 / 3.56 (a tail of 8 columns takes a launch of 2-lane groups), while at 47
+// with scalar gathers 4.50 against 4.02; in training, a width of 47 gathered from rows padded to 48
+// took 3.00 against 3.24 ms (SAGE's backward) and 4.25 against 4.41 (GCN's), 3.75 against 3.65
+// for SAGE's forward (accumulating, with the bias). A narrower scalar tail stays the tiles'
+// launch's last tile: a launch of 1-lane groups reads each lane's own entries' indices
+// uncoalesced, and took 3.4 ms for 4 columns.
 void run_gar(const SpmmArgs& a, cudaStream_t stream) {
   const int64_t width = a.out.cols;
   const int64_t whole = width / kGarTile * kGarTile;
-  if (whole == 0 || width - whole < 8) return launch_gar_columns(a, 0, width, stream);
+  if (whole == 0 || width - whole < 8 || vector_loads(a)) return launch_gar_columns(a, 0, width, stream);
   launch_gar_columns(a, 0, whole, stream);
   launch_gar_columns(a, whole, width - whole, stream);
 }

@@ -240,7 +240,13 @@ class AggregateLinear {
   // Frees each tensor as soon as it has served: the peak is the saved input, the incoming gradient
   // and one new gradient-sized tensor.
   Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) {
-    ops::column_sum(grad, &bias_.grad, /*accumulate=*/true);
+    if (out_grad_sums_.defined()) {  // grad's column sums, made by the pass that wrote grad
+      ops::axpy(out_grad_sums_, 1.0f, &bias_.grad);
+      out_grad_sums_ = Tensor();
+    } else {
+      ops::column_sum(grad, &bias_.grad, /*accumulate=*/true);
+    }
+    in_grad_sums_ = Tensor();
     if (sparse_input_) return backward_maxk(g, std::move(grad), need_input_grad);
     if (transform_first_ && root_ && lin_.out() < lin_.in()) return backward_pair(g, std::move(grad), need_input_grad);
     if (root_) root_->accumulate_grads(x_dst_, grad, exec_.tf32);
@@ -254,7 +260,7 @@ class AggregateLinear {
       if (cbsr_linear_ && maxk_.values.defined()) {  // the gradient at the kept positions, directly
         grad = Tensor();
         gx = Tensor::empty(g.num_src(), lin_.in(), DType::kF32, gh.device());
-        ops::cbsr_gemm_grad(maxk_, {{gh, lin_.weight().value}}, &gx);
+        ops::cbsr_gemm_grad(maxk_, {{gh, lin_.weight().value}}, &gx, new_input_grad_sums(gx));
         maxk_ = ops::Cbsr();
         return gx;
       }
@@ -378,7 +384,7 @@ class AggregateLinear {
     ops::zero_block(&w, 0, in, 2 * out, n);
     Tensor gx = Tensor::empty(g.num_src(), in, DType::kF32, pair.device());
     if (cbsr_linear_ && maxk_.values.defined()) {
-      ops::cbsr_gemm_grad(maxk_, {{pair, w}}, &gx);  // at the kept positions only
+      ops::cbsr_gemm_grad(maxk_, {{pair, w}}, &gx, new_input_grad_sums(gx));  // at the kept positions only
       maxk_ = ops::Cbsr();
       return gx;
     }
@@ -396,9 +402,16 @@ class AggregateLinear {
   Tensor masked_by_maxk_input(Tensor gx) {
     if (!maxk_.values.defined()) return gx;
     Tensor masked = Tensor::empty(gx.rows(), gx.cols(), DType::kF32, gx.device());
-    ops::maxk_backward(maxk_, nullptr, &gx, &masked);
+    ops::maxk_backward(maxk_, nullptr, &gx, &masked, new_input_grad_sums(masked));
     maxk_ = ops::Cbsr();
     return masked;
+  }
+
+  // A 1 x width tensor for the column sums of the input gradient gx that a MaxK backward is about
+  // to write (kept for take_input_grad_sums).
+  Tensor* new_input_grad_sums(const Tensor& gx) {
+    in_grad_sums_ = Tensor::empty(1, gx.cols(), DType::kF32, gx.device());
+    return &in_grad_sums_;
   }
 
   // Backward for a MaxK input aggregated in CBSR form: dW (and dW_root) from the saved SpGEMM
@@ -431,7 +444,7 @@ class AggregateLinear {
     }
     grad = Tensor();
     Tensor gx = Tensor::empty(g.num_src(), lin_.in(), DType::kF32, gv.device());
-    ops::maxk_backward(pattern, &gv, root_ ? &g_root : nullptr, &gx);
+    ops::maxk_backward(pattern, &gv, root_ ? &g_root : nullptr, &gx, new_input_grad_sums(gx));
     return gx;
   }
 
@@ -442,6 +455,9 @@ class AggregateLinear {
   bool reads_dense_maxk_input() const { return lin_.in() > lin_.out(); }
   // The last forward aggregated its dense input first (not transform-first, not MaxK's CBSR).
   bool aggregates_first() const { return !transform_first_ && !sparse_input_; }
+  // Layer::take_input_grad_sums and Layer::give_output_grad_sums.
+  Tensor take_input_grad_sums() { return std::move(in_grad_sums_); }
+  void give_output_grad_sums(Tensor sums) { out_grad_sums_ = std::move(sums); }
   // That forward's output once more (same inputs, same ops, same bits), from A x: the kept one, or
   // recomputed from the saved input. Only after an aggregate-first training forward, before its
   // backward.
@@ -470,6 +486,8 @@ class AggregateLinear {
     Tensor x, a;
   } kept_;  // A x of a constant input (aggregated_input)
   ops::Cbsr maxk_;  // the CBSR form of a MaxK input, for backward
+  Tensor out_grad_sums_;  // column sums of the next backward's grad, when given (the bias gradient)
+  Tensor in_grad_sums_;   // column sums of the input gradient the last backward returned, when made
 };
 
 // A layer that is one AggregateLinear: GCN (PyG GCNConv) and SAGE (PyG SAGEConv, mean:
@@ -493,6 +511,8 @@ class ConvLayer : public Layer {
     return p;
   }
   bool reads_dense_maxk_input() const override { return conv_.reads_dense_maxk_input(); }
+  Tensor take_input_grad_sums() override { return conv_.take_input_grad_sums(); }
+  void give_output_grad_sums(Tensor sums) override { conv_.give_output_grad_sums(std::move(sums)); }
 
  private:
   std::string kind_;
@@ -525,9 +545,13 @@ class GinLayer : public Layer {
     return second_->forward(z, exec_.tf32, ctx.relu);
   }
   Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) override {
-    if (!second_) return first_.backward(g, std::move(grad), need_input_grad);
+    if (!second_) {
+      first_.give_output_grad_sums(std::move(out_grad_sums_));
+      return first_.backward(g, std::move(grad), need_input_grad);
+    }
     Tensor hidden = recompute_hidden_ ? first_.output_again(g, /*relu=*/true) : std::move(hidden_);
-    second_->accumulate_grads(hidden, grad, exec_.tf32);
+    second_->accumulate_grads(hidden, grad, exec_.tf32, out_grad_sums_.defined() ? &out_grad_sums_ : nullptr);
+    out_grad_sums_ = Tensor();
     // The MLP's hidden width equals its output width: the input gradient overwrites grad in row
     // panels, written back through the inner ReLU's backward, so the hidden activation, grad and
     // its gradient never coexist as three tensors.
@@ -543,12 +567,15 @@ class GinLayer : public Layer {
     return p;
   }
   bool reads_dense_maxk_input() const override { return first_.reads_dense_maxk_input(); }
+  Tensor take_input_grad_sums() override { return first_.take_input_grad_sums(); }
+  void give_output_grad_sums(Tensor sums) override { out_grad_sums_ = std::move(sums); }
 
  private:
   AggregateLinear first_;
   std::unique_ptr<Linear> second_;
   ops::ExecOptions exec_;
   Tensor hidden_;
+  Tensor out_grad_sums_;  // Layer::give_output_grad_sums: the MLP's last bias gradient
   bool recompute_hidden_ = false;
 };
 

@@ -16,8 +16,10 @@ class Linear {
   Tensor forward(const Tensor& x, bool tf32, bool relu = false) const;
   // Accumulates dW = x^T g (and db = column sums of g); returns g W^T when need_input_grad.
   Tensor backward(const Tensor& x, const Tensor& grad_out, bool need_input_grad, bool tf32);
-  // The two halves of backward, for layers that free tensors in between.
-  void accumulate_grads(const Tensor& x, const Tensor& grad_out, bool tf32);
+  // The two halves of backward, for layers that free tensors in between. With grad_sums (grad_out's
+  // column sums, made by whatever wrote grad_out: Layer::give_output_grad_sums) db adds them
+  // instead of summing grad_out.
+  void accumulate_grads(const Tensor& x, const Tensor& grad_out, bool tf32, const Tensor* grad_sums = nullptr);
   // g W^T, added into `into` (beta 1) when given, else as a new tensor.
   Tensor input_grad(const Tensor& grad_out, bool tf32, Tensor* into = nullptr) const;
   // g <- g W^T for a square W, without a second g-sized tensor; then through ReLU's backward at

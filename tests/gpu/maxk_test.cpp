@@ -20,11 +20,13 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/buffer.hpp"
 #include "kernels/cuda/fill.hpp"
 #include "kernels/cuda/runtime.hpp"
+#include "kernels/dense.hpp"
 #include "kernels/error.hpp"
 #include "kernels/maxk.hpp"
 #include "kernels/random.hpp"
@@ -413,6 +415,94 @@ TEST_F(MaxkCudaTest, BackwardAndToDenseMatchCpuExactly) {
     auto d_block = poisoned(cpu_block.size());
     cbsr_to_dense_cuda(d_pattern, MatrixView{d_block.data() + offset, rows, width, wide}, *stream_);
     EXPECT_TRUE(same_bits(download(d_block), cpu_block)) << "to dense block width " << width;
+  }
+}
+
+// The column sums the backward kernels make of the gradient they write (kernels/maxk.hpp: per-warp
+// rows, then column_sum_cuda over them) against the CPU's column sums of the CPU's gradient, with
+// the gradient itself unchanged by asking for them; enough rows that every warp of the capped grid
+// takes several.
+TEST_F(MaxkCudaTest, BackwardColumnSumsMatchCpu) {
+  const int64_t rows = 40009;
+  const auto sums_of = [&](DeviceBuffer<float>& partial, int64_t sum_rows, int64_t width) {
+    auto d_sums = poisoned(static_cast<size_t>(width));
+    const size_t bytes = column_sum_workspace_bytes(sum_rows, width);
+    DeviceBuffer<unsigned char> ws(*pool_, bytes, *stream_);
+    column_sum_cuda(ConstMatrixView{partial.data(), sum_rows, width, width}, d_sums.data(), false, ws.data(), bytes,
+                    *stream_);
+    return download(d_sums);
+  };
+  const auto cpu_sums = [](const std::vector<float>& m, int64_t width, std::vector<float>* mag) {
+    std::vector<float> sums(static_cast<size_t>(width));
+    column_sum(ConstMatrixView{m.data(), static_cast<int64_t>(m.size()) / width, width, width}, sums.data(), false);
+    const auto am = absolute(m);
+    mag->assign(static_cast<size_t>(width), 0.0f);
+    column_sum(ConstMatrixView{am.data(), static_cast<int64_t>(am.size()) / width, width, width}, mag->data(), false);
+    return sums;
+  };
+  for (int64_t width : {int64_t{7}, int64_t{100}, int64_t{256}, kMaxkSumWidth}) {
+    const int64_t k = std::min<int64_t>(width, 32);
+    const Cbsr pattern = random_cbsr(derive_key(41, width), rows, width, k);
+    const auto dense = uniform(derive_key(42, width), static_cast<size_t>(rows * width), -1.0f, 1.0f);
+    const auto sparse = uniform(derive_key(43, width), static_cast<size_t>(rows * k), -1.0f, 1.0f);
+    std::vector<float> cpu(static_cast<size_t>(rows * width));
+    maxk_backward_cpu(pattern.cview(), sparse.data(), matrix(dense.data(), rows, width), matrix(cpu.data(), rows, width));
+    auto d_values = upload(pattern.values);
+    auto d_index = upload(pattern.index);
+    auto d_dense = upload(dense);
+    auto d_sparse = upload(sparse);
+    const ConstCbsrView d_pattern{rows, width, k, d_values.data(), d_index.data()};
+    const int64_t sum_rows = maxk_backward_sum_rows(rows);
+    auto partial = poisoned(static_cast<size_t>(sum_rows * width));
+    auto d_out = poisoned(cpu.size());
+    maxk_backward_cuda(d_pattern, d_sparse.data(), matrix(d_dense.data(), rows, width),
+                       matrix(d_out.data(), rows, width), *stream_, partial.data());
+    EXPECT_TRUE(same_bits(download(d_out), cpu)) << "maxk_backward with sums, width " << width;
+    std::vector<float> mag;
+    const auto want = cpu_sums(cpu, width, &mag);
+    expect_close(sums_of(partial, sum_rows, width), want, mag, 1e-5f, "maxk_backward sums width " + std::to_string(width));
+  }
+  // cbsr_gemm_grad: SAGE's last layer (256 wide, the 96-column pair) and two terms at width 100.
+  for (const auto& [width, n, terms] : {std::tuple<int64_t, int64_t, int>{256, 96, 1}, {100, 47, 2}}) {
+    const int64_t k = 32;
+    const Cbsr x = random_cbsr(derive_key(44, width), rows, width, k);
+    const auto g0 = uniform(derive_key(45, width), static_cast<size_t>(rows * n), -1.0f, 1.0f);
+    const auto w0 = uniform(derive_key(46, width), static_cast<size_t>(width * n), -1.0f, 1.0f);
+    const auto w1 = uniform(derive_key(47, width), static_cast<size_t>(width * n), -1.0f, 1.0f);
+    CbsrGemmGradArgs a;
+    a.pattern = x.cview();
+    a.terms = terms;
+    a.grad[0] = a.grad[1] = matrix(g0.data(), rows, n);
+    a.w[0] = matrix(w0.data(), width, n);
+    a.w[1] = matrix(w1.data(), width, n);
+    std::vector<float> cpu(static_cast<size_t>(rows * width));
+    a.grad_in = matrix(cpu.data(), rows, width);
+    cbsr_gemm_grad_cpu(a);
+    auto d_values = upload(x.values);
+    auto d_index = upload(x.index);
+    auto d_g0 = upload(g0), d_w0 = upload(w0), d_w1 = upload(w1);
+    CbsrGemmGradArgs d = a;
+    d.pattern = ConstCbsrView{rows, width, k, d_values.data(), d_index.data()};
+    d.grad[0].data = d.grad[1].data = d_g0.data();
+    d.w[0].data = d_w0.data();
+    d.w[1].data = d_w1.data();
+    ASSERT_EQ(cbsr_gemm_grad_sums_cannot(d), "") << "width " << width << ", n " << n;
+    const int64_t sum_rows = cbsr_gemm_grad_sum_rows(rows);
+    auto partial = poisoned(static_cast<size_t>(sum_rows * width));
+    d.column_partial = partial.data();
+    auto d_out = poisoned(cpu.size());
+    d.grad_in = matrix(d_out.data(), rows, width);
+    cbsr_gemm_grad_cuda(d, *stream_);
+    const auto got = download(d_out);
+    std::vector<float> mag;
+    const auto want = cpu_sums(cpu, width, &mag);
+    // The gradient to the CPU's rounding (fused multiply-adds), its sums to those of the GPU's own
+    // gradient and, looser, to the CPU's.
+    std::vector<float> got_mag;
+    const auto got_want = cpu_sums(got, width, &got_mag);
+    const auto got_sums = sums_of(partial, sum_rows, width);
+    expect_close(got_sums, got_want, got_mag, 1e-5f, "cbsr_gemm_grad sums width " + std::to_string(width));
+    expect_close(got_sums, want, mag, 1e-4f, "cbsr_gemm_grad sums against the CPU, width " + std::to_string(width));
   }
 }
 

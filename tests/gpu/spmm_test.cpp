@@ -3,9 +3,10 @@
 // blocks), rows of 20-120 entries (several gather pieces), a skewed graph whose rows cross many of
 // a GAR block's group ranges (also with its rows in degree order), more sources than destinations;
 // widths 1, 3, 32, 33, 64, 100, 128, 256, 257 (scalar and float4 paths, partial groups, several
-// column tiles), padded leading dimensions, and every combination of row scale, column scale, edge
-// weight, self term, accumulate, bias and ReLU. Outputs are poisoned with NaN first, so an element
-// a kernel forgets to write fails. Tests skip with a reason when no CUDA device is present.
+// column tiles; 40 and 47 on the skewed graph), padded leading dimensions, and every combination
+// of row scale, column scale, edge weight, self term, accumulate, bias and ReLU. Outputs are
+// poisoned with NaN first, so an element a kernel forgets to write fails. Tests skip with a reason
+// when no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -219,6 +220,12 @@ TEST_F(SpmmCudaTest, SkewedGraphAcrossTilesMatchesCpu) {
       check(SpmmKind::kGar, g, width, Options::from(combo), key, pad);
       combo = (combo + 37) % Options::kCombos;
     }
+  }
+  // Partial last tiles of float4 gathers in the tiles' launch: 40, and 47 gathered from rows padded
+  // to 48 but written a float at a time.
+  for (const auto& [width, pad] : {std::pair<int64_t, int64_t>{40, 0}, {47, 1}}) {
+    check(SpmmKind::kGar, g, width, Options::from(combo), derive_key(85, static_cast<uint64_t>(width)), pad);
+    combo = (combo + 37) % Options::kCombos;
   }
   check(SpmmKind::kGas, g, 100, Options::from(4 + 64), derive_key(83, 1));
   // Tiles whose entries outnumber the memory-aware staging buffer many times, widths in one and
