@@ -100,7 +100,7 @@ int run_bench_train(const std::vector<std::string>& args) {
   int64_t hidden = 256;
   float dropout = 0.0f;
   uint64_t seed = 0;
-  bool json = false, tf32 = false, tune_gemm = false, op_table = false;
+  bool json = false, tf32 = false, tune_gemm = false, stack_operands = false, op_table = false;
   po::options_description desc(
       "usage: gale bench train STORE [options]\n"
       "       gale bench train --generate rmat:scale=S,edge-factor=E,classes=C,feature-dim=D [options]\n\n"
@@ -124,6 +124,8 @@ int run_bench_train(const std::vector<std::string>& args) {
       ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
       ("tf32", po::bool_switch(&tf32), "GEMMs on TF32 tensor cores")
       ("tune-gemm", po::bool_switch(&tune_gemm), "time cuBLASLt's candidates once per large GEMM shape, keep the fastest")
+      ("stack-operands", po::bool_switch(&stack_operands), "SAGE: side-by-side operands that cost memory, one GEMM instead of "
+                                                           "two (the first layer's [A x | x]; a MaxK hidden layer's input gradients)")
       ("gpu-mem-budget", po::value(&budget), "cap on the GPU memory Gale allocates, e.g. 8G")
       ("seed", po::value(&seed), "weight initialisation seed")
       ("json", po::bool_switch(&json), "one JSON object per model instead of the table")
@@ -150,7 +152,7 @@ int run_bench_train(const std::vector<std::string>& args) {
   if (models.empty()) throw InputError("--models: expected at least one model");
   const Device dev = parse_device(device_text);
   engine::require(dev);
-  engine::ops::ExecOptions exec{parse_spmm_kind(spmm), tf32};
+  engine::ops::ExecOptions exec{parse_spmm_kind(spmm), tf32, stack_operands};
   engine::ops::set_gemm_tuning(tune_gemm);
   if (!budget.empty()) {
     const uint64_t bytes = parse_size(budget, "--gpu-mem-budget");
@@ -184,10 +186,10 @@ int run_bench_train(const std::vector<std::string>& args) {
     std::printf("device: %s\ngraph: %s, %lld nodes, %lld edges, %lld features, %d classes\n", device_name.c_str(),
                 source.label().c_str(), static_cast<long long>(n), static_cast<long long>(store.num_edges()),
                 static_cast<long long>(store.feature_dim()), store.num_classes());
-    std::printf("%d layers, hidden %lld, %s, spmm %s, %s; median of %d epochs after %d warm-up\n", layers,
+    std::printf("%d layers, hidden %lld, %s, spmm %s, %s%s; median of %d epochs after %d warm-up\n", layers,
                 static_cast<long long>(hidden), activation.empty() ? "relu (gat: elu)" : activation.c_str(), spmm.c_str(),
-                tune_gemm ? (tf32 ? "tf32, tuned GEMMs" : "fp32, tuned GEMMs") : (tf32 ? "tf32" : "fp32"), epochs,
-                warmup);
+                tune_gemm ? (tf32 ? "tf32, tuned GEMMs" : "fp32, tuned GEMMs") : (tf32 ? "tf32" : "fp32"),
+                stack_operands ? ", stacked operands" : "", epochs, warmup);
     std::printf("%-6s %10s %9s %9s %9s %9s\n", "model", "ms/epoch", "agg_ms", "gemm_ms", "other_ms", "peak_GiB");
   }
   for (const std::string& m : models) {
@@ -212,7 +214,8 @@ int run_bench_train(const std::vector<std::string>& args) {
     if (json) {
       nlohmann::json row = {{"side", "gale"}, {"model", m}, {"layers", layers}, {"hidden", hidden},
                             {"activation", engine::activation_name(cfg)},
-                            {"device", device_name}, {"spmm", spmm}, {"tf32", tf32}, {"tune_gemm", tune_gemm}};
+                            {"device", device_name}, {"spmm", spmm}, {"tf32", tf32}, {"tune_gemm", tune_gemm},
+                            {"stack_operands", stack_operands}};
       if (m == "gat") row["heads"] = heads;
       if (r.error.empty()) {
         row.update({{"ms_per_epoch", r.ms}, {"agg_ms", r.agg_ms}, {"gemm_ms", r.gemm_ms}, {"other_ms", r.other_ms},

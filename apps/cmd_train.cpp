@@ -58,7 +58,7 @@ class Progress {
 int run_train(const std::vector<std::string>& args) {
   engine::TrainOptions o;
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
-  bool tf32 = false, tune_gemm = false, no_match = false;
+  bool tf32 = false, tune_gemm = false, stack_operands = false, no_match = false;
   std::string eval = "auto", feature_gpu, sampler = "auto", gpus;
   int cpu_workers = 0;
   int layers = 2;
@@ -77,6 +77,9 @@ int run_train(const std::vector<std::string>& args) {
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
       ("tune-gemm", po::bool_switch(&tune_gemm), "GPU GEMMs: time cuBLASLt's candidates once per large repeated shape "
                                                  "and keep the fastest (faster; runs may then differ in the last bits)")
+      ("stack-operands", po::bool_switch(&stack_operands), "full-graph SAGE: operands side by side for one GEMM instead of two "
+                                                           "where that costs memory: the first layer's [A x | x] (one more copy of "
+                                                           "the features on the GPU), a MaxK hidden layer's input gradients")
       ("gpus", po::value(&gpus), "data-parallel training on these GPUs, one worker each: all | 0,1,... (mini-batch)")
       ("workers", po::value(&cpu_workers), "data-parallel CPU workers (--device cpu, mini-batch)")
       ("check-replicas", po::bool_switch(&o.check_replicas), "compare the workers' weight checksums after every epoch")
@@ -180,6 +183,7 @@ int run_train(const std::vector<std::string>& args) {
   if (o.eval == engine::TrainOptions::Eval::kBatched && fanouts.empty())
     throw InputError("--eval batched: needs --fanouts (mini-batch training)");
   o.exec.tf32 = tf32;
+  o.exec.stack_operands = stack_operands;
   if (tune_gemm && o.deterministic)
     throw InputError("--tune-gemm: cannot be combined with --deterministic (the tuned GEMMs may differ between runs)");
   engine::ops::set_gemm_tuning(tune_gemm);

@@ -59,15 +59,27 @@ class Layer {
   // x. When it does not, the model writes only the CBSR form (top-k without its dense pass) and
   // hands the layer an undefined x.
   virtual bool reads_dense_maxk_input() const { return true; }
-  // Bias gradients without a pass over a mostly-zero gradient. A layer whose forward took a MaxK
-  // input folds MaxK's backward into its own and writes an input gradient that is zero past the
-  // kept positions; the kernel that writes it can sum its columns from the values it writes
-  // (kernels/maxk.hpp), and those sums are the bias gradient of the layer below. The model takes
-  // them after a backward (undefined when the layer made none) and gives them to the layer below
-  // before its backward, which then adds them to its bias gradient instead of summing its
-  // grad_out. A layer may ignore what it is given.
+  // For a layer that does not read the dense form but lays it beside something else in an operand
+  // of its own (SAGE's [A x | x_dst]): that operand, allocated now for the coming forward on g,
+  // and in *col_offset the column where the model's top-k writes the dense form, in the same pass
+  // as the CBSR form (no separate scatter). Undefined when the layer has none for g.
+  virtual Tensor stage_maxk_input(const GraphOperand& g, int64_t* col_offset) {
+    (void)g;
+    (void)col_offset;
+    return Tensor();
+  }
+  // Bias gradients without another pass over the gradient. The kernel that writes a layer's output
+  // gradient can sum its columns from the values it writes, and those sums are the layer's bias
+  // gradient: MaxK's backward, folded into the next layer's (kernels/maxk.hpp; its gradient is
+  // zero past the kept positions), and ReLU's, in the model. The model takes them after a backward
+  // (undefined when the layer made none) and gives them to the layer below before its backward,
+  // which then adds them to its bias gradient instead of summing its grad_out. A layer may ignore
+  // what it is given.
   virtual Tensor take_input_grad_sums() { return Tensor(); }
   virtual void give_output_grad_sums(Tensor sums) { (void)sums; }
+  // Whether the layer uses what it is given: then the model also has ReLU's backward sum the
+  // columns of the gradient it writes (ops::relu_backward_mask).
+  virtual bool takes_output_grad_sums() const { return false; }
 };
 
 }  // namespace gale::engine

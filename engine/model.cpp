@@ -120,7 +120,11 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
       if (layers_[l + 1]->reads_dense_maxk_input()) {
         sparse = ops::maxk(h, config_.maxk, &h);
       } else {
-        sparse = ops::maxk(h, config_.maxk);
+        // Not under dropout: its masks change the kept values after this write.
+        int64_t offset = 0;
+        const bool dropout_next = training && config_.dropout > 0.0f;
+        Tensor staged = dropout_next ? Tensor() : layers_[l + 1]->stage_maxk_input(*graphs[l + 1], &offset);
+        sparse = staged.defined() ? ops::maxk(h, config_.maxk, &staged, offset) : ops::maxk(h, config_.maxk);
         h = Tensor();
       }
     } else if (hidden && config_.activation == Activation::kElu) {
@@ -145,11 +149,15 @@ void Model::backward(Tensor grad_logits, const GradHook& on_layer_grads) {
     if (l + 1 < layers_.size()) {
       // In place: the gradient of the activation's output is not needed again. MaxK's backward
       // was folded into the next layer's (ForwardContext::maxk_input).
-      if (config_.activation == Activation::kElu) ops::elu_backward(g, s.activated, &g);
-      else if (config_.activation == Activation::kRelu) ops::relu_backward_mask(g, s.relu_mask, &g);
+      if (config_.activation != Activation::kMaxK) g_sums = Tensor();  // the sums of g before this backward
+      if (config_.activation == Activation::kElu) {
+        ops::elu_backward(g, s.activated, &g);
+      } else if (config_.activation == Activation::kRelu) {
+        if (layers_[l]->takes_output_grad_sums()) g_sums = Tensor::empty(1, g.cols(), DType::kF32, g.device());
+        ops::relu_backward_mask(g, s.relu_mask, &g, g_sums.defined() ? &g_sums : nullptr);
+      }
       s.activated = s.relu_mask = Tensor();  // released as soon as it has served, to bound peak memory
     }
-    if (config_.activation != Activation::kMaxK) g_sums = Tensor();  // sums of g before its activation's backward
     if (g_sums.defined()) layers_[l]->give_output_grad_sums(std::move(g_sums));
     // The gradient is handed over, so the layer frees it as soon as it is done with it.
     g = layers_[l]->backward(*graphs_[l], std::move(g), /*need_input_grad=*/l > 0);

@@ -391,14 +391,26 @@ Tensor relu_mask(const Tensor& y) {
 #endif
 }
 
-void relu_backward_mask(const Tensor& grad_out, const Tensor& mask, Tensor* grad_in) {
+void relu_backward_mask(const Tensor& grad_out, const Tensor& mask, Tensor* grad_in, Tensor* column_sums) {
   same_device(grad_out, mask, "relu_backward_mask");
   same_shape(grad_out, *grad_in, "relu_backward_mask");
   GALE_ASSERT(mask.rows() == grad_out.rows() && mask.cols() == kernels::relu_mask_words(grad_out.cols()));
+  GALE_ASSERT(column_sums == nullptr || column_sums->numel() == grad_out.cols());
   const OpTimer timer(OpKind::kOther, grad_out.device(), "relu_backward_mask");
   const auto* bits = mask.data<uint32_t>();
-  if (grad_out.device().is_cpu()) return kernels::relu_backward_mask(grad_out.view(), bits, grad_in->view());
+  if (grad_out.device().is_cpu()) {
+    kernels::relu_backward_mask(grad_out.view(), bits, grad_in->view());
+    if (column_sums != nullptr) kernels::column_sum(grad_in->view(), column_sums->f32(), /*accumulate=*/false);
+    return;
+  }
 #if GALE_WITH_CUDA
+  if (column_sums != nullptr) {
+    const size_t bytes = kernels::column_sum_workspace_bytes(grad_out.rows(), grad_out.cols());
+    Tensor ws = Tensor::empty(static_cast<int64_t>(bytes), 1, DType::kU8, grad_out.device());
+    kernels::relu_backward_mask_sum_cuda(grad_out.view(), bits, grad_in->view(), column_sums->f32(),
+                                         ws.data<unsigned char>(), bytes, stream(grad_out));
+    return;
+  }
   kernels::relu_backward_mask_cuda(grad_out.view(), bits, grad_in->view(), stream(grad_out));
 #else
   no_cuda();
@@ -564,8 +576,16 @@ kernels::ConstCbsrView Cbsr::view() const {
   return {values.rows(), width, values.cols(), values.f32(), index.data<unsigned char>()};
 }
 
-Cbsr maxk(const Tensor& y, int64_t k, Tensor* dense) {
-  GALE_ASSERT(dense == nullptr || (dense->rows() == y.rows() && dense->cols() == y.cols() && dense->device() == y.device()));
+Cbsr maxk(const Tensor& y, int64_t k, Tensor* dense, int64_t col_offset) {
+  GALE_ASSERT(dense == nullptr || (dense->rows() == y.rows() && col_offset >= 0 &&
+                                   dense->cols() >= col_offset + y.cols() && dense->device() == y.device()));
+  GALE_ASSERT(dense == nullptr || col_offset == 0 || dense->f32() != y.f32());
+  kernels::MatrixView block;  // the dense form's columns, rows dense->cols() apart
+  if (dense) {
+    block = dense->view();
+    block.data += col_offset;
+    block.cols = y.cols();
+  }
   Cbsr c;
   c.width = y.cols();
   c.values = Tensor::empty(y.rows(), k, DType::kF32, y.device());
@@ -573,11 +593,11 @@ Cbsr maxk(const Tensor& y, int64_t k, Tensor* dense) {
   const OpTimer timer(OpKind::kOther, y.device(), "maxk");
   if (y.device().is_cpu()) {
     kernels::maxk_forward_cpu(y.view(), c.view());
-    if (dense) kernels::cbsr_to_dense_cpu(c.view(), dense->view());
+    if (dense) kernels::cbsr_to_dense_cpu(c.view(), block);
     return c;
   }
 #if GALE_WITH_CUDA
-  kernels::maxk_forward_cuda(y.view(), c.view(), stream(y), dense ? dense->view() : kernels::MatrixView{});
+  kernels::maxk_forward_cuda(y.view(), c.view(), stream(y), block);
   return c;
 #else
   no_cuda();
@@ -630,10 +650,14 @@ void sum_partial_rows(const Tensor& partial, Tensor* column_sums) {
 
 void maxk_backward(const Cbsr& pattern, const Tensor* grad_values, const Tensor* grad_dense, Tensor* grad_in,
                    Tensor* column_sums) {
+  maxk_backward(pattern, grad_values ? grad_values->f32() : nullptr,
+                grad_dense ? grad_dense->view() : kernels::ConstMatrixView{}, grad_in, column_sums);
+}
+
+void maxk_backward(const Cbsr& pattern, const float* gv, kernels::ConstMatrixView gd, Tensor* grad_in,
+                   Tensor* column_sums) {
   GALE_ASSERT(grad_in->rows() == pattern.rows() && grad_in->cols() == pattern.width);
   GALE_ASSERT(column_sums == nullptr || column_sums->numel() == pattern.width);
-  const float* gv = grad_values ? grad_values->f32() : nullptr;
-  const kernels::ConstMatrixView gd = grad_dense ? grad_dense->view() : kernels::ConstMatrixView{};
   {
     const OpTimer timer(OpKind::kOther, grad_in->device(), "maxk_backward");
     if (grad_in->device().is_cpu()) {

@@ -22,6 +22,11 @@ namespace gale::engine::ops {
 struct ExecOptions {
   kernels::SpmmKind spmm = kernels::SpmmKind::kAuto;  // CUDA aggregation kernel family
   bool tf32 = false;                                 // cuBLAS GEMMs on TF32 tensor cores
+  // SAGE's side-by-side operands that cost memory (`--stack-operands`): a first layer on a constant
+  // input keeps [A x | x] and multiplies it by [W; W_root] in one GEMM, forward and backward (one
+  // more copy of the input on the device); a hidden layer on a MaxK input forms both input-gradient
+  // terms, grad [W; W_root]^T, in one GEMM (a 2 x in wide gradient until MaxK's backward).
+  bool stack_operands = false;
 };
 
 // ---- per-op-kind timing (gale bench train) ----------------------------------------------------
@@ -111,7 +116,10 @@ void relu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in);
 // One bit per element of y > 0 (kernels/dense.hpp's layout), as a rows x words i32 tensor: what
 // ReLU's backward needs, at 1/32 of the activation's memory.
 Tensor relu_mask(const Tensor& y);
-void relu_backward_mask(const Tensor& grad_out, const Tensor& mask, Tensor* grad_in);
+// grad_in (may alias grad_out) = grad_out where the mask bit is set, else 0. With column_sums
+// (1 x cols): also = grad_in's column sums (the bias gradient of the layer below), summed from
+// the values written in the same pass on a GPU.
+void relu_backward_mask(const Tensor& grad_out, const Tensor& mask, Tensor* grad_in, Tensor* column_sums = nullptr);
 void elu(const Tensor& x, Tensor* out);
 void elu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in);
 void dropout(const Tensor& x, Tensor* out, float p, uint64_t key);
@@ -140,8 +148,10 @@ struct Cbsr {
   kernels::ConstCbsrView view() const;
 };
 // The k largest values of every row of y (ties to the lower column). With `dense` (y.rows x y.cols,
-// and it may be y itself) the dense form too, as cbsr_to_dense would write it, in the same pass.
-Cbsr maxk(const Tensor& y, int64_t k, Tensor* dense = nullptr);
+// and it may be y itself) the dense form too, as cbsr_to_dense would write it, in the same pass;
+// with a col_offset, into columns [col_offset, col_offset + y.cols) of a wider dense (not y),
+// whose other columns are left as they are.
+Cbsr maxk(const Tensor& y, int64_t k, Tensor* dense = nullptr, int64_t col_offset = 0);
 // Columns [col_offset, col_offset + width) of out (rows x at least that many columns) = the dense
 // form: kept values in place, zeros elsewhere; out's other columns are left as they are.
 void cbsr_to_dense(const Cbsr& c, Tensor* out, int64_t col_offset = 0);
@@ -152,6 +162,10 @@ void cbsr_dropout(Cbsr* c, float p, uint64_t key);
 // that produced MaxK's input), made on a GPU by the same pass from the values it writes
 // (kernels/maxk.hpp), not by reading the mostly-zero grad_in again.
 void maxk_backward(const Cbsr& pattern, const Tensor* grad_values, const Tensor* grad_dense, Tensor* grad_in,
+                   Tensor* column_sums = nullptr);
+// The same with grad_values (pattern.rows x k floats) and grad_dense (a view: a column block of a
+// wider tensor allowed) on grad_in's device; either may be null / empty.
+void maxk_backward(const Cbsr& pattern, const float* grad_values, kernels::ConstMatrixView grad_dense, Tensor* grad_in,
                    Tensor* column_sums = nullptr);
 // The first `rows` rows of c (a sampled block's destinations), sharing its storage.
 Cbsr cbsr_rows(const Cbsr& c, int64_t rows);

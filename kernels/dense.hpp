@@ -136,6 +136,11 @@ void relu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream);
 void relu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, cudaStream_t stream);
 void relu_mask_cuda(ConstMatrixView y, uint32_t* bits, cudaStream_t stream);
 void relu_backward_mask_cuda(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in, cudaStream_t stream);
+// The same, and sums = its output's column sums (the bias gradient of the layer below the ReLU) from
+// the values it writes: column_sum_cuda's two passes and workspace (column_sum_workspace_bytes),
+// the first of them writing grad_in as it reads; deterministic like column_sum_cuda.
+void relu_backward_mask_sum_cuda(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in, float* sums,
+                                 void* workspace, size_t workspace_bytes, cudaStream_t stream);
 void elu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream);
 void elu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, cudaStream_t stream);
 

@@ -297,6 +297,10 @@ __global__ void scale_kernel(float* c, int64_t m, int64_t n, int64_t ldc, float 
 
 // ---- column sum -------------------------------------------------------------------------------
 
+void require(bool ok, const std::string& what) {
+  if (!ok) throw InputError(what);
+}
+
 constexpr int kSumThreads = 512;
 
 // Two passes, deterministic. Pass 1: block (tile, chunk) sums rows [chunk * chunk_rows, ...) of
@@ -306,19 +310,56 @@ constexpr int kSumThreads = 512;
 // every addition depends only on the shape, never on scheduling, and a tall matrix still spreads
 // over ~1024 chunks x tiles blocks (one block per 32-column tile could not fill the GPU).
 // TW shrinks with narrow matrices so a bias of 1-16 columns still uses all 512 threads on rows.
-template <int TW>
+// The value summed at (r, c) comes from a functor (load), which may also write it somewhere
+// (store), so a kernel that writes a matrix can sum its columns in the same pass (ReluMaskedValue).
+struct MatrixValue {
+  ConstMatrixView x;
+  __device__ float load(int64_t r, int64_t c) const { return x.data[r * x.ld + c]; }
+  __device__ void store(int64_t, int64_t, float) const {}
+};
+// relu_backward_mask's element, written to grad_in (which may be grad_out) and summed.
+struct ReluMaskedValue {
+  ConstMatrixView grad_out;
+  const uint32_t* bits;
+  int64_t words;
+  MatrixView grad_in;
+  __device__ float load(int64_t r, int64_t c) const {
+    return (bits[r * words + c / 32] >> (c % 32)) & 1u ? grad_out.data[r * grad_out.ld + c] : 0.0f;
+  }
+  __device__ void store(int64_t r, int64_t c, float v) const { grad_in.data[r * grad_in.ld + c] = v; }
+};
+
+template <int TW, typename Value>
 __global__ void __launch_bounds__(kSumThreads)
-    column_sum_partial_kernel(ConstMatrixView x, int64_t chunk_rows, double* partial) {
+    column_sum_partial_kernel(int64_t rows, int64_t cols, Value value, int64_t chunk_rows, double* partial) {
   constexpr int kRowLanes = kSumThreads / TW;
   __shared__ double lanes[kSumThreads];
   const int tx = static_cast<int>(threadIdx.x) % TW;
   const int ty = static_cast<int>(threadIdx.x) / TW;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * TW + tx;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk_rows;
-  const int64_t r1 = min(x.rows, r0 + chunk_rows);
+  const int64_t r1 = min(rows, r0 + chunk_rows);
   double acc = 0.0;
-  if (c < x.cols) {
-    for (int64_t r = r0 + ty; r < r1; r += kRowLanes) acc += x.data[r * x.ld + c];
+  if (c < cols) {
+    // Four rows' loads go out before their stores (a store may alias a later load's matrix, so the
+    // compiler would not move the loads up itself); the additions stay in row order.
+    constexpr int kUnroll = 4;
+    int64_t r = r0 + ty;
+    for (; r + (kUnroll - 1) * kRowLanes < r1; r += kUnroll * kRowLanes) {
+      float v[kUnroll];
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i) v[i] = value.load(r + i * kRowLanes, c);
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i) {
+        value.store(r + i * kRowLanes, c, v[i]);
+        acc += v[i];
+      }
+    }
+    for (; r < r1; r += kRowLanes) {
+      const float v = value.load(r, c);
+      value.store(r, c, v);
+      acc += v;
+    }
   }
   lanes[threadIdx.x] = acc;
   __syncthreads();
@@ -327,7 +368,7 @@ __global__ void __launch_bounds__(kSumThreads)
     if (ty < s) lanes[threadIdx.x] += lanes[threadIdx.x + s * TW];
     __syncthreads();
   }
-  if (ty == 0 && c < x.cols) partial[static_cast<int64_t>(blockIdx.y) * x.cols + c] = lanes[tx];
+  if (ty == 0 && c < cols) partial[static_cast<int64_t>(blockIdx.y) * cols + c] = lanes[tx];
 }
 
 __global__ void column_sum_finish_kernel(const double* partial, int64_t chunks, int64_t cols, float* out,
@@ -347,15 +388,33 @@ int64_t column_sum_chunks(int64_t rows) {
   return std::clamp<int64_t>((rows + kSumMinChunkRows - 1) / kSumMinChunkRows, 1, kSumMaxChunks);
 }
 
-template <int TW>
-void launch_column_sum(ConstMatrixView x, float* out, bool accumulate, double* partial, cudaStream_t stream) {
-  const int64_t chunks = column_sum_chunks(x.rows);
-  const int64_t chunk_rows = (x.rows + chunks - 1) / chunks;
-  const dim3 grid(static_cast<unsigned>((x.cols + TW - 1) / TW), static_cast<unsigned>(chunks));
-  column_sum_partial_kernel<TW><<<grid, kSumThreads, 0, stream>>>(x, chunk_rows, partial);
+template <int TW, typename Value>
+void launch_column_sum(int64_t rows, int64_t cols, Value value, float* out, bool accumulate, double* partial,
+                       cudaStream_t stream) {
+  const int64_t chunks = column_sum_chunks(rows);
+  const int64_t chunk_rows = (rows + chunks - 1) / chunks;
+  const dim3 grid(static_cast<unsigned>((cols + TW - 1) / TW), static_cast<unsigned>(chunks));
+  column_sum_partial_kernel<TW><<<grid, kSumThreads, 0, stream>>>(rows, cols, value, chunk_rows, partial);
   check_launch();
-  column_sum_finish_kernel<<<blocks_for(x.cols), kThreads, 0, stream>>>(partial, chunks, x.cols, out, accumulate);
+  column_sum_finish_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(partial, chunks, cols, out, accumulate);
   check_launch();
+}
+
+// Column sums of rows x cols values (a functor above) into out, TW sized to the width.
+template <typename Value>
+void column_sums(int64_t rows, int64_t cols, Value value, float* out, bool accumulate, void* workspace,
+                 size_t workspace_bytes, const char* op, cudaStream_t stream) {
+  if (cols == 0) return;
+  const size_t needed = column_sum_workspace_bytes(rows, cols);
+  require(workspace_bytes >= needed, std::string(op) + ": workspace of " + std::to_string(workspace_bytes) +
+                                         " bytes, " + std::to_string(needed) + " needed");
+  auto* partial = static_cast<double*>(workspace);
+  if (cols == 1) return launch_column_sum<1>(rows, cols, value, out, accumulate, partial, stream);
+  if (cols <= 2) return launch_column_sum<2>(rows, cols, value, out, accumulate, partial, stream);
+  if (cols <= 4) return launch_column_sum<4>(rows, cols, value, out, accumulate, partial, stream);
+  if (cols <= 8) return launch_column_sum<8>(rows, cols, value, out, accumulate, partial, stream);
+  if (cols <= 16) return launch_column_sum<16>(rows, cols, value, out, accumulate, partial, stream);
+  launch_column_sum<32>(rows, cols, value, out, accumulate, partial, stream);
 }
 
 // ---- Adam -------------------------------------------------------------------------------------
@@ -600,10 +659,6 @@ int64_t reduce_chunk(int64_t n_rows) {
 
 // Workspace sections, each starting on a 256-byte boundary.
 size_t section(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw InputError(what);
-}
 
 }  // namespace
 
@@ -852,17 +907,7 @@ size_t column_sum_workspace_bytes(int64_t rows, int64_t cols) {
 
 void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, void* workspace, size_t workspace_bytes,
                      cudaStream_t stream) {
-  if (x.cols == 0) return;
-  const size_t needed = column_sum_workspace_bytes(x.rows, x.cols);
-  require(workspace_bytes >= needed, "column_sum_cuda: workspace of " + std::to_string(workspace_bytes) +
-                                         " bytes, " + std::to_string(needed) + " needed");
-  auto* partial = static_cast<double*>(workspace);
-  if (x.cols == 1) return launch_column_sum<1>(x, out, accumulate, partial, stream);
-  if (x.cols <= 2) return launch_column_sum<2>(x, out, accumulate, partial, stream);
-  if (x.cols <= 4) return launch_column_sum<4>(x, out, accumulate, partial, stream);
-  if (x.cols <= 8) return launch_column_sum<8>(x, out, accumulate, partial, stream);
-  if (x.cols <= 16) return launch_column_sum<16>(x, out, accumulate, partial, stream);
-  launch_column_sum<32>(x, out, accumulate, partial, stream);
+  column_sums(x.rows, x.cols, MatrixValue{x}, out, accumulate, workspace, workspace_bytes, "column_sum_cuda", stream);
 }
 
 void relu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream) {
@@ -885,6 +930,12 @@ void relu_mask_cuda(ConstMatrixView y, uint32_t* bits, cudaStream_t stream) {
     relu_mask_kernel<<<blocks_for(y.rows * words, kWarpsPerMask), kThreads, 0, stream>>>(y, bits, words);
   }
   check_launch();
+}
+
+void relu_backward_mask_sum_cuda(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in, float* sums,
+                                 void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  column_sums(grad_out.rows, grad_out.cols, ReluMaskedValue{grad_out, bits, relu_mask_words(grad_out.cols), grad_in},
+              sums, /*accumulate=*/false, workspace, workspace_bytes, "relu_backward_mask_sum_cuda", stream);
 }
 
 void relu_backward_mask_cuda(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in, cudaStream_t stream) {

@@ -108,6 +108,9 @@ SpmmKind spmm_resolve(SpmmKind kind, const SpmmArgs& a);
 // price in straddling tiles), widths 8 and under 32-byte sectors; narrower ones are left alone. GAR writes its output a float at a time when the output's rows
 // are not 16-byte aligned, so only x needs the copy.
 int64_t spmm_gar_padded_ld(const SpmmArgs& a);
+// The row length (floats) that rule pads a width to (the width itself below 8), so that a
+// producer can write x in such rows to begin with and spare the copy: 47 -> 48, 100 -> 128.
+int64_t spmm_gar_row_floats(int64_t width);
 
 }  // namespace gale::kernels
 

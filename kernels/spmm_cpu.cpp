@@ -78,4 +78,10 @@ std::vector<int64_t> gar_long_rows_cpu(const CsrView& graph) {
   return rows;
 }
 
+int64_t spmm_gar_row_floats(int64_t width) {
+  if (width < 8) return width;
+  const int64_t align = width >= 64 ? 32 : width > 8 ? 16 : 8;  // spmm_gar_padded_ld's, in floats
+  return (width + align - 1) / align * align;
+}
+
 }  // namespace gale::kernels

@@ -55,14 +55,15 @@ void set_col_scale(const GraphOperand& g, GraphOperand::EntryScale which, const 
   }
 }
 
-// out = A_norm x (+ epilogue), out preallocated (num_dst x width).
-void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor& x, Tensor* out,
+// out = A_norm x (+ epilogue), out preallocated (num_dst x width); x a view (a column block of a
+// wider tensor allowed) on the graph's device.
+void aggregate(const GraphOperand& g, Norm norm, float self_scale, kernels::ConstMatrixView x, Tensor* out,
                const ops::ExecOptions& exec, const Epilogue& ep = {}) {
   kernels::SpmmArgs a;
   a.graph = g.csr();
   a.long_rows = g.gar_long_rows(/*csc=*/false);
   a.nnz = g.nnz();
-  a.x = x.view();
+  a.x = x;
   a.out = out->view();
   switch (norm) {
     case Norm::kGcn:
@@ -77,6 +78,18 @@ void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor&
   a.relu = ep.relu;
   a.accumulate = ep.accumulate;
   ops::spmm(a, g.device(), exec.spmm);
+}
+void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor& x, Tensor* out,
+               const ops::ExecOptions& exec, const Epilogue& ep = {}) {
+  aggregate(g, norm, self_scale, x.view(), out, exec, ep);
+}
+
+// w (rows x cols) with zero columns after it up to `cols` columns (w itself when it has them).
+Tensor padded_columns(const Tensor& w, int64_t cols) {
+  if (w.cols() == cols) return w;
+  Tensor p = Tensor::zeros(w.rows(), cols, DType::kF32, w.device());
+  ops::copy_into_columns(w, &p, 0);
+  return p;
 }
 
 // The scales of `aggregate` on the CBSR aggregations' arguments (SpgemmCbsrArgs, SspmmCbsrArgs).
@@ -109,11 +122,11 @@ void aggregate_cbsr(const GraphOperand& g, Norm norm, float self_scale, const op
 // The gradient of aggregate_cbsr with respect to the kept values (MaxK-GNN's SSpMM):
 // num_src x k, from the destinations' gradient.
 Tensor aggregate_cbsr_backward(const GraphOperand& g, Norm norm, float self_scale, const ops::Cbsr& pattern,
-                               const Tensor& grad) {
-  Tensor gv = Tensor::empty(pattern.rows(), pattern.k(), DType::kF32, grad.device());
+                               kernels::ConstMatrixView grad) {
+  Tensor gv = Tensor::empty(pattern.rows(), pattern.k(), DType::kF32, pattern.device());
   kernels::SspmmCbsrArgs a;
   set_scales(g, norm, self_scale, &a);
-  a.grad_out = grad.view();
+  a.grad_out = grad;
   a.pattern = pattern.view();
   a.grad_values = gv.f32();
   a.hubs = g.sspmm_hubs(pattern.k());
@@ -174,6 +187,7 @@ class AggregateLinear {
     // the aggregation no longer fuses.
     transform_first_ = lin_.out() < lin_.in() || (lin_.out() == lin_.in() && root_ != nullptr);
     saved_is_aggregated_ = false;
+    stacked_input_ = false;
     cbsr_linear_ = false;
     Tensor y;
     // A MaxK input is aggregated over its CBSR form (MaxK-GNN's SpGEMM) unless the layer narrows:
@@ -191,10 +205,15 @@ class AggregateLinear {
       // epilogue and backward gets the bias gradient from it too, padded to 4 columns: 516-deep
       // GEMMs measured 3.9 ms forward and 5.1 ms for the weight gradient, against 3.6 and 2.4.)
       const int64_t in = lin_.in();
-      Tensor a = Tensor::empty(g.num_dst(), root_ ? 2 * in : in, DType::kF32, ctx.maxk_input->device());
+      // The operand the model's top-k already wrote x_dst's dense form into (stage_maxk_input),
+      // or a new one.
+      const bool staged = staged_.defined() && staged_.rows() == g.num_dst() && staged_.device() == ctx.maxk_input->device();
+      Tensor a = staged ? std::move(staged_) : Tensor::empty(g.num_dst(), root_ ? 2 * in : in, DType::kF32,
+                                                             ctx.maxk_input->device());
+      staged_ = Tensor();
       aggregate_cbsr(g, norm_, self_scale_, *ctx.maxk_input, &a);
       if (root_) {
-        ops::cbsr_to_dense(ops::cbsr_rows(*ctx.maxk_input, g.num_dst()), &a, /*col_offset=*/in);
+        if (!staged) ops::cbsr_to_dense(ops::cbsr_rows(*ctx.maxk_input, g.num_dst()), &a, /*col_offset=*/in);
         y = Tensor::empty(g.num_dst(), lin_.out(), DType::kF32, a.device());
         ops::gemm_bias(a, stacked_weights(), 0.0f, &y, bias_.value, ctx.relu, exec_.tf32);
       } else {
@@ -208,18 +227,31 @@ class AggregateLinear {
       // A narrowing layer on a MaxK input multiplies its CBSR form (k values a row) while W fits
       // the CBSR kernels; its backward then forms the input gradient at the kept positions only,
       // with a root term from the side-by-side pair's weights (backward_pair).
-      cbsr_linear_ = ctx.maxk_input != nullptr && ops::cbsr_gemm_fits(x.device(), lin_.in(), lin_.out(), 1) &&
+      // t = x W goes to rows that GAR gathers without padding them first (47 columns in rows of
+      // 48: kernels::spmm_gar_row_floats), from W with zero columns to match.
+      const int64_t out = lin_.out(), t_ld = kernels::spmm_gar_row_floats(out);
+      cbsr_linear_ = ctx.maxk_input != nullptr && ops::cbsr_gemm_fits(x.device(), lin_.in(), t_ld, 1) &&
                      (!root_ || ops::cbsr_gemm_fits(x.device(), lin_.in(), pair_cols(), 1));
-      const Tensor t = cbsr_linear_ ? cbsr_transform(*ctx.maxk_input, lin_.weight().value)
-                                    : lin_.forward(x, exec_.tf32);
+      const Tensor w = padded_columns(lin_.weight().value, t_ld);
+      const Tensor t = cbsr_linear_ ? cbsr_transform(*ctx.maxk_input, w) : ops::matmul(x, w, exec_.tf32);
+      kernels::ConstMatrixView t_view = t.view();
+      t_view.cols = out;
       if (root_) {
         y = cbsr_linear_ ? cbsr_transform(ops::cbsr_rows(*ctx.maxk_input, g.num_dst()), root_->weight().value)
                          : root_->forward(x_dst, exec_.tf32);
       } else {
         y = Tensor::empty(g.num_dst(), lin_.out(), DType::kF32, x.device());
       }
-      aggregate(g, norm_, self_scale_, t, &y, exec_, {&bias_.value, ctx.relu, /*accumulate=*/root_ != nullptr});
+      aggregate(g, norm_, self_scale_, t_view, &y, exec_, {&bias_.value, ctx.relu, /*accumulate=*/root_ != nullptr});
       if (ctx.training) saved_ = x;
+    } else if (root_ && exec_.stack_operands && ctx.first_layer && ctx.constant_input && g.whole_graph()) {
+      // [A x | x] (kept) times [W; W_root]: one GEMM with the bias (and ReLU) epilogue.
+      stacked_input_ = true;
+      const Tensor s = stacked_input(g, x);
+      y = Tensor::empty(g.num_dst(), lin_.out(), DType::kF32, s.device());
+      ops::gemm_bias(s, stacked_weights(), 0.0f, &y, bias_.value, ctx.relu, exec_.tf32);
+      if (ctx.training) saved_ = x;
+      return y;
     } else {
       Tensor a = aggregated_input(g, x, ctx.training && ctx.constant_input);
       if (!ctx.first_layer && !root_) x = Tensor();  // a previous activation, needed no more
@@ -248,6 +280,11 @@ class AggregateLinear {
     }
     in_grad_sums_ = Tensor();
     if (sparse_input_) return backward_maxk(g, std::move(grad), need_input_grad);
+    if (stacked_input_) {  // [dW; dW_root] = [A x | x]^T grad, one GEMM; a first layer: no input gradient
+      accumulate_stacked_grads(kept_.s, grad);
+      saved_ = Tensor();
+      return Tensor();
+    }
     if (transform_first_ && root_ && lin_.out() < lin_.in()) return backward_pair(g, std::move(grad), need_input_grad);
     if (root_) root_->accumulate_grads(x_dst_, grad, exec_.tf32);
     x_dst_ = Tensor();
@@ -314,6 +351,33 @@ class AggregateLinear {
     Tensor y = Tensor::empty(x.rows(), w.cols(), DType::kF32, x.device());
     ops::cbsr_gemm(x, w, 0.0f, &y);
     return y;
+  }
+
+  // [A x | x] of a constant input (ExecOptions::stack_operands), kept like aggregated_input's A x.
+  Tensor stacked_input(const GraphOperand& g, const Tensor& x) {
+    if (kept_.s.defined() && kept_.graph == g.id() && kept_.x.f32() == x.f32() && kept_.x.rows() == x.rows() &&
+        kept_.x.cols() == x.cols())
+      return kept_.s;
+    const int64_t in = lin_.in();
+    Tensor s = Tensor::empty(g.num_dst(), 2 * in, DType::kF32, x.device());
+    {
+      Tensor a = Tensor::empty(g.num_dst(), in, DType::kF32, x.device());
+      aggregate(g, norm_, self_scale_, x, &a, exec_);
+      ops::copy_into_columns(a, &s, 0);
+    }
+    ops::copy_into_columns(x.rows_slice(0, g.num_dst()), &s, in);
+    kept_ = {g.id(), x, Tensor(), s};
+    return s;
+  }
+
+  // dW += s[:, :in]^T grad and dW_root += s[:, in:]^T grad for a side-by-side s = [A x | x_dst],
+  // from one GEMM that reads grad once.
+  void accumulate_stacked_grads(const Tensor& s, const Tensor& grad) {
+    const int64_t in = lin_.in();
+    Tensor stacked = Tensor::empty(2 * in, lin_.out(), DType::kF32, grad.device());
+    ops::gemm(s, true, grad, false, 0.0f, &stacked, exec_.tf32);
+    ops::axpy(stacked.rows_slice(0, in), 1.0f, &lin_.weight().grad);
+    ops::axpy(stacked.rows_slice(in, 2 * in), 1.0f, &root_->weight().grad);
   }
 
   // A x for the aggregate-first order: the kept one when it was computed from this very tensor on
@@ -421,21 +485,32 @@ class AggregateLinear {
     const ops::Cbsr pattern = std::move(maxk_);
     maxk_ = ops::Cbsr();
     if (root_) {  // [dW; dW_root] = [A x | x_dst]^T grad, one GEMM that reads grad once
-      const int64_t in = lin_.in();
-      Tensor stacked = Tensor::empty(2 * in, lin_.out(), DType::kF32, grad.device());
-      ops::gemm(saved_, true, grad, false, 0.0f, &stacked, exec_.tf32);
-      ops::axpy(stacked.rows_slice(0, in), 1.0f, &lin_.weight().grad);
-      ops::axpy(stacked.rows_slice(in, 2 * in), 1.0f, &root_->weight().grad);
+      accumulate_stacked_grads(saved_, grad);
     } else {
       lin_.accumulate_grads(saved_, grad, exec_.tf32);
     }
     saved_ = Tensor();
     if (!need_input_grad) return Tensor();
-    // The two input-gradient terms stay two GEMMs: side by side from one GEMM against [W; W_root]
-    // they read grad once (2.4 ms against 3.1, H100, 2M x 256), but that 2 x in wide tensor lives
-    // until MaxK's backward has written gx, which put SAGE's peak 0.55 GiB higher.
+    // The two input-gradient terms are two GEMMs. Side by side from one GEMM against [W; W_root]
+    // (ExecOptions::stack_operands) they read grad once (2.4 ms against 3.1, H100, 2M x 256), but
+    // that 2 x in wide tensor lives until MaxK's backward has written gx: SAGE's peak 0.55 GiB
+    // higher.
+    if (root_ && exec_.stack_operands && g.num_dst() == g.num_src()) {
+      const int64_t in = lin_.in();
+      Tensor both = Tensor::empty(g.num_dst(), 2 * in, DType::kF32, grad.device());  // [grad W^T | grad W_root^T]
+      ops::gemm(grad, false, stacked_weights(), true, 0.0f, &both, exec_.tf32);
+      grad = Tensor();
+      const Tensor& b = both;
+      kernels::ConstMatrixView ga = b.view(), g_root = b.view();
+      ga.cols = g_root.cols = in;
+      g_root.data += in;
+      const Tensor gv = aggregate_cbsr_backward(g, norm_, self_scale_, pattern, ga);
+      Tensor gx = Tensor::empty(g.num_src(), in, DType::kF32, gv.device());
+      ops::maxk_backward(pattern, gv.f32(), g_root, &gx, new_input_grad_sums(gx));
+      return gx;
+    }
     Tensor ga = lin_.input_grad(grad, exec_.tf32);
-    const Tensor gv = aggregate_cbsr_backward(g, norm_, self_scale_, pattern, ga);
+    const Tensor gv = aggregate_cbsr_backward(g, norm_, self_scale_, pattern, ga.view());
     ga = Tensor();
     Tensor g_root;
     if (root_) {
@@ -455,6 +530,15 @@ class AggregateLinear {
   bool reads_dense_maxk_input() const { return lin_.in() > lin_.out(); }
   // The last forward aggregated its dense input first (not transform-first, not MaxK's CBSR).
   bool aggregates_first() const { return !transform_first_ && !sparse_input_; }
+  // Layer::stage_maxk_input: [A x | x_dst]'s operand for a whole graph (the top-k writes all of
+  // its input's rows, which are x_dst's only when the graph's sources are its destinations).
+  Tensor stage_maxk_input(const GraphOperand& g, int64_t* col_offset) {
+    staged_ = Tensor();
+    if (!root_ || reads_dense_maxk_input() || g.num_dst() != g.num_src()) return Tensor();
+    staged_ = Tensor::empty(g.num_dst(), 2 * lin_.in(), DType::kF32, g.device());
+    *col_offset = lin_.in();
+    return staged_;
+  }
   // Layer::take_input_grad_sums and Layer::give_output_grad_sums.
   Tensor take_input_grad_sums() { return std::move(in_grad_sums_); }
   void give_output_grad_sums(Tensor sums) { out_grad_sums_ = std::move(sums); }
@@ -484,8 +568,11 @@ class AggregateLinear {
   struct Kept {
     uint64_t graph = 0;
     Tensor x, a;
+    Tensor s;  // [A x | x] instead of a (stacked_input)
   } kept_;  // A x of a constant input (aggregated_input)
+  bool stacked_input_ = false;  // the last forward multiplied the kept [A x | x] (stacked_input)
   ops::Cbsr maxk_;  // the CBSR form of a MaxK input, for backward
+  Tensor staged_;         // stage_maxk_input's operand, until the forward takes it
   Tensor out_grad_sums_;  // column sums of the next backward's grad, when given (the bias gradient)
   Tensor in_grad_sums_;   // column sums of the input gradient the last backward returned, when made
 };
@@ -511,8 +598,12 @@ class ConvLayer : public Layer {
     return p;
   }
   bool reads_dense_maxk_input() const override { return conv_.reads_dense_maxk_input(); }
+  Tensor stage_maxk_input(const GraphOperand& g, int64_t* col_offset) override {
+    return conv_.stage_maxk_input(g, col_offset);
+  }
   Tensor take_input_grad_sums() override { return conv_.take_input_grad_sums(); }
   void give_output_grad_sums(Tensor sums) override { conv_.give_output_grad_sums(std::move(sums)); }
+  bool takes_output_grad_sums() const override { return true; }
 
  private:
   std::string kind_;
@@ -569,6 +660,7 @@ class GinLayer : public Layer {
   bool reads_dense_maxk_input() const override { return first_.reads_dense_maxk_input(); }
   Tensor take_input_grad_sums() override { return first_.take_input_grad_sums(); }
   void give_output_grad_sums(Tensor sums) override { out_grad_sums_ = std::move(sums); }
+  bool takes_output_grad_sums() const override { return true; }
 
  private:
   AggregateLinear first_;

@@ -330,6 +330,22 @@ TEST_F(Cli, SbmDemoLearnsFarAboveChance) {
   EXPECT_GT(last["test_acc_at_best_valid"].get<double>(), 0.5);  // chance is 0.25
 }
 
+// Full-graph SAGE with the side-by-side operands that cost memory (the first layer's [A x | x],
+// a MaxK hidden layer's input gradients) learns as well.
+TEST_F(Cli, StackedOperandsTrainFullGraphSage) {
+  const std::string store = sbm_store();
+  for (const std::string activation : {"relu", "maxk:8"}) {
+    const std::string metrics = path("stacked-" + activation.substr(0, 4) + ".jsonl");
+    const CliRun r = gale("train " + store + " -q --model sage --layers 3 --hidden 32 --full-graph --epochs 30 "
+                          "--stack-operands --activation " + activation + " --metrics " + metrics);
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::ifstream in(metrics);
+    nlohmann::json last;
+    for (std::string line; std::getline(in, line);) last = nlohmann::json::parse(line);
+    EXPECT_GT(last["test_acc_at_best_valid"].get<double>(), 0.5) << activation;  // chance is 0.25
+  }
+}
+
 // The JSON objects among a run's output lines (the generator's progress goes to stderr beside them).
 std::vector<nlohmann::json> json_rows(const std::string& out) {
   std::vector<nlohmann::json> rows;

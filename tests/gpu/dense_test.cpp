@@ -150,7 +150,39 @@ TEST_F(DenseCuda, ReluBitMasksAreBitIdentical) {
     relu_backward_mask(g.host_view(), bits.data(), gi.host_view());
     relu_backward_mask_cuda(g.device_view(), bits_d.data(), gi.device_view(), *stream_);
     expect_matches(gi, 0.0, "relu_backward_mask");
+    // With the column sums of what it writes: the same output, sums as column_sum's.
+    Matrix gs = poisoned_matrix(rows, cols, ld);
+    std::vector<float> want(static_cast<size_t>(cols));
+    column_sum(gi.host_view(), want.data(), false);
+    gs.host = gi.host;
+    DeviceBuffer<float> sums(*pool_, static_cast<size_t>(std::max<int64_t>(cols, 1)), *stream_);
+    const size_t ws_bytes = column_sum_workspace_bytes(rows, cols);
+    DeviceBuffer<unsigned char> ws(*pool_, std::max<size_t>(ws_bytes, 1), *stream_);
+    relu_backward_mask_sum_cuda(g.device_view(), bits_d.data(), gs.device_view(), sums.data(), ws.data(), ws_bytes,
+                                *stream_);
+    expect_matches(gs, 0.0, "relu_backward_mask with sums");
+    const std::vector<float> got = download(sums);
+    for (int64_t c = 0; c < cols; ++c) ASSERT_TRUE(within(got[c], want[c], 1e-6)) << "sum of column " << c;
   });
+  // Tall: several chunks, several column tiles, in place.
+  const int64_t rows = 9001, cols = 100;
+  Matrix y = random_matrix(++key, rows, cols, cols);
+  const int64_t words = relu_mask_words(cols);
+  std::vector<uint32_t> bits(static_cast<size_t>(rows * words));
+  relu_mask(y.host_view(), bits.data());
+  const DeviceBuffer<uint32_t> bits_d = cuda::to_device(*pool_, bits, *stream_);
+  Matrix g = random_matrix(++key, rows, cols, cols);
+  std::vector<float> want(static_cast<size_t>(cols));
+  relu_backward_mask(g.host_view(), bits.data(), g.host_view());
+  column_sum(g.host_view(), want.data(), false);
+  DeviceBuffer<float> sums(*pool_, static_cast<size_t>(cols), *stream_);
+  const size_t ws_bytes = column_sum_workspace_bytes(rows, cols);
+  DeviceBuffer<unsigned char> ws(*pool_, ws_bytes, *stream_);
+  relu_backward_mask_sum_cuda(g.device_view(), bits_d.data(), g.device_view(), sums.data(), ws.data(), ws_bytes,
+                              *stream_);
+  expect_matches(g, 0.0, "relu_backward_mask with sums, in place");
+  const std::vector<float> got = download(sums);
+  for (int64_t c = 0; c < cols; ++c) ASSERT_TRUE(within(got[c], want[c], 1e-6)) << "tall, sum of column " << c;
 }
 
 TEST_F(DenseCuda, ReluInPlaceMatches) {
