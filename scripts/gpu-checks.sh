@@ -60,7 +60,8 @@ tests)
   run_suite racecheck-spmm $cs --tool racecheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Padded*:*DegreeOrdered*:*LongRowList*
   run_suite racecheck-gat $cs --tool racecheck "$dist/bin/gale_gpu_gat_tests" --gtest_filter=*Backward*
   run_suite racecheck-training $cs --tool racecheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*gcn*:*GpuModelStep*gat*:*GpuWide*
-  run_suite racecheck-maxk $cs --tool racecheck "$dist/bin/gale_gpu_maxk_tests" --gtest_filter=*Small*:*TopK*:*EdgeGroups*
+  run_suite racecheck-maxk $cs --tool racecheck "$dist/bin/gale_gpu_maxk_tests" --gtest_filter=*Small*:*TopK*:*EdgeGroups*:*ColumnSums*
+  run_suite racecheck-dense $cs --tool racecheck "$dist/bin/gale_gpu_dense_tests" --gtest_filter=*ReluBitMasks*:*ColumnSum*
   run_suite racecheck-sampler $cs --tool racecheck "$dist/bin/gale_gpu_sampler_tests"
   ;;
 cora)
