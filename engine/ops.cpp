@@ -224,6 +224,11 @@ void add_bias(Tensor* y, const Tensor& bias, bool relu) {
 #endif
 }
 
+void add_column_sums(const Tensor& x, const Tensor* sums, Tensor* out) {
+  if (sums != nullptr) return axpy(*sums, 1.0f, out);
+  column_sum(x, out, /*accumulate=*/true);
+}
+
 void column_sum(const Tensor& x, Tensor* out, bool accumulate) {
   same_device(x, *out, "column_sum");
   GALE_ASSERT(out->numel() == x.cols());
@@ -629,25 +634,6 @@ void cbsr_dropout(Cbsr* c, float p, uint64_t key) {
 #endif
 }
 
-namespace {
-
-// The column sums of a MaxK gradient from the per-warp rows its kernel wrote (kernels/maxk.hpp):
-// column_sum over them, in their fixed order.
-void sum_partial_rows(const Tensor& partial, Tensor* column_sums) {
-#if GALE_WITH_CUDA
-  const size_t bytes = kernels::column_sum_workspace_bytes(partial.rows(), partial.cols());
-  Tensor ws = Tensor::empty(static_cast<int64_t>(bytes), 1, DType::kU8, partial.device());
-  kernels::column_sum_cuda(partial.view(), column_sums->f32(), /*accumulate=*/false, ws.data<unsigned char>(), bytes,
-                           stream(partial));
-#else
-  (void)partial;
-  (void)column_sums;
-  no_cuda();
-#endif
-}
-
-}  // namespace
-
 void maxk_backward(const Cbsr& pattern, const Tensor* grad_values, const Tensor* grad_dense, Tensor* grad_in,
                    Tensor* column_sums) {
   maxk_backward(pattern, grad_values ? grad_values->f32() : nullptr,
@@ -658,26 +644,24 @@ void maxk_backward(const Cbsr& pattern, const float* gv, kernels::ConstMatrixVie
                    Tensor* column_sums) {
   GALE_ASSERT(grad_in->rows() == pattern.rows() && grad_in->cols() == pattern.width);
   GALE_ASSERT(column_sums == nullptr || column_sums->numel() == pattern.width);
+  Tensor partial;  // the kernel's per-warp rows of column sums (kernels/maxk.hpp), when it makes them
   {
     const OpTimer timer(OpKind::kOther, grad_in->device(), "maxk_backward");
     if (grad_in->device().is_cpu()) {
       kernels::maxk_backward_cpu(pattern.view(), gv, gd, grad_in->view());
     } else {
 #if GALE_WITH_CUDA
-      if (column_sums != nullptr && pattern.width <= kernels::kMaxkSumWidth) {
-        Tensor partial = Tensor::empty(kernels::maxk_backward_sum_rows(pattern.rows()), pattern.width, DType::kF32,
-                                       grad_in->device());
-        kernels::maxk_backward_cuda(pattern.view(), gv, gd, grad_in->view(), stream(*grad_in), partial.f32());
-        sum_partial_rows(partial, column_sums);
-        return;
-      }
-      kernels::maxk_backward_cuda(pattern.view(), gv, gd, grad_in->view(), stream(*grad_in));
+      if (column_sums != nullptr && pattern.width <= kernels::kMaxkSumWidth)
+        partial = Tensor::empty(kernels::maxk_backward_sum_rows(pattern.rows()), pattern.width, DType::kF32,
+                                grad_in->device());
+      kernels::maxk_backward_cuda(pattern.view(), gv, gd, grad_in->view(), stream(*grad_in),
+                                  partial.defined() ? partial.f32() : nullptr);
 #else
       no_cuda();
 #endif
     }
   }
-  if (column_sums != nullptr) column_sum(*grad_in, column_sums, /*accumulate=*/false);
+  if (column_sums != nullptr) column_sum(partial.defined() ? partial : *grad_in, column_sums, /*accumulate=*/false);
 }
 
 Cbsr cbsr_rows(const Cbsr& c, int64_t rows) {
@@ -727,6 +711,7 @@ void cbsr_gemm_grad(const Cbsr& pattern, const std::vector<std::pair<Tensor, Ten
     a.w[t] = terms[t].second.view();
   }
   a.grad_in = grad_in->view();
+  Tensor partial;
   {
     const OpTimer timer(OpKind::kGemm, grad_in->device(),
                         active_profile ? "cbsr_gemm_grad k" + std::to_string(pattern.k()) + " x" +
@@ -737,12 +722,9 @@ void cbsr_gemm_grad(const Cbsr& pattern, const std::vector<std::pair<Tensor, Ten
     } else {
 #if GALE_WITH_CUDA
       if (column_sums != nullptr && kernels::cbsr_gemm_grad_sums_cannot(a).empty()) {
-        Tensor partial = Tensor::empty(kernels::cbsr_gemm_grad_sum_rows(pattern.rows()), pattern.width, DType::kF32,
-                                       grad_in->device());
+        partial = Tensor::empty(kernels::cbsr_gemm_grad_sum_rows(pattern.rows()), pattern.width, DType::kF32,
+                                grad_in->device());
         a.column_partial = partial.f32();
-        kernels::cbsr_gemm_grad_cuda(a, stream(*grad_in));
-        sum_partial_rows(partial, column_sums);
-        return;
       }
       kernels::cbsr_gemm_grad_cuda(a, stream(*grad_in));
 #else
@@ -750,7 +732,8 @@ void cbsr_gemm_grad(const Cbsr& pattern, const std::vector<std::pair<Tensor, Ten
 #endif
     }
   }
-  if (column_sums != nullptr) column_sum(*grad_in, column_sums, /*accumulate=*/false);
+  // The column sums from the kernel's per-warp rows (kernels/maxk.hpp) or, without them, from grad_in.
+  if (column_sums != nullptr) column_sum(partial.defined() ? partial : *grad_in, column_sums, /*accumulate=*/false);
 }
 
 void spgemm(const kernels::SpgemmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups) {

@@ -92,6 +92,9 @@ void gemm_bias(const Tensor& a, const Tensor& b, float beta, Tensor* c, const Te
 
 void add_bias(Tensor* y, const Tensor& bias, bool relu = false);  // y[r] += bias (then ReLU, one pass)
 void column_sum(const Tensor& x, Tensor* out, bool accumulate);  // out (1 x cols) (+)= sum of rows
+// out += x's column sums: `sums` when the pass that wrote x made them (a bias gradient handed over
+// by Layer::give_output_grad_sums), else summed from x.
+void add_column_sums(const Tensor& x, const Tensor* sums, Tensor* out);
 void axpy(const Tensor& x, float alpha, Tensor* y);              // y += alpha x
 void zero(Tensor* t);
 void copy(const Tensor& src, Tensor* dst);  // same shape and dtype, same device

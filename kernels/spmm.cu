@@ -1165,11 +1165,9 @@ SpmmKind spmm_resolve(SpmmKind kind, const SpmmArgs& a) {
 int64_t spmm_gar_padded_ld(const SpmmArgs& a) {
   const int64_t width = a.x.cols;
   if (width < 8) return 0;
-  // Whole lines from 64 floats up; below, whole 64-byte halves (a width of 47 is padded to 48, not
-  // 64: a third less to copy and hold, for tiles of which half straddle two lines).
-  const int64_t align = width >= 64 ? 32 : width > 8 ? 16 : 8;  // floats
+  const int64_t align = spmm_gar_row_align(width);  // floats
   const bool fine = a.x.ld % align == 0 && reinterpret_cast<uintptr_t>(a.x.data) % (align * sizeof(float)) == 0;
-  return fine ? 0 : (width + align - 1) / align * align;
+  return fine ? 0 : spmm_gar_row_floats(width);
 }
 
 namespace {

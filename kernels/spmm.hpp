@@ -109,8 +109,10 @@ SpmmKind spmm_resolve(SpmmKind kind, const SpmmArgs& a);
 // are not 16-byte aligned, so only x needs the copy.
 int64_t spmm_gar_padded_ld(const SpmmArgs& a);
 // The row length (floats) that rule pads a width to (the width itself below 8), so that a
-// producer can write x in such rows to begin with and spare the copy: 47 -> 48, 100 -> 128.
+// producer can write x in such rows to begin with and spare the copy: 47 -> 48, 100 -> 128; and
+// the alignment (floats) it asks of the rows.
 int64_t spmm_gar_row_floats(int64_t width);
+int64_t spmm_gar_row_align(int64_t width);
 
 }  // namespace gale::kernels
 

@@ -78,9 +78,15 @@ std::vector<int64_t> gar_long_rows_cpu(const CsrView& graph) {
   return rows;
 }
 
+int64_t spmm_gar_row_align(int64_t width) {
+  // Whole lines from 64 floats up; below, whole 64-byte halves (a width of 47 is padded to 48, not
+  // 64: a third less to copy and hold, for tiles of which half straddle two lines).
+  return width >= 64 ? 32 : width > 8 ? 16 : 8;
+}
+
 int64_t spmm_gar_row_floats(int64_t width) {
   if (width < 8) return width;
-  const int64_t align = width >= 64 ? 32 : width > 8 ? 16 : 8;  // spmm_gar_padded_ld's, in floats
+  const int64_t align = spmm_gar_row_align(width);
   return (width + align - 1) / align * align;
 }
 

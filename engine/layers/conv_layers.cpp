@@ -272,12 +272,8 @@ class AggregateLinear {
   // Frees each tensor as soon as it has served: the peak is the saved input, the incoming gradient
   // and one new gradient-sized tensor.
   Tensor backward(const GraphOperand& g, Tensor grad, bool need_input_grad) {
-    if (out_grad_sums_.defined()) {  // grad's column sums, made by the pass that wrote grad
-      ops::axpy(out_grad_sums_, 1.0f, &bias_.grad);
-      out_grad_sums_ = Tensor();
-    } else {
-      ops::column_sum(grad, &bias_.grad, /*accumulate=*/true);
-    }
+    ops::add_column_sums(grad, out_grad_sums_.defined() ? &out_grad_sums_ : nullptr, &bias_.grad);
+    out_grad_sums_ = Tensor();
     in_grad_sums_ = Tensor();
     if (sparse_input_) return backward_maxk(g, std::move(grad), need_input_grad);
     if (stacked_input_) {  // [dW; dW_root] = [A x | x]^T grad, one GEMM; a first layer: no input gradient
@@ -353,11 +349,15 @@ class AggregateLinear {
     return y;
   }
 
+  // Whether kept_ was computed from this very input on this graph (its x reference pins the
+  // storage, so a matching pointer is the same, unchanged input).
+  bool kept_for(const GraphOperand& g, const Tensor& x) const {
+    return kept_.graph == g.id() && kept_.x.f32() == x.f32() && kept_.x.rows() == x.rows() && kept_.x.cols() == x.cols();
+  }
+
   // [A x | x] of a constant input (ExecOptions::stack_operands), kept like aggregated_input's A x.
   Tensor stacked_input(const GraphOperand& g, const Tensor& x) {
-    if (kept_.s.defined() && kept_.graph == g.id() && kept_.x.f32() == x.f32() && kept_.x.rows() == x.rows() &&
-        kept_.x.cols() == x.cols())
-      return kept_.s;
+    if (kept_.s.defined() && kept_for(g, x)) return kept_.s;
     const int64_t in = lin_.in();
     Tensor s = Tensor::empty(g.num_dst(), 2 * in, DType::kF32, x.device());
     {
@@ -381,12 +381,10 @@ class AggregateLinear {
   }
 
   // A x for the aggregate-first order: the kept one when it was computed from this very tensor on
-  // this graph, else computed now, and kept when `keep` (a constant input on a whole graph). The
-  // kept x reference pins its storage, so a matching pointer is the same, unchanged input.
+  // this graph (kept_for), else computed now, and kept when `keep` (a constant input on a whole
+  // graph).
   Tensor aggregated_input(const GraphOperand& g, const Tensor& x, bool keep) {
-    if (kept_.a.defined() && kept_.graph == g.id() && kept_.x.f32() == x.f32() && kept_.x.rows() == x.rows() &&
-        kept_.x.cols() == x.cols())
-      return kept_.a;
+    if (kept_.a.defined() && kept_for(g, x)) return kept_.a;
     Tensor a = Tensor::empty(g.num_dst(), lin_.in(), DType::kF32, x.device());
     aggregate(g, norm_, self_scale_, x, &a, exec_);
     if (keep && g.whole_graph()) kept_ = {g.id(), x, a};

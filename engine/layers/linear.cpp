@@ -39,12 +39,7 @@ Tensor Linear::forward(const Tensor& x, bool tf32, bool relu) const {
 
 void Linear::accumulate_grads(const Tensor& x, const Tensor& g, bool tf32, const Tensor* grad_sums) {
   ops::gemm(x, true, g, false, 1.0f, &weight_.grad, tf32);
-  if (!bias_.value.defined()) return;
-  if (grad_sums != nullptr) {
-    ops::axpy(*grad_sums, 1.0f, &bias_.grad);
-  } else {
-    ops::column_sum(g, &bias_.grad, /*accumulate=*/true);
-  }
+  if (bias_.value.defined()) ops::add_column_sums(g, grad_sums, &bias_.grad);
 }
 
 Tensor Linear::input_grad(const Tensor& g, bool tf32, Tensor* into) const {
