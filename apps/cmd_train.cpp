@@ -1,9 +1,13 @@
 // `gale train STORE [options]`: options (command line, then --config FILE) -> engine::train.
+#include <signal.h>
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -51,6 +55,48 @@ class Progress {
   bool tty_;
   double elapsed_ = 0;
   int64_t done_ = 0;
+};
+
+// SIGINT / SIGTERM during training: the first asks the trainer to stop at its next step and
+// checkpoint there (TrainOptions::stop); a second one stops the process at once, with the
+// signal's default action (the last checkpoint on disk is whole either way: they are renamed into
+// place).
+std::atomic<int> stop_requested{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler stores into it");
+
+extern "C" void on_stop_signal(int sig) {
+  if (stop_requested.load() != 0) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  stop_requested.store(sig);
+  static const char kNote[] = "\ngale: stopping at the next training step (again to stop at once)\n";
+  const ssize_t ignored = ::write(STDERR_FILENO, kNote, sizeof kNote - 1);
+  (void)ignored;
+}
+
+// Installs on_stop_signal for SIGINT and SIGTERM while it lives; puts the old handlers back.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // reads and waits carry on; the trainer looks at the flag between steps
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
 };
 
 }  // namespace
@@ -192,10 +238,35 @@ int run_train(const std::vector<std::string>& args) {
 
   Progress progress(!quiet && ::isatty(STDERR_FILENO));
   const bool show = !quiet;
-  const engine::TrainResult r = engine::train(o, [&](const engine::EpochMetrics& m) {
-    if (show) progress.epoch(m);
-  });
-  if (engine::Processes::get().rank() == 0)  // under mpirun every process has the same result
+  stop_requested.store(0);
+  o.stop = &stop_requested;
+  engine::TrainResult r;
+  {
+    const StopSignals signals;
+    r = engine::train(o, [&](const engine::EpochMetrics& m) {
+      if (show) progress.epoch(m);
+    });
+  }
+  const bool lead = engine::Processes::get().rank() == 0;  // under mpirun every process has the same result
+  if (r.stop_signal != 0) {
+    // Stopped on request: where, what was saved, and the shell's code for death by that signal.
+    if (lead) {
+      const std::string where =
+          r.stopped_batches < r.stopped_of
+              ? "inside epoch " + std::to_string(r.stopped_epoch + 1) + " after " + std::to_string(r.stopped_batches) +
+                    " of " + std::to_string(r.stopped_of) + " batches"
+              : "after epoch " + std::to_string(r.stopped_epoch + 1) + " of " + std::to_string(o.epochs);
+      const std::string saved =
+          o.checkpoint_dir.empty()
+              ? "nothing saved (no --checkpoint-dir)"
+              : (std::filesystem::path(o.checkpoint_dir) / "latest.ckpt").string() +
+                    " holds it: run the same command with --resume to go on";
+      std::fprintf(stderr, "gale: stopped by %s %s; %s\n", r.stop_signal == SIGTERM ? "SIGTERM" : "SIGINT",
+                   where.c_str(), saved.c_str());
+    }
+    return 128 + r.stop_signal;
+  }
+  if (lead)
     std::printf("best valid_acc %.4f at epoch %lld, test_acc %.4f\n", r.best_valid_acc,
                 static_cast<long long>(r.best_epoch + 1), r.test_acc_at_best_valid);
   return 0;

@@ -48,6 +48,10 @@ void fsync_dir(const std::filesystem::path& dir) {
 void save_checkpoint(const std::filesystem::path& file, const CheckpointState& state) {
   nlohmann::json header;
   header["epoch"] = state.epoch;
+  if (state.batches_done > 0) {
+    header["batches_done"] = state.batches_done;
+    header["partial_loss_sum"] = state.partial_loss_sum;
+  }
   header["adam_steps"] = state.adam_steps;
   header["best_valid_acc"] = state.best_valid_acc;
   header["test_acc_at_best_valid"] = state.test_acc_at_best_valid;
@@ -119,6 +123,9 @@ CheckpointState load_checkpoint(const std::filesystem::path& file) {
   try {
     const nlohmann::json header = nlohmann::json::parse(buf.substr(20, len));
     s.epoch = header.at("epoch").get<int64_t>();
+    s.batches_done = header.value("batches_done", int64_t{0});
+    s.partial_loss_sum = header.value("partial_loss_sum", 0.0);
+    if (s.batches_done < 0) throw CorruptStoreError(where + "negative batches_done in the header");
     s.adam_steps = header.at("adam_steps").get<int64_t>();
     s.best_valid_acc = header.at("best_valid_acc").get<double>();
     s.test_acc_at_best_valid = header.at("test_acc_at_best_valid").get<double>();

@@ -96,6 +96,7 @@ struct WorkerEpoch {
   double io_s = 0, allreduce_s = 0;
   FeatureLoadStats features;
   uint64_t checksum = 0;
+  int stop = 0;  // TrainOptions::stop as this worker saw it after the epoch
   // With several workers: every worker's record (record() below), in rank order, gathered after
   // the epoch, so rank 0 reports the whole run's counts.
   std::vector<uint64_t> everyone;
@@ -119,7 +120,8 @@ struct WorkerEpoch {
             static_cast<uint64_t>(times.reuse.nodes),
             static_cast<uint64_t>(times.reuse.reused),
             static_cast<uint64_t>(times.reuse.reused_sampled_order),
-            bits(allreduce_s)};
+            bits(allreduce_s),
+            static_cast<uint64_t>(stop)};
   }
 };
 
@@ -247,6 +249,11 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   TrainResult result;
   result.best_valid_acc = -1;
   int64_t start_epoch = 0;
+  // A checkpoint written inside an epoch: that epoch starts at this batch, with these losses.
+  int64_t resume_batch = 0;
+  double resume_loss_sum = 0;
+  // Only one worker without a match-reorder window stops between steps (TrainOptions::stop).
+  const bool step_stops = !opt.full_graph && world == 1 && opt.reorder_window <= 1;
 
   const std::string identity = identity_json(opt, store);
   const std::filesystem::path ckpt_dir = opt.checkpoint_dir;
@@ -260,15 +267,19 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
                        s.config_json + ")");
     for (Replica& r : replicas) {
       const UseDevice use(r.dev);
+      // Tensor::to keeps a tensor already on the device: every replica after the first takes its
+      // own copy, or CPU replicas would share (and each step) one set of weights and moments.
+      const bool first = &r == &replicas[0];
+      auto own = [&](const Tensor& t) { return !first && t.device() == r.dev ? t.clone() : t.to(r.dev); };
       auto params = r.model->parameters();
       if (s.names.size() != params.size()) throw CorruptStoreError(file.string() + ": parameter count differs from the model");
       for (size_t i = 0; i < params.size(); ++i) {
         if (s.names[i] != params[i]->name || s.params[i].rows() != params[i]->value.rows() ||
             s.params[i].cols() != params[i]->value.cols())
           throw CorruptStoreError(file.string() + ": parameter " + s.names[i] + " does not match the model");
-        params[i]->value = s.params[i].to(r.dev);
-        r.adam->first_moments()[i] = s.adam_m[i].to(r.dev);
-        r.adam->second_moments()[i] = s.adam_v[i].to(r.dev);
+        params[i]->value = own(s.params[i]);
+        r.adam->first_moments()[i] = own(s.adam_m[i]);
+        r.adam->second_moments()[i] = own(s.adam_v[i]);
       }
       r.adam->set_steps(s.adam_steps);
     }
@@ -276,10 +287,18 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     result.test_acc_at_best_valid = s.test_acc_at_best_valid;
     result.best_epoch = s.best_epoch;
     start_epoch = s.epoch + 1;
+    resume_batch = s.batches_done;
+    resume_loss_sum = s.partial_loss_sum;
+    if (resume_batch > 0 && !step_stops)
+      throw InputError(file.string() + ": stopped inside epoch " + std::to_string(start_epoch + 1) + " by a run with one " +
+                       "worker and no --reorder-window; resume it that way (it cannot be split over workers or windows)");
   }
-  auto save = [&](const std::filesystem::path& file, int64_t epoch) {
+  // The state after `epoch`, or inside epoch + 1 after its first `batches_done` batches.
+  auto save = [&](const std::filesystem::path& file, int64_t epoch, int64_t batches_done = 0, double loss_sum = 0) {
     CheckpointState s;
     s.epoch = epoch;
+    s.batches_done = batches_done;
+    s.partial_loss_sum = loss_sum;
     s.adam_steps = adam.steps();
     s.best_valid_acc = result.best_valid_acc;
     s.test_acc_at_best_valid = result.test_acc_at_best_valid;
@@ -424,11 +443,14 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
 
   // One worker's mini-batch epoch: its share of the epoch's steps through its own pipeline; the
   // gradients are summed over the workers as backward produces them.
-  auto worker_epoch = [&](int local, int64_t epoch, uint64_t epoch_key) {
+  // A resumed epoch starts at first_batch with the losses of the batches before it (one worker):
+  // adding on to that sum in the same order keeps the epoch's loss bit for bit.
+  auto worker_epoch = [&](int local, int64_t epoch, uint64_t epoch_key, int64_t first_batch, double loss_sum) {
     Replica& r = replicas[static_cast<size_t>(local)];
     const UseDevice use(r.dev);
     const auto t0 = Clock::now();
     WorkerEpoch out;
+    out.loss_sum = loss_sum;
     const scheduler::EpochPlan plan = epoch_plan(epoch, first_rank + local);
     IoTimer io_timer(r.dev);
     Tensor batch_rows;  // 0, 1, ..., batch_size - 1: every logits row of a batch is a seed
@@ -519,9 +541,11 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
             r.comm->wait();
           }
           r.adam->step();
-        });
+          if (local == 0 && opt.on_step) opt.on_step(epoch, b, plan.num_batches());
+        },
+        scheduler::PipelineRange{first_batch, step_stops ? opt.stop : nullptr});
     const Tensor losses = step_losses.to(Device::cpu());
-    for (int64_t b = 0; b < plan.num_batches(); ++b) {
+    for (int64_t b = first_batch; b < out.times.consumed_end; ++b) {
       if (plan.batch_length(b) == 0) continue;
       double loss;
       std::memcpy(&loss, losses.data<unsigned char>() + 16 * b, sizeof loss);
@@ -535,6 +559,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (r.comm) {
       // Every worker's counts to every worker (rank 0 reports them), and with --check-replicas
       // each one's weight checksum after the record.
+      out.stop = opt.stop ? opt.stop->load() : 0;
       std::vector<uint64_t> mine = out.record();
       if (opt.check_replicas) mine.push_back(parameter_checksum(*r.model));
       out.everyone = r.comm->all_gather(mine);
@@ -557,6 +582,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     m.epoch = epoch;
     m.epochs = opt.epochs;
     const uint64_t epoch_key = kernels::derive_key(opt.seed, static_cast<uint64_t>(epoch));
+    const int64_t first_batch = epoch == start_epoch ? resume_batch : 0;
+    const double prior_loss_sum = epoch == start_epoch ? resume_loss_sum : 0;
+    int stop_signal = 0;  // agreed by every worker after a mini-batch epoch with several of them
 
     for (const Replica& r : replicas) reset_gpu_peak(r.dev);
     if (opt.full_graph) {
@@ -581,7 +609,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       auto run = [&](int w) {
         Replica& r = replicas[static_cast<size_t>(w)];
         try {
-          done[static_cast<size_t>(w)] = worker_epoch(w, epoch, epoch_key);
+          done[static_cast<size_t>(w)] = worker_epoch(w, epoch, epoch_key, first_batch, prior_loss_sum);
         } catch (const std::exception& e) {
           failed[static_cast<size_t>(w)] = std::current_exception();
           int none = -1;
@@ -626,6 +654,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
         m.reused_nodes += static_cast<int64_t>(rec[10]);
         m.reused_nodes_sampled_order += static_cast<int64_t>(rec[11]);
         m.worker_allreduce_s.push_back(double_bits(rec[12]));
+        stop_signal = std::max(stop_signal, static_cast<int>(rec[13]));
       }
       m.loss = loss_sum / static_cast<double>(train_ids.size());
       m.sample_s = w0.times.prepare_s;
@@ -635,6 +664,15 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       m.allreduce_s = w0.allreduce_s;
       m.reorder_s = w0.times.reorder_s;
       m.batches = epoch_plan(epoch, 0).num_batches();
+      if (w0.times.consumed_end < m.batches) {  // stopped between steps (step_stops)
+        if (!opt.checkpoint_dir.empty() && lead_process)
+          save(ckpt_dir / "latest.ckpt", epoch - 1, w0.times.consumed_end, loss_sum);
+        result.stop_signal = opt.stop->load();
+        result.stopped_epoch = epoch;
+        result.stopped_batches = w0.times.consumed_end;
+        result.stopped_of = m.batches;
+        return result;
+      }
       if (m.input_nodes == 0) {  // GPU-sampled without a window: the node sets never left the GPU
         m.input_nodes = m.feature_rows;
         m.reused_nodes = m.reused_nodes_sampled_order = m.rows_previous;
@@ -708,6 +746,13 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     result.last = m;
     ++result.epochs_run;
     if (on_epoch && lead_process) on_epoch(m);
+    if (world == 1 && opt.stop) stop_signal = opt.stop->load();
+    if (stop_signal != 0 && epoch + 1 < opt.epochs) {
+      result.stop_signal = stop_signal;
+      result.stopped_epoch = epoch;
+      result.stopped_batches = result.stopped_of = m.batches;
+      return result;
+    }
   }
 
   if (metrics.is_open()) {

@@ -8,6 +8,7 @@
 // epoch, batch), so a run resumed from a checkpoint continues exactly as an uninterrupted one.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -69,6 +70,16 @@ struct TrainOptions {
   // features do not all fit on the GPU; kNone skips it (timing runs; accuracies are then 0).
   enum class Eval { kAuto, kFull, kBatched, kNone };
   Eval eval = Eval::kAuto;
+  // Stop early once *stop is non-zero (gale train sets it to the number of a SIGINT or SIGTERM):
+  // mini-batch training with one worker and no match-reorder window stops before its next step and
+  // checkpoints inside the epoch (CheckpointState::batches_done), so --resume goes on from that
+  // step; otherwise the run stops after the epoch in progress, with its checkpoint. With several
+  // workers or processes every one stops after the same epoch (their flags travel with the
+  // epoch's records).
+  const std::atomic<int>* stop = nullptr;
+  // Called on the training thread after each mini-batch step of worker 0: the epoch, the batch's
+  // index in plan order and the epoch's batch count.
+  std::function<void(int64_t epoch, int64_t batch, int64_t batches)> on_step;
 };
 
 struct EpochMetrics {
@@ -105,8 +116,13 @@ struct TrainResult {
   double best_valid_acc = 0;
   double test_acc_at_best_valid = 0;
   int64_t best_epoch = -1;
-  int64_t epochs_run = 0;           // in this invocation
+  int64_t epochs_run = 0;           // in this invocation (completed epochs)
   EpochMetrics last;
+  // Non-zero when TrainOptions::stop ended the run before its last epoch: the signal number, and
+  // where: after `stopped_batches` of the `stopped_of` batches of epoch `stopped_epoch` (equal
+  // when it stopped after the epoch).
+  int stop_signal = 0;
+  int64_t stopped_epoch = -1, stopped_batches = 0, stopped_of = 0;
 };
 
 using EpochCallback = std::function<void(const EpochMetrics&)>;

@@ -10,6 +10,12 @@
 // in plan order, so the order batches are consumed in depends only on the plan and the node
 // sets, never on prefetch depth or thread count. Window 0 or 1 consumes in plan order.
 //
+// A run may start at a later batch and stop early (PipelineRange): batches before `first` are
+// never prepared, and once `*stop` is non-zero no new batch is started and none is consumed, so
+// the consumed batches are exactly [first, consumed_end) in plan order. Only with a window of 0 or
+// 1: a larger window ignores `stop` (stopping inside a match-reorder window would leave a set of
+// batches trained that no plan-order range describes), and its callers stop between epochs.
+//
 // Memory: the pipeline runs prefetch + 1 tokens. A token that carries a released window holds it
 // until its last batch is consumed (each batch is freed as soon as it is consumed); the tokens
 // behind it hold at most one batch each, in preparation or buffered for the next window. So at
@@ -39,6 +45,14 @@ struct PipelineTimes {
   double consume_s = 0;
   double wait_s = 0;      // consume stage idle, waiting for a prepared batch
   ReuseCounts reuse;      // the match's expected reuse (nodes and reuse 0 without a node-set function)
+  int64_t consumed_end = 0;  // window 0 or 1: one past the last batch consumed (plan order)
+};
+
+// Batches [first, num_batches), or fewer once *stop (read between batches; may be set from a signal
+// handler) is non-zero.
+struct PipelineRange {
+  int64_t first = 0;
+  const std::atomic<int>* stop = nullptr;
 };
 
 // prepare(int64_t b) -> Payload (called concurrently); node_set(const Payload&) -> the batch's
@@ -48,7 +62,7 @@ struct PipelineTimes {
 // load of a later batch may run while an earlier one is consumed).
 template <typename Payload, typename Prepare, typename NodeSet, typename Load, typename Consume>
 PipelineTimes run_batch_pipeline(int64_t num_batches, int prefetch, int window, Prepare&& prepare,
-                                 NodeSet&& node_set, Load&& load, Consume&& consume) {
+                                 NodeSet&& node_set, Load&& load, Consume&& consume, PipelineRange range = {}) {
   using Clock = std::chrono::steady_clock;
   using Batch = std::unique_ptr<std::pair<int64_t, Payload>>;
   struct Prepared {
@@ -61,14 +75,17 @@ PipelineTimes run_batch_pipeline(int64_t num_batches, int prefetch, int window, 
   std::atomic<int64_t> prepare_ns{0};
   PipelineTimes times;
   MatchReorder<Batch> reorder(window);
-  int64_t next = 0;
+  const bool stoppable = range.stop != nullptr && window <= 1;
+  auto stopped = [&] { return stoppable && range.stop->load(std::memory_order_relaxed) != 0; };
+  int64_t next = std::clamp<int64_t>(range.first, 0, num_batches);
+  times.consumed_end = next;
   Clock::time_point last_consume_end = Clock::now();
   const size_t tokens = static_cast<size_t>(std::max(1, prefetch) + 1);
   tbb::parallel_pipeline(
       tokens,
       tbb::make_filter<void, int64_t>(tbb::filter_mode::serial_in_order,
                                       [&](tbb::flow_control& fc) -> int64_t {
-                                        if (next >= num_batches) {
+                                        if (next >= num_batches || stopped()) {
                                           fc.stop();
                                           return 0;
                                         }
@@ -109,14 +126,20 @@ PipelineTimes run_batch_pipeline(int64_t num_batches, int prefetch, int window, 
               tbb::filter_mode::serial_in_order,
               [&](std::shared_ptr<std::vector<Batch>> released) {
                 for (Batch& batch : *released) {
+                  if (stopped()) {  // the rest of the run is dropped, prepared or not
+                    batch.reset();
+                    continue;
+                  }
                   const auto t0 = Clock::now();
                   times.wait_s += seconds(last_consume_end, t0);
                   consume(batch->first, batch->second);
+                  times.consumed_end = batch->first + 1;
                   batch.reset();   // free it now, not when the whole window is done
                   last_consume_end = Clock::now();
                   times.consume_s += seconds(t0, last_consume_end);
                 }
               }));
+  if (!stoppable) times.consumed_end = num_batches;
   times.prepare_s = static_cast<double>(prepare_ns.load()) * 1e-9;
   times.reuse = reorder.counts();
   return times;

@@ -2,8 +2,13 @@
 // line or flag, its own exit code (2 input, 3 corrupt store, 4 resource / device), and leaves
 // nothing half-written.
 #include <gtest/gtest.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <thread>
 
 #include <cstdio>
 #include <filesystem>
@@ -36,6 +41,42 @@ CliRun gale(const std::string& args) {
   const int status = ::pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// `gale args` in the background with its output in `log`: the process's pid (the shell execs it).
+pid_t start_gale(const std::string& args, const std::string& log) {
+  const std::string cmd = "exec " + std::string(GALE_BINARY_DIR) + "/bin/gale " + args + " > " + log + " 2>&1";
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0) return -1;
+  return pid;
+}
+
+// Waits until `file` has at least n lines or the process has ended; true in the first case.
+bool wait_for_lines(const std::string& file, int n, pid_t pid) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(file);
+    int count = 0;
+    for (std::string line; std::getline(in, line);) ++count;
+    if (count >= n) return true;
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// The exit code of a background run (-1 when a signal killed it).
+int finish(pid_t pid) {
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return -2;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string slurp(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 class Cli : public ::testing::Test {
@@ -328,6 +369,63 @@ TEST_F(Cli, SbmDemoLearnsFarAboveChance) {
   nlohmann::json last;
   for (std::string line; std::getline(in, line);) last = nlohmann::json::parse(line);
   EXPECT_GT(last["test_acc_at_best_valid"].get<double>(), 0.5);  // chance is 0.25
+}
+
+// Never lose work to Ctrl-C or a scheduler's SIGTERM: the first signal stops training at its next
+// step with a checkpoint there and exit code 128 + the signal; --resume then ends bit for bit where
+// an uninterrupted run ends (--deterministic), mid-epoch included.
+TEST_F(Cli, InterruptedMiniBatchRunResumesToTheUninterruptedResult) {
+  const std::string store = sbm_store();
+  const std::string common = "train " + store + " -q --deterministic --model sage --hidden 32 --fanouts 5,5 "
+                             "--batch-size 16 --epochs 40 --checkpoint-dir ";
+  const CliRun straight = gale(common + path("a"));
+  ASSERT_EQ(straight.code, 0) << straight.out;
+
+  const pid_t pid = start_gale(common + path("b") + " --metrics " + path("b.jsonl"), path("b.log"));
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_for_lines(path("b.jsonl"), 3, pid)) << slurp(path("b.log"));
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  ASSERT_EQ(finish(pid), 130) << slurp(path("b.log"));
+  const std::string log = slurp(path("b.log"));
+  EXPECT_NE(log.find("gale: stopped by SIGINT "), std::string::npos) << log;
+  EXPECT_NE(log.find("--resume"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(path("b/latest.ckpt")));
+
+  const CliRun resumed = gale(common + path("b") + " --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(resumed.out, straight.out);  // the best epoch and its accuracies
+  EXPECT_TRUE(slurp(path("a/latest.ckpt")) == slurp(path("b/latest.ckpt"))) << "final checkpoints differ";
+}
+
+TEST_F(Cli, SigtermStopsFullGraphTrainingAfterTheEpochWithExit143) {
+  const std::string store = sbm_store();
+  const std::string common = "train " + store + " -q --model gcn --hidden 16 --checkpoint-dir " + path("ck");
+  const pid_t pid = start_gale(common + " --epochs 1000000 --metrics " + path("m.jsonl"), path("log"));
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_for_lines(path("m.jsonl"), 2, pid)) << slurp(path("log"));
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  ASSERT_EQ(finish(pid), 143) << slurp(path("log"));
+  const std::string log = slurp(path("log"));
+  EXPECT_NE(log.find("gale: stopped by SIGTERM after epoch "), std::string::npos) << log;
+  // Every completed epoch has its line and no final line was written: the run is not over.
+  std::ifstream in(path("m.jsonl"));
+  int epochs = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_FALSE(j.contains("final"));
+    ++epochs;
+  }
+  const CliRun more = gale(common + " --epochs " + std::to_string(epochs + 2) + " --resume --metrics " + path("m.jsonl"));
+  ASSERT_EQ(more.code, 0) << more.out;
+  std::ifstream again(path("m.jsonl"));
+  int lines_now = 0;
+  nlohmann::json last;
+  for (std::string line; std::getline(again, line);) {
+    last = nlohmann::json::parse(line);
+    ++lines_now;
+  }
+  EXPECT_EQ(lines_now, epochs + 3);
+  EXPECT_EQ(last["final"], true);
 }
 
 // Full-graph SAGE with the side-by-side operands that cost memory (the first layer's [A x | x],

@@ -145,5 +145,45 @@ TEST(ReorderPipeline, NodeSetMayBeReturnedByValue) {
   EXPECT_EQ(times.reuse.nodes, 8);
 }
 
+// A run that starts at a later batch and is asked to stop after a step consumes exactly a range
+// of the plan (gale train's mid-epoch checkpoints rely on it); prepared batches past it are
+// dropped, and no batch before `first` is prepared.
+TEST(ReorderPipeline, StartsAtFirstAndStopsAfterTheStepThatAsked) {
+  for (int prefetch : {1, 3, 8}) {
+    std::atomic<int> stop{0};
+    std::atomic<int64_t> lowest_prepared{1000};
+    std::vector<int64_t> consumed;
+    const auto load = [](int64_t, int64_t&) {};
+    const PipelineTimes times = run_batch_pipeline<int64_t>(
+        20, prefetch, 0,
+        [&](int64_t b) {
+          int64_t seen = lowest_prepared.load();
+          while (b < seen && !lowest_prepared.compare_exchange_weak(seen, b)) {
+          }
+          return b;
+        },
+        [](const int64_t&) { return std::vector<int64_t>(); }, load,
+        [&](int64_t b, int64_t&) {
+          consumed.push_back(b);
+          if (b == 9) stop.store(2);
+        },
+        PipelineRange{5, &stop});
+    EXPECT_EQ(consumed, (std::vector<int64_t>{5, 6, 7, 8, 9})) << "prefetch " << prefetch;
+    EXPECT_EQ(times.consumed_end, 10);
+    EXPECT_EQ(lowest_prepared.load(), 5);
+  }
+}
+
+TEST(ReorderPipeline, AReorderWindowRunsTheWholeEpochWhateverTheStopFlag) {
+  std::atomic<int> stop{1};
+  std::vector<int64_t> consumed;
+  const PipelineTimes times = run_batch_pipeline<int>(
+      6, 2, 3, [](int64_t b) { return static_cast<int>(b); },
+      [](const int& b) { return std::vector<int64_t>{b}; }, [](int64_t, int&) {},
+      [&](int64_t b, int&) { consumed.push_back(b); }, PipelineRange{0, &stop});
+  EXPECT_EQ(consumed.size(), 6u);
+  EXPECT_EQ(times.consumed_end, 6);
+}
+
 }  // namespace
 }  // namespace gale::scheduler

@@ -1,11 +1,19 @@
 // Never lose work: a run stopped after 5 epochs and resumed for 5 more ends bit for bit where
-// 10 straight epochs end, in full-graph and mini-batch training.
+// 10 straight epochs end, in full-graph and mini-batch training; so does a run stopped on request
+// (TrainOptions::stop, what gale train sets on SIGINT / SIGTERM) inside a mini-batch epoch or
+// after a full-graph one.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "engine/checkpoint.hpp"
 #include "engine/trainer.hpp"
@@ -27,6 +35,16 @@ fs::path fresh_dir(const std::string& name) {
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
+}
+
+// Mini-batch GraphSAGE on Cora with small fanouts and batches: a dozen steps per epoch.
+TrainOptions minibatch_sage() {
+  TrainOptions o;
+  o.model.model = "sage";
+  o.full_graph = false;
+  o.fanouts = {5, 5};
+  o.batch_size = 32;
+  return o;
 }
 
 void check_resume_is_bit_identical(TrainOptions o, const std::string& name) {
@@ -63,12 +81,16 @@ TEST(Resume, FiveThenFiveEqualsTenFullGraph) {
 }
 
 TEST(Resume, FiveThenFiveEqualsTenMiniBatch) {
-  TrainOptions o;
-  o.model.model = "sage";
-  o.full_graph = false;
-  o.fanouts = {5, 5};
-  o.batch_size = 32;
+  TrainOptions o = minibatch_sage();
   check_resume_is_bit_identical(o, "sage-mb");
+}
+
+// Two data-parallel workers on the CPU: each replica must get its own copy of the checkpoint's
+// tensors (they once shared them, and every step updated the weights twice).
+TEST(Resume, FiveThenFiveEqualsTenWithTwoCpuWorkers) {
+  TrainOptions o = minibatch_sage();
+  o.devices = {Device::cpu(), Device::cpu()};
+  check_resume_is_bit_identical(o, "sage-workers");
 }
 
 TEST(Resume, GatWithAttentionDropoutResumesExactly) {
@@ -78,6 +100,129 @@ TEST(Resume, GatWithAttentionDropoutResumesExactly) {
   o.model.heads = 4;
   o.model.activation = Activation::kElu;
   check_resume_is_bit_identical(o, "gat");
+}
+
+// One field of every line of a metrics file that has it.
+std::vector<double> metric_column(const fs::path& file, const std::string& key) {
+  std::vector<double> values;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains(key)) values.push_back(j.at(key).get<double>());
+  }
+  return values;
+}
+
+// Trains `o` for 4 epochs straight, then again with a stop requested by `arm` (given the flag),
+// resumes the stopped run, and expects the same final checkpoint, loss and metrics lines.
+template <typename Arm>
+TrainResult check_stop_and_resume(TrainOptions o, const std::string& name, Arm&& arm) {
+  o.store = testing::cora_store();
+  o.deterministic = true;
+  o.epochs = 4;
+  const fs::path straight = fresh_dir(name + "-straight"), stopped = fresh_dir(name + "-stopped");
+  o.checkpoint_dir = straight.string();
+  o.metrics_path = (straight / "metrics.jsonl").string();
+  const TrainResult a = train(o);
+
+  std::atomic<int> stop{0};
+  o.checkpoint_dir = stopped.string();
+  o.metrics_path = (stopped / "metrics.jsonl").string();
+  o.stop = &stop;
+  TrainOptions first = o;
+  arm(first, stop);
+  const TrainResult s = train(first);
+  EXPECT_EQ(s.stop_signal, SIGINT);
+
+  stop.store(0);
+  o.resume = true;
+  const TrainResult b = train(o);
+  EXPECT_EQ(b.stop_signal, 0);
+  EXPECT_EQ(a.last.loss, b.last.loss);
+  EXPECT_EQ(a.best_valid_acc, b.best_valid_acc);
+  const std::string x = read_bytes(straight / "latest.ckpt"), y = read_bytes(stopped / "latest.ckpt");
+  EXPECT_FALSE(x.empty());
+  EXPECT_TRUE(x == y) << "checkpoints after 4 epochs differ";
+  // Every epoch has one line, the stopped one included (written when it completed), with the
+  // same loss, and the run one final line.
+  EXPECT_EQ(metric_column(straight / "metrics.jsonl", "loss"), metric_column(stopped / "metrics.jsonl", "loss"));
+  EXPECT_EQ(metric_column(straight / "metrics.jsonl", "epoch").size(), 4u);
+  EXPECT_EQ(metric_column(stopped / "metrics.jsonl", "epoch").size(), 4u);
+  return s;
+}
+
+TEST(Resume, StoppedInsideAMiniBatchEpochResumesExactly) {
+  TrainOptions o = minibatch_sage();
+  int64_t batches = 0;
+  const TrainResult s = check_stop_and_resume(o, "stop-mb", [&](TrainOptions& first, std::atomic<int>& stop) {
+    first.on_step = [&stop, &batches](int64_t epoch, int64_t batch, int64_t of) {
+      batches = of;
+      if (epoch == 1 && batch == 2) stop.store(SIGINT);  // after the third step of the second epoch
+    };
+  });
+  EXPECT_EQ(s.stopped_epoch, 1);
+  EXPECT_EQ(s.stopped_batches, 3);
+  EXPECT_EQ(s.stopped_of, batches);
+  EXPECT_EQ(s.epochs_run, 1);
+}
+
+// Several workers take the same number of steps, so they stop together after the epoch in
+// which any of them saw the flag.
+TEST(Resume, TwoWorkersStopAfterTheEpochAndResumeExactly) {
+  TrainOptions o = minibatch_sage();
+  o.devices = {Device::cpu(), Device::cpu()};
+  const TrainResult s = check_stop_and_resume(o, "stop-workers", [](TrainOptions& first, std::atomic<int>& stop) {
+    first.on_step = [&stop](int64_t epoch, int64_t batch, int64_t) {
+      if (epoch == 1 && batch == 1) stop.store(SIGINT);
+    };
+  });
+  EXPECT_EQ(s.stopped_epoch, 1);
+  EXPECT_EQ(s.stopped_batches, s.stopped_of);
+  EXPECT_EQ(s.epochs_run, 2);
+}
+
+TEST(Resume, StoppedAfterAFullGraphEpochResumesExactly) {
+  TrainOptions o;
+  o.model.model = "gcn";
+  const TrainResult s = check_stop_and_resume(o, "stop-fg", [](TrainOptions&, std::atomic<int>& stop) {
+    stop.store(SIGINT);  // before the first epoch: a full-graph run stops after it
+  });
+  EXPECT_EQ(s.stopped_epoch, 0);
+  EXPECT_EQ(s.stopped_batches, 1);
+  EXPECT_EQ(s.stopped_of, 1);
+}
+
+TEST(Resume, StopBeforeTheFirstStepSavesTheStartingState) {
+  TrainOptions o = minibatch_sage();
+  const TrainResult s = check_stop_and_resume(o, "stop-first", [](TrainOptions&, std::atomic<int>& stop) {
+    stop.store(SIGINT);
+  });
+  EXPECT_EQ(s.stopped_epoch, 0);
+  EXPECT_EQ(s.stopped_batches, 0);
+  EXPECT_EQ(s.epochs_run, 0);
+}
+
+TEST(Resume, StoppedInsideAnEpochNeedsTheSameSchedule) {
+  TrainOptions o = minibatch_sage();
+  o.store = testing::cora_store();
+  o.epochs = 2;
+  o.checkpoint_dir = fresh_dir("stop-window").string();
+  std::atomic<int> stop{0};
+  o.stop = &stop;
+  o.on_step = [&stop](int64_t, int64_t batch, int64_t) {
+    if (batch == 1) stop.store(SIGTERM);
+  };
+  const TrainResult s = train(o);
+  ASSERT_EQ(s.stop_signal, SIGTERM);
+  const CheckpointState c = load_checkpoint(fs::path(o.checkpoint_dir) / "latest.ckpt");
+  EXPECT_EQ(c.epoch, -1);
+  EXPECT_EQ(c.batches_done, 2);
+  EXPECT_GT(c.partial_loss_sum, 0.0);
+  stop.store(0);
+  o.on_step = nullptr;
+  o.resume = true;
+  o.reorder_window = 4;  // a match-reorder window trains the epoch's batches in another order
+  EXPECT_THROW(train(o), InputError);
 }
 
 TEST(Resume, ResumeWithAnotherModelIsRefused) {
