@@ -5,6 +5,7 @@
 #include <boost/program_options.hpp>
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -39,9 +40,12 @@ class Progress {
       const int filled = static_cast<int>(kWidth * (m.epoch + 1) / std::max<int64_t>(1, m.epochs));
       std::string bar(static_cast<size_t>(filled), '#');
       bar.resize(kWidth, '.');
-      std::fprintf(stderr, "\r[%s] epoch %lld/%lld loss %.4f train %.3f valid %.3f test %.3f  %.2f ep/s ETA %.0fs ",
-                   bar.c_str(), static_cast<long long>(m.epoch + 1), static_cast<long long>(m.epochs), m.loss,
-                   m.train_acc, m.valid_acc, m.test_acc, rate, eta);
+      char line[256];
+      std::snprintf(line, sizeof line, "[%s] epoch %lld/%lld loss %.4f train %.3f valid %.3f test %.3f  %.2f ep/s ETA %.0fs",
+                    bar.c_str(), static_cast<long long>(m.epoch + 1), static_cast<long long>(m.epochs), m.loss,
+                    m.train_acc, m.valid_acc, m.test_acc, rate, eta);
+      line_ = line;
+      std::fprintf(stderr, "\r%s \x1b[K", line_.c_str());
       if (m.epoch + 1 == m.epochs) std::fputc('\n', stderr);
     } else {
       std::fprintf(stderr, "epoch %lld/%lld loss %.4f train_acc %.4f valid_acc %.4f test_acc %.4f time %.3fs\n",
@@ -50,11 +54,29 @@ class Progress {
     }
     std::fflush(stderr);
   }
+  // On a terminal, a mini-batch epoch shows its steps after the last epoch's summary (redrawn at
+  // most 4 times a second).
+  void step(int64_t epoch, int64_t epochs, int64_t batch, int64_t batches) {
+    if (!tty_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (batch + 1 < batches && now - last_step_ < std::chrono::milliseconds(250)) return;
+    last_step_ = now;
+    if (line_.empty()) {
+      std::fprintf(stderr, "\repoch %lld/%lld batch %lld/%lld \x1b[K", static_cast<long long>(epoch + 1),
+                   static_cast<long long>(epochs), static_cast<long long>(batch + 1), static_cast<long long>(batches));
+    } else {  // the epoch after the summary's
+      std::fprintf(stderr, "\r%s | batch %lld/%lld \x1b[K", line_.c_str(), static_cast<long long>(batch + 1),
+                   static_cast<long long>(batches));
+    }
+    std::fflush(stderr);
+  }
 
  private:
   bool tty_;
   double elapsed_ = 0;
   int64_t done_ = 0;
+  std::chrono::steady_clock::time_point last_step_{};
+  std::string line_;  // the last epoch's summary, kept on the line while the next one runs
 };
 
 // SIGINT / SIGTERM during training: the first asks the trainer to stop at its next step and
@@ -240,6 +262,10 @@ int run_train(const std::vector<std::string>& args) {
   const bool show = !quiet;
   stop_requested.store(0);
   o.stop = &stop_requested;
+  if (show && !o.full_graph)
+    o.on_step = [&progress, epochs = o.epochs](int64_t epoch, int64_t batch, int64_t batches) {
+      progress.step(epoch, epochs, batch, batches);
+    };
   engine::TrainResult r;
   {
     const StopSignals signals;
