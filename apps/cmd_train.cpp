@@ -127,7 +127,7 @@ int run_train(const std::vector<std::string>& args) {
   engine::TrainOptions o;
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
   bool tf32 = false, tune_gemm = false, stack_operands = false, no_match = false;
-  std::string eval = "auto", feature_gpu, sampler = "auto", gpus;
+  std::string eval = "auto", feature_gpu, sampler = "auto", gpus, checkpoint_interval;
   int cpu_workers = 0;
   int layers = 2;
   int64_t hidden = 16, epochs = 200;
@@ -179,6 +179,9 @@ int run_train(const std::vector<std::string>& args) {
       ("deterministic", po::bool_switch(&o.deterministic), "bit-identical reruns (one CPU thread)")
       ("threads", po::value(&o.threads), "CPU threads (0: all cores)")
       ("checkpoint-dir", po::value(&o.checkpoint_dir), "write latest.ckpt / best.ckpt here every epoch")
+      ("checkpoint-interval", po::value(&checkpoint_interval),
+       "also checkpoint inside an epoch this often: 600, 30s, 10m, 2h (mini-batch, one worker, no "
+       "--reorder-window; at most that much work is lost to a kill)")
       ("resume", po::bool_switch(&o.resume), "continue from --checkpoint-dir/latest.ckpt")
       ("metrics", po::value(&o.metrics_path), "write one JSON object per epoch to this file")
       ("quiet,q", po::bool_switch(&quiet), "no per-epoch progress");
@@ -224,6 +227,7 @@ int run_train(const std::vector<std::string>& args) {
     o.fanouts = parse_int_list(fanouts, "--fanouts");
   }
   o.device = parse_device(device);
+  if (!checkpoint_interval.empty()) o.checkpoint_interval_s = parse_duration(checkpoint_interval, "--checkpoint-interval");
   if (!gpu_budget.empty()) {
     o.gpu_mem_budget = parse_size(gpu_budget, "--gpu-mem-budget");
     if (o.gpu_mem_budget == 0) throw InputError("--gpu-mem-budget: expected a positive size such as 8G");

@@ -29,6 +29,8 @@ bool parse_command_line(const std::vector<std::string>& args, const boost::progr
 
 // "16G", "512M", "1024" -> bytes; throws InputError naming `flag`.
 uint64_t parse_size(const std::string& text, const std::string& flag);
+// Seconds from "90", "90s", "10m" or "2h" (a fraction allowed, >= 0); InputError naming `flag` else.
+double parse_duration(const std::string& text, const std::string& flag);
 // "a,b,,c" -> {"a", "b", "", "c"} (empty items kept, for the caller to reject by name).
 std::vector<std::string> split_list(const std::string& text);
 // "15,10,5" -> {15, 10, 5}; throws InputError naming `flag`.

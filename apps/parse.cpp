@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <charconv>
 #include <iostream>
 
@@ -38,6 +39,26 @@ uint64_t parse_size(const std::string& text, const std::string& flag) {
   else if (suffix == "G" || suffix == "GB" || suffix == "GIB") scale = 1ULL << 30;
   else if (suffix == "T" || suffix == "TB" || suffix == "TIB") scale = 1ULL << 40;
   else throw InputError(flag + ": unknown size suffix '" + suffix + "' in '" + text + "' (expected K, M, G or T)");
+  return value * scale;
+}
+
+double parse_duration(const std::string& text, const std::string& flag) {
+  const auto bad = [&] {
+    return InputError(flag + ": expected seconds or a duration such as 90, 30s, 10m or 2h, found '" + text + "'");
+  };
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  const std::string suffix = text.substr(used);
+  double scale = 0;
+  if (suffix.empty() || suffix == "s") scale = 1;
+  else if (suffix == "m") scale = 60;
+  else if (suffix == "h") scale = 3600;
+  if (scale == 0 || !(value >= 0) || !std::isfinite(value) || std::isspace(static_cast<unsigned char>(text[0]))) throw bad();
   return value * scale;
 }
 

@@ -254,6 +254,13 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   double resume_loss_sum = 0;
   // Only one worker without a match-reorder window stops between steps (TrainOptions::stop).
   const bool step_stops = !opt.full_graph && world == 1 && opt.reorder_window <= 1;
+  if (opt.checkpoint_interval_s < 0) throw InputError("--checkpoint-interval: expected 0 or more seconds");
+  if (opt.checkpoint_interval_s > 0 && opt.checkpoint_dir.empty())
+    throw InputError("--checkpoint-interval: needs --checkpoint-dir");
+  if (opt.checkpoint_interval_s > 0 && !step_stops)
+    throw InputError("--checkpoint-interval: checkpoints inside an epoch need mini-batch training with one worker and "
+                     "no --reorder-window");
+  auto last_checkpoint = Clock::now();  // of this run: interval checkpoints count from it
 
   const std::string identity = identity_json(opt, store);
   const std::filesystem::path ckpt_dir = opt.checkpoint_dir;
@@ -312,6 +319,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       s.adam_v.push_back(adam.second_moments()[i].to(Device::cpu()));
     }
     save_checkpoint(file, s);
+    last_checkpoint = Clock::now();
   };
 
   std::ofstream metrics;
@@ -457,6 +465,18 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     // Each step's mean loss and hit count (16 bytes per step), read once after the epoch: a step
     // never waits for the device, so the host queues the next while the GPU runs this one.
     Tensor step_losses = Tensor::empty(std::max<int64_t>(1, plan.num_batches()) * 16, 1, DType::kU8, r.dev);
+    // sum + the per-seed losses of batches [from, to), added in plan order (the epoch's loss, and
+    // with it a resumed epoch's, depends on that order).
+    auto add_losses = [&](const Tensor& losses_on_device, double sum, int64_t from, int64_t to) {
+      const Tensor losses = losses_on_device.to(Device::cpu());
+      for (int64_t b = from; b < to; ++b) {
+        if (plan.batch_length(b) == 0) continue;
+        double loss;
+        std::memcpy(&loss, losses.data<unsigned char>() + 16 * b, sizeof loss);
+        sum += loss * static_cast<double>(plan.batch_length(b));
+      }
+      return sum;
+    };
     const auto by_layer = r.model->parameters_by_layer();
     // Gradients travel in buckets of at least kBucketBytes, filled layer by layer as backward
     // finishes them (last layer first) and sent as soon as full, so a deep or wide model's sums
@@ -542,15 +562,12 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           }
           r.adam->step();
           if (local == 0 && opt.on_step) opt.on_step(epoch, b, plan.num_batches());
+          if (opt.checkpoint_interval_s > 0 && lead_process && b + 1 < plan.num_batches() &&
+              since(last_checkpoint) >= opt.checkpoint_interval_s)
+            save(ckpt_dir / "latest.ckpt", epoch - 1, b + 1, add_losses(step_losses, loss_sum, first_batch, b + 1));
         },
         scheduler::PipelineRange{first_batch, step_stops ? opt.stop : nullptr});
-    const Tensor losses = step_losses.to(Device::cpu());
-    for (int64_t b = first_batch; b < out.times.consumed_end; ++b) {
-      if (plan.batch_length(b) == 0) continue;
-      double loss;
-      std::memcpy(&loss, losses.data<unsigned char>() + 16 * b, sizeof loss);
-      out.loss_sum += loss * static_cast<double>(plan.batch_length(b));
-    }
+    out.loss_sum = add_losses(step_losses, out.loss_sum, first_batch, out.times.consumed_end);
     if (r.batch_features) out.features = r.batch_features->take_stats();
     out.io_s = io_timer.take_seconds();
     if (r.comm) out.allreduce_s = r.comm->take_seconds();

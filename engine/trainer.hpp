@@ -77,6 +77,10 @@ struct TrainOptions {
   // workers or processes every one stops after the same epoch (their flags travel with the
   // epoch's records).
   const std::atomic<int>* stop = nullptr;
+  // With checkpoint_dir: also checkpoint inside an epoch whenever this many seconds have passed
+  // since the last checkpoint (0: at epoch ends only), so a run killed outright (SIGKILL, a lost
+  // node) loses at most that much work. Mini-batch with one worker and no reorder window only.
+  double checkpoint_interval_s = 0;
   // Called on the training thread after each mini-batch step of worker 0: the epoch, the batch's
   // index in plan order and the epoch's batch count.
   std::function<void(int64_t epoch, int64_t batch, int64_t batches)> on_step;

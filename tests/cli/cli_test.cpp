@@ -397,6 +397,39 @@ TEST_F(Cli, InterruptedMiniBatchRunResumesToTheUninterruptedResult) {
   EXPECT_TRUE(slurp(path("a/latest.ckpt")) == slurp(path("b/latest.ckpt"))) << "final checkpoints differ";
 }
 
+// SIGKILL cannot be caught: with --checkpoint-interval the run has checkpointed inside its epochs
+// too, and --resume still ends where an uninterrupted run ends.
+TEST_F(Cli, KilledRunWithACheckpointIntervalResumesToTheUninterruptedResult) {
+  const std::string store = sbm_store();
+  const std::string common = "train " + store + " -q --deterministic --model sage --hidden 32 --fanouts 5,5 "
+                             "--batch-size 16 --epochs 30 --checkpoint-interval 0.02 --checkpoint-dir ";
+  const CliRun straight = gale(common + path("a"));
+  ASSERT_EQ(straight.code, 0) << straight.out;
+  const pid_t pid = start_gale(common + path("b") + " --metrics " + path("b.jsonl"), path("b.log"));
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_for_lines(path("b.jsonl"), 3, pid)) << slurp(path("b.log"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // into the next epoch, most likely
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  EXPECT_EQ(finish(pid), -1);
+  ASSERT_TRUE(fs::exists(path("b/latest.ckpt")));
+  const CliRun resumed = gale(common + path("b") + " --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(resumed.out, straight.out);
+  EXPECT_TRUE(slurp(path("a/latest.ckpt")) == slurp(path("b/latest.ckpt"))) << "final checkpoints differ";
+}
+
+TEST_F(Cli, CheckpointIntervalFlagsAreNamed) {
+  const std::string store = sbm_store();
+  for (const std::string& bad : {std::string("--checkpoint-interval 5x --fanouts 5,5 --checkpoint-dir ") + path("c"),
+                                 std::string("--checkpoint-interval 10m --fanouts 5,5"),
+                                 std::string("--checkpoint-interval 10m --checkpoint-dir ") + path("c")}) {
+    const CliRun r = gale("train " + store + " -q --epochs 1 " + bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+    EXPECT_NE(r.out.find("--checkpoint-interval"), std::string::npos) << r.out;
+  }
+}
+
 TEST_F(Cli, SigtermStopsFullGraphTrainingAfterTheEpochWithExit143) {
   const std::string store = sbm_store();
   const std::string common = "train " + store + " -q --model gcn --hidden 16 --checkpoint-dir " + path("ck");

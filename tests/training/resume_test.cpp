@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -222,6 +223,49 @@ TEST(Resume, StoppedInsideAnEpochNeedsTheSameSchedule) {
   o.on_step = nullptr;
   o.resume = true;
   o.reorder_window = 4;  // a match-reorder window trains the epoch's batches in another order
+  EXPECT_THROW(train(o), InputError);
+}
+
+// With an interval, a mini-batch run checkpoints inside its epochs too, so a run that dies
+// outright mid-epoch (here an exception out of a step) loses only the steps since then, and the
+// resumed run still ends bit for bit where an uninterrupted one does.
+TEST(Resume, IntervalCheckpointsSurviveADeathInsideAnEpoch) {
+  TrainOptions o = minibatch_sage();
+  o.store = testing::cora_store();
+  o.deterministic = true;
+  o.epochs = 3;
+  const fs::path straight = fresh_dir("interval-straight"), died = fresh_dir("interval-died");
+  o.checkpoint_dir = straight.string();
+  const TrainResult a = train(o);
+
+  o.checkpoint_dir = died.string();
+  o.checkpoint_interval_s = 1e-9;  // after every step
+  TrainOptions dying = o;
+  dying.on_step = [](int64_t epoch, int64_t batch, int64_t) {
+    if (epoch == 1 && batch == 4) throw std::runtime_error("killed");
+  };
+  EXPECT_THROW(train(dying), std::runtime_error);
+  const CheckpointState c = load_checkpoint(died / "latest.ckpt");
+  EXPECT_EQ(c.epoch, 0);
+  EXPECT_EQ(c.batches_done, 4);  // the step that died was not saved: it is trained again
+
+  o.resume = true;
+  const TrainResult b = train(o);
+  EXPECT_EQ(a.last.loss, b.last.loss);
+  EXPECT_TRUE(read_bytes(straight / "latest.ckpt") == read_bytes(died / "latest.ckpt"));
+}
+
+TEST(Resume, IntervalCheckpointsNeedADirectoryAndOneWorkerInOrder) {
+  TrainOptions o = minibatch_sage();
+  o.store = testing::cora_store();
+  o.epochs = 1;
+  o.checkpoint_interval_s = 60;
+  EXPECT_THROW(train(o), InputError);  // no --checkpoint-dir
+  o.checkpoint_dir = fresh_dir("interval-bad").string();
+  o.reorder_window = 4;
+  EXPECT_THROW(train(o), InputError);
+  o.reorder_window = 0;
+  o.full_graph = true;
   EXPECT_THROW(train(o), InputError);
 }
 
