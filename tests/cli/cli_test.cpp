@@ -89,6 +89,8 @@ class Cli : public ::testing::Test {
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
+
+ public:  // for the helpers below the fixture
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   void write(const std::string& name, const std::string& text) const {
     std::ofstream(dir_ / name, std::ios::binary) << text;
@@ -371,51 +373,44 @@ TEST_F(Cli, SbmDemoLearnsFarAboveChance) {
   EXPECT_GT(last["test_acc_at_best_valid"].get<double>(), 0.5);  // chance is 0.25
 }
 
-// Never lose work to Ctrl-C or a scheduler's SIGTERM: the first signal stops training at its next
-// step with a checkpoint there and exit code 128 + the signal; --resume then ends bit for bit where
-// an uninterrupted run ends (--deterministic), mid-epoch included.
-TEST_F(Cli, InterruptedMiniBatchRunResumesToTheUninterruptedResult) {
-  const std::string store = sbm_store();
+// Never lose work: mini-batch SAGE trained straight, then again with `signal` sent after its
+// third epoch (plus `settle_ms`), expected to end with `code`, then resumed: the resumed run must
+// end bit for bit where the straight one did (--deterministic). Returns the stopped run's log.
+std::string check_interrupted_run_resumes(Cli& t, const std::string& flags, int signal, int settle_ms, int code) {
+  const std::string store = t.sbm_store();
   const std::string common = "train " + store + " -q --deterministic --model sage --hidden 32 --fanouts 5,5 "
-                             "--batch-size 16 --epochs 40 --checkpoint-dir ";
-  const CliRun straight = gale(common + path("a"));
-  ASSERT_EQ(straight.code, 0) << straight.out;
+                             "--batch-size 16 --epochs 40 " + flags + " --checkpoint-dir ";
+  const CliRun straight = gale(common + t.path("a"));
+  EXPECT_EQ(straight.code, 0) << straight.out;
+  const pid_t pid = start_gale(common + t.path("b") + " --metrics " + t.path("b.jsonl"), t.path("b.log"));
+  EXPECT_GT(pid, 0);
+  if (pid <= 0 || !wait_for_lines(t.path("b.jsonl"), 3, pid)) {
+    ADD_FAILURE() << "the run ended before it could be stopped: " << slurp(t.path("b.log"));
+    return "";
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+  EXPECT_EQ(::kill(pid, signal), 0);
+  EXPECT_EQ(finish(pid), code) << slurp(t.path("b.log"));
+  EXPECT_TRUE(fs::exists(t.path("b/latest.ckpt")));
+  const CliRun resumed = gale(common + t.path("b") + " --resume");
+  EXPECT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(resumed.out, straight.out);  // the best epoch and its accuracies
+  EXPECT_TRUE(slurp(t.path("a/latest.ckpt")) == slurp(t.path("b/latest.ckpt"))) << "final checkpoints differ";
+  return slurp(t.path("b.log"));
+}
 
-  const pid_t pid = start_gale(common + path("b") + " --metrics " + path("b.jsonl"), path("b.log"));
-  ASSERT_GT(pid, 0);
-  ASSERT_TRUE(wait_for_lines(path("b.jsonl"), 3, pid)) << slurp(path("b.log"));
-  ASSERT_EQ(::kill(pid, SIGINT), 0);
-  ASSERT_EQ(finish(pid), 130) << slurp(path("b.log"));
-  const std::string log = slurp(path("b.log"));
+// Ctrl-C or a scheduler's SIGTERM: the first signal stops training at its next step with a
+// checkpoint there and exit code 128 + the signal, mid-epoch included.
+TEST_F(Cli, InterruptedMiniBatchRunResumesToTheUninterruptedResult) {
+  const std::string log = check_interrupted_run_resumes(*this, "", SIGINT, 0, 130);
   EXPECT_NE(log.find("gale: stopped by SIGINT "), std::string::npos) << log;
   EXPECT_NE(log.find("--resume"), std::string::npos) << log;
-  EXPECT_TRUE(fs::exists(path("b/latest.ckpt")));
-
-  const CliRun resumed = gale(common + path("b") + " --resume");
-  ASSERT_EQ(resumed.code, 0) << resumed.out;
-  EXPECT_EQ(resumed.out, straight.out);  // the best epoch and its accuracies
-  EXPECT_TRUE(slurp(path("a/latest.ckpt")) == slurp(path("b/latest.ckpt"))) << "final checkpoints differ";
 }
 
 // SIGKILL cannot be caught: with --checkpoint-interval the run has checkpointed inside its epochs
-// too, and --resume still ends where an uninterrupted run ends.
+// too (here after every few steps).
 TEST_F(Cli, KilledRunWithACheckpointIntervalResumesToTheUninterruptedResult) {
-  const std::string store = sbm_store();
-  const std::string common = "train " + store + " -q --deterministic --model sage --hidden 32 --fanouts 5,5 "
-                             "--batch-size 16 --epochs 30 --checkpoint-interval 0.02 --checkpoint-dir ";
-  const CliRun straight = gale(common + path("a"));
-  ASSERT_EQ(straight.code, 0) << straight.out;
-  const pid_t pid = start_gale(common + path("b") + " --metrics " + path("b.jsonl"), path("b.log"));
-  ASSERT_GT(pid, 0);
-  ASSERT_TRUE(wait_for_lines(path("b.jsonl"), 3, pid)) << slurp(path("b.log"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // into the next epoch, most likely
-  ASSERT_EQ(::kill(pid, SIGKILL), 0);
-  EXPECT_EQ(finish(pid), -1);
-  ASSERT_TRUE(fs::exists(path("b/latest.ckpt")));
-  const CliRun resumed = gale(common + path("b") + " --resume");
-  ASSERT_EQ(resumed.code, 0) << resumed.out;
-  EXPECT_EQ(resumed.out, straight.out);
-  EXPECT_TRUE(slurp(path("a/latest.ckpt")) == slurp(path("b/latest.ckpt"))) << "final checkpoints differ";
+  check_interrupted_run_resumes(*this, "--checkpoint-interval 0.02", SIGKILL, 30, -1);
 }
 
 TEST_F(Cli, CheckpointIntervalFlagsAreNamed) {
