@@ -1,5 +1,7 @@
 #include "engine/batch_features.hpp"
 
+#include <utility>
+
 #include "kernels/error.hpp"
 #if GALE_WITH_CUDA
 #include "engine/device_context.hpp"
@@ -66,6 +68,26 @@ std::string BatchFeatures::describe() const {
   if (impl_->tiers) return impl_->tiers->describe() + (impl_->match ? ", match on" : ", match off");
 #endif
   return "read from the store on the CPU";
+}
+
+PendingFeatures& PendingFeatures::operator=(PendingFeatures&& other) noexcept {
+  if (this != &other) {
+    discard();
+    features_ = std::move(other.features_);
+    ready_ = std::move(other.ready_);
+  }
+  return *this;
+}
+
+PendingFeatures::~PendingFeatures() { discard(); }
+
+void PendingFeatures::discard() noexcept {
+  if (!ready_) return;
+  try {
+    (void)take();
+  } catch (...) {  // the device is failing already: whoever reports that says why
+  }
+  features_ = Tensor();
 }
 
 Tensor PendingFeatures::take() {

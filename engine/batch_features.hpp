@@ -29,12 +29,22 @@ struct FeatureLoadStats {
 // Features being gathered on the device's IO stream (device_context.hpp) while the compute stream
 // trains: take() makes the compute stream wait for the gather (an event, not the host) and hands
 // the tensor over.
+// A gather that is dropped untaken (a batch left over when training stops early) first makes
+// the compute stream wait for it, so its memory is not handed out again while the IO stream still
+// writes it.
 class PendingFeatures {
  public:
+  PendingFeatures() = default;
+  PendingFeatures(PendingFeatures&&) noexcept = default;
+  PendingFeatures& operator=(PendingFeatures&& other) noexcept;
+  PendingFeatures(const PendingFeatures&) = delete;
+  PendingFeatures& operator=(const PendingFeatures&) = delete;
+  ~PendingFeatures();
   Tensor take();
 
  private:
   friend class BatchFeatures;
+  void discard() noexcept;
   Tensor features_;
   std::shared_ptr<void> ready_;  // the CUDA event recorded after the gather
 };
