@@ -5,9 +5,15 @@
 #include <xxhash.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
+#include <utility>
 
 #include "kernels/error.hpp"
 
@@ -150,6 +156,69 @@ CheckpointState load_checkpoint(const std::filesystem::path& file) {
   }
   if (pos != buf.size() - 8) throw CorruptStoreError(where + "trailing bytes after the tensors");
   return s;
+}
+
+struct CheckpointWriter::Impl {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<std::pair<std::filesystem::path, CheckpointState>> queue;
+  bool busy = false;  // a write in progress (taken off the queue)
+  bool closing = false;
+  std::exception_ptr error;  // the first failed write's, until reported
+  std::thread thread;
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex);
+    for (;;) {
+      changed.wait(lock, [&] { return closing || !queue.empty(); });
+      if (queue.empty()) return;  // closing, and everything written
+      auto job = std::move(queue.front());
+      queue.pop_front();
+      busy = true;
+      lock.unlock();
+      std::exception_ptr failed;
+      try {
+        save_checkpoint(job.first, job.second);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      lock.lock();
+      if (failed && !error) error = failed;
+      busy = false;
+      changed.notify_all();
+    }
+  }
+  void rethrow(std::unique_lock<std::mutex>&) {
+    if (!error) return;
+    std::exception_ptr e = std::exchange(error, nullptr);
+    std::rethrow_exception(e);
+  }
+};
+
+CheckpointWriter::CheckpointWriter() : impl_(std::make_unique<Impl>()) {
+  impl_->thread = std::thread([this] { impl_->run(); });
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->closing = true;
+  }
+  impl_->changed.notify_all();
+  impl_->thread.join();
+}
+
+void CheckpointWriter::submit(std::filesystem::path file, CheckpointState state) {
+  std::unique_lock<std::mutex> lock(impl_->mutex);
+  impl_->rethrow(lock);
+  impl_->queue.emplace_back(std::move(file), std::move(state));
+  impl_->changed.notify_all();
+}
+
+void CheckpointWriter::wait() {
+  std::unique_lock<std::mutex> lock(impl_->mutex);
+  impl_->changed.wait(lock, [&] { return impl_->queue.empty() && !impl_->busy; });
+  impl_->rethrow(lock);
 }
 
 }  // namespace gale::engine

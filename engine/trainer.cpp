@@ -300,6 +300,11 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       throw InputError(file.string() + ": stopped inside epoch " + std::to_string(start_epoch + 1) + " by a run with one " +
                        "worker and no --reorder-window; resume it that way (it cannot be split over workers or windows)");
   }
+  // Checkpoints go to disk on the writer's thread while training goes on; every return below waits
+  // for them (so a stopped run's message is true), and a failed write surfaces at the next save.
+  CheckpointWriter writer;
+  // A host copy of t that training will not write (Tensor::to keeps a host tensor as it is).
+  auto host_copy = [](const Tensor& t) { return t.device().is_cpu() ? t.clone() : t.to(Device::cpu()); };
   // The state after `epoch`, or inside epoch + 1 after its first `batches_done` batches.
   auto save = [&](const std::filesystem::path& file, int64_t epoch, int64_t batches_done = 0, double loss_sum = 0) {
     CheckpointState s;
@@ -314,11 +319,11 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     auto params = model.parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       s.names.push_back(params[i]->name);
-      s.params.push_back(params[i]->value.to(Device::cpu()));
-      s.adam_m.push_back(adam.first_moments()[i].to(Device::cpu()));
-      s.adam_v.push_back(adam.second_moments()[i].to(Device::cpu()));
+      s.params.push_back(host_copy(params[i]->value));
+      s.adam_m.push_back(host_copy(adam.first_moments()[i]));
+      s.adam_v.push_back(host_copy(adam.second_moments()[i]));
     }
-    save_checkpoint(file, s);
+    writer.submit(file, std::move(s));
     last_checkpoint = Clock::now();
   };
 
@@ -688,6 +693,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
         result.stopped_epoch = epoch;
         result.stopped_batches = w0.times.consumed_end;
         result.stopped_of = m.batches;
+        writer.wait();
         return result;
       }
       if (m.input_nodes == 0) {  // GPU-sampled without a window: the node sets never left the GPU
@@ -768,6 +774,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       result.stop_signal = stop_signal;
       result.stopped_epoch = epoch;
       result.stopped_batches = result.stopped_of = m.batches;
+      writer.wait();
       return result;
     }
   }
@@ -780,6 +787,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
                         {"epochs", opt.epochs}};
     metrics << j.dump() << '\n';
   }
+  writer.wait();
   return result;
 }
 

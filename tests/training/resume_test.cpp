@@ -282,6 +282,49 @@ TEST(Resume, ResumeWithAnotherModelIsRefused) {
   EXPECT_THROW(train(o), InputError);
 }
 
+// A state with one 2 x 3 parameter filled with `value`.
+CheckpointState small_state(int64_t epoch, float value) {
+  CheckpointState s;
+  s.epoch = epoch;
+  s.config_json = "{}";
+  s.names = {"w"};
+  for (auto* group : {&s.params, &s.adam_m, &s.adam_v}) {
+    Tensor t = Tensor::empty(2, 3);
+    t.fill(value);
+    group->push_back(t);
+  }
+  return s;
+}
+
+TEST(CheckpointWriter, WritesWhatWasSubmittedInOrder) {
+  const fs::path dir = fresh_dir("writer");
+  {
+    CheckpointWriter writer;
+    for (int e = 0; e < 5; ++e) writer.submit(dir / "latest.ckpt", small_state(e, static_cast<float>(e)));
+    writer.submit(dir / "best.ckpt", small_state(2, 2.0f));
+    writer.wait();
+    const CheckpointState latest = load_checkpoint(dir / "latest.ckpt");
+    EXPECT_EQ(latest.epoch, 4);
+    EXPECT_EQ(latest.params[0].to_vector(), std::vector<float>(6, 4.0f));
+    EXPECT_EQ(load_checkpoint(dir / "best.ckpt").epoch, 2);
+    writer.submit(dir / "latest.ckpt", small_state(5, 5.0f));
+  }  // the destructor finishes the last one
+  EXPECT_EQ(load_checkpoint(dir / "latest.ckpt").epoch, 5);
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos);
+}
+
+TEST(CheckpointWriter, AFailedWriteIsThrownOnceByTheNextCall) {
+  const fs::path dir = fresh_dir("writer-fail");
+  std::ofstream(dir / "file") << "x";  // a file where the checkpoint directory would go
+  CheckpointWriter writer;
+  writer.submit(dir / "file" / "latest.ckpt", small_state(0, 1.0f));
+  EXPECT_THROW(writer.wait(), InputError);
+  EXPECT_NO_THROW(writer.wait());
+  writer.submit(dir / "ok.ckpt", small_state(1, 1.0f));
+  EXPECT_NO_THROW(writer.wait());
+  EXPECT_EQ(load_checkpoint(dir / "ok.ckpt").epoch, 1);
+}
+
 TEST(Checkpoint, FlippedByteIsReportedAsCorrupt) {
   TrainOptions o;
   o.store = testing::cora_store();
