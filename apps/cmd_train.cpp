@@ -7,14 +7,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
 
 #include "apps/commands.hpp"
-#include "engine/checkpoint.hpp"
 #include "engine/devices.hpp"
 #include "engine/ops.hpp"
 #include "engine/processes.hpp"
@@ -271,18 +269,14 @@ int run_train(const std::vector<std::string>& args) {
     o.on_step = [&progress, epochs = o.epochs](int64_t epoch, int64_t batch, int64_t batches) {
       progress.step(epoch, epochs, batch, batches);
     };
-  if (o.resume && show && !o.checkpoint_dir.empty() && engine::Processes::get().rank() == 0) {
-    // Where the run goes on from (train() checks the checkpoint against the options).
-    const std::filesystem::path file = std::filesystem::path(o.checkpoint_dir) / "latest.ckpt";
-    if (std::filesystem::exists(file)) {
-      const engine::CheckpointState c = engine::load_checkpoint(file);
-      if (c.batches_done > 0)
+  if (show)
+    o.on_resume = [](int64_t epochs_done, int64_t batches_done) {
+      if (batches_done > 0)
         std::fprintf(stderr, "resuming inside epoch %lld after its first %lld batches\n",
-                     static_cast<long long>(c.epoch + 2), static_cast<long long>(c.batches_done));
+                     static_cast<long long>(epochs_done + 1), static_cast<long long>(batches_done));
       else
-        std::fprintf(stderr, "resuming after epoch %lld\n", static_cast<long long>(c.epoch + 1));
-    }
-  }
+        std::fprintf(stderr, "resuming after epoch %lld\n", static_cast<long long>(epochs_done));
+    };
   engine::TrainResult r;
   {
     const StopSignals signals;

@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <charconv>
+#include <cmath>
 #include <iostream>
 
 #include "apps/commands.hpp"

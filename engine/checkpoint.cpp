@@ -188,7 +188,8 @@ struct CheckpointWriter::Impl {
       changed.notify_all();
     }
   }
-  void rethrow(std::unique_lock<std::mutex>&) {
+  // Throws the error a write left, once (the caller holds the mutex).
+  void rethrow_error() {
     if (!error) return;
     std::exception_ptr e = std::exchange(error, nullptr);
     std::rethrow_exception(e);
@@ -210,7 +211,7 @@ CheckpointWriter::~CheckpointWriter() {
 
 void CheckpointWriter::submit(std::filesystem::path file, CheckpointState state) {
   std::unique_lock<std::mutex> lock(impl_->mutex);
-  impl_->rethrow(lock);
+  impl_->rethrow_error();
   impl_->queue.emplace_back(std::move(file), std::move(state));
   impl_->changed.notify_all();
 }
@@ -218,7 +219,7 @@ void CheckpointWriter::submit(std::filesystem::path file, CheckpointState state)
 void CheckpointWriter::wait() {
   std::unique_lock<std::mutex> lock(impl_->mutex);
   impl_->changed.wait(lock, [&] { return impl_->queue.empty() && !impl_->busy; });
-  impl_->rethrow(lock);
+  impl_->rethrow_error();
 }
 
 }  // namespace gale::engine

@@ -299,6 +299,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (resume_batch > 0 && !step_stops)
       throw InputError(file.string() + ": stopped inside epoch " + std::to_string(start_epoch + 1) + " by a run with one " +
                        "worker and no --reorder-window; resume it that way (it cannot be split over workers or windows)");
+    if (opt.on_resume && lead_process) opt.on_resume(start_epoch, resume_batch);
   }
   // Checkpoints go to disk on the writer's thread while training goes on; every return below waits
   // for them (so a stopped run's message is true), and a failed write surfaces at the next save.

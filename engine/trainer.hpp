@@ -84,6 +84,9 @@ struct TrainOptions {
   // Called on the training thread after each mini-batch step of worker 0: the epoch, the batch's
   // index in plan order and the epoch's batch count.
   std::function<void(int64_t epoch, int64_t batch, int64_t batches)> on_step;
+  // Called once with resume, after the checkpoint is read and checked: the epochs it completed,
+  // and the batches it trained of the next one (0: none).
+  std::function<void(int64_t epochs_done, int64_t batches_done)> on_resume;
 };
 
 struct EpochMetrics {

@@ -137,8 +137,16 @@ TrainResult check_stop_and_resume(TrainOptions o, const std::string& name, Arm&&
 
   stop.store(0);
   o.resume = true;
+  int64_t resumed_epochs = -1, resumed_batches = -1;
+  o.on_resume = [&](int64_t epochs_done, int64_t batches_done) {
+    resumed_epochs = epochs_done;
+    resumed_batches = batches_done;
+  };
   const TrainResult b = train(o);
   EXPECT_EQ(b.stop_signal, 0);
+  const bool inside = s.stopped_batches < s.stopped_of;  // else it stopped after the epoch
+  EXPECT_EQ(resumed_epochs, inside ? s.stopped_epoch : s.stopped_epoch + 1);
+  EXPECT_EQ(resumed_batches, inside ? s.stopped_batches : 0);
   EXPECT_EQ(a.last.loss, b.last.loss);
   EXPECT_EQ(a.best_valid_acc, b.best_valid_acc);
   const std::string x = read_bytes(straight / "latest.ckpt"), y = read_bytes(stopped / "latest.ckpt");
