@@ -301,9 +301,9 @@ size_t edge_groups_workspace_bytes(int64_t rows);
 void edge_groups_cuda(const CsrView& graph, int64_t group_size, EdgeGroup* groups, int64_t capacity,
                       int64_t* count, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
-// One warp per row: the row's order-preserving keys sit in registers, a bitwise radix select finds
-// the k-th largest key (starting below the bits all keys share, stopping as soon as the count is
-// exactly k), and a ballot/popc compaction writes the kept values in column order with ties
+// One warp per row: the row's order-preserving keys sit in registers, a bisection of the key
+// interval between a lower bound and the row's maximum finds the k-th largest key (stopping as
+// soon as the count is exactly k), and a ballot/popc compaction writes the kept values in column order with ties
 // broken towards lower columns. Same output as maxk_forward_cpu, bit for bit. With `dense` (data
 // not null; x.rows x x.cols, and it may be x itself: each row is read before it is written) the
 // warp also writes the dense form, cbsr_to_dense_cpu of the output, from the values it holds:

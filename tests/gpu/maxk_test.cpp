@@ -182,8 +182,11 @@ class MaxkCudaTest : public gale::testing::CudaFixture<> {
 
   // maxk_forward_cuda against maxk_forward_cpu: same values bit for bit, same index bytes.
   void check_top_k(int64_t rows, int64_t width, int64_t k, int64_t pad, uint64_t key) {
-    const int64_t ld = width + pad;
-    const auto x = activations(key, rows, width, ld);
+    check_top_k(rows, width, k, width + pad, activations(key, rows, width, width + pad));
+  }
+
+  void check_top_k(int64_t rows, int64_t width, int64_t k, int64_t ld, const std::vector<float>& x) {
+    const int64_t pad = ld - width;
     Cbsr cpu(rows, width, k);
     maxk_forward_cpu(ConstMatrixView{x.data(), rows, width, ld}, cpu.view());
     auto d_x = upload(x);
@@ -376,6 +379,31 @@ TEST_F(MaxkCudaTest, TopKMatchesCpuExactlyAtEveryWidthAndK) {
 TEST_F(MaxkCudaTest, TopKMatchesCpuAtTheWidestRows) {
   for (int64_t width : {int64_t{1500}, int64_t{2048}, kMaxkCudaMaxWidth}) {
     for (int64_t k : {int64_t{1}, int64_t{32}, int64_t{777}, width}) check_top_k(40, width, k, 1, derive_key(3, width + k));
+  }
+}
+
+// Rows whose values lie within a few dozen ulps of one float (some rows all negative, some with
+// repeats): the select must resolve the lowest mantissa bits, after it has narrowed the keys in
+// question to a few, and break ties among them by column.
+TEST_F(MaxkCudaTest, TopKMatchesCpuWhenValuesDifferInTheLastBits) {
+  for (int64_t width : {int64_t{32}, int64_t{100}, int64_t{256}, int64_t{1024}}) {
+    const int64_t rows = 64, ld = width + 1;
+    const uint64_t key = derive_key(7, static_cast<uint64_t>(width));
+    std::vector<float> x(static_cast<size_t>(rows * ld), kNaN);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float base = (r % 3 == 0 ? -1.0f : 1.0f) * (0.5f + static_cast<float>(random_below(key, r, 1000)) / 1000.0f);
+      const uint64_t spread = r % 4 == 1 ? 8 : 100;  // few distinct values: long runs of ties
+      for (int64_t c = 0; c < width; ++c) {
+        const uint32_t step = static_cast<uint32_t>(random_below(derive_key(key, 1), static_cast<uint64_t>(r * ld + c), spread));
+        uint32_t bits;
+        std::memcpy(&bits, &base, sizeof bits);
+        bits += step;
+        std::memcpy(&x[static_cast<size_t>(r * ld + c)], &bits, sizeof bits);
+      }
+    }
+    for (int64_t k : {int64_t{1}, int64_t{16}, int64_t{32}, std::min<int64_t>(width, 33), width - 1, width}) {
+      if (k >= 1) check_top_k(rows, width, k, ld, x);
+    }
   }
 }
 
