@@ -56,7 +56,7 @@ void save_checkpoint(const std::filesystem::path& file, const CheckpointState& s
   header["epoch"] = state.epoch;
   if (state.batches_done > 0) {
     header["batches_done"] = state.batches_done;
-    header["partial_loss_sum"] = state.partial_loss_sum;
+    header["partial_loss_sums"] = state.partial_loss_sums;
   }
   header["adam_steps"] = state.adam_steps;
   header["best_valid_acc"] = state.best_valid_acc;
@@ -130,8 +130,15 @@ CheckpointState load_checkpoint(const std::filesystem::path& file) {
     const nlohmann::json header = nlohmann::json::parse(buf.substr(20, len));
     s.epoch = header.at("epoch").get<int64_t>();
     s.batches_done = header.value("batches_done", int64_t{0});
-    s.partial_loss_sum = header.value("partial_loss_sum", 0.0);
     if (s.batches_done < 0) throw CorruptStoreError(where + "negative batches_done in the header");
+    if (s.batches_done > 0) {
+      // One worker's checkpoints before several could stop inside an epoch wrote a single sum.
+      if (header.contains("partial_loss_sums"))
+        s.partial_loss_sums = header.at("partial_loss_sums").get<std::vector<double>>();
+      else
+        s.partial_loss_sums = {header.at("partial_loss_sum").get<double>()};
+      if (s.partial_loss_sums.empty()) throw CorruptStoreError(where + "batches_done without the workers' loss sums");
+    }
     s.adam_steps = header.at("adam_steps").get<int64_t>();
     s.best_valid_acc = header.at("best_valid_acc").get<double>();
     s.test_acc_at_best_valid = header.at("test_acc_at_best_valid").get<double>();

@@ -23,9 +23,10 @@ namespace gale::engine {
 struct CheckpointState {
   int64_t epoch = -1;                // last completed epoch (0-based)
   // A run stopped inside epoch + 1 (gale train interrupted): its first batches_done batches in plan
-  // order are trained, and their per-seed losses sum to partial_loss_sum. 0: none.
+  // order are trained (each worker's share of them), and partial_loss_sums[w] is the sum of worker
+  // rank w's per-seed losses over its batches, one entry per worker of the run. 0: none.
   int64_t batches_done = 0;
-  double partial_loss_sum = 0;
+  std::vector<double> partial_loss_sums;
   int64_t adam_steps = 0;
   double best_valid_acc = -1;
   double test_acc_at_best_valid = 0;

@@ -1,10 +1,13 @@
 #include "engine/devices.hpp"
 
+#include <cstring>
 #include <vector>
 
+#include "engine/tensor.hpp"
 #include "kernels/error.hpp"
 #if GALE_WITH_CUDA
 #include "engine/device_context.hpp"
+#include "kernels/cuda/pinned.hpp"
 #include "kernels/cuda/runtime.hpp"
 #endif
 
@@ -144,6 +147,56 @@ double IoTimer::take_seconds() {
   impl_->spans.clear();
 #endif
   return ms * 1e-3;
+}
+
+struct LaggedReads::Impl {
+  Device device;
+  int64_t values = 0;
+  std::vector<std::vector<float>> host;  // the CPU's slots
+#if GALE_WITH_CUDA
+  kernels::cuda::PinnedBuffer pinned;  // slots x values floats
+  std::vector<kernels::cuda::Event> copied;
+#endif
+};
+
+LaggedReads::LaggedReads(const Device& device, int slots, int64_t values) : impl_(std::make_unique<Impl>()) {
+  impl_->device = device;
+  impl_->values = values;
+  if (!device.is_cuda()) {
+    impl_->host.assign(static_cast<size_t>(slots), std::vector<float>(static_cast<size_t>(values)));
+    return;
+  }
+#if GALE_WITH_CUDA
+  impl_->pinned = kernels::cuda::PinnedBuffer(static_cast<size_t>(slots * values) * sizeof(float));
+  for (int i = 0; i < slots; ++i) impl_->copied.emplace_back(device.ordinal);
+#endif
+}
+
+LaggedReads::~LaggedReads() = default;
+
+void LaggedReads::copy(int slot, const Tensor& t) {
+  GALE_ASSERT(t.numel() == impl_->values && t.dtype() == DType::kF32 && t.device() == impl_->device);
+  if (!impl_->device.is_cuda()) {
+    std::memcpy(impl_->host[static_cast<size_t>(slot)].data(), t.data<float>(), static_cast<size_t>(impl_->values) * sizeof(float));
+    return;
+  }
+#if GALE_WITH_CUDA
+  const cudaStream_t s = DeviceContext::get(impl_->device.ordinal).stream().get();
+  float* dst = static_cast<float*>(impl_->pinned.host()) + slot * impl_->values;
+  kernels::cuda::copy_to_host(dst, t.data<float>(), static_cast<size_t>(impl_->values), s);
+  impl_->copied[static_cast<size_t>(slot)].record(s);
+#endif
+}
+
+std::vector<float> LaggedReads::read(int slot) {
+  if (!impl_->device.is_cuda()) return impl_->host[static_cast<size_t>(slot)];
+#if GALE_WITH_CUDA
+  impl_->copied[static_cast<size_t>(slot)].synchronize();
+  const float* src = static_cast<const float*>(impl_->pinned.host()) + slot * impl_->values;
+  return std::vector<float>(src, src + impl_->values);
+#else
+  return {};
+#endif
 }
 
 }  // namespace gale::engine

@@ -5,10 +5,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/device.hpp"
 
 namespace gale::engine {
+
+class Tensor;
 
 // The first GPU when this build has CUDA and one is present, else the CPU.
 Device default_device();
@@ -55,6 +58,25 @@ class IoTimer {
   void end();
   // Seconds over the spans so far (waits for the last to finish), and the reset.
   double take_seconds();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Small f32 tensors read on the host some steps after they were made, without waiting for the
+// device's later work: copy(slot, t) queues t's values into page-locked slot `slot` behind the
+// work so far on t's device (compute stream); read(slot) waits for that copy alone. On the CPU the
+// copy happens at once. Data-parallel workers read their summed stop votes this way: reading a
+// step's vote two steps later costs no wait, where a plain read would drain the queue each step.
+class LaggedReads {
+ public:
+  LaggedReads(const Device& device, int slots, int64_t values);
+  ~LaggedReads();
+  LaggedReads(const LaggedReads&) = delete;
+  LaggedReads& operator=(const LaggedReads&) = delete;
+  void copy(int slot, const Tensor& t);
+  std::vector<float> read(int slot);
 
  private:
   struct Impl;

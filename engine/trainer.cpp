@@ -2,6 +2,7 @@
 
 #include <tbb/global_control.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -251,13 +252,14 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   int64_t start_epoch = 0;
   // A checkpoint written inside an epoch: that epoch starts at this batch, with these losses.
   int64_t resume_batch = 0;
-  double resume_loss_sum = 0;
-  // Only one worker without a match-reorder window stops between steps (TrainOptions::stop).
-  const bool step_stops = !opt.full_graph && world == 1 && opt.reorder_window <= 1;
+  std::vector<double> resume_loss_sums;  // each worker rank's
+  // Mini-batch training without a match-reorder window stops between steps (TrainOptions::stop);
+  // several workers agree on the step first (worker_epoch's votes).
+  const bool step_stops = !opt.full_graph && opt.reorder_window <= 1;
   if (opt.checkpoint_interval_s < 0) throw InputError("--checkpoint-interval: expected 0 or more seconds");
   if (opt.checkpoint_interval_s > 0 && opt.checkpoint_dir.empty())
     throw InputError("--checkpoint-interval: needs --checkpoint-dir");
-  if (opt.checkpoint_interval_s > 0 && !step_stops)
+  if (opt.checkpoint_interval_s > 0 && (!step_stops || world > 1))
     throw InputError("--checkpoint-interval: checkpoints inside an epoch need mini-batch training with one worker and "
                      "no --reorder-window");
   auto last_checkpoint = Clock::now();  // of this run: interval checkpoints count from it
@@ -295,10 +297,13 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     result.best_epoch = s.best_epoch;
     start_epoch = s.epoch + 1;
     resume_batch = s.batches_done;
-    resume_loss_sum = s.partial_loss_sum;
-    if (resume_batch > 0 && !step_stops)
-      throw InputError(file.string() + ": stopped inside epoch " + std::to_string(start_epoch + 1) + " by a run with one " +
-                       "worker and no --reorder-window; resume it that way (it cannot be split over workers or windows)");
+    resume_loss_sums = s.partial_loss_sums;
+    if (resume_batch > 0 && (!step_stops || static_cast<int>(resume_loss_sums.size()) != world)) {
+      const size_t n = resume_loss_sums.size();
+      throw InputError(file.string() + ": stopped inside epoch " + std::to_string(start_epoch + 1) + " by a run with " +
+                       (n == 1 ? std::string("one worker") : std::to_string(n) + " workers") +
+                       " and no --reorder-window; resume it that way (the epoch's batches cannot be dealt out anew)");
+    }
     if (opt.on_resume && lead_process) opt.on_resume(start_epoch, resume_batch);
   }
   // Checkpoints go to disk on the writer's thread while training goes on; every return below waits
@@ -307,11 +312,12 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   // A host copy of t that training will not write (Tensor::to keeps a host tensor as it is).
   auto host_copy = [](const Tensor& t) { return t.device().is_cpu() ? t.clone() : t.to(Device::cpu()); };
   // The state after `epoch`, or inside epoch + 1 after its first `batches_done` batches.
-  auto save = [&](const std::filesystem::path& file, int64_t epoch, int64_t batches_done = 0, double loss_sum = 0) {
+  auto save = [&](const std::filesystem::path& file, int64_t epoch, int64_t batches_done = 0,
+                  std::vector<double> loss_sums = {}) {
     CheckpointState s;
     s.epoch = epoch;
     s.batches_done = batches_done;
-    s.partial_loss_sum = loss_sum;
+    s.partial_loss_sums = std::move(loss_sums);
     s.adam_steps = adam.steps();
     s.best_valid_acc = result.best_valid_acc;
     s.test_acc_at_best_valid = result.test_acc_at_best_valid;
@@ -457,7 +463,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
 
   // One worker's mini-batch epoch: its share of the epoch's steps through its own pipeline; the
   // gradients are summed over the workers as backward produces them.
-  // A resumed epoch starts at first_batch with the losses of the batches before it (one worker):
+  // A resumed epoch starts at first_batch with this worker's losses of the batches before it:
   // adding on to that sum in the same order keeps the epoch's loss bit for bit.
   auto worker_epoch = [&](int local, int64_t epoch, uint64_t epoch_key, int64_t first_batch, double loss_sum) {
     Replica& r = replicas[static_cast<size_t>(local)];
@@ -506,6 +512,24 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       }
       if (bucket_bytes >= kBucketBytes) flush();
     };
+    // Several workers stop between steps only together, after the same step: each adds its stop
+    // flag to the step's gradient sums, and every worker reads the sum kVoteLag steps later (the
+    // copy long done, so the host never waits for the device), then stops after that step if it is
+    // not zero. The sums are the same bits everywhere, so every worker stops after the same step.
+    constexpr int64_t kVoteLag = 2;
+    const bool votes = r.comm != nullptr && step_stops;
+    std::atomic<int> agreed{0};
+    std::optional<LaggedReads> vote_reads;
+    std::vector<Tensor> vote_sums(static_cast<size_t>(kVoteLag + 1));
+    Tensor vote_values[2];  // 0 and 1, copied into a step's vote on the device (no host copy a step)
+    if (votes) {
+      vote_reads.emplace(r.dev, static_cast<int>(kVoteLag + 1), 1);
+      for (Tensor& v : vote_sums) v = Tensor::empty(1, 1, DType::kF32, r.dev);
+      for (int i = 0; i < 2; ++i) {
+        const float value = static_cast<float>(i);
+        vote_values[i] = Tensor::from_host(&value, 1, 1, DType::kF32, r.dev);
+      }
+    }
     out.times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
         plan.num_batches(), opt.prefetch, opt.reorder_window,
         [&](int64_t b) {
@@ -562,17 +586,28 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           } else {
             for (size_t l = by_layer.size(); l-- > 0;) sum_layer(by_layer[l]);  // the same sums, of zeros
           }
+          const int slot = static_cast<int>(b % (kVoteLag + 1));
+          if (votes) {
+            const bool mine = opt.stop != nullptr && opt.stop->load() != 0;
+            ops::copy(vote_values[mine ? 1 : 0], &vote_sums[static_cast<size_t>(slot)]);
+            bucket.push_back(&vote_sums[static_cast<size_t>(slot)]);
+          }
           if (r.comm) {
             flush();
             r.comm->wait();
+          }
+          if (votes) {
+            vote_reads->copy(slot, vote_sums[static_cast<size_t>(slot)]);
+            if (b - kVoteLag >= first_batch && vote_reads->read(static_cast<int>((b - kVoteLag) % (kVoteLag + 1)))[0] > 0.0f)
+              agreed.store(1);
           }
           r.adam->step();
           if (local == 0 && opt.on_step) opt.on_step(epoch, b, plan.num_batches());
           if (opt.checkpoint_interval_s > 0 && lead_process && b + 1 < plan.num_batches() &&
               since(last_checkpoint) >= opt.checkpoint_interval_s)
-            save(ckpt_dir / "latest.ckpt", epoch - 1, b + 1, add_losses(step_losses, loss_sum, first_batch, b + 1));
+            save(ckpt_dir / "latest.ckpt", epoch - 1, b + 1, {add_losses(step_losses, loss_sum, first_batch, b + 1)});
         },
-        scheduler::PipelineRange{first_batch, step_stops ? opt.stop : nullptr});
+        scheduler::PipelineRange{first_batch, !step_stops ? nullptr : votes ? &agreed : opt.stop});
     out.loss_sum = add_losses(step_losses, out.loss_sum, first_batch, out.times.consumed_end);
     if (r.batch_features) out.features = r.batch_features->take_stats();
     out.io_s = io_timer.take_seconds();
@@ -606,7 +641,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     m.epochs = opt.epochs;
     const uint64_t epoch_key = kernels::derive_key(opt.seed, static_cast<uint64_t>(epoch));
     const int64_t first_batch = epoch == start_epoch ? resume_batch : 0;
-    const double prior_loss_sum = epoch == start_epoch ? resume_loss_sum : 0;
+    // A resumed epoch: each worker goes on from its own sum of the losses before first_batch.
+    auto prior_loss_sum = [&](int w) {
+      return epoch == start_epoch && !resume_loss_sums.empty() ? resume_loss_sums[static_cast<size_t>(first_rank + w)] : 0.0;
+    };
     int stop_signal = 0;  // agreed by every worker after a mini-batch epoch with several of them
 
     for (const Replica& r : replicas) reset_gpu_peak(r.dev);
@@ -632,7 +670,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       auto run = [&](int w) {
         Replica& r = replicas[static_cast<size_t>(w)];
         try {
-          done[static_cast<size_t>(w)] = worker_epoch(w, epoch, epoch_key, first_batch, prior_loss_sum);
+          done[static_cast<size_t>(w)] = worker_epoch(w, epoch, epoch_key, first_batch, prior_loss_sum(w));
         } catch (const std::exception& e) {
           failed[static_cast<size_t>(w)] = std::current_exception();
           int none = -1;
@@ -662,10 +700,12 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       const std::vector<uint64_t> records = w0.everyone.empty() ? w0.record() : w0.everyone;
       const size_t words = records.size() / static_cast<size_t>(world);
       double loss_sum = 0;
+      std::vector<double> worker_loss_sums;  // by rank
       for (int w = 0; w < world; ++w) {
         const uint64_t* rec = records.data() + static_cast<size_t>(w) * words;
         const double wall = double_bits(rec[2]);
         loss_sum += double_bits(rec[0]);
+        worker_loss_sums.push_back(double_bits(rec[0]));
         m.worker_seeds_per_s.push_back(wall > 0 ? static_cast<double>(rec[1]) / wall : 0.0);
         m.feature_rows += static_cast<int64_t>(rec[3]);
         m.rows_previous += static_cast<int64_t>(rec[4]);
@@ -687,10 +727,11 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       m.allreduce_s = w0.allreduce_s;
       m.reorder_s = w0.times.reorder_s;
       m.batches = epoch_plan(epoch, 0).num_batches();
-      if (w0.times.consumed_end < m.batches) {  // stopped between steps (step_stops)
+      if (w0.times.consumed_end < m.batches) {  // stopped between steps (step_stops), every worker after the same
         if (!opt.checkpoint_dir.empty() && lead_process)
-          save(ckpt_dir / "latest.ckpt", epoch - 1, w0.times.consumed_end, loss_sum);
-        result.stop_signal = opt.stop->load();
+          save(ckpt_dir / "latest.ckpt", epoch - 1, w0.times.consumed_end, worker_loss_sums);
+        // With several processes the signal may have reached another one only.
+        result.stop_signal = std::max(stop_signal, opt.stop != nullptr ? opt.stop->load() : 0);
         result.stopped_epoch = epoch;
         result.stopped_batches = w0.times.consumed_end;
         result.stopped_of = m.batches;

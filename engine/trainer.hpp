@@ -71,11 +71,11 @@ struct TrainOptions {
   enum class Eval { kAuto, kFull, kBatched, kNone };
   Eval eval = Eval::kAuto;
   // Stop early once *stop is non-zero (gale train sets it to the number of a SIGINT or SIGTERM):
-  // mini-batch training with one worker and no match-reorder window stops before its next step and
-  // checkpoints inside the epoch (CheckpointState::batches_done), so --resume goes on from that
-  // step; otherwise the run stops after the epoch in progress, with its checkpoint. With several
-  // workers or processes every one stops after the same epoch (their flags travel with the
-  // epoch's records).
+  // mini-batch training without a match-reorder window stops before its next step and checkpoints
+  // inside the epoch (CheckpointState::batches_done), so --resume goes on from that step (with as
+  // many workers); otherwise the run stops after the epoch in progress, with its checkpoint. Several
+  // workers or processes vote with their step's gradient sums and all stop after the same step
+  // (within two steps of the flag), or after the same epoch.
   const std::atomic<int>* stop = nullptr;
   // With checkpoint_dir: also checkpoint inside an epoch whenever this many seconds have passed
   // since the last checkpoint (0: at epoch ends only), so a run killed outright (SIGKILL, a lost

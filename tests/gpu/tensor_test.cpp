@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/device_context.hpp"
+#include "engine/devices.hpp"
 #include "engine/tensor.hpp"
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/error.hpp"
@@ -50,6 +51,23 @@ TEST_F(GpuTensor, AllocationsAreChargedToThePoolAndReturned) {
     EXPECT_EQ(ctx.pool().in_use(), before + (uint64_t{16} << 20));
   }
   EXPECT_EQ(ctx.pool().in_use(), before);
+}
+
+// What the data-parallel workers' stop votes rely on: each slot returns the values its tensor held
+// when copied, though the tensor is overwritten right after and other slots are copied since.
+TEST_F(GpuTensor, LaggedReadsReturnEachSlotsValuesAsCopied) {
+  const Device gpu = Device::cuda(0);
+  LaggedReads reads(gpu, 3, 2);
+  Tensor t = Tensor::zeros(1, 2, DType::kF32, gpu);
+  for (int step = 0; step < 7; ++step) {
+    t.fill(static_cast<float>(step));
+    reads.copy(step % 3, t);
+    Tensor busy = Tensor::zeros(4096, 1024, DType::kF32, gpu);  // later work on the same stream
+    busy.fill(1.0f);
+    if (step >= 2) EXPECT_EQ(reads.read((step - 2) % 3), std::vector<float>(2, static_cast<float>(step - 2))) << step;
+  }
+  t.fill(-1.0f);
+  EXPECT_EQ(reads.read(6 % 3), std::vector<float>(2, 6.0f));
 }
 
 }  // namespace

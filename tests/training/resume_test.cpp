@@ -175,10 +175,12 @@ TEST(Resume, StoppedInsideAMiniBatchEpochResumesExactly) {
   EXPECT_EQ(s.epochs_run, 1);
 }
 
-// Several workers take the same number of steps, so they stop together after the epoch in
-// which any of them saw the flag.
-TEST(Resume, TwoWorkersStopAfterTheEpochAndResumeExactly) {
+// Several workers stop inside the epoch too, all after the same step: the flag seen after step 1
+// goes into step 2's gradient sums and is read two steps later, so the steps 0-4 are trained.
+// Each worker's loss sum is saved and goes on where it left off.
+TEST(Resume, TwoWorkersStopInsideAnEpochTogetherAndResumeExactly) {
   TrainOptions o = minibatch_sage();
+  o.batch_size = 8;  // enough steps that the stop lands inside the epoch
   o.devices = {Device::cpu(), Device::cpu()};
   const TrainResult s = check_stop_and_resume(o, "stop-workers", [](TrainOptions& first, std::atomic<int>& stop) {
     first.on_step = [&stop](int64_t epoch, int64_t batch, int64_t) {
@@ -186,8 +188,68 @@ TEST(Resume, TwoWorkersStopAfterTheEpochAndResumeExactly) {
     };
   });
   EXPECT_EQ(s.stopped_epoch, 1);
+  EXPECT_EQ(s.stopped_batches, 5);
+  EXPECT_LT(s.stopped_batches, s.stopped_of);
+  EXPECT_EQ(s.epochs_run, 1);
+}
+
+// A flag raised in the last steps of an epoch is read only after it ends: the workers stop after
+// the epoch, as one.
+TEST(Resume, TwoWorkersFlaggedAtTheEpochsEndStopAfterIt) {
+  TrainOptions o = minibatch_sage();
+  o.devices = {Device::cpu(), Device::cpu()};
+  const TrainResult s = check_stop_and_resume(o, "stop-workers-end", [](TrainOptions& first, std::atomic<int>& stop) {
+    first.on_step = [&stop](int64_t epoch, int64_t batch, int64_t of) {
+      if (epoch == 1 && batch == of - 1) stop.store(SIGINT);
+    };
+  });
+  EXPECT_EQ(s.stopped_epoch, 1);
   EXPECT_EQ(s.stopped_batches, s.stopped_of);
   EXPECT_EQ(s.epochs_run, 2);
+}
+
+// Trains *o on Cora with a SIGTERM raised after step `flag_after` of the first epoch, expects the
+// run to stop inside it after `batches_done` batches, and returns its checkpoint; *o is left
+// ready for a resume (no flag, no step hook).
+CheckpointState stop_in_first_epoch(TrainOptions* o, const std::string& name, int64_t flag_after,
+                                    int64_t batches_done) {
+  o->store = testing::cora_store();
+  o->epochs = 2;
+  o->checkpoint_dir = fresh_dir(name).string();
+  std::atomic<int> stop{0};
+  o->stop = &stop;
+  o->on_step = [&stop, flag_after](int64_t, int64_t batch, int64_t) {
+    if (batch == flag_after) stop.store(SIGTERM);
+  };
+  const TrainResult s = train(*o);
+  EXPECT_EQ(s.stop_signal, SIGTERM);
+  o->stop = nullptr;
+  o->on_step = nullptr;
+  const CheckpointState c = load_checkpoint(fs::path(o->checkpoint_dir) / "latest.ckpt");
+  EXPECT_EQ(c.epoch, -1);
+  EXPECT_EQ(c.batches_done, batches_done);
+  return c;
+}
+
+// A checkpoint from inside an epoch of two workers holds both workers' loss sums, and the epoch's
+// batches were dealt to two: resuming it with one worker is refused, naming the file.
+TEST(Resume, StoppedInsideAnEpochOfTwoWorkersNeedsTwo) {
+  TrainOptions o = minibatch_sage();
+  o.batch_size = 8;
+  o.devices = {Device::cpu(), Device::cpu()};
+  // Flagged after step 0, voted in step 1, read in step 3.
+  const CheckpointState c = stop_in_first_epoch(&o, "stop-workers-two", 0, 4);
+  ASSERT_EQ(c.partial_loss_sums.size(), 2u);
+  EXPECT_GT(c.partial_loss_sums[0], 0.0);
+  EXPECT_GT(c.partial_loss_sums[1], 0.0);
+  o.resume = true;
+  o.devices = {Device::cpu()};
+  try {
+    train(o);
+    ADD_FAILURE() << "resumed with one worker";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("by a run with 2 workers"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Resume, StoppedAfterAFullGraphEpochResumesExactly) {
@@ -213,22 +275,9 @@ TEST(Resume, StopBeforeTheFirstStepSavesTheStartingState) {
 
 TEST(Resume, StoppedInsideAnEpochNeedsTheSameSchedule) {
   TrainOptions o = minibatch_sage();
-  o.store = testing::cora_store();
-  o.epochs = 2;
-  o.checkpoint_dir = fresh_dir("stop-window").string();
-  std::atomic<int> stop{0};
-  o.stop = &stop;
-  o.on_step = [&stop](int64_t, int64_t batch, int64_t) {
-    if (batch == 1) stop.store(SIGTERM);
-  };
-  const TrainResult s = train(o);
-  ASSERT_EQ(s.stop_signal, SIGTERM);
-  const CheckpointState c = load_checkpoint(fs::path(o.checkpoint_dir) / "latest.ckpt");
-  EXPECT_EQ(c.epoch, -1);
-  EXPECT_EQ(c.batches_done, 2);
-  EXPECT_GT(c.partial_loss_sum, 0.0);
-  stop.store(0);
-  o.on_step = nullptr;
+  const CheckpointState c = stop_in_first_epoch(&o, "stop-window", 1, 2);
+  ASSERT_EQ(c.partial_loss_sums.size(), 1u);
+  EXPECT_GT(c.partial_loss_sums[0], 0.0);
   o.resume = true;
   o.reorder_window = 4;  // a match-reorder window trains the epoch's batches in another order
   EXPECT_THROW(train(o), InputError);
