@@ -262,6 +262,31 @@ TEST_F(Mpi, RanksWithDifferentOptionsAreRefused) {
   EXPECT_NE(run.output().find("rank 1's model, options or store differ from rank 0's"), std::string::npos) << run.output();
 }
 
+// SIGTERM to rank 1 alone: its stop vote travels with a step's gradient sums, so rank 0 stops
+// after the same step (inside the epoch unless the signal lands in its last two steps), rank 0
+// names the stop, and --resume ends bit for bit where a run that was never stopped ends.
+TEST_F(Mpi, SigtermToOneRankStopsBothAndTheResumeIsExact) {
+  const std::string ckpt = path("ckpt"), split = path("split.jsonl"), whole = path("whole.jsonl");
+  const std::string common = workers(1) + " --deterministic --epochs 40 --metrics ";
+  Launch first("-np 2 " + train(common + split + " --checkpoint-dir " + ckpt), dir_ / "log1");
+  ASSERT_TRUE(first.started());
+  for (int i = 0; i < 600 && epochs(split).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const pid_t rank1 = rank_pid(1, split);
+  ASSERT_GT(rank1, 0) << first.output();
+  ASSERT_EQ(::kill(rank1, SIGTERM), 0);
+  EXPECT_NE(first.wait(std::chrono::seconds(120)), 0) << first.output();
+  EXPECT_NE(first.output().find("stopped by SIGTERM"), std::string::npos) << first.output();
+  EXPECT_LT(epochs(split).size(), 40u) << "the run was not stopped";
+  Launch rest("-np 2 " + train(common + split + " --resume --checkpoint-dir " + ckpt), dir_ / "log2");
+  ASSERT_EQ(rest.wait(std::chrono::seconds(180)), 0) << rest.output();
+  Launch once("-np 2 " + train(common + whole), dir_ / "log3");
+  ASSERT_EQ(once.wait(std::chrono::seconds(180)), 0) << once.output();
+  const auto a = epochs(split), b = epochs(whole);
+  ASSERT_EQ(a.size(), 40u);
+  ASSERT_EQ(b.size(), 40u);
+  for (size_t e = 0; e < a.size(); ++e) EXPECT_EQ(a[e]["loss"].get<double>(), b[e]["loss"].get<double>()) << "epoch " << e;
+}
+
 TEST_F(Mpi, KillingARankEndsTheOthersWithinAMinute) {
   const std::string metrics = path("kill.jsonl");
   auto run = long_run("", metrics);
