@@ -179,7 +179,7 @@ int run_train(const std::vector<std::string>& args) {
       ("threads", po::value(&o.threads), "CPU threads (0: all cores)")
       ("checkpoint-dir", po::value(&o.checkpoint_dir), "write latest.ckpt / best.ckpt here every epoch")
       ("checkpoint-interval", po::value(&checkpoint_interval),
-       "also checkpoint inside an epoch this often: 600, 30s, 10m, 2h (mini-batch, one worker, no "
+       "also checkpoint inside an epoch this often: 600, 30s, 10m, 2h (mini-batch, no "
        "--reorder-window; at most that much work is lost to a kill)")
       ("resume", po::bool_switch(&o.resume), "continue from --checkpoint-dir/latest.ckpt")
       ("metrics", po::value(&o.metrics_path), "write one JSON object per epoch to this file")

@@ -98,6 +98,9 @@ struct WorkerEpoch {
   FeatureLoadStats features;
   uint64_t checksum = 0;
   int stop = 0;  // TrainOptions::stop as this worker saw it after the epoch
+  // Several workers: the pipeline ended early because the workers agreed on an interval
+  // checkpoint (not a stop); the epoch goes on after it from times.consumed_end.
+  bool checkpoint_break = false;
   // With several workers: every worker's record (record() below), in rank order, gathered after
   // the epoch, so rank 0 reports the whole run's counts.
   std::vector<uint64_t> everyone;
@@ -259,9 +262,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   if (opt.checkpoint_interval_s < 0) throw InputError("--checkpoint-interval: expected 0 or more seconds");
   if (opt.checkpoint_interval_s > 0 && opt.checkpoint_dir.empty())
     throw InputError("--checkpoint-interval: needs --checkpoint-dir");
-  if (opt.checkpoint_interval_s > 0 && (!step_stops || world > 1))
-    throw InputError("--checkpoint-interval: checkpoints inside an epoch need mini-batch training with one worker and "
-                     "no --reorder-window");
+  if (opt.checkpoint_interval_s > 0 && !step_stops)
+    throw InputError("--checkpoint-interval: checkpoints inside an epoch need mini-batch training without "
+                     "--reorder-window");
   auto last_checkpoint = Clock::now();  // of this run: interval checkpoints count from it
 
   const std::string identity = identity_json(opt, store);
@@ -513,21 +516,25 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       if (bucket_bytes >= kBucketBytes) flush();
     };
     // Several workers stop between steps only together, after the same step: each adds its stop
-    // flag to the step's gradient sums, and every worker reads the sum kVoteLag steps later (the
-    // copy long done, so the host never waits for the device), then stops after that step if it is
-    // not zero. The sums are the same bits everywhere, so every worker stops after the same step.
+    // flag, and the run's first worker whether an interval checkpoint is due, to the step's gradient
+    // sums ([stop, checkpoint], one more tensor in the last bucket). Every worker reads the sums
+    // kVoteLag steps later (the copy long done, so the host never waits for the device) and ends
+    // its pipeline after that step if either is not zero. The sums are the same bits everywhere,
+    // so every worker ends after the same step; the trainer then stops, or checkpoints and goes
+    // on with the epoch from there (as a resumed run would).
     constexpr int64_t kVoteLag = 2;
     const bool votes = r.comm != nullptr && step_stops;
+    const bool votes_checkpoints = votes && lead_process && local == 0 && opt.checkpoint_interval_s > 0;
     std::atomic<int> agreed{0};
     std::optional<LaggedReads> vote_reads;
     std::vector<Tensor> vote_sums(static_cast<size_t>(kVoteLag + 1));
-    Tensor vote_values[2];  // 0 and 1, copied into a step's vote on the device (no host copy a step)
+    Tensor vote_values[4];  // [stop, checkpoint] for index stop + 2 * checkpoint, copied on the device
     if (votes) {
-      vote_reads.emplace(r.dev, static_cast<int>(kVoteLag + 1), 1);
-      for (Tensor& v : vote_sums) v = Tensor::empty(1, 1, DType::kF32, r.dev);
-      for (int i = 0; i < 2; ++i) {
-        const float value = static_cast<float>(i);
-        vote_values[i] = Tensor::from_host(&value, 1, 1, DType::kF32, r.dev);
+      vote_reads.emplace(r.dev, static_cast<int>(kVoteLag + 1), 2);
+      for (Tensor& v : vote_sums) v = Tensor::empty(1, 2, DType::kF32, r.dev);
+      for (int i = 0; i < 4; ++i) {
+        const float value[2] = {static_cast<float>(i & 1), static_cast<float>(i >> 1)};
+        vote_values[i] = Tensor::from_host(value, 1, 2, DType::kF32, r.dev);
       }
     }
     out.times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
@@ -588,8 +595,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           }
           const int slot = static_cast<int>(b % (kVoteLag + 1));
           if (votes) {
-            const bool mine = opt.stop != nullptr && opt.stop->load() != 0;
-            ops::copy(vote_values[mine ? 1 : 0], &vote_sums[static_cast<size_t>(slot)]);
+            const bool stop = opt.stop != nullptr && opt.stop->load() != 0;
+            const bool due = votes_checkpoints && since(last_checkpoint) >= opt.checkpoint_interval_s;
+            ops::copy(vote_values[(stop ? 1 : 0) + (due ? 2 : 0)], &vote_sums[static_cast<size_t>(slot)]);
             bucket.push_back(&vote_sums[static_cast<size_t>(slot)]);
           }
           if (r.comm) {
@@ -598,12 +606,17 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           }
           if (votes) {
             vote_reads->copy(slot, vote_sums[static_cast<size_t>(slot)]);
-            if (b - kVoteLag >= first_batch && vote_reads->read(static_cast<int>((b - kVoteLag) % (kVoteLag + 1)))[0] > 0.0f)
-              agreed.store(1);
+            if (b - kVoteLag >= first_batch && b + 1 < plan.num_batches()) {
+              const std::vector<float> sums = vote_reads->read(static_cast<int>((b - kVoteLag) % (kVoteLag + 1)));
+              if (sums[0] > 0.0f || sums[1] > 0.0f) {
+                out.checkpoint_break = sums[0] == 0.0f;
+                agreed.store(1);
+              }
+            }
           }
           r.adam->step();
           if (local == 0 && opt.on_step) opt.on_step(epoch, b, plan.num_batches());
-          if (opt.checkpoint_interval_s > 0 && lead_process && b + 1 < plan.num_batches() &&
+          if (opt.checkpoint_interval_s > 0 && !r.comm && b + 1 < plan.num_batches() &&
               since(last_checkpoint) >= opt.checkpoint_interval_s)
             save(ckpt_dir / "latest.ckpt", epoch - 1, b + 1, {add_losses(step_losses, loss_sum, first_batch, b + 1)});
         },
@@ -641,10 +654,6 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     m.epochs = opt.epochs;
     const uint64_t epoch_key = kernels::derive_key(opt.seed, static_cast<uint64_t>(epoch));
     const int64_t first_batch = epoch == start_epoch ? resume_batch : 0;
-    // A resumed epoch: each worker goes on from its own sum of the losses before first_batch.
-    auto prior_loss_sum = [&](int w) {
-      return epoch == start_epoch && !resume_loss_sums.empty() ? resume_loss_sums[static_cast<size_t>(first_rank + w)] : 0.0;
-    };
     int stop_signal = 0;  // agreed by every worker after a mini-batch epoch with several of them
 
     for (const Replica& r : replicas) reset_gpu_peak(r.dev);
@@ -664,85 +673,108 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     } else {
       // Every worker runs its epoch on its own thread (rank 0 on this one). A worker that fails
       // aborts the group, so the others stop at their next sum instead of waiting for it forever.
+      // Several workers run it in segments when they agree on an interval checkpoint: each segment
+      // ends after the same step, the checkpoint is written, and the next goes on from there with
+      // each worker's loss sum so far, exactly as a run resumed from that checkpoint would.
       std::vector<WorkerEpoch> done(static_cast<size_t>(workers));
-      std::vector<std::exception_ptr> failed(static_cast<size_t>(workers));
-      std::atomic<int> first_failure{-1};  // set before the abort, so the cause wins over its echoes
-      auto run = [&](int w) {
-        Replica& r = replicas[static_cast<size_t>(w)];
-        try {
-          done[static_cast<size_t>(w)] = worker_epoch(w, epoch, epoch_key, first_batch, prior_loss_sum(w));
-        } catch (const std::exception& e) {
-          failed[static_cast<size_t>(w)] = std::current_exception();
-          int none = -1;
-          first_failure.compare_exchange_strong(none, w);
-          if (r.comm)
-            r.comm->abort("stopped because worker " + std::to_string(first_rank + w) + " (" + r.dev.name() + ") failed: " + e.what());
-        }
-      };
-      std::vector<std::thread> pool;
-      for (int w = 1; w < workers; ++w) pool.emplace_back(run, w);
-      run(0);
-      for (std::thread& t : pool) t.join();
-      if (const int w = first_failure.load(); w >= 0) {
-        if (workers == 1) std::rethrow_exception(failed[0]);
-        const std::string where =
-            "worker " + std::to_string(first_rank + w) + " (" + replicas[static_cast<size_t>(w)].dev.name() + "): ";
-        try {
-          std::rethrow_exception(failed[static_cast<size_t>(w)]);
-        } catch (const Error& e) {
-          throw Error(where + e.what(), e.code());
-        } catch (const std::exception& e) {
-          throw InternalError(where + e.what());
-        }
-      }
-      const WorkerEpoch& w0 = done[0];
-      // Every worker of the run (the records gathered after the epoch), or the only one.
-      const std::vector<uint64_t> records = w0.everyone.empty() ? w0.record() : w0.everyone;
-      const size_t words = records.size() / static_cast<size_t>(world);
-      double loss_sum = 0;
-      std::vector<double> worker_loss_sums;  // by rank
-      for (int w = 0; w < world; ++w) {
-        const uint64_t* rec = records.data() + static_cast<size_t>(w) * words;
-        const double wall = double_bits(rec[2]);
-        loss_sum += double_bits(rec[0]);
-        worker_loss_sums.push_back(double_bits(rec[0]));
-        m.worker_seeds_per_s.push_back(wall > 0 ? static_cast<double>(rec[1]) / wall : 0.0);
-        m.feature_rows += static_cast<int64_t>(rec[3]);
-        m.rows_previous += static_cast<int64_t>(rec[4]);
-        m.rows_device += static_cast<int64_t>(rec[5]);
-        m.rows_cache += static_cast<int64_t>(rec[6]);
-        m.rows_host += static_cast<int64_t>(rec[7]);
-        m.host_to_gpu_bytes += static_cast<int64_t>(rec[8]);
-        m.input_nodes += static_cast<int64_t>(rec[9]);
-        m.reused_nodes += static_cast<int64_t>(rec[10]);
-        m.reused_nodes_sampled_order += static_cast<int64_t>(rec[11]);
-        m.worker_allreduce_s.push_back(double_bits(rec[12]));
-        stop_signal = std::max(stop_signal, static_cast<int>(rec[13]));
-      }
-      m.loss = loss_sum / static_cast<double>(train_ids.size());
-      m.sample_s = w0.times.prepare_s;
-      m.io_s = w0.io_s;
-      m.compute_s = w0.times.consume_s;
-      m.wait_s = w0.times.wait_s;
-      m.allreduce_s = w0.allreduce_s;
-      m.reorder_s = w0.times.reorder_s;
+      int64_t segment_first = first_batch;
+      // Each worker rank's sum of the losses before segment_first (a resumed epoch's from the checkpoint).
+      std::vector<double> priors(static_cast<size_t>(world), 0.0);
+      if (epoch == start_epoch && !resume_loss_sums.empty()) priors = resume_loss_sums;
+      std::vector<int64_t> rank_seeds(static_cast<size_t>(world), 0);
+      std::vector<double> rank_wall(static_cast<size_t>(world), 0.0), rank_allreduce(static_cast<size_t>(world), 0.0);
+      std::vector<double> worker_loss_sums;  // by rank, over the epoch so far
       m.batches = epoch_plan(epoch, 0).num_batches();
-      if (w0.times.consumed_end < m.batches) {  // stopped between steps (step_stops), every worker after the same
-        if (!opt.checkpoint_dir.empty() && lead_process)
-          save(ckpt_dir / "latest.ckpt", epoch - 1, w0.times.consumed_end, worker_loss_sums);
+      for (;;) {
+        std::vector<std::exception_ptr> failed(static_cast<size_t>(workers));
+        std::atomic<int> first_failure{-1};  // set before the abort, so the cause wins over its echoes
+        auto run = [&](int w) {
+          Replica& r = replicas[static_cast<size_t>(w)];
+          try {
+            done[static_cast<size_t>(w)] =
+                worker_epoch(w, epoch, epoch_key, segment_first, priors[static_cast<size_t>(first_rank + w)]);
+          } catch (const std::exception& e) {
+            failed[static_cast<size_t>(w)] = std::current_exception();
+            int none = -1;
+            first_failure.compare_exchange_strong(none, w);
+            if (r.comm)
+              r.comm->abort("stopped because worker " + std::to_string(first_rank + w) + " (" + r.dev.name() + ") failed: " + e.what());
+          }
+        };
+        std::vector<std::thread> pool;
+        for (int w = 1; w < workers; ++w) pool.emplace_back(run, w);
+        run(0);
+        for (std::thread& t : pool) t.join();
+        if (const int w = first_failure.load(); w >= 0) {
+          if (workers == 1) std::rethrow_exception(failed[0]);
+          const std::string where =
+              "worker " + std::to_string(first_rank + w) + " (" + replicas[static_cast<size_t>(w)].dev.name() + "): ";
+          try {
+            std::rethrow_exception(failed[static_cast<size_t>(w)]);
+          } catch (const Error& e) {
+            throw Error(where + e.what(), e.code());
+          } catch (const std::exception& e) {
+            throw InternalError(where + e.what());
+          }
+        }
+        const WorkerEpoch& w0 = done[0];
+        // Every worker of the run (the records gathered after the segment), or the only one.
+        const std::vector<uint64_t> records = w0.everyone.empty() ? w0.record() : w0.everyone;
+        const size_t words = records.size() / static_cast<size_t>(world);
+        worker_loss_sums.clear();
+        for (int w = 0; w < world; ++w) {
+          const uint64_t* rec = records.data() + static_cast<size_t>(w) * words;
+          worker_loss_sums.push_back(double_bits(rec[0]));  // each worker's sum goes on from its prior
+          rank_seeds[static_cast<size_t>(w)] += static_cast<int64_t>(rec[1]);
+          rank_wall[static_cast<size_t>(w)] += double_bits(rec[2]);
+          m.feature_rows += static_cast<int64_t>(rec[3]);
+          m.rows_previous += static_cast<int64_t>(rec[4]);
+          m.rows_device += static_cast<int64_t>(rec[5]);
+          m.rows_cache += static_cast<int64_t>(rec[6]);
+          m.rows_host += static_cast<int64_t>(rec[7]);
+          m.host_to_gpu_bytes += static_cast<int64_t>(rec[8]);
+          m.input_nodes += static_cast<int64_t>(rec[9]);
+          m.reused_nodes += static_cast<int64_t>(rec[10]);
+          m.reused_nodes_sampled_order += static_cast<int64_t>(rec[11]);
+          rank_allreduce[static_cast<size_t>(w)] += double_bits(rec[12]);
+          stop_signal = std::max(stop_signal, static_cast<int>(rec[13]));
+        }
+        m.sample_s += w0.times.prepare_s;
+        m.io_s += w0.io_s;
+        m.compute_s += w0.times.consume_s;
+        m.wait_s += w0.times.wait_s;
+        m.allreduce_s += w0.allreduce_s;
+        m.reorder_s += w0.times.reorder_s;
+        m.replica_checksum = w0.checksum;
+        const int64_t end = w0.times.consumed_end;
+        if (end >= m.batches) break;
+        // Ended between steps (step_stops), every worker after the same one.
+        if (!opt.checkpoint_dir.empty() && lead_process) save(ckpt_dir / "latest.ckpt", epoch - 1, end, worker_loss_sums);
+        if (w0.checkpoint_break) {  // an agreed interval checkpoint: the epoch goes on
+          segment_first = end;
+          priors = worker_loss_sums;
+          continue;
+        }
         // With several processes the signal may have reached another one only.
         result.stop_signal = std::max(stop_signal, opt.stop != nullptr ? opt.stop->load() : 0);
         result.stopped_epoch = epoch;
-        result.stopped_batches = w0.times.consumed_end;
+        result.stopped_batches = end;
         result.stopped_of = m.batches;
         writer.wait();
         return result;
       }
+      double loss_sum = 0;
+      for (int w = 0; w < world; ++w) {
+        loss_sum += worker_loss_sums[static_cast<size_t>(w)];
+        const double wall = rank_wall[static_cast<size_t>(w)];
+        m.worker_seeds_per_s.push_back(wall > 0 ? static_cast<double>(rank_seeds[static_cast<size_t>(w)]) / wall : 0.0);
+        m.worker_allreduce_s.push_back(rank_allreduce[static_cast<size_t>(w)]);
+      }
+      m.loss = loss_sum / static_cast<double>(train_ids.size());
       if (m.input_nodes == 0) {  // GPU-sampled without a window: the node sets never left the GPU
         m.input_nodes = m.feature_rows;
         m.reused_nodes = m.reused_nodes_sampled_order = m.rows_previous;
       }
-      m.replica_checksum = w0.checksum;
     }
 
     // Evaluation in inference mode (no dropout), full-neighbourhood, on worker 0 (every replica

@@ -79,7 +79,9 @@ struct TrainOptions {
   const std::atomic<int>* stop = nullptr;
   // With checkpoint_dir: also checkpoint inside an epoch whenever this many seconds have passed
   // since the last checkpoint (0: at epoch ends only), so a run killed outright (SIGKILL, a lost
-  // node) loses at most that much work. Mini-batch with one worker and no reorder window only.
+  // node) loses at most that much work. Mini-batch without a reorder window only. Several workers
+  // agree on the step through their gradient sums (as for stop) and end the epoch's pipeline
+  // there; the trainer checkpoints and runs the rest of the epoch as a resumed run would.
   double checkpoint_interval_s = 0;
   // Called on the training thread after each mini-batch step of worker 0: the epoch, the batch's
   // index in plan order and the epoch's batch count.

@@ -154,6 +154,28 @@ class Mpi : public ::testing::Test {
     return run;
   }
 
+  // A deterministic 40-epoch run of 2 processes (metrics split.jsonl, checkpoints in ckpt, `extra`
+  // for it), sent `signal` at rank 1 once `after` epochs are reported; then the same command with
+  // --resume, and a run never interrupted (whole.jsonl). Returns the interrupted run's output.
+  std::string interrupt_and_resume(const std::string& extra, int signal, size_t after) {
+    const std::string ckpt = path("ckpt"), split = path("split.jsonl"), whole = path("whole.jsonl");
+    const std::string common = workers(1) + " --deterministic --epochs 40 --metrics ";
+    Launch first("-np 2 " + train(common + split + " --checkpoint-dir " + ckpt + " " + extra), dir_ / "log1");
+    EXPECT_TRUE(first.started());
+    for (int i = 0; i < 600 && epochs(split).size() < after; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const pid_t rank1 = rank_pid(1, split);
+    EXPECT_GT(rank1, 0) << first.output();
+    if (rank1 > 0) EXPECT_EQ(::kill(rank1, signal), 0);
+    EXPECT_NE(first.wait(std::chrono::seconds(120)), 0) << first.output();
+    EXPECT_LT(epochs(split).size(), 40u) << "the run was not interrupted in time";
+    Launch rest("-np 2 " + train(common + split + " --resume --checkpoint-dir " + ckpt), dir_ / "log2");
+    EXPECT_EQ(rest.wait(std::chrono::seconds(180)), 0) << rest.output();
+    Launch once("-np 2 " + train(common + whole), dir_ / "log3");
+    EXPECT_EQ(once.wait(std::chrono::seconds(180)), 0) << once.output();
+    EXPECT_EQ(epochs(whole).size(), 40u);
+    return first.output();
+  }
+
   fs::path dir_;
   std::string store_;
 };
@@ -266,25 +288,22 @@ TEST_F(Mpi, RanksWithDifferentOptionsAreRefused) {
 // after the same step (inside the epoch unless the signal lands in its last two steps), rank 0
 // names the stop, and --resume ends bit for bit where a run that was never stopped ends.
 TEST_F(Mpi, SigtermToOneRankStopsBothAndTheResumeIsExact) {
-  const std::string ckpt = path("ckpt"), split = path("split.jsonl"), whole = path("whole.jsonl");
-  const std::string common = workers(1) + " --deterministic --epochs 40 --metrics ";
-  Launch first("-np 2 " + train(common + split + " --checkpoint-dir " + ckpt), dir_ / "log1");
-  ASSERT_TRUE(first.started());
-  for (int i = 0; i < 600 && epochs(split).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  const pid_t rank1 = rank_pid(1, split);
-  ASSERT_GT(rank1, 0) << first.output();
-  ASSERT_EQ(::kill(rank1, SIGTERM), 0);
-  EXPECT_NE(first.wait(std::chrono::seconds(120)), 0) << first.output();
-  EXPECT_NE(first.output().find("stopped by SIGTERM"), std::string::npos) << first.output();
-  EXPECT_LT(epochs(split).size(), 40u) << "the run was not stopped";
-  Launch rest("-np 2 " + train(common + split + " --resume --checkpoint-dir " + ckpt), dir_ / "log2");
-  ASSERT_EQ(rest.wait(std::chrono::seconds(180)), 0) << rest.output();
-  Launch once("-np 2 " + train(common + whole), dir_ / "log3");
-  ASSERT_EQ(once.wait(std::chrono::seconds(180)), 0) << once.output();
-  const auto a = epochs(split), b = epochs(whole);
+  const std::string out = interrupt_and_resume("", SIGTERM, 1);
+  EXPECT_NE(out.find("stopped by SIGTERM"), std::string::npos) << out;
+  const auto a = epochs(path("split.jsonl")), b = epochs(path("whole.jsonl"));
   ASSERT_EQ(a.size(), 40u);
-  ASSERT_EQ(b.size(), 40u);
   for (size_t e = 0; e < a.size(); ++e) EXPECT_EQ(a[e]["loss"].get<double>(), b[e]["loss"].get<double>()) << "epoch " << e;
+}
+
+// A lost node: SIGKILL to rank 1 of a run that checkpoints every few steps (--checkpoint-interval,
+// agreed by both ranks through their gradient sums). The run ends; --resume goes on from the last
+// checkpoint, usually inside an epoch, and ends bit for bit where a run that was never killed ends.
+TEST_F(Mpi, AKilledRunResumesFromItsIntervalCheckpointExactly) {
+  interrupt_and_resume("--checkpoint-interval 0.001", SIGKILL, 2);
+  const auto a = epochs(path("split.jsonl")), b = epochs(path("whole.jsonl"));
+  ASSERT_GE(a.size(), 40u);  // epochs trained after the last checkpoint, before the kill, report twice
+  EXPECT_EQ(a.back()["loss"].get<double>(), b.back()["loss"].get<double>());
+  EXPECT_EQ(a.back()["test_acc"].get<double>(), b.back()["test_acc"].get<double>());
 }
 
 TEST_F(Mpi, KillingARankEndsTheOthersWithinAMinute) {
