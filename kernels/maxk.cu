@@ -151,6 +151,53 @@ __device__ __forceinline__ void load_row(const float* __restrict__ xr, int width
   for (int j = 0; j < VPT; ++j) raw[j] = j * kWarp + lane < width ? __float_as_uint(__ldg(xl + j * kWarp)) : 0u;
 }
 
+// The select of both top-k kernels, given the lane's keys (invalid columns 0) and its smallest
+// and largest valid key: the threshold T (returned) and whether exactly k keys are >= T. With
+// group_lanes > 0 (k <= 32 and every lane holds a column) the lower bound is the smallest of the
+// maxima of groups of that many lanes, else the row's minimum.
+template <int VPT>
+__device__ __forceinline__ uint32_t select_threshold(const uint32_t (&key)[VPT], uint32_t lo, uint32_t hi, int k,
+                                                     int group_lanes, bool* exact) {
+  if (group_lanes > 0) {
+    uint32_t group_max = hi;
+    for (int o = 1; o < group_lanes; o *= 2) group_max = max(group_max, __shfl_xor_sync(kFull, group_max, o));
+    lo = group_max;
+  }
+  lo = warp_min(lo);
+  hi = warp_max(hi);
+  // count(key >= T) >= k and count(key > t_last) < k throughout; each step halves [T, t_last].
+  uint32_t t_key = lo, t_last = hi;
+  *exact = false;
+  while (t_key < t_last) {
+    const uint32_t cand = t_key + ((t_last - t_key) >> 1) + 1u;  // in (T, t_last], no overflow
+    int n = 0;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) n = add_if_at_least(n, key[j], 0u - cand);  // invalid key 0 < cand
+    n = warp_sum(n);
+    if (n >= k) {
+      t_key = cand;
+      if (n == k) {
+        *exact = true;
+        break;
+      }
+    } else {
+      t_last = cand - 1u;
+    }
+  }
+  return t_key;
+}
+
+// Exclusive prefix sum of v over the warp's lanes.
+__device__ __forceinline__ int warp_exclusive_sum(int v, int lane) {
+  int sum = v;
+#pragma unroll
+  for (int o = 1; o < kWarp; o *= 2) {
+    const int other = __shfl_up_sync(kFull, sum, o);
+    if (lane >= o) sum += other;
+  }
+  return sum - v;
+}
+
 template <int VPT, typename I, bool kDense>
 __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
     maxk_forward_kernel(const float* x, int64_t ld, int64_t rows, int width, int k, float* __restrict__ values,
@@ -183,32 +230,8 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
       if constexpr (kRows > 1) {
         if (r + 1 < last) load_row<VPT>(x + (r + 1) * ld, width, lane, raw);
       }
-      if (bounded) {
-        uint32_t group_max = hi;  // every lane holds a column
-        for (int o = 1; o < group_lanes; o *= 2) group_max = max(group_max, __shfl_xor_sync(kFull, group_max, o));
-        lo = group_max;
-      }
-      lo = warp_min(lo);
-      hi = warp_max(hi);
-      // count(key >= T) >= k and count(key > t_last) < k throughout; each step halves [T, t_last].
-      uint32_t t_key = lo, t_last = hi;
-      bool exact = false;  // count(key >= T) == k
-      while (t_key < t_last) {
-        const uint32_t cand = t_key + ((t_last - t_key) >> 1) + 1u;  // in (T, t_last], no overflow
-        int n = 0;
-#pragma unroll
-        for (int j = 0; j < VPT; ++j) n = add_if_at_least(n, key[j], 0u - cand);  // invalid key 0 < cand
-        n = warp_sum(n);
-        if (n >= k) {
-          t_key = cand;
-          if (n == k) {
-            exact = true;
-            break;
-          }
-        } else {
-          t_last = cand - 1u;
-        }
-      }
+      bool exact;
+      const uint32_t t_key = select_threshold<VPT>(key, lo, hi, k, bounded ? group_lanes : 0, &exact);
       float* vr = values + r * k;
       I* ir = index + r * k;
       float* dr = kDense ? dense + r * dense_ld : nullptr;  // may be x's row: read above
@@ -258,32 +281,127 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
   }
 }
 
+// Rows of exactly 32 * VPT columns (VPT a multiple of 4), 16-byte aligned: lane l holds columns
+// l * VPT ... l * VPT + VPT - 1, so a row is VPT / 4 float4 loads a lane, the dense form as many
+// float4 stores, and the kept columns in lane order are in column order: each lane finds its kept
+// keys' places from one exclusive sum of its count over the warp, instead of a ballot and popcount
+// per column group. The select is the same. Ties at T go to the lowest columns as before: each
+// lane's first equal keys are ranked by an exclusive sum of the equal counts.
+template <int VPT, typename I, bool kDense>
+__global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
+    maxk_forward_blocked_kernel(const float* x, int64_t ld, int64_t rows, int /*width: VPT * 32*/, int k,
+                                float* __restrict__ values, I* __restrict__ index, float* dense, int64_t dense_ld) {
+  static_assert(VPT % 4 == 0 && VPT <= 32, "float4 units, one 32-bit mask a lane");
+  constexpr int kRows = topk_rows_per_warp<VPT>();
+  constexpr int kUnits = VPT / 4;
+  const int lane = threadIdx.x & (kWarp - 1);
+  int group_lanes = kWarp;  // 32 / (groups), groups = k rounded up to a power of two
+  while (group_lanes > 1 && kWarp / group_lanes < k) group_lanes /= 2;
+  const int bound_lanes = k <= kWarp ? group_lanes : 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps * kRows;
+  auto load = [&](int64_t r, float4 (&raw)[kUnits]) {
+    const float4* xr = reinterpret_cast<const float4*>(x + r * ld) + lane * kUnits;
+#pragma unroll
+    for (int q = 0; q < kUnits; ++q) raw[q] = __ldg(xr + q);
+  };
+  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp) * kRows; first < rows;
+       first += stride) {
+    const int64_t end = min(rows, first + kRows);
+    float4 raw[kUnits];
+    if constexpr (kRows > 1) load(first, raw);
+    for (int64_t r = first; r < end; ++r) {
+      if constexpr (kRows == 1) load(r, raw);
+      uint32_t key[VPT];
+      uint32_t lo = 0xffffffffu, hi = 0u;
+#pragma unroll
+      for (int q = 0; q < kUnits; ++q) {
+        key[4 * q] = order_key_bits(__float_as_uint(raw[q].x));
+        key[4 * q + 1] = order_key_bits(__float_as_uint(raw[q].y));
+        key[4 * q + 2] = order_key_bits(__float_as_uint(raw[q].z));
+        key[4 * q + 3] = order_key_bits(__float_as_uint(raw[q].w));
+      }
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        lo = min(lo, key[j]);
+        hi = max(hi, key[j]);
+      }
+      if constexpr (kRows > 1) {
+        if (r + 1 < end) load(r + 1, raw);
+      }
+      bool exact;
+      const uint32_t t_key = select_threshold<VPT>(key, lo, hi, k, bound_lanes, &exact);
+      uint32_t keep = 0;  // bit j: column lane * VPT + j is kept
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) keep |= (exact ? key[j] >= t_key : key[j] > t_key) ? 1u << j : 0u;
+      if (!exact) {  // every key > T, then the first k - count(key > T) keys equal to T
+        uint32_t equal = 0;
+#pragma unroll
+        for (int j = 0; j < VPT; ++j) equal |= key[j] == t_key ? 1u << j : 0u;
+        const int need = k - warp_sum(__popc(keep));
+        const int before = warp_exclusive_sum(__popc(equal), lane);
+        if (before < need) {  // this lane's first need - before equal keys
+          uint32_t e = equal;
+          for (int n = min(need - before, __popc(equal)); n > 0; --n) {
+            keep |= e & (0u - e);  // the lowest equal column left
+            e &= e - 1u;
+          }
+        }
+      }
+      int pos = warp_exclusive_sum(__popc(keep), lane);
+      float* vr = values + r * k;
+      I* ir = index + r * k;
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        if (keep & (1u << j)) {
+          vr[pos] = key_value(key[j]);
+          ir[pos] = static_cast<I>(lane * VPT + j);
+          ++pos;
+        }
+      }
+      if constexpr (kDense) {  // may be x's row: read above
+        float4* dr = reinterpret_cast<float4*>(dense + r * dense_ld) + lane * kUnits;
+        auto kept = [&](int j) { return keep & (1u << j) ? key_value(key[j]) : 0.0f; };
+#pragma unroll
+        for (int q = 0; q < kUnits; ++q) dr[q] = make_float4(kept(4 * q), kept(4 * q + 1), kept(4 * q + 2), kept(4 * q + 3));
+      }
+    }
+  }
+}
+
 template <typename I>
 void launch_maxk_forward(ConstMatrixView x, const CbsrView& out, MatrixView dense, cudaStream_t stream) {
   const int width = static_cast<int>(out.width), k = static_cast<int>(out.k);
   I* index = static_cast<I*>(out.index);
   const int per_lane = (width + kWarp - 1) / kWarp;
-#define GALE_MAXK_TOPK(VPT)                                                                          \
-  if (per_lane <= VPT) {                                                                             \
+  const auto aligned = [](const void* p, int64_t ld) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 4 == 0;
+  };
+#define GALE_MAXK_TOPK(KERNEL, VPT, WHEN)                                                            \
+  if (WHEN) {                                                                                        \
     const int64_t warps = (out.rows + topk_rows_per_warp<VPT>() - 1) / topk_rows_per_warp<VPT>();   \
     if (dense.data != nullptr) {                                                                     \
-      maxk_forward_kernel<VPT, I, true><<<row_blocks(warps), kRowThreads, 0, stream>>>(              \
+      KERNEL<VPT, I, true><<<row_blocks(warps), kRowThreads, 0, stream>>>(                           \
           x.data, x.ld, out.rows, width, k, out.values, index, dense.data, dense.ld);                \
     } else {                                                                                         \
-      maxk_forward_kernel<VPT, I, false><<<row_blocks(warps), kRowThreads, 0, stream>>>(             \
+      KERNEL<VPT, I, false><<<row_blocks(warps), kRowThreads, 0, stream>>>(                          \
           x.data, x.ld, out.rows, width, k, out.values, index, nullptr, 0);                          \
     }                                                                                                \
     GALE_CHECK_CUDA(cudaGetLastError());                                                             \
     return;                                                                                          \
   }
-  GALE_MAXK_TOPK(1)
-  GALE_MAXK_TOPK(2)
-  GALE_MAXK_TOPK(4)
-  GALE_MAXK_TOPK(8)
-  GALE_MAXK_TOPK(16)
-  GALE_MAXK_TOPK(32)
-  GALE_MAXK_TOPK(64)
-  GALE_MAXK_TOPK(128)
+  if (width % kWarp == 0 && aligned(x.data, x.ld) && (dense.data == nullptr || aligned(dense.data, dense.ld))) {
+    GALE_MAXK_TOPK(maxk_forward_blocked_kernel, 4, per_lane == 4)
+    GALE_MAXK_TOPK(maxk_forward_blocked_kernel, 8, per_lane == 8)
+    GALE_MAXK_TOPK(maxk_forward_blocked_kernel, 16, per_lane == 16)
+  }
+  GALE_MAXK_TOPK(maxk_forward_kernel, 1, per_lane <= 1)
+  GALE_MAXK_TOPK(maxk_forward_kernel, 2, per_lane <= 2)
+  GALE_MAXK_TOPK(maxk_forward_kernel, 4, per_lane <= 4)
+  GALE_MAXK_TOPK(maxk_forward_kernel, 8, per_lane <= 8)
+  GALE_MAXK_TOPK(maxk_forward_kernel, 16, per_lane <= 16)
+  GALE_MAXK_TOPK(maxk_forward_kernel, 32, per_lane <= 32)
+  GALE_MAXK_TOPK(maxk_forward_kernel, 64, per_lane <= 64)
+  GALE_MAXK_TOPK(maxk_forward_kernel, 128, per_lane <= 128)
 #undef GALE_MAXK_TOPK
   throw InternalError("maxk_forward: no kernel for width " + std::to_string(width));
 }

@@ -368,7 +368,9 @@ class MaxkCudaTest : public gale::testing::CudaFixture<> {
 };
 
 TEST_F(MaxkCudaTest, TopKMatchesCpuExactlyAtEveryWidthAndK) {
-  for (int64_t width : kWidths) {
+  std::vector<int64_t> widths(std::begin(kWidths), std::end(kWidths));
+  widths.insert(widths.end(), {128, 384, 512});  // the blocked kernel's 4 / 8 / 16 per lane, and 12 (not blocked)
+  for (int64_t width : widths) {
     for (int64_t k : ks_for(width)) {
       check_top_k(301, width, k, 0, derive_key(1, static_cast<uint64_t>(width * 10000 + k)));
       check_top_k(67, width, k, 3, derive_key(2, static_cast<uint64_t>(width * 10000 + k)));
@@ -386,8 +388,8 @@ TEST_F(MaxkCudaTest, TopKMatchesCpuAtTheWidestRows) {
 // repeats): the select must resolve the lowest mantissa bits, after it has narrowed the keys in
 // question to a few, and break ties among them by column.
 TEST_F(MaxkCudaTest, TopKMatchesCpuWhenValuesDifferInTheLastBits) {
-  for (int64_t width : {int64_t{32}, int64_t{100}, int64_t{256}, int64_t{1024}}) {
-    const int64_t rows = 64, ld = width + 1;
+  for (int64_t width : {int64_t{32}, int64_t{100}, int64_t{128}, int64_t{256}, int64_t{512}, int64_t{1024}}) {
+    const int64_t rows = 64, ld = width % 128 == 0 ? width : width + 1;  // the blocked kernel takes aligned rows
     const uint64_t key = derive_key(7, static_cast<uint64_t>(width));
     std::vector<float> x(static_cast<size_t>(rows * ld), kNaN);
     for (int64_t r = 0; r < rows; ++r) {
