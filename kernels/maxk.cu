@@ -74,6 +74,16 @@ __device__ __forceinline__ int add_if_at_least(int n, uint32_t a, uint32_t minus
   return r;
 }
 
+// (bits << 1) | (a >= b) for b > 0, in two instructions (as add_if_at_least); b == 0 (as 2^32)
+// shifts in 0.
+__device__ __forceinline__ uint32_t shift_in_at_least(uint32_t bits, uint32_t a, uint32_t minus_b) {
+  uint32_t r;
+  asm("{\n\t.reg .u32 d;\n\tadd.cc.u32 d, %1, %2;\n\taddc.u32 %0, %3, %3;\n\t}"
+      : "=r"(r)
+      : "r"(a), "r"(minus_b), "r"(bits));
+  return r;
+}
+
 // SSpMM's L2 policy. Its atomics read-modify-write grad_values (rows x k floats: 268 MB at R-MAT
 // 21, k = 32), far more than the L2 holds, so every other stream it reads must make room for them:
 // half of the atomics' lines are marked evict-last (GALE_MAXK_RED_FRACTION; 0.25 / 0.75 / 1.0
@@ -330,9 +340,12 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
       }
       bool exact;
       const uint32_t t_key = select_threshold<VPT>(key, lo, hi, k, bound_lanes, &exact);
-      uint32_t keep = 0;  // bit j: column lane * VPT + j is kept
+      // Bit j: column lane * VPT + j is kept: key >= T when exact, else key > T (key >= T + 1,
+      // which wraps to 0 and keeps nothing when T is the largest key there is).
+      uint32_t keep = 0;
+      const uint32_t minus_bound = 0u - (exact ? t_key : t_key + 1u);
 #pragma unroll
-      for (int j = 0; j < VPT; ++j) keep |= (exact ? key[j] >= t_key : key[j] > t_key) ? 1u << j : 0u;
+      for (int j = VPT - 1; j >= 0; --j) keep = shift_in_at_least(keep, key[j], minus_bound);
       if (!exact) {  // every key > T, then the first k - count(key > T) keys equal to T
         uint32_t equal = 0;
 #pragma unroll
@@ -347,15 +360,14 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
           }
         }
       }
-      int pos = warp_exclusive_sum(__popc(keep), lane);
-      float* vr = values + r * k;
-      I* ir = index + r * k;
+      const int64_t pos = r * k + warp_exclusive_sum(__popc(keep), lane);
+      float* vp = values + pos;
+      I* ip = index + pos;
 #pragma unroll
       for (int j = 0; j < VPT; ++j) {
         if (keep & (1u << j)) {
-          vr[pos] = key_value(key[j]);
-          ir[pos] = static_cast<I>(lane * VPT + j);
-          ++pos;
+          *vp++ = key_value(key[j]);
+          *ip++ = static_cast<I>(lane * VPT + j);
         }
       }
       if constexpr (kDense) {  // may be x's row: read above
