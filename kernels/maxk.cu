@@ -65,23 +65,22 @@ __device__ __forceinline__ float key_value(uint32_t key) {
   return __uint_as_float(key ^ (~static_cast<uint32_t>(static_cast<int32_t>(key) >> 31) | 0x80000000u));
 }
 
-// n + (a >= b) for b > 0, in two instructions: a + (2^32 - b) carries out exactly when a >= b.
-__device__ __forceinline__ int add_if_at_least(int n, uint32_t a, uint32_t minus_b) {
-  int r;
-  asm("{\n\t.reg .u32 d;\n\tadd.cc.u32 d, %1, %2;\n\taddc.u32 %0, %3, 0;\n\t}"
+// x + y + (a >= b) for b > 0, in two instructions: a + (2^32 - b) carries out exactly when a >= b
+// (b == 0, passed as minus_b == 0, never carries).
+__device__ __forceinline__ uint32_t add_carry_if_at_least(uint32_t x, uint32_t y, uint32_t a, uint32_t minus_b) {
+  uint32_t r;
+  asm("{\n\t.reg .u32 d;\n\tadd.cc.u32 d, %1, %2;\n\taddc.u32 %0, %3, %4;\n\t}"
       : "=r"(r)
-      : "r"(a), "r"(minus_b), "r"(n));
+      : "r"(a), "r"(minus_b), "r"(x), "r"(y));
   return r;
 }
-
-// (bits << 1) | (a >= b) for b > 0, in two instructions (as add_if_at_least); b == 0 (as 2^32)
-// shifts in 0.
+// n + (a >= b), a count.
+__device__ __forceinline__ int add_if_at_least(int n, uint32_t a, uint32_t minus_b) {
+  return static_cast<int>(add_carry_if_at_least(static_cast<uint32_t>(n), 0u, a, minus_b));
+}
+// (bits << 1) | (a >= b), a mask built from its top bit down.
 __device__ __forceinline__ uint32_t shift_in_at_least(uint32_t bits, uint32_t a, uint32_t minus_b) {
-  uint32_t r;
-  asm("{\n\t.reg .u32 d;\n\tadd.cc.u32 d, %1, %2;\n\taddc.u32 %0, %3, %3;\n\t}"
-      : "=r"(r)
-      : "r"(a), "r"(minus_b), "r"(bits));
-  return r;
+  return add_carry_if_at_least(bits, bits, a, minus_b);
 }
 
 // SSpMM's L2 policy. Its atomics read-modify-write grad_values (rows x k floats: 268 MB at R-MAT
