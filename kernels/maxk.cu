@@ -24,6 +24,7 @@
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
+#include <cub/warp/warp_scan.cuh>
 
 #include <algorithm>
 #include <cstdint>
@@ -160,10 +161,20 @@ __device__ __forceinline__ void load_row(const float* __restrict__ xr, int width
   for (int j = 0; j < VPT; ++j) raw[j] = j * kWarp + lane < width ? __float_as_uint(__ldg(xl + j * kWarp)) : 0u;
 }
 
+// The lanes of each group whose maxima bound the select from below (32 / k rounded up to a power of
+// two, so one group per kept key at most): used when k <= 32 and every lane holds a column (rows of
+// at least 32); 0 otherwise, and the bound is then the row's minimum.
+__device__ __forceinline__ int bound_group_lanes(int k, int width) {
+  if (k > kWarp || width < kWarp) return 0;
+  int group_lanes = kWarp;
+  while (group_lanes > 1 && kWarp / group_lanes < k) group_lanes /= 2;
+  return group_lanes;
+}
+
 // The select of both top-k kernels, given the lane's keys (invalid columns 0) and its smallest
 // and largest valid key: the threshold T (returned) and whether exactly k keys are >= T. With
-// group_lanes > 0 (k <= 32 and every lane holds a column) the lower bound is the smallest of the
-// maxima of groups of that many lanes, else the row's minimum.
+// group_lanes > 0 (bound_group_lanes) the lower bound is the smallest of the maxima of groups of
+// that many lanes, else the row's minimum.
 template <int VPT>
 __device__ __forceinline__ uint32_t select_threshold(const uint32_t (&key)[VPT], uint32_t lo, uint32_t hi, int k,
                                                      int group_lanes, bool* exact) {
@@ -196,15 +207,13 @@ __device__ __forceinline__ uint32_t select_threshold(const uint32_t (&key)[VPT],
   return t_key;
 }
 
-// Exclusive prefix sum of v over the warp's lanes.
-__device__ __forceinline__ int warp_exclusive_sum(int v, int lane) {
-  int sum = v;
-#pragma unroll
-  for (int o = 1; o < kWarp; o *= 2) {
-    const int other = __shfl_up_sync(kFull, sum, o);
-    if (lane >= o) sum += other;
-  }
-  return sum - v;
+// Exclusive prefix sum of v over the warp's lanes (CUB's shuffle scan: no shared memory).
+__device__ __forceinline__ int warp_exclusive_sum(int v) {
+  using Scan = cub::WarpScan<int>;
+  typename Scan::TempStorage unused;
+  int sum;
+  Scan(unused).ExclusiveSum(v, sum);
+  return sum;
 }
 
 template <int VPT, typename I, bool kDense>
@@ -213,9 +222,7 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
                         I* __restrict__ index, float* dense, int64_t dense_ld) {
   constexpr int kRows = topk_rows_per_warp<VPT>();
   const int lane = threadIdx.x & (kWarp - 1);
-  const bool bounded = k <= kWarp && width >= kWarp;
-  int group_lanes = kWarp;  // 32 / (groups), groups = k rounded up to a power of two
-  while (group_lanes > 1 && kWarp / group_lanes < k) group_lanes /= 2;
+  const int bound_lanes = bound_group_lanes(k, width);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps * kRows;
   for (int64_t first = (static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp) * kRows; first < rows;
        first += stride) {
@@ -240,7 +247,7 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
         if (r + 1 < last) load_row<VPT>(x + (r + 1) * ld, width, lane, raw);
       }
       bool exact;
-      const uint32_t t_key = select_threshold<VPT>(key, lo, hi, k, bounded ? group_lanes : 0, &exact);
+      const uint32_t t_key = select_threshold<VPT>(key, lo, hi, k, bound_lanes, &exact);
       float* vr = values + r * k;
       I* ir = index + r * k;
       float* dr = kDense ? dense + r * dense_ld : nullptr;  // may be x's row: read above
@@ -304,9 +311,7 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
   constexpr int kRows = topk_rows_per_warp<VPT>();
   constexpr int kUnits = VPT / 4;
   const int lane = threadIdx.x & (kWarp - 1);
-  int group_lanes = kWarp;  // 32 / (groups), groups = k rounded up to a power of two
-  while (group_lanes > 1 && kWarp / group_lanes < k) group_lanes /= 2;
-  const int bound_lanes = k <= kWarp ? group_lanes : 0;
+  const int bound_lanes = bound_group_lanes(k, VPT * kWarp);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps * kRows;
   auto load = [&](int64_t r, float4 (&raw)[kUnits]) {
     const float4* xr = reinterpret_cast<const float4*>(x + r * ld) + lane * kUnits;
@@ -350,7 +355,7 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
 #pragma unroll
         for (int j = 0; j < VPT; ++j) equal |= key[j] == t_key ? 1u << j : 0u;
         const int need = k - warp_sum(__popc(keep));
-        const int before = warp_exclusive_sum(__popc(equal), lane);
+        const int before = warp_exclusive_sum(__popc(equal));
         if (before < need) {  // this lane's first need - before equal keys
           uint32_t e = equal;
           for (int n = min(need - before, __popc(equal)); n > 0; --n) {
@@ -359,7 +364,7 @@ __global__ void __launch_bounds__(kRowThreads, VPT <= 8 ? 5 : 1)
           }
         }
       }
-      const int64_t pos = r * k + warp_exclusive_sum(__popc(keep), lane);
+      const int64_t pos = r * k + warp_exclusive_sum(__popc(keep));
       float* vp = values + pos;
       I* ip = index + pos;
 #pragma unroll
