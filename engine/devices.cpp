@@ -188,14 +188,13 @@ void LaggedReads::copy(int slot, const Tensor& t) {
 #endif
 }
 
-std::vector<float> LaggedReads::read(int slot) {
-  if (!impl_->device.is_cuda()) return impl_->host[static_cast<size_t>(slot)];
+const float* LaggedReads::read(int slot) {
+  if (!impl_->device.is_cuda()) return impl_->host[static_cast<size_t>(slot)].data();
 #if GALE_WITH_CUDA
   impl_->copied[static_cast<size_t>(slot)].synchronize();
-  const float* src = static_cast<const float*>(impl_->pinned.host()) + slot * impl_->values;
-  return std::vector<float>(src, src + impl_->values);
+  return static_cast<const float*>(impl_->pinned.host()) + slot * impl_->values;
 #else
-  return {};
+  return nullptr;
 #endif
 }
 

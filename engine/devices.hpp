@@ -67,8 +67,9 @@ class IoTimer {
 // Small f32 tensors read on the host some steps after they were made, without waiting for the
 // device's later work: copy(slot, t) queues t's values into page-locked slot `slot` behind the
 // work so far on t's device (compute stream); read(slot) waits for that copy alone. On the CPU the
-// copy happens at once. Data-parallel workers read their summed stop votes this way: reading a
-// step's vote two steps later costs no wait, where a plain read would drain the queue each step.
+// copy happens at once; read's pointer holds the slot's values until its next copy. Data-parallel
+// workers read their summed stop votes this way: reading a step's vote two steps later costs no
+// wait (nor an allocation), where a plain read would drain the queue each step.
 class LaggedReads {
  public:
   LaggedReads(const Device& device, int slots, int64_t values);
@@ -76,7 +77,7 @@ class LaggedReads {
   LaggedReads(const LaggedReads&) = delete;
   LaggedReads& operator=(const LaggedReads&) = delete;
   void copy(int slot, const Tensor& t);
-  std::vector<float> read(int slot);
+  const float* read(int slot);
 
  private:
   struct Impl;

@@ -607,7 +607,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           if (votes) {
             vote_reads->copy(slot, vote_sums[static_cast<size_t>(slot)]);
             if (b - kVoteLag >= first_batch && b + 1 < plan.num_batches()) {
-              const std::vector<float> sums = vote_reads->read(static_cast<int>((b - kVoteLag) % (kVoteLag + 1)));
+              const float* sums = vote_reads->read(static_cast<int>((b - kVoteLag) % (kVoteLag + 1)));
               if (sums[0] > 0.0f || sums[1] > 0.0f) {
                 out.checkpoint_break = sums[0] == 0.0f;
                 agreed.store(1);

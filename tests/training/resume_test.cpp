@@ -283,62 +283,22 @@ TEST(Resume, StoppedInsideAnEpochNeedsTheSameSchedule) {
   EXPECT_THROW(train(o), InputError);
 }
 
-// Trains o with checkpoints in `dir` until an exception out of step `batch` of the second epoch
-// (a death no handler sees) and returns the last checkpoint, written after the first epoch or
-// inside the second; o.checkpoint_dir is left at `dir` for the resume.
-CheckpointState die_inside_second_epoch(TrainOptions& o, const fs::path& dir, int64_t batch) {
-  o.checkpoint_dir = dir.string();
-  TrainOptions dying = o;
-  dying.on_step = [batch](int64_t epoch, int64_t b, int64_t) {
-    if (epoch == 1 && b == batch) throw std::runtime_error("killed");
-  };
-  EXPECT_THROW(train(dying), std::exception);
-  const CheckpointState c = load_checkpoint(dir / "latest.ckpt");
-  EXPECT_EQ(c.epoch, 0);
-  return c;
-}
-
-// With an interval, a mini-batch run checkpoints inside its epochs too, so a run that dies
-// outright mid-epoch (here an exception out of a step) loses only the steps since then, and the
-// resumed run still ends bit for bit where an uninterrupted one does.
-TEST(Resume, IntervalCheckpointsSurviveADeathInsideAnEpoch) {
-  TrainOptions o = minibatch_sage();
+// Interval checkpoints (an interval of ~0: due at every step) on Cora for 3 epochs: training ends
+// exactly where it ends without them (final checkpoint, loss, metrics lines), and a run that dies
+// outright at step `die_at` of the second epoch (an exception out of the step, which no handler
+// sees) loses only the steps since its last checkpoint: the resumed run ends bit for bit where the
+// straight one does. Returns that last checkpoint.
+CheckpointState check_interval_checkpoints(TrainOptions o, const std::string& name, int64_t die_at) {
   o.store = testing::cora_store();
   o.deterministic = true;
   o.epochs = 3;
-  const fs::path straight = fresh_dir("interval-straight"), died = fresh_dir("interval-died");
-  o.checkpoint_dir = straight.string();
-  const TrainResult a = train(o);
-
-  o.checkpoint_interval_s = 1e-9;  // after every step
-  // The step that died was not saved: it is trained again.
-  const CheckpointState c = die_inside_second_epoch(o, died, 4);
-  EXPECT_EQ(c.batches_done, 4);
-
-  o.resume = true;
-  const TrainResult b = train(o);
-  EXPECT_EQ(a.last.loss, b.last.loss);
-  EXPECT_TRUE(read_bytes(straight / "latest.ckpt") == read_bytes(died / "latest.ckpt"));
-}
-
-// Two workers agree on each interval checkpoint through their step's sums and end the epoch's
-// pipeline after the same step; the trainer writes the checkpoint and goes on from there. With an
-// interval of ~0 (a checkpoint every kVoteLag + 1 steps), training ends exactly where it ends
-// without checkpoints, and a death inside an epoch resumes from the last one, bit for bit.
-TEST(Resume, IntervalCheckpointsWithTwoWorkersSurviveADeathInsideAnEpoch) {
-  TrainOptions o = minibatch_sage();
-  o.batch_size = 8;
-  o.devices = {Device::cpu(), Device::cpu()};
-  o.store = testing::cora_store();
-  o.deterministic = true;
-  o.epochs = 3;
-  const fs::path straight = fresh_dir("interval2-straight"), split = fresh_dir("interval2-split"),
-                 died = fresh_dir("interval2-died");
+  const fs::path straight = fresh_dir(name + "-straight"), split = fresh_dir(name + "-split"),
+                 died = fresh_dir(name + "-died");
   o.checkpoint_dir = straight.string();
   o.metrics_path = (straight / "metrics.jsonl").string();
   const TrainResult a = train(o);
 
-  o.checkpoint_interval_s = 1e-9;  // due at every step
+  o.checkpoint_interval_s = 1e-9;
   o.checkpoint_dir = split.string();
   o.metrics_path = (split / "metrics.jsonl").string();
   const TrainResult b = train(o);
@@ -346,15 +306,39 @@ TEST(Resume, IntervalCheckpointsWithTwoWorkersSurviveADeathInsideAnEpoch) {
   EXPECT_EQ(metric_column(straight / "metrics.jsonl", "loss"), metric_column(split / "metrics.jsonl", "loss"));
   EXPECT_TRUE(read_bytes(straight / "latest.ckpt") == read_bytes(split / "latest.ckpt"));
 
+  o.checkpoint_dir = died.string();
   o.metrics_path = (died / "metrics.jsonl").string();
-  const CheckpointState c = die_inside_second_epoch(o, died, 7);
-  EXPECT_EQ(c.batches_done, 6);  // segments of 3 steps: the checkpoints after steps 2 and 5
-  EXPECT_EQ(c.partial_loss_sums.size(), 2u);
+  TrainOptions dying = o;
+  dying.on_step = [die_at](int64_t epoch, int64_t batch, int64_t) {
+    if (epoch == 1 && batch == die_at) throw std::runtime_error("killed");
+  };
+  EXPECT_THROW(train(dying), std::exception);
+  const CheckpointState c = load_checkpoint(died / "latest.ckpt");
+  EXPECT_EQ(c.epoch, 0);
 
   o.resume = true;
   const TrainResult d = train(o);
   EXPECT_EQ(a.last.loss, d.last.loss);
   EXPECT_TRUE(read_bytes(straight / "latest.ckpt") == read_bytes(died / "latest.ckpt"));
+  return c;
+}
+
+// One worker checkpoints from the step itself, after every step here.
+TEST(Resume, IntervalCheckpointsSurviveADeathInsideAnEpoch) {
+  const CheckpointState c = check_interval_checkpoints(minibatch_sage(), "interval", 4);
+  EXPECT_EQ(c.batches_done, 4);  // the step that died was not saved: it is trained again
+}
+
+// Two workers agree on each interval checkpoint through their step's sums and end the epoch's
+// pipeline after the same step; the trainer writes the checkpoint and goes on from there, so with
+// the vote read kVoteLag = 2 steps late there is a checkpoint every 3 steps.
+TEST(Resume, IntervalCheckpointsWithTwoWorkersSurviveADeathInsideAnEpoch) {
+  TrainOptions o = minibatch_sage();
+  o.batch_size = 8;
+  o.devices = {Device::cpu(), Device::cpu()};
+  const CheckpointState c = check_interval_checkpoints(o, "interval2", 7);
+  EXPECT_EQ(c.batches_done, 6);  // segments of 3 steps: the checkpoints after steps 2 and 5
+  EXPECT_EQ(c.partial_loss_sums.size(), 2u);
 }
 
 TEST(Resume, IntervalCheckpointsNeedADirectoryAndNoReorderWindow) {
