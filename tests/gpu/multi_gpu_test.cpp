@@ -1,16 +1,21 @@
 // Data-parallel training on several GPUs of one process (NCCL): the replicas stay identical
 // epoch after epoch, two GPUs end where one GPU on the combined batches ends (to float
-// tolerance), and the model still learns Cora. Skips with a reason below two GPUs.
+// tolerance), the model still learns Cora, and two GPUs stop, checkpoint and resume inside an
+// epoch bit for bit (their votes travel with the step's NCCL sums). Skips with a reason below two
+// GPUs.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 
 #include "engine/devices.hpp"
 #include "engine/trainer.hpp"
 #include "tests/training/checkpoint_weights.hpp"
 #include "tests/training/cora_options.hpp"
+#include "tests/training/resume_checks.hpp"
 
 namespace gale::engine {
 namespace {
@@ -72,6 +77,41 @@ TEST_F(MultiGpu, TwoGpusLearnCora) {
   TrainOptions o = options(2, 512, "cora");
   o.checkpoint_dir.clear();
   EXPECT_GE(train(o).test_acc_at_best_valid, 0.76);
+}
+
+// Two GPUs, bit for bit from run to run: one thread, and the CPU sampler (the GPU sampler numbers
+// a block's nodes in the order its threads reach them). 140 training seeds, 8 a GPU: 9 steps an
+// epoch.
+TrainOptions deterministic_options() {
+  TrainOptions o = options(2, 8, "unused");
+  o.checkpoint_dir.clear();
+  o.gpu_sampler = false;
+  o.deterministic = true;
+  return o;
+}
+
+// The flag seen after step 1 goes into step 2's NCCL sums and is read two steps later: both GPUs
+// train steps 0-4 of the epoch, checkpoint there, and the resumed run ends where a straight one
+// ends (checkpoint bytes, loss, metrics lines).
+TEST_F(MultiGpu, TwoGpusStopInsideAnEpochTogetherAndResumeExactly) {
+  const TrainResult s = testing::check_stop_and_resume(
+      deterministic_options(), "gpu-stop", [](TrainOptions& first, std::atomic<int>& stop) {
+        first.on_step = [&stop](int64_t epoch, int64_t batch, int64_t) {
+          if (epoch == 1 && batch == 1) stop.store(SIGINT);
+        };
+      });
+  EXPECT_EQ(s.stopped_epoch, 1);
+  EXPECT_EQ(s.stopped_batches, 5);
+  EXPECT_EQ(s.stopped_of, 9);
+  EXPECT_EQ(s.epochs_run, 1);
+}
+
+// Interval checkpoints agreed through the NCCL sums every 3 steps change nothing, and a death at
+// step 7 of the second epoch resumes from the checkpoint after step 5 (6 batches done).
+TEST_F(MultiGpu, TwoGpusIntervalCheckpointsSurviveADeathInsideAnEpoch) {
+  const CheckpointState c = testing::check_interval_checkpoints(deterministic_options(), "gpu-interval", 7);
+  EXPECT_EQ(c.batches_done, 6);
+  EXPECT_EQ(c.partial_loss_sums.size(), 2u);
 }
 
 }  // namespace
