@@ -9,7 +9,9 @@
 // GAR section below):
 //   - column tiles of 32 floats, tile-major over the grid: the L2 holds the hot source rows'
 //     128-byte slices instead of whole rows (on R-MAT scale 21 at width 256, DRAM reads drop from
-//     37 to ~20 GB per product);
+//     37 to ~20 GB per product); widths of 41-48 take one tile of 48 (a float4 and a float2 a
+//     lane: Float6) instead of a 32-float tile and a partial one, which read and shuffle every
+//     entry twice;
 //   - a block splits its 256 rows' entries evenly over its groups (merge-path inside the block),
 //     so a block no longer lasts as long as its longest row;
 //   - rows above kLongRow entries go to the grid's first blocks, cut over a whole block each,
@@ -166,6 +168,91 @@ __device__ __forceinline__ void relu_in_place(float4& a) {
   a.z = fmaxf(a.z, 0.0f);
   a.w = fmaxf(a.w, 0.0f);
 }
+// Floats a lane holds of a GAR tile: one, four, or a wide type's (below).
+template <typename T>
+__host__ __device__ constexpr int lane_floats() {
+  return sizeof(T) / sizeof(float);
+}
+
+// The lanes of GAR's 48-float tile for widths of 41-48 (the narrowing layers' 47 classes in rows
+// padded to 48), which 32-float tiles took in two passes over the entries, each reading every index
+// and coefficient and shuffling them to its lanes: a float4 and a float2 a lane, eight lanes a
+// group, lane g holding columns 4g .. 4g + 3 (one 128-byte request for the group) and 32 + 2g,
+// 33 + 2g (one of 64 bytes). Three float4 a lane 16 floats apart, four lanes a group (three 64-byte
+// requests), measured slower: see gar_blocks_per_sm.
+struct Float6 {
+  float4 a;
+  float2 b;
+};
+template <>
+__host__ __device__ constexpr int lane_floats<Float6>() {
+  return 6;
+}
+__device__ __forceinline__ void set_zero(float2& a) { a = make_float2(0.0f, 0.0f); }
+__device__ __forceinline__ void fma_to(float2& a, float w, const float2& v) {
+  a.x = fmaf(w, v.x, a.x);
+  a.y = fmaf(w, v.y, a.y);
+}
+__device__ __forceinline__ void load_ro(float2& v, const float* p) { v = __ldg(reinterpret_cast<const float2*>(p)); }
+__device__ __forceinline__ void store(float* p, const float2& v) { *reinterpret_cast<float2*>(p) = v; }
+__device__ __forceinline__ void set_zero(Float6& a) {
+  set_zero(a.a);
+  set_zero(a.b);
+}
+__device__ __forceinline__ void fma_to(Float6& a, float w, const Float6& v) {
+  fma_to(a.a, w, v.a);
+  fma_to(a.b, w, v.b);
+}
+
+// Where lane g's values of a tile sit: kParts pieces, piece j at tile column at(j, g). The shared
+// row buffers keep the tile's columns in order, so the epilogue reads them the same way whatever
+// the layout.
+template <typename T>
+struct Layout {
+  static constexpr int kParts = 1;
+  static constexpr __device__ int at(int, int g) { return g * lane_floats<T>(); }
+};
+template <>
+struct Layout<Float6> {
+  static constexpr int kParts = 2;
+  static constexpr __device__ int at(int j, int g) { return j == 0 ? 4 * g : 32 + 2 * g; }
+};
+// Lane g's source columns for one tile, each piece past the width moved to the tile's first column
+// (its loads repeat lane 0's within the same request: no extra sectors, no branch, and a sum that
+// is never stored).
+template <typename T>
+struct LaneCols {
+  int64_t at[Layout<T>::kParts];
+};
+template <typename T>
+__device__ __forceinline__ LaneCols<T> lane_cols(int64_t col0, int g, int64_t width) {
+  LaneCols<T> c;
+#pragma unroll
+  for (int j = 0; j < Layout<T>::kParts; ++j) {
+    const int64_t col = col0 + Layout<T>::at(j, g);
+    c.at[j] = col < width ? col : col0;
+  }
+  return c;
+}
+// Gathers lane's pieces of the source row at `row`.
+template <typename T>
+__device__ __forceinline__ void gather(T& v, const float* row, const LaneCols<T>& c) {
+  load_ro(v, row + c.at[0]);
+}
+__device__ __forceinline__ void gather(Float6& v, const float* row, const LaneCols<Float6>& c) {
+  load_ro(v.a, row + c.at[0]);
+  load_ro(v.b, row + c.at[1]);
+}
+// Stores lane g's sums into a shared row of the tile (columns in order).
+template <typename T>
+__device__ __forceinline__ void store_lane(float* tile, int g, const T& v) {
+  store(tile + Layout<T>::at(0, g), v);
+}
+__device__ __forceinline__ void store_lane(float* tile, int g, const Float6& v) {
+  store(tile + Layout<Float6>::at(0, g), v.a);
+  store(tile + Layout<Float6>::at(1, g), v.b);
+}
+
 // The epilogue of spmm.hpp for one element (or four): out = relu?(rs * sum + self * x[r] +
 // (accumulate ? out : 0) + bias), in the CPU reference's order of additions.
 template <typename T>
@@ -207,7 +294,7 @@ __device__ __forceinline__ float coefficient(const Params& p, int64_t e, int32_t
 // cover DRAM latency, within a group's G entries per piece.
 template <typename T, int G, int VPT>
 __host__ __device__ constexpr int unroll() {
-  constexpr int K = sizeof(T) / sizeof(float);
+  constexpr int K = lane_floats<T>();
   constexpr int by_registers = 64 / (VPT * K) < 16 ? 64 / (VPT * K) : 16;
   return G < by_registers ? G : by_registers;
 }
@@ -249,7 +336,7 @@ struct Held {
 // for this piece and the next).
 template <typename T, int G>
 __host__ __device__ constexpr int piece_entries() {
-  constexpr int by_registers = 32 / static_cast<int>(sizeof(T) / sizeof(float));
+  constexpr int by_registers = 32 / lane_floats<T>();
   constexpr int p = G > by_registers ? G : by_registers;
   return p < 4 * G ? p : 4 * G;
 }
@@ -285,15 +372,13 @@ __device__ __forceinline__ void load_piece(const Params& p, const int32_t* vstar
   }
 }
 
-// Walks the group's virtual range [vb, ve) for the tile column `col` of lane g (its K floats; a
-// lane past the width is given the tile's first column, so its loads repeat lane 0's within the
-// same request: no extra sectors, no branch, and a sum that is never stored). Calls
+// Walks the group's virtual range [vb, ve) for lane g's columns `lc` of the tile (lane_cols). Calls
 // flush(row, acc) whenever a row's entries in this range are summed up (row changes, or the range
 // ends). Every lane of the warp must call this together (full-mask shuffles): the loop runs
 // to the warp's largest piece count; groups past their range load row 0 and add nothing.
 template <typename T, int G, typename Flush>
 __device__ __forceinline__ void walk(const Params& p, const int32_t* vstart, const int64_t* rbeg, int rows,
-                                     int64_t vb, int64_t ve, int g, int64_t col, Flush&& flush) {
+                                     int64_t vb, int64_t ve, int g, const LaneCols<T>& lc, Flush&& flush) {
   constexpr int P = piece_entries<T, G>();
   constexpr int H = P / G;
   const int64_t trips = warp_max(static_cast<int>((ve - vb + P - 1) / P));
@@ -309,7 +394,7 @@ __device__ __forceinline__ void walk(const Params& p, const int32_t* vstart, con
 #pragma unroll
     for (int u = 0; u < P; ++u) {
       const int c = __shfl_sync(kFull, cur.col[u / G], u % G, G);
-      load_ro(v[u], p.x + static_cast<int64_t>(c) * p.x_ld + col);
+      gather(v[u], p.x + static_cast<int64_t>(c) * p.x_ld, lc);
     }
     // The next piece's indices and weights are read while the gathers are in flight.
     Held<H> next;
@@ -333,7 +418,22 @@ __device__ __forceinline__ void walk(const Params& p, const int32_t* vstart, con
 // GAR blocks resident per SM: the register cap of 64 per thread keeps four blocks of 256 threads,
 // 128 KB of gathers in flight per SM (8 pieces of 16 bytes per lane), for the L2's latency under
 // load; measured 7% faster than three blocks at ~75 registers (a 16-byte spill is the price).
-constexpr int kGarBlocksPerSm = 4;
+// The 48-float tile (Float6) keeps 8 gathers of 24 bytes in flight a lane and a 58 KB block: three
+// blocks an SM (80 registers, a 32-byte spill). Measured on R-MAT scale 21 (H100, two runs, `gale
+// bench spmm --dims 48`, x and out in rows of 48, against 2.845 ms for the 32-float tile and its
+// partial one): 2.659-2.666 ms with three blocks, 2.385-2.389 with two (112 registers); three float4
+// a lane, four lanes a group, 2.681-2.688 with two blocks and 3.340-3.353 with three. In training,
+// where the 47-wide forward writes a dense output with float stores, three blocks did best: SAGE
+// 3x256's two width-47 calls 3.10 + 2.87 ms an epoch, against 3.32 + 2.81 with two and 3.22 + 2.99
+// for the 32-float tiles.
+#ifndef GALE_GAR48_BLOCKS_PER_SM
+#define GALE_GAR48_BLOCKS_PER_SM 3
+#endif
+
+template <typename T>
+constexpr int gar_blocks_per_sm() {
+  return lane_floats<T>() > 4 ? GALE_GAR48_BLOCKS_PER_SM : 4;
+}
 
 // Shared memory of a GAR block. The regular path keeps its row table (vstart, rbeg; rbeg = -1 marks
 // a long row) and, in buf, each row's sum from the group its entries start in (kBlock rows x kTile
@@ -341,18 +441,19 @@ constexpr int kGarBlocksPerSm = 4;
 // group's range. The long path reuses buf for its per-group sums.
 template <typename T, int G>
 struct GarShared {
-  static constexpr int K = sizeof(T) / sizeof(float);
+  static constexpr int K = lane_floats<T>();
   static constexpr int kTile = G * K;
   int32_t vstart[kBlock + 1];
   int64_t rbeg[kBlock];
   __align__(16) float buf[kBlock * kTile + kBlock * K];
 };
 
-// Sums entries [vb, ve) of one row (entry numbers relative to `begin`) for lane g's K floats at
-// col, in pieces of P entries as walk() does, without rows to track. Every lane of the warp calls
+// Sums entries [vb, ve) of one row (entry numbers relative to `begin`) for lane g's columns lc, in
+// pieces of P entries as walk() does, without rows to track. Every lane of the warp calls
 // this together; past ve a lane loads row 0 and adds nothing.
 template <typename T, int G>
-__device__ __forceinline__ T sum_range(const Params& p, int64_t begin, int64_t vb, int64_t ve, int g, int64_t col) {
+__device__ __forceinline__ T sum_range(const Params& p, int64_t begin, int64_t vb, int64_t ve, int g,
+                                       const LaneCols<T>& lc) {
   constexpr int P = piece_entries<T, G>();
   constexpr int H = P / G;
   const int64_t trips = warp_max(static_cast<int>((ve - vb + P - 1) / P));
@@ -373,7 +474,7 @@ __device__ __forceinline__ T sum_range(const Params& p, int64_t begin, int64_t v
 #pragma unroll
     for (int u = 0; u < P; ++u) {
       const int c = __shfl_sync(kFull, cols[u / G], u % G, G);
-      load_ro(v[u], p.x + static_cast<int64_t>(c) * p.x_ld + col);
+      gather(v[u], p.x + static_cast<int64_t>(c) * p.x_ld, lc);
     }
     float w[H];
 #pragma unroll
@@ -395,7 +496,7 @@ __device__ __forceinline__ T sum_range(const Params& p, int64_t begin, int64_t v
 // sums reduced in two fixed-order passes, then the epilogue.
 template <typename T, int G>
 __device__ void long_row(const Params& p, int64_t r, int64_t col0, GarShared<T, G>& sh) {
-  constexpr int K = sizeof(T) / sizeof(float);
+  constexpr int K = lane_floats<T>();
   constexpr int kTile = G * K;
   constexpr int kGroups = kBlock / G;
   constexpr int kParts = kBlock / kTile;  // first-pass partial sums per column
@@ -404,15 +505,16 @@ __device__ void long_row(const Params& p, int64_t r, int64_t col0, GarShared<T, 
   const int64_t begin = p.indptr[r];
   const int64_t n = p.indptr[r + 1] - begin;
   float* part = sh.buf;
-  const int64_t lane_col = col0 + static_cast<int64_t>(g) * K;
-  const T sum = sum_range<T, G>(p, begin, n * q / kGroups, n * (q + 1) / kGroups, g, lane_col < p.width ? lane_col : col0);
-  store(part + q * kTile + g * K, sum);
+  const T sum = sum_range<T, G>(p, begin, n * q / kGroups, n * (q + 1) / kGroups, g, lane_cols<T>(col0, g, p.width));
+  store_lane(part + q * kTile, g, sum);
   __syncthreads();
   {
     const int i = threadIdx.x % kTile, j = threadIdx.x / kTile;
-    float s = 0.0f;
-    for (int qq = j; qq < kGroups; qq += kParts) s += part[qq * kTile + i];
-    part[kGroups * kTile + j * kTile + i] = s;
+    if (j < kParts) {  // a tile of 48 leaves the last 16 threads out
+      float s = 0.0f;
+      for (int qq = j; qq < kGroups; qq += kParts) s += part[qq * kTile + i];
+      part[kGroups * kTile + j * kTile + i] = s;
+    }
   }
   __syncthreads();
   if (threadIdx.x < kTile && col0 + threadIdx.x < p.width) {
@@ -436,7 +538,7 @@ __device__ __forceinline__ int64_t block_row(int64_t j, int64_t blocks, int i) {
 // The regular path for regular block j's rows (block_row) and the tile at col0.
 template <typename T, int G, bool kVecOut>
 __device__ void span_rows(const Params& p, int64_t j, int64_t blocks, int64_t col0, GarShared<T, G>& sh) {
-  constexpr int K = sizeof(T) / sizeof(float);
+  constexpr int K = lane_floats<T>();
   constexpr int kTile = G * K;
   constexpr int kGroups = kBlock / G;
   const int g = threadIdx.x & (G - 1);
@@ -479,7 +581,6 @@ __device__ void span_rows(const Params& p, int64_t j, int64_t blocks, int64_t co
   constexpr int rows = kBlock;
   const int64_t vb = static_cast<int64_t>(total) * q / kGroups;
   const int64_t ve = static_cast<int64_t>(total) * (q + 1) / kGroups;
-  const int64_t lane_col = col0 + static_cast<int64_t>(g) * K;
   // The row holding the group's first entry, when it began in an earlier group's range: its sum
   // goes to the group's slot; every other row's to its row of the buffer. (The search is the
   // same for every lane of the group.)
@@ -492,15 +593,15 @@ __device__ void span_rows(const Params& p, int64_t j, int64_t blocks, int64_t co
     }
     if (sh.vstart[lo] < vb) straddler = lo;
   }
-  walk<T, G>(p, sh.vstart, sh.rbeg, rows, vb, ve, g, lane_col < p.width ? lane_col : col0, [&](int i, const T& acc) {
-    store((i == straddler ? slots + q * kTile : rowbuf + i * kTile) + g * K, acc);
+  walk<T, G>(p, sh.vstart, sh.rbeg, rows, vb, ve, g, lane_cols<T>(col0, g, p.width), [&](int i, const T& acc) {
+    store_lane(i == straddler ? slots + q * kTile : rowbuf + i * kTile, g, acc);
   });
   __syncthreads();
   // The epilogue over the block's rows, KO floats a thread (K, or one float when the output rows
   // are not 16-byte aligned: float4 gathers from a padded x into a dense output of odd width): a
   // row's sum is its buffer row plus the slots of the later groups its entries run into, added in
   // group order (deterministic, and the same additions whatever KO is).
-  using TO = std::conditional_t<kVecOut, T, float>;
+  using TO = std::conditional_t<kVecOut, float4, float>;
   constexpr int KO = sizeof(TO) / sizeof(float);
   constexpr int kVectors = kTile / KO;
   for (int it = threadIdx.x; it < rows * kVectors; it += kBlock) {
@@ -568,9 +669,11 @@ __device__ __forceinline__ void long_rows(const Params& p, int64_t b, int64_t sc
 // 256: the L2 then holds all tiles' slices at once); the others take kBlock rows each, interleaved
 // by chunks (block_row, span_rows).
 template <typename T, int G, bool kVecOut>
-__global__ void __launch_bounds__(kBlock, kGarBlocksPerSm) gar_kernel(Params p, int64_t scanners) {
-  constexpr int kTile = G * (sizeof(T) / sizeof(float));
-  __shared__ GarShared<T, G> sh;
+__global__ void __launch_bounds__(kBlock, gar_blocks_per_sm<T>()) gar_kernel(Params p, int64_t scanners) {
+  constexpr int kTile = G * lane_floats<T>();
+  // Dynamic: the 48-float tile's buffers pass the 48 KB of static shared memory.
+  extern __shared__ __align__(16) unsigned char gar_shared[];
+  GarShared<T, G>& sh = *reinterpret_cast<GarShared<T, G>*>(gar_shared);
   const int64_t tile_step = static_cast<int64_t>(gridDim.y) * kTile;
   if (blockIdx.x < scanners) {
     long_rows<T, G>(p, blockIdx.x, scanners, blockIdx.y * int64_t{kTile}, tile_step, sh);
@@ -622,7 +725,7 @@ __device__ __forceinline__ int64_t row_of(const int64_t* indptr, int64_t rows, i
 // Adds rs * acc into out[r] with atomics and clears acc.
 template <typename T, int G, int VPT>
 __device__ __forceinline__ void scatter(const Params& p, int64_t r, int64_t col0, int g, T (&acc)[VPT]) {
-  constexpr int K = sizeof(T) / sizeof(float);
+  constexpr int K = lane_floats<T>();
   const float rs = p.row_scale ? p.row_scale[r] : 1.0f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
@@ -638,7 +741,7 @@ __device__ __forceinline__ void scatter(const Params& p, int64_t r, int64_t col0
 // GAS scatter: a persistent grid; group q takes chunks q, q + groups, ... of kGasChunk entries.
 template <typename T, int G, int VPT>
 __global__ void __launch_bounds__(kBlock) gas_kernel(Params p) {
-  constexpr int K = sizeof(T) / sizeof(float);
+  constexpr int K = lane_floats<T>();
   constexpr int kTile = G * VPT * K;
   constexpr int kGroups = kBlock / G;
   constexpr int kUnroll = unroll<T, G, VPT>();
@@ -719,7 +822,7 @@ constexpr int kMaCols = 256;                  // partial-sum columns per pass (1
 
 template <typename T>
 __global__ void __launch_bounds__(kBlock) memory_aware_kernel(Params p) {
-  constexpr int K = sizeof(T) / sizeof(float);
+  constexpr int K = lane_floats<T>();
   __shared__ int32_t s_col[kMaEntries];
   __shared__ float s_coef[kMaEntries];
   __shared__ __align__(16) float s_sum[kMaRows * kMaCols];
@@ -889,14 +992,18 @@ void with_shape(const Shape& s, F&& f) {
 
 template <typename T, int G, bool kVecOut>
 void launch_gar(const Params& p, cudaStream_t stream) {
-  constexpr int64_t kTile = G * (sizeof(T) / sizeof(float));
+  constexpr int64_t kTile = G * lane_floats<T>();
   const int64_t row_blocks = (p.rows + kBlock - 1) / kBlock;
   const int64_t sms = cuda::current_multiprocessors();
   // With a list, no more long-row blocks than it can hold rows (none for a graph too small for any).
   const int64_t scanners = std::min<int64_t>(kLongBlocksPerSm * sms, p.long_list ? p.long_capacity : row_blocks);
   const int64_t tiles = std::min<int64_t>((p.width + kTile - 1) / kTile, 65535);  // more tiles loop
   const dim3 grid(static_cast<unsigned>(scanners + row_blocks), static_cast<unsigned>(tiles));
-  gar_kernel<T, G, kVecOut><<<grid, kBlock, 0, stream>>>(p, scanners);
+  constexpr size_t kShared = sizeof(GarShared<T, G>);
+  if constexpr (kShared > 48 * 1024)  // per device; cheap enough to repeat
+    GALE_CHECK_CUDA(cudaFuncSetAttribute(gar_kernel<T, G, kVecOut>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kShared)));
+  gar_kernel<T, G, kVecOut><<<grid, kBlock, kShared, stream>>>(p, scanners);
   GALE_CHECK_CUDA(cudaGetLastError());
 }
 
@@ -921,7 +1028,8 @@ unsigned elementwise_blocks(int64_t total) {
 }
 
 // GAR's column tile: 32 floats, 128 bytes of each source row (see gar_kernel for why), or the width
-// rounded up to a power of two of lanes when it is narrower.
+// rounded up to a power of two of lanes when it is narrower; 48 floats for widths of 41-48 with
+// float4 gathers (Float6).
 constexpr int64_t kGarTile = 32;
 
 // One GAR launch over the columns [col0, col0 + width) of a: groups sized for that width.
@@ -934,6 +1042,9 @@ void launch_gar_columns(const SpmmArgs& a, int64_t col0, int64_t width, cudaStre
   const Params p = make_params(part);
   const bool vec = vector_loads(part);
   const bool vec_out = vec && vector_stores(part);
+  // One 48-float tile for widths of 41-48 (Float6).
+  if (vec && width > 40 && width <= 48)
+    return vec_out ? launch_gar<Float6, 8, true>(p, stream) : launch_gar<Float6, 8, false>(p, stream);
   const int64_t k = vec ? 4 : 1;
   const int64_t lanes = std::min((width + k - 1) / k, kGarTile / k);
   int g = 1;

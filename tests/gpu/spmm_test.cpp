@@ -3,10 +3,10 @@
 // blocks), rows of 20-120 entries (several gather pieces), a skewed graph whose rows cross many of
 // a GAR block's group ranges (also with its rows in degree order), more sources than destinations;
 // widths 1, 3, 32, 33, 64, 100, 128, 256, 257 (scalar and float4 paths, partial groups, several
-// column tiles; 40 and 47 on the skewed graph), padded leading dimensions, and every combination
-// of row scale, column scale, edge weight, self term, accumulate, bias and ReLU. Outputs are
-// poisoned with NaN first, so an element a kernel forgets to write fails. Tests skip with a reason
-// when no CUDA device is present.
+// column tiles; 40 and 47 on the skewed graph, 41-48 in GAR's 48-float tile), padded leading
+// dimensions, and every combination of row scale, column scale, edge weight, self term,
+// accumulate, bias and ReLU. Outputs are poisoned with NaN first, so an element a kernel forgets
+// to write fails. Tests skip with a reason when no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -337,6 +337,28 @@ TEST_F(SpmmCudaTest, GarGathersPaddedRowsIntoADenseOutput) {
   for (int64_t width : {int64_t{36}, int64_t{40}, int64_t{100}, int64_t{208}})
     check(SpmmKind::kGar, small, width, Options::from(combo = (combo + 31) % Options::kCombos),
           derive_key(94, static_cast<uint64_t>(width)));
+}
+
+// GAR's 48-float tile (a float4 and a float2 a lane: widths 41-48), every width of its
+// range on a small graph and the skewed one (long rows, rows across group ranges): x in rows padded
+// to 16 bytes, out padded the same (float4 stores when the width is a multiple of 4) and dense
+// (float stores); the long-row list too.
+TEST_F(SpmmCudaTest, GarFortyEightColumnTileMatchesCpu) {
+  const Graph small = random_graph(96, 400, 450, 1800);
+  const Graph skewed = skewed_graph(97, 20011, 15000);
+  int combo = 11;
+  for (int64_t width = 41; width <= 48; ++width) {
+    const int64_t pad = (width + 3) / 4 * 4 - width;
+    for (const Graph* g : {&small, &skewed}) {
+      for (int64_t out_pad : {pad, int64_t{0}}) {
+        combo = (combo + 29) % Options::kCombos;
+        listed_ = combo % 2;
+        check(SpmmKind::kGar, *g, width, Options::from(combo),
+              derive_key(98, static_cast<uint64_t>(width * 7 + combo)), pad, out_pad);
+      }
+    }
+  }
+  listed_ = false;
 }
 
 // spmm_entry_scale copies col_scale into entry order, and an aggregation given it as edge weights
