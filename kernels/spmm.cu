@@ -282,6 +282,33 @@ __device__ __forceinline__ void finish(const Params& p, int64_t r, int64_t col, 
   store_streaming(o, v);
 }
 
+// The epilogue for four columns from col whose output rows are not 16-byte aligned (a dense output
+// of odd width gathered from x in 16-byte rows): the row scale and the self term on the four at
+// once (x's rows are aligned), then the accumulated value, the bias, ReLU and the store one column
+// at a time, dropping the columns past the width. The same additions in the same order as finish.
+__device__ __forceinline__ void finish_scalar_stores(const Params& p, int64_t r, int64_t col, float4 v) {
+  scale(v, p.row_scale ? p.row_scale[r] : 1.0f);
+  if (r < p.self_rows) {
+    const float self = p.self_scale + (p.self_coefs ? p.self_coefs[r] : 0.0f);
+    if (self != 0.0f) {
+      float4 xs;
+      load_ro(xs, p.x + r * p.x_ld + col);
+      fma_to(v, self, xs);
+    }
+  }
+  float* o = p.out + r * p.out_ld + col;
+  const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (col + j >= p.width) break;
+    float a = e[j];
+    if (p.accumulate) a += o[j];
+    if (p.bias) a += __ldg(p.bias + col + j);
+    if (p.relu) a = fmaxf(a, 0.0f);
+    store_streaming(o + j, a);
+  }
+}
+
 // Coefficient of entry e (column c): col_scale[c] * edge_weight[e], either optional.
 __device__ __forceinline__ float coefficient(const Params& p, int64_t e, int32_t c) {
   float w = p.edge_weight ? __ldcs(p.edge_weight + e) : 1.0f;
@@ -593,11 +620,11 @@ __device__ void span_rows(const Params& p, int64_t j, int64_t blocks, int64_t co
     store_lane(i == straddler ? slots + q * kTile : rowbuf + i * kTile, g, acc);
   });
   __syncthreads();
-  // The epilogue over the block's rows, KO floats a thread (K, or one float when the output rows
-  // are not 16-byte aligned: float4 gathers from a padded x into a dense output of odd width): a
-  // row's sum is its buffer row plus the slots of the later groups its entries run into, added in
-  // group order (deterministic, and the same additions whatever KO is).
-  using TO = std::conditional_t<kVecOut, float4, float>;
+  // The epilogue over the block's rows, KO floats a thread (four with float4 gathers, stored one
+  // at a time when the output rows are not 16-byte aligned: a padded x into a dense output of odd
+  // width; else one): a row's sum is its buffer row plus the slots of the later groups its entries
+  // run into, added in group order (deterministic, and the same additions whatever KO is).
+  using TO = std::conditional_t<(lane_floats<T>() >= 4), float4, float>;
   constexpr int KO = sizeof(TO) / sizeof(float);
   constexpr int kVectors = kTile / KO;
   for (int it = threadIdx.x; it < rows * kVectors; it += kBlock) {
@@ -618,7 +645,11 @@ __device__ void span_rows(const Params& p, int64_t j, int64_t blocks, int64_t co
         add_to(sum, y);
       }
     }
-    finish<TO>(p, block_row(j, blocks, i), col, sum);
+    if constexpr (kVecOut || KO == 1) {
+      finish<TO>(p, block_row(j, blocks, i), col, sum);
+    } else {
+      finish_scalar_stores(p, block_row(j, blocks, i), col, sum);
+    }
   }
   __syncthreads();  // shared memory is reused by the next tile
 }
