@@ -253,12 +253,10 @@ __device__ __forceinline__ void store_lane(float* tile, int g, const Float6& v) 
   store(tile + Layout<Float6>::at(1, g), v.b);
 }
 
-// The epilogue of spmm.hpp for one element (or four): out = relu?(rs * sum + self * x[r] +
-// (accumulate ? out : 0) + bias), in the CPU reference's order of additions.
+// The epilogue's first terms for one element (or four) of row r: rs * sum + self * x[r].
 template <typename T>
-__device__ __forceinline__ void finish(const Params& p, int64_t r, int64_t col, T v) {
-  const float rs = p.row_scale ? p.row_scale[r] : 1.0f;
-  scale(v, rs);
+__device__ __forceinline__ void scale_and_add_self(const Params& p, int64_t r, int64_t col, T& v) {
+  scale(v, p.row_scale ? p.row_scale[r] : 1.0f);
   if (r < p.self_rows) {
     const float self = p.self_scale + (p.self_coefs ? p.self_coefs[r] : 0.0f);
     if (self != 0.0f) {
@@ -267,6 +265,13 @@ __device__ __forceinline__ void finish(const Params& p, int64_t r, int64_t col, 
       fma_to(v, self, xs);
     }
   }
+}
+
+// The epilogue of spmm.hpp for one element (or four): out = relu?(rs * sum + self * x[r] +
+// (accumulate ? out : 0) + bias), in the CPU reference's order of additions.
+template <typename T>
+__device__ __forceinline__ void finish(const Params& p, int64_t r, int64_t col, T v) {
+  scale_and_add_self(p, r, col, v);
   float* o = p.out + r * p.out_ld + col;
   if (p.accumulate) {
     T prev;
@@ -287,15 +292,7 @@ __device__ __forceinline__ void finish(const Params& p, int64_t r, int64_t col, 
 // once (x's rows are aligned), then the accumulated value, the bias, ReLU and the store one column
 // at a time, dropping the columns past the width. The same additions in the same order as finish.
 __device__ __forceinline__ void finish_scalar_stores(const Params& p, int64_t r, int64_t col, float4 v) {
-  scale(v, p.row_scale ? p.row_scale[r] : 1.0f);
-  if (r < p.self_rows) {
-    const float self = p.self_scale + (p.self_coefs ? p.self_coefs[r] : 0.0f);
-    if (self != 0.0f) {
-      float4 xs;
-      load_ro(xs, p.x + r * p.x_ld + col);
-      fma_to(v, self, xs);
-    }
-  }
+  scale_and_add_self(p, r, col, v);
   float* o = p.out + r * p.out_ld + col;
   const float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
