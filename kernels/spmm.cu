@@ -443,16 +443,15 @@ __device__ __forceinline__ void walk(const Params& p, const int32_t* vstart, con
 // 128 KB of gathers in flight per SM (8 pieces of 16 bytes per lane), for the L2's latency under
 // load; measured 7% faster than three blocks at ~75 registers (a 16-byte spill is the price).
 // The 48-float tile (Float6) keeps 8 gathers of 24 bytes in flight a lane and a 58 KB block: two
-// blocks an SM (112 registers) when its output rows take float4 stores, three (80 registers, a
-// 32-byte spill) when they take float stores. Measured on R-MAT scale 21 (H100, two runs, `gale
-// bench spmm --dims 48`, x and out in rows of 48, against 2.845 ms for the 32-float tile and its
-// partial one): 2.385-2.389 ms with two blocks, 2.659-2.666 with three; three float4 a lane, four
-// lanes a group, 2.681-2.688 with two blocks and 3.340-3.353 with three. In training, where the
-// 47-wide forward writes a dense output with float stores, three blocks did best there: SAGE
-// 3x256's forward call 3.10 ms an epoch against 3.32 with two and 3.22 for the 32-float tiles.
-template <typename T, bool kVecOut>
+// blocks an SM (112 registers). Measured on R-MAT scale 21 (H100, two runs, `gale bench spmm --dims
+// 48`, x and out in rows of 48, against 2.845 ms for the 32-float tile and its partial one):
+// 2.385-2.389 ms with two blocks, 2.659-2.666 with three (80 registers, a 32-byte spill); three
+// float4 a lane, four lanes a group, 2.681-2.688 with two blocks and 3.340-3.353 with three. In
+// training (dense 47-wide outputs, finish_scalar_stores) two blocks too: SAGE 3x256's two width-47
+// calls 2.79-2.80 + 2.71-2.72 ms an epoch against 2.91 + 2.94 with three.
+template <typename T>
 constexpr int gar_blocks_per_sm() {
-  return lane_floats<T>() > 4 ? (kVecOut ? 2 : 3) : 4;
+  return lane_floats<T>() > 4 ? 2 : 4;
 }
 
 // Shared memory of a GAR block. The regular path keeps its row table (vstart, rbeg; rbeg = -1 marks
@@ -693,7 +692,7 @@ __device__ __forceinline__ void long_rows(const Params& p, int64_t b, int64_t sc
 // 256: the L2 then holds all tiles' slices at once); the others take kBlock rows each, interleaved
 // by chunks (block_row, span_rows).
 template <typename T, int G, bool kVecOut>
-__global__ void __launch_bounds__(kBlock, gar_blocks_per_sm<T, kVecOut>()) gar_kernel(Params p, int64_t scanners) {
+__global__ void __launch_bounds__(kBlock, gar_blocks_per_sm<T>()) gar_kernel(Params p, int64_t scanners) {
   constexpr int kTile = G * lane_floats<T>();
   // Dynamic: the 48-float tile's buffers pass the 48 KB of static shared memory.
   extern __shared__ __align__(16) unsigned char gar_shared[];
