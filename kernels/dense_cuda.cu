@@ -92,10 +92,6 @@ __global__ void map_kernel(int64_t rows, int64_t groups, Op op) {
   }
 }
 
-bool vector_ok(const void* p, int64_t ld) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 4 == 0;
-}
-
 template <typename Op>
 void launch_map(int64_t rows, int64_t cols, bool vec4, const Op& op, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
@@ -438,7 +434,6 @@ __global__ void adam_kernel(float* w, const float* g, float* m, float* v, int64_
 }
 
 // ---- softmax cross-entropy --------------------------------------------------------------------
-
 
 struct RowStats {
   float max;
@@ -883,21 +878,21 @@ bool gemm_bias_cuda(cublasHandle_t handle, void* workspace, size_t workspace_byt
 }
 
 void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream) {
-  const bool vec4 = vector_ok(out.data, out.ld) && vector_ok(bias, 0);
+  const bool vec4 = float4_rows(out.data, out.ld) && float4_rows(bias, 0);
   launch_map(out.rows, out.cols, vec4, AddBias<false>{out, bias}, stream);
 }
 
 void add_bias_relu_cuda(MatrixView out, const float* bias, cudaStream_t stream) {
-  const bool vec4 = vector_ok(out.data, out.ld) && vector_ok(bias, 0);
+  const bool vec4 = float4_rows(out.data, out.ld) && float4_rows(bias, 0);
   launch_map(out.rows, out.cols, vec4, AddBias<true>{out, bias}, stream);
 }
 
 void fill_block_cuda(MatrixView out, float value, cudaStream_t stream) {
-  launch_map(out.rows, out.cols, vector_ok(out.data, out.ld), FillBlock{out, value}, stream);
+  launch_map(out.rows, out.cols, float4_rows(out.data, out.ld), FillBlock{out, value}, stream);
 }
 
 void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream) {
-  const bool vec4 = vector_ok(x.data, x.ld) && vector_ok(y.data, y.ld);
+  const bool vec4 = float4_rows(x.data, x.ld) && float4_rows(y.data, y.ld);
   launch_map(y.rows, y.cols, vec4, Axpy{x, alpha, y}, stream);
 }
 
@@ -911,20 +906,20 @@ void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, void* works
 }
 
 void relu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream) {
-  const bool vec4 = vector_ok(x.data, x.ld) && vector_ok(out.data, out.ld);
+  const bool vec4 = float4_rows(x.data, x.ld) && float4_rows(out.data, out.ld);
   launch_map(x.rows, x.cols, vec4, ReluForward{x, out}, stream);
 }
 
 void relu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, cudaStream_t stream) {
-  const bool vec4 = vector_ok(grad_out.data, grad_out.ld) && vector_ok(y.data, y.ld) &&
-                    vector_ok(grad_in.data, grad_in.ld);
+  const bool vec4 = float4_rows(grad_out.data, grad_out.ld) && float4_rows(y.data, y.ld) &&
+                    float4_rows(grad_in.data, grad_in.ld);
   launch_map(y.rows, y.cols, vec4, ReluBackward{grad_out, y, grad_in}, stream);
 }
 
 void relu_mask_cuda(ConstMatrixView y, uint32_t* bits, cudaStream_t stream) {
   const int64_t words = relu_mask_words(y.cols);
   if (y.rows == 0 || words == 0) return;
-  if (vector_ok(y.data, y.ld)) {
+  if (float4_rows(y.data, y.ld)) {
     relu_mask4_kernel<<<blocks_for(y.rows * words * 8), kThreads, 0, stream>>>(y, bits, words);
   } else {
     relu_mask_kernel<<<blocks_for(y.rows * words, kWarpsPerMask), kThreads, 0, stream>>>(y, bits, words);
@@ -939,25 +934,25 @@ void relu_backward_mask_sum_cuda(ConstMatrixView grad_out, const uint32_t* bits,
 }
 
 void relu_backward_mask_cuda(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in, cudaStream_t stream) {
-  const bool vec4 = vector_ok(grad_out.data, grad_out.ld) && vector_ok(grad_in.data, grad_in.ld);
+  const bool vec4 = float4_rows(grad_out.data, grad_out.ld) && float4_rows(grad_in.data, grad_in.ld);
   launch_map(grad_out.rows, grad_out.cols, vec4,
              ReluBackwardMask{grad_out, bits, relu_mask_words(grad_out.cols), grad_in}, stream);
 }
 
 void elu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream) {
-  const bool vec4 = vector_ok(x.data, x.ld) && vector_ok(out.data, out.ld);
+  const bool vec4 = float4_rows(x.data, x.ld) && float4_rows(out.data, out.ld);
   launch_map(x.rows, x.cols, vec4, EluForward{x, out}, stream);
 }
 
 void elu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, cudaStream_t stream) {
-  const bool vec4 = vector_ok(grad_out.data, grad_out.ld) && vector_ok(y.data, y.ld) &&
-                    vector_ok(grad_in.data, grad_in.ld);
+  const bool vec4 = float4_rows(grad_out.data, grad_out.ld) && float4_rows(y.data, y.ld) &&
+                    float4_rows(grad_in.data, grad_in.ld);
   launch_map(y.rows, y.cols, vec4, EluBackward{grad_out, y, grad_in}, stream);
 }
 
 void dropout_forward_cuda(ConstMatrixView x, MatrixView out, float p, uint64_t key, cudaStream_t stream) {
   const float scale = 1.0f / (1.0f - p);
-  const bool vec4 = vector_ok(x.data, x.ld) && vector_ok(out.data, out.ld);
+  const bool vec4 = float4_rows(x.data, x.ld) && float4_rows(out.data, out.ld);
   launch_map(x.rows, x.cols, vec4, Dropout{x, out, p, scale, key}, stream);
 }
 

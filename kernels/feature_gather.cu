@@ -67,7 +67,7 @@ __global__ void match_assign_kernel(int32_t* row_of, const int64_t* ids, int64_t
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 8192)); }
 
 bool aligned(const ConstMatrixView& m) {
-  return m.data == nullptr || (reinterpret_cast<uintptr_t>(m.data) % 16 == 0 && m.ld % 4 == 0);
+  return m.data == nullptr || float4_rows(m.data, m.ld);
 }
 
 }  // namespace

@@ -461,10 +461,6 @@ int next_pow2(int64_t n) {
 
 int head_group(int64_t heads) { return kWarp % heads == 0 ? static_cast<int>(heads) : 1; }
 
-bool vec4_ok(const void* data, int64_t ld) {
-  return reinterpret_cast<uintptr_t>(data) % 16 == 0 && ld % 4 == 0;
-}
-
 unsigned grid_for(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
 void check_shape(const char* op, const GatShape& s) {
@@ -503,7 +499,7 @@ GatherArgs gather_args(const CsrView& walked, const CsrView& csr, const GatShape
 
 // Whether a kernel over rows of x and y (heads x f floats each) may move float4s.
 bool vec4_rows(const GatShape& s, ConstMatrixView x, ConstMatrixView y) {
-  return s.f % 4 == 0 && vec4_ok(x.data, x.ld) && vec4_ok(y.data, y.ld);
+  return s.f % 4 == 0 && float4_rows(x.data, x.ld) && float4_rows(y.data, y.ld);
 }
 
 // Chooses the vector width, lanes per entry and vectors per lane for a gather over heads*f floats

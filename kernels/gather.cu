@@ -47,8 +47,6 @@ __global__ void __launch_bounds__(kThreads, 5)
   }
 }
 
-bool vec4_ok(const void* data, int64_t ld) { return reinterpret_cast<uintptr_t>(data) % 16 == 0 && ld % 4 == 0; }
-
 }  // namespace
 
 void gather_rows_cuda(ConstMatrixView src, const int64_t* ids, int64_t n, MatrixView out, cudaStream_t stream) {
@@ -56,7 +54,7 @@ void gather_rows_cuda(ConstMatrixView src, const int64_t* ids, int64_t n, Matrix
   if (!why.empty()) throw InputError("gather_rows_cuda: " + why);
   if (n == 0 || src.cols == 0) return;
   if (ids == nullptr) throw InputError("gather_rows_cuda: null ids");
-  const bool vec4 = vec4_ok(src.data, src.ld) && vec4_ok(out.data, out.ld);
+  const bool vec4 = float4_rows(src.data, src.ld) && float4_rows(out.data, out.ld);
   const int64_t per_row = vec4 ? (src.cols + 3) / 4 : src.cols;
   int lanes = 1;
   while (lanes < 32 && lanes < per_row) lanes *= 2;

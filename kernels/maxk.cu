@@ -389,9 +389,6 @@ void launch_maxk_forward(ConstMatrixView x, const CbsrView& out, MatrixView dens
   const int width = static_cast<int>(out.width), k = static_cast<int>(out.k);
   I* index = static_cast<I*>(out.index);
   const int per_lane = (width + kWarp - 1) / kWarp;
-  const auto aligned = [](const void* p, int64_t ld) {
-    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 4 == 0;
-  };
 #define GALE_MAXK_TOPK(KERNEL, VPT, WHEN)                                                            \
   if (WHEN) {                                                                                        \
     const int64_t warps = (out.rows + topk_rows_per_warp<VPT>() - 1) / topk_rows_per_warp<VPT>();   \
@@ -405,7 +402,7 @@ void launch_maxk_forward(ConstMatrixView x, const CbsrView& out, MatrixView dens
     GALE_CHECK_CUDA(cudaGetLastError());                                                             \
     return;                                                                                          \
   }
-  if (width % kWarp == 0 && aligned(x.data, x.ld) && (dense.data == nullptr || aligned(dense.data, dense.ld))) {
+  if (width % kWarp == 0 && float4_rows(x.data, x.ld) && (dense.data == nullptr || float4_rows(dense.data, dense.ld))) {
     GALE_MAXK_TOPK(maxk_forward_blocked_kernel, 4, per_lane == 4)
     GALE_MAXK_TOPK(maxk_forward_blocked_kernel, 8, per_lane == 8)
     GALE_MAXK_TOPK(maxk_forward_blocked_kernel, 16, per_lane == 16)
@@ -1282,8 +1279,6 @@ std::string groups_cannot(const CsrView& g, const EdgeGroupsView& groups) {
 void require(const std::string& why, const char* op) {
   if (!why.empty()) throw InputError(std::string(op) + ": " + why);
 }
-
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // What both aggregations take alike: the graph, its scales and weights, the edge groups and the
 // CBSR pattern's columns (Args: SpgemmCbsrArgs or SspmmCbsrArgs).

@@ -42,6 +42,10 @@ struct ConstMatrixView {
   const float* row(int64_t r) const { return data + r * ld; }
 };
 
+// Whether p is 16-byte aligned, and whether rows from p, ld floats apart, all are (float4 access).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+inline bool float4_rows(const void* p, int64_t ld) { return aligned16(p) && ld % 4 == 0; }
+
 inline MatrixView matrix(float* data, int64_t rows, int64_t cols) { return {data, rows, cols, cols}; }
 inline ConstMatrixView matrix(const float* data, int64_t rows, int64_t cols) {
   return {data, rows, cols, cols};

@@ -10,8 +10,6 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -29,7 +27,6 @@ namespace fs = std::filesystem;
 using testing::check_interval_checkpoints;
 using testing::check_stop_and_resume;
 using testing::fresh_dir;
-using testing::metric_column;
 using testing::read_bytes;
 
 // Mini-batch GraphSAGE on Cora with small fanouts and batches: a dozen steps per epoch.
