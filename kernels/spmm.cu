@@ -947,13 +947,12 @@ Params make_params(const SpmmArgs& a) {
   return p;
 }
 
-
 // float4 gathers need x's rows 16-byte aligned; float4 stores (and bias loads) the output's too,
 // with a width that is a multiple of 4. GAR's gathers may read past the width up to the next
 // multiple of 4 (never past x.ld): the extra columns are summed in registers and never stored.
 bool vector_loads(const SpmmArgs& a) { return float4_rows(a.x.data, a.x.ld); }
 bool vector_stores(const SpmmArgs& a) {
-  return a.out.cols % 4 == 0 && a.out.ld % 4 == 0 && aligned16(a.out.data) && (a.bias == nullptr || aligned16(a.bias));
+  return a.out.cols % 4 == 0 && float4_rows(a.out.data, a.out.ld) && (a.bias == nullptr || aligned16(a.bias));
 }
 // GAS and the memory-aware kernel vectorise loads and stores together.
 bool can_vectorise(const SpmmArgs& a) { return vector_loads(a) && vector_stores(a); }
