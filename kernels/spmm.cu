@@ -1252,17 +1252,6 @@ void run_cusparse(const SpmmArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-const char* spmm_kind_name(SpmmKind kind) {
-  switch (kind) {
-    case SpmmKind::kAuto: return "auto";
-    case SpmmKind::kGar: return "gar";
-    case SpmmKind::kGas: return "gas";
-    case SpmmKind::kCusparse: return "cusparse";
-    case SpmmKind::kMemoryAware: return "memory-aware";
-  }
-  return "?";
-}
-
 std::string spmm_cannot(SpmmKind kind, const SpmmArgs& a) {
   const CsrView& g = a.graph;
   if (g.rows < 0 || g.cols < 0) return "the graph has a negative size";

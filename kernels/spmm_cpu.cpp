@@ -90,4 +90,15 @@ int64_t spmm_gar_row_floats(int64_t width) {
   return (width + align - 1) / align * align;
 }
 
+const char* spmm_kind_name(SpmmKind kind) {
+  switch (kind) {
+    case SpmmKind::kAuto: return "auto";
+    case SpmmKind::kGar: return "gar";
+    case SpmmKind::kGas: return "gas";
+    case SpmmKind::kCusparse: return "cusparse";
+    case SpmmKind::kMemoryAware: return "memory-aware";
+  }
+  return "?";
+}
+
 }  // namespace gale::kernels
