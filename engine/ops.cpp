@@ -483,6 +483,8 @@ void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind ki
     Tensor padded = Tensor::empty(a.x.rows, ld, DType::kF32, device);
     kernels::cuda::copy_rows_on_device(padded.f32(), ld * sizeof(float), a.x.data,
                                        a.x.ld * sizeof(float), a.x.cols * sizeof(float), a.x.rows, s);
+    // GAR's 16-byte gathers read the padding too (and drop it): zeros, not whatever the pool held.
+    kernels::fill_block_cuda({padded.f32() + a.x.cols, a.x.rows, ld - a.x.cols, ld}, 0.0f, s);
     kernels::SpmmArgs b = a;
     b.x = kernels::ConstMatrixView{padded.f32(), a.x.rows, a.x.cols, ld};
     return kernels::spmm_cuda(kernels::SpmmKind::kGar, b, s);

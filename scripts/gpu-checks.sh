@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a GPU machine runs from a bundle made by scripts/gpu-bundle.sh (it builds nothing):
-#   scripts/gpu-checks.sh DIST tests   GPU test suites, then compute-sanitizer memcheck and racecheck
+#   scripts/gpu-checks.sh DIST tests   GPU test suites, then compute-sanitizer memcheck, racecheck,
+#                                      initcheck and synccheck
 #   scripts/gpu-checks.sh DIST bench   gale bench spmm, Gale vs PyG full-graph training, GAT 4x64
 #   scripts/gpu-checks.sh DIST cora    gale train on Cora on the GPU, and the budget's exit code
 #   scripts/gpu-checks.sh DIST sbm     MaxK vs ReLU and host- vs GPU-resident features on a 1M-node SBM
@@ -63,6 +64,17 @@ tests)
   run_suite racecheck-maxk $cs --tool racecheck "$dist/bin/gale_gpu_maxk_tests" --gtest_filter=*Small*:*TopK*:*EdgeGroups*:*ColumnSums*
   run_suite racecheck-dense $cs --tool racecheck "$dist/bin/gale_gpu_dense_tests" --gtest_filter=*ReluBitMasks*:*ColumnSum*
   run_suite racecheck-sampler $cs --tool racecheck "$dist/bin/gale_gpu_sampler_tests"
+  # Reads of device memory no kernel or copy wrote, and barriers misused.
+  run_suite initcheck-spmm $cs --tool initcheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Long*:*Empty*:*Padded*:*EntryScale*:*DegreeOrdered*:*LongRowList*:*FortyEight*
+  run_suite initcheck-training $cs --tool initcheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*:*GpuWide*
+  for t in maxk dense gat sampler transpose gather batches; do
+    run_suite "initcheck-$t" $cs --tool initcheck "$dist/bin/gale_gpu_${t}_tests"
+  done
+  run_suite initcheck-feature-tiers $cs --tool initcheck "$dist/bin/gale_gpu_feature_tiers_tests" --gtest_filter=-*MiniBatch*
+  run_suite synccheck-spmm $cs --tool synccheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Padded*:*DegreeOrdered*:*LongRowList*:*FortyEight*
+  for t in maxk dense gat sampler; do
+    run_suite "synccheck-$t" $cs --tool synccheck "$dist/bin/gale_gpu_${t}_tests"
+  done
   ;;
 cora)
   gale preprocess "$dist/data/cora" -o /tmp/cora.gale --normalize-features row --force > /dev/null

@@ -231,7 +231,7 @@ class AggregateLinear {
       // 48: kernels::spmm_gar_row_floats), from W with zero columns to match.
       const int64_t out = lin_.out(), t_ld = kernels::spmm_gar_row_floats(out);
       cbsr_linear_ = ctx.maxk_input != nullptr && ops::cbsr_gemm_fits(x.device(), lin_.in(), t_ld, 1) &&
-                     (!root_ || ops::cbsr_gemm_fits(x.device(), lin_.in(), pair_cols(), 1));
+                     (!root_ || ops::cbsr_gemm_fits(x.device(), lin_.in(), 2 * pair_half(), 1));
       const Tensor w = padded_columns(lin_.weight().value, t_ld);
       const Tensor t = cbsr_linear_ ? cbsr_transform(*ctx.maxk_input, w) : ops::matmul(x, w, exec_.tf32);
       kernels::ConstMatrixView t_view = t.view();
@@ -409,17 +409,20 @@ class AggregateLinear {
 
   // Backward of a narrowing transform-first layer with a root term (SAGE's last layer): its two
   // products share their input x, so the two gradients they need sit side by side, [grad | gh]
-  // (gh = A^T grad, num_src rows; grad zero past num_dst; columns padded so that grad's rows
-  // suit GAR's gathers with no copy), and one GEMM of x^T by the pair gives dW_root and dW, one of
-  // the pair by [W_root | W]^T (or one CBSR term under MaxK) the input gradient: x and the pair
-  // are read once each instead of twice. The pair is small (2 x the narrow width), so this only
-  // adds the pair's own width to the moment grad and it coexist.
+  // (gh = A^T grad, num_src rows; grad zero past num_dst), each in a half of pair_half() columns
+  // so that grad's rows suit GAR's gathers with no copy, and one GEMM of x^T by the pair gives
+  // dW_root and dW, one of the pair by [W_root | W]^T (or one CBSR term under MaxK) the input
+  // gradient: x and the pair are read once each instead of twice. The pair is small (2 x the
+  // narrow width), so this only adds the pair's own width to the moment grad and it coexist.
+  // grad's padding columns are zeros of its own: GAR's 16-byte gathers of grad's rows read them,
+  // while the same kernel writes gh (a gh beside grad's last column was read as it was written).
   Tensor backward_pair(const GraphOperand& g, Tensor grad, bool need_input_grad) {
-    const int64_t in = lin_.in(), out = lin_.out(), n = pair_cols();
+    const int64_t in = lin_.in(), out = lin_.out(), half = pair_half(), n = 2 * half;
     Tensor pair = Tensor::empty(g.num_src(), n, DType::kF32, grad.device());
     ops::copy_into_columns(grad, &pair, 0);
     ops::zero_block(&pair, g.num_dst(), g.num_src(), 0, out);
-    ops::zero_block(&pair, 0, g.num_src(), 2 * out, n);
+    ops::zero_block(&pair, 0, g.num_src(), out, half);
+    ops::zero_block(&pair, 0, g.num_src(), half + out, n);
     grad = Tensor();
     x_dst_ = Tensor();
     const Tensor& p = pair;
@@ -427,23 +430,24 @@ class AggregateLinear {
     grad_block.rows = g.num_dst();
     grad_block.cols = out;
     kernels::MatrixView gh_block = pair.view();
-    gh_block.data += out;
+    gh_block.data += half;
     gh_block.cols = out;
     aggregate_backward(g, norm_, self_scale_, grad_block, gh_block, exec_);
     Tensor dw = Tensor::empty(in, n, DType::kF32, pair.device());
     ops::gemm(saved_, true, pair, false, 0.0f, &dw, exec_.tf32);
     saved_ = Tensor();
     ops::axpy_columns(dw, 0, 1.0f, &root_->weight().grad);
-    ops::axpy_columns(dw, out, 1.0f, &lin_.weight().grad);
+    ops::axpy_columns(dw, half, 1.0f, &lin_.weight().grad);
     dw = Tensor();
     if (!need_input_grad) {
       maxk_ = ops::Cbsr();
       return Tensor();
     }
-    Tensor w = Tensor::empty(in, n, DType::kF32, pair.device());  // [W_root | W | 0]
+    Tensor w = Tensor::empty(in, n, DType::kF32, pair.device());  // [W_root | 0 | W | 0], the pair's columns
     ops::copy_into_columns(root_->weight().value, &w, 0);
-    ops::copy_into_columns(lin_.weight().value, &w, out);
-    ops::zero_block(&w, 0, in, 2 * out, n);
+    ops::zero_block(&w, 0, in, out, half);
+    ops::copy_into_columns(lin_.weight().value, &w, half);
+    ops::zero_block(&w, 0, in, half + out, n);
     Tensor gx = Tensor::empty(g.num_src(), in, DType::kF32, pair.device());
     if (cbsr_linear_ && maxk_.values.defined()) {
       ops::cbsr_gemm_grad(maxk_, {{pair, w}}, &gx, new_input_grad_sums(gx));  // at the kept positions only
@@ -455,9 +459,9 @@ class AggregateLinear {
     return masked_by_maxk_input(std::move(gx));
   }
 
-  // Columns of backward_pair's [grad | A^T grad]: 2 out rounded up to whole 64-byte halves (94 ->
-  // 96), so that grad's rows suit GAR's gathers.
-  int64_t pair_cols() const { return (2 * lin_.out() + 15) / 16 * 16; }
+  // Columns of each half of backward_pair's [grad | A^T grad]: the narrow width rounded up to
+  // whole 64-byte pieces (47 -> 48), so that grad's rows suit GAR's gathers.
+  int64_t pair_half() const { return (lin_.out() + 15) / 16 * 16; }
 
   // A dense input gradient; for a MaxK input (its pattern kept from forward) restricted to the
   // kept positions, where that input's gradient lives.

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -33,6 +34,13 @@ class CudaFixture : public Base {
   template <typename T>
   std::vector<T> download(const kernels::cuda::DeviceBuffer<T>& d) {
     return kernels::cuda::to_host_and_wait(d.view(), *stream_);
+  }
+
+  // The first n elements only: a buffer sized for a bound (a capacity) is written only up to its
+  // count, and copying the rest would read memory no kernel wrote (compute-sanitizer initcheck).
+  template <typename T>
+  std::vector<T> download(const kernels::cuda::DeviceBuffer<T>& d, size_t n) {
+    return kernels::cuda::to_host_and_wait(d.view().subspan(0, std::min(n, d.size())), *stream_);
   }
 
   kernels::cuda::DeviceBuffer<float> poisoned(size_t n) {

@@ -169,8 +169,7 @@ class MaxkCudaTest : public gale::testing::CudaFixture<> {
     edge_groups_cuda(dg, group_size, d.groups.data(), capacity, d.count.data(), workspace.data(), bytes, *stream_);
     const int64_t count = download(d.count)[0];
     EXPECT_EQ(count, static_cast<int64_t>(cpu.size()));
-    std::vector<EdgeGroup> gpu = download(d.groups);
-    gpu.resize(static_cast<size_t>(std::min<int64_t>(count, capacity)));
+    std::vector<EdgeGroup> gpu = download(d.groups, static_cast<size_t>(std::clamp<int64_t>(count, 0, capacity)));
     EXPECT_EQ(gpu.size(), cpu.size());
     for (size_t i = 0; i < std::min(gpu.size(), cpu.size()); ++i) {
       EXPECT_TRUE(gpu[i].start == cpu[i].start && gpu[i].row == cpu[i].row && gpu[i].count == cpu[i].count)

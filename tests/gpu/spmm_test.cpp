@@ -283,8 +283,7 @@ TEST_F(SpmmCudaTest, GarWithTheLongRowListMatchesTheScanBitForBit) {
     gar_long_rows_cuda(dg, list.data(), capacity, count.data(), *stream_);
     const int64_t listed = download(count)[0];
     ASSERT_LE(listed, capacity);
-    std::vector<int64_t> got = download(list);
-    got.resize(static_cast<size_t>(listed));
+    std::vector<int64_t> got = download(list, static_cast<size_t>(listed));
     std::sort(got.begin(), got.end());
     const std::vector<int64_t> want = gar_long_rows_cpu(g.csr());
     ASSERT_FALSE(want.empty());
