@@ -1,9 +1,11 @@
-// `gale predict STORE --checkpoint D [--out predictions.npy] [--embeddings logits.npy]`.
+// `gale predict STORE --checkpoint D [--out predictions.npy] [--embeddings logits.npy]
+//  [--device cpu|cuda[:N]|auto] [--gpu-mem-budget 8G] [--spmm K] [--tf32]`.
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
 
 #include "apps/commands.hpp"
+#include "engine/devices.hpp"
 #include "engine/predict.hpp"
 #include "kernels/error.hpp"
 
@@ -14,6 +16,8 @@ namespace po = boost::program_options;
 int run_predict(const std::vector<std::string>& args) {
   engine::PredictOptions o;
   o.out = "predictions.npy";
+  std::string device = "cpu", gpu_budget, spmm = "auto";
+  bool tf32 = false;
   po::options_description desc("usage: gale predict STORE --checkpoint DIR|FILE [options]\n\noptions");
   desc.add_options()
       ("help,h", "show this help")
@@ -21,17 +25,35 @@ int run_predict(const std::vector<std::string>& args) {
       ("checkpoint", po::value(&o.checkpoint), "checkpoint file, or a directory holding best.ckpt")
       ("out", po::value(&o.out), "class per node as int32 .npy (default predictions.npy)")
       ("embeddings", po::value(&o.embeddings), "also write the logits (N x classes f32 .npy)")
-      ("threads", po::value(&o.threads), "CPU threads (0: all cores)");
+      ("threads", po::value(&o.threads), "CPU threads (0: all cores)")
+      ("device", po::value(&device), "where the forward pass runs: cpu (default) | cuda | cuda:N | auto "
+                                     "(a GPU holds the model, the whole graph and every layer's output)")
+      ("gpu-mem-budget", po::value(&gpu_budget), "cap on the GPU memory Gale allocates, e.g. 8G (default: no cap)")
+      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
+      ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)");
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
   if (!parse_command_line(args, desc, pos, &vm)) return 0;
   if (o.store.empty()) throw InputError("predict: expected a STORE path");
   if (o.checkpoint.empty()) throw InputError("--checkpoint: expected a checkpoint file or directory");
+  o.device = parse_device(device);
+  if (!gpu_budget.empty()) {
+    o.gpu_mem_budget = parse_size(gpu_budget, "--gpu-mem-budget");
+    if (o.gpu_mem_budget == 0) throw InputError("--gpu-mem-budget: expected a positive size such as 8G");
+    o.gpu_mem_budget_text = gpu_budget;
+  }
+  o.exec.spmm = parse_spmm_kind(spmm);
+  o.exec.tf32 = tf32;
+  if (o.device.is_cpu() && (vm.count("gpu-mem-budget") || vm.count("spmm") || tf32))
+    throw InputError("--gpu-mem-budget, --spmm and --tf32 apply to a GPU: add --device cuda");
   const engine::PredictReport r = engine::predict(o);
   std::printf("predicted %lld nodes -> %s", static_cast<long long>(r.num_nodes), o.out.c_str());
   if (!o.embeddings.empty()) std::printf(", logits -> %s", o.embeddings.c_str());
   if (r.test_acc >= 0) std::printf(" (test_acc %.4f)", r.test_acc);
+  std::printf("; forward %.3f s on %s", r.forward_seconds, engine::device_name(o.device).c_str());
+  if (!o.device.is_cpu()) std::printf(" (graph and features there first: %.3f s)", r.prepare_seconds);
+  if (r.gpu_peak_bytes > 0) std::printf(", GPU peak %.2f GiB", static_cast<double>(r.gpu_peak_bytes) / (1ull << 30));
   std::printf("\n");
   return 0;
 }

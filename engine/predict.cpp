@@ -3,12 +3,14 @@
 #include <tbb/global_control.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
 
 #include "engine/checkpoint.hpp"
+#include "engine/devices.hpp"
 #include "engine/graph.hpp"
 #include "engine/model.hpp"
 #include "kernels/error.hpp"
@@ -48,6 +50,7 @@ PredictReport predict(const PredictOptions& o) {
     limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.threads));
     kernels::set_blas_threads(o.threads);
   }
+  require(o.device);  // before any reading: a GPU this build or machine lacks fails at once
   std::filesystem::path file = o.checkpoint;
   if (std::filesystem::is_directory(file)) file /= "best.ckpt";
   if (!std::filesystem::exists(file)) throw InputError("--checkpoint: no checkpoint at " + file.string());
@@ -86,9 +89,32 @@ PredictReport predict(const PredictOptions& o) {
   const int64_t n = store.num_nodes();
   Tensor x = Tensor::empty(n, store.feature_dim());
   store.read_features(0, n, x.f32());
-  const GraphOperand graph(store.csr());
-  const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
-  const Tensor logits = model.forward(graphs, x, /*training=*/false, 0);
+  PredictReport report;
+  Tensor logits;
+  const auto start = std::chrono::steady_clock::now();
+  if (o.device.is_cpu()) {
+    const GraphOperand graph(store.csr());
+    const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
+    logits = model.forward(graphs, x, /*training=*/false, 0);
+  } else {
+    set_gpu_budget(o.device, o.gpu_mem_budget, o.gpu_mem_budget_text);
+    const UseDevice use(o.device);
+    reset_gpu_peak(o.device);
+    model.to(o.device);
+    model.set_exec(o.exec);
+    const GraphOperand graph = GraphOperand(store.csr()).to(o.device, /*edge_map=*/config.model == "gat");
+    const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
+    const Tensor x_device = x.to(o.device);
+    synchronize(o.device);
+    const auto ready = std::chrono::steady_clock::now();
+    report.prepare_seconds = std::chrono::duration<double>(ready - start).count();
+    const Tensor on_device = model.forward(graphs, x_device, /*training=*/false, 0);
+    logits = on_device.to(Device::cpu());
+    report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - ready).count();
+    report.gpu_peak_bytes = gpu_peak_bytes(o.device);
+  }
+  if (o.device.is_cpu())
+    report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::vector<int32_t> pred(static_cast<size_t>(n));
   for (int64_t v = 0; v < n; ++v) {
@@ -99,7 +125,6 @@ PredictReport predict(const PredictOptions& o) {
     }
     pred[v] = best;
   }
-  PredictReport report;
   report.num_nodes = n;
   if (store.has_labels() && store.has_split("test")) {
     int64_t correct = 0, total = 0;

@@ -5,6 +5,9 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/ops.hpp"
+#include "kernels/device.hpp"
+
 namespace gale::engine {
 
 struct PredictOptions {
@@ -13,11 +16,21 @@ struct PredictOptions {
   std::string out;               // predictions.npy (int32 class per original node id); "" to skip
   std::string embeddings;        // logits.npy (f32 N x classes); "" to skip
   int threads = 0;
+  // Where the forward pass runs: the CPU, or a GPU, which then holds the model, the whole graph
+  // and every layer's output (one full-graph forward; a graph too large for the GPU fails with
+  // the budget's message, exit code 4, and runs on the CPU instead).
+  Device device = Device::cpu();
+  uint64_t gpu_mem_budget = 0;      // bytes; 0 = no cap
+  std::string gpu_mem_budget_text;  // as the user wrote it, for messages naming --gpu-mem-budget
+  ops::ExecOptions exec;            // --spmm, --tf32 on a GPU
 };
 
 struct PredictReport {
   int64_t num_nodes = 0;
   double test_acc = -1;          // when the store has labels and a test split
+  double prepare_seconds = 0;    // on a GPU: the graph's operand built and copied there, the features too
+  double forward_seconds = 0;    // the forward pass (on a GPU: and the logits back to the host)
+  uint64_t gpu_peak_bytes = 0;   // on a GPU
 };
 
 // Throws InputError for a missing checkpoint or unwritable output, CorruptStoreError for a

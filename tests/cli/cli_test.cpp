@@ -305,6 +305,30 @@ TEST_F(Cli, CudaDeviceWithoutOneIsExitFour) {
   EXPECT_NE(r.out.find("--device"), std::string::npos) << r.out;
 }
 
+TEST_F(Cli, PredictOnAGpuThatIsNotThereIsExitFourAndGpuFlagsNeedOne) {
+  const std::string store = sbm_store();
+  ASSERT_EQ(gale("train " + store + " -q --model gcn --hidden 8 --epochs 1 --device cpu --checkpoint-dir " + path("ck")).code, 0);
+  const CliRun gpu = gale("predict " + store + " --checkpoint " + path("ck") + " --out " + path("p.npy") + " --device cuda");
+  if (gpu.code == 0) GTEST_SKIP() << "this machine has a GPU";
+  EXPECT_EQ(gpu.code, 4) << gpu.out;
+  EXPECT_NE(gpu.out.find("--device"), std::string::npos) << gpu.out;
+  EXPECT_FALSE(fs::exists(path("p.npy")));
+  const CliRun tf32 = gale("predict " + store + " --checkpoint " + path("ck") + " --out " + path("p.npy") + " --tf32");
+  EXPECT_EQ(tf32.code, 2) << tf32.out;
+  EXPECT_NE(tf32.out.find("--device cuda"), std::string::npos) << tf32.out;
+  const CliRun spmm = gale("predict " + store + " --checkpoint " + path("ck") + " --device cpu --spmm gar");
+  EXPECT_EQ(spmm.code, 2) << spmm.out;
+  const CliRun bad = gale("predict " + store + " --checkpoint " + path("ck") + " --device gpu");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--device"), std::string::npos) << bad.out;
+  EXPECT_FALSE(fs::exists(path("p.npy")));
+  // And on the CPU the same checkpoint predicts, reporting where the forward pass ran.
+  const CliRun cpu = gale("predict " + store + " --checkpoint " + path("ck") + " --out " + path("p.npy"));
+  EXPECT_EQ(cpu.code, 0) << cpu.out;
+  EXPECT_NE(cpu.out.find("forward"), std::string::npos) << cpu.out;
+  EXPECT_TRUE(fs::exists(path("p.npy")));
+}
+
 TEST_F(Cli, StoreWithoutFeaturesCannotTrain) {
   write("edges.txt", "# a comment\n0 1\n1 2\n2 0\n");
   const std::string store = path("plain.gale");

@@ -4,10 +4,13 @@
 // both fused aggregation kernels; full-graph and mini-batch training reach PyG's accuracy on Cora
 // on the GPU; the GPU memory budget is enforced. Skips with a reason when no device is present.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -16,10 +19,12 @@
 #include "engine/graph.hpp"
 #include "engine/model.hpp"
 #include "engine/ops.hpp"
+#include "engine/predict.hpp"
 #include "engine/trainer.hpp"
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
+#include "storage/npy.hpp"
 #include "tests/training/cora_options.hpp"
 
 namespace gale::engine {
@@ -298,6 +303,52 @@ TEST_F(GpuCora, GpuSamplerWithReorderWindowPrefetchAndGat) {
   EXPECT_GT(last.reused_nodes, 0);
   EXPECT_EQ(last.feature_rows, last.input_nodes);
   EXPECT_GE(train(minibatch_options("gat", 64)).test_acc_at_best_valid, 0.76);
+}
+
+// `gale predict --device cuda`: a checkpoint trained on the GPU predicts the same classes and
+// logits on the GPU as on the CPU (up to float summation order), for each model family, MaxK too.
+TEST_F(GpuCora, PredictOnTheGpuMatchesTheCpu) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("gale_gpu_predict_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto read_floats = [](const std::string& path) {
+    const storage::NpyHeader h = storage::read_npy_header(path);
+    std::vector<float> v(static_cast<size_t>(h.count()));
+    std::ifstream in(path, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(h.data_offset));
+    in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+    return v;
+  };
+  for (const std::string model : {"gcn", "sage", "gin", "gat", "sage-maxk"}) {
+    TrainOptions o = pyg_options(model == "sage-maxk" ? "sage" : model);
+    if (model == "sage-maxk") {
+      o.model.hidden = 64;
+      o.model.activation = Activation::kMaxK;
+      o.model.maxk = 16;
+    }
+    o.epochs = 40;
+    o.checkpoint_dir = (dir / model).string();
+    const TrainResult trained = train(o);
+    PredictOptions p;
+    p.store = o.store;
+    p.checkpoint = o.checkpoint_dir;
+    p.out = (dir / (model + "_cpu_pred.npy")).string();
+    p.embeddings = (dir / (model + "_cpu_logits.npy")).string();
+    const PredictReport cpu = predict(p);
+    p.device = Device::cuda(0);
+    p.out = (dir / (model + "_gpu_pred.npy")).string();
+    p.embeddings = (dir / (model + "_gpu_logits.npy")).string();
+    const PredictReport gpu = predict(p);
+    EXPECT_EQ(gpu.num_nodes, 2708);
+    EXPECT_GT(gpu.gpu_peak_bytes, 0u) << model;
+    EXPECT_NEAR(gpu.test_acc, cpu.test_acc, 0.003) << model;
+    EXPECT_NEAR(gpu.test_acc, trained.test_acc_at_best_valid, 0.003) << model << ": the best checkpoint's test accuracy";
+    const std::vector<float> lc = read_floats(dir / (model + "_cpu_logits.npy")), lg = read_floats(dir / (model + "_gpu_logits.npy"));
+    ASSERT_EQ(lc.size(), lg.size());
+    size_t far = 0;
+    for (size_t i = 0; i < lc.size(); ++i) far += !(std::fabs(lc[i] - lg[i]) <= 1e-3f + 1e-3f * std::fabs(lc[i]));
+    EXPECT_EQ(far, 0u) << model << ": GPU logits far from the CPU's";
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(GpuCora, ExceededBudgetNamesTheFlag) {
