@@ -1265,6 +1265,8 @@ std::string spmm_cannot(SpmmKind kind, const SpmmArgs& a) {
   if (kind == SpmmKind::kAuto && a.nnz < 0) return "auto needs SpmmArgs::nnz to pick by average degree";
   if (a.long_rows.rows != nullptr && (a.long_rows.count == nullptr || a.long_rows.capacity < 0))
     return "long_rows lists rows without a count or with a negative capacity";
+  if (kind == SpmmKind::kSampled && (a.sample_width < 1 || a.sample_width > kSpmmMaxSample))
+    return "the sample width must be 1 to " + std::to_string(kSpmmMaxSample) + ", not " + std::to_string(a.sample_width);
   if (kind != SpmmKind::kCusparse) return "";
   if (a.nnz < 0) return "cuSPARSE needs SpmmArgs::nnz for its descriptor";
   if (a.nnz >= (int64_t{1} << 31) || g.rows >= (int64_t{1} << 31) || g.cols >= (int64_t{1} << 31))
@@ -1334,6 +1336,7 @@ void spmm_cuda(SpmmKind kind, const SpmmArgs& a, cudaStream_t stream) {
     case SpmmKind::kGas: run_gas(a, stream); return;
     case SpmmKind::kCusparse: run_cusparse(a, stream); return;
     case SpmmKind::kMemoryAware: run_memory_aware(a, stream); return;
+    case SpmmKind::kSampled: spmm_sampled_cuda(a, stream); return;
     case SpmmKind::kAuto: break;
   }
   throw InternalError("spmm: unhandled kind");

@@ -42,6 +42,12 @@ struct GarLongRows {
   int64_t capacity = 0;            // the list's length, gar_long_rows_capacity: count is clamped to it
 };
 
+// ES-SpMM's edge sampling (kSampled): which of a row's entries stand for it when it has more than
+// the sample width S. Bucket: its first S. FastRand: entries (j * P) mod n for j = 0 .. S-1, n the
+// row's entries and P the first of 577, 587, 593, 599, 601, 607 that does not divide n, so the S
+// entries are distinct (ES-SpMM uses 577 alone, which repeats entries when 577 divides n).
+enum class SpmmSampling { kFastRand, kBucket };
+
 struct SpmmArgs {
   CsrView graph;                      // rows = out.rows, cols = x.rows
   ConstMatrixView x;
@@ -59,6 +65,11 @@ struct SpmmArgs {
   // GAR only: this graph's long rows, listed (device pointers); none = GAR scans for them. The list
   // must be of this very graph: a row missing from it is left unwritten.
   GarLongRows long_rows;
+  // kSampled only: ES-SpMM's sample width S (1 to kSpmmMaxSample) and strategy. A row of n > S
+  // entries sums its S sampled entries' terms times n / S (an unbiased estimate of the whole
+  // row's sum under FastRand); the row scale, the self term and the epilogue apply as above.
+  int64_t sample_width = 0;
+  SpmmSampling sampling = SpmmSampling::kFastRand;
   // graph.nnz() as known on the host. spmm_cuda's graph arrays are device memory, which the host
   // cannot read without a synchronisation; kAuto (the average degree) and kCusparse (its
   // descriptor) need the count, GAR and GAS do not. -1 = not given.
@@ -66,6 +77,31 @@ struct SpmmArgs {
 };
 
 void spmm_cpu(const SpmmArgs& a);
+// kSampled's reference: spmm_cpu over each row's sampled entries (in sample order j = 0 .. S-1),
+// the sum times n / S. Throws InputError unless 1 <= sample_width <= kSpmmMaxSample.
+void spmm_sampled_cpu(const SpmmArgs& a);
+constexpr int64_t kSpmmMaxSample = 4096;
+
+// FastRand's prime for a row of n entries, and entry j (0 <= j < min(n, S)) of a row's sample,
+// relative to the row's first entry; host and device code share them.
+#if defined(__CUDACC__)
+#define GALE_SPMM_HD __host__ __device__
+#else
+#define GALE_SPMM_HD
+#endif
+GALE_SPMM_HD inline int64_t spmm_sample_stride(int64_t n) {
+  if (n % 577 != 0) return 577;
+  if (n % 587 != 0) return 587;
+  if (n % 593 != 0) return 593;
+  if (n % 599 != 0) return 599;
+  if (n % 601 != 0) return 601;
+  return 607;  // n a multiple of all five: 7e13 entries or more in one row
+}
+GALE_SPMM_HD inline int64_t spmm_sample_entry(int64_t j, int64_t n, int64_t s, SpmmSampling sampling) {
+  if (n <= s || sampling == SpmmSampling::kBucket) return j;
+  return j * spmm_sample_stride(n) % n;
+}
+#undef GALE_SPMM_HD
 
 // The most rows of more than kGarLongRow entries a graph of `rows` rows and nnz entries can have.
 int64_t gar_long_rows_capacity(int64_t rows, int64_t nnz);
@@ -82,7 +118,9 @@ void spmm_entry_scale(const CsrView& graph, const float* col_scale, float* out);
 // The CUDA kernels (spmm.cu; these functions exist in GALE_WITH_CUDA builds only). kAuto picks the
 // memory-aware kernel for a sampled block or its transpose (rows != cols), else GAR when the
 // average degree nnz / rows is at least kSpmmGarMinDegree, else GAS (see spmm.cu for why).
-enum class SpmmKind { kAuto, kGar, kGas, kCusparse, kMemoryAware };
+// kSampled is ES-SpMM's cache-first edge-sampled SpMM (spmm_sampled.cu): an estimate of the
+// product for inference, never picked by kAuto.
+enum class SpmmKind { kAuto, kGar, kGas, kCusparse, kMemoryAware, kSampled };
 
 constexpr double kSpmmGarMinDegree = 4.0;
 
@@ -128,6 +166,8 @@ namespace gale::kernels {
 // of its atomic additions varies from run to run). kCusparse keeps a per-thread handle and
 // workspace outside the memory budget: it is the benchmark's baseline, not a training path.
 void spmm_cuda(SpmmKind kind, const SpmmArgs& a, cudaStream_t stream);
+// What spmm_cuda runs for kSampled (spmm_sampled.cu), after its checks.
+void spmm_sampled_cuda(const SpmmArgs& a, cudaStream_t stream);
 
 // Lists the graph's rows of more than kGarLongRow entries in rows[0, *count), in an unspecified
 // order, for SpmmArgs::long_rows; `capacity` = gar_long_rows_capacity(graph.rows, nnz). Stream-

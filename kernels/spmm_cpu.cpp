@@ -1,6 +1,8 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/error.hpp"
@@ -17,25 +19,34 @@ void spmm_entry_scale(const CsrView& graph, const float* col_scale, float* out) 
   });
 }
 
-void spmm_cpu(const SpmmArgs& a) {
+namespace {
+
+// The general form (spmm.hpp) over each row's first min(n, cap) picks: pick(j, n) is the entry
+// (relative to the row's first) taken j-th of a row of n. A row that takes fewer than its n
+// entries has its sum scaled by n / taken.
+template <typename Pick>
+void spmm_rows(const SpmmArgs& a, int64_t cap, Pick pick) {
   const CsrView& g = a.graph;
   const int64_t width = a.out.cols;
   const int64_t self_rows = std::min(g.rows, a.x.rows);
   // Rows are independent: each task owns its output rows, so no atomics and a fixed summation
-  // order (entries in CSR order) whatever the thread count. Grain by rows; hub rows are rare
-  // enough on the CPU that TBB's work stealing evens them out.
+  // order (the picks' order) whatever the thread count. Grain by rows; hub rows are rare enough on
+  // the CPU that TBB's work stealing evens them out.
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, g.rows, 64), [&](const tbb::blocked_range<int64_t>& range) {
     std::vector<float> acc(static_cast<size_t>(width));
     for (int64_t r = range.begin(); r < range.end(); ++r) {
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t e = g.indptr[r]; e < g.indptr[r + 1]; ++e) {
+      const int64_t begin = g.indptr[r], n = g.indptr[r + 1] - begin, taken = std::min(n, cap);
+      for (int64_t j = 0; j < taken; ++j) {
+        const int64_t e = begin + pick(j, n);
         const int32_t c = g.indices[e];
         float coef = a.col_scale ? a.col_scale[c] : 1.0f;
         if (a.edge_weight) coef *= a.edge_weight[e];
         const float* xr = a.x.row(c);
         for (int64_t k = 0; k < width; ++k) acc[k] += coef * xr[k];
       }
-      const float rs = a.row_scale ? a.row_scale[r] : 1.0f;
+      float rs = a.row_scale ? a.row_scale[r] : 1.0f;
+      if (n > taken) rs *= static_cast<float>(n) / static_cast<float>(taken);
       float* o = a.out.row(r);
       float self = 0.0f;
       if (r < self_rows) self = a.self_scale + (a.self_coefs ? a.self_coefs[r] : 0.0f);
@@ -49,6 +60,20 @@ void spmm_cpu(const SpmmArgs& a) {
       }
     }
   });
+}
+
+}  // namespace
+
+void spmm_cpu(const SpmmArgs& a) {
+  spmm_rows(a, std::numeric_limits<int64_t>::max(), [](int64_t j, int64_t) { return j; });
+}
+
+void spmm_sampled_cpu(const SpmmArgs& a) {
+  if (a.sample_width < 1 || a.sample_width > kSpmmMaxSample)
+    throw InputError("spmm sampled: the sample width must be 1 to " + std::to_string(kSpmmMaxSample) + ", not " +
+                     std::to_string(a.sample_width));
+  spmm_rows(a, a.sample_width,
+            [&](int64_t j, int64_t n) { return spmm_sample_entry(j, n, a.sample_width, a.sampling); });
 }
 
 void csr_transpose(const CsrView& csr, int64_t* indptr_out, int32_t* indices_out, int64_t* perm_out) {
@@ -97,6 +122,7 @@ const char* spmm_kind_name(SpmmKind kind) {
     case SpmmKind::kGas: return "gas";
     case SpmmKind::kCusparse: return "cusparse";
     case SpmmKind::kMemoryAware: return "memory-aware";
+    case SpmmKind::kSampled: return "sampled";
   }
   return "?";
 }

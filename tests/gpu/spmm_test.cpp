@@ -89,6 +89,8 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
     a.accumulate = o.accumulate;
     a.relu = o.relu;
     a.nnz = g.nnz();
+    a.sample_width = sample_width_;
+    a.sampling = sampling_;
 
     // CPU reference: out starts as `previous` when accumulating, else NaN (it must be overwritten).
     std::vector<float> cpu = o.accumulate ? previous : std::vector<float>(previous.size(), kNaN);
@@ -101,7 +103,11 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
     c.edge_weight = o.edge_weight ? weight.data() : nullptr;
     c.self_coefs = (o.self & 2) ? self_coefs.data() : nullptr;
     c.bias = o.bias ? bias.data() : nullptr;
-    spmm_cpu(c);
+    if (kind == SpmmKind::kSampled) {
+      spmm_sampled_cpu(c);
+    } else {
+      spmm_cpu(c);
+    }
 
     auto d_indptr = upload(g.indptr);
     auto d_indices = upload(g.indices);
@@ -147,6 +153,8 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
   }
 
   bool listed_ = false;  // check() passes GAR the graph's long-row list, built on the device
+  int64_t sample_width_ = 0;  // kSampled's S and strategy (the reference is then spmm_sampled_cpu)
+  SpmmSampling sampling_ = SpmmSampling::kFastRand;
 };
 
 // Every width with a rotating eighth of the option combinations, each kind, padded and not; small
@@ -404,6 +412,33 @@ TEST_F(SpmmCudaTest, AutoMatchesCpuOnLowAndHighDegree) {
   }
   check(SpmmKind::kAuto, low, 64, Options::from(4 + 64), 42);
   check(SpmmKind::kAuto, random_graph(43, 3000, 3000, 2000), 64, Options::from(4 + 64), 44);
+}
+
+// ES-SpMM's sampled kernel against spmm_sampled_cpu: rows shorter and longer than S (and hubs of
+// 2 x 577 entries, which FastRand walks with 587), both strategies, S from 1 to the maximum,
+// scalar and float4 widths, every option in turn.
+TEST_F(SpmmCudaTest, SampledMatchesItsCpuReference) {
+  const Graph g = random_graph(61, 3000, 3500, 2 * 577);
+  int combo = 0;
+  for (const SpmmSampling sampling : {SpmmSampling::kFastRand, SpmmSampling::kBucket}) {
+    sampling_ = sampling;
+    for (const int64_t s : {int64_t{1}, int64_t{16}, int64_t{577}, kSpmmMaxSample}) {
+      sample_width_ = s;
+      for (const int64_t width : {int64_t{1}, int64_t{3}, int64_t{64}, int64_t{100}, int64_t{257}}) {
+        check(SpmmKind::kSampled, g, width, Options::from(combo), derive_key(62, static_cast<uint64_t>(combo)));
+        combo = (combo + 37) % Options::kCombos;
+      }
+      check(SpmmKind::kSampled, g, 64, Options::from(combo), derive_key(63, static_cast<uint64_t>(s)), /*pad=*/1);
+    }
+  }
+  sample_width_ = 0;
+  SpmmArgs a;
+  a.graph = g.csr();
+  a.x = ConstMatrixView{nullptr, g.cols, 8, 8};
+  a.out = MatrixView{nullptr, g.rows, 8, 8};
+  EXPECT_NE(spmm_cannot(SpmmKind::kSampled, a).find("sample width"), std::string::npos);
+  a.sample_width = kSpmmMaxSample + 1;
+  EXPECT_NE(spmm_cannot(SpmmKind::kSampled, a).find("sample width"), std::string::npos);
 }
 
 TEST_F(SpmmCudaTest, CusparseMatchesCpu) {

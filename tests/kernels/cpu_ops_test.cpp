@@ -82,6 +82,71 @@ TEST(Spmm, MatchesNaiveLoopsWithScalesWeightsAndSelfTerms) {
   }
 }
 
+// ES-SpMM's sampled estimate (spmm_sampled_cpu): with S at least every row's length it is the
+// product, bit for bit; Bucket is the product over each row's first S entries, scaled by n / S;
+// FastRand's S entries are distinct and spread over the row; widths outside 1..kSpmmMaxSample throw.
+TEST(SpmmSampled, IsTheProductOverTheSampleScaledByTheRowsShare) {
+  const int64_t width = 7, rows = 40, cols = 1200;
+  Graph g = random_graph(rows, cols, 91);  // row 1: every column (1200 entries)
+  const auto x = random_floats(static_cast<size_t>(cols * width), 1);
+  const auto rs = random_floats(rows, 2), w = random_floats(g.indices.size(), 4), self = random_floats(rows, 5);
+  auto run = [&](int64_t s, SpmmSampling sampling, const Graph& graph, const float* row_scale, const float* weight) {
+    std::vector<float> out(static_cast<size_t>(rows * width), std::numeric_limits<float>::quiet_NaN());
+    SpmmArgs a;
+    a.graph = graph.view();
+    a.x = matrix(x.data(), cols, width);
+    a.out = matrix(out.data(), rows, width);
+    a.row_scale = row_scale;
+    a.edge_weight = weight;
+    a.self_coefs = self.data();
+    a.sample_width = s;
+    a.sampling = sampling;
+    if (s == 0) {
+      spmm_cpu(a);
+    } else {
+      spmm_sampled_cpu(a);
+    }
+    return out;
+  };
+  const std::vector<float> exact = run(0, SpmmSampling::kFastRand, g, rs.data(), w.data());
+  for (SpmmSampling sampling : {SpmmSampling::kFastRand, SpmmSampling::kBucket})
+    EXPECT_EQ(run(1200, sampling, g, rs.data(), w.data()), exact);
+  // Bucket at S = 5: spmm_cpu over the first 5 entries of each row, its row scale times n / 5.
+  const int64_t s = 5;
+  Graph first{rows, cols, {0}, {}};
+  std::vector<float> first_w, first_rs(rs);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = g.indptr[r + 1] - g.indptr[r];
+    for (int64_t e = g.indptr[r]; e < g.indptr[r] + std::min(n, s); ++e) {
+      first.indices.push_back(g.indices[e]);
+      first_w.push_back(w[e]);
+    }
+    first.indptr.push_back(static_cast<int64_t>(first.indices.size()));
+    if (n > s) first_rs[r] *= static_cast<float>(n) / static_cast<float>(s);
+  }
+  EXPECT_EQ(run(s, SpmmSampling::kBucket, g, rs.data(), w.data()), run(0, SpmmSampling::kBucket, first, first_rs.data(), first_w.data()));
+  // FastRand on the 1200-entry row: 577 (which does not divide 1200), 100 distinct entries
+  // reaching past the first 100; a row of 3 x 577 entries takes the next prime.
+  EXPECT_EQ(spmm_sample_stride(1200), 577);
+  EXPECT_EQ(spmm_sample_stride(3 * 577), 587);
+  EXPECT_EQ(spmm_sample_stride(int64_t{577} * 587), 593);
+  for (const int64_t n : {int64_t{1200}, int64_t{3 * 577}}) {
+    std::set<int64_t> picked;
+    for (int64_t j = 0; j < 100; ++j) picked.insert(spmm_sample_entry(j, n, 100, SpmmSampling::kFastRand));
+    EXPECT_EQ(picked.size(), 100u) << n;
+    EXPECT_GT(*picked.rbegin(), 900) << n;
+    EXPECT_EQ(spmm_sample_entry(7, n, 100, SpmmSampling::kBucket), 7);
+  }
+  EXPECT_EQ(spmm_sample_entry(7, 50, 100, SpmmSampling::kFastRand), 7);  // rows within S: every entry in order
+  EXPECT_THROW(run(kSpmmMaxSample + 1, SpmmSampling::kFastRand, g, rs.data(), w.data()), InputError);
+  std::vector<float> out(static_cast<size_t>(rows * width));
+  SpmmArgs bad;
+  bad.graph = g.view();
+  bad.x = matrix(x.data(), cols, width);
+  bad.out = matrix(out.data(), rows, width);
+  EXPECT_THROW(spmm_sampled_cpu(bad), InputError);  // sample_width 0
+}
+
 TEST(Spmm, EntryScaleIsTheColumnScaleInEntryOrder) {
   const Graph g = random_graph(37, 53, 9);
   const auto cs = random_floats(53, 3);
