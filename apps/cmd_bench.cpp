@@ -61,18 +61,25 @@ struct Row {
   double speedup = 0.0;       // cusparse_ms / ms
   double gbps = 0.0;
   double max_abs_err = 0.0;   // against cuSPARSE's output; 0 for cuSPARSE itself
+  double rel_err = 0.0;       // ||out - cuSPARSE's|| / ||cuSPARSE's|| (the sampled kernels' estimate error)
   std::string skipped;        // spmm_cannot's reason when the kernel could not run
 };
 
-// max |a - b| over n elements, through cuBLAS (a is overwritten with a - b).
+// max |a - b| over n elements, through cuBLAS (a is overwritten with a - b); with `relative`, also
+// ||a - b|| / ||b||.
 double max_abs_difference(const kernels::cuda::CublasHandle& blas, float* a, const float* b, int64_t n,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, double* relative = nullptr) {
   if (n == 0) return 0.0;
   const float minus_one = -1.0f;
   GALE_CHECK_CUBLAS(cublasSaxpy_64(blas, n, &minus_one, b, 1, a, 1));
   int64_t index = 0;  // 1-based
   GALE_CHECK_CUBLAS(cublasIsamax_64(blas, n, a, 1, &index));
-  float value = 0.0f;
+  float value = 0.0f, diff_norm = 0.0f, base_norm = 0.0f;
+  if (relative) {  // host-pointer results: these calls wait for the stream
+    GALE_CHECK_CUBLAS(cublasSnrm2_64(blas, n, a, 1, &diff_norm));
+    GALE_CHECK_CUBLAS(cublasSnrm2_64(blas, n, b, 1, &base_norm));
+    *relative = base_norm > 0.0f ? static_cast<double>(diff_norm) / base_norm : 0.0;
+  }
   kernels::cuda::copy_to_host(&value, a + (index - 1), 1, stream);
   GALE_CHECK_CUDA(cudaStreamSynchronize(stream));
   return std::fabs(value);
@@ -94,7 +101,8 @@ int bench_spmm(const std::vector<std::string>& args) {
       ("dims", po::value(&dims_text), "feature widths, comma separated (default 32,64,128,256)")
       ("kernels", po::value(&kernels_text),
        "kernels to time, comma separated, from cusparse, gar, gas, memory-aware, auto, gar-scan (GAR "
-       "finding its long rows by scanning, as without the graph's list; default cusparse,gar,gas); "
+       "finding its long rows by scanning, as without the graph's list), sampled:S[:fastrand|:bucket] "
+       "(ES-SpMM's edge-sampled estimate from at most S entries a row); default cusparse,gar,gas; "
        "speedups and errors are against cusparse when it is listed")
       ("runs", po::value(&runs), "timed launches per kernel and width (default 20)")
       ("warmup", po::value(&warmup), "untimed launches first (default 5)")
@@ -116,6 +124,8 @@ int bench_spmm(const std::vector<std::string>& args) {
     SpmmKind kind;
     std::string name;
     bool listed = true;
+    int64_t sample_width = 0;
+    kernels::SpmmSampling sampling = kernels::SpmmSampling::kFastRand;
   };
   std::vector<Kernel> kinds;
   bool with_cusparse = false;
@@ -126,8 +136,17 @@ int bench_spmm(const std::vector<std::string>& args) {
     else if (name == "gas") kinds.push_back({SpmmKind::kGas, name});
     else if (name == "auto") kinds.push_back({SpmmKind::kAuto, name});
     else if (name == "memory-aware") kinds.push_back({SpmmKind::kMemoryAware, name});
-    else
-      throw InputError("--kernels: expected cusparse, gar, gar-scan, gas, memory-aware or auto, found '" + name + "'");
+    else if (name.rfind("sampled", 0) == 0) {
+      Kernel k{SpmmKind::kSampled, name};
+      try {
+        parse_inference_spmm(name, &k.sample_width, &k.sampling);
+      } catch (const InputError& e) {
+        throw InputError(std::string("--kernels: ") + e.what());
+      }
+      kinds.push_back(k);
+    } else
+      throw InputError("--kernels: expected cusparse, gar, gar-scan, gas, memory-aware, auto or sampled:S, found '" +
+                       name + "'");
   }
   if (with_cusparse) kinds.insert(kinds.begin(), {SpmmKind::kCusparse, "cusparse"});
   if (kinds.empty()) throw InputError("--kernels: expected at least one kernel");
@@ -163,7 +182,8 @@ int bench_spmm(const std::vector<std::string>& args) {
                 rows ? static_cast<double>(nnz) / rows : 0.0, static_cast<long long>(long_listed),
                 static_cast<long long>(kernels::kGarLongRow));
     std::printf("median of %d runs after %d warm-up, CUDA events; speedup = cusparse_ms / kernel_ms\n", runs, warmup);
-    std::printf("%6s  %-9s %10s %9s %9s %12s\n", "width", "kernel", "median_ms", "speedup", "GB/s", "max_abs_err");
+    std::printf("%6s  %-18s %10s %9s %9s %12s %10s\n", "width", "kernel", "median_ms", "speedup", "GB/s", "max_abs_err",
+                "rel_err");
   }
   kernels::cuda::Event start(0, kernels::cuda::Event::Timing::kEnabled);
   kernels::cuda::Event stop(0, kernels::cuda::Event::Timing::kEnabled);
@@ -187,6 +207,8 @@ int bench_spmm(const std::vector<std::string>& args) {
       a.out = kernels::MatrixView{outputs.back().data(), rows, w, w};
       a.edge_weight = weights.data();
       a.nnz = nnz;
+      a.sample_width = kernel.sample_width;
+      a.sampling = kernel.sampling;
       if (kernel.listed) a.long_rows = {long_rows.data(), long_count.data(), long_capacity};
       Row row;
       row.width = w;
@@ -213,26 +235,26 @@ int bench_spmm(const std::vector<std::string>& args) {
       if (!row.skipped.empty()) continue;
       row.speedup = have_base ? base.ms / row.ms : 0.0;
       if (k > 0 && have_base)
-        row.max_abs_err = max_abs_difference(blas, outputs[k].data(), outputs[0].data(), rows * w, stream);
+        row.max_abs_err = max_abs_difference(blas, outputs[k].data(), outputs[0].data(), rows * w, stream, &row.rel_err);
     }
     for (const Row& row : results) {
       if (json) {
         if (row.skipped.empty()) {
           std::printf("{\"bench\":\"spmm\",\"device\":\"%s\",\"rows\":%lld,\"nnz\":%lld,\"width\":%lld,"
                       "\"kernel\":\"%s\",\"median_ms\":%.4f,\"speedup_vs_cusparse\":%.3f,\"gbps\":%.1f,"
-                      "\"max_abs_err\":%.3g,\"runs\":%d,\"warmup\":%d}\n",
+                      "\"max_abs_err\":%.3g,\"rel_err\":%.3g,\"runs\":%d,\"warmup\":%d}\n",
                       info.name.c_str(), static_cast<long long>(rows), static_cast<long long>(nnz),
                       static_cast<long long>(row.width), row.kernel.c_str(), row.ms, row.speedup, row.gbps,
-                      row.max_abs_err, runs, warmup);
+                      row.max_abs_err, row.rel_err, runs, warmup);
         } else {
           std::printf("{\"bench\":\"spmm\",\"width\":%lld,\"kernel\":\"%s\",\"skipped\":\"%s\"}\n",
                       static_cast<long long>(row.width), row.kernel.c_str(), row.skipped.c_str());
         }
       } else if (row.skipped.empty()) {
-        std::printf("%6lld  %-9s %10.3f %8.2fx %9.1f %12.3g\n", static_cast<long long>(row.width), row.kernel.c_str(),
-                    row.ms, row.speedup, row.gbps, row.max_abs_err);
+        std::printf("%6lld  %-18s %10.3f %8.2fx %9.1f %12.3g %10.3g\n", static_cast<long long>(row.width),
+                    row.kernel.c_str(), row.ms, row.speedup, row.gbps, row.max_abs_err, row.rel_err);
       } else {
-        std::printf("%6lld  %-9s skipped: %s\n", static_cast<long long>(row.width), row.kernel.c_str(),
+        std::printf("%6lld  %-18s skipped: %s\n", static_cast<long long>(row.width), row.kernel.c_str(),
                     row.skipped.c_str());
       }
     }

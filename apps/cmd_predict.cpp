@@ -29,7 +29,9 @@ int run_predict(const std::vector<std::string>& args) {
       ("device", po::value(&device), "where the forward pass runs: cpu (default) | cuda | cuda:N | auto "
                                      "(a GPU holds the model, the whole graph and every layer's output)")
       ("gpu-mem-budget", po::value(&gpu_budget), "cap on the GPU memory Gale allocates, e.g. 8G (default: no cap)")
-      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
+      ("spmm", po::value(&spmm), "aggregation kernel: auto | fused-gar | fused-gas | memory-aware (GPU), or "
+                                 "sampled:S[:fastrand|:bucket], ES-SpMM's estimate from at most S entries a row "
+                                 "(GCN, SAGE, GIN; CPU or GPU)")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)");
   po::positional_options_description pos;
   pos.add("store", 1);
@@ -43,10 +45,11 @@ int run_predict(const std::vector<std::string>& args) {
     if (o.gpu_mem_budget == 0) throw InputError("--gpu-mem-budget: expected a positive size such as 8G");
     o.gpu_mem_budget_text = gpu_budget;
   }
-  o.exec.spmm = parse_spmm_kind(spmm);
+  o.exec.spmm = parse_inference_spmm(spmm, &o.exec.spmm_sample_width, &o.exec.spmm_sampling);
   o.exec.tf32 = tf32;
-  if (o.device.is_cpu() && (vm.count("gpu-mem-budget") || vm.count("spmm") || tf32))
-    throw InputError("--gpu-mem-budget, --spmm and --tf32 apply to a GPU: add --device cuda");
+  const bool sampled = o.exec.spmm == kernels::SpmmKind::kSampled;
+  if (o.device.is_cpu() && (vm.count("gpu-mem-budget") || (vm.count("spmm") && !sampled) || tf32))
+    throw InputError("--gpu-mem-budget, --tf32 and --spmm other than sampled:S apply to a GPU: add --device cuda");
   const engine::PredictReport r = engine::predict(o);
   std::printf("predicted %lld nodes -> %s", static_cast<long long>(r.num_nodes), o.out.c_str());
   if (!o.embeddings.empty()) std::printf(", logits -> %s", o.embeddings.c_str());

@@ -44,5 +44,8 @@ std::vector<Device> parse_workers(const std::string& gpus, int cpu_workers, bool
                                   Device* device);
 // --spmm: "auto", "fused-gar", "fused-gas" (the training kernels; "cusparse" is a benchmark baseline only).
 kernels::SpmmKind parse_spmm_kind(const std::string& text);
+// `gale predict`'s --spmm: parse_spmm_kind's kinds, or `sampled:S[:fastrand|:bucket]` (ES-SpMM's
+// edge-sampled estimate, S from 1 to kernels::kSpmmMaxSample) into *sample_width and *sampling.
+kernels::SpmmKind parse_inference_spmm(const std::string& text, int64_t* sample_width, kernels::SpmmSampling* sampling);
 
 }  // namespace gale::apps

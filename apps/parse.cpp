@@ -134,7 +134,38 @@ kernels::SpmmKind parse_spmm_kind(const std::string& text) {
   if (text == "fused-gar" || text == "gar") return kernels::SpmmKind::kGar;
   if (text == "fused-gas" || text == "gas") return kernels::SpmmKind::kGas;
   if (text == "memory-aware") return kernels::SpmmKind::kMemoryAware;
+  if (text.rfind("sampled", 0) == 0)
+    throw InputError("--spmm " + text + ": edge sampling estimates the aggregation; it is for gale predict, not training");
   throw InputError("--spmm: expected auto, fused-gar, fused-gas or memory-aware, found '" + text + "'");
+}
+
+kernels::SpmmKind parse_inference_spmm(const std::string& text, int64_t* sample_width, kernels::SpmmSampling* sampling) {
+  if (text.rfind("sampled", 0) != 0) return parse_spmm_kind(text);
+  std::vector<std::string> parts;
+  for (size_t at = 0;;) {
+    const size_t colon = text.find(':', at);
+    parts.push_back(text.substr(at, colon == std::string::npos ? std::string::npos : colon - at));
+    if (colon == std::string::npos) break;
+    at = colon + 1;
+  }
+  const std::string expected = "--spmm: expected sampled:S or sampled:S:fastrand|bucket with S from 1 to " +
+                               std::to_string(kernels::kSpmmMaxSample) + ", found '" + text + "'";
+  if (parts.size() < 2 || parts.size() > 3 || parts[0] != "sampled") throw InputError(expected);
+  int64_t s = 0;
+  const char* end = parts[1].data() + parts[1].size();
+  const auto [ptr, ec] = std::from_chars(parts[1].data(), end, s);
+  if (ec != std::errc() || ptr != end || parts[1].empty() || s < 1 || s > kernels::kSpmmMaxSample)
+    throw InputError(expected);
+  *sample_width = s;
+  *sampling = kernels::SpmmSampling::kFastRand;
+  if (parts.size() == 3) {
+    if (parts[2] == "bucket") {
+      *sampling = kernels::SpmmSampling::kBucket;
+    } else if (parts[2] != "fastrand") {
+      throw InputError(expected);
+    }
+  }
+  return kernels::SpmmKind::kSampled;
 }
 
 }  // namespace gale::apps

@@ -27,6 +27,10 @@ struct ExecOptions {
   // more copy of the input on the device); a hidden layer on a MaxK input forms both input-gradient
   // terms, grad [W; W_root]^T, in one GEMM (a 2 x in wide gradient until MaxK's backward).
   bool stack_operands = false;
+  // spmm == kSampled (`--spmm sampled:S[:bucket]`, inference only): ES-SpMM's sample width and
+  // strategy for the whole-graph aggregations of GCN, SAGE and GIN (CPU and GPU).
+  int64_t spmm_sample_width = 0;
+  kernels::SpmmSampling spmm_sampling = kernels::SpmmSampling::kFastRand;
 };
 
 // ---- per-op-kind timing (gale bench train) ----------------------------------------------------

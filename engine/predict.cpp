@@ -77,7 +77,11 @@ PredictReport predict(const PredictOptions& o) {
   if (id.value("num_nodes", int64_t{-1}) != store.num_nodes() || config.in_dim != store.feature_dim())
     throw CorruptStoreError(file.string() + ": checkpoint was trained on another store (" + state.config_json + ")");
 
+  if (o.exec.spmm == kernels::SpmmKind::kSampled && (config.model == "gat" || config.activation == Activation::kMaxK))
+    throw InputError("--spmm sampled: samples the aggregations of gcn, sage and gin with relu; " + file.string() +
+                     " holds a " + config.model + (config.activation == Activation::kMaxK ? " with maxk" : "") + " model");
   Model model(config, 0);
+  model.set_exec(o.exec);
   auto params = model.parameters();
   if (params.size() != state.names.size()) throw CorruptStoreError(file.string() + ": parameter count differs");
   for (size_t i = 0; i < params.size(); ++i) {
@@ -101,7 +105,6 @@ PredictReport predict(const PredictOptions& o) {
     const UseDevice use(o.device);
     reset_gpu_peak(o.device);
     model.to(o.device);
-    model.set_exec(o.exec);
     const GraphOperand graph = GraphOperand(store.csr()).to(o.device, /*edge_map=*/config.model == "gat");
     const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
     const Tensor x_device = x.to(o.device);

@@ -77,6 +77,8 @@ void aggregate(const GraphOperand& g, Norm norm, float self_scale, kernels::Cons
   a.bias = ep.bias ? ep.bias->f32() : nullptr;
   a.relu = ep.relu;
   a.accumulate = ep.accumulate;
+  a.sample_width = exec.spmm_sample_width;
+  a.sampling = exec.spmm_sampling;
   ops::spmm(a, g.device(), exec.spmm);
 }
 void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor& x, Tensor* out,
@@ -138,6 +140,10 @@ Tensor aggregate_cbsr_backward(const GraphOperand& g, Norm norm, float self_scal
 // gradient (num_dst x width), both views (column blocks of wider tensors allowed).
 void aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, kernels::ConstMatrixView grad,
                         kernels::MatrixView out, const ops::ExecOptions& exec) {
+  // The sampled product is an estimate for inference: its gradient would need the transpose of
+  // the sample, not a sample of the transpose.
+  if (exec.spmm == kernels::SpmmKind::kSampled)
+    throw InputError("--spmm sampled: an inference kernel (gale predict); training needs every edge's gradient");
   kernels::SpmmArgs a;
   a.graph = g.csc();
   a.long_rows = g.gar_long_rows(/*csc=*/true);

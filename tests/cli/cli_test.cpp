@@ -322,6 +322,28 @@ TEST_F(Cli, PredictOnAGpuThatIsNotThereIsExitFourAndGpuFlagsNeedOne) {
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("--device"), std::string::npos) << bad.out;
   EXPECT_FALSE(fs::exists(path("p.npy")));
+  // ES-SpMM's sampled estimate runs on the CPU too; its spelling is checked, and training refuses it.
+  for (const char* bad_spmm : {"sampled", "sampled:0", "sampled:x", "sampled:4:often", "sampled:5000"}) {
+    const CliRun r = gale("predict " + store + " --checkpoint " + path("ck") + " --out " + path("p.npy") +
+                          " --spmm " + bad_spmm);
+    EXPECT_EQ(r.code, 2) << bad_spmm << ": " << r.out;
+    EXPECT_NE(r.out.find("--spmm"), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(fs::exists(path("p.npy")));
+  const CliRun sampled = gale("predict " + store + " --checkpoint " + path("ck") + " --out " + path("s.npy") +
+                              " --spmm sampled:4:bucket");
+  EXPECT_EQ(sampled.code, 0) << sampled.out;
+  EXPECT_TRUE(fs::exists(path("s.npy")));
+  const CliRun train_sampled = gale("train " + store + " -q --epochs 1 --device cpu --spmm sampled:4");
+  EXPECT_EQ(train_sampled.code, 2) << train_sampled.out;
+  EXPECT_NE(train_sampled.out.find("gale predict"), std::string::npos) << train_sampled.out;
+  ASSERT_EQ(gale("train " + store + " -q --model gat --hidden 4 --heads 2 --epochs 1 --device cpu --checkpoint-dir " +
+                 path("gat")).code, 0);
+  const CliRun gat = gale("predict " + store + " --checkpoint " + path("gat") + " --out " + path("g.npy") +
+                          " --spmm sampled:4");
+  EXPECT_EQ(gat.code, 2) << gat.out;
+  EXPECT_NE(gat.out.find("gat"), std::string::npos) << gat.out;
+  EXPECT_FALSE(fs::exists(path("g.npy")));
   // And on the CPU the same checkpoint predicts, reporting where the forward pass ran.
   const CliRun cpu = gale("predict " + store + " --checkpoint " + path("ck") + " --out " + path("p.npy"));
   EXPECT_EQ(cpu.code, 0) << cpu.out;
