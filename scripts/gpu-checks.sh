@@ -48,7 +48,7 @@ tests)
     fi
   done
   cs="compute-sanitizer --error-exitcode 9"
-  run_suite memcheck-spmm $cs --tool memcheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Long*:*Empty*:*Padded*:*EntryScale*:*DegreeOrdered*:*LongRowList*:*FortyEight*
+  run_suite memcheck-spmm $cs --tool memcheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Long*:*Empty*:*Padded*:*EntryScale*:*DegreeOrdered*:*LongRowList*:*FortyEight*:*Sampled*
   run_suite memcheck-gat $cs --tool memcheck "$dist/bin/gale_gpu_gat_tests"
   run_suite memcheck-dense $cs --tool memcheck "$dist/bin/gale_gpu_dense_tests"
   run_suite memcheck-training $cs --tool memcheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*:*GpuWide*
@@ -58,14 +58,14 @@ tests)
   # NCCL probes for kernels of other architectures with calls that fail by design: not Gale's.
   run_suite memcheck-multi-gpu $cs --report-api-errors no --tool memcheck "$dist/bin/gale_gpu_multi_gpu_tests"
   run_suite memcheck-feature-tiers $cs --tool memcheck "$dist/bin/gale_gpu_feature_tiers_tests" --gtest_filter=-*MiniBatch*
-  run_suite racecheck-spmm $cs --tool racecheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Padded*:*DegreeOrdered*:*LongRowList*:*FortyEight*
+  run_suite racecheck-spmm $cs --tool racecheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Padded*:*DegreeOrdered*:*LongRowList*:*FortyEight*:*Sampled*
   run_suite racecheck-gat $cs --tool racecheck "$dist/bin/gale_gpu_gat_tests" --gtest_filter=*Backward*
   run_suite racecheck-training $cs --tool racecheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*gcn*:*GpuModelStep*gat*:*GpuWide*
   run_suite racecheck-maxk $cs --tool racecheck "$dist/bin/gale_gpu_maxk_tests" --gtest_filter=*Small*:*TopK*:*EdgeGroups*:*ColumnSums*
   run_suite racecheck-dense $cs --tool racecheck "$dist/bin/gale_gpu_dense_tests" --gtest_filter=*ReluBitMasks*:*ColumnSum*
   run_suite racecheck-sampler $cs --tool racecheck "$dist/bin/gale_gpu_sampler_tests"
   # Reads of device memory no kernel or copy wrote, and barriers misused.
-  run_suite initcheck-spmm $cs --tool initcheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Long*:*Empty*:*Padded*:*EntryScale*:*DegreeOrdered*:*LongRowList*:*FortyEight*
+  run_suite initcheck-spmm $cs --tool initcheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Long*:*Empty*:*Padded*:*EntryScale*:*DegreeOrdered*:*LongRowList*:*FortyEight*:*Sampled*
   run_suite initcheck-training $cs --tool initcheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*:*GpuWide*
   for t in maxk dense gat sampler transpose gather batches; do
     run_suite "initcheck-$t" $cs --tool initcheck "$dist/bin/gale_gpu_${t}_tests"
