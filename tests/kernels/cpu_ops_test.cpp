@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "kernels/dense.hpp"
@@ -197,6 +198,32 @@ TEST(CsrTranspose, IsStableAndRoundTrips) {
   csr_transpose(t, back_p.data(), back_i.data(), back_perm.data());
   EXPECT_EQ(back_p, g.indptr);
   EXPECT_EQ(back_i, g.indices);
+}
+
+// A whole graph (a million entries or more) takes the parallel passes when 4 or more threads can
+// run: the same arrays as one thread gives, hub columns and empty rows included.
+TEST(CsrTranspose, ParallelPassesGiveTheOneThreadResult) {
+  const int64_t rows = 80000, cols = 90000;
+  Graph g{rows, cols, {0}, {}};
+  CounterRng rng(7);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t k = r % 11 == 0 ? 0 : static_cast<int64_t>(rng.below(32));
+    for (int64_t t = 0; t < k; ++t) {
+      const uint64_t c = rng.below(static_cast<uint64_t>(cols));
+      g.indices.push_back(static_cast<int32_t>(t % 3 == 0 ? c % 16 : c));  // a third on 16 hub columns
+    }
+    g.indptr.push_back(static_cast<int64_t>(g.indices.size()));
+  }
+  const size_t nnz = g.indices.size();
+  ASSERT_GE(nnz, size_t{1} << 20);
+  auto transpose = [&](int threads) {
+    std::vector<int64_t> tp(static_cast<size_t>(cols + 1)), perm(nnz);
+    std::vector<int32_t> ti(nnz);
+    tbb::task_arena arena(threads);
+    arena.execute([&] { csr_transpose(g.view(), tp.data(), ti.data(), perm.data()); });
+    return std::make_tuple(tp, ti, perm);
+  };
+  EXPECT_TRUE(transpose(4) == transpose(1));
 }
 
 TEST(Gemm, MatchesNaiveProductForEveryTransposeCombination) {
