@@ -32,7 +32,7 @@ uint64_t parse_size(const std::string& text, const std::string& flag);
 // Seconds from "90", "90s", "10m" or "2h" (a fraction allowed, >= 0); InputError naming `flag` else.
 double parse_duration(const std::string& text, const std::string& flag);
 // "a,b,,c" -> {"a", "b", "", "c"} (empty items kept, for the caller to reject by name).
-std::vector<std::string> split_list(const std::string& text);
+std::vector<std::string> split_list(const std::string& text, char separator = ',');
 // "15,10,5" -> {15, 10, 5}; throws InputError naming `flag`.
 std::vector<int> parse_int_list(const std::string& text, const std::string& flag);
 // --device: "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (the first GPU when present, else the CPU).

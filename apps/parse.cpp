@@ -93,12 +93,12 @@ Device parse_device(const std::string& text) {
   throw InputError("--device: expected cpu, cuda, cuda:N or auto, found '" + text + "'");
 }
 
-std::vector<std::string> split_list(const std::string& text) {
+std::vector<std::string> split_list(const std::string& text, char separator) {
   std::vector<std::string> out;
   for (size_t at = 0; at <= text.size();) {
-    const size_t comma = std::min(text.find(',', at), text.size());
-    out.push_back(text.substr(at, comma - at));
-    at = comma + 1;
+    const size_t end = std::min(text.find(separator, at), text.size());
+    out.push_back(text.substr(at, end - at));
+    at = end + 1;
   }
   return out;
 }
@@ -141,13 +141,7 @@ kernels::SpmmKind parse_spmm_kind(const std::string& text) {
 
 kernels::SpmmKind parse_inference_spmm(const std::string& text, int64_t* sample_width, kernels::SpmmSampling* sampling) {
   if (text.rfind("sampled", 0) != 0) return parse_spmm_kind(text);
-  std::vector<std::string> parts;
-  for (size_t at = 0;;) {
-    const size_t colon = text.find(':', at);
-    parts.push_back(text.substr(at, colon == std::string::npos ? std::string::npos : colon - at));
-    if (colon == std::string::npos) break;
-    at = colon + 1;
-  }
+  const std::vector<std::string> parts = split_list(text, ':');
   const std::string expected = "--spmm: expected sampled:S or sampled:S:fastrand|bucket with S from 1 to " +
                                std::to_string(kernels::kSpmmMaxSample) + ", found '" + text + "'";
   if (parts.size() < 2 || parts.size() > 3 || parts[0] != "sampled") throw InputError(expected);

@@ -100,6 +100,7 @@ PredictReport predict(const PredictOptions& o) {
     const GraphOperand graph(store.csr());
     const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
     logits = model.forward(graphs, x, /*training=*/false, 0);
+    report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } else {
     set_gpu_budget(o.device, o.gpu_mem_budget, o.gpu_mem_budget_text);
     const UseDevice use(o.device);
@@ -116,8 +117,6 @@ PredictReport predict(const PredictOptions& o) {
     report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - ready).count();
     report.gpu_peak_bytes = gpu_peak_bytes(o.device);
   }
-  if (o.device.is_cpu())
-    report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::vector<int32_t> pred(static_cast<size_t>(n));
   for (int64_t v = 0; v < n; ++v) {

@@ -18,7 +18,7 @@ struct PredictOptions {
   int threads = 0;
   // Where the forward pass runs: the CPU, or a GPU, which then holds the model, the whole graph
   // and every layer's output (one full-graph forward; a graph too large for the GPU fails with
-  // the budget's message, exit code 4, and runs on the CPU instead).
+  // the budget's message, exit code 4: such a graph predicts on the CPU).
   Device device = Device::cpu();
   uint64_t gpu_mem_budget = 0;      // bytes; 0 = no cap
   std::string gpu_mem_budget_text;  // as the user wrote it, for messages naming --gpu-mem-budget

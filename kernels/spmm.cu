@@ -126,34 +126,21 @@ struct Params {
   int64_t long_capacity = 0;
 };
 
-// ---- element helpers: one float or one float4 -----------------------------------------------
+// ---- element helpers: one float or one float4 (the rest in cuda/warp.cuh) -------------------
 
-__device__ __forceinline__ void set_zero(float& a) { a = 0.0f; }
-__device__ __forceinline__ void set_zero(float4& a) { a = make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+// The float and float4 ones of cuda/warp.cuh, overloaded below for GAR's wider lanes.
+using kernels::fma_to;
+using kernels::load_ro;
+using kernels::load_rw;
+using kernels::set_zero;
+using kernels::store;
 
-// Read-only data (x, bias) goes through the non-coherent cache.
-__device__ __forceinline__ void load_ro(float& v, const float* p) { v = __ldg(p); }
-__device__ __forceinline__ void load_ro(float4& v, const float* p) {
-  v = __ldg(reinterpret_cast<const float4*>(p));
-}
-// out may be read (accumulate) and written by the same launch: plain loads.
-__device__ __forceinline__ void load_rw(float& v, const float* p) { v = *p; }
-__device__ __forceinline__ void load_rw(float4& v, const float* p) { v = *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ void store(float* p, const float& v) { *p = v; }
-__device__ __forceinline__ void store(float* p, const float4& v) { *reinterpret_cast<float4*>(p) = v; }
 // Output rows are written once and not read again by this launch: evict-first stores keep them
 // from pushing the hot (high-degree) source rows of x out of L2, which is where a power-law
 // graph's gathers hit.
 __device__ __forceinline__ void store_streaming(float* p, const float& v) { __stcs(p, v); }
 __device__ __forceinline__ void store_streaming(float* p, const float4& v) { __stcs(reinterpret_cast<float4*>(p), v); }
 
-__device__ __forceinline__ void fma_to(float& a, float w, const float& v) { a = fmaf(w, v, a); }
-__device__ __forceinline__ void fma_to(float4& a, float w, const float4& v) {
-  a.x = fmaf(w, v.x, a.x);
-  a.y = fmaf(w, v.y, a.y);
-  a.z = fmaf(w, v.z, a.z);
-  a.w = fmaf(w, v.w, a.w);
-}
 __device__ __forceinline__ void scale(float& a, float s) { a *= s; }
 __device__ __forceinline__ void scale(float4& a, float s) {
   a.x *= s;
@@ -1265,8 +1252,7 @@ std::string spmm_cannot(SpmmKind kind, const SpmmArgs& a) {
   if (kind == SpmmKind::kAuto && a.nnz < 0) return "auto needs SpmmArgs::nnz to pick by average degree";
   if (a.long_rows.rows != nullptr && (a.long_rows.count == nullptr || a.long_rows.capacity < 0))
     return "long_rows lists rows without a count or with a negative capacity";
-  if (kind == SpmmKind::kSampled && (a.sample_width < 1 || a.sample_width > kSpmmMaxSample))
-    return "the sample width must be 1 to " + std::to_string(kSpmmMaxSample) + ", not " + std::to_string(a.sample_width);
+  if (kind == SpmmKind::kSampled) return spmm_sample_width_cannot(a.sample_width);
   if (kind != SpmmKind::kCusparse) return "";
   if (a.nnz < 0) return "cuSPARSE needs SpmmArgs::nnz for its descriptor";
   if (a.nnz >= (int64_t{1} << 31) || g.rows >= (int64_t{1} << 31) || g.cols >= (int64_t{1} << 31))

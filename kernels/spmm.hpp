@@ -81,15 +81,19 @@ void spmm_cpu(const SpmmArgs& a);
 // the sum times n / S. Throws InputError unless 1 <= sample_width <= kSpmmMaxSample.
 void spmm_sampled_cpu(const SpmmArgs& a);
 constexpr int64_t kSpmmMaxSample = 4096;
+// "" when 1 <= s <= kSpmmMaxSample, else the reason (spmm_cannot's and spmm_sampled_cpu's check).
+std::string spmm_sample_width_cannot(int64_t s);
 
-// FastRand's prime for a row of n entries, and entry j (0 <= j < min(n, S)) of a row's sample,
-// relative to the row's first entry; host and device code share them.
+// The stride a row of n entries walks its sample with (computed once a row): 1, in order, for
+// Bucket or a row of at most S entries, else FastRand's prime; and entry j (0 <= j < min(n, S)) of
+// the sample, relative to the row's first entry. Host and device code share them.
 #if defined(__CUDACC__)
 #define GALE_SPMM_HD __host__ __device__
 #else
 #define GALE_SPMM_HD
 #endif
-GALE_SPMM_HD inline int64_t spmm_sample_stride(int64_t n) {
+GALE_SPMM_HD inline int64_t spmm_sample_stride(int64_t n, int64_t s, SpmmSampling sampling) {
+  if (n <= s || sampling == SpmmSampling::kBucket) return 1;
   if (n % 577 != 0) return 577;
   if (n % 587 != 0) return 587;
   if (n % 593 != 0) return 593;
@@ -97,9 +101,8 @@ GALE_SPMM_HD inline int64_t spmm_sample_stride(int64_t n) {
   if (n % 601 != 0) return 601;
   return 607;  // n a multiple of all five: 7e13 entries or more in one row
 }
-GALE_SPMM_HD inline int64_t spmm_sample_entry(int64_t j, int64_t n, int64_t s, SpmmSampling sampling) {
-  if (n <= s || sampling == SpmmSampling::kBucket) return j;
-  return j * spmm_sample_stride(n) % n;
+GALE_SPMM_HD inline int64_t spmm_sample_entry(int64_t j, int64_t n, int64_t stride) {
+  return stride == 1 ? j : j * stride % n;
 }
 #undef GALE_SPMM_HD
 

@@ -24,11 +24,11 @@ void spmm_entry_scale(const CsrView& graph, const float* col_scale, float* out) 
 
 namespace {
 
-// The general form (spmm.hpp) over each row's first min(n, cap) picks: pick(j, n) is the entry
-// (relative to the row's first) taken j-th of a row of n. A row that takes fewer than its n
+// The general form (spmm.hpp) over each row's first min(n, cap) picks: a row of n entries walks
+// them with stride(n) (spmm_sample_entry; 1 = in order). A row that takes fewer than its n
 // entries has its sum scaled by n / taken.
-template <typename Pick>
-void spmm_rows(const SpmmArgs& a, int64_t cap, Pick pick) {
+template <typename Stride>
+void spmm_rows(const SpmmArgs& a, int64_t cap, Stride stride) {
   const CsrView& g = a.graph;
   const int64_t width = a.out.cols;
   const int64_t self_rows = std::min(g.rows, a.x.rows);
@@ -39,9 +39,9 @@ void spmm_rows(const SpmmArgs& a, int64_t cap, Pick pick) {
     std::vector<float> acc(static_cast<size_t>(width));
     for (int64_t r = range.begin(); r < range.end(); ++r) {
       std::fill(acc.begin(), acc.end(), 0.0f);
-      const int64_t begin = g.indptr[r], n = g.indptr[r + 1] - begin, taken = std::min(n, cap);
+      const int64_t begin = g.indptr[r], n = g.indptr[r + 1] - begin, taken = std::min(n, cap), step = stride(n);
       for (int64_t j = 0; j < taken; ++j) {
-        const int64_t e = begin + pick(j, n);
+        const int64_t e = begin + spmm_sample_entry(j, n, step);
         const int32_t c = g.indices[e];
         float coef = a.col_scale ? a.col_scale[c] : 1.0f;
         if (a.edge_weight) coef *= a.edge_weight[e];
@@ -68,15 +68,18 @@ void spmm_rows(const SpmmArgs& a, int64_t cap, Pick pick) {
 }  // namespace
 
 void spmm_cpu(const SpmmArgs& a) {
-  spmm_rows(a, std::numeric_limits<int64_t>::max(), [](int64_t j, int64_t) { return j; });
+  spmm_rows(a, std::numeric_limits<int64_t>::max(), [](int64_t) { return int64_t{1}; });
+}
+
+std::string spmm_sample_width_cannot(int64_t s) {
+  if (s >= 1 && s <= kSpmmMaxSample) return "";
+  return "the sample width must be 1 to " + std::to_string(kSpmmMaxSample) + ", not " + std::to_string(s);
 }
 
 void spmm_sampled_cpu(const SpmmArgs& a) {
-  if (a.sample_width < 1 || a.sample_width > kSpmmMaxSample)
-    throw InputError("spmm sampled: the sample width must be 1 to " + std::to_string(kSpmmMaxSample) + ", not " +
-                     std::to_string(a.sample_width));
-  spmm_rows(a, a.sample_width,
-            [&](int64_t j, int64_t n) { return spmm_sample_entry(j, n, a.sample_width, a.sampling); });
+  const std::string why = spmm_sample_width_cannot(a.sample_width);
+  if (!why.empty()) throw InputError("spmm sampled: " + why);
+  spmm_rows(a, a.sample_width, [&](int64_t n) { return spmm_sample_stride(n, a.sample_width, a.sampling); });
 }
 
 namespace {

@@ -48,14 +48,6 @@ struct SampledParams {
   SpmmSampling sampling;
 };
 
-__device__ __forceinline__ void fma4(float4& acc, float c, const float4& v) {
-  acc.x = fmaf(c, v.x, acc.x);
-  acc.y = fmaf(c, v.y, acc.y);
-  acc.z = fmaf(c, v.z, acc.z);
-  acc.w = fmaf(c, v.w, acc.w);
-}
-__device__ __forceinline__ void fma4(float& acc, float c, float v) { acc = fmaf(c, v, acc); }
-
 // The epilogue of one element: scale, self term, accumulate, bias, ReLU (spmm_cpu's order).
 __device__ __forceinline__ float finish(const SampledParams& p, float sum, float rs, float self, float xs,
                                         float old, int64_t col) {
@@ -78,8 +70,9 @@ __global__ void sampled_kernel(SampledParams p) {
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * warps + warp; r < p.graph.rows;
        r += static_cast<int64_t>(gridDim.x) * warps) {
     const int64_t begin = p.graph.indptr[r], n = p.graph.indptr[r + 1] - begin, taken = min(n, p.s);
+    const int64_t stride = spmm_sample_stride(n, p.s, p.sampling);
     for (int64_t j = lane; j < taken; j += kWarp) {
-      const int64_t e = begin + spmm_sample_entry(j, n, p.s, p.sampling);
+      const int64_t e = begin + spmm_sample_entry(j, n, stride);
       const int32_t c = __ldg(p.graph.indices + e);
       float coef = p.col_scale ? __ldg(p.col_scale + c) : 1.0f;
       if (p.edge_weight) coef *= __ldg(p.edge_weight + e);
@@ -91,31 +84,31 @@ __global__ void sampled_kernel(SampledParams p) {
     if (n > taken) rs *= static_cast<float>(n) / static_cast<float>(taken);
     const float self = r < self_rows ? p.self_scale + (p.self_coefs ? __ldg(p.self_coefs + r) : 0.0f) : 0.0f;
     for (int64_t c0 = static_cast<int64_t>(lane) * V; c0 < p.width; c0 += kWarp * V) {
-      T acc;
-      if constexpr (V == 4) {
-        acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      } else {
-        acc = 0.0f;
-      }
+      T acc, v[4];
+      set_zero(acc);
       int64_t j = 0;
       for (; j + 4 <= taken; j += 4) {  // four gathers in flight
-        T v[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) v[u] = __ldg(reinterpret_cast<const T*>(p.x + cols[j + u] * p.ldx + c0));
+        for (int u = 0; u < 4; ++u) load_ro(v[u], p.x + cols[j + u] * p.ldx + c0);
 #pragma unroll
-        for (int u = 0; u < 4; ++u) fma4(acc, coefs[j + u], v[u]);
+        for (int u = 0; u < 4; ++u) fma_to(acc, coefs[j + u], v[u]);
       }
-      for (; j < taken; ++j) fma4(acc, coefs[j], __ldg(reinterpret_cast<const T*>(p.x + cols[j] * p.ldx + c0)));
+      for (; j < taken; ++j) {
+        load_ro(v[0], p.x + cols[j] * p.ldx + c0);
+        fma_to(acc, coefs[j], v[0]);
+      }
       float* o = p.out + r * p.ldo + c0;
       const float* xs = p.x + r * p.ldx + c0;
+      T s, old;
+      set_zero(s);
+      set_zero(old);
+      if (self != 0.0f) load_ro(s, xs);
+      if (p.accumulate) load_rw(old, o);
       if constexpr (V == 4) {
-        const float4 s = self != 0.0f ? __ldg(reinterpret_cast<const float4*>(xs)) : make_float4(0, 0, 0, 0);
-        const float4 old = p.accumulate ? *reinterpret_cast<const float4*>(o) : make_float4(0, 0, 0, 0);
-        *reinterpret_cast<float4*>(o) =
-            make_float4(finish(p, acc.x, rs, self, s.x, old.x, c0), finish(p, acc.y, rs, self, s.y, old.y, c0 + 1),
-                        finish(p, acc.z, rs, self, s.z, old.z, c0 + 2), finish(p, acc.w, rs, self, s.w, old.w, c0 + 3));
+        store(o, make_float4(finish(p, acc.x, rs, self, s.x, old.x, c0), finish(p, acc.y, rs, self, s.y, old.y, c0 + 1),
+                             finish(p, acc.z, rs, self, s.z, old.z, c0 + 2), finish(p, acc.w, rs, self, s.w, old.w, c0 + 3)));
       } else {
-        *o = finish(p, acc, rs, self, self != 0.0f ? __ldg(xs) : 0.0f, p.accumulate ? *o : 0.0f, c0);
+        store(o, finish(p, acc, rs, self, s, old, c0));
       }
     }
     __syncwarp();  // the slice is rewritten for the next row

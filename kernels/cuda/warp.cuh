@@ -39,6 +39,27 @@ template <typename T>
 __device__ __forceinline__ T warp_sum(T v) { return shuffle_reduce(v, [](T a, T b) { return a + b; }); }
 #endif
 
+// One float or one float4: zero, loads, stores, a += w v.
+__device__ __forceinline__ void set_zero(float& a) { a = 0.0f; }
+__device__ __forceinline__ void set_zero(float4& a) { a = make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+
+// Read-only data (x, bias) goes through the non-coherent cache.
+__device__ __forceinline__ void load_ro(float& v, const float* p) { v = __ldg(p); }
+__device__ __forceinline__ void load_ro(float4& v, const float* p) {
+  v = __ldg(reinterpret_cast<const float4*>(p));
+}
+// out may be read (accumulate) and written by the same launch: plain loads.
+__device__ __forceinline__ void load_rw(float& v, const float* p) { v = *p; }
+__device__ __forceinline__ void load_rw(float4& v, const float* p) { v = *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ void store(float* p, const float& v) { *p = v; }
+__device__ __forceinline__ void store(float* p, const float4& v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ void fma_to(float& a, float w, const float& v) { a = fmaf(w, v, a); }
+__device__ __forceinline__ void fma_to(float4& a, float w, const float4& v) {
+  a.x = fmaf(w, v.x, a.x);
+  a.y = fmaf(w, v.y, a.y);
+  a.z = fmaf(w, v.z, a.z);
+  a.w = fmaf(w, v.w, a.w);
+}
 __device__ __forceinline__ void add_to(float& a, float b) { a += b; }
 __device__ __forceinline__ void add_to(float4& a, float4 b) {
   a.x += b.x;

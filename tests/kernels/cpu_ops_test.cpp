@@ -128,17 +128,19 @@ TEST(SpmmSampled, IsTheProductOverTheSampleScaledByTheRowsShare) {
   EXPECT_EQ(run(s, SpmmSampling::kBucket, g, rs.data(), w.data()), run(0, SpmmSampling::kBucket, first, first_rs.data(), first_w.data()));
   // FastRand on the 1200-entry row: 577 (which does not divide 1200), 100 distinct entries
   // reaching past the first 100; a row of 3 x 577 entries takes the next prime.
-  EXPECT_EQ(spmm_sample_stride(1200), 577);
-  EXPECT_EQ(spmm_sample_stride(3 * 577), 587);
-  EXPECT_EQ(spmm_sample_stride(int64_t{577} * 587), 593);
+  EXPECT_EQ(spmm_sample_stride(1200, 100, SpmmSampling::kFastRand), 577);
+  EXPECT_EQ(spmm_sample_stride(3 * 577, 100, SpmmSampling::kFastRand), 587);
+  EXPECT_EQ(spmm_sample_stride(int64_t{577} * 587, 100, SpmmSampling::kFastRand), 593);
   for (const int64_t n : {int64_t{1200}, int64_t{3 * 577}}) {
     std::set<int64_t> picked;
-    for (int64_t j = 0; j < 100; ++j) picked.insert(spmm_sample_entry(j, n, 100, SpmmSampling::kFastRand));
+    const int64_t stride = spmm_sample_stride(n, 100, SpmmSampling::kFastRand);
+    for (int64_t j = 0; j < 100; ++j) picked.insert(spmm_sample_entry(j, n, stride));
     EXPECT_EQ(picked.size(), 100u) << n;
     EXPECT_GT(*picked.rbegin(), 900) << n;
-    EXPECT_EQ(spmm_sample_entry(7, n, 100, SpmmSampling::kBucket), 7);
+    EXPECT_EQ(spmm_sample_entry(7, n, spmm_sample_stride(n, 100, SpmmSampling::kBucket)), 7);
   }
-  EXPECT_EQ(spmm_sample_entry(7, 50, 100, SpmmSampling::kFastRand), 7);  // rows within S: every entry in order
+  // rows within S: every entry in order
+  EXPECT_EQ(spmm_sample_entry(7, 50, spmm_sample_stride(50, 100, SpmmSampling::kFastRand)), 7);
   EXPECT_THROW(run(kSpmmMaxSample + 1, SpmmSampling::kFastRand, g, rs.data(), w.data()), InputError);
   std::vector<float> out(static_cast<size_t>(rows * width));
   SpmmArgs bad;
