@@ -1253,6 +1253,15 @@ std::string spmm_cannot(SpmmKind kind, const SpmmArgs& a) {
   if (a.long_rows.rows != nullptr && (a.long_rows.count == nullptr || a.long_rows.capacity < 0))
     return "long_rows lists rows without a count or with a negative capacity";
   if (kind == SpmmKind::kSampled) return spmm_sample_width_cannot(a.sample_width);
+  if (kind == SpmmKind::kTensorCore) {
+    if (a.tc.item_window == nullptr) return "the tensor-core SpMM needs the graph's translation (SpmmArgs::tc)";
+    if (a.tc_slice != 0 && a.tc_slice != 32 && a.tc_slice != 64)
+      return "the tensor-core SpMM's slices are 32 or 64 columns, not " + std::to_string(a.tc_slice);
+    if (a.tc.windows != (g.rows + kTcWindowRows - 1) / kTcWindowRows || a.tc.items < a.tc.windows)
+      return "the translation has " + std::to_string(a.tc.windows) + " row windows, the graph " +
+             std::to_string((g.rows + kTcWindowRows - 1) / kTcWindowRows);
+    return "";
+  }
   if (kind != SpmmKind::kCusparse) return "";
   if (a.nnz < 0) return "cuSPARSE needs SpmmArgs::nnz for its descriptor";
   if (a.nnz >= (int64_t{1} << 31) || g.rows >= (int64_t{1} << 31) || g.cols >= (int64_t{1} << 31))
@@ -1323,6 +1332,7 @@ void spmm_cuda(SpmmKind kind, const SpmmArgs& a, cudaStream_t stream) {
     case SpmmKind::kCusparse: run_cusparse(a, stream); return;
     case SpmmKind::kMemoryAware: run_memory_aware(a, stream); return;
     case SpmmKind::kSampled: spmm_sampled_cuda(a, stream); return;
+    case SpmmKind::kTensorCore: spmm_tc_cuda(a, stream); return;
     case SpmmKind::kAuto: break;
   }
   throw InternalError("spmm: unhandled kind");

@@ -48,6 +48,31 @@ struct GarLongRows {
 // entries are distinct (ES-SpMM uses 577 alone, which repeats entries when 577 divides n).
 enum class SpmmSampling { kFastRand, kBucket };
 
+// TC-GNN's translated graph (ATC'23, Sec. 4.1, sparse graph translation) for the tensor-core SpMM
+// (kTensorCore), as device (or, for the CPU twin, host) arrays; built once per graph by
+// spmm_tc_translate (spmm_tc.hpp). The rows are cut into windows of kTcWindowRows; a window's
+// distinct columns, in increasing order, are its condensed columns, and each run of kTcBlockCols of
+// them is one TC block: the 16 x 8 tile of A that one m16n8k8 MMA takes. Windows of more than
+// kTcItemBlocks blocks are cut into work items of that many (their sums meet in out by atomics).
+constexpr int kTcWindowRows = 16;
+constexpr int kTcBlockCols = 8;
+constexpr int kTcItemBlocks = 256;
+
+struct SpmmTcPlan {
+  int64_t windows = 0;                     // ceil(rows / kTcWindowRows)
+  int64_t blocks = 0;                      // TC blocks in all
+  int64_t items = 0;                       // work items in all
+  const int32_t* window_blocks = nullptr;  // windows + 1: each window's first block
+  const int32_t* block_entries = nullptr;  // blocks + 1: each block's first planned entry
+  const int32_t* block_src = nullptr;      // blocks * kTcBlockCols: its condensed columns' ids, -1 past the last
+  const int32_t* entry = nullptr;          // nnz: the graph position of each planned entry, grouped by block
+  const int32_t* slot = nullptr;           // nnz: condensed column (within the window) * 16 + row within the window
+  const int32_t* item_window = nullptr;    // items: the window of each item, in window order
+  const int32_t* item_block = nullptr;     // items: its first block (it takes up to kTcItemBlocks)
+  const int32_t* split_windows = nullptr;  // the windows cut into several items
+  int64_t splits = 0;                      // how many
+};
+
 struct SpmmArgs {
   CsrView graph;                      // rows = out.rows, cols = x.rows
   ConstMatrixView x;
@@ -70,6 +95,10 @@ struct SpmmArgs {
   // row's sum under FastRand); the row scale, the self term and the epilogue apply as above.
   int64_t sample_width = 0;
   SpmmSampling sampling = SpmmSampling::kFastRand;
+  // kTensorCore only: this graph's translation (spmm_tc_translate), device pointers, and the output
+  // columns each warp takes, 32 or 64 (0: 64 from width 256 up, else 32).
+  SpmmTcPlan tc;
+  int tc_slice = 0;
   // graph.nnz() as known on the host. spmm_cuda's graph arrays are device memory, which the host
   // cannot read without a synchronisation; kAuto (the average degree) and kCusparse (its
   // descriptor) need the count, GAR and GAS do not. -1 = not given.
@@ -122,8 +151,9 @@ void spmm_entry_scale(const CsrView& graph, const float* col_scale, float* out);
 // memory-aware kernel for a sampled block or its transpose (rows != cols), else GAR when the
 // average degree nnz / rows is at least kSpmmGarMinDegree, else GAS (see spmm.cu for why).
 // kSampled is ES-SpMM's cache-first edge-sampled SpMM (spmm_sampled.cu): an estimate of the
-// product for inference, never picked by kAuto.
-enum class SpmmKind { kAuto, kGar, kGas, kCusparse, kMemoryAware, kSampled };
+// product for inference, never picked by kAuto. kTensorCore is TC-GNN's tensor-core SpMM
+// (spmm_tc.cu) over a translated graph (SpmmArgs::tc), in TF32: never picked by kAuto either.
+enum class SpmmKind { kAuto, kGar, kGas, kCusparse, kMemoryAware, kSampled, kTensorCore };
 
 constexpr double kSpmmGarMinDegree = 4.0;
 
@@ -169,8 +199,9 @@ namespace gale::kernels {
 // of its atomic additions varies from run to run). kCusparse keeps a per-thread handle and
 // workspace outside the memory budget: it is the benchmark's baseline, not a training path.
 void spmm_cuda(SpmmKind kind, const SpmmArgs& a, cudaStream_t stream);
-// What spmm_cuda runs for kSampled (spmm_sampled.cu), after its checks.
+// What spmm_cuda runs for kSampled (spmm_sampled.cu) and kTensorCore (spmm_tc.cu), after its checks.
 void spmm_sampled_cuda(const SpmmArgs& a, cudaStream_t stream);
+void spmm_tc_cuda(const SpmmArgs& a, cudaStream_t stream);
 
 // Lists the graph's rows of more than kGarLongRow entries in rows[0, *count), in an unspecified
 // order, for SpmmArgs::long_rows; `capacity` = gar_long_rows_capacity(graph.rows, nnz). Stream-

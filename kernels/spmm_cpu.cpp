@@ -10,6 +10,7 @@
 
 #include "kernels/error.hpp"
 #include "kernels/spmm.hpp"
+#include "kernels/spmm_tc.hpp"
 
 namespace gale::kernels {
 
@@ -26,9 +27,10 @@ namespace {
 
 // The general form (spmm.hpp) over each row's first min(n, cap) picks: a row of n entries walks
 // them with stride(n) (spmm_sample_entry; 1 = in order). A row that takes fewer than its n
-// entries has its sum scaled by n / taken.
-template <typename Stride>
-void spmm_rows(const SpmmArgs& a, int64_t cap, Stride stride) {
+// entries has its sum scaled by n / taken. `round` is applied to each gathered x value (the
+// identity, or TF32's rounding for the tensor-core twin).
+template <typename Stride, typename Round>
+void spmm_rows(const SpmmArgs& a, int64_t cap, Stride stride, Round round) {
   const CsrView& g = a.graph;
   const int64_t width = a.out.cols;
   const int64_t self_rows = std::min(g.rows, a.x.rows);
@@ -46,7 +48,7 @@ void spmm_rows(const SpmmArgs& a, int64_t cap, Stride stride) {
         float coef = a.col_scale ? a.col_scale[c] : 1.0f;
         if (a.edge_weight) coef *= a.edge_weight[e];
         const float* xr = a.x.row(c);
-        for (int64_t k = 0; k < width; ++k) acc[k] += coef * xr[k];
+        for (int64_t k = 0; k < width; ++k) acc[k] += coef * round(xr[k]);
       }
       float rs = a.row_scale ? a.row_scale[r] : 1.0f;
       if (n > taken) rs *= static_cast<float>(n) / static_cast<float>(taken);
@@ -67,8 +69,55 @@ void spmm_rows(const SpmmArgs& a, int64_t cap, Stride stride) {
 
 }  // namespace
 
-void spmm_cpu(const SpmmArgs& a) {
-  spmm_rows(a, std::numeric_limits<int64_t>::max(), [](int64_t) { return int64_t{1}; });
+namespace {
+float identity(float v) { return v; }
+int64_t in_order(int64_t) { return 1; }
+}  // namespace
+
+void spmm_cpu(const SpmmArgs& a) { spmm_rows(a, std::numeric_limits<int64_t>::max(), in_order, identity); }
+
+// A TC block's tile holds one coefficient per row and column, the sum of that pair's entries, and
+// the MMA takes it rounded: so the twin merges each row's entries of one column (their sum in entry
+// order, then rounded) and aggregates the merged graph with x's values rounded.
+void spmm_tc_cpu(const SpmmArgs& a) {
+  const CsrView& g = a.graph;
+  std::vector<int64_t> indptr(static_cast<size_t>(g.rows) + 1, 0);
+  std::vector<std::vector<std::pair<int32_t, float>>> merged(static_cast<size_t>(g.rows));
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, g.rows, 256), [&](const tbb::blocked_range<int64_t>& range) {
+    std::vector<std::pair<int32_t, int64_t>> order;
+    for (int64_t r = range.begin(); r < range.end(); ++r) {
+      order.clear();
+      for (int64_t e = g.indptr[r]; e < g.indptr[r + 1]; ++e) order.emplace_back(g.indices[e], e);
+      std::sort(order.begin(), order.end());
+      auto& row = merged[static_cast<size_t>(r)];
+      for (size_t i = 0; i < order.size(); ++i) {
+        const auto [c, e] = order[i];
+        float coef = a.col_scale ? a.col_scale[c] : 1.0f;
+        if (a.edge_weight) coef *= a.edge_weight[e];
+        if (i > 0 && order[i - 1].first == c) {
+          row.back().second += coef;
+        } else {
+          row.emplace_back(c, coef);
+        }
+      }
+      for (auto& entry : row) entry.second = round_to_tf32(entry.second);
+    }
+  });
+  for (int64_t r = 0; r < g.rows; ++r) indptr[static_cast<size_t>(r) + 1] = indptr[static_cast<size_t>(r)] + static_cast<int64_t>(merged[static_cast<size_t>(r)].size());
+  std::vector<int32_t> indices(static_cast<size_t>(indptr.back()));
+  std::vector<float> coefs(indices.size());
+  for (int64_t r = 0; r < g.rows; ++r) {
+    size_t k = static_cast<size_t>(indptr[static_cast<size_t>(r)]);
+    for (const auto& [c, coef] : merged[static_cast<size_t>(r)]) {
+      indices[k] = c;
+      coefs[k++] = coef;
+    }
+  }
+  SpmmArgs m = a;
+  m.graph = CsrView{g.rows, g.cols, indptr.data(), indices.data(), nullptr};
+  m.col_scale = nullptr;
+  m.edge_weight = coefs.data();
+  spmm_rows(m, std::numeric_limits<int64_t>::max(), in_order, round_to_tf32);
 }
 
 std::string spmm_sample_width_cannot(int64_t s) {
@@ -79,7 +128,7 @@ std::string spmm_sample_width_cannot(int64_t s) {
 void spmm_sampled_cpu(const SpmmArgs& a) {
   const std::string why = spmm_sample_width_cannot(a.sample_width);
   if (!why.empty()) throw InputError("spmm sampled: " + why);
-  spmm_rows(a, a.sample_width, [&](int64_t n) { return spmm_sample_stride(n, a.sample_width, a.sampling); });
+  spmm_rows(a, a.sample_width, [&](int64_t n) { return spmm_sample_stride(n, a.sample_width, a.sampling); }, identity);
 }
 
 namespace {
@@ -216,6 +265,7 @@ const char* spmm_kind_name(SpmmKind kind) {
     case SpmmKind::kCusparse: return "cusparse";
     case SpmmKind::kMemoryAware: return "memory-aware";
     case SpmmKind::kSampled: return "sampled";
+    case SpmmKind::kTensorCore: return "tc";
   }
   return "?";
 }

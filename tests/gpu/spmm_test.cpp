@@ -21,12 +21,14 @@
 #include "kernels/cuda/buffer.hpp"
 #include "kernels/cuda/fill.hpp"
 #include "kernels/cuda/runtime.hpp"
+#include "kernels/cuda/tc_plan.hpp"
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
 #include "tests/gpu/cuda_fixture.hpp"
 #include "tests/gpu/expect_close.hpp"
 #include "tests/gpu/random_inputs.hpp"
 #include "kernels/spmm.hpp"
+#include "kernels/spmm_tc.hpp"
 
 namespace gale::kernels {
 namespace {
@@ -105,6 +107,8 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
     c.bias = o.bias ? bias.data() : nullptr;
     if (kind == SpmmKind::kSampled) {
       spmm_sampled_cpu(c);
+    } else if (kind == SpmmKind::kTensorCore) {
+      spmm_tc_cpu(c);
     } else {
       spmm_cpu(c);
     }
@@ -138,6 +142,11 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
       gar_long_rows_cuda(a.graph, d_long.data(), long_capacity, d_long_count.data(), *stream_);
       a.long_rows = {d_long.data(), d_long_count.data(), long_capacity};
     }
+    cuda::DeviceTcPlan plan;
+    if (kind == SpmmKind::kTensorCore) {
+      plan = cuda::DeviceTcPlan(*pool_, spmm_tc_translate(g.csr()), *stream_);
+      a.tc = plan.plan();
+    }
     spmm_cuda(kind, a, *stream_);
     std::vector<float> gpu = cuda::to_host_and_wait(d_out.view(), *stream_);
     // Padding columns are never written by either side: compare the matrix proper.
@@ -146,7 +155,9 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
       gpu_m.insert(gpu_m.end(), gpu.begin() + r * out_ld, gpu.begin() + r * out_ld + width);
       cpu_m.insert(cpu_m.end(), cpu.begin() + r * out_ld, cpu.begin() + r * out_ld + width);
     }
-    expect_close(gpu_m, cpu_m, 1e-4f,
+    // The tensor cores' sums are not IEEE f32 sums (each MMA adds its 8 products and the accumulator
+    // with truncation), which over a hub row's 6000 entries measured 2e-4 relative.
+    expect_close(gpu_m, cpu_m, kind == SpmmKind::kTensorCore ? 1e-3f : 1e-4f,
                  std::string(spmm_kind_name(kind)) + " width " + std::to_string(width) + " ld " +
                      std::to_string(x_ld) + " / " + std::to_string(out_ld) + " " + o.describe() +
                      (listed_ ? " (long rows listed)" : ""));
@@ -439,6 +450,37 @@ TEST_F(SpmmCudaTest, SampledMatchesItsCpuReference) {
   EXPECT_NE(spmm_cannot(SpmmKind::kSampled, a).find("sample width"), std::string::npos);
   a.sample_width = kSpmmMaxSample + 1;
   EXPECT_NE(spmm_cannot(SpmmKind::kSampled, a).find("sample width"), std::string::npos);
+}
+
+// TC-GNN's tensor-core SpMM against its TF32 twin: windows of empty rows, hubs of 6000 entries
+// (windows cut into several items, their rows summed by atomics), duplicate entries, a last window
+// of fewer than 16 rows, more sources than destinations; widths of one slice, several, partial ones
+// (scalar gathers) and both slice widths, padded rows, and rotating option combinations.
+TEST_F(SpmmCudaTest, TensorCoreMatchesItsTf32Twin) {
+  const Graph g = random_graph(71, 3001, 3500, 6000);
+  int combo = 0;
+  for (const int64_t width : {int64_t{1}, int64_t{3}, int64_t{32}, int64_t{47}, int64_t{64}, int64_t{128},
+                              int64_t{256}, int64_t{257}}) {
+    for (int i = 0; i < 4; ++i) {
+      check(SpmmKind::kTensorCore, g, width, Options::from(combo), derive_key(72, static_cast<uint64_t>(combo)));
+      combo = (combo + 37) % Options::kCombos;
+    }
+  }
+  check(SpmmKind::kTensorCore, g, 64, Options::from(4 + 2 + 1 + 8 + 32 + 64 + 128), derive_key(73, 1), /*pad=*/1);
+  check(SpmmKind::kTensorCore, g, 256, Options::from(4 + 1 + 16 + 64 + 128), derive_key(73, 2), /*pad=*/4);
+  const Graph skewed = skewed_graph(74, 2000, 2000);
+  check(SpmmKind::kTensorCore, skewed, 256, Options::from(4 + 2 + 1 + 32 + 128), derive_key(75, 1));
+  check(SpmmKind::kTensorCore, skewed, 100, Options::from(1 + 8 + 64), derive_key(75, 2));
+
+  SpmmArgs a;
+  a.graph = g.csr();
+  a.x = ConstMatrixView{nullptr, g.cols, 8, 8};
+  a.out = MatrixView{nullptr, g.rows, 8, 8};
+  EXPECT_NE(spmm_cannot(SpmmKind::kTensorCore, a).find("translation"), std::string::npos);
+  const Graph other = random_graph(76, 40, 3500, 10);
+  const SpmmTcTranslation t = spmm_tc_translate(other.csr());
+  a.tc = t.view();
+  EXPECT_NE(spmm_cannot(SpmmKind::kTensorCore, a).find("row windows"), std::string::npos);
 }
 
 TEST_F(SpmmCudaTest, CusparseMatchesCpu) {
