@@ -18,16 +18,20 @@
 #include "kernels/error.hpp"
 
 #if GALE_WITH_CUDA
+#include <tbb/info.h>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "kernels/cuda/buffer.hpp"
 #include "kernels/cuda/runtime.hpp"
+#include "kernels/cuda/tc_plan.hpp"
 #include "kernels/random.hpp"
 #include "kernels/maxk.hpp"
 #include "kernels/spmm.hpp"
+#include "kernels/spmm_tc.hpp"
 #include "storage/store.hpp"
 #endif
 
@@ -102,7 +106,8 @@ int bench_spmm(const std::vector<std::string>& args) {
       ("kernels", po::value(&kernels_text),
        "kernels to time, comma separated, from cusparse, gar, gas, memory-aware, auto, gar-scan (GAR "
        "finding its long rows by scanning, as without the graph's list), sampled:S[:fastrand|:bucket] "
-       "(ES-SpMM's edge-sampled estimate from at most S entries a row); default cusparse,gar,gas; "
+       "(ES-SpMM's edge-sampled estimate from at most S entries a row), tc[:32|:64] (TC-GNN's tensor-core SpMM in TF32, "
+       "over the graph translated once on the host; 32 or 64 output columns a warp); default cusparse,gar,gas; "
        "speedups and errors are against cusparse when it is listed")
       ("runs", po::value(&runs), "timed launches per kernel and width (default 20)")
       ("warmup", po::value(&warmup), "untimed launches first (default 5)")
@@ -126,6 +131,7 @@ int bench_spmm(const std::vector<std::string>& args) {
     bool listed = true;
     int64_t sample_width = 0;
     kernels::SpmmSampling sampling = kernels::SpmmSampling::kFastRand;
+    int tc_slice = 0;
   };
   std::vector<Kernel> kinds;
   bool with_cusparse = false;
@@ -136,6 +142,11 @@ int bench_spmm(const std::vector<std::string>& args) {
     else if (name == "gas") kinds.push_back({SpmmKind::kGas, name});
     else if (name == "auto") kinds.push_back({SpmmKind::kAuto, name});
     else if (name == "memory-aware") kinds.push_back({SpmmKind::kMemoryAware, name});
+    else if (name == "tc" || name == "tc:32" || name == "tc:64") {
+      Kernel k{SpmmKind::kTensorCore, name};
+      k.tc_slice = name == "tc" ? 0 : std::stoi(name.substr(3));
+      kinds.push_back(k);
+    }
     else if (name.rfind("sampled", 0) == 0) {
       Kernel k{SpmmKind::kSampled, name};
       try {
@@ -145,7 +156,7 @@ int bench_spmm(const std::vector<std::string>& args) {
       }
       kinds.push_back(k);
     } else
-      throw InputError("--kernels: expected cusparse, gar, gar-scan, gas, memory-aware, auto or sampled:S, found '" +
+      throw InputError("--kernels: expected cusparse, gar, gar-scan, gas, memory-aware, auto, tc[:32|:64] or sampled:S, found '" +
                        name + "'");
   }
   if (with_cusparse) kinds.insert(kinds.begin(), {SpmmKind::kCusparse, "cusparse"});
@@ -175,12 +186,27 @@ int bench_spmm(const std::vector<std::string>& args) {
   kernels::gar_long_rows_cuda({rows, cols, indptr.data(), indices.data(), nullptr}, long_rows.data(), long_capacity,
                               long_count.data(), stream);
   const int64_t long_listed = kernels::cuda::to_host_and_wait(long_count.view(), stream)[0];
+  // TC-GNN's translation, once per graph on the host, when tc is timed.
+  kernels::cuda::DeviceTcPlan tc_plan;
+  std::string tc_line;
+  if (std::any_of(kinds.begin(), kinds.end(), [](const Kernel& k) { return k.kind == SpmmKind::kTensorCore; })) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const kernels::SpmmTcTranslation t = kernels::spmm_tc_translate(host);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    tc_plan = kernels::cuda::DeviceTcPlan(pool, t, stream);
+    char line[256];
+    std::snprintf(line, sizeof line, "tc plan: %.0f ms on %d threads, %zu blocks of 16 x 8 (%.1f%% full), %zu items, %.0f MB\n",
+                  ms, tbb::this_task_arena::max_concurrency(), t.block_src.size() / kernels::kTcBlockCols,
+                  100.0 * t.density(), t.item_window.size(), static_cast<double>(t.bytes()) / 1e6);
+    tc_line = line;
+  }
 
   if (!json) {
     std::printf("device: %s\ngraph: %s, %lld rows, %lld entries (avg degree %.1f), %lld rows of more than %lld\n",
                 info.name.c_str(), source.label().c_str(), static_cast<long long>(rows), static_cast<long long>(nnz),
                 rows ? static_cast<double>(nnz) / rows : 0.0, static_cast<long long>(long_listed),
                 static_cast<long long>(kernels::kGarLongRow));
+    std::printf("%s", tc_line.c_str());
     std::printf("median of %d runs after %d warm-up, CUDA events; speedup = cusparse_ms / kernel_ms\n", runs, warmup);
     std::printf("%6s  %-18s %10s %9s %9s %12s %10s\n", "width", "kernel", "median_ms", "speedup", "GB/s", "max_abs_err",
                 "rel_err");
@@ -210,6 +236,8 @@ int bench_spmm(const std::vector<std::string>& args) {
       a.sample_width = kernel.sample_width;
       a.sampling = kernel.sampling;
       if (kernel.listed) a.long_rows = {long_rows.data(), long_count.data(), long_capacity};
+      if (kind == SpmmKind::kTensorCore) a.tc = tc_plan.plan();
+      a.tc_slice = kernel.tc_slice;
       Row row;
       row.width = w;
       row.kernel = kernel.name;

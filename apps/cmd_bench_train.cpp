@@ -121,7 +121,7 @@ int run_bench_train(const std::vector<std::string>& args) {
       ("epochs", po::value(&epochs), "timed epochs (default 5)")
       ("warmup", po::value(&warmup), "untimed epochs first (default 2)")
       ("device", po::value(&device_text), "cpu | cuda | cuda:N | auto")
-      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
+      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware | tc")
       ("tf32", po::bool_switch(&tf32), "GEMMs on TF32 tensor cores")
       ("tune-gemm", po::bool_switch(&tune_gemm), "time cuBLASLt's candidates once per large GEMM shape, keep the fastest")
       ("stack-operands", po::bool_switch(&stack_operands), "SAGE: side-by-side operands that cost memory, one GEMM instead of "

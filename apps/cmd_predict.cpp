@@ -29,7 +29,8 @@ int run_predict(const std::vector<std::string>& args) {
       ("device", po::value(&device), "where the forward pass runs: cpu (default) | cuda | cuda:N | auto "
                                      "(a GPU holds the model, the whole graph and every layer's output)")
       ("gpu-mem-budget", po::value(&gpu_budget), "cap on the GPU memory Gale allocates, e.g. 8G (default: no cap)")
-      ("spmm", po::value(&spmm), "aggregation kernel: auto | fused-gar | fused-gas | memory-aware (GPU), or "
+      ("spmm", po::value(&spmm), "aggregation kernel: auto | fused-gar | fused-gas | memory-aware | tc (GPU; tc is "
+                                 "TC-GNN's tensor-core SpMM in TF32), or "
                                  "sampled:S[:fastrand|:bucket], ES-SpMM's estimate from at most S entries a row "
                                  "(GCN, SAGE, GIN; CPU or GPU)")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)");

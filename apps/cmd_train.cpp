@@ -140,7 +140,8 @@ int run_train(const std::vector<std::string>& args) {
       ("config", po::value(&config), "read options from an INI file (command line wins)")
       ("device", po::value(&device), "cpu | cuda | cuda:N | auto (the first GPU when present)")
       ("gpu-mem-budget", po::value(&gpu_budget), "cap on the GPU memory Gale allocates, e.g. 8G (default: no cap)")
-      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
+      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware | tc (TC-GNN's "
+       "tensor-core SpMM in TF32, full-graph only)")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
       ("tune-gemm", po::bool_switch(&tune_gemm), "GPU GEMMs: time cuBLASLt's candidates once per large repeated shape "
                                                  "and keep the fastest (faster; runs may then differ in the last bits)")
@@ -258,6 +259,14 @@ int run_train(const std::vector<std::string>& args) {
   if (tune_gemm && o.deterministic)
     throw InputError("--tune-gemm: cannot be combined with --deterministic (the tuned GEMMs may differ between runs)");
   engine::ops::set_gemm_tuning(tune_gemm);
+  if (o.exec.spmm == kernels::SpmmKind::kTensorCore) {
+    if (!o.full_graph)
+      throw InputError("--spmm tc: the tensor-core SpMM aggregates a whole graph translated once (--full-graph); "
+                       "sampled blocks change every step");
+    if (o.deterministic)
+      throw InputError("--spmm tc: cannot be combined with --deterministic (a hub's rows are summed by atomics)");
+    if (gat) throw InputError("--spmm tc: aggregates gcn, sage and gin; gat's attention has kernels of its own");
+  }
   if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1");
   if (o.threads < 0) throw InputError("--threads: expected 0 (all cores) or more");
 

@@ -134,9 +134,10 @@ kernels::SpmmKind parse_spmm_kind(const std::string& text) {
   if (text == "fused-gar" || text == "gar") return kernels::SpmmKind::kGar;
   if (text == "fused-gas" || text == "gas") return kernels::SpmmKind::kGas;
   if (text == "memory-aware") return kernels::SpmmKind::kMemoryAware;
+  if (text == "tc") return kernels::SpmmKind::kTensorCore;
   if (text.rfind("sampled", 0) == 0)
     throw InputError("--spmm " + text + ": edge sampling estimates the aggregation; it is for gale predict, not training");
-  throw InputError("--spmm: expected auto, fused-gar, fused-gas or memory-aware, found '" + text + "'");
+  throw InputError("--spmm: expected auto, fused-gar, fused-gas, memory-aware or tc, found '" + text + "'");
 }
 
 kernels::SpmmKind parse_inference_spmm(const std::string& text, int64_t* sample_width, kernels::SpmmSampling* sampling) {

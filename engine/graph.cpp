@@ -8,6 +8,7 @@
 #include "kernels/error.hpp"
 #include "kernels/graph_norms.hpp"
 #include "kernels/spmm.hpp"
+#include "kernels/spmm_tc.hpp"
 #if GALE_WITH_CUDA
 #include "engine/device_context.hpp"
 #endif
@@ -208,6 +209,23 @@ kernels::GarLongRows GraphOperand::gar_long_rows(bool csc) const {
   (void)csc;
   return {};
 #endif
+}
+
+kernels::SpmmTcPlan GraphOperand::tc_plan(bool csc) const {
+  if (device_.is_cpu() || !whole_graph_) return {};
+  const int which = csc && !symmetric_ ? 1 : 0;  // a symmetric graph's CSC is its CSR
+  if (tc_arrays_[which].empty()) {
+    const Tensor indptr = (which == 1 ? csc_indptr_ : indptr_).to(Device::cpu());
+    const Tensor indices = (which == 1 ? csc_indices_ : indices_).to(Device::cpu());
+    const kernels::CsrView& g = which == 1 ? csc_ : csr_;
+    const kernels::SpmmTcTranslation t =
+        kernels::spmm_tc_translate({g.rows, g.cols, indptr.data<int64_t>(), indices.data<int32_t>(), nullptr});
+    tc_plans_[which] = t.placed([&](const std::vector<int32_t>& v) {
+      tc_arrays_[which].push_back(Tensor::from_host(v.data(), static_cast<int64_t>(v.size()), 1, DType::kI32, device_));
+      return static_cast<const int32_t*>(tc_arrays_[which].back().data<int32_t>());
+    });
+  }
+  return tc_plans_[which];
 }
 
 kernels::SspmmHubsView GraphOperand::sspmm_hubs(int64_t k) const {

@@ -89,6 +89,11 @@ class GraphOperand {
   // edge_groups). Empty on the CPU, below k = kernels::kSspmmHubMinK and for sampled blocks,
   // whose SSpMM then takes global atomics only.
   kernels::SspmmHubsView sspmm_hubs(int64_t k) const;
+  // TC-GNN's translation of the CSR (or the CSC) for the tensor-core SpMM (`--spmm tc`), built on
+  // first use and kept (a cache, like edge_groups): the arrays come back to the host once, are
+  // translated there (kernels::spmm_tc_translate, as TC-GNN preprocesses) and go up again, charged
+  // to the device's budget. Empty on the CPU and for sampled blocks.
+  kernels::SpmmTcPlan tc_plan(bool csc) const;
 
  private:
   GraphOperand() = default;
@@ -108,6 +113,8 @@ class GraphOperand {
   mutable Tensor long_rows_[2], long_row_count_[2];  // of the CSR, of the CSC
   mutable Tensor hub_ids_, hub_mask_;  // hub_ids_ has the plan's capacity rows
   mutable Tensor entry_scales_[3];
+  mutable std::vector<Tensor> tc_arrays_[2];  // of the CSR, of the CSC
+  mutable kernels::SpmmTcPlan tc_plans_[2];
   bool whole_graph_ = false;
   uint64_t id_ = 0;
 };

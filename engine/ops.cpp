@@ -9,6 +9,7 @@
 #include "kernels/dense.hpp"
 #include "kernels/error.hpp"
 #include "kernels/gather.hpp"
+#include "kernels/spmm_tc.hpp"
 #if GALE_WITH_CUDA
 #include "engine/device_context.hpp"
 #endif
@@ -475,7 +476,11 @@ void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind ki
                       active_profile ? std::string("spmm ") + kernels::spmm_kind_name(kind) + " w" + std::to_string(a.out.cols) +
                                            (a.bias || a.relu ? " fused" : "")
                                      : "");
-  if (device.is_cpu()) return kind == kernels::SpmmKind::kSampled ? kernels::spmm_sampled_cpu(a) : kernels::spmm_cpu(a);
+  if (device.is_cpu()) {
+    if (kind == kernels::SpmmKind::kSampled) return kernels::spmm_sampled_cpu(a);
+    if (kind == kernels::SpmmKind::kTensorCore) return kernels::spmm_tc_cpu(a);  // the TF32 twin
+    return kernels::spmm_cpu(a);
+  }
 #if GALE_WITH_CUDA
   const cudaStream_t s = DeviceContext::get(device.ordinal).stream();
   const int64_t ld = kernels::spmm_resolve(kind, a) == kernels::SpmmKind::kGar ? kernels::spmm_gar_padded_ld(a) : 0;

@@ -77,6 +77,8 @@ PredictReport predict(const PredictOptions& o) {
   if (id.value("num_nodes", int64_t{-1}) != store.num_nodes() || config.in_dim != store.feature_dim())
     throw CorruptStoreError(file.string() + ": checkpoint was trained on another store (" + state.config_json + ")");
 
+  if (o.exec.spmm == kernels::SpmmKind::kTensorCore && config.model == "gat")
+    throw InputError("--spmm tc: aggregates gcn, sage and gin; " + file.string() + " holds a gat model");
   if (o.exec.spmm == kernels::SpmmKind::kSampled && (config.model == "gat" || config.activation == Activation::kMaxK))
     throw InputError("--spmm sampled: samples the aggregations of gcn, sage and gin with relu; " + file.string() +
                      " holds a " + config.model + (config.activation == Activation::kMaxK ? " with maxk" : "") + " model");

@@ -79,6 +79,7 @@ void aggregate(const GraphOperand& g, Norm norm, float self_scale, kernels::Cons
   a.accumulate = ep.accumulate;
   a.sample_width = exec.spmm_sample_width;
   a.sampling = exec.spmm_sampling;
+  if (exec.spmm == kernels::SpmmKind::kTensorCore) a.tc = g.tc_plan(/*csc=*/false);
   ops::spmm(a, g.device(), exec.spmm);
 }
 void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor& x, Tensor* out,
@@ -159,6 +160,7 @@ void aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, kern
     case Norm::kMean: set_col_scale(g, GraphOperand::EntryScale::kMeanCsc, g.inv_degree(), &a); break;
     case Norm::kSum: a.self_scale = self_scale; break;
   }
+  if (exec.spmm == kernels::SpmmKind::kTensorCore) a.tc = g.tc_plan(/*csc=*/true);
   ops::spmm(a, g.device(), exec.spmm);
 }
 

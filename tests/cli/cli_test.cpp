@@ -355,6 +355,30 @@ TEST_F(Cli, PredictDeviceAndSpmmFlagsAreCheckedAndSampledRunsOnTheCpu) {
   EXPECT_TRUE(fs::exists(path("p.npy")));
 }
 
+// TC-GNN's tensor-core SpMM translates a whole graph once: mini-batches, GAT and --deterministic are
+// refused before anything runs; on the CPU full-graph training runs its TF32 twin.
+TEST_F(Cli, TensorCoreSpmmIsForWholeGraphs) {
+  const std::string store = sbm_store();
+  const std::pair<std::string, std::string> refused[] = {{"--fanouts 5,5", "--full-graph"},
+                                                         {"--model gat", "gat"},
+                                                         {"--deterministic", "--deterministic"}};
+  for (const auto& [flags, named] : refused) {
+    const CliRun r = gale("train " + store + " -q --epochs 1 --device cpu --spmm tc " + flags);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.out;
+    EXPECT_NE(r.out.find(named), std::string::npos) << r.out;
+  }
+  const CliRun typo = gale("train " + store + " -q --epochs 1 --device cpu --spmm tensor");
+  EXPECT_EQ(typo.code, 2) << typo.out;
+  EXPECT_NE(typo.out.find("memory-aware or tc"), std::string::npos) << typo.out;
+  const CliRun twin = gale("train " + store + " -q --model gcn --hidden 8 --epochs 2 --device cpu --spmm tc --checkpoint-dir " +
+                           path("tc"));
+  EXPECT_EQ(twin.code, 0) << twin.out;
+  const CliRun predict = gale("predict " + store + " --checkpoint " + path("tc") + " --out " + path("t.npy") +
+                              " --device cpu --spmm tc");
+  EXPECT_EQ(predict.code, 2) << predict.out;
+  EXPECT_FALSE(fs::exists(path("t.npy")));
+}
+
 TEST_F(Cli, StoreWithoutFeaturesCannotTrain) {
   write("edges.txt", "# a comment\n0 1\n1 2\n2 0\n");
   const std::string store = path("plain.gale");

@@ -209,6 +209,30 @@ TEST(GpuWideModelStep, EveryLayerOrderMatchesTheCpuStep) {
   }
 }
 
+// TC-GNN's tensor-core SpMM in every aggregation, forward and backward (the CSC's own translation on
+// the directed graph), against the CPU step that runs its TF32 twin: the two round the same terms,
+// so only the order of the sums and the rare value on a TF32 rounding boundary differ.
+TEST(GpuTensorCoreStep, MatchesTheCpuStepWithItsTf32Twin) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
+  for (const bool symmetric : {true, false}) {
+    const RandomGraph g = random_graph(symmetric ? 35 : 36, 301, symmetric);
+    for (const std::string model : {"gcn", "sage", "gin"}) {
+      const ModelConfig cfg = config_for(model);
+      const StepResult cpu = step(cfg, g, Device::cpu(), kernels::SpmmKind::kTensorCore);
+      const StepResult gpu = step(cfg, g, Device::cuda(0), kernels::SpmmKind::kTensorCore);
+      const std::string what = model + (symmetric ? " symmetric" : " directed");
+      EXPECT_LT(rel_error(gpu.logits, cpu.logits), 1e-3) << what;
+      EXPECT_NEAR(gpu.loss, cpu.loss, 1e-3 * std::abs(cpu.loss)) << what;
+      ASSERT_EQ(gpu.grads.size(), cpu.grads.size()) << what;
+      for (size_t i = 0; i < cpu.grads.size(); ++i) EXPECT_LT(rel_error(gpu.grads[i], cpu.grads[i]), 3e-3) << what << " parameter " << i;
+      // And the twin stays within TF32's reach of the exact step.
+      const StepResult exact = step(cfg, g, Device::cpu(), kernels::SpmmKind::kGar);
+      EXPECT_LT(rel_error(cpu.logits, exact.logits), 3e-3) << what;
+      EXPECT_GT(rel_error(cpu.logits, exact.logits), 0.0) << what << ": the twin rounded nothing";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Models, GpuModelStep,
     ::testing::Combine(::testing::Values("gcn", "sage", "gin", "gat"), ::testing::Bool(),
@@ -251,6 +275,17 @@ TEST_F(GpuCora, GasKernelReachesPygToo) {
   TrainOptions o = pyg_options("gcn");
   o.exec.spmm = kernels::SpmmKind::kGas;
   EXPECT_GE(mean_test_accuracy(o, 3), 0.80);
+}
+
+// `--spmm tc`: every aggregation of GCN and SAGE on tensor cores (TF32) keeps the CPU thresholds.
+TEST_F(GpuCora, TensorCoreSpmmReachesPygToo) {
+  for (const auto& [model, threshold] : {std::pair<std::string, double>{"gcn", 0.80}, {"sage", 0.79}}) {
+    TrainOptions o = pyg_options(model);
+    o.exec.spmm = kernels::SpmmKind::kTensorCore;
+    const double acc = mean_test_accuracy(o, 5);
+    std::printf("  gpu %s with --spmm tc: %.4f\n", model.c_str(), acc);
+    EXPECT_GE(acc, threshold) << model;
+  }
 }
 
 // PyG's options for `model`, mini-batch with fanouts 10,10 in batches of `batch`.
