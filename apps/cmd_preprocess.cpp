@@ -51,7 +51,7 @@ int run_preprocess(const std::vector<std::string>& args) {
                                              "disk and partition by streaming")
       ("temp-dir", po::value(&o.temp_dir), "where sorted runs go (default: beside the store)")
       ("generate", po::value(&o.generate), "rmat:scale=S,edge-factor=E[,a=,b=,c=,seed=] | "
-                                           "sbm:nodes=N,classes=C,avg-degree=D,feature-dim=F[,homophily=,seed=]")
+                                           "sbm:nodes=N,classes=C,avg-degree=D,feature-dim=F[,homophily=,order=random|class,seed=]")
       ("input", po::value(&o.inputs), "input files or folder");
   po::positional_options_description pos;
   pos.add("input", -1);

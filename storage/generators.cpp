@@ -120,6 +120,12 @@ GeneratorSpec parse_generator(const std::string& spec) {
     if (g.classes < 1 || g.classes > g.nodes) throw InputError("--generate sbm: 'classes' must be between 1 and nodes");
     if (g.homophily > 1) throw InputError("--generate sbm: 'homophily' must be between 0 and 1");
     if (g.feature_dim < 1) throw InputError("--generate sbm: 'feature-dim' must be at least 1");
+    if (auto it = kv.find("order"); it != kv.end()) {
+      if (it->second != "class" && it->second != "random")
+        throw InputError("--generate sbm: 'order' expects class or random, found '" + it->second + "'");
+      g.class_order = it->second == "class";
+      kv.erase(it);
+    }
   }
   if (!kv.empty()) throw InputError("--generate " + g.kind + ": unknown key '" + kv.begin()->first + "'");
   return g;
@@ -129,6 +135,7 @@ int64_t generator_nodes(const GeneratorSpec& g) { return g.kind == "rmat" ? (int
 
 int32_t generated_label(const GeneratorSpec& g, int64_t v) {
   if (g.classes < 1) return -1;
+  if (g.class_order) return static_cast<int32_t>(static_cast<__int128>(v) * g.classes / g.nodes);
   return static_cast<int32_t>(kernels::random_below(derive_key(g.seed, 1), static_cast<uint64_t>(v),
                                                     static_cast<uint64_t>(g.classes)));
 }

@@ -18,13 +18,18 @@ struct GeneratorSpec {
   // sbm
   int64_t nodes = 0;
   double avg_degree = 10, homophily = 0.8;
+  // order=class: classes numbered in blocks of consecutive ids (node v in class v * classes / nodes),
+  // as after a community-ordering relabel, so a window of consecutive rows shares its neighbours;
+  // order=random (the default): each node's class drawn at random.
+  bool class_order = false;
   // both (rmat: features / classes optional)
   int64_t classes = 0, feature_dim = 0;
   uint64_t seed = 0;
   bool seed_given = false;          // false: preprocess uses --seed
 };
 
-// Parses "rmat:scale=21,edge-factor=16" / "sbm:nodes=1M,classes=16,avg-degree=20,feature-dim=128";
+// Parses "rmat:scale=21,edge-factor=16" / "sbm:nodes=1M,classes=16,avg-degree=20,feature-dim=128"
+// (sbm also takes homophily=H and order=random|class);
 // numbers accept K, M, G suffixes. Throws InputError naming --generate and the bad key.
 GeneratorSpec parse_generator(const std::string& spec);
 

@@ -464,6 +464,31 @@ TEST(Generators, SbmIsHomophilousAndReproducible) {
   EXPECT_EQ(s.split("train").size(), 500u);
 }
 
+// order=class: the same kind of graph with each class a block of consecutive ids (what TC-GNN's
+// windows and GAR's caches like), still homophilous; other orders are refused by name.
+TEST(Generators, SbmInClassOrderNumbersClassesInBlocks) {
+  TempDir dir;
+  PreprocessOptions o;
+  o.generate = "sbm:nodes=5K,classes=50,avg-degree=10,feature-dim=8,homophily=0.8,order=class,seed=3";
+  o.output = dir / "a.gale";
+  preprocess(o);
+  const Store s = Store::open(dir / "a.gale");
+  for (int64_t v = 0; v < 5000; ++v) ASSERT_EQ(s.labels()[v], v / 100) << v;
+  int64_t same = 0;
+  for (int64_t v = 0; v < 5000; ++v)
+    for (int64_t k = s.indptr()[v]; k < s.indptr()[v + 1]; ++k) same += s.labels()[v] == s.labels()[s.indices32()[k]];
+  EXPECT_NEAR(static_cast<double>(same) / static_cast<double>(s.num_edges()), 0.80, 0.02);
+  o.generate = "sbm:nodes=5K,classes=50,order=degree";
+  o.output = dir / "b.gale";
+  try {
+    preprocess(o);
+    FAIL() << "order=degree was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("'order' expects class or random"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir / "b.gale"));
+}
+
 // Accuracy of a nearest-class-mean classifier (means from the train split) on the test split:
 // near the best any classifier can do on these features when classes are Gaussians with one
 // shared covariance, as the generator draws them.
