@@ -3,7 +3,7 @@
 //
 // One thread block takes one work item: a window of 16 rows, or kTcItemBlocks of the TC blocks of a
 // window that has more. Its warps split the output columns into slices (32 or 64 columns each; a
-// block of up to 8 warps, more slices in gridDim.y) and share the A tiles: chunks of kChunk TC
+// block of up to 8 warps, more slices in gridDim.y) and share the A tiles: chunks of 8 to 32 TC
 // blocks are built in shared memory by all the block's threads (each planned entry's coefficient,
 // edge weight x column scale, added at its row and condensed column; duplicate entries add), with
 // the blocks' source ids beside them. (Tiles built by each warp for itself, two blocks at a time and
@@ -21,6 +21,11 @@
 // term and bias: spmm_tc_prepare_kernel), its items add their scaled sums with atomics, and ReLU, if
 // asked, runs after (spmm_tc_relu_kernel). Every other row is written once, by its only item, in a
 // fixed order; such split rows and rows with duplicate entries sum in an order that can vary.
+//
+// Where the time goes (ncu, width 256, R-MAT scale 21): L2 at 80% of its peak, DRAM 65%, SM 35%. A
+// window's warps fetch whole source rows between them at once, so between windows less stays in L2
+// than in GAR's passes over 32-column tiles (L2 hit rate 39%); the tiles and their barriers cost
+// ~1.3 ms of the 17 (a build that skipped them, results wrong, took 16.7 against 18.0).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,15 +40,13 @@ namespace gale::kernels {
 
 namespace {
 
-constexpr int kChunk = 16;      // TC blocks staged in shared memory at a time
 constexpr int kMaxWarps = 8;    // slices a thread block takes
 constexpr int kTileSlots = kTcWindowRows * kTcBlockCols;
 
-__device__ __forceinline__ uint32_t to_tf32(float v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-  return r;
-}
+// v as a TF32 operand, rounded to nearest with ties away from zero: half a TF32 unit added to the
+// bits, whose low 13 the MMA then ignores. One integer add where cvt.rna.tf32.f32 takes several
+// instructions (the same result for finite values; infinities turn into NaNs).
+__device__ __forceinline__ uint32_t to_tf32(float v) { return __float_as_uint(v) + 0x1000u; }
 
 // c += A (16 x 8, row) B (8 x 8, col), TF32 inputs, f32 accumulators.
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -112,7 +115,7 @@ __device__ __forceinline__ void place_entries(const SpmmArgs& a, int32_t b, int 
 }
 
 // kVec: every slice whole (the width a multiple of 8 kTiles) and x's and out's rows 16-byte aligned.
-template <int kTiles, bool kVec>
+template <int kTiles, bool kVec, int kChunk>
 __global__ void __launch_bounds__(kMaxWarps * kWarp) spmm_tc_kernel(SpmmArgs a, int64_t slices) {
   __shared__ float tiles[kChunk][kTileSlots];
   __shared__ int32_t srcs[kChunk][kTcBlockCols];
@@ -145,10 +148,10 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp) spmm_tc_kernel(SpmmArgs a, 
     place_entries<false>(a, cb, n, condensed_base, tiles, srcs);
     __syncthreads();
     if (active) {
+      const int s0 = tile_slot(g, t), s1 = tile_slot(g + 8, t), s2 = tile_slot(g, t + 4), s3 = tile_slot(g + 8, t + 4);
 #pragma unroll 2
       for (int b = 0; b < n; ++b) {
-        const uint32_t frag[4] = {to_tf32(tiles[b][tile_slot(g, t)]), to_tf32(tiles[b][tile_slot(g + 8, t)]),
-                                  to_tf32(tiles[b][tile_slot(g, t + 4)]), to_tf32(tiles[b][tile_slot(g + 8, t + 4)])};
+        const uint32_t frag[4] = {to_tf32(tiles[b][s0]), to_tf32(tiles[b][s1]), to_tf32(tiles[b][s2]), to_tf32(tiles[b][s3])};
         float lo[kTiles], hi[kTiles];
         gather<kTiles, kVec>(a, srcs[b][t], col0 + kTiles * g, lo);
         gather<kTiles, kVec>(a, srcs[b][t + 4], col0 + kTiles * g, hi);
@@ -218,18 +221,36 @@ __global__ void spmm_tc_relu_kernel(SpmmArgs a) {
   for (int64_t c = threadIdx.x; c < a.out.cols; c += blockDim.x) o[c] = fmaxf(o[c], 0.0f);
 }
 
+template <int kTiles, int kChunk>
+void launch(const SpmmArgs& a, dim3 grid, int warps, int64_t slices, bool vec, cudaStream_t stream) {
+  if (vec) {
+    spmm_tc_kernel<kTiles, true, kChunk><<<grid, warps * kWarp, 0, stream>>>(a, slices);
+  } else {
+    spmm_tc_kernel<kTiles, false, kChunk><<<grid, warps * kWarp, 0, stream>>>(a, slices);
+  }
+  GALE_CHECK_CUDA(cudaGetLastError());
+}
+
+// Tiles a chunk holds: 8 per warp of the block, at most 32. Fewer barriers per tile pay at width 128
+// and up, but a chunk's shared memory bounds the blocks an SM holds, which for blocks of one or two
+// warps (widths to 64) is what keeps gathers in flight. Measured (ms, H100, chunks of 8 / 16 / 32 tiles)
+// on R-MAT scale 21: width 32 3.26 / 3.44 / 5.60, 64 4.96 / 4.90 / 5.50, 128 9.29 / 8.76 / 8.63, 256
+// 18.07 / 17.30 / 16.95; on a class-ordered SBM of 2M nodes: 1.61 / 1.93 / 3.16, 2.46 / 2.53 / 2.89,
+// 4.40 / 4.33 / 4.22, 8.07 / 7.88 / 7.54. (Unrolling four tiles' gathers instead of two changed
+// nothing.)
 template <int kTiles>
 void launch(const SpmmArgs& a, cudaStream_t stream) {
   const int64_t slices = (a.out.cols + 8 * kTiles - 1) / (8 * kTiles);
   const int warps = static_cast<int>(std::min<int64_t>(slices, kMaxWarps));
   const dim3 grid(static_cast<unsigned>(a.tc.items), static_cast<unsigned>((slices + warps - 1) / warps));
   const bool vec = a.out.cols % (8 * kTiles) == 0 && float4_rows(a.x.data, a.x.ld) && float4_rows(a.out.data, a.out.ld);
-  if (vec) {
-    spmm_tc_kernel<kTiles, true><<<grid, warps * kWarp, 0, stream>>>(a, slices);
+  if (warps == 1) {
+    launch<kTiles, 8>(a, grid, warps, slices, vec, stream);
+  } else if (warps == 2) {
+    launch<kTiles, 16>(a, grid, warps, slices, vec, stream);
   } else {
-    spmm_tc_kernel<kTiles, false><<<grid, warps * kWarp, 0, stream>>>(a, slices);
+    launch<kTiles, 32>(a, grid, warps, slices, vec, stream);
   }
-  GALE_CHECK_CUDA(cudaGetLastError());
 }
 
 }  // namespace

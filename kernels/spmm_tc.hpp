@@ -57,8 +57,9 @@ struct SpmmTcTranslation {
 // windows (TBB); the result does not depend on the thread count.
 SpmmTcTranslation spmm_tc_translate(const CsrView& graph);
 
-// TF32 as the tensor cores take it from cvt.rna.tf32.f32: the mantissa rounded to 10 bits, to
-// nearest with ties away from zero; infinities and NaNs unchanged.
+// TF32 as the tensor-core SpMM rounds its operands (as cvt.rna.tf32.f32 would): the mantissa
+// rounded to 10 bits, to nearest with ties away from zero; infinities and NaNs unchanged here (the
+// kernel turns infinities into NaNs).
 inline float round_to_tf32(float v) {
   uint32_t bits;
   std::memcpy(&bits, &v, sizeof bits);
