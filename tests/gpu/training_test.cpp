@@ -382,6 +382,13 @@ TEST_F(GpuCora, PredictOnTheGpuMatchesTheCpu) {
     size_t far = 0;
     for (size_t i = 0; i < lc.size(); ++i) far += !(std::fabs(lc[i] - lg[i]) <= 1e-3f + 1e-3f * std::fabs(lc[i]));
     EXPECT_EQ(far, 0u) << model << ": GPU logits far from the CPU's";
+    if (model == "gcn" || model == "sage") {  // and through the tensor-core SpMM (TF32)
+      p.exec.spmm = kernels::SpmmKind::kTensorCore;
+      p.out = (dir / (model + "_tc_pred.npy")).string();
+      p.embeddings.clear();
+      const PredictReport tc = predict(p);
+      EXPECT_NEAR(tc.test_acc, cpu.test_acc, 0.01) << model << " with --spmm tc";
+    }
   }
   std::filesystem::remove_all(dir);
 }
