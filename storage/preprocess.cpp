@@ -470,6 +470,13 @@ std::string ogb_file(const fs::path& dir, const std::string& rel) {
   return "";
 }
 
+// Partitioning takes int32 node ids.
+void require_int32_nodes(int64_t n) {
+  if (n >= (int64_t{1} << 31))
+    throw InputError("--partitions: the graph has " + std::to_string(n) +
+                     " nodes; partitioning takes graphs below 2^31 nodes (int32 indices)");
+}
+
 }  // namespace
 
 PreprocessReport preprocess(const PreprocessOptions& o) {
@@ -502,6 +509,8 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     throw InputError("--split-fractions: expected TRAIN,VALID fractions summing to at most 1");
   if (o.partitions < 0)
     throw InputError("--partitions: expected a positive part count, found " + std::to_string(o.partitions));
+  if (o.relabel == Relabel::kPartition && o.partitions == 0)
+    throw InputError("--relabel partition: needs --partitions P (the parts whose nodes become consecutive ids)");
 
   // Fails early (before any parsing) when the store exists without --force.
   StoreWriter writer(o.output, o.overwrite);
@@ -665,12 +674,8 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   CsrSpill csr = drain(&sorter, n, o.dedup, drop_self, weighted, writer.temp_dir());
   report.sorted_runs = sorter.runs();
   std::vector<int64_t> original;  // stored id -> original id
-  if (o.relabel == Relabel::kDegree) {
-    original.resize(static_cast<size_t>(n));
-    std::iota(original.begin(), original.end(), 0);
-    std::stable_sort(original.begin(), original.end(), [&](int64_t a, int64_t b) {
-      return csr.indptr[a + 1] - csr.indptr[a] > csr.indptr[b + 1] - csr.indptr[b];
-    });
+  // The graph again in the order `original`: every edge re-sorted under the new ids.
+  auto reorder = [&] {
     std::vector<int64_t> stored(static_cast<size_t>(n));
     for (int64_t s = 0; s < n; ++s) stored[original[s]] = s;
     EdgeSorter again(o.mem_budget, sort_parent);
@@ -689,6 +694,39 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     fw.reset();
     csr = drain(&again, n, false, false, weighted, writer.temp_dir());
     report.sorted_runs = std::max(report.sorted_runs, again.runs());
+  };
+  std::vector<int32_t> part;  // with --relabel partition: each stored node's part
+  if (o.relabel == Relabel::kDegree) {
+    original.resize(static_cast<size_t>(n));
+    std::iota(original.begin(), original.end(), 0);
+    std::stable_sort(original.begin(), original.end(), [&](int64_t a, int64_t b) {
+      return csr.indptr[a + 1] - csr.indptr[a] > csr.indptr[b + 1] - csr.indptr[b];
+    });
+    reorder();
+  } else if (o.relabel == Relabel::kPartition) {
+    // Partition the graph as read (its indices from the temporary file, as int32), then number the
+    // nodes part by part; the cut does not depend on the numbering.
+    require_int32_nodes(n);
+    std::vector<int32_t> indices(static_cast<size_t>(csr.nnz));
+    {
+      File fi = open_temp(csr.indices_file, "rb");
+      int64_t s;
+      for (int64_t k = 0; k < csr.nnz; ++k) {
+        if (std::fread(&s, sizeof(s), 1, fi.get()) != 1)
+          throw ResourceError(csr.indices_file.string() + ": short read of temporary edge files");
+        indices[static_cast<size_t>(k)] = static_cast<int32_t>(s);
+      }
+    }
+    const kernels::CsrView graph{n, n, csr.indptr.data(), indices.data(), nullptr};
+    const std::vector<int32_t> input_part = partition_graph(graph, o.partitions, o.mem_budget, o.seed, &report.partition_method);
+    report.partition_cut = edge_cut(graph, input_part.data());
+    indices = {};
+    original.resize(static_cast<size_t>(n));
+    std::iota(original.begin(), original.end(), 0);
+    std::stable_sort(original.begin(), original.end(), [&](int64_t a, int64_t b) { return input_part[a] < input_part[b]; });
+    part.resize(static_cast<size_t>(n));
+    for (int64_t s = 0; s < n; ++s) part[static_cast<size_t>(s)] = input_part[static_cast<size_t>(original[s])];
+    reorder();
   }
   auto orig = [&](int64_t s) { return original.empty() ? s : original[s]; };
 
@@ -713,16 +751,17 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   report.num_nodes = n;
   report.num_edges = csr.nnz;
 
-  // 4b. Partition over stored ids, reading the indices just written (mapped, not copied).
+  // 4b. Partition over stored ids, reading the indices just written (mapped, not copied), unless
+  // the relabelling has partitioned already.
   if (o.partitions > 0) {
-    if (!narrow)
-      throw InputError("--partitions: the graph has " + std::to_string(n) +
-                       " nodes; partitioning takes graphs below 2^31 nodes (int32 indices)");
-    const fs::path indices_file = writer.temp_dir() / "graph/indices.npy";
-    const MappedArray indices(indices_file, read_npy_header(indices_file.string()));
-    const kernels::CsrView graph{n, n, csr.indptr.data(), indices.as<int32_t>(), nullptr};
-    std::vector<int32_t> part = partition_graph(graph, o.partitions, o.mem_budget, o.seed, &report.partition_method);
-    report.partition_cut = edge_cut(graph, part.data());
+    if (part.empty()) {
+      require_int32_nodes(n);
+      const fs::path indices_file = writer.temp_dir() / "graph/indices.npy";
+      const MappedArray indices(indices_file, read_npy_header(indices_file.string()));
+      const kernels::CsrView graph{n, n, csr.indptr.data(), indices.as<int32_t>(), nullptr};
+      part = partition_graph(graph, o.partitions, o.mem_budget, o.seed, &report.partition_method);
+      report.partition_cut = edge_cut(graph, part.data());
+    }
     writer.write_array("partition.npy", DType::kI32, {n}, part.data());
     m.num_partitions = o.partitions;
     m.partition_method = report.partition_method;

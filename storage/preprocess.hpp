@@ -19,7 +19,10 @@ namespace gale::storage {
 
 enum class InputFormat { kAuto, kEdgeList, kOgb, kMatrixMarket, kNpy };
 enum class SelfLoops { kRemove, kKeep };  // layers add their own self terms (GCN, GAT, GIN, SAGE)
-enum class Relabel { kNone, kDegree };
+// kDegree: nodes by decreasing in-degree. kPartition: part by part (needs partitions > 0), each
+// part's nodes consecutive ids in their input order, the community order that makes a window of
+// consecutive rows share its neighbours (the tensor-core SpMM's tiles, GAR's caches).
+enum class Relabel { kNone, kDegree, kPartition };
 
 struct PreprocessOptions {
   std::vector<std::string> inputs;     // positional INPUT... (edge list files, an OGB folder, .mtx)

@@ -10,6 +10,7 @@
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
 #include "storage/generators.hpp"
+#include "storage/partition.hpp"
 #include "storage/preprocess.hpp"
 #include "storage/store.hpp"
 #include "tests/storage/test_files.hpp"
@@ -183,6 +184,34 @@ TEST(Preprocess, WeightsUndirectedDedupAndSelfLoops) {
   EXPECT_EQ(Store::open(dir / "k.gale").num_edges(), 5);
 }
 
+// r is p with its nodes renumbered (r.relabel() maps r's ids to p's): a permutation, and the
+// edges, features, labels and splits all map back to p's.
+void expect_relabelled_copy(const Store& p, const Store& r) {
+  ASSERT_NE(r.relabel(), nullptr);
+  ASSERT_EQ(p.num_nodes(), r.num_nodes());
+  const int64_t* orig = r.relabel();
+  std::set<int64_t> seen(orig, orig + r.num_nodes());
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), r.num_nodes());
+  std::set<std::pair<int64_t, int64_t>> pe, re;
+  for (int64_t v = 0; v < p.num_nodes(); ++v)
+    for (int64_t k = p.indptr()[v]; k < p.indptr()[v + 1]; ++k) pe.insert({v, p.indices32()[k]});
+  for (int64_t v = 0; v < r.num_nodes(); ++v)
+    for (int64_t k = r.indptr()[v]; k < r.indptr()[v + 1]; ++k) re.insert({orig[v], orig[r.indices32()[k]]});
+  EXPECT_EQ(pe, re);
+  const int64_t d = p.feature_dim();
+  std::vector<float> a(static_cast<size_t>(d)), b(static_cast<size_t>(d));
+  for (int64_t s = 0; s < r.num_nodes(); ++s) {
+    EXPECT_EQ(r.labels()[s], p.labels()[orig[s]]);
+    r.read_features(s, s + 1, a.data());
+    p.read_features(orig[s], orig[s] + 1, b.data());
+    EXPECT_EQ(a, b) << s;
+  }
+  std::set<int64_t> train;
+  for (int64_t s : r.split("train")) train.insert(orig[s]);
+  const auto ptrain = p.split("train");
+  EXPECT_EQ(train, std::set<int64_t>(ptrain.begin(), ptrain.end()));
+}
+
 TEST(Preprocess, RelabelByDegreeIsAConsistentPermutation) {
   TempDir dir;
   const Dataset ds;
@@ -196,29 +225,44 @@ TEST(Preprocess, RelabelByDegreeIsAConsistentPermutation) {
   rel.relabel = Relabel::kDegree;
   preprocess(rel);
   const Store p = Store::open(dir / "plain.gale"), r = Store::open(dir / "rel.gale");
-  ASSERT_NE(r.relabel(), nullptr);
-  const int64_t* orig = r.relabel();
-  std::set<int64_t> seen(orig, orig + r.num_nodes());
-  EXPECT_EQ(static_cast<int64_t>(seen.size()), r.num_nodes());
+  expect_relabelled_copy(p, r);
   for (int64_t s = 0; s + 1 < r.num_nodes(); ++s) EXPECT_GE(r.csr().degree(s), r.csr().degree(s + 1));
-  // Edges, features, labels and splits all map back to the original ids.
-  std::set<std::pair<int64_t, int64_t>> pe, re;
-  for (int64_t v = 0; v < p.num_nodes(); ++v)
-    for (int64_t k = p.indptr()[v]; k < p.indptr()[v + 1]; ++k) pe.insert({v, p.indices32()[k]});
-  for (int64_t v = 0; v < r.num_nodes(); ++v)
-    for (int64_t k = r.indptr()[v]; k < r.indptr()[v + 1]; ++k) re.insert({orig[v], orig[r.indices32()[k]]});
-  EXPECT_EQ(pe, re);
+}
+
+// --relabel partition: the same partition as without it (it is computed on the graph as read),
+// each part's nodes consecutive ids in their input order, and the rest a consistent permutation.
+TEST(Preprocess, RelabelByPartitionNumbersThePartsInTurn) {
+  TempDir dir;
+  PreprocessOptions plain;
+  plain.generate = "sbm:nodes=2K,classes=20,avg-degree=10,feature-dim=6,homophily=0.9,seed=4";
+  plain.partitions = 20;
+  plain.output = dir / "plain.gale";
+  preprocess(plain);
+  PreprocessOptions rel = plain;
+  rel.output = dir / "rel.gale";
+  rel.relabel = Relabel::kPartition;
+  const PreprocessReport report = preprocess(rel);
+  const Store p = Store::open(dir / "plain.gale"), r = Store::open(dir / "rel.gale");
+  expect_relabelled_copy(p, r);
+  ASSERT_NE(r.partition(), nullptr);
+  const int64_t* orig = r.relabel();
   for (int64_t s = 0; s < r.num_nodes(); ++s) {
-    EXPECT_EQ(r.labels()[s], p.labels()[orig[s]]);
-    float a[5], b[5];
-    r.read_features(s, s + 1, a);
-    p.read_features(orig[s], orig[s] + 1, b);
-    for (int k = 0; k < 5; ++k) EXPECT_EQ(a[k], b[k]);
+    EXPECT_EQ(r.partition()[s], p.partition()[orig[s]]) << s;
+    if (s > 0) {
+      ASSERT_LE(r.partition()[s - 1], r.partition()[s]) << s;
+      if (r.partition()[s - 1] == r.partition()[s]) EXPECT_LT(orig[s - 1], orig[s]) << s;
+    }
   }
-  std::set<int64_t> train;
-  for (int64_t s : r.split("train")) train.insert(orig[s]);
-  const auto ptrain = p.split("train");
-  EXPECT_EQ(train, std::set<int64_t>(ptrain.begin(), ptrain.end()));
+  EXPECT_EQ(report.partition_cut, edge_cut(p.csr(), p.partition()));
+  rel.partitions = 0;
+  rel.output = dir / "none.gale";
+  try {
+    preprocess(rel);
+    FAIL() << "--relabel partition ran without --partitions";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--partitions"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir / "none.gale"));
 }
 
 TEST(Preprocess, CoraFolderMatchesItsReadme) {
