@@ -216,8 +216,12 @@ TEST(GpuTensorCoreStep, MatchesTheCpuStepWithItsTf32Twin) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
   for (const bool symmetric : {true, false}) {
     const RandomGraph g = random_graph(symmetric ? 35 : 36, 301, symmetric);
-    for (const std::string model : {"gcn", "sage", "gin"}) {
-      const ModelConfig cfg = config_for(model);
+    for (const std::string model : {"gcn", "sage", "gin", "sage-maxk"}) {
+      ModelConfig cfg = config_for(model == "sage-maxk" ? "sage" : model);
+      if (model == "sage-maxk") {  // the hidden layers aggregate CBSR; the narrowing one takes tc
+        cfg.activation = Activation::kMaxK;
+        cfg.maxk = 8;
+      }
       const StepResult cpu = step(cfg, g, Device::cpu(), kernels::SpmmKind::kTensorCore);
       const StepResult gpu = step(cfg, g, Device::cuda(0), kernels::SpmmKind::kTensorCore);
       const std::string what = model + (symmetric ? " symmetric" : " directed");
