@@ -105,7 +105,7 @@ int bench_spmm(const std::vector<std::string>& args) {
       ("dims", po::value(&dims_text), "feature widths, comma separated (default 32,64,128,256)")
       ("kernels", po::value(&kernels_text),
        "kernels to time, comma separated, from cusparse, gar, gas, memory-aware, auto, gar-scan (GAR "
-       "finding its long rows by scanning, as without the graph's list), sampled:S[:fastrand|:bucket] "
+       "finding its long rows by scanning and in chunks of 16 rows, as without the graph's list and chunk rule), sampled:S[:fastrand|:bucket] "
        "(ES-SpMM's edge-sampled estimate from at most S entries a row), tc[:32|:64] (TC-GNN's tensor-core SpMM in TF32, "
        "over the graph translated once on the host; 32 or 64 output columns a warp); default cusparse,gar,gas; "
        "speedups and errors are against cusparse when it is listed")
@@ -186,6 +186,8 @@ int bench_spmm(const std::vector<std::string>& args) {
   kernels::gar_long_rows_cuda({rows, cols, indptr.data(), indices.data(), nullptr}, long_rows.data(), long_capacity,
                               long_count.data(), stream);
   const int64_t long_listed = kernels::cuda::to_host_and_wait(long_count.view(), stream)[0];
+  // GAR's chunk for this graph, as GraphOperand finds it for training (gar, auto; gar-scan keeps 16).
+  const int64_t chunk_rows = kernels::gar_chunk_rows_for(host);
   // TC-GNN's translation, once per graph on the host, when tc is timed.
   kernels::cuda::DeviceTcPlan tc_plan;
   std::string tc_line;
@@ -202,10 +204,11 @@ int bench_spmm(const std::vector<std::string>& args) {
   }
 
   if (!json) {
-    std::printf("device: %s\ngraph: %s, %lld rows, %lld entries (avg degree %.1f), %lld rows of more than %lld\n",
+    std::printf("device: %s\ngraph: %s, %lld rows, %lld entries (avg degree %.1f), %lld rows of more than %lld, "
+                "GAR chunks of %lld rows\n",
                 info.name.c_str(), source.label().c_str(), static_cast<long long>(rows), static_cast<long long>(nnz),
                 rows ? static_cast<double>(nnz) / rows : 0.0, static_cast<long long>(long_listed),
-                static_cast<long long>(kernels::kGarLongRow));
+                static_cast<long long>(kernels::kGarLongRow), static_cast<long long>(chunk_rows));
     std::printf("%s", tc_line.c_str());
     std::printf("median of %d runs after %d warm-up, CUDA events; speedup = cusparse_ms / kernel_ms\n", runs, warmup);
     std::printf("%6s  %-18s %10s %9s %9s %12s %10s\n", "width", "kernel", "median_ms", "speedup", "GB/s", "max_abs_err",
@@ -235,7 +238,10 @@ int bench_spmm(const std::vector<std::string>& args) {
       a.nnz = nnz;
       a.sample_width = kernel.sample_width;
       a.sampling = kernel.sampling;
-      if (kernel.listed) a.long_rows = {long_rows.data(), long_count.data(), long_capacity};
+      if (kernel.listed) {
+        a.long_rows = {long_rows.data(), long_count.data(), long_capacity};
+        a.gar_chunk_rows = chunk_rows;
+      }
       if (kind == SpmmKind::kTensorCore) a.tc = tc_plan.plan();
       a.tc_slice = kernel.tc_slice;
       Row row;

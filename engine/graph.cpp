@@ -52,6 +52,12 @@ GraphOperand::GraphOperand(kernels::CsrView csr, const int64_t* src_ids, const i
                (csr.weights == nullptr ||
                 std::memcmp(csc_weights_.f32(), csr.weights, static_cast<size_t>(nnz_) * 4) == 0);
   if (symmetric_) csc_indptr_ = csc_indices_ = csc_weights_ = Tensor();  // the CSR serves as its own CSC
+  if (whole_graph_) {
+    gar_chunk_rows_[0] = kernels::gar_chunk_rows_for(csr);
+    gar_chunk_rows_[1] = symmetric_ ? gar_chunk_rows_[0]
+                                    : kernels::gar_chunk_rows_for({csr.cols, csr.rows, csc_indptr_.data<int64_t>(),
+                                                                   csc_indices_.data<int32_t>(), nullptr});
+  }
 
   dst_norm_ = host_tensor(csr.rows, DType::kF32);
   src_norm_ = host_tensor(csr.cols, DType::kF32);
@@ -129,6 +135,8 @@ GraphOperand GraphOperand::to(const Device& device, bool edge_map) const {
   g.nnz_ = nnz_;
   g.symmetric_ = symmetric_;
   g.whole_graph_ = whole_graph_;
+  g.gar_chunk_rows_[0] = gar_chunk_rows_[0];
+  g.gar_chunk_rows_[1] = gar_chunk_rows_[1];
   g.id_ = next_id();
   auto copy = [&](const void* data, int64_t n, DType dtype) { return Tensor::from_host(data, n, 1, dtype, device); };
   auto move = [&](const Tensor& t) { return t.defined() ? t.to(device) : Tensor(); };

@@ -84,6 +84,9 @@ class GraphOperand {
   // on the device on first use and kept (a cache, like edge_groups), so that GAR need not scan for
   // them in every call. Empty on the CPU and for sampled blocks: GAR then scans.
   kernels::GarLongRows gar_long_rows(bool csc) const;
+  // GAR's chunk for the CSR (or the CSC): kernels::gar_chunk_rows_for, found on the host when a
+  // whole graph's operand is built; 0 (the default chunk) for sampled blocks.
+  int64_t gar_chunk_rows(bool csc) const { return gar_chunk_rows_[csc ? 1 : 0]; }
   // SSpMM's hub plan of the CSR for a CBSR of k kept values (kernels::sspmm_hub_capacity(k)
   // hubs), built on the device on first use and kept while k stays the same (a cache, like
   // edge_groups). Empty on the CPU, below k = kernels::kSspmmHubMinK and for sampled blocks,
@@ -116,6 +119,7 @@ class GraphOperand {
   mutable std::vector<Tensor> tc_arrays_[2];  // of the CSR, of the CSC
   mutable kernels::SpmmTcPlan tc_plans_[2];
   bool whole_graph_ = false;
+  int64_t gar_chunk_rows_[2] = {0, 0};  // of the CSR, of the CSC
   uint64_t id_ = 0;
 };
 

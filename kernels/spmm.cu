@@ -93,11 +93,17 @@ constexpr int kLongBlocksPerSm = GALE_GAR_LONG_PER_SM;
 // indptr and index reads of short rows contiguous. Measured at width 256 (H100), 6 long-row blocks
 // per SM: 256 / 16 rows 10.84 / 10.99 ms on the Graph500 order, 13.26 / 10.50 on the degree order;
 // 2 per SM, Graph500 order: 256 / 8 / 4 / 1 rows 10.78 / 11.07 / 11.18 / 11.48.
-#ifndef GALE_GAR_CHUNK_ROWS
-#define GALE_GAR_CHUNK_ROWS 16
-#endif
-constexpr int kChunkRows = GALE_GAR_CHUNK_ROWS;
-static_assert(kBlock % kChunkRows == 0, "a block's row table holds whole chunks");
+//
+// A graph whose 256-row spans are all light enough (gar_chunk_rows_for: none above 16 times the
+// mean) takes chunks of 256 instead (SpmmArgs::gar_chunk_rows), so a block's rows are consecutive
+// and share their sources in L1 where the graph's order puts neighbours together. Same run (H100,
+// ms at width 64 / 128 / 256, chunks of 16 -> 256): a 500K-node SBM numbered class by class 0.662 /
+// 1.293 / 2.543 -> 0.600 / 1.180 / 2.319, the 2M-node one 2.881 / 5.739 / 11.535 -> 2.563 / 5.169 /
+// 10.385, R-MAT 21 in the Graph500 order 2.613 / 5.259 / 10.727 -> 2.568 / 5.126 / 10.566; R-MAT 21
+// in degree order (where the rule keeps 16) 2.594 / 5.248 / 10.606 -> 3.961 / 6.981 / 13.283.
+constexpr int kChunkRows = 16;     // the default chunk
+constexpr int kSpanRows = kBlock;  // the chunk of graphs without heavy spans
+static_assert(kBlock % kChunkRows == 0 && kBlock % kSpanRows == 0, "a block's row table holds whole chunks");
 // Entries per GAS chunk: enough that the binary search for the chunk's first row (log2(rows)
 // dependent loads) is amortised over many gathers, small enough for ~16 chunks per SM lane group
 // on a graph of a million entries.
@@ -124,6 +130,7 @@ struct Params {
   const int64_t* long_list = nullptr;  // GAR's long rows, listed (SpmmArgs::long_rows), or null
   const int64_t* long_count = nullptr;
   int64_t long_capacity = 0;
+  int chunk_shift = 4;  // log2 of GAR's chunk rows (SpmmArgs::gar_chunk_rows)
 };
 
 // ---- element helpers: one float or one float4 (the rest in cuda/warp.cuh) -------------------
@@ -536,9 +543,10 @@ __device__ __forceinline__ int group_of(int64_t v, int64_t total, int n) {
   return static_cast<int>(((v + 1) * n + total - 1) / total) - 1;
 }
 
-// Row i of regular block j of `blocks` (see kChunkRows); past p.rows for the last chunks' tails.
-__device__ __forceinline__ int64_t block_row(int64_t j, int64_t blocks, int i) {
-  return (j + blocks * (i / kChunkRows)) * kChunkRows + i % kChunkRows;
+// Row i of regular block j of `blocks` in chunks of 2^shift rows (see kChunkRows); past p.rows for
+// the last chunks' tails.
+__device__ __forceinline__ int64_t block_row(int64_t j, int64_t blocks, int i, int shift) {
+  return ((j + blocks * (i >> shift)) << shift) + (i & ((1 << shift) - 1));
 }
 
 // The regular path for regular block j's rows (block_row) and the tile at col0.
@@ -553,7 +561,7 @@ __device__ void span_rows(const Params& p, int64_t j, int64_t blocks, int64_t co
   float* slots = sh.buf + kBlock * kTile;
   // Count: one thread per row; long rows count as empty here (their blocks write them), and so do
   // the rows past p.rows that end the table (rbeg -1: the epilogue skips both).
-  const int64_t r = block_row(j, blocks, threadIdx.x);
+  const int64_t r = block_row(j, blocks, threadIdx.x, p.chunk_shift);
   int32_t count = 0;
   sh.rbeg[threadIdx.x] = -1;
   if (r < p.rows) {
@@ -629,9 +637,9 @@ __device__ void span_rows(const Params& p, int64_t j, int64_t blocks, int64_t co
       }
     }
     if constexpr (kVecOut || KO == 1) {
-      finish<TO>(p, block_row(j, blocks, i), col, sum);
+      finish<TO>(p, block_row(j, blocks, i, p.chunk_shift), col, sum);
     } else {
-      finish_scalar_stores(p, block_row(j, blocks, i), col, sum);
+      finish_scalar_stores(p, block_row(j, blocks, i, p.chunk_shift), col, sum);
     }
   }
   __syncthreads();  // shared memory is reused by the next tile
@@ -931,6 +939,8 @@ Params make_params(const SpmmArgs& a) {
   p.long_list = a.long_rows.rows;
   p.long_count = a.long_rows.count;
   p.long_capacity = a.long_rows.capacity;
+  p.chunk_shift = a.gar_chunk_rows == kSpanRows ? 8 : 4;
+  static_assert(kChunkRows == 1 << 4 && kSpanRows == 1 << 8, "chunk_shift");
   return p;
 }
 
@@ -1252,6 +1262,8 @@ std::string spmm_cannot(SpmmKind kind, const SpmmArgs& a) {
   if (kind == SpmmKind::kAuto && a.nnz < 0) return "auto needs SpmmArgs::nnz to pick by average degree";
   if (a.long_rows.rows != nullptr && (a.long_rows.count == nullptr || a.long_rows.capacity < 0))
     return "long_rows lists rows without a count or with a negative capacity";
+  if (a.gar_chunk_rows != 0 && a.gar_chunk_rows != 16 && a.gar_chunk_rows != 256)
+    return "GAR's chunks are 16 or 256 rows, not " + std::to_string(a.gar_chunk_rows);
   if (kind == SpmmKind::kSampled) return spmm_sample_width_cannot(a.sample_width);
   if (kind == SpmmKind::kTensorCore) {
     if (a.tc.item_window == nullptr) return "the tensor-core SpMM needs the graph's translation (SpmmArgs::tc)";

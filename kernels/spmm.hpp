@@ -90,6 +90,10 @@ struct SpmmArgs {
   // GAR only: this graph's long rows, listed (device pointers); none = GAR scans for them. The list
   // must be of this very graph: a row missing from it is left unwritten.
   GarLongRows long_rows;
+  // GAR only: the consecutive rows it deals to a block at a time, 16 (0 = 16) or 256. 256 keeps a
+  // block's rows together (their shared sources hit L1) but would pile a degree-ordered graph's
+  // heavy rows onto a few blocks: gar_chunk_rows_for says which a graph takes.
+  int64_t gar_chunk_rows = 0;
   // kSampled only: ES-SpMM's sample width S (1 to kSpmmMaxSample) and strategy. A row of n > S
   // entries sums its S sampled entries' terms times n / S (an unbiased estimate of the whole
   // row's sum under FastRand); the row scale, the self term and the epilogue apply as above.
@@ -134,6 +138,11 @@ GALE_SPMM_HD inline int64_t spmm_sample_entry(int64_t j, int64_t n, int64_t stri
   return stride == 1 ? j : j * stride % n;
 }
 #undef GALE_SPMM_HD
+
+// GAR's chunk for this graph (SpmmArgs::gar_chunk_rows): 256 when no span of 256 consecutive rows
+// holds more than 16 times the mean span's entries (rows of more than kGarLongRow entries not
+// counted: blocks of their own take them), else 16. Reads indptr on the host, once per graph.
+int64_t gar_chunk_rows_for(const CsrView& graph);
 
 // The most rows of more than kGarLongRow entries a graph of `rows` rows and nnz entries can have.
 int64_t gar_long_rows_capacity(int64_t rows, int64_t nnz);

@@ -120,6 +120,22 @@ void spmm_tc_cpu(const SpmmArgs& a) {
   spmm_rows(m, std::numeric_limits<int64_t>::max(), in_order, round_to_tf32);
 }
 
+int64_t gar_chunk_rows_for(const CsrView& g) {
+  constexpr int64_t kSpan = 256, kHeavy = 16;
+  int64_t total = 0, heaviest = 0;
+  for (int64_t r0 = 0; r0 < g.rows; r0 += kSpan) {
+    int64_t entries = 0;
+    for (int64_t r = r0; r < std::min(g.rows, r0 + kSpan); ++r) {
+      const int64_t n = g.indptr[r + 1] - g.indptr[r];
+      if (n <= kGarLongRow) entries += n;
+    }
+    total += entries;
+    heaviest = std::max(heaviest, entries);
+  }
+  const int64_t spans = (g.rows + kSpan - 1) / kSpan;
+  return spans > 0 && heaviest * spans <= kHeavy * total ? kSpan : 16;
+}
+
 std::string spmm_sample_width_cannot(int64_t s) {
   if (s >= 1 && s <= kSpmmMaxSample) return "";
   return "the sample width must be 1 to " + std::to_string(kSpmmMaxSample) + ", not " + std::to_string(s);

@@ -62,6 +62,7 @@ void aggregate(const GraphOperand& g, Norm norm, float self_scale, kernels::Cons
   kernels::SpmmArgs a;
   a.graph = g.csr();
   a.long_rows = g.gar_long_rows(/*csc=*/false);
+  a.gar_chunk_rows = g.gar_chunk_rows(/*csc=*/false);
   a.nnz = g.nnz();
   a.x = x;
   a.out = out->view();
@@ -148,6 +149,7 @@ void aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, kern
   kernels::SpmmArgs a;
   a.graph = g.csc();
   a.long_rows = g.gar_long_rows(/*csc=*/true);
+  a.gar_chunk_rows = g.gar_chunk_rows(/*csc=*/true);
   a.nnz = g.nnz();
   a.x = grad;
   a.out = out;

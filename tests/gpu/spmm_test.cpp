@@ -142,6 +142,7 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
       gar_long_rows_cuda(a.graph, d_long.data(), long_capacity, d_long_count.data(), *stream_);
       a.long_rows = {d_long.data(), d_long_count.data(), long_capacity};
     }
+    a.gar_chunk_rows = chunk_rows_;
     cuda::DeviceTcPlan plan;
     if (kind == SpmmKind::kTensorCore) {
       plan = cuda::DeviceTcPlan(*pool_, spmm_tc_translate(g.csr()), *stream_);
@@ -160,9 +161,10 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
     expect_close(gpu_m, cpu_m, kind == SpmmKind::kTensorCore ? 1e-3f : 1e-4f,
                  std::string(spmm_kind_name(kind)) + " width " + std::to_string(width) + " ld " +
                      std::to_string(x_ld) + " / " + std::to_string(out_ld) + " " + o.describe() +
-                     (listed_ ? " (long rows listed)" : ""));
+                     (listed_ ? " (long rows listed)" : "") + " chunks " + std::to_string(chunk_rows_));
   }
 
+  int64_t chunk_rows_ = 0;  // check() passes GAR these chunk rows (0: 16)
   bool listed_ = false;  // check() passes GAR the graph's long-row list, built on the device
   int64_t sample_width_ = 0;  // kSampled's S and strategy (the reference is then spmm_sampled_cpu)
   SpmmSampling sampling_ = SpmmSampling::kFastRand;
@@ -481,6 +483,32 @@ TEST_F(SpmmCudaTest, TensorCoreMatchesItsTf32Twin) {
   const SpmmTcTranslation t = spmm_tc_translate(other.csr());
   a.tc = t.view();
   EXPECT_NE(spmm_cannot(SpmmKind::kTensorCore, a).find("row windows"), std::string::npos);
+}
+
+// GAR dealing 256 consecutive rows to a block at a time (gar_chunk_rows_for's choice for graphs
+// without heavy spans): the hub graph, the skewed one across tiles, both with and without the
+// long-row list, scalar and float4 paths, every epilogue option once.
+TEST_F(SpmmCudaTest, GarInChunksOf256RowsMatchesCpu) {
+  chunk_rows_ = 256;
+  const Graph g = random_graph(81, 20000, 25000, 6000);
+  const Graph skewed = skewed_graph(82, 3000, 2000);
+  int combo = 0;
+  for (const bool listed : {false, true}) {
+    listed_ = listed;
+    for (const int64_t width : {int64_t{1}, int64_t{33}, int64_t{48}, int64_t{64}, int64_t{257}}) {
+      check(SpmmKind::kGar, g, width, Options::from(combo), derive_key(83, static_cast<uint64_t>(combo)));
+      check(SpmmKind::kGar, skewed, width, Options::from(combo + 1), derive_key(84, static_cast<uint64_t>(combo)));
+      combo = (combo + 29) % (Options::kCombos - 1);
+    }
+  }
+  listed_ = false;
+  chunk_rows_ = 0;
+  SpmmArgs a;
+  a.graph = g.csr();
+  a.x = ConstMatrixView{nullptr, g.cols, 8, 8};
+  a.out = MatrixView{nullptr, g.rows, 8, 8};
+  a.gar_chunk_rows = 64;
+  EXPECT_NE(spmm_cannot(SpmmKind::kGar, a).find("16 or 256"), std::string::npos);
 }
 
 TEST_F(SpmmCudaTest, CusparseMatchesCpu) {

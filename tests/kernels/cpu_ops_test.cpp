@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <set>
 #include <tuple>
@@ -535,6 +537,30 @@ TEST(Adam, UpdateMatchesTheFormula) {
   // First step: m_hat = g', v_hat = g'^2, so w -= lr * sign(g') (up to eps).
   EXPECT_NEAR(w[0], 1.0f - 0.01f, 1e-6);
   EXPECT_NEAR(w[1], -1.0f + 0.01f, 1e-6);
+}
+
+// GAR's chunk rule: a graph whose degrees are spread evenly takes chunks of 256 rows; the same
+// graph with its heavy rows gathered at the front (a degree order) keeps 16; rows above the long-row
+// threshold do not count (their own blocks take them).
+TEST(GarChunkRows, TakesConsecutiveRowsUnlessSpansAreHeavy) {
+  const int64_t rows = 256 * 64;
+  auto graph_of = [&](const std::vector<int64_t>& degree) {
+    Graph g{rows, rows, {0}, {}};
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t k = 0; k < degree[r]; ++k) g.indices.push_back(static_cast<int32_t>((r * 7 + k) % rows));
+      g.indptr.push_back(static_cast<int64_t>(g.indices.size()));
+    }
+    return g;
+  };
+  std::vector<int64_t> spread(rows, 4);
+  for (int64_t r = 0; r < rows; r += 97) spread[r] = 300;  // heavy rows, spread out
+  EXPECT_EQ(gar_chunk_rows_for(graph_of(spread).view()), 256);
+  std::vector<int64_t> front(spread);
+  std::sort(front.begin(), front.end(), std::greater<>());  // the same degrees, heaviest first
+  EXPECT_EQ(gar_chunk_rows_for(graph_of(front).view()), 16);
+  std::vector<int64_t> longs(rows, 4);
+  for (int64_t r = 0; r < 8; ++r) longs[r] = kGarLongRow + 1;  // long rows at the front: not counted
+  EXPECT_EQ(gar_chunk_rows_for(graph_of(longs).view()), 256);
 }
 
 }  // namespace
