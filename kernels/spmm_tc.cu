@@ -25,7 +25,12 @@
 // Where the time goes (ncu, width 256, R-MAT scale 21): L2 at 80% of its peak, DRAM 65%, SM 35%. A
 // window's warps fetch whole source rows between them at once, so between windows less stays in L2
 // than in GAR's passes over 32-column tiles (L2 hit rate 39%); the tiles and their barriers cost
-// ~1.3 ms of the 17 (a build that skipped them, results wrong, took 16.7 against 18.0).
+// ~1.3 ms of the 17 (a build that skipped them, results wrong, took 16.7 against 18.0). Running the
+// slices apart instead, each block one slice (gridDim.y = slices: every window's first slice
+// first), builds each tile once per slice and lost: at width 64 / 128 / 256, blocks of at most 1
+// warp took 6.14 / 12.02 / 20.17 ms on R-MAT and 3.22 / 6.44 / 10.60 on the class-ordered SBM of
+// docs/performance.md, at most 2 warps 4.83 / 9.46 / 17.51 and 2.51 / 5.04 / 8.76, against 4.82 /
+// 8.53 / 16.94 and 2.51 / 4.20 / 7.57 with every slice of a window in one block.
 #include <cuda_runtime.h>
 
 #include <algorithm>
