@@ -60,7 +60,6 @@ constexpr int kTcItemBlocks = 256;
 
 struct SpmmTcPlan {
   int64_t windows = 0;                     // ceil(rows / kTcWindowRows)
-  int64_t blocks = 0;                      // TC blocks in all
   int64_t items = 0;                       // work items in all
   const int32_t* window_blocks = nullptr;  // windows + 1: each window's first block
   const int32_t* block_entries = nullptr;  // blocks + 1: each block's first planned entry

@@ -48,14 +48,10 @@ struct SampledParams {
   SpmmSampling sampling;
 };
 
-// The epilogue of one element: scale, self term, accumulate, bias, ReLU (spmm_cpu's order).
+// The epilogue of one element (spmm_finish with this launch's options).
 __device__ __forceinline__ float finish(const SampledParams& p, float sum, float rs, float self, float xs,
                                         float old, int64_t col) {
-  float v = rs * sum;
-  if (self != 0.0f) v += self * xs;
-  if (p.accumulate) v += old;
-  if (p.bias) v += __ldg(p.bias + col);
-  return p.relu ? fmaxf(v, 0.0f) : v;
+  return spmm_finish(sum, rs, self, xs, p.accumulate, old, p.bias, col, p.relu);
 }
 
 // T = float4 (rows of x and out 16-byte aligned, the width a multiple of 4) or float.

@@ -90,13 +90,18 @@ __device__ __forceinline__ void gather(const SpmmArgs& a, int32_t src, int64_t c
   }
 }
 
-// The epilogue of one element (spmm_cpu's order): scale, self term, accumulate, bias, ReLU.
-__device__ __forceinline__ float finish(const SpmmArgs& a, float sum, float rs, float self, int64_t r, int64_t c) {
-  float v = rs * sum;
-  if (self != 0.0f) v += self * __ldg(a.x.data + r * a.x.ld + c);
-  if (a.accumulate) v += a.out.data[r * a.out.ld + c];
-  if (a.bias) v += __ldg(a.bias + c);
-  return a.relu ? fmaxf(v, 0.0f) : v;
+// Row r's self-term coefficient: self_scale + self_coefs[r] where x has row r, else 0.
+__device__ __forceinline__ float self_coef(const SpmmArgs& a, int64_t r) {
+  return r < min(a.graph.rows, a.x.rows) ? a.self_scale + (a.self_coefs ? __ldg(a.self_coefs + r) : 0.0f) : 0.0f;
+}
+
+// The epilogue of element (r, c) (spmm_finish), reading x's and out's values only where it needs
+// them; ReLU when `relu`.
+__device__ __forceinline__ float finish(const SpmmArgs& a, float sum, float rs, float self, int64_t r, int64_t c,
+                                        bool relu) {
+  const float xs = self != 0.0f ? __ldg(a.x.data + r * a.x.ld + c) : 0.0f;
+  const float old = a.accumulate ? a.out.data[r * a.out.ld + c] : 0.0f;
+  return spmm_finish(sum, rs, self, xs, a.accumulate, old, a.bias, c, relu);
 }
 
 // Adds (or, with kClear, zeroes) the coefficients of TC blocks [b, b + n) of a window into the
@@ -169,7 +174,6 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp) spmm_tc_kernel(SpmmArgs a, 
   }
   if (!active) return;
 
-  const int64_t self_rows = min(a.graph.rows, a.x.rows);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int64_t r = static_cast<int64_t>(w) * kTcWindowRows + g + 8 * half;
@@ -189,17 +193,18 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp) spmm_tc_kernel(SpmmArgs a, 
         if (kVec || c0 + q < a.out.cols) atomicAdd(o + c0 + q, rs * v[q]);
       continue;
     }
-    const float self = r < self_rows ? a.self_scale + (a.self_coefs ? __ldg(a.self_coefs + r) : 0.0f) : 0.0f;
+    const float self = self_coef(a, r);
     if constexpr (kVec) {
 #pragma unroll
       for (int q = 0; q < 2 * kTiles; q += 4)
-        store(o + c0 + q, make_float4(finish(a, v[q], rs, self, r, c0 + q), finish(a, v[q + 1], rs, self, r, c0 + q + 1),
-                                      finish(a, v[q + 2], rs, self, r, c0 + q + 2),
-                                      finish(a, v[q + 3], rs, self, r, c0 + q + 3)));
+        store(o + c0 + q, make_float4(finish(a, v[q], rs, self, r, c0 + q, a.relu),
+                                      finish(a, v[q + 1], rs, self, r, c0 + q + 1, a.relu),
+                                      finish(a, v[q + 2], rs, self, r, c0 + q + 2, a.relu),
+                                      finish(a, v[q + 3], rs, self, r, c0 + q + 3, a.relu)));
     } else {
 #pragma unroll
       for (int q = 0; q < 2 * kTiles; ++q)
-        if (c0 + q < a.out.cols) o[c0 + q] = finish(a, v[q], rs, self, r, c0 + q);
+        if (c0 + q < a.out.cols) o[c0 + q] = finish(a, v[q], rs, self, r, c0 + q, a.relu);
     }
   }
 }
@@ -208,14 +213,9 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp) spmm_tc_kernel(SpmmArgs a, 
 __global__ void spmm_tc_prepare_kernel(SpmmArgs a) {
   const int64_t r = static_cast<int64_t>(a.tc.split_windows[blockIdx.x]) * kTcWindowRows + blockIdx.y;
   if (r >= a.graph.rows) return;
-  const float self = r < min(a.graph.rows, a.x.rows) ? a.self_scale + (a.self_coefs ? __ldg(a.self_coefs + r) : 0.0f) : 0.0f;
+  const float self = self_coef(a, r);
   float* o = a.out.data + r * a.out.ld;
-  for (int64_t c = threadIdx.x; c < a.out.cols; c += blockDim.x) {
-    float v = a.accumulate ? o[c] : 0.0f;
-    if (self != 0.0f) v += self * __ldg(a.x.data + r * a.x.ld + c);
-    if (a.bias) v += __ldg(a.bias + c);
-    o[c] = v;
-  }
+  for (int64_t c = threadIdx.x; c < a.out.cols; c += blockDim.x) o[c] = finish(a, 0.0f, 0.0f, self, r, c, /*relu=*/false);
 }
 
 // ReLU on the rows of split windows, once all their items have added.

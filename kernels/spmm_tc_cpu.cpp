@@ -14,7 +14,6 @@ namespace gale::kernels {
 SpmmTcPlan SpmmTcTranslation::view() const {
   SpmmTcPlan p;
   p.windows = windows;
-  p.blocks = static_cast<int64_t>(block_src.size()) / kTcBlockCols;
   p.items = static_cast<int64_t>(item_window.size());
   p.window_blocks = window_blocks.data();
   p.block_entries = block_entries.data();

@@ -406,24 +406,32 @@ CsrSpill drain(EdgeSorter* sorter, int64_t n, bool dedup, bool drop_self, bool w
 
 // Streams a raw file of `count` values of `from` into an array of `to` (narrowing int64 ids to
 // int32 when the graph allows).
-void copy_raw(const fs::path& raw, int64_t count, bool narrow_to_i32, NpyWriter* out) {
+// Calls fn(values, n) over the `count` int64 values of a temporary file, a million at a time.
+template <typename Fn>
+void for_raw_chunks(const fs::path& raw, int64_t count, Fn fn) {
   File f = open_temp(raw, "rb");
   std::vector<int64_t> buf(1 << 20);
-  std::vector<int32_t> narrow;
   int64_t left = count;
   while (left > 0) {
     const size_t want = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(buf.size())));
     if (std::fread(buf.data(), sizeof(int64_t), want, f.get()) != want)
       throw ResourceError(raw.string() + ": short read of temporary file");
-    if (narrow_to_i32) {
-      narrow.resize(want);
-      for (size_t i = 0; i < want; ++i) narrow[i] = static_cast<int32_t>(buf[i]);
-      out->write(narrow.data(), want * sizeof(int32_t));
-    } else {
-      out->write(buf.data(), want * sizeof(int64_t));
-    }
+    fn(buf.data(), want);
     left -= static_cast<int64_t>(want);
   }
+}
+
+void copy_raw(const fs::path& raw, int64_t count, bool narrow_to_i32, NpyWriter* out) {
+  std::vector<int32_t> narrow;
+  for_raw_chunks(raw, count, [&](const int64_t* values, size_t n) {
+    if (narrow_to_i32) {
+      narrow.resize(n);
+      for (size_t i = 0; i < n; ++i) narrow[i] = static_cast<int32_t>(values[i]);
+      out->write(narrow.data(), n * sizeof(int32_t));
+    } else {
+      out->write(values, n * sizeof(int64_t));
+    }
+  });
 }
 
 void copy_raw_floats(const fs::path& raw, int64_t count, NpyWriter* out) {
@@ -674,8 +682,12 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   CsrSpill csr = drain(&sorter, n, o.dedup, drop_self, weighted, writer.temp_dir());
   report.sorted_runs = sorter.runs();
   std::vector<int64_t> original;  // stored id -> original id
-  // The graph again in the order `original`: every edge re-sorted under the new ids.
-  auto reorder = [&] {
+  // Numbers the nodes in the order `less` sorts the input ids (ties in input order) and builds the
+  // graph again under the new ids, every edge re-sorted.
+  auto renumber = [&](auto less) {
+    original.resize(static_cast<size_t>(n));
+    std::iota(original.begin(), original.end(), 0);
+    std::stable_sort(original.begin(), original.end(), less);
     std::vector<int64_t> stored(static_cast<size_t>(n));
     for (int64_t s = 0; s < n; ++s) stored[original[s]] = s;
     EdgeSorter again(o.mem_budget, sort_parent);
@@ -697,36 +709,23 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   };
   std::vector<int32_t> part;  // with --relabel partition: each stored node's part
   if (o.relabel == Relabel::kDegree) {
-    original.resize(static_cast<size_t>(n));
-    std::iota(original.begin(), original.end(), 0);
-    std::stable_sort(original.begin(), original.end(), [&](int64_t a, int64_t b) {
-      return csr.indptr[a + 1] - csr.indptr[a] > csr.indptr[b + 1] - csr.indptr[b];
-    });
-    reorder();
+    renumber([&](int64_t a, int64_t b) { return csr.indptr[a + 1] - csr.indptr[a] > csr.indptr[b + 1] - csr.indptr[b]; });
   } else if (o.relabel == Relabel::kPartition) {
     // Partition the graph as read (its indices from the temporary file, as int32), then number the
     // nodes part by part; the cut does not depend on the numbering.
     require_int32_nodes(n);
     std::vector<int32_t> indices(static_cast<size_t>(csr.nnz));
-    {
-      File fi = open_temp(csr.indices_file, "rb");
-      int64_t s;
-      for (int64_t k = 0; k < csr.nnz; ++k) {
-        if (std::fread(&s, sizeof(s), 1, fi.get()) != 1)
-          throw ResourceError(csr.indices_file.string() + ": short read of temporary edge files");
-        indices[static_cast<size_t>(k)] = static_cast<int32_t>(s);
-      }
-    }
+    size_t next = 0;
+    for_raw_chunks(csr.indices_file, csr.nnz, [&](const int64_t* values, size_t m) {
+      for (size_t i = 0; i < m; ++i) indices[next++] = static_cast<int32_t>(values[i]);
+    });
     const kernels::CsrView graph{n, n, csr.indptr.data(), indices.data(), nullptr};
     const std::vector<int32_t> input_part = partition_graph(graph, o.partitions, o.mem_budget, o.seed, &report.partition_method);
     report.partition_cut = edge_cut(graph, input_part.data());
     indices = {};
-    original.resize(static_cast<size_t>(n));
-    std::iota(original.begin(), original.end(), 0);
-    std::stable_sort(original.begin(), original.end(), [&](int64_t a, int64_t b) { return input_part[a] < input_part[b]; });
+    renumber([&](int64_t a, int64_t b) { return input_part[a] < input_part[b]; });
     part.resize(static_cast<size_t>(n));
     for (int64_t s = 0; s < n; ++s) part[static_cast<size_t>(s)] = input_part[static_cast<size_t>(original[s])];
-    reorder();
   }
   auto orig = [&](int64_t s) { return original.empty() ? s : original[s]; };
 

@@ -68,6 +68,17 @@ __device__ __forceinline__ void add_to(float4& a, float4 b) {
   a.w += b.w;
 }
 
+// One element of the SpMM epilogue (spmm.hpp) in spmm_cpu's order: rs * sum, + self * xs (xs is
+// ignored when self is 0), + old when accumulating, + bias[col], then ReLU.
+__device__ __forceinline__ float spmm_finish(float sum, float rs, float self, float xs, bool accumulate, float old,
+                                             const float* bias, int64_t col, bool relu) {
+  float v = rs * sum;
+  if (self != 0.0f) v += self * xs;
+  if (accumulate) v += old;
+  if (bias) v += __ldg(bias + col);
+  return relu ? fmaxf(v, 0.0f) : v;
+}
+
 __device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void atomic_add(float* p, float4 v) {
 #if __CUDA_ARCH__ >= 900
