@@ -86,9 +86,11 @@ class NcclCommunicator final : public Communicator {
     kernels::cuda::DeviceGuard guard(device_.ordinal);
     ready_.record(ctx.stream());  // a wait takes the event's state when enqueued: one event serves every call
     stream_.wait(ready_);
-    spans_.emplace_back(kernels::cuda::Event(device_.ordinal, kernels::cuda::Event::Timing::kEnabled),
-                        kernels::cuda::Event(device_.ordinal, kernels::cuda::Event::Timing::kEnabled));
-    spans_.back().first.record(stream_);
+    if (used_ == spans_.size())  // the events of earlier epochs are reused: no creation per step
+      spans_.emplace_back(kernels::cuda::Event(device_.ordinal, kernels::cuda::Event::Timing::kEnabled),
+                          kernels::cuda::Event(device_.ordinal, kernels::cuda::Event::Timing::kEnabled));
+    auto& span = spans_[used_++];
+    span.first.record(stream_);
     GALE_CHECK_NCCL(ncclGroupStart());
     for (Tensor* t : tensors) {
       if (t->device() != device_ || t->dtype() != DType::kF32)
@@ -97,7 +99,7 @@ class NcclCommunicator final : public Communicator {
                                     group_->comms[static_cast<size_t>(local_)], stream_));
     }
     GALE_CHECK_NCCL(ncclGroupEnd());
-    spans_.back().second.record(stream_);
+    span.second.record(stream_);
     group_->sent[static_cast<size_t>(local_)].record(stream_);
     group_->issued_ns[static_cast<size_t>(local_)].store(now_ns());
   }
@@ -113,8 +115,8 @@ class NcclCommunicator final : public Communicator {
 
   double take_seconds() override {
     double ms = 0;
-    for (const auto& [a, b] : spans_) ms += kernels::cuda::elapsed_ms(a, b);
-    spans_.clear();
+    for (size_t i = 0; i < used_; ++i) ms += kernels::cuda::elapsed_ms(spans_[i].first, spans_[i].second);
+    used_ = 0;
     return ms * 1e-3;
   }
 
@@ -137,7 +139,8 @@ class NcclCommunicator final : public Communicator {
   Device device_;
   kernels::cuda::Stream stream_;
   kernels::cuda::Event ready_, done_;  // compute -> communication and back; one worker thread uses them
-  std::vector<std::pair<kernels::cuda::Event, kernels::cuda::Event>> spans_;
+  std::vector<std::pair<kernels::cuda::Event, kernels::cuda::Event>> spans_;  // each sum's, timed
+  size_t used_ = 0;                                                            // this epoch's
 };
 
 }  // namespace

@@ -39,6 +39,7 @@ class DeviceContext {
   void synchronize() { stream_->synchronize(); }
 
   DeviceContext(int ordinal, uint64_t budget, const std::string& budget_text);
+  ~DeviceContext();
 
  private:
   int device_;

@@ -60,6 +60,17 @@ uint64_t gpu_peak_bytes(const Device& device) {
   return 0;
 }
 
+GpuAllocationCounts gpu_allocation_counts(const Device& device) {
+#if GALE_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto c = DeviceContext::get(device.ordinal).pool().counts();
+    return {c.allocations, c.reused};
+  }
+#endif
+  (void)device;
+  return {};
+}
+
 void reset_gpu_peak(const Device& device) {
 #if GALE_WITH_CUDA
   if (device.is_cuda()) DeviceContext::get(device.ordinal).pool().reset_peak();

@@ -24,6 +24,12 @@ void set_gpu_budget(const Device& device, uint64_t bytes, const std::string& tex
 // Peak bytes allocated on `device` since the last reset (0 on the CPU), and the reset.
 uint64_t gpu_peak_bytes(const Device& device);
 void reset_gpu_peak(const Device& device);
+// Allocation calls on `device` since the process started, and how many of them a block kept on the
+// compute stream served without a driver call ({0, 0} on the CPU).
+struct GpuAllocationCounts {
+  uint64_t calls = 0, reused = 0;
+};
+GpuAllocationCounts gpu_allocation_counts(const Device& device);
 // Waits until the work queued on `device` (its compute and IO streams) has finished (nothing on
 // the CPU).
 void synchronize(const Device& device);

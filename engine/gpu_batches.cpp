@@ -2,6 +2,7 @@
 
 #include <tbb/parallel_for.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -71,11 +72,20 @@ struct GpuBatches::Impl {
     std::lock_guard<std::mutex> lock(mutex);
     if (idle.empty()) {
       streams.emplace_back(device.ordinal);
+      // A batch's sampling allocates a few dozen buffers on its stream: kept blocks spare the
+      // driver's allocator calls (kernels/cuda/runtime.hpp).
+      if (std::getenv("GALE_NO_BLOCK_CACHE") == nullptr)
+        DeviceContext::get(device.ordinal).pool().cache_frees_on(streams.back());
       return &streams.back();
     }
     kernels::cuda::Stream* s = idle.back();
     idle.pop_back();
     return s;
+  }
+  ~Impl() {
+    if (streams.empty()) return;
+    kernels::cuda::MemoryPool& pool = DeviceContext::get(device.ordinal).pool();
+    for (const kernels::cuda::Stream& stream : streams) pool.stop_caching(stream);
   }
   void release(kernels::cuda::Stream* s) {
     std::lock_guard<std::mutex> lock(mutex);

@@ -657,6 +657,12 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     int stop_signal = 0;  // agreed by every worker after a mini-batch epoch with several of them
 
     for (const Replica& r : replicas) reset_gpu_peak(r.dev);
+    GpuAllocationCounts allocations_before;
+    for (const Replica& r : replicas) {
+      const GpuAllocationCounts c = gpu_allocation_counts(r.dev);
+      allocations_before.calls += c.calls;
+      allocations_before.reused += c.reused;
+    }
     if (opt.full_graph) {
       const Tensor& x = features();
       const auto t0 = Clock::now();
@@ -796,7 +802,14 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       if (lead.batch_features) replicas[0].batch_features->take_stats();  // evaluation's reads are not the epoch's
     }
     m.eval_s = since(t_eval);
-    for (const Replica& r : replicas) m.gpu_peak_bytes = std::max(m.gpu_peak_bytes, gpu_peak_bytes(r.dev));
+    for (const Replica& r : replicas) {
+      m.gpu_peak_bytes = std::max(m.gpu_peak_bytes, gpu_peak_bytes(r.dev));
+      const GpuAllocationCounts c = gpu_allocation_counts(r.dev);
+      m.gpu_allocations += c.calls;
+      m.gpu_allocations_reused += c.reused;
+    }
+    m.gpu_allocations -= allocations_before.calls;
+    m.gpu_allocations_reused -= allocations_before.reused;
     // Ties go to the later epoch, as in PyG's reference script (`va >= best_val`).
     const double select = valid_ids.empty() ? m.train_acc : m.valid_acc;
     if (select >= result.best_valid_acc) {
@@ -814,7 +827,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
                           {"sample_s", m.sample_s},   {"io_s", m.io_s},           {"compute_s", m.compute_s},
                           {"wait_s", m.wait_s},
                           {"eval_s", m.eval_s},       {"batches", m.batches}};
-      if (devices[0].is_cuda()) j["gpu_peak_bytes"] = m.gpu_peak_bytes;
+      if (devices[0].is_cuda()) {
+        j["gpu_peak_bytes"] = m.gpu_peak_bytes;
+        j["gpu_allocations"] = {{"calls", m.gpu_allocations}, {"reused", m.gpu_allocations_reused}};
+      }
       if (!opt.full_graph) {
         j["input_nodes"] = m.input_nodes;
         j["reused_nodes"] = m.reused_nodes;

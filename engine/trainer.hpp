@@ -106,6 +106,8 @@ struct EpochMetrics {
   double eval_s = 0;
   int64_t batches = 0;
   uint64_t gpu_peak_bytes = 0;      // peak of the GPU pool during the epoch (0 on the CPU)
+  // GPU allocation calls during the epoch over every replica, and those served by kept blocks.
+  uint64_t gpu_allocations = 0, gpu_allocations_reused = 0;
   // Mini-batch: input feature rows by where they came from (engine/batch_features.hpp).
   int64_t feature_rows = 0, rows_previous = 0, rows_device = 0, rows_cache = 0, rows_host = 0;
   int64_t host_to_gpu_bytes = 0;

@@ -2,9 +2,14 @@
 // Host-only code: compiled as C++ against the CUDA runtime, no nvcc needed.
 #include "kernels/cuda/runtime.hpp"
 
+#include <algorithm>
+#include <atomic>
+#include <deque>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace gale::kernels::cuda {
 
@@ -165,10 +170,125 @@ void release_pool_device(int device) noexcept {
 
 }  // namespace
 
+// Kept blocks by stream. A stream takes its own kept blocks at once (its later work runs after the
+// free). Another registered stream takes one only once the free has finished on the GPU: blocks
+// are kept in generations, and an event recorded after a generation's frees ("sealing" it) tells
+// when every free of that generation has passed, with no dependency between the streams (the IO
+// stream takes the blocks of tensors freed on the compute stream two steps ago, a sampling stream
+// those of blocks the IO stream has finished with).
+struct MemoryPool::Cache {
+  struct Kept {
+    void* ptr;
+    uint64_t generation;
+  };
+  struct PerStream {
+    std::unordered_map<size_t, std::deque<Kept>> kept;  // by class, oldest first
+    uint64_t generation = 0;  // of the blocks kept from now on
+    uint64_t unsealed = 0;    // blocks kept in this generation
+    uint64_t completed = 0;   // the generations below it have finished on the stream
+    std::deque<std::pair<uint64_t, cudaEvent_t>> sealed;  // oldest first
+    std::vector<cudaEvent_t> spare;
+  };
+  static constexpr size_t kMaxSealed = 4;
+  std::mutex mutex;
+  std::atomic<bool> active{false};  // some stream is registered: classes and the map are in use
+  std::unordered_map<cudaStream_t, PerStream> streams;
+  std::unordered_map<void*, size_t> classed;  // live blocks allocated in a class, and the class
+  std::atomic<uint64_t> cached{0};            // bytes kept
+  uint64_t limit = 0;
+  std::atomic<uint64_t> allocations{0}, reused{0};
+
+  // Advances `ps.completed` past the sealed generations that have finished.
+  static void refresh(PerStream& ps) {
+    while (!ps.sealed.empty()) {
+      const cudaError_t status = cudaEventQuery(ps.sealed.front().second);
+      if (status == cudaErrorNotReady) return;
+      if (status != cudaSuccess) {
+        (void)cudaGetLastError();  // a sticky error: the next checked call reports it
+        return;
+      }
+      ps.completed = ps.sealed.front().first + 1;
+      ps.spare.push_back(ps.sealed.front().second);
+      ps.sealed.pop_front();
+    }
+  }
+
+  // Records an event after the blocks kept so far on `stream`; false when it cannot.
+  static bool seal(PerStream& ps, cudaStream_t stream, int device) {
+    if (ps.unsealed == 0 || ps.sealed.size() >= kMaxSealed) return false;
+    cudaEvent_t event = nullptr;
+    if (!ps.spare.empty()) {
+      event = ps.spare.back();
+      ps.spare.pop_back();
+    } else {
+      DeviceGuard guard(device);
+      if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+      }
+    }
+    if (cudaEventRecord(event, stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      ps.spare.push_back(event);
+      return false;
+    }
+    ps.sealed.emplace_back(ps.generation, event);
+    ++ps.generation;
+    ps.unsealed = 0;
+    return true;
+  }
+
+  // A kept block of class `cls` for `stream` (registered), or null. Under the mutex.
+  void* take(cudaStream_t stream, size_t cls, int device) {
+    PerStream& own = streams.at(stream);
+    if (auto it = own.kept.find(cls); it != own.kept.end() && !it->second.empty()) {
+      void* ptr = it->second.back().ptr;
+      it->second.pop_back();
+      return ptr;
+    }
+    for (auto& [other, ps] : streams) {
+      if (other == stream) continue;
+      auto it = ps.kept.find(cls);
+      if (it == ps.kept.end() || it->second.empty()) continue;
+      if (it->second.front().generation >= ps.completed) refresh(ps);
+      if (it->second.front().generation < ps.completed) {
+        void* ptr = it->second.front().ptr;
+        it->second.pop_front();
+        return ptr;
+      }
+      seal(ps, other, device);  // so that its blocks become free for this stream soon
+    }
+    return nullptr;
+  }
+
+  void destroy_events(PerStream& ps) noexcept {
+    for (auto& [gen, event] : ps.sealed) (void)cudaEventDestroy(event);
+    for (cudaEvent_t event : ps.spare) (void)cudaEventDestroy(event);
+    ps.sealed.clear();
+    ps.spare.clear();
+  }
+};
+
+namespace {
+
+// The class a block of `bytes` is allocated in on a caching stream: 256 bytes at least, otherwise
+// rounded up to an eighth of the power of two below it (at most 12.5% more).
+size_t size_class(size_t bytes) {
+  if (bytes <= 256) return 256;
+  const size_t floor_pow2 = size_t{1} << (63 - __builtin_clzll(static_cast<unsigned long long>(bytes)));
+  const size_t step = std::max<size_t>(256, floor_pow2 / 8);
+  return (bytes + step - 1) / step * step;
+}
+
+}  // namespace
+
 MemoryPool::MemoryPool(int device, uint64_t budget_bytes, std::string budget_text)
-    : device_(device), budget_(budget_bytes, "--gpu-mem-budget", std::move(budget_text)) {
+    : device_(device),
+      budget_(budget_bytes, "--gpu-mem-budget", std::move(budget_text)),
+      cache_(std::make_unique<Cache>()) {
   require_device(device);
   claim_pool_device(device);
+  cache_->limit = std::min<uint64_t>(uint64_t{2} << 30, budget_.unlimited() ? ~uint64_t{0} : budget_bytes / 4);
   try {
     // A pool of our own rather than the device's default pool: its release threshold and trims
     // then cannot disturb other libraries that use cudaMallocAsync on the default pool.
@@ -191,6 +311,14 @@ MemoryPool::MemoryPool(int device, uint64_t budget_bytes, std::string budget_tex
 }
 
 MemoryPool::~MemoryPool() {
+  // Blocks still kept belong to streams that were never unregistered (and may be gone): freed
+  // synchronously, so the pool does not stay alive for them.
+  for (auto& [stream, ps] : cache_->streams) {
+    for (auto& [cls, blocks] : ps.kept)
+      for (const Cache::Kept& k : blocks) (void)cudaFree(k.ptr);
+    cache_->destroy_events(ps);
+  }
+  (void)cudaGetLastError();
   // Allocations still pending a stream-ordered free keep the pool alive inside the driver until
   // they complete; the destroy itself returns at once.
   (void)cudaMemPoolDestroy(pool_);
@@ -199,9 +327,36 @@ MemoryPool::~MemoryPool() {
 
 void* MemoryPool::allocate(size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return nullptr;
+  Cache& c = *cache_;
+  c.allocations.fetch_add(1, std::memory_order_relaxed);
+  bool classed = false;
+  if (c.active.load(std::memory_order_acquire) && bytes <= kMaxCachedBlock) {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (c.streams.count(stream) != 0) {
+      classed = true;
+      bytes = size_class(bytes);
+      budget_.charge(bytes);  // throws with every block still kept
+      if (void* ptr = c.take(stream, bytes, device_)) {
+        c.cached.fetch_sub(bytes, std::memory_order_relaxed);
+        c.classed.emplace(ptr, bytes);
+        c.reused.fetch_add(1, std::memory_order_relaxed);
+        return ptr;
+      }
+      budget_.release(bytes);
+    }
+  }
+  // Kept blocks give way to live ones: the budget bounds both together.
+  if (c.cached.load(std::memory_order_relaxed) != 0 && !budget_.unlimited() &&
+      budget_.in_use() + c.cached.load(std::memory_order_relaxed) + bytes > budget_.limit())
+    release_cached(nullptr);
   budget_.charge(bytes);  // throws before the device is touched
   void* ptr = nullptr;
-  const cudaError_t status = cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream);
+  cudaError_t status = cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream);
+  if (status == cudaErrorMemoryAllocation && c.cached.load(std::memory_order_relaxed) != 0) {
+    (void)cudaGetLastError();
+    release_cached(nullptr);
+    status = cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream);
+  }
   if (status != cudaSuccess) {
     budget_.release(bytes);
     if (status == cudaErrorMemoryAllocation) {
@@ -214,16 +369,79 @@ void* MemoryPool::allocate(size_t bytes, cudaStream_t stream) {
     }
     throw_cuda_error(status, "cudaMallocFromPoolAsync(...)", __FILE__, __LINE__);
   }
+  if (classed) {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    c.classed.emplace(ptr, bytes);
+  }
   return ptr;
 }
 
 void MemoryPool::deallocate(void* ptr, size_t bytes, cudaStream_t stream) noexcept {
   if (ptr == nullptr) return;
+  Cache& c = *cache_;
+  if (c.active.load(std::memory_order_acquire)) {
+    std::unique_lock<std::mutex> lock(c.mutex);
+    if (auto it = c.classed.find(ptr); it != c.classed.end()) {
+      bytes = it->second;  // what was charged
+      c.classed.erase(it);
+      budget_.release(bytes);
+      auto s = c.streams.find(stream);
+      if (s != c.streams.end() && c.cached.load(std::memory_order_relaxed) + bytes <= c.limit) {
+        Cache::PerStream& ps = s->second;
+        ps.kept[bytes].push_back({ptr, ps.generation});  // the stream's later work runs after this free
+        ++ps.unsealed;
+        c.cached.fetch_add(bytes, std::memory_order_relaxed);
+        return;
+      }
+      lock.unlock();
+      if (cudaFreeAsync(ptr, stream) != cudaSuccess) (void)cudaGetLastError();
+      return;
+    }
+  }
   // Called from destructors, so a failure cannot be thrown; it can only follow an earlier,
   // sticky device error that the next checked call reports anyway.
   if (cudaFreeAsync(ptr, stream) != cudaSuccess) (void)cudaGetLastError();
   budget_.release(bytes);
 }
+
+void MemoryPool::cache_frees_on(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(cache_->mutex);
+  cache_->streams.try_emplace(stream);
+  cache_->active.store(true, std::memory_order_release);
+}
+
+void MemoryPool::stop_caching(cudaStream_t stream) noexcept {
+  release_cached(stream);
+  std::lock_guard<std::mutex> lock(cache_->mutex);
+  if (auto it = cache_->streams.find(stream); it != cache_->streams.end()) {
+    cache_->destroy_events(it->second);
+    cache_->streams.erase(it);
+  }
+}
+
+void MemoryPool::release_cached(cudaStream_t stream) noexcept {
+  std::vector<std::pair<cudaStream_t, void*>> blocks;
+  {
+    std::lock_guard<std::mutex> lock(cache_->mutex);
+    for (auto& [s, ps] : cache_->streams) {
+      if (stream != nullptr && s != stream) continue;
+      for (auto& [cls, list] : ps.kept) {
+        for (const Cache::Kept& k : list) blocks.emplace_back(s, k.ptr);
+        cache_->cached.fetch_sub(cls * list.size(), std::memory_order_relaxed);
+        list.clear();
+      }
+      ps.unsealed = 0;
+    }
+  }
+  for (auto [s, p] : blocks)
+    if (cudaFreeAsync(p, s) != cudaSuccess) (void)cudaGetLastError();
+}
+
+MemoryPool::Counts MemoryPool::counts() const noexcept {
+  return {cache_->allocations.load(std::memory_order_relaxed), cache_->reused.load(std::memory_order_relaxed)};
+}
+
+uint64_t MemoryPool::cached_bytes() const noexcept { return cache_->cached.load(std::memory_order_relaxed); }
 
 uint64_t MemoryPool::reserved() const {
   uint64_t bytes = 0;
@@ -232,6 +450,7 @@ uint64_t MemoryPool::reserved() const {
 }
 
 void MemoryPool::trim(uint64_t keep_bytes) {
+  release_cached(nullptr);
   GALE_CHECK_CUDA(cudaMemPoolTrimTo(pool_, keep_bytes));
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "kernels/cuda/budget.hpp"
@@ -151,13 +152,40 @@ class MemoryPool {
   // Bytes the pool holds from the driver: in use plus cached free memory.
   uint64_t reserved() const;
   // Returns cached free memory beyond `keep_bytes` to the driver (e.g. before NCCL or cuBLAS
-  // allocate outside the pool).
+  // allocate outside the pool); blocks kept by cache_frees_on go back to the pool first.
   void trim(uint64_t keep_bytes = 0);
 
+  // Keeps blocks freed on `stream` for later allocations, without a driver call either way. A
+  // training step allocates and frees about a hundred tensors, and cudaMallocFromPoolAsync and
+  // cudaFreeAsync take a lock that every thread of the process shares: with one worker thread per
+  // GPU each call costs about twice what it costs alone (2 H200s: 0.6 -> 1.3 us). Blocks up to
+  // kMaxCachedBlock are allocated on such a stream in size classes (an eighth of a power of two
+  // apart, so at most 12.5% larger; the budget is charged the class) and kept when freed on one.
+  // The stream itself reuses them at once; another caching stream once the free has finished on
+  // the GPU (an event after each generation of frees tells), so no stream ever waits for another.
+  // The pool keeps at most a quarter of the budget (and 2 GiB) so, and hands it all back whenever
+  // an allocation would otherwise pass the budget, and on trim(). The stream must outlive the
+  // registration: stop_caching(stream) returns its blocks before it is destroyed.
+  static constexpr size_t kMaxCachedBlock = size_t{64} << 20;
+  void cache_frees_on(cudaStream_t stream);
+  void stop_caching(cudaStream_t stream) noexcept;
+  // Allocation calls so far, and how many of them a kept block served.
+  struct Counts {
+    uint64_t allocations = 0;
+    uint64_t reused = 0;
+  };
+  Counts counts() const noexcept;
+  uint64_t cached_bytes() const noexcept;
+
  private:
+  struct Cache;
+  // Frees the kept blocks of `stream` (every stream when null) to the pool. Never throws.
+  void release_cached(cudaStream_t stream) noexcept;
+
   int device_;
   cudaMemPool_t pool_ = nullptr;
   MemoryBudget budget_;
+  std::unique_ptr<Cache> cache_;
 };
 
 // A cuBLAS handle bound to one stream for its whole life. Its workspace comes from the pool, so

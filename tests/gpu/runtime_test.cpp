@@ -85,6 +85,125 @@ TEST_F(GpuRuntime, FreedBuffersReturnInUseToZeroAndTheirMemoryIsReused) {
   EXPECT_EQ(pool.in_use(), 0u);
 }
 
+TEST_F(GpuRuntime, BlocksFreedOnACachingStreamServeItsNextAllocationsInSizeClasses) {
+  MemoryPool pool(0);
+  Stream cached(0), plain(0);
+  pool.cache_frees_on(cached);
+  void* first = pool.allocate(1000, cached);
+  EXPECT_EQ(pool.in_use(), 1024u);  // the class is charged: 1000 bytes round to 1024
+  pool.deallocate(first, 1000, cached);
+  EXPECT_EQ(pool.in_use(), 0u);
+  EXPECT_EQ(pool.cached_bytes(), 1024u);
+  void* second = pool.allocate(900, cached);  // the same class: the kept block, no driver call
+  EXPECT_EQ(second, first);
+  EXPECT_EQ(pool.cached_bytes(), 0u);
+  EXPECT_EQ(pool.counts().allocations, 2u);
+  EXPECT_EQ(pool.counts().reused, 1u);
+  // Another stream neither rounds nor takes kept blocks; a block of the caching stream freed on
+  // another stream is not kept.
+  void* other = pool.allocate(1000, plain);
+  EXPECT_EQ(pool.in_use(), 1024u + 1000u);
+  pool.deallocate(other, 1000, plain);
+  pool.deallocate(second, 900, plain);
+  EXPECT_EQ(pool.cached_bytes(), 0u);
+  EXPECT_EQ(pool.in_use(), 0u);
+  // Classes: 256 bytes at least, an eighth of a power of two apart, exact past kMaxCachedBlock.
+  const std::pair<size_t, size_t> classes[] = {{1, 256}, {256, 256}, {257, 512}, {4096, 4096}, {4097, 4608},
+                                               {5000, 5120}, {(size_t{3} << 20) + 1, (size_t{3} << 20) + 256 * kKiB},
+                                               {MemoryPool::kMaxCachedBlock + 1, MemoryPool::kMaxCachedBlock + 1}};
+  for (const auto& [bytes, cls] : classes) {
+    void* p = pool.allocate(bytes, cached);
+    EXPECT_EQ(pool.in_use(), cls) << bytes;
+    pool.deallocate(p, bytes, cached);
+  }
+  EXPECT_EQ(pool.in_use(), 0u);
+  cached.synchronize();
+}
+
+TEST_F(GpuRuntime, AnotherCachingStreamTakesAKeptBlockOnlyOnceItsFreeHasFinished) {
+  MemoryPool pool(0);
+  Stream a(0), b(0);
+  pool.cache_frees_on(a);
+  pool.cache_frees_on(b);
+  void* block = pool.allocate(4000, a);
+  fill<int32_t>(static_cast<int32_t*>(block), 1000, 7, a);
+  pool.deallocate(block, 4000, a);
+  // Nothing tells yet whether a's free has happened: a new block (the try seals a's frees).
+  void* early = pool.allocate(4000, b);
+  EXPECT_NE(early, block);
+  a.synchronize();
+  void* later = pool.allocate(4000, b);  // the sealed generation has finished now
+  EXPECT_EQ(later, block);
+  EXPECT_EQ(pool.counts().reused, 1u);
+  pool.deallocate(early, 4000, b);
+  pool.deallocate(later, 4000, b);
+  void* own = pool.allocate(4000, b);  // b's own kept blocks come back at once
+  EXPECT_TRUE(own == early || own == later);
+  pool.deallocate(own, 4000, b);
+  pool.stop_caching(a);
+  pool.stop_caching(b);
+  EXPECT_EQ(pool.cached_bytes(), 0u);
+  b.synchronize();
+}
+
+TEST_F(GpuRuntime, KeptBlocksGiveWayToLiveOnesUnderTheBudgetAndWhenTheStreamStopsCaching) {
+  MemoryPool pool(0, 16 * kMiB, "16M");  // keeps at most a quarter of the budget: 4 MiB
+  Stream stream(0);
+  pool.cache_frees_on(stream);
+  { DeviceBuffer<uint8_t> a(pool, 3 * kMiB, stream); }
+  EXPECT_EQ(pool.cached_bytes(), 3 * kMiB);
+  { DeviceBuffer<uint8_t> too_many(pool, 5 * kMiB, stream); }  // would pass the 4 MiB kept: freed
+  EXPECT_EQ(pool.cached_bytes(), 3 * kMiB);
+  {
+    // 14 MiB live with 3 MiB kept would pass the budget: the kept block goes back first.
+    DeviceBuffer<uint8_t> big(pool, 14 * kMiB, stream);
+    EXPECT_EQ(pool.cached_bytes(), 0u);
+    EXPECT_EQ(pool.in_use(), 14 * kMiB);
+    EXPECT_THROW(DeviceBuffer<uint8_t>(pool, 3 * kMiB, stream), ResourceError);  // the budget still holds
+  }
+  EXPECT_EQ(pool.cached_bytes(), 0u);  // 14 MiB is past the 4 MiB the pool keeps
+  { DeviceBuffer<uint8_t> b(pool, 2 * kMiB, stream); }
+  EXPECT_EQ(pool.cached_bytes(), 2 * kMiB);
+  pool.stop_caching(stream);
+  EXPECT_EQ(pool.cached_bytes(), 0u);
+  { DeviceBuffer<uint8_t> c(pool, 2 * kMiB, stream); }
+  EXPECT_EQ(pool.cached_bytes(), 0u);
+  EXPECT_EQ(pool.in_use(), 0u);
+  stream.synchronize();
+}
+
+TEST_F(GpuRuntime, ThreadsReuseTheirStreamsKeptBlocksWithTheirDataIntact) {
+  const uint64_t key = std::random_device{}();
+  SCOPED_TRACE("random key " + std::to_string(key));
+  MemoryPool pool(0, 256 * kMiB, "256M");
+  std::vector<std::thread> threads;
+  std::vector<int> wrong(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      Stream stream(0);
+      pool.cache_frees_on(stream);
+      std::mt19937_64 rng(key + static_cast<uint64_t>(t));
+      for (int i = 0; i < 100; ++i) {
+        const size_t n = 1 + rng() % (kMiB / 4);  // reuses across sizes of one class
+        const auto value = static_cast<int32_t>(rng());
+        DeviceBuffer<int32_t> buffer(pool, n, stream);
+        fill<int32_t>(buffer.data(), n, value, stream);
+        std::vector<int32_t> back(n);
+        copy_to_host(back.data(), buffer.data(), n, stream);
+        stream.synchronize();
+        for (int32_t v : back) wrong[t] += v != value;
+      }
+      pool.stop_caching(stream);
+      stream.synchronize();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int w : wrong) EXPECT_EQ(w, 0);
+  EXPECT_EQ(pool.in_use(), 0u);
+  EXPECT_EQ(pool.cached_bytes(), 0u);
+  EXPECT_GT(pool.counts().reused, 0u);
+}
+
 TEST_F(GpuRuntime, RandomDataSurvivesARoundTripAndFillSetsOnlyItsRange) {
   const uint64_t key = std::random_device{}();
   SCOPED_TRACE("random key " + std::to_string(key));

@@ -341,6 +341,9 @@ TEST_F(GpuCora, GpuSamplerWithReorderWindowPrefetchAndGat) {
   EXPECT_GT(last.input_nodes, 0);
   EXPECT_GT(last.reused_nodes, 0);
   EXPECT_EQ(last.feature_rows, last.input_nodes);
+  // Steady steps allocate from blocks the pool kept (kernels/cuda/runtime.hpp), not the driver.
+  EXPECT_GT(last.gpu_allocations, 0u);
+  EXPECT_GT(last.gpu_allocations_reused, last.gpu_allocations / 2);
   EXPECT_GE(train(minibatch_options("gat", 64)).test_acc_at_best_valid, 0.76);
 }
 
