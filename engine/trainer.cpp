@@ -95,6 +95,9 @@ struct WorkerEpoch {
   double wall_s = 0;
   scheduler::PipelineTimes times;
   double io_s = 0, allreduce_s = 0;
+  // Host seconds the steps spent enqueueing the gradient sums, and waiting for the lagged read of
+  // the stop votes (worker 0's are reported: where a worker's host, not its GPU, holds it up).
+  double allreduce_host_s = 0, vote_wait_s = 0;
   FeatureLoadStats features;
   uint64_t checksum = 0;
   int stop = 0;  // TrainOptions::stop as this worker saw it after the epoch
@@ -504,7 +507,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     size_t bucket_bytes = 0;
     auto flush = [&] {
       if (bucket.empty()) return;
+      const auto t_sum = Clock::now();
       r.comm->all_reduce_sum(bucket);
+      out.allreduce_host_s += since(t_sum);
       bucket.clear();
       bucket_bytes = 0;
     };
@@ -607,7 +612,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           if (votes) {
             vote_reads->copy(slot, vote_sums[static_cast<size_t>(slot)]);
             if (b - kVoteLag >= first_batch && b + 1 < plan.num_batches()) {
+              const auto t_read = Clock::now();
               const float* sums = vote_reads->read(static_cast<int>((b - kVoteLag) % (kVoteLag + 1)));
+              out.vote_wait_s += since(t_read);
               if (sums[0] > 0.0f || sums[1] > 0.0f) {
                 out.checkpoint_break = sums[0] == 0.0f;
                 agreed.store(1);
@@ -750,6 +757,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
         m.compute_s += w0.times.consume_s;
         m.wait_s += w0.times.wait_s;
         m.allreduce_s += w0.allreduce_s;
+        m.allreduce_host_s += w0.allreduce_host_s;
+        m.vote_wait_s += w0.vote_wait_s;
         m.reorder_s += w0.times.reorder_s;
         m.replica_checksum = w0.checksum;
         const int64_t end = w0.times.consumed_end;
@@ -844,6 +853,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
         j["seed_split"] = by_partition ? "partitions" : "slices";
         j["allreduce_s"] = m.allreduce_s;
         j["worker_allreduce_s"] = m.worker_allreduce_s;
+        j["allreduce_host_s"] = m.allreduce_host_s;
+        j["vote_wait_s"] = m.vote_wait_s;
         if (opt.check_replicas) j["replica_checksum"] = m.replica_checksum;
       }
       if (lead.batch_features) {

@@ -120,6 +120,8 @@ struct EpochMetrics {
   std::vector<double> worker_seeds_per_s;
   double allreduce_s = 0;
   std::vector<double> worker_allreduce_s;  // every worker's time summing gradients, in rank order
+  // Worker 0's host seconds enqueueing the sums and waiting for the lagged stop votes.
+  double allreduce_host_s = 0, vote_wait_s = 0;
   uint64_t replica_checksum = 0;
 };
 
