@@ -186,7 +186,9 @@ std::vector<std::vector<Parameter*>> Model::parameters_by_layer() {
 }
 
 void Model::zero_grad() {
-  for (Parameter* p : parameters()) ops::zero(&p->grad);
+  std::vector<Tensor*> grads;
+  for (Parameter* p : parameters()) grads.push_back(&p->grad);
+  ops::zero_many(grads);
 }
 
 int64_t Model::num_parameters() {
@@ -225,7 +227,9 @@ void Adam::step() {
   a.eps = eps_;
   a.weight_decay = weight_decay_;
   a.step = step_;
-  for (size_t i = 0; i < params_.size(); ++i) ops::adam_update(&params_[i]->value, params_[i]->grad, &m_[i], &v_[i], a);
+  std::vector<ops::AdamSlot> slots;
+  for (size_t i = 0; i < params_.size(); ++i) slots.push_back({&params_[i]->value, &params_[i]->grad, &m_[i], &v_[i]});
+  ops::adam_update_many(slots, a);
 }
 
 }  // namespace gale::engine

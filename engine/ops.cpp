@@ -267,6 +267,33 @@ void zero(Tensor* t) {
 #endif
 }
 
+void zero_many(const std::vector<Tensor*>& tensors) {
+  if (tensors.empty()) return;
+  const Device device = tensors[0]->device();
+  for (const Tensor* t : tensors) {
+    if (t->nbytes() == 0) continue;
+    same_device(*tensors[0], *t, "zero_many");
+    GALE_ASSERT(t->dtype() == DType::kF32);
+  }
+  if (device.is_cpu()) {
+    for (Tensor* t : tensors) zero(t);
+    return;
+  }
+  const OpTimer timer(OpKind::kOther, device, "zero");
+#if GALE_WITH_CUDA
+  std::vector<float*> data;
+  std::vector<int64_t> counts;
+  for (Tensor* t : tensors) {
+    if (t->nbytes() == 0) continue;
+    data.push_back(t->f32());
+    counts.push_back(t->numel());
+  }
+  kernels::zero_many_cuda(data.data(), counts.data(), static_cast<int>(data.size()), stream(*tensors[0]));
+#else
+  no_cuda();
+#endif
+}
+
 void copy_into_columns(const Tensor& src, Tensor* dst, int64_t col) {
   same_device(src, *dst, "copy_into_columns");
   GALE_ASSERT(src.dtype() == DType::kF32 && dst->dtype() == DType::kF32);
@@ -508,6 +535,29 @@ void adam_update(Tensor* w, const Tensor& g, Tensor* m, Tensor* v, const kernels
   if (w->device().is_cpu()) return kernels::adam_update(w->f32(), g.f32(), m->f32(), v->f32(), w->numel(), p);
 #if GALE_WITH_CUDA
   kernels::adam_update_cuda(w->f32(), g.f32(), m->f32(), v->f32(), w->numel(), p, stream(*w));
+#else
+  no_cuda();
+#endif
+}
+
+void adam_update_many(const std::vector<AdamSlot>& slots, const kernels::AdamParams& p) {
+  if (slots.empty()) return;
+  const Device device = slots[0].w->device();
+  for (const AdamSlot& s : slots) {
+    same_device(*slots[0].w, *s.w, "adam_update_many");
+    same_device(*s.w, *s.g, "adam_update_many");
+    same_shape(*s.w, *s.g, "adam_update_many");
+  }
+  if (device.is_cpu()) {
+    for (const AdamSlot& s : slots) adam_update(s.w, *s.g, s.m, s.v, p);
+    return;
+  }
+  const OpTimer timer(OpKind::kOther, device, "adam");
+#if GALE_WITH_CUDA
+  std::vector<kernels::AdamTensor> tensors;
+  for (const AdamSlot& s : slots)
+    if (s.w->numel() > 0) tensors.push_back({s.w->f32(), s.g->f32(), s.m->f32(), s.v->f32(), s.w->numel()});
+  kernels::adam_update_many_cuda(tensors.data(), static_cast<int>(tensors.size()), p, stream(*slots[0].w));
 #else
   no_cuda();
 #endif

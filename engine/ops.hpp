@@ -101,6 +101,8 @@ void column_sum(const Tensor& x, Tensor* out, bool accumulate);  // out (1 x col
 void add_column_sums(const Tensor& x, const Tensor* sums, Tensor* out);
 void axpy(const Tensor& x, float alpha, Tensor* y);              // y += alpha x
 void zero(Tensor* t);
+// Zeroes f32 tensors of one device (a model's gradients): one launch on a GPU.
+void zero_many(const std::vector<Tensor*>& tensors);
 void copy(const Tensor& src, Tensor* dst);  // same shape and dtype, same device
 // Column blocks of f32 tensors, for operands laid side by side: dst's rows [0, src.rows()) and
 // columns [col, col + src.cols()) = src; t's rows [row0, row1) and columns [col0, col1) = 0;
@@ -140,6 +142,14 @@ void dropout_backward(const Tensor& grad_out, Tensor* grad_in, float p, uint64_t
 void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind kind);
 
 void adam_update(Tensor* w, const Tensor& g, Tensor* m, Tensor* v, const kernels::AdamParams& p);
+// adam_update over several parameters of one device, with the same arithmetic: one launch on a GPU.
+struct AdamSlot {
+  Tensor* w;
+  const Tensor* g;
+  Tensor* m;
+  Tensor* v;
+};
+void adam_update_many(const std::vector<AdamSlot>& slots, const kernels::AdamParams& p);
 
 // ---- MaxK (kernels/maxk.hpp) -------------------------------------------------------------------
 

@@ -67,6 +67,15 @@ double softmax_cross_entropy_cpu(ConstMatrixView logits, const int32_t* labels, 
 // w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 void adam_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamParams& p);
 
+// One tensor of a step over several: weights, gradient, moments, element count.
+struct AdamTensor {
+  float* w;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+};
+
 }  // namespace gale::kernels
 
 // The CUDA twins. Declared without CUDA headers so CPU-only code can include this file; the types
@@ -152,6 +161,12 @@ void dropout_backward_cuda(ConstMatrixView grad_out, MatrixView grad_in, float p
 // Same float operations in the same order as adam_update, without FMA contraction.
 void adam_update_cuda(float* w, const float* g, float* m, float* v, int64_t n, const AdamParams& p,
                       cudaStream_t stream);
+// adam_update_cuda over several tensors, element for element the same arithmetic, in one launch per
+// kAdamTensorsPerLaunch tensors (a model's step in one launch instead of one per parameter).
+constexpr int kAdamTensorsPerLaunch = 32;
+void adam_update_many_cuda(const AdamTensor* tensors, int count, const AdamParams& p, cudaStream_t stream);
+// Zeroes several float arrays, kAdamTensorsPerLaunch to a launch (a model's gradients at once).
+void zero_many_cuda(float* const* data, const int64_t* counts, int count, cudaStream_t stream);
 
 // Device scratch softmax_cross_entropy_cuda needs (CUB style: the caller allocates it, e.g. a
 // DeviceBuffer<uint8_t> from the MemoryPool, so it is charged to the budget): one double loss and

@@ -433,6 +433,63 @@ __global__ void adam_kernel(float* w, const float* g, float* m, float* v, int64_
   }
 }
 
+// Several tensors in one launch: each block takes kManyChunk elements of one tensor; chunk_start
+// holds where each tensor's chunks begin (a prefix over count + 1 entries).
+constexpr int64_t kManyChunk = 4096;
+
+struct AdamMany {
+  AdamTensor t[kAdamTensorsPerLaunch];
+  int64_t chunk_start[kAdamTensorsPerLaunch + 1];
+  int count;
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, step_size, bc2_sqrt;
+};
+
+struct ZeroMany {
+  float* data[kAdamTensorsPerLaunch];
+  int64_t n[kAdamTensorsPerLaunch];
+  int64_t chunk_start[kAdamTensorsPerLaunch + 1];
+  int count;
+};
+
+// The tensor whose chunks include `chunk` (count is small: a linear scan).
+__device__ int tensor_of_chunk(const int64_t* chunk_start, int count, int64_t chunk) {
+  int t = 0;
+  while (t + 1 < count && chunk_start[t + 1] <= chunk) ++t;
+  return t;
+}
+
+__global__ void adam_many_kernel(const AdamMany a) {
+  const int t = tensor_of_chunk(a.chunk_start, a.count, blockIdx.x);
+  const AdamTensor& x = a.t[t];
+  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - a.chunk_start[t]) * kManyChunk;
+  const int64_t end = begin + kManyChunk < x.n ? begin + kManyChunk : x.n;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float wi = x.w[i];
+    const float grad = __fadd_rn(x.g[i], __fmul_rn(a.weight_decay, wi));
+    const float mi = __fadd_rn(__fmul_rn(a.beta1, x.m[i]), __fmul_rn(a.one_minus_beta1, grad));
+    const float vi = __fadd_rn(__fmul_rn(a.beta2, x.v[i]), __fmul_rn(__fmul_rn(a.one_minus_beta2, grad), grad));
+    x.m[i] = mi;
+    x.v[i] = vi;
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), a.bc2_sqrt), a.eps);
+    x.w[i] = __fsub_rn(wi, __fdiv_rn(__fmul_rn(a.step_size, mi), denom));
+  }
+}
+
+__global__ void zero_many_kernel(const ZeroMany z) {
+  const int t = tensor_of_chunk(z.chunk_start, z.count, blockIdx.x);
+  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - z.chunk_start[t]) * kManyChunk;
+  const int64_t end = begin + kManyChunk < z.n[t] ? begin + kManyChunk : z.n[t];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) z.data[t][i] = 0.0f;
+}
+
+// Fills chunk_start for `count` tensors of n(i) elements; returns the total chunk count.
+template <typename N>
+int64_t chunk_prefix(int64_t* chunk_start, int count, N n) {
+  chunk_start[0] = 0;
+  for (int i = 0; i < count; ++i) chunk_start[i + 1] = chunk_start[i] + (n(i) + kManyChunk - 1) / kManyChunk;
+  return chunk_start[count];
+}
+
 // ---- softmax cross-entropy --------------------------------------------------------------------
 
 struct RowStats {
@@ -971,6 +1028,43 @@ void adam_update_cuda(float* w, const float* g, float* m, float* v, int64_t n, c
   adam_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, g, m, v, n, p.beta1, 1.0f - p.beta1, p.beta2,
                                                       1.0f - p.beta2, p.eps, p.weight_decay, step_size, bc2_sqrt);
   check_launch();
+}
+
+void adam_update_many_cuda(const AdamTensor* tensors, int count, const AdamParams& p, cudaStream_t stream) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
+  for (int first = 0; first < count; first += kAdamTensorsPerLaunch) {
+    AdamMany a{};
+    a.count = std::min(kAdamTensorsPerLaunch, count - first);
+    for (int i = 0; i < a.count; ++i) a.t[i] = tensors[first + i];
+    const int64_t chunks = chunk_prefix(a.chunk_start, a.count, [&](int i) { return a.t[i].n; });
+    if (chunks == 0) continue;
+    a.beta1 = p.beta1;
+    a.one_minus_beta1 = 1.0f - p.beta1;
+    a.beta2 = p.beta2;
+    a.one_minus_beta2 = 1.0f - p.beta2;
+    a.eps = p.eps;
+    a.weight_decay = p.weight_decay;
+    a.step_size = static_cast<float>(p.lr / bc1);  // as adam_update_cuda: host, double, then float
+    a.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    adam_many_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(a);
+    check_launch();
+  }
+}
+
+void zero_many_cuda(float* const* data, const int64_t* counts, int count, cudaStream_t stream) {
+  for (int first = 0; first < count; first += kAdamTensorsPerLaunch) {
+    ZeroMany z{};
+    z.count = std::min(kAdamTensorsPerLaunch, count - first);
+    for (int i = 0; i < z.count; ++i) {
+      z.data[i] = data[first + i];
+      z.n[i] = counts[first + i];
+    }
+    const int64_t chunks = chunk_prefix(z.chunk_start, z.count, [&](int i) { return z.n[i]; });
+    if (chunks == 0) continue;
+    zero_many_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(z);
+    check_launch();
+  }
 }
 
 size_t softmax_cross_entropy_workspace_bytes(int64_t logits_rows, int64_t n_rows) {

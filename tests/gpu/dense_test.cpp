@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -347,6 +348,64 @@ TEST_F(DenseCuda, AdamMatchesTheCpuOverSeveralSteps) {
         ASSERT_TRUE(within(v_got[i], v[i], 1e-6)) << "v[" << i << "]";
       }
     }
+  }
+}
+
+// A model's step in one launch (32 tensors to a launch): the same bits as one launch per tensor,
+// over 40 tensors of mixed sizes (empty, one element, chunk edges) and three steps; and the
+// gradients zeroed at once.
+TEST_F(DenseCuda, AdamOverManyTensorsMatchesOneTensorAtATimeAndZeroManyZeroes) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("random seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const int64_t sizes[] = {0, 1, 37, 4095, 4096, 4097, 33001, 256 * 256};
+  std::vector<int64_t> n;
+  for (int i = 0; i < 40; ++i) n.push_back(sizes[rng() % 8]);
+  uint64_t key = seed;
+  struct Set {
+    std::vector<DeviceBuffer<float>> w, m, v;
+  } one, many;
+  for (int64_t count : n) {
+    const std::vector<float> w = random_values(++key, static_cast<size_t>(count), -1.0f, 1.0f);
+    const std::vector<float> zeros(static_cast<size_t>(count), 0.0f);
+    for (Set* s : {&one, &many}) {
+      s->w.push_back(cuda::to_device(*pool_, w, *stream_));
+      s->m.push_back(cuda::to_device(*pool_, zeros, *stream_));
+      s->v.push_back(cuda::to_device(*pool_, zeros, *stream_));
+    }
+  }
+  AdamParams params;
+  params.lr = 0.01f;
+  params.weight_decay = 5e-4f;
+  std::vector<DeviceBuffer<float>> grads;
+  for (int64_t step = 1; step <= 3; ++step) {
+    params.step = step;
+    grads.clear();
+    std::vector<AdamTensor> tensors;
+    for (size_t i = 0; i < n.size(); ++i) {
+      grads.push_back(cuda::to_device(*pool_, random_values(++key, static_cast<size_t>(n[i]), -0.5f, 0.5f), *stream_));
+      adam_update_cuda(one.w[i].data(), grads[i].data(), one.m[i].data(), one.v[i].data(), n[i], params, *stream_);
+      tensors.push_back({many.w[i].data(), grads[i].data(), many.m[i].data(), many.v[i].data(), n[i]});
+    }
+    adam_update_many_cuda(tensors.data(), static_cast<int>(tensors.size()), params, *stream_);
+  }
+  for (size_t i = 0; i < n.size(); ++i) {
+    SCOPED_TRACE("tensor " + std::to_string(i) + " of " + std::to_string(n[i]));
+    EXPECT_EQ(download(many.w[i]), download(one.w[i]));
+    EXPECT_EQ(download(many.m[i]), download(one.m[i]));
+    EXPECT_EQ(download(many.v[i]), download(one.v[i]));
+  }
+  std::vector<float*> data;
+  for (size_t i = 0; i < n.size(); i += 2) data.push_back(grads[i].data());  // every other one
+  std::vector<int64_t> counts;
+  for (size_t i = 0; i < n.size(); i += 2) counts.push_back(n[i]);
+  zero_many_cuda(data.data(), counts.data(), static_cast<int>(data.size()), *stream_);
+  for (size_t i = 0; i < n.size(); ++i) {
+    const std::vector<float> got = download(grads[i]);
+    size_t zeros = 0;
+    for (float x : got) zeros += x == 0.0f;
+    if (i % 2 == 0) EXPECT_EQ(zeros, got.size()) << "tensor " << i;
+    else EXPECT_LT(zeros, got.size() / 2 + 1) << "tensor " << i << " was not to be zeroed";
   }
 }
 
