@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -527,7 +528,11 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     // its pipeline after that step if either is not zero. The sums are the same bits everywhere,
     // so every worker ends after the same step; the trainer then stops, or checkpoints and goes
     // on with the epoch from there (as a resumed run would).
-    constexpr int64_t kVoteLag = 2;
+    // GALE_VOTE_LAG overrides the lag, for measuring what the bound on the host's run-ahead costs.
+    static const int64_t kVoteLag = [] {
+      const char* env = std::getenv("GALE_VOTE_LAG");
+      return env != nullptr && std::atoll(env) > 0 ? static_cast<int64_t>(std::atoll(env)) : int64_t{2};
+    }();
     const bool votes = r.comm != nullptr && step_stops;
     const bool votes_checkpoints = votes && lead_process && local == 0 && opt.checkpoint_interval_s > 0;
     std::atomic<int> agreed{0};
