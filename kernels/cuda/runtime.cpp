@@ -221,10 +221,14 @@ struct MemoryPool::Cache {
       event = ps.spare.back();
       ps.spare.pop_back();
     } else {
-      DeviceGuard guard(device);
-      if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
+      try {
+        DeviceGuard guard(device);  // an event belongs to the device current at its creation
+        if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+          (void)cudaGetLastError();
+          return false;
+        }
+      } catch (const std::exception&) {
+        return false;  // kept blocks only wait longer; the allocation goes on without them
       }
     }
     if (cudaEventRecord(event, stream) != cudaSuccess) {
