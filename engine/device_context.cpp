@@ -33,6 +33,16 @@ Registry& registry() {
 
 DeviceContext::DeviceContext(int ordinal, uint64_t budget, const std::string& budget_text) : device_(ordinal) {
   kernels::cuda::require_device(ordinal);
+  // GALE_SYNC=block|yield: how a host thread waits for the device (CUDA's default spins while
+  // there are cores to spare), for measuring what spinning waiters cost the other threads.
+  if (const char* sync = std::getenv("GALE_SYNC")) {
+    const std::string mode = sync;
+    const unsigned flags = mode == "block" ? cudaDeviceScheduleBlockingSync : mode == "yield" ? cudaDeviceScheduleYield : 0u;
+    if (flags != 0) {
+      kernels::cuda::DeviceGuard guard(ordinal);
+      GALE_CHECK_CUDA(cudaSetDeviceFlags(flags));
+    }
+  }
   pool_ = std::make_unique<kernels::cuda::MemoryPool>(ordinal, budget, budget_text);
   stream_ = std::make_unique<kernels::cuda::Stream>(ordinal);
   io_stream_ = std::make_unique<kernels::cuda::Stream>(ordinal);
