@@ -95,8 +95,10 @@ namespace gale::kernels {
 // tf32 = false computes in full FP32 (close to OpenBLAS, ~1e-6 relative); tf32 = true lets cuBLAS
 // round the inputs to TF32 on the tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: ~8x the FP32 rate
 // on Hopper, ~1e-3 relative error), a choice the caller makes per layer.
-// With `workspace` (the handle's) and GEMM tuning on (set_gemm_tuning), a large product goes
-// through cuBLASLt with a tuned algorithm instead (below).
+// With `workspace` (the handle's) the product goes through cuBLASLt, with one algorithm per size
+// class of problems (the heuristic asked once per class: sampled blocks change their row counts
+// every batch, and each question costs 20-60 us of host time), tuned when GEMM tuning is on
+// (below); without, or when cuBLASLt has no algorithm, through cublasGemmEx.
 void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
                bool tf32 = false, void* workspace = nullptr, size_t workspace_bytes = 0);
@@ -105,8 +107,8 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
 // put its fastest candidate first: for Gale's full-graph shapes on an H100 (2M x 256 outputs,
 // TF32) its first pick took 3.65 / 2.31 / 1.59 ms at depth 512 / 256 / 100 where its third took
 // 2.18 / 1.56 / 1.09. With tuning on, a product of at least kGemmTuneMacs multiply-adds and
-// beta = 0, seen a second time with the same shape, layout and alignment (full-graph training
-// repeats its shapes every epoch; sampled blocks rarely do), times the heuristic's first
+// beta = 0, seen a second time in the same size class, layout and alignment (full-graph training
+// repeats its shapes every epoch), times the heuristic's first
 // kGemmTuneCandidates candidates on its own operands (beta = 0 makes the reruns harmless; the host
 // waits for them once) and keeps the fastest, the lowest-ranked within 2% of it, for that shape
 // from then on (beta != 0 calls of the shape too). Which candidate wins can differ between runs

@@ -718,6 +718,15 @@ namespace {
 
 std::atomic<bool> tuning_on{false};
 
+// A GEMM dimension's size class: 64 at least, else rounded up to an eighth of the power of two
+// below it (at most 12.5% more).
+int64_t gemm_size_class(int64_t x) {
+  if (x <= 64) return 64;
+  const int64_t floor_pow2 = int64_t{1} << (63 - __builtin_clzll(static_cast<unsigned long long>(x)));
+  const int64_t step = floor_pow2 / 8;
+  return (x + step - 1) / step * step;
+}
+
 // The algorithm for one problem (shape, layouts, flags, alignment) on the current device: the
 // heuristic's candidates (one, or kGemmTuneCandidates when it may be tuned), the one in use, and
 // where tuning stands (it runs at the problem's second tunable call).
@@ -839,15 +848,28 @@ bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cuda
     GALE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.v, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
   }
   // Stored shapes (column-major rows x cols) of the operands as cuBLASLt reads them.
-  LtOwned<cublasLtMatrixLayout_t, destroy_layout> la, lb, lc;
-  GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&la.v, CUDA_R_32F, p.trans_b ? p.k : p.n, p.trans_b ? p.n : p.k, p.ldb));
-  GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lb.v, CUDA_R_32F, p.trans_a ? p.m : p.k, p.trans_a ? p.k : p.m, p.lda));
-  GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lc.v, CUDA_R_32F, p.n, p.m, p.ldc));
+  struct Layouts {
+    LtOwned<cublasLtMatrixLayout_t, destroy_layout> a, b, c;  // cuBLASLt's A (our b), B (our a), C
+  };
+  auto layouts = [&](Layouts& l, int64_t m, int64_t k) {
+    GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l.a.v, CUDA_R_32F, p.trans_b ? k : p.n, p.trans_b ? p.n : k, p.ldb));
+    GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l.b.v, CUDA_R_32F, p.trans_a ? m : k, p.trans_a ? k : m, p.lda));
+    GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l.c.v, CUDA_R_32F, p.n, m, p.ldc));
+  };
+  Layouts exact;
+  layouts(exact, p.m, p.k);
   size_t aligned = std::min({alignment(p.a), alignment(p.b), alignment(p.c)});
   if (p.bias != nullptr) aligned = std::min(aligned, alignment(p.bias));
   const int flags = (p.trans_a ? 1 : 0) | (p.trans_b ? 2 : 0) | (p.bias != nullptr ? 4 : 0) | (p.relu ? 8 : 0) |
                     (p.tf32 ? 16 : 0);
-  const LtState::Key key{p.m, p.n, p.k, p.lda, p.ldb, p.ldc, flags, aligned};
+  // Sampled blocks bring new row counts every batch, and asking the heuristic costs 20-60 us of
+  // host time (most of a mini-batch step's host time, measured): problems are keyed by their size
+  // class instead (gemm_size_class: m, and k, rounded up to an eighth of a power of two where the
+  // dimension is not a stored leading one), and the heuristic is asked once per class, for its
+  // largest problem, so that the algorithm's workspace suffices for every problem of the class.
+  const int64_t qm = p.trans_a ? p.m : gemm_size_class(p.m);
+  const int64_t qk = (!p.trans_a || p.trans_b) ? p.k : gemm_size_class(p.k);
+  const LtState::Key key{qm, p.n, qk, p.lda, p.ldb, p.ldc, flags, aligned};
   const double macs = static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
   const bool tuning = tuning_on.load(std::memory_order_relaxed) && macs >= kGemmTuneMacs;
   auto found = lt_state.algos_.find(key);
@@ -860,8 +882,11 @@ bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cuda
     LtChoice choice;
     choice.candidates.resize(tuning ? kGemmTuneCandidates : 1);
     int count = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc.v, la.v, lb.v, lc.v, lc.v, pref.v,
-                                                             static_cast<int>(choice.candidates.size()),
+    Layouts query;
+    if (qm != p.m || qk != p.k) layouts(query, qm, qk);
+    const Layouts& asked = qm != p.m || qk != p.k ? query : exact;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc.v, asked.a.v, asked.b.v, asked.c.v, asked.c.v,
+                                                             pref.v, static_cast<int>(choice.candidates.size()),
                                                              choice.candidates.data(), &count);
     choice.candidates.resize(st == CUBLAS_STATUS_SUCCESS ? static_cast<size_t>(count) : 0);
     found = lt_state.algos_.emplace(key, std::move(choice)).first;
@@ -869,8 +894,9 @@ bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cuda
   LtChoice& choice = found->second;
   if (choice.candidates.empty()) return false;  // no algorithm for this problem: the caller falls back
   const auto run = [&](int candidate) {
-    return cublasLtMatmul(lt, desc.v, &p.alpha, p.b, la.v, p.a, lb.v, &p.beta, p.c, lc.v, p.c, lc.v,
-                          &choice.candidates[static_cast<size_t>(candidate)].algo, workspace, workspace_bytes, stream);
+    return cublasLtMatmul(lt, desc.v, &p.alpha, p.b, exact.a.v, p.a, exact.b.v, &p.beta, p.c, exact.c.v, p.c,
+                          exact.c.v, &choice.candidates[static_cast<size_t>(candidate)].algo, workspace,
+                          workspace_bytes, stream);
   };
   const bool tunable = tuning && !choice.tuned && p.beta == 0.0f && choice.candidates.size() > 1;
   if (tunable && !choice.seen) {
@@ -889,7 +915,21 @@ bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cuda
     }
     choice.tuned = true;
   }
-  GALE_CHECK_CUBLAS(run(choice.use));
+  if (run(choice.use) == CUBLAS_STATUS_SUCCESS) return true;
+  // The class's algorithm does not take this member of it (cuBLASLt checks before it launches
+  // anything): ask for this very problem, once.
+  LtOwned<cublasLtMatmulPreference_t, destroy_pref> pref;
+  GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref.v));
+  GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref.v, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &workspace_bytes, sizeof(workspace_bytes)));
+  cublasLtMatmulHeuristicResult_t own{};
+  int count = 0;
+  if (cublasLtMatmulAlgoGetHeuristic(lt, desc.v, exact.a.v, exact.b.v, exact.c.v, exact.c.v, pref.v, 1, &own, &count) !=
+          CUBLAS_STATUS_SUCCESS ||
+      count == 0)
+    return false;
+  GALE_CHECK_CUBLAS(cublasLtMatmul(lt, desc.v, &p.alpha, p.b, exact.a.v, p.a, exact.b.v, &p.beta, p.c, exact.c.v, p.c,
+                                   exact.c.v, &own.algo, workspace, workspace_bytes, stream));
   return true;
 }
 
@@ -909,8 +949,7 @@ void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int
     check_launch();
     return;
   }
-  const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  if (workspace != nullptr && gemm_tuning() && macs >= kGemmTuneMacs) {
+  if (workspace != nullptr) {  // cuBLASLt with the problem class's algorithm (lt_matmul)
     const LtProduct p{trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, tf32};
     if (lt_matmul(p, workspace, workspace_bytes, stream)) return;
   }
