@@ -15,6 +15,7 @@ mkdir -p "$out/bin" "$out/lib"
 cp "$build"/bin/gale "$build"/bin/gale_gpu_* "$out/bin/"
 strip "$out"/bin/*
 cp -r tests/data "$out/data"
+cp "$build"/lib/libgale_hostprof.so "$out/lib/"  # bench/hostprof: preloaded, never linked
 # Libraries the GPU machine lacks: everything ldd resolves outside glibc, libstdc++ and CUDA. MPI
 # stays out: its libraries must be the ones of the machine's own mpirun (Open MPI 4.1 there too,
 # the same libmpi.so.40).
