@@ -97,8 +97,8 @@ namespace gale::kernels {
 // on Hopper, ~1e-3 relative error), a choice the caller makes per layer.
 // With `workspace` (the handle's) the product goes through cuBLASLt, with one algorithm per size
 // class of problems (the heuristic asked once per class: sampled blocks change their row counts
-// every batch, and each question costs 20-60 us of host time), tuned when GEMM tuning is on
-// (below); without, or when cuBLASLt has no algorithm, through cublasGemmEx.
+// every batch, and each question costs tens of microseconds of host time), tuned when GEMM tuning
+// is on (below); without, or when cuBLASLt has no algorithm, through cublasGemmEx.
 void gemm_cuda(cublasHandle_t handle, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
                bool tf32 = false, void* workspace = nullptr, size_t workspace_bytes = 0);

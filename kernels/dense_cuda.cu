@@ -862,8 +862,8 @@ bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cuda
   if (p.bias != nullptr) aligned = std::min(aligned, alignment(p.bias));
   const int flags = (p.trans_a ? 1 : 0) | (p.trans_b ? 2 : 0) | (p.bias != nullptr ? 4 : 0) | (p.relu ? 8 : 0) |
                     (p.tf32 ? 16 : 0);
-  // Sampled blocks bring new row counts every batch, and asking the heuristic costs 20-60 us of
-  // host time (most of a mini-batch step's host time, measured): problems are keyed by their size
+  // Sampled blocks bring new row counts every batch, and asking the heuristic costs tens of
+  // microseconds of host time (most of a mini-batch step's, measured): problems are keyed by their size
   // class instead (gemm_size_class: m, and k, rounded up to an eighth of a power of two where the
   // dimension is not a stored leading one), and the heuristic is asked once per class, for its
   // largest problem, so that the algorithm's workspace suffices for every problem of the class.
