@@ -415,24 +415,6 @@ void column_sums(int64_t rows, int64_t cols, Value value, float* out, bool accum
 
 // ---- Adam -------------------------------------------------------------------------------------
 
-// The CPU's float expression, operation by operation; the _rn intrinsics keep nvcc from
-// contracting a * b + c into an FMA, which would round differently from the CPU.
-__global__ void adam_kernel(float* w, const float* g, float* m, float* v, int64_t n, float beta1, float one_minus_beta1,
-                            float beta2, float one_minus_beta2, float eps, float weight_decay, float step_size,
-                            float bc2_sqrt) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float wi = w[i];
-    const float grad = __fadd_rn(g[i], __fmul_rn(weight_decay, wi));
-    const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_minus_beta1, grad));
-    const float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_minus_beta2, grad), grad));
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
-    w[i] = __fsub_rn(wi, __fdiv_rn(__fmul_rn(step_size, mi), denom));
-  }
-}
-
 // Several tensors in one launch: each block takes kManyChunk elements of one tensor; chunk_start
 // holds where each tensor's chunks begin (a prefix over count + 1 entries).
 constexpr int64_t kManyChunk = 4096;
@@ -463,6 +445,8 @@ __global__ void adam_many_kernel(const AdamMany a) {
   const AdamTensor& x = a.t[t];
   const int64_t begin = (static_cast<int64_t>(blockIdx.x) - a.chunk_start[t]) * kManyChunk;
   const int64_t end = begin + kManyChunk < x.n ? begin + kManyChunk : x.n;
+  // The CPU's float expression, operation by operation; the _rn intrinsics keep nvcc from
+  // contracting a * b + c into an FMA, which would round differently from the CPU.
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float wi = x.w[i];
     const float grad = __fadd_rn(x.g[i], __fmul_rn(a.weight_decay, wi));
@@ -1058,15 +1042,8 @@ void dropout_backward_cuda(ConstMatrixView grad_out, MatrixView grad_in, float p
 
 void adam_update_cuda(float* w, const float* g, float* m, float* v, int64_t n, const AdamParams& p,
                       cudaStream_t stream) {
-  if (n == 0) return;
-  // Bias corrections on the host, in double, exactly as adam_update computes them.
-  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
-  const float step_size = static_cast<float>(p.lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  adam_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, g, m, v, n, p.beta1, 1.0f - p.beta1, p.beta2,
-                                                      1.0f - p.beta2, p.eps, p.weight_decay, step_size, bc2_sqrt);
-  check_launch();
+  const AdamTensor t{w, g, m, v, n};
+  adam_update_many_cuda(&t, 1, p, stream);  // one tensor of a step over several: the same kernel
 }
 
 void adam_update_many_cuda(const AdamTensor* tensors, int count, const AdamParams& p, cudaStream_t stream) {
