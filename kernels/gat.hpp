@@ -15,7 +15,8 @@
 // same arguments with every pointer (views, CSR arrays, el/er, alpha) in device memory, plus a
 // stream. They never synchronise, draw the same dropout masks bit for bit, and follow fuseGNN's GAR
 // abstraction (Sec. 4-6): one warp per destination row over the CSR forward, one per source over
-// the CSC backward, reductions in registers and shared memory, no atomics.
+// the CSC backward (a block for rows of more than kGatLongRow entries), reductions in registers and
+// shared memory, no atomics.
 #pragma once
 
 #include <cstddef>
@@ -79,6 +80,12 @@ void gat_scores_backward_cuda(cublasHandle_t handle, ConstMatrixView z, const Ga
 // CUDA kernels stage heads x entries coefficients per warp in shared memory; more heads than this
 // are refused with an InputError (GATs use 1 to 16).
 constexpr int64_t kGatCudaMaxHeads = 512;
+
+// gat_forward_cuda and gat_backward_cuda give the rows (and, in backward, the transpose's rows) of
+// more than this many entries a block each instead of a warp: a power-law graph's hubs would
+// otherwise leave one warp walking up to ~10^5 entries while the rest of the GPU idles.
+// (gat_softmax_cuda and gat_aggregate_cuda keep a warp per row.)
+constexpr int64_t kGatLongRow = 512;
 
 // Twin of gat_softmax_cpu.
 void gat_softmax_cuda(const CsrView& g, const GatShape& s, const float* el, const float* er, float* alpha,

@@ -59,7 +59,9 @@ void transpose(Graph* g) {
 }
 
 // Every fifth row empty, row 7 a hub with `hub_degree` in-neighbours, the rest 1 to 11; sources
-// drawn from all `cols` >= rows ids (a sampled block has more sources than destinations).
+// drawn from all `cols` >= rows ids (a sampled block has more sources than destinations). Every
+// other entry of the hub is source 3, so the transpose has a hub too. Hubs of more than
+// kGatLongRow entries take the CUDA kernels' block-per-row path, the rest a warp per row.
 Graph random_graph(uint64_t key, int64_t rows, int64_t cols, int64_t hub_degree) {
   Graph g;
   g.rows = rows;
@@ -70,7 +72,8 @@ Graph random_graph(uint64_t key, int64_t rows, int64_t cols, int64_t hub_degree)
     int64_t degree = r % 5 == 0 ? 0 : 1 + static_cast<int64_t>(random_below(key, counter++, 11));
     if (r == 7) degree = hub_degree;
     for (int64_t k = 0; k < degree; ++k) {
-      g.indices.push_back(static_cast<int32_t>(random_below(key, counter++, static_cast<uint64_t>(cols))));
+      const bool to_hub_source = r == 7 && k % 2 == 1 && cols > 3;
+      g.indices.push_back(to_hub_source ? 3 : static_cast<int32_t>(random_below(key, counter++, static_cast<uint64_t>(cols))));
     }
     g.indptr.push_back(static_cast<int64_t>(g.indices.size()));
   }
@@ -249,11 +252,15 @@ TEST_F(GatCudaTest, HeadsThatDoNotDivideAWarpAndPaddedRows) {
 }
 
 // With one-hot z rows (z[j, h, :] = e_j) out[i, h, j] is the dropped-out coefficient of entry
-// (i, j), so the zero pattern of out is the dropout mask: it must equal the CPU's exactly.
-TEST_F(GatCudaTest, DropoutMasksMatchTheCpuBitForBit) {
+// (i, j), so the zero pattern of out is the dropout mask: it must equal the CPU's exactly. Rows of
+// ~38 entries (a warp each) and, with 1500 sources at density 0.4, of ~600 (a block each).
+class GatCudaDropout : public GatCudaTest, public ::testing::WithParamInterface<std::tuple<int, float>> {};
+
+TEST_P(GatCudaDropout, MasksMatchTheCpuBitForBit) {
   const uint64_t key = std::random_device{}();
   SCOPED_TRACE("random key " + std::to_string(key));
-  constexpr int64_t kRows = 100, kCols = 128, kHeads = 4;  // self loops need rows <= cols
+  const int64_t kRows = 100, kCols = std::get<0>(GetParam()), kHeads = 4;  // self loops need rows <= cols
+  const float density = std::get<1>(GetParam());
   Graph g;
   g.rows = kRows;
   g.cols = kCols;
@@ -262,7 +269,7 @@ TEST_F(GatCudaTest, DropoutMasksMatchTheCpuBitForBit) {
   for (int64_t r = 0; r < kRows; ++r) {
     // Distinct sources other than r itself, so every (row, source) holds one coefficient.
     for (int64_t j = 0; j < kCols; ++j) {
-      if (j != r && random_uniform(key, counter++) < 0.3f) g.indices.push_back(static_cast<int32_t>(j));
+      if (j != r && random_uniform(key, counter++) < density) g.indices.push_back(static_cast<int32_t>(j));
     }
     g.indptr.push_back(static_cast<int64_t>(g.indices.size()));
   }
@@ -281,15 +288,28 @@ TEST_F(GatCudaTest, DropoutMasksMatchTheCpuBitForBit) {
   gat_aggregate_cuda(d.csr, pr.s, alpha.data(), alpha_self.data(), pr.p, pr.key,
                      {d.z.data(), kCols, kHeads * kCols, pr.z_ld}, {out.data(), kRows, kHeads * kCols, kHeads * kCols},
                      *stream_);
-  const std::vector<float> gpu = download(out);
-  size_t dropped = 0, differ = 0;
-  for (size_t i = 0; i < gpu.size(); ++i) {
-    dropped += pr.out[i] == 0.0f;
-    differ += (gpu[i] == 0.0f) != (pr.out[i] == 0.0f);
+  // The fused forward (a block per long row) must drop the same entries.
+  DeviceBuffer<float> f_alpha = poisoned(pr.g.nnz() * kHeads), f_alpha_self = poisoned(kRows * kHeads);
+  DeviceBuffer<float> f_out = poisoned(kRows * kHeads * kCols);
+  gat_forward_cuda(d.csr, pr.s, d.el.data(), d.er.data(), pr.p, pr.key, {d.z.data(), kCols, kHeads * kCols, pr.z_ld},
+                   f_alpha.data(), f_alpha_self.data(), {f_out.data(), kRows, kHeads * kCols, kHeads * kCols},
+                   *stream_);
+  for (const std::vector<float>& gpu : {download(out), download(f_out)}) {
+    size_t dropped = 0, differ = 0;
+    for (size_t i = 0; i < gpu.size(); ++i) {
+      dropped += pr.out[i] == 0.0f;
+      differ += (gpu[i] == 0.0f) != (pr.out[i] == 0.0f);
+    }
+    EXPECT_EQ(differ, 0u);
+    EXPECT_GT(dropped, gpu.size() / 2);  // p = 0.6 over a row of at most 40% of the sources: most positions are 0
   }
-  EXPECT_EQ(differ, 0u);
-  EXPECT_GT(dropped, gpu.size() / 2);  // p = 0.6 over a 30% dense row: most positions are 0
 }
+
+INSTANTIATE_TEST_SUITE_P(WarpAndBlockRows, GatCudaDropout,
+                         ::testing::Values(std::make_tuple(128, 0.3f), std::make_tuple(1500, 0.4f)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, float>>& info) {
+                           return "sources" + std::to_string(std::get<0>(info.param));
+                         });
 
 // A block with no destinations: every source's gradients are zero and nothing reads the (empty)
 // destination arrays.
