@@ -901,7 +901,8 @@ bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cuda
   }
   if (run(choice.use) == CUBLAS_STATUS_SUCCESS) return true;
   // The class's algorithm does not take this member of it (cuBLASLt checks before it launches
-  // anything): ask for this very problem, once.
+  // anything): ask the heuristic for this very problem. The answer is not kept, so each such call
+  // pays for its own question.
   LtOwned<cublasLtMatmulPreference_t, destroy_pref> pref;
   GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref.v));
   GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref.v, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,

@@ -270,7 +270,6 @@ struct GatherArgs {
   const float* gpre = nullptr;       // kGradZ: per-entry score gradients from phase 1
   const float* gpre_self = nullptr;
   float* grad_el = nullptr;
-  int64_t long_row = 0;              // rows of more entries are left to the long-row kernel (0: none)
 };
 
 // One warp per output row. Per warp shared memory: coef[chunk * heads] (the staged, dropped-out
@@ -298,7 +297,8 @@ __global__ void __launch_bounds__(kBlock, kWarpKernelBlocksPerSm) gat_gather_ker
 
   const int64_t nnz = entry_count(a.csr_indptr, a.csr_rows);
   const int64_t b = a.indptr[row], end = a.indptr[row + 1];
-  if (a.long_row > 0 && end - b > a.long_row) return;  // a block of gat_long_gather_kernel takes it
+  // A block of gat_long_gather_kernel takes a long row (gat_aggregate_cuda keeps a warp per row).
+  if (kMode != GatherMode::kAggregate && end - b > kGatLongRow) return;
   const bool has_self = row < a.csr_rows;
 
   if constexpr (kMode == GatherMode::kFused) {
@@ -415,7 +415,6 @@ struct ScoreGradArgs {
   int group = 1;
   int lanes = 32;                   // lanes per (entry, head) dot product, a power of two; with whole
                                     // entries (kNv > 0) lanes per entry
-  int seg = 0;                      // with whole entries: lanes a head's dot is reduced over
   float slope = 0.2f;
   float p = 0.0f;
   float scale = 1.0f;
@@ -432,7 +431,6 @@ struct ScoreGradArgs {
   int64_t gpre_capacity = 0;        // floats available at gpre
   float* gpre_self = nullptr;       // destinations x heads (workspace)
   float* grad_er = nullptr;
-  int64_t long_row = 0;             // rows of more entries are left to gat_long_score_grad_kernel
 };
 
 // Step 1 of the score gradient a lane group per (entry, head) pair: `threads` threads (a warp, or
@@ -476,7 +474,7 @@ __device__ __forceinline__ void score_dots_by_pair(const ScoreGradArgs& a, int64
   }
 }
 
-// Step 1 of the score gradient with whole entries a lane group (kNv > 0; score_dot_vectors): the
+// Step 1 of the score gradient with whole entries a lane group (kNv > 0; launch_score_grad): the
 // row's grad_out vectors stay in registers, lane group grp takes entries first + grp, first + grp +
 // step, ... (k == deg is the self loop), kGatherUnroll of them in flight, and each entry's z row is
 // read once for all heads instead of once a head. A head's dot is reduced over the `seg` lanes that
@@ -486,8 +484,9 @@ template <int kVec, int kNv>
 __device__ __forceinline__ void score_dots_by_entry(const ScoreGradArgs& a, int64_t row, int64_t b, int64_t deg,
                                                     int64_t nnz, int64_t first, int64_t step) {
   const int lane = threadIdx.x % kWarp;
-  const int lanes = a.lanes, c = lane % lanes, grp = lane / lanes, seg = a.seg;
   const int64_t H = a.heads, F = a.f, nvec = H * F / kVec;
+  const int lanes = a.lanes, c = lane % lanes, grp = lane / lanes;
+  const int seg = H == 1 ? lanes : static_cast<int>(F / kVec);  // a head's vectors: a power of two
   const float* go = a.grad_out + row * a.grad_out_ld;
   Vec<kVec> gv[kNv];
   int64_t off[kNv], head[kNv];
@@ -580,7 +579,7 @@ __global__ void __launch_bounds__(kBlock, kWarpKernelBlocksPerSm) gat_score_grad
   // otherwise corrupt unrelated memory.
   if (nnz * H > a.gpre_capacity) __trap();
   const int64_t b = a.indptr[row], end = a.indptr[row + 1], deg = end - b;
-  if (a.long_row > 0 && deg > a.long_row) return;  // a block of gat_long_score_grad_kernel takes it
+  if (deg > kGatLongRow) return;  // a block of gat_long_score_grad_kernel takes it
   if constexpr (kNv > 0) {
     score_dots_by_entry<kVec, kNv>(a, row, b, deg, nnz, 0, kWarp / a.lanes);
   } else {
@@ -617,7 +616,7 @@ __global__ void __launch_bounds__(kBlock, kWarpKernelBlocksPerSm) gat_score_grad
 // A warp per row leaves each hub of a power-law graph to one warp, which walks its entries one at
 // a time: on R-MAT scale 21 (rows of up to ~10^5 entries) 3 x (4 x 64) GAT's forward took 108 ms a
 // layer and its backward 285 ms on an H100, against ~10 ms for GAR over the same entries. The warp
-// kernels skip rows of more than kGatLongRow entries (long_row) and these kernels take them, a
+// kernels skip rows of more than kGatLongRow entries and these kernels take them, a
 // block of kLongWarps warps per row: the row's entries are dealt to the warps, and the warps'
 // softmax statistics, sums and partial rows are combined in shared memory in warp order, so the
 // results do not depend on scheduling. Block b takes the long rows among b, b + grid, ... (it finds
@@ -634,17 +633,17 @@ constexpr int kLongBlocksPerSm = 2;
 constexpr int kLongGridPerSm = 32;
 
 // Calls body(row) for every row of this block's share (rows blockIdx.x, blockIdx.x + gridDim.x, ...)
-// with more than `threshold` entries. Every thread of the block runs it together; body may use
+// with more than kGatLongRow entries. Every thread of the block runs it together; body may use
 // __syncthreads.
 template <typename Body>
-__device__ __forceinline__ void for_long_rows(const int64_t* indptr, int64_t rows, int64_t threshold, Body&& body) {
+__device__ __forceinline__ void for_long_rows(const int64_t* indptr, int64_t rows, Body&& body) {
   __shared__ int64_t found[kLongThreads];
   __shared__ int found_count;
   for (int64_t base = 0; blockIdx.x + base * gridDim.x < rows; base += kLongThreads) {
     if (threadIdx.x == 0) found_count = 0;
     __syncthreads();
     const int64_t r = blockIdx.x + (base + threadIdx.x) * gridDim.x;
-    if (r < rows && indptr[r + 1] - indptr[r] > threshold) found[atomicAdd(&found_count, 1)] = r;
+    if (r < rows && indptr[r + 1] - indptr[r] > kGatLongRow) found[atomicAdd(&found_count, 1)] = r;
     __syncthreads();
     const int n = found_count;  // each row's results depend on that row alone, whatever the order
     for (int i = 0; i < n; ++i) body(found[i]);
@@ -687,7 +686,7 @@ __global__ void __launch_bounds__(kLongThreads, kLongBlocksPerSm) gat_long_gathe
   const int64_t nnz = entry_count(a.csr_indptr, a.csr_rows);
   const int per = kWarp / a.group;  // entries a warp sweeps at once in the per-head passes
 
-  for_long_rows(a.indptr, a.rows, a.long_row, [&](int64_t row) {
+  for_long_rows(a.indptr, a.rows, [&](int64_t row) {
     const int64_t b = a.indptr[row], end = a.indptr[row + 1];
     const bool has_self = row < a.csr_rows;
     if constexpr (kMode == GatherMode::kFused) {
@@ -814,7 +813,7 @@ __global__ void __launch_bounds__(kLongThreads, kLongBlocksPerSm) gat_long_score
   const int64_t nnz = entry_count(a.indptr, a.rows);
   if (nnz * H > a.gpre_capacity) __trap();
   const int per = kWarp / a.group;
-  for_long_rows(a.indptr, a.rows, a.long_row, [&](int64_t row) {
+  for_long_rows(a.indptr, a.rows, [&](int64_t row) {
     const int64_t b = a.indptr[row], end = a.indptr[row + 1], deg = end - b;
     if constexpr (kNv > 0) {
       const int64_t groups = kWarp / a.lanes;
@@ -885,8 +884,8 @@ float dropout_scale(float p) { return p > 0.0f ? 1.0f / (1.0f - p) : 1.0f; }
 
 // Whole entries a lane group for the score gradients' dots (score_dots_by_entry) when an entry's
 // vectors fill at most 4 a lane and each head's vectors are a power of two of lanes (or there is
-// one head); else a lane group per (entry, head) pair, as before. Sets a.lanes and a.seg and
-// launches the warp and the long-row kernels.
+// one head); else a lane group per (entry, head) pair, as before. Sets a.lanes and launches the
+// warp and the long-row kernels.
 void launch_score_grad(ScoreGradArgs a, bool vec4, cudaStream_t stream) {
   const int vec = vec4 ? 4 : 1;
   const int64_t per_head = a.f / vec, nvec = a.heads * per_head;
@@ -905,7 +904,6 @@ void launch_score_grad(ScoreGradArgs a, bool vec4, cudaStream_t stream) {
     return;
   }
   a.lanes = next_pow2(nvec);
-  a.seg = a.heads == 1 ? a.lanes : static_cast<int>(per_head);
 #define GALE_GAT_SCORE_GRAD(VEC, NV)                                                   \
   if (vec == VEC && nv == NV) {                                                        \
     gat_score_grad_kernel<VEC, NV><<<grid, kBlock, 0, stream>>>(a);                    \
@@ -975,7 +973,6 @@ void launch_gather(GatherArgs a, bool vec4, cudaStream_t stream) {
   }
   GALE_CHECK_CUDA(cudaGetLastError());
   if constexpr (kMode != GatherMode::kAggregate) {
-    if (a.long_row <= 0) return;
     const size_t tile_floats = static_cast<size_t>(a.lanes) * static_cast<size_t>(nv) * static_cast<size_t>(vec);
     const size_t long_smem = (kLongWarps * tile_floats + 3 * static_cast<size_t>(a.heads) + 2 * kLongWarps * kWarp) * sizeof(float);
     const unsigned long_grid = long_row_blocks(a.rows);
@@ -1039,7 +1036,6 @@ void gat_forward_cuda(const CsrView& g, const GatShape& s, const float* el, cons
   a.er = er;
   a.alpha_out = alpha;
   a.alpha_self_out = alpha_self;
-  a.long_row = kGatLongRow;
   launch_gather<GatherMode::kFused>(a, vec4_rows(s, z, out), stream);
 }
 
@@ -1088,7 +1084,6 @@ void gat_backward_cuda(const CsrView& g, const CsrView& csc, const int64_t* csc_
     a.gpre_self = gpre_self;
     a.grad_er = grad_er;
     const bool vec4 = vec4_rows(s, z, grad_out);
-    a.long_row = kGatLongRow;
     launch_score_grad(a, vec4, stream);
   }
 
@@ -1100,7 +1095,6 @@ void gat_backward_cuda(const CsrView& g, const CsrView& csc, const int64_t* csc_
     a.gpre = gpre;
     a.gpre_self = gpre_self;
     a.grad_el = grad_el;
-    a.long_row = kGatLongRow;
     launch_gather<GatherMode::kGradZ>(a, vec4_rows(s, grad_out, grad_z), stream);
   }
 }
