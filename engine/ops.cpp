@@ -738,15 +738,21 @@ bool cbsr_gemm_fits(const Device& device, int64_t width, int64_t n, int terms) {
 #endif
 }
 
-void cbsr_gemm(const Cbsr& x, const Tensor& w, float beta, Tensor* out) {
+void cbsr_gemm(const Cbsr& x, const Tensor& w, float beta, Tensor* out, const Tensor* w2, Tensor* out2) {
+  GALE_ASSERT((w2 == nullptr) == (out2 == nullptr));
   kernels::CbsrGemmArgs a;
   a.x = x.view();
   a.w = w.view();
   a.beta = beta;
   a.out = out->view();
+  if (w2 != nullptr) {
+    a.w2 = w2->view();
+    a.out2 = out2->view();
+  }
   const OpTimer timer(OpKind::kGemm, out->device(),
                       active_profile ? "cbsr_gemm k" + std::to_string(x.k()) + " " + std::to_string(x.width) + "x" +
-                                           std::to_string(w.cols())
+                                           std::to_string(w.cols()) +
+                                           (w2 != nullptr ? " and x" + std::to_string(w2->cols()) : std::string())
                                      : "");
   if (out->device().is_cpu()) return kernels::cbsr_gemm_cpu(a);
 #if GALE_WITH_CUDA

@@ -190,8 +190,11 @@ Cbsr cbsr_rows(const Cbsr& c, int64_t rows);
 // on the CPU; on a GPU while W fits in shared memory (a narrowing layer's). Otherwise a layer uses
 // the dense form and GEMMs.
 bool cbsr_gemm_fits(const Device& device, int64_t width, int64_t n, int terms);
-// out = x W + beta * out for a CBSR x: the dense layer after MaxK without the dense input.
-void cbsr_gemm(const Cbsr& x, const Tensor& w, float beta, Tensor* out);
+// out = x W + beta * out for a CBSR x: the dense layer after MaxK without the dense input. With w2
+// and out2, also out2 = x[0, out2 rows) W2 + beta * out2 from the same reads of x (a SAGE layer's
+// root term on its destinations).
+void cbsr_gemm(const Cbsr& x, const Tensor& w, float beta, Tensor* out, const Tensor* w2 = nullptr,
+               Tensor* out2 = nullptr);
 // grad_in (dense, pattern.rows x width) = sum over the terms of grad W^T, at pattern's kept
 // positions only (MaxK's backward folded in), 0 elsewhere. A term's grad may have fewer rows.
 // column_sums as for maxk_backward.

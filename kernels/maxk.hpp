@@ -178,6 +178,11 @@ struct CbsrGemmArgs {
   ConstMatrixView w;      // x.width x out.cols
   float beta = 0.0f;      // 0: out is written whole (never read)
   MatrixView out;         // x.rows x w.cols
+  // Optional (absent while w2.data is null): a second product from the same reads of x, on its
+  // leading rows: out2 = x[0, out2.rows) W2 + beta * out2, W2 x.width x out2.cols (a SAGE layer's
+  // x W and x_dst W_root in one pass).
+  ConstMatrixView w2;
+  MatrixView out2;
 };
 
 // Its input gradient, restricted to the kept positions (MaxK's backward folded in), summed over up

@@ -100,6 +100,13 @@ std::string cbsr_gemm_cannot(const CbsrGemmArgs& a) {
   if (why.empty()) why = matrix_cannot("W", a.w.rows, a.w.cols, a.w.ld, a.x.width, a.w.cols);
   if (why.empty()) why = matrix_cannot("out", a.out.rows, a.out.cols, a.out.ld, a.x.rows, a.w.cols);
   if (why.empty() && a.w.cols < 1) why = "W has no columns";
+  if (why.empty() && a.w2.data != nullptr) {
+    if (a.out2.rows < 0 || a.out2.rows > a.x.rows)
+      why = "out2 has " + std::to_string(a.out2.rows) + " rows, x " + std::to_string(a.x.rows);
+    if (why.empty()) why = matrix_cannot("W2", a.w2.rows, a.w2.cols, a.w2.ld, a.x.width, a.w2.cols);
+    if (why.empty()) why = matrix_cannot("out2", a.out2.rows, a.out2.cols, a.out2.ld, a.out2.rows, a.w2.cols);
+    if (why.empty() && a.w2.cols < 1) why = "W2 has no columns";
+  }
   return why;
 }
 
@@ -263,16 +270,21 @@ void sspmm_cbsr_cpu(const SspmmCbsrArgs& a) {
 void cbsr_gemm_cpu(const CbsrGemmArgs& a) {
   require(cbsr_gemm_cannot(a), "cbsr_gemm");
   const ConstCbsrView& x = a.x;
-  const int64_t n = a.w.cols, k = x.k;
+  const int64_t k = x.k;
+  const auto product = [&](ConstMatrixView wm, MatrixView out, int64_t r) {
+    float* o = out.row(r);
+    const int64_t n = wm.cols;
+    for (int64_t j = 0; j < n; ++j) o[j] = a.beta == 0.0f ? 0.0f : a.beta * o[j];
+    for (int64_t t = 0; t < k; ++t) {
+      const float v = x.values[r * k + t];
+      const float* w = wm.row(x.column(r, t));
+      for (int64_t j = 0; j < n; ++j) o[j] += v * w[j];
+    }
+  };
   tbb::parallel_for(rows_range(x.rows), [&](const tbb::blocked_range<int64_t>& range) {
     for (int64_t r = range.begin(); r < range.end(); ++r) {
-      float* o = a.out.row(r);
-      for (int64_t j = 0; j < n; ++j) o[j] = a.beta == 0.0f ? 0.0f : a.beta * o[j];
-      for (int64_t t = 0; t < k; ++t) {
-        const float v = x.values[r * k + t];
-        const float* w = a.w.row(x.column(r, t));
-        for (int64_t j = 0; j < n; ++j) o[j] += v * w[j];
-      }
+      product(a.w, a.out, r);
+      if (a.w2.data != nullptr && r < a.out2.rows) product(a.w2, a.out2, r);
     }
   });
 }

@@ -1,8 +1,9 @@
 // The dense layer on a CBSR input and its input gradient at the kept positions (kernels/maxk.hpp),
 // CUDA twins of cbsr_gemm_cpu and cbsr_gemm_grad_cpu. W sits in shared memory (a narrowing layer's
-// W is 256 x 47 floats: 48 KiB), so the CBSR input (160 bytes a row at k = 32) and the gradient
-// rows are all that come from global memory; both kernels read W in 16-byte units without bank
-// conflicts.
+// W is 256 x 47 floats: 48 KiB; with SAGE's root term beside it, 96 KiB), so the CBSR input (160
+// bytes a row at k = 32) and the gradient rows are all that come from global memory. Both kernels
+// are bound by shared-memory reads of W: each reads every W float a kept value needs once, in
+// 16-byte units, 128 contiguous bytes per quarter-warp, so without bank conflicts.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,33 +20,34 @@ namespace gale::kernels {
 namespace {
 
 constexpr int kMaxCols = 128;                 // output columns a lane covers: up to 4 per lane
-constexpr int kGemmThreads = 512;
+constexpr int kGemmThreads = 1024;           // up to two blocks an SM beside up to 113 KiB of W each
 constexpr int kGradThreads = 1024;            // one block per SM: W takes most of its shared memory
 constexpr size_t kSharedLimit = 200 * 1024;   // of the 227 KiB an H100 block may opt into
 constexpr size_t kSumsSharedLimit = 227 * 1024;  // with the column sums' rows (sm_90's opt-in most)
 
 // Row stride (floats) of W in shared memory for the forward: n rounded up to whole float4s.
 __host__ __device__ int64_t forward_stride(int64_t n) { return (n + 3) / 4 * 4; }
-// ... and for the gradient: 64 or 128 floats (16 or 32 float4 units), zero-padded, so that the
-// rotation below keeps every quarter-warp's 16-byte loads on distinct banks.
-__host__ __device__ int64_t grad_stride(int64_t n) { return n <= 64 ? 64 : 128; }
-
-size_t gemm_shared_bytes(int64_t width, int64_t n) {
-  return static_cast<size_t>(width * forward_stride(n)) * sizeof(float);
+// W and W2 side by side (n2 = 0 without W2).
+size_t gemm_shared_bytes(int64_t width, int64_t n, int64_t n2) {
+  return static_cast<size_t>(width * (forward_stride(n) + forward_stride(n2))) * sizeof(float);
 }
 
-// Float4 units per W row (and staged grad row) of the gradient kernel: both terms at the wider one's.
-int grad_units(const int64_t* n, int terms) {
-  int64_t widest = n[0];
-  for (int t = 1; t < terms; ++t) widest = std::max(widest, n[t]);
-  return static_cast<int>(grad_stride(widest) / 4);
+// The gradient kernel's W row in shared memory: term 0's columns from float 0, term 1's from
+// float grad_term_offset (term 0's rounded up to whole float4s), zero-padded to grad_row_units
+// float4s: a multiple of the 8 lanes of a group, 8, 16, 24, 32 or 64 of them.
+__host__ __device__ int64_t grad_term_offset(int64_t n0) { return (n0 + 3) / 4 * 4; }
+
+int grad_row_units(const int64_t* n, int terms) {
+  const int64_t units = grad_term_offset(n[0]) / 4 + (terms > 1 ? (n[1] + 3) / 4 : 0);
+  const int64_t per_lane = (units + 7) / 8;
+  return static_cast<int>(8 * (per_lane > 4 ? 8 : per_lane));
 }
 
-// W copies of the terms, then per warp the staged grad rows and a dense row buffer.
+// W, then per warp a dense row buffer (whole float4s).
 size_t grad_shared_bytes(int64_t width, const int64_t* n, int terms) {
-  const size_t units = static_cast<size_t>(grad_units(n, terms)) * static_cast<size_t>(terms);
-  const size_t per_warp = units + static_cast<size_t>((width + 3) / 4);
-  return (units * static_cast<size_t>(width) + (kGradThreads / kWarp) * per_warp) * sizeof(float4);
+  const size_t per_warp = static_cast<size_t>((width + 3) / 4);
+  return (static_cast<size_t>(grad_row_units(n, terms)) * static_cast<size_t>(width) +
+          (kGradThreads / kWarp) * per_warp) * sizeof(float4);
 }
 
 // The column sums' rows of the gradient kernel: one of width floats per warp.
@@ -60,24 +62,48 @@ unsigned grid_for(int64_t rows, int rows_per_block, int per_sm) {
   return static_cast<unsigned>(std::clamp<int64_t>((rows + rows_per_block - 1) / rows_per_block, 1, most));
 }
 
-// Copies W (rows x n, leading dimension ld) into shared memory with row stride `stride`, zeros in
-// the padding: a warp per row.
-__device__ void stage_w(float* dst, const float* w, int64_t rows, int64_t n, int64_t ld, int64_t stride) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  for (int64_t r = threadIdx.x / kWarp; r < rows; r += blockDim.x / kWarp) {
-    for (int64_t j = lane; j < stride; j += kWarp) dst[r * stride + j] = j < n ? w[r * ld + j] : 0.0f;
+// Where lane unit u of a row writes: out's columns 4u .. 4u + 3, or out2's past out's u1 units;
+// null when that row or unit has none.
+__device__ __forceinline__ float* unit_row(const CbsrGemmArgs& a, int64_t r, int u, int u1, int units, int64_t* j0,
+                                           int64_t* n) {
+  if (u >= units) return nullptr;
+  if (u < u1) {
+    *j0 = 4 * u;
+    *n = a.w.cols;
+    return a.out.data + r * a.out.ld;
   }
+  if (r >= a.out2.rows) return nullptr;
+  *j0 = 4 * (u - u1);
+  *n = a.w2.cols;
+  return a.out2.data + r * a.out2.ld;
 }
 
-// out = x W + beta * out. A row belongs to L lanes (32 / L rows a warp), lane q of them holding
-// output columns 4q .. 4q + 3 as a float4: per kept value (v, c), shuffled round the row's lanes
-// L at a time, one 16-byte shared load of W[c] and four fused multiply-adds.
-template <typename I, int L>
+// out = x W + beta * out (and out2 = x W2 + beta * out2 on its rows). A row belongs to L lanes
+// (32 / L rows a warp); lane q of them holds P float4 units of the row's outputs, q, q + L, ...
+// (out's columns first, then out2's). Per kept value (v, c), shuffled round the row's lanes L at a
+// time, P 16-byte shared loads of [W | W2][c] and 4 P fused multiply-adds: the L lanes of a row
+// read 16 L contiguous bytes of W, so a quarter-warp's loads never conflict.
+template <typename I, int L, int P>
 __global__ void __launch_bounds__(kGemmThreads) cbsr_gemm_kernel(CbsrGemmArgs a) {
   extern __shared__ float4 w4[];
-  const int64_t n = a.w.cols, k = a.x.k;
-  const int units = static_cast<int>(forward_stride(n) / 4);
-  stage_w(reinterpret_cast<float*>(w4), a.w.data, a.x.width, n, a.w.ld, forward_stride(n));
+  const int64_t k = a.x.k;
+  const bool two = a.w2.data != nullptr;
+  const int u1 = static_cast<int>(forward_stride(a.w.cols) / 4);
+  const int units = u1 + (two ? static_cast<int>(forward_stride(a.w2.cols) / 4) : 0);
+  {
+    float* w = reinterpret_cast<float*>(w4);
+    for (int64_t r = threadIdx.x / kWarp; r < a.x.width; r += blockDim.x / kWarp) {
+      for (int j = static_cast<int>(threadIdx.x) % kWarp; j < 4 * units; j += kWarp) {
+        float v = 0.0f;
+        if (j < a.w.cols) {
+          v = a.w.data[r * a.w.ld + j];
+        } else if (j >= 4 * u1 && j - 4 * u1 < a.w2.cols) {
+          v = a.w2.data[r * a.w2.ld + (j - 4 * u1)];
+        }
+        w[r * 4 * units + j] = v;
+      }
+    }
+  }
   __syncthreads();
   constexpr int kRowsPerWarp = kWarp / L;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
@@ -91,12 +117,13 @@ __global__ void __launch_bounds__(kGemmThreads) cbsr_gemm_kernel(CbsrGemmArgs a)
   for (int64_t trip = 0; trip < trips; ++trip) {
     const int64_t r = first + trip * rows_per_grid;
     const bool live = r < a.x.rows;
-    float* o = live ? a.out.data + r * a.out.ld : nullptr;
-    float acc[4];
+    float acc[P][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t j = 4 * q + i;
-      acc[i] = live && a.beta != 0.0f && j < n ? a.beta * o[j] : 0.0f;
+    for (int p = 0; p < P; ++p) {
+      int64_t j0 = 0, n = 0;
+      const float* o = live && a.beta != 0.0f ? unit_row(a, r, q + L * p, u1, units, &j0, &n) : nullptr;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[p][i] = o != nullptr && j0 + i < n ? a.beta * o[j0 + i] : 0.0f;
     }
     for (int64_t t0 = 0; t0 < k; t0 += L) {
       float v = 0.0f;
@@ -109,83 +136,149 @@ __global__ void __launch_bounds__(kGemmThreads) cbsr_gemm_kernel(CbsrGemmArgs a)
 #pragma unroll 4
       for (int s = 0; s < count; ++s) {
         const float vs = __shfl_sync(kFull, v, s, L);
-        const int cs = __shfl_sync(kFull, c, s, L);
-        if (q < units) {
-          const float4 w = w4[cs * units + q];
-          acc[0] = fmaf(vs, w.x, acc[0]);
-          acc[1] = fmaf(vs, w.y, acc[1]);
-          acc[2] = fmaf(vs, w.z, acc[2]);
-          acc[3] = fmaf(vs, w.w, acc[3]);
+        const float4* wr = w4 + __shfl_sync(kFull, c, s, L) * units + q;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          if (q + L * p < units) {
+            const float4 w = wr[L * p];
+            acc[p][0] = fmaf(vs, w.x, acc[p][0]);
+            acc[p][1] = fmaf(vs, w.y, acc[p][1]);
+            acc[p][2] = fmaf(vs, w.z, acc[p][2]);
+            acc[p][3] = fmaf(vs, w.w, acc[p][3]);
+          }
         }
       }
     }
     if (!live) continue;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t j = 4 * q + i;
-      if (j < n) o[j] = acc[i];
+    for (int p = 0; p < P; ++p) {
+      int64_t j0 = 0, n = 0;
+      float* o = unit_row(a, r, q + L * p, u1, units, &j0, &n);
+      if (o == nullptr) continue;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (j0 + i < n) o[j0 + i] = acc[p][i];
+      }
     }
   }
 }
 
-// One warp per row: the grad rows staged (zero-padded) in the warp's buffer; lane t forms kept
-// slot t's dot products (and t + 32's, ...) over the U float4 units of a row taken in the order
-// (u + t) mod U, so the eight lanes of each quarter-warp read eight different banks of W and of
-// the staged rows whatever their columns; the row is written dense through the warp's row buffer.
-// Every term's W has row stride 4 U (U = 16 or 32: up to 64 or 128 columns).
-template <typename I, int U>
+// Term t's value at column j of the gradient row r (0 past its rows or columns): float4 units of
+// [grad0 | grad1] as the W rows in shared memory lay them out.
+__device__ __forceinline__ float4 grad_unit(const CbsrGemmGradArgs& a, int64_t r, int64_t j, int64_t off1) {
+  int t = 0;
+  if (j >= off1) {
+    t = 1;
+    j -= off1;
+  }
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const ConstMatrixView& g = a.grad[t];
+  if (t >= a.terms || r >= g.rows || j >= g.cols) return v;
+  const float* src = g.data + r * g.ld + j;
+  if (j + 3 < g.cols && g.ld % 4 == 0 && reinterpret_cast<uintptr_t>(g.data) % 16 == 0) return __ldg(reinterpret_cast<const float4*>(src));
+  v.x = __ldg(src);
+  if (j + 1 < g.cols) v.y = __ldg(src + 1);
+  if (j + 2 < g.cols) v.z = __ldg(src + 2);
+  if (j + 3 < g.cols) v.w = __ldg(src + 3);
+  return v;
+}
+
+// One warp per row, in groups of 8 lanes. Lane p of a group holds float4 units p, p + 8, ... of
+// the row's gradient ([grad0 | grad1], V of them) in registers; the groups take the row's kept
+// slots four at a time, and for slot s (column c) each lane dots its units with the same units of
+// W's row c in shared memory: a group reads 128 contiguous bytes per load, so no bank conflicts
+// and every W float read is used. After 8 slots a group's lanes hold 8 partial dots each, and a
+// transposing reduction (7 shuffles) leaves lane p with slot 4 p + group's whole dot. The row is
+// written dense through the warp's row buffer.
+template <typename I, int V>
 __global__ void __launch_bounds__(kGradThreads) cbsr_gemm_grad_kernel(CbsrGemmGradArgs a) {
   extern __shared__ float4 sh4[];
+  constexpr int kUnits = 8 * V;
   const ConstCbsrView& p = a.pattern;
-  const int width = static_cast<int>(p.width), k = static_cast<int>(p.k), terms = a.terms;
-  for (int t = 0; t < terms; ++t) {
-    stage_w(reinterpret_cast<float*>(sh4 + t * width * U), a.w[t].data, width, a.w[t].cols, a.w[t].ld, 4 * U);
-  }
+  const int width = static_cast<int>(p.width), k = static_cast<int>(p.k);
+  const int64_t off1 = grad_term_offset(a.w[0].cols);
   const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
-  float4* g_sh = sh4 + terms * width * U + warp * (terms * U + (width + 3) / 4);
-  float* row_sh = reinterpret_cast<float*>(g_sh + terms * U);
+  const int group = lane / 8, pos = lane % 8;
+  {
+    float* w = reinterpret_cast<float*>(sh4);
+    for (int c = warp; c < width; c += kGradThreads / kWarp) {
+      for (int j = lane; j < 4 * kUnits; j += kWarp) {
+        float v = 0.0f;
+        if (j < a.w[0].cols) {
+          v = a.w[0].data[c * a.w[0].ld + j];
+        } else if (a.terms > 1 && j >= off1 && j - off1 < a.w[1].cols) {
+          v = a.w[1].data[c * a.w[1].ld + (j - off1)];
+        }
+        w[c * 4 * kUnits + j] = v;
+      }
+    }
+  }
+  const int row_units = (width + 3) / 4;
+  float4* row4 = sh4 + static_cast<int64_t>(width) * kUnits + warp * row_units;
+  float* row_sh = reinterpret_cast<float*>(row4);
   // With column sums: the warp's row of them, after every warp's buffers (maxk.hpp).
   float* acc = a.column_partial == nullptr ? nullptr
-               : reinterpret_cast<float*>(sh4 + terms * width * U +
-                                          (kGradThreads / kWarp) * (terms * U + (width + 3) / 4)) + warp * width;
+               : reinterpret_cast<float*>(sh4 + static_cast<int64_t>(width) * kUnits +
+                                          (kGradThreads / kWarp) * row_units) + warp * width;
   if (acc != nullptr) {
     for (int c = lane; c < width; c += kWarp) acc[c] = 0.0f;
   }
   __syncthreads();
+  const bool vec_out = width % 4 == 0 && a.grad_in.ld % 4 == 0 && reinterpret_cast<uintptr_t>(a.grad_in.data) % 16 == 0;
   const auto* index = static_cast<const I*>(p.index);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGradThreads / kWarp);
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * (kGradThreads / kWarp) + warp; r < p.rows; r += warps) {
-    for (int t = 0; t < terms; ++t) {
-      const ConstMatrixView& gm = a.grad[t];
-      const bool has = r < gm.rows;
-      const float* src = gm.data + (has ? r * gm.ld : 0);
-      float* g = reinterpret_cast<float*>(g_sh + t * U);
-      for (int j = lane; j < 4 * U; j += kWarp) g[j] = has && j < gm.cols ? src[j] : 0.0f;
-    }
-    for (int c = lane; c < width; c += kWarp) row_sh[c] = 0.0f;
-    __syncwarp();
-    for (int t = lane; t < k; t += kWarp) {
-      const int c = index[r * k + t];
-      float sum = 0.0f;
-      for (int term = 0; term < terms; ++term) {
-        const float4* w = sh4 + (term * width + c) * U;
-        const float4* g = g_sh + term * U;
+    // The row's gradient units and its first 32 kept columns, loaded together (one wait, not two).
+    float4 g[V];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int uu = (u + lane) & (U - 1);
-          const float4 wv = w[uu], gv = g[uu];
-          sum = fmaf(gv.x, wv.x, sum);
-          sum = fmaf(gv.y, wv.y, sum);
-          sum = fmaf(gv.z, wv.z, sum);
-          sum = fmaf(gv.w, wv.w, sum);
+    for (int v = 0; v < V; ++v) g[v] = grad_unit(a, r, 4 * (pos + 8 * v), off1);
+    const int first_cols = lane < k ? static_cast<int>(index[r * k + lane]) : 0;
+    for (int u = lane; u < row_units; u += kWarp) row4[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __syncwarp();
+    for (int t0 = 0; t0 < k; t0 += kWarp) {
+      const int mine = t0 == 0 ? first_cols : t0 + lane < k ? static_cast<int>(index[r * k + t0 + lane]) : 0;
+      float part[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int c = __shfl_sync(kFull, mine, 4 * i + group);  // slot t0 + 4 i + group
+        const float4* w = sh4 + c * kUnits + pos;
+        float s = 0.0f;
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const float4 wv = w[8 * v];
+          s = fmaf(g[v].x, wv.x, s);
+          s = fmaf(g[v].y, wv.y, s);
+          s = fmaf(g[v].z, wv.z, s);
+          s = fmaf(g[v].w, wv.w, s);
+        }
+        part[i] = s;
+      }
+      // Transposing reduction over the group's 8 lanes: at each step a lane keeps the half of its
+      // partials that its bit selects and adds its partner's copy of that half.
+#pragma unroll
+      for (int half = 4; half >= 1; half /= 2) {
+        const bool upper = (pos & half) != 0;
+#pragma unroll
+        for (int i = 0; i < half; ++i) {
+          const float send = upper ? part[i] : part[i + half];
+          const float keep = upper ? part[i + half] : part[i];
+          part[i] = keep + __shfl_xor_sync(kFull, send, half);
         }
       }
-      row_sh[c] = sum;  // kept columns are distinct: no two lanes write one slot
-      if (acc != nullptr) acc[c] += sum;  // in row order, one lane per slot
+      const int slot = 4 * pos + group;
+      const int c = __shfl_sync(kFull, mine, slot);
+      if (t0 + slot < k) {
+        row_sh[c] = part[0];  // kept columns are distinct: no two lanes write one slot
+        if (acc != nullptr) acc[c] += part[0];  // in row order, one lane per slot
+      }
     }
     __syncwarp();
     float* o = a.grad_in.data + r * a.grad_in.ld;
-    for (int c = lane; c < width; c += kWarp) o[c] = row_sh[c];
+    if (vec_out) {
+      for (int u = lane; u < row_units; u += kWarp) reinterpret_cast<float4*>(o)[u] = row4[u];
+    } else {
+      for (int c = lane; c < width; c += kWarp) o[c] = row_sh[c];
+    }
     __syncwarp();  // the buffers are rewritten for the warp's next row
   }
   if (acc != nullptr) {
@@ -196,22 +289,25 @@ __global__ void __launch_bounds__(kGradThreads) cbsr_gemm_grad_kernel(CbsrGemmGr
 
 template <typename I>
 void launch_gemm(const CbsrGemmArgs& a, cudaStream_t stream) {
-  const size_t bytes = gemm_shared_bytes(a.x.width, a.w.cols);
-  const int64_t units = forward_stride(a.w.cols) / 4;
-#define GALE_CBSR_GEMM(L)                                                                                     \
-  if (units <= L) {                                                                                           \
-    GALE_CHECK_CUDA(cudaFuncSetAttribute(cbsr_gemm_kernel<I, L>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                         static_cast<int>(bytes)));                                          \
-    cbsr_gemm_kernel<I, L><<<grid_for(a.x.rows, kGemmThreads / L, 4), kGemmThreads, bytes, stream>>>(a);      \
-    GALE_CHECK_CUDA(cudaGetLastError());                                                                      \
-    return;                                                                                                   \
+  const size_t bytes = gemm_shared_bytes(a.x.width, a.w.cols, a.w2.data != nullptr ? a.w2.cols : 0);
+  const int64_t units = (forward_stride(a.w.cols) + (a.w2.data != nullptr ? forward_stride(a.w2.cols) : 0)) / 4;
+#define GALE_CBSR_GEMM(L, P)                                                                                      \
+  if (units <= (L) * (P)) {                                                                                         \
+    GALE_CHECK_CUDA(cudaFuncSetAttribute(cbsr_gemm_kernel<I, L, P>, cudaFuncAttributeMaxDynamicSharedMemorySize,   \
+                                         static_cast<int>(bytes)));                                                \
+    cbsr_gemm_kernel<I, L, P><<<grid_for(a.x.rows, kGemmThreads / (L), 2), kGemmThreads, bytes, stream>>>(a);      \
+    GALE_CHECK_CUDA(cudaGetLastError());                                                                            \
+    return;                                                                                                         \
   }
-  GALE_CBSR_GEMM(1)
-  GALE_CBSR_GEMM(2)
-  GALE_CBSR_GEMM(4)
-  GALE_CBSR_GEMM(8)
-  GALE_CBSR_GEMM(16)
-  GALE_CBSR_GEMM(32)
+  // Up to 8 units a row takes a lane per unit; beyond, 8 lanes with up to 4 units each, so that a
+  // shuffled kept value feeds 4 P multiply-adds a lane.
+  GALE_CBSR_GEMM(1, 1)
+  GALE_CBSR_GEMM(2, 1)
+  GALE_CBSR_GEMM(4, 1)
+  GALE_CBSR_GEMM(8, 1)
+  GALE_CBSR_GEMM(8, 2)
+  GALE_CBSR_GEMM(8, 3)
+  GALE_CBSR_GEMM(8, 4)
 #undef GALE_CBSR_GEMM
 }
 
@@ -226,8 +322,13 @@ void launch_grad(const CbsrGemmGradArgs& a, cudaStream_t stream) {
     kernel<<<grid, kGradThreads, bytes, stream>>>(a);
     GALE_CHECK_CUDA(cudaGetLastError());
   };
-  if (grad_units(n, a.terms) == 16) return launch(cbsr_gemm_grad_kernel<I, 16>);
-  launch(cbsr_gemm_grad_kernel<I, 32>);
+  switch (grad_row_units(n, a.terms) / 8) {
+    case 1: return launch(cbsr_gemm_grad_kernel<I, 1>);
+    case 2: return launch(cbsr_gemm_grad_kernel<I, 2>);
+    case 3: return launch(cbsr_gemm_grad_kernel<I, 3>);
+    case 4: return launch(cbsr_gemm_grad_kernel<I, 4>);
+    default: return launch(cbsr_gemm_grad_kernel<I, 8>);
+  }
 }
 
 void require(const std::string& why, const char* op) {
@@ -239,7 +340,7 @@ void require(const std::string& why, const char* op) {
 std::string cbsr_gemm_cuda_cannot(int64_t width, int64_t n, int terms) {
   if (n > kMaxCols) return "W has " + std::to_string(n) + " columns, the CUDA op takes up to " + std::to_string(kMaxCols);
   const int64_t cols[2] = {n, n};
-  const size_t bytes = std::max(gemm_shared_bytes(width, n), grad_shared_bytes(width, cols, terms));
+  const size_t bytes = std::max(gemm_shared_bytes(width, n, 0), grad_shared_bytes(width, cols, terms));
   if (bytes > kSharedLimit)
     return "W (" + std::to_string(width) + " x " + std::to_string(n) + ", " + std::to_string(terms) +
            " of them) does not fit in shared memory";
@@ -249,7 +350,24 @@ std::string cbsr_gemm_cuda_cannot(int64_t width, int64_t n, int terms) {
 void cbsr_gemm_cuda(const CbsrGemmArgs& a, cudaStream_t stream) {
   require(cbsr_gemm_cannot(a), "cbsr_gemm");
   require(cbsr_gemm_cuda_cannot(a.x.width, a.w.cols, 1), "cbsr_gemm");
+  const bool two = a.w2.data != nullptr;
+  if (two) require(cbsr_gemm_cuda_cannot(a.x.width, a.w2.cols, 1), "cbsr_gemm");
   if (a.x.rows == 0) return;
+  // Both products in one pass while a row's lanes (up to 32 float4 units) and shared memory hold
+  // W and W2 side by side; one after the other otherwise.
+  if (two && (forward_stride(a.w.cols) + forward_stride(a.w2.cols) > 4 * kWarp ||
+              gemm_shared_bytes(a.x.width, a.w.cols, a.w2.cols) > kSharedLimit)) {
+    CbsrGemmArgs first = a, second = a;
+    first.w2 = {};
+    first.out2 = {};
+    second.x.rows = a.out2.rows;
+    second.w = a.w2;
+    second.out = a.out2;
+    second.w2 = {};
+    second.out2 = {};
+    cbsr_gemm_cuda(first, stream);
+    return cbsr_gemm_cuda(second, stream);
+  }
   if (a.x.index_bytes() == 1) return launch_gemm<uint8_t>(a, stream);
   launch_gemm<uint16_t>(a, stream);
 }

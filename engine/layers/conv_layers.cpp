@@ -243,15 +243,22 @@ class AggregateLinear {
       cbsr_linear_ = ctx.maxk_input != nullptr && ops::cbsr_gemm_fits(x.device(), lin_.in(), t_ld, 1) &&
                      (!root_ || ops::cbsr_gemm_fits(x.device(), lin_.in(), 2 * pair_half(), 1));
       const Tensor w = padded_columns(lin_.weight().value, t_ld);
-      const Tensor t = cbsr_linear_ ? cbsr_transform(*ctx.maxk_input, w) : ops::matmul(x, w, exec_.tf32);
+      Tensor t;
+      if (cbsr_linear_) {  // x W and, with a root term, x_dst W_root from one pass over the CBSR form
+        t = Tensor::empty(ctx.maxk_input->rows(), t_ld, DType::kF32, x.device());
+        if (root_) {
+          y = Tensor::empty(g.num_dst(), out, DType::kF32, x.device());
+          ops::cbsr_gemm(*ctx.maxk_input, w, 0.0f, &t, &root_->weight().value, &y);
+        } else {
+          ops::cbsr_gemm(*ctx.maxk_input, w, 0.0f, &t);
+        }
+      } else {
+        t = ops::matmul(x, w, exec_.tf32);
+        if (root_) y = root_->forward(x_dst, exec_.tf32);
+      }
+      if (!root_) y = Tensor::empty(g.num_dst(), out, DType::kF32, x.device());
       kernels::ConstMatrixView t_view = t.view();
       t_view.cols = out;
-      if (root_) {
-        y = cbsr_linear_ ? cbsr_transform(ops::cbsr_rows(*ctx.maxk_input, g.num_dst()), root_->weight().value)
-                         : root_->forward(x_dst, exec_.tf32);
-      } else {
-        y = Tensor::empty(g.num_dst(), lin_.out(), DType::kF32, x.device());
-      }
       aggregate(g, norm_, self_scale_, t_view, &y, exec_, {&bias_.value, ctx.relu, /*accumulate=*/root_ != nullptr});
       if (ctx.training) saved_ = x;
     } else if (root_ && exec_.stack_operands && ctx.first_layer && ctx.constant_input && g.whole_graph()) {
@@ -349,13 +356,6 @@ class AggregateLinear {
     }
     ops::gemm(a, false, lin_.weight().value, false, 0.0f, &y, exec_.tf32);
     ops::gemm_bias(x_dst, root_->weight().value, 1.0f, &y, bias_.value, relu, exec_.tf32);
-    return y;
-  }
-
-  // x W for the CBSR form of x.
-  static Tensor cbsr_transform(const ops::Cbsr& x, const Tensor& w) {
-    Tensor y = Tensor::empty(x.rows(), w.cols(), DType::kF32, x.device());
-    ops::cbsr_gemm(x, w, 0.0f, &y);
     return y;
   }
 

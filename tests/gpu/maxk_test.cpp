@@ -564,6 +564,26 @@ TEST_F(MaxkCudaTest, DenseLayerOnCbsrAndItsGradientMatchCpu) {
           auto d_out = beta == 0.0f ? poisoned(cpu.size()) : upload(before);
           cbsr_gemm_cuda({d_x, matrix(d_w.data(), width, n), beta, matrix(d_out.data(), rows, n)}, *stream_);
           expect_close(download(d_out), cpu, mag, 1e-5f, "cbsr_gemm beta " + std::to_string(beta));
+          // With a second product on the leading rows (a SAGE layer's root term): one pass while
+          // both fit a row's lanes, two otherwise; the first product is unchanged either way.
+          const int64_t n2 = n == 1 ? 5 : 47, rows2 = rows / 3;
+          const auto w2 = uniform(++key, static_cast<size_t>(width * n2), -1.0f, 1.0f);
+          const auto before2 = uniform(++key, static_cast<size_t>(rows2 * n2), -1.0f, 1.0f);
+          std::vector<float> cpu2 = before2, mag2 = absolute(before2);
+          ConstCbsrView lead = x.cview(), alead = ax.cview();
+          lead.rows = alead.rows = rows2;
+          cbsr_gemm_cpu({lead, matrix(w2.data(), width, n2), beta, matrix(cpu2.data(), rows2, n2)});
+          const auto aw2 = absolute(w2);
+          cbsr_gemm_cpu({alead, matrix(aw2.data(), width, n2), beta, matrix(mag2.data(), rows2, n2)});
+          auto d_w2 = upload(w2);
+          auto d_both = beta == 0.0f ? poisoned(cpu.size()) : upload(before);
+          auto d_out2 = beta == 0.0f ? poisoned(cpu2.size()) : upload(before2);
+          CbsrGemmArgs two{d_x, matrix(d_w.data(), width, n), beta, matrix(d_both.data(), rows, n)};
+          two.w2 = matrix(d_w2.data(), width, n2);
+          two.out2 = matrix(d_out2.data(), rows2, n2);
+          cbsr_gemm_cuda(two, *stream_);
+          expect_close(download(d_both), cpu, mag, 1e-5f, "cbsr_gemm with W2, out, beta " + std::to_string(beta));
+          expect_close(download(d_out2), cpu2, mag2, 1e-5f, "cbsr_gemm with W2, out2, beta " + std::to_string(beta));
         }
         for (int terms : {1, 2}) {
           if (!cbsr_gemm_cuda_cannot(width, n, terms).empty()) {  // two W's of 100+ columns at width 256

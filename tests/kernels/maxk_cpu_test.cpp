@@ -477,6 +477,37 @@ TEST(CbsrGemm, EqualsTheDenseProductOfTheDensifiedInput) {
   }
 }
 
+// The second product (W2 on the leading rows) equals a call of its own on those rows, bit for bit,
+// and leaves the first unchanged.
+TEST(CbsrGemm, SecondProductOnTheLeadingRowsEqualsItsOwnCall) {
+  const int64_t rows = 13, width = 256, k = 32, n = 48, n2 = 47, rows2 = 8;
+  const Cbsr x = random_cbsr(rows, width, k, 77);
+  const auto w = random_floats(static_cast<size_t>(width * n), 78);
+  const auto w2 = random_floats(static_cast<size_t>(width * n2), 79);
+  for (float beta : {0.0f, 1.0f}) {
+    const auto before = random_floats(static_cast<size_t>(rows * n), 80);
+    const auto before2 = random_floats(static_cast<size_t>(rows2 * n2), 81);
+    std::vector<float> both = before, both2 = before2, alone = before, alone2 = before2;
+    CbsrGemmArgs a{x.cview(), matrix(w.data(), width, n), beta, matrix(both.data(), rows, n)};
+    a.w2 = matrix(w2.data(), width, n2);
+    a.out2 = matrix(both2.data(), rows2, n2);
+    cbsr_gemm_cpu(a);
+    cbsr_gemm_cpu({x.cview(), matrix(w.data(), width, n), beta, matrix(alone.data(), rows, n)});
+    ConstCbsrView lead = x.cview();
+    lead.rows = rows2;
+    cbsr_gemm_cpu({lead, matrix(w2.data(), width, n2), beta, matrix(alone2.data(), rows2, n2)});
+    EXPECT_EQ(both, alone);
+    EXPECT_EQ(both2, alone2);
+  }
+  std::vector<float> out(static_cast<size_t>(rows * n)), out2(static_cast<size_t>((rows + 1) * n2));
+  CbsrGemmArgs bad{x.cview(), matrix(w.data(), width, n), 0.0f, matrix(out.data(), rows, n)};
+  bad.w2 = matrix(w2.data(), width, n2);
+  bad.out2 = matrix(out2.data(), rows + 1, n2);  // more rows than x
+  EXPECT_THROW(cbsr_gemm_cpu(bad), InputError);
+  bad.out2 = matrix(out2.data(), rows, n2 - 1);  // columns not W2's
+  EXPECT_THROW(cbsr_gemm_cpu(bad), InputError);
+}
+
 TEST(CbsrGemmGrad, IsTheDenseInputGradientAtTheKeptPositionsOnly) {
   for (int64_t width : {7, 256, 300}) {
     for (int64_t k : {int64_t{1}, int64_t{5}, width}) {
