@@ -441,20 +441,27 @@ __global__ void __launch_bounds__(kRowThreads)
     __syncwarp();
   }
   const int64_t total_warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
+  // Slot t's column and value (dense + sparse, either alone when the other is absent).
+  const auto slot = [&](int64_t r, int t, int* c) {
+    *c = index[r * k + t];
+    if (dense != nullptr && sparse != nullptr) return __ldg(dense + r * dense_ld + *c) + __ldg(sparse + r * k + t);
+    if (dense != nullptr) return __ldg(dense + r * dense_ld + *c);
+    return sparse != nullptr ? __ldg(sparse + r * k + t) : 0.0f;
+  };
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; r < rows; r += total_warps) {
+    // The first 32 slots are read before the zeros go out, so their loads overlap the stores.
+    int c0 = 0;
+    const float v0 = lane < k ? slot(r, lane, &c0) : 0.0f;
     float* o = out + r * out_ld;
     for (int c = lane; c < width; c += kWarp) o[c] = 0.0f;
     __syncwarp();
-    for (int t = lane; t < k; t += kWarp) {
-      const int c = index[r * k + t];
-      float v = 0.0f;
-      if (dense != nullptr && sparse != nullptr) {
-        v = __ldg(dense + r * dense_ld + c) + __ldg(sparse + r * k + t);
-      } else if (dense != nullptr) {
-        v = __ldg(dense + r * dense_ld + c);
-      } else if (sparse != nullptr) {
-        v = __ldg(sparse + r * k + t);
-      }
+    if (lane < k) {
+      o[c0] = v0;
+      if (acc != nullptr) acc[c0] += v0;
+    }
+    for (int t = lane + kWarp; t < k; t += kWarp) {
+      int c;
+      const float v = slot(r, t, &c);
       o[c] = v;
       if (acc != nullptr) acc[c] += v;
     }
