@@ -25,20 +25,18 @@ constexpr int kGradThreads = 1024;            // one block per SM: W takes most 
 constexpr size_t kSharedLimit = 200 * 1024;   // of the 227 KiB an H100 block may opt into
 constexpr size_t kSumsSharedLimit = 227 * 1024;  // with the column sums' rows (sm_90's opt-in most)
 
-// Row stride (floats) of W in shared memory for the forward: n rounded up to whole float4s.
-__host__ __device__ int64_t forward_stride(int64_t n) { return (n + 3) / 4 * 4; }
+// n floats rounded up to whole float4s: a W row's share of a shared-memory row.
+__host__ __device__ int64_t padded4(int64_t n) { return (n + 3) / 4 * 4; }
 // W and W2 side by side (n2 = 0 without W2).
 size_t gemm_shared_bytes(int64_t width, int64_t n, int64_t n2) {
-  return static_cast<size_t>(width * (forward_stride(n) + forward_stride(n2))) * sizeof(float);
+  return static_cast<size_t>(width * (padded4(n) + padded4(n2))) * sizeof(float);
 }
 
 // The gradient kernel's W row in shared memory: term 0's columns from float 0, term 1's from
-// float grad_term_offset (term 0's rounded up to whole float4s), zero-padded to grad_row_units
-// float4s: a multiple of the 8 lanes of a group, 8, 16, 24, 32 or 64 of them.
-__host__ __device__ int64_t grad_term_offset(int64_t n0) { return (n0 + 3) / 4 * 4; }
-
+// float padded4(term 0's columns), zero-padded to grad_row_units float4s: a multiple of the
+// 8 lanes of a group, 8, 16, 24, 32 or 64 of them.
 int grad_row_units(const int64_t* n, int terms) {
-  const int64_t units = grad_term_offset(n[0]) / 4 + (terms > 1 ? (n[1] + 3) / 4 : 0);
+  const int64_t units = (padded4(n[0]) + (terms > 1 ? padded4(n[1]) : 0)) / 4;
   const int64_t per_lane = (units + 7) / 8;
   return static_cast<int>(8 * (per_lane > 4 ? 8 : per_lane));
 }
@@ -60,6 +58,25 @@ size_t sums_shared_bytes(int64_t width) {
 unsigned grid_for(int64_t rows, int rows_per_block, int per_sm) {
   const int64_t most = std::max<int64_t>(1, static_cast<int64_t>(cuda::current_multiprocessors()) * per_sm);
   return static_cast<unsigned>(std::clamp<int64_t>((rows + rows_per_block - 1) / rows_per_block, 1, most));
+}
+
+// Copies W0 and W1 (rows x their columns; W1 absent when its data is null) into shared memory side
+// by side: row r holds W0[r] from float 0 and W1[r] from float padded4(W0's columns), zeros
+// elsewhere up to `stride` floats. A warp per row.
+__device__ void stage_side_by_side(float* dst, const ConstMatrixView& w0, const ConstMatrixView& w1, int64_t rows,
+                                   int stride) {
+  const int64_t off1 = padded4(w0.cols);
+  for (int64_t r = threadIdx.x / kWarp; r < rows; r += blockDim.x / kWarp) {
+    for (int j = static_cast<int>(threadIdx.x) % kWarp; j < stride; j += kWarp) {
+      float v = 0.0f;
+      if (j < w0.cols) {
+        v = w0.data[r * w0.ld + j];
+      } else if (w1.data != nullptr && j >= off1 && j - off1 < w1.cols) {
+        v = w1.data[r * w1.ld + (j - off1)];
+      }
+      dst[r * stride + j] = v;
+    }
+  }
 }
 
 // Where lane unit u of a row writes: out's columns 4u .. 4u + 3, or out2's past out's u1 units;
@@ -88,22 +105,9 @@ __global__ void __launch_bounds__(kGemmThreads) cbsr_gemm_kernel(CbsrGemmArgs a)
   extern __shared__ float4 w4[];
   const int64_t k = a.x.k;
   const bool two = a.w2.data != nullptr;
-  const int u1 = static_cast<int>(forward_stride(a.w.cols) / 4);
-  const int units = u1 + (two ? static_cast<int>(forward_stride(a.w2.cols) / 4) : 0);
-  {
-    float* w = reinterpret_cast<float*>(w4);
-    for (int64_t r = threadIdx.x / kWarp; r < a.x.width; r += blockDim.x / kWarp) {
-      for (int j = static_cast<int>(threadIdx.x) % kWarp; j < 4 * units; j += kWarp) {
-        float v = 0.0f;
-        if (j < a.w.cols) {
-          v = a.w.data[r * a.w.ld + j];
-        } else if (j >= 4 * u1 && j - 4 * u1 < a.w2.cols) {
-          v = a.w2.data[r * a.w2.ld + (j - 4 * u1)];
-        }
-        w[r * 4 * units + j] = v;
-      }
-    }
-  }
+  const int u1 = static_cast<int>(padded4(a.w.cols) / 4);
+  const int units = u1 + (two ? static_cast<int>(padded4(a.w2.cols) / 4) : 0);
+  stage_side_by_side(reinterpret_cast<float*>(w4), a.w, a.w2, a.x.width, 4 * units);
   __syncthreads();
   constexpr int kRowsPerWarp = kWarp / L;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
@@ -163,6 +167,11 @@ __global__ void __launch_bounds__(kGemmThreads) cbsr_gemm_kernel(CbsrGemmArgs a)
   }
 }
 
+// views.hpp's float4_rows on the device: rows from p, ld floats apart, all take 16-byte accesses.
+__device__ __forceinline__ bool device_float4_rows(const float* p, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 4 == 0;
+}
+
 // Term t's value at column j of the gradient row r (0 past its rows or columns): float4 units of
 // [grad0 | grad1] as the W rows in shared memory lay them out.
 __device__ __forceinline__ float4 grad_unit(const CbsrGemmGradArgs& a, int64_t r, int64_t j, int64_t off1) {
@@ -175,7 +184,7 @@ __device__ __forceinline__ float4 grad_unit(const CbsrGemmGradArgs& a, int64_t r
   const ConstMatrixView& g = a.grad[t];
   if (t >= a.terms || r >= g.rows || j >= g.cols) return v;
   const float* src = g.data + r * g.ld + j;
-  if (j + 3 < g.cols && g.ld % 4 == 0 && reinterpret_cast<uintptr_t>(g.data) % 16 == 0) return __ldg(reinterpret_cast<const float4*>(src));
+  if (j + 3 < g.cols && device_float4_rows(g.data, g.ld)) return __ldg(reinterpret_cast<const float4*>(src));
   v.x = __ldg(src);
   if (j + 1 < g.cols) v.y = __ldg(src + 1);
   if (j + 2 < g.cols) v.z = __ldg(src + 2);
@@ -196,23 +205,11 @@ __global__ void __launch_bounds__(kGradThreads) cbsr_gemm_grad_kernel(CbsrGemmGr
   constexpr int kUnits = 8 * V;
   const ConstCbsrView& p = a.pattern;
   const int width = static_cast<int>(p.width), k = static_cast<int>(p.k);
-  const int64_t off1 = grad_term_offset(a.w[0].cols);
+  const int64_t off1 = padded4(a.w[0].cols);
   const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
   const int group = lane / 8, pos = lane % 8;
-  {
-    float* w = reinterpret_cast<float*>(sh4);
-    for (int c = warp; c < width; c += kGradThreads / kWarp) {
-      for (int j = lane; j < 4 * kUnits; j += kWarp) {
-        float v = 0.0f;
-        if (j < a.w[0].cols) {
-          v = a.w[0].data[c * a.w[0].ld + j];
-        } else if (a.terms > 1 && j >= off1 && j - off1 < a.w[1].cols) {
-          v = a.w[1].data[c * a.w[1].ld + (j - off1)];
-        }
-        w[c * 4 * kUnits + j] = v;
-      }
-    }
-  }
+  stage_side_by_side(reinterpret_cast<float*>(sh4), a.w[0], a.terms > 1 ? a.w[1] : ConstMatrixView(), width,
+                     4 * kUnits);
   const int row_units = (width + 3) / 4;
   float4* row4 = sh4 + static_cast<int64_t>(width) * kUnits + warp * row_units;
   float* row_sh = reinterpret_cast<float*>(row4);
@@ -224,7 +221,7 @@ __global__ void __launch_bounds__(kGradThreads) cbsr_gemm_grad_kernel(CbsrGemmGr
     for (int c = lane; c < width; c += kWarp) acc[c] = 0.0f;
   }
   __syncthreads();
-  const bool vec_out = width % 4 == 0 && a.grad_in.ld % 4 == 0 && reinterpret_cast<uintptr_t>(a.grad_in.data) % 16 == 0;
+  const bool vec_out = width % 4 == 0 && device_float4_rows(a.grad_in.data, a.grad_in.ld);
   const auto* index = static_cast<const I*>(p.index);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGradThreads / kWarp);
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * (kGradThreads / kWarp) + warp; r < p.rows; r += warps) {
@@ -290,7 +287,7 @@ __global__ void __launch_bounds__(kGradThreads) cbsr_gemm_grad_kernel(CbsrGemmGr
 template <typename I>
 void launch_gemm(const CbsrGemmArgs& a, cudaStream_t stream) {
   const size_t bytes = gemm_shared_bytes(a.x.width, a.w.cols, a.w2.data != nullptr ? a.w2.cols : 0);
-  const int64_t units = (forward_stride(a.w.cols) + (a.w2.data != nullptr ? forward_stride(a.w2.cols) : 0)) / 4;
+  const int64_t units = (padded4(a.w.cols) + (a.w2.data != nullptr ? padded4(a.w2.cols) : 0)) / 4;
 #define GALE_CBSR_GEMM(L, P)                                                                                      \
   if (units <= (L) * (P)) {                                                                                         \
     GALE_CHECK_CUDA(cudaFuncSetAttribute(cbsr_gemm_kernel<I, L, P>, cudaFuncAttributeMaxDynamicSharedMemorySize,   \
@@ -355,7 +352,7 @@ void cbsr_gemm_cuda(const CbsrGemmArgs& a, cudaStream_t stream) {
   if (a.x.rows == 0) return;
   // Both products in one pass while a row's lanes (up to 32 float4 units) and shared memory hold
   // W and W2 side by side; one after the other otherwise.
-  if (two && (forward_stride(a.w.cols) + forward_stride(a.w2.cols) > 4 * kWarp ||
+  if (two && (padded4(a.w.cols) + padded4(a.w2.cols) > 4 * kWarp ||
               gemm_shared_bytes(a.x.width, a.w.cols, a.w2.cols) > kSharedLimit)) {
     CbsrGemmArgs first = a, second = a;
     first.w2 = {};
