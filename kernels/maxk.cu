@@ -450,18 +450,13 @@ __global__ void __launch_bounds__(kRowThreads)
   };
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; r < rows; r += total_warps) {
     // The first 32 slots are read before the zeros go out, so their loads overlap the stores.
-    int c0 = 0;
-    const float v0 = lane < k ? slot(r, lane, &c0) : 0.0f;
+    int c = 0;
+    float v = lane < k ? slot(r, lane, &c) : 0.0f;
     float* o = out + r * out_ld;
-    for (int c = lane; c < width; c += kWarp) o[c] = 0.0f;
+    for (int j = lane; j < width; j += kWarp) o[j] = 0.0f;
     __syncwarp();
-    if (lane < k) {
-      o[c0] = v0;
-      if (acc != nullptr) acc[c0] += v0;
-    }
-    for (int t = lane + kWarp; t < k; t += kWarp) {
-      int c;
-      const float v = slot(r, t, &c);
+    for (int t = lane; t < k; t += kWarp) {
+      if (t != lane) v = slot(r, t, &c);
       o[c] = v;
       if (acc != nullptr) acc[c] += v;
     }

@@ -19,7 +19,7 @@ namespace gale::kernels {
 
 namespace {
 
-constexpr int kMaxCols = 128;                 // output columns a lane covers: up to 4 per lane
+constexpr int kMaxCols = 128;                 // a row's output columns: 8 lanes x 4 float4 units
 constexpr int kGemmThreads = 1024;           // up to two blocks an SM beside up to 113 KiB of W each
 constexpr int kGradThreads = 1024;            // one block per SM: W takes most of its shared memory
 constexpr size_t kSharedLimit = 200 * 1024;   // of the 227 KiB an H100 block may opt into
@@ -229,11 +229,12 @@ __global__ void __launch_bounds__(kGradThreads) cbsr_gemm_grad_kernel(CbsrGemmGr
     float4 g[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) g[v] = grad_unit(a, r, 4 * (pos + 8 * v), off1);
-    const int first_cols = lane < k ? static_cast<int>(index[r * k + lane]) : 0;
+    const auto slot_column = [&](int t) { return t < k ? static_cast<int>(index[r * k + t]) : 0; };
+    int mine = slot_column(lane);
     for (int u = lane; u < row_units; u += kWarp) row4[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncwarp();
     for (int t0 = 0; t0 < k; t0 += kWarp) {
-      const int mine = t0 == 0 ? first_cols : t0 + lane < k ? static_cast<int>(index[r * k + t0 + lane]) : 0;
+      if (t0 > 0) mine = slot_column(t0 + lane);
       float part[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -350,9 +351,9 @@ void cbsr_gemm_cuda(const CbsrGemmArgs& a, cudaStream_t stream) {
   const bool two = a.w2.data != nullptr;
   if (two) require(cbsr_gemm_cuda_cannot(a.x.width, a.w2.cols, 1), "cbsr_gemm");
   if (a.x.rows == 0) return;
-  // Both products in one pass while a row's lanes (up to 32 float4 units) and shared memory hold
+  // Both products in one pass while a row's lanes (kMaxCols columns) and shared memory hold
   // W and W2 side by side; one after the other otherwise.
-  if (two && (padded4(a.w.cols) + padded4(a.w2.cols) > 4 * kWarp ||
+  if (two && (padded4(a.w.cols) + padded4(a.w2.cols) > kMaxCols ||
               gemm_shared_bytes(a.x.width, a.w.cols, a.w2.cols) > kSharedLimit)) {
     CbsrGemmArgs first = a, second = a;
     first.w2 = {};
