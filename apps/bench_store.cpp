@@ -6,15 +6,21 @@
 #include <cstdio>
 
 #include "kernels/error.hpp"
+#include "storage/generators.hpp"
 #include "storage/preprocess.hpp"
 
 namespace gale::apps {
 
 namespace fs = std::filesystem;
 
-BenchStore::BenchStore(const std::string& store, const std::string& generate, const std::string& bench) {
+void BenchStore::check(const std::string& store, const std::string& generate, const std::string& bench) {
   if (store.empty() == generate.empty())
     throw InputError(bench + ": expected a STORE path or --generate SPEC (exactly one)");
+  if (!generate.empty()) storage::parse_generator(generate);
+}
+
+BenchStore::BenchStore(const std::string& store, const std::string& generate, const std::string& bench) {
+  check(store, generate, bench);
   if (!store.empty()) {
     path_ = label_ = store;
     return;

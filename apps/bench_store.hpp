@@ -9,7 +9,12 @@ namespace gale::apps {
 
 class BenchStore {
  public:
-  // Exactly one of `store` and `generate` must be non-empty; `bench` names the command in messages.
+  // Exactly one of `store` and `generate` must be non-empty, and `generate` a valid generator spec;
+  // an InputError says which is wrong. Commands call this before they look for a GPU, so a bad spec
+  // is reported as such on any machine. `bench` names the command in messages.
+  static void check(const std::string& store, const std::string& generate, const std::string& bench);
+
+  // Checks as above, then generates the graph when `generate` is given.
   BenchStore(const std::string& store, const std::string& generate, const std::string& bench);
   ~BenchStore();
   BenchStore(const BenchStore&) = delete;

@@ -162,6 +162,7 @@ int bench_spmm(const std::vector<std::string>& args) {
   if (with_cusparse) kinds.insert(kinds.begin(), {SpmmKind::kCusparse, "cusparse"});
   if (kinds.empty()) throw InputError("--kernels: expected at least one kernel");
 
+  BenchStore::check(store_path, generate, "bench spmm");
   kernels::cuda::require_device(0);
   const BenchStore source(store_path, generate, "bench spmm");
   const storage::Store store = storage::Store::open(source.path());
@@ -337,6 +338,7 @@ int bench_spmm_maxk(const std::vector<std::string>& args) {
   if (runs < 1) throw InputError("--runs: expected at least 1, found " + std::to_string(runs));
   if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
 
+  BenchStore::check(store_path, generate, "bench spmm --maxk");
   kernels::cuda::require_device(0);
   const BenchStore source(store_path, generate, "bench spmm --maxk");
   const storage::Store store = storage::Store::open(source.path());

@@ -221,6 +221,7 @@ int bench_sample(const std::vector<std::string>& args) {
   if (topology != "gpu" && topology != "host" && topology != "auto")
     throw InputError("--topology: expected gpu, host or auto, found '" + topology + "'");
   const bool with_gpu = std::find(samplers.begin(), samplers.end(), "gpu") != samplers.end();
+  BenchStore::check(f.store_path, f.generate, "bench sample");
   const Device gpu = with_gpu ? require_gpu("bench sample: the gpu sampler", "; --samplers cpu runs without one")
                               : Device::cpu();
 
@@ -336,6 +337,7 @@ int bench_gather(const std::vector<std::string>& args) {
   }
   std::vector<bool> matches;
   for (const std::string& m : parse_names(match_text, "--match", {"on", "off"})) matches.push_back(m == "on");
+  BenchStore::check(f.store_path, f.generate, "bench gather");
   const Device gpu = require_gpu("bench gather", "");
 
   const BenchStore source(f.store_path, f.generate, "bench gather");
@@ -479,6 +481,7 @@ int bench_pipeline(const std::vector<std::string>& args) {
   if (o.reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
   o.device = parse_device(device_text);
   o.devices = parse_workers(gpus_text, cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o.device);
+  BenchStore::check(store_path, generate, "bench pipeline");
   engine::require(o.device);
   if (!budget.empty()) {
     o.gpu_mem_budget = parse_size(budget, "--gpu-mem-budget");

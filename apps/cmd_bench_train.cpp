@@ -151,6 +151,7 @@ int run_bench_train(const std::vector<std::string>& args) {
   }
   if (models.empty()) throw InputError("--models: expected at least one model");
   const Device dev = parse_device(device_text);
+  BenchStore::check(store_path, generate, "bench train");
   engine::require(dev);
   engine::ops::ExecOptions exec{parse_spmm_kind(spmm), tf32, stack_operands};
   engine::ops::set_gemm_tuning(tune_gemm);
