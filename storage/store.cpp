@@ -347,7 +347,9 @@ MappedArray& MappedArray::operator=(MappedArray&& o) noexcept {
 // Store
 
 Store Store::open(const fs::path& path) {
-  if (!fs::is_directory(path)) throw InputError(path.string() + ": no such store directory");
+  if (!fs::is_directory(path))
+    throw InputError(path.string() + (fs::exists(path) ? ": not a store (a store is a directory made by gale preprocess)"
+                                                         : ": no such store directory"));
   Store s;
   s.path_ = path;
   const fs::path manifest_file = path / "manifest.json";

@@ -296,6 +296,12 @@ TEST_F(Cli, WrongVersionIsExitThree) {
 TEST_F(Cli, NotAStoreIsInputOrCorrupt) {
   const CliRun r = gale("info " + path("missing.gale"));
   EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("missing.gale: no such store directory"), std::string::npos) << r.out;
+  write("edges.tsv", "0 1\n");
+  const CliRun file = gale("train " + path("edges.tsv"));
+  EXPECT_EQ(file.code, 2) << file.out;
+  EXPECT_NE(file.out.find("edges.tsv: not a store"), std::string::npos) << file.out;
+  EXPECT_EQ(lines(file.out), 1) << file.out;
 }
 
 TEST_F(Cli, CudaDeviceWithoutOneIsExitFour) {
