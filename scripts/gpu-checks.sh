@@ -58,12 +58,15 @@ tests)
   # NCCL probes for kernels of other architectures with calls that fail by design: not Gale's.
   run_suite memcheck-multi-gpu $cs --report-api-errors no --tool memcheck "$dist/bin/gale_gpu_multi_gpu_tests"
   run_suite memcheck-feature-tiers $cs --tool memcheck "$dist/bin/gale_gpu_feature_tiers_tests" --gtest_filter=-*MiniBatch*
-  run_suite racecheck-spmm $cs --tool racecheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Padded*:*DegreeOrdered*:*LongRowList*:*FortyEight*:*Sampled*
-  run_suite racecheck-gat $cs --tool racecheck "$dist/bin/gale_gpu_gat_tests" --gtest_filter=*Backward*
-  run_suite racecheck-training $cs --tool racecheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*gcn*:*GpuModelStep*gat*:*GpuWide*
-  run_suite racecheck-maxk $cs --tool racecheck "$dist/bin/gale_gpu_maxk_tests" --gtest_filter=*Small*:*TopK*:*EdgeGroups*:*ColumnSums*
-  run_suite racecheck-dense $cs --tool racecheck "$dist/bin/gale_gpu_dense_tests" --gtest_filter=*ReluBitMasks*:*ColumnSum*
-  run_suite racecheck-sampler $cs --tool racecheck "$dist/bin/gale_gpu_sampler_tests"
+  # racecheck on every suite with kernels of Gale's own (cuSPARSE's and cuBLAS's tests aside; the
+  # mini-batch training tests take over ten minutes under it and add no kernel the others lack).
+  run_suite racecheck-spmm $cs --tool racecheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=-*Cusparse*
+  run_suite racecheck-dense $cs --tool racecheck "$dist/bin/gale_gpu_dense_tests" --gtest_filter=-*TunedGemms*
+  run_suite racecheck-training $cs --tool racecheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*:*GpuMaxkHubPlan*:*GpuTensorCoreStep*:*GpuWide*
+  run_suite racecheck-feature-tiers $cs --tool racecheck "$dist/bin/gale_gpu_feature_tiers_tests" --gtest_filter=-*MiniBatch*
+  for t in maxk gat sampler transpose gather batches tensor runtime; do
+    run_suite "racecheck-$t" $cs --tool racecheck "$dist/bin/gale_gpu_${t}_tests"
+  done
   # Reads of device memory no kernel or copy wrote, and barriers misused.
   run_suite initcheck-spmm $cs --tool initcheck "$dist/bin/gale_gpu_spmm_tests" --gtest_filter=*Small*:*Long*:*Empty*:*Padded*:*EntryScale*:*DegreeOrdered*:*LongRowList*:*FortyEight*:*Sampled*
   run_suite initcheck-training $cs --tool initcheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*:*GpuWide*
