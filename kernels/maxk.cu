@@ -1409,7 +1409,7 @@ void spgemm_cbsr_cuda(const SpgemmCbsrArgs& a, const EdgeGroupsView& groups, cud
   const AggShape s = agg_shape(p.width, kWarp / lanes);
   p.tiles = (g.rows + kWarp - 1) / kWarp;
   p.items = p.tiles + (groups.capacity + kChunkGroups - 1) / kChunkGroups;
-  const bool vec = p.width % 4 == 0 && a.out.ld % 4 == 0 && aligned16(a.out.data) &&
+  const bool vec = p.width % 4 == 0 && float4_rows(a.out.data, a.out.ld) &&
                    (a.bias == nullptr || aligned16(a.bias));
   if (u8) {
     vec ? dispatch_spgemm<uint8_t, true>(lanes, s, p, stream) : dispatch_spgemm<uint8_t, false>(lanes, s, p, stream);
@@ -1464,7 +1464,7 @@ void sspmm_cbsr_cuda(const SspmmCbsrArgs& a, const EdgeGroupsView& groups, cudaS
                            reinterpret_cast<uintptr_t>(pat.index) % (4 * pat.index_bytes()) == 0;
   const int v = vec_columns ? 4 : 1;
   p.entry_shift = std::min(ceil_log2(k / v), ceil_log2(kWarp));
-  const bool vec_grad = width % 4 == 0 && a.grad_out.ld % 4 == 0 && aligned16(a.grad_out.data);
+  const bool vec_grad = width % 4 == 0 && float4_rows(a.grad_out.data, a.grad_out.ld);
   if (pat.index_bytes() == 1) {
     hubs ? dispatch_sspmm<uint8_t, true>(s, p, vec_columns, vec_grad, stream)
          : dispatch_sspmm<uint8_t, false>(s, p, vec_columns, vec_grad, stream);

@@ -167,11 +167,6 @@ __global__ void __launch_bounds__(kGemmThreads) cbsr_gemm_kernel(CbsrGemmArgs a)
   }
 }
 
-// views.hpp's float4_rows on the device: rows from p, ld floats apart, all take 16-byte accesses.
-__device__ __forceinline__ bool device_float4_rows(const float* p, int64_t ld) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 4 == 0;
-}
-
 // Term t's value at column j of the gradient row r (0 past its rows or columns): float4 units of
 // [grad0 | grad1] as the W rows in shared memory lay them out.
 __device__ __forceinline__ float4 grad_unit(const CbsrGemmGradArgs& a, int64_t r, int64_t j, int64_t off1) {
@@ -184,7 +179,7 @@ __device__ __forceinline__ float4 grad_unit(const CbsrGemmGradArgs& a, int64_t r
   const ConstMatrixView& g = a.grad[t];
   if (t >= a.terms || r >= g.rows || j >= g.cols) return v;
   const float* src = g.data + r * g.ld + j;
-  if (j + 3 < g.cols && device_float4_rows(g.data, g.ld)) return __ldg(reinterpret_cast<const float4*>(src));
+  if (j + 3 < g.cols && float4_rows(g.data, g.ld)) return __ldg(reinterpret_cast<const float4*>(src));
   v.x = __ldg(src);
   if (j + 1 < g.cols) v.y = __ldg(src + 1);
   if (j + 2 < g.cols) v.z = __ldg(src + 2);
@@ -221,7 +216,7 @@ __global__ void __launch_bounds__(kGradThreads) cbsr_gemm_grad_kernel(CbsrGemmGr
     for (int c = lane; c < width; c += kWarp) acc[c] = 0.0f;
   }
   __syncthreads();
-  const bool vec_out = width % 4 == 0 && device_float4_rows(a.grad_in.data, a.grad_in.ld);
+  const bool vec_out = width % 4 == 0 && float4_rows(a.grad_in.data, a.grad_in.ld);
   const auto* index = static_cast<const I*>(p.index);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGradThreads / kWarp);
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * (kGradThreads / kWarp) + warp; r < p.rows; r += warps) {

@@ -10,11 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define GALE_HD __host__ __device__ __forceinline__
-#else
-#define GALE_HD inline
-#endif
+#include "kernels/views.hpp"  // GALE_HD
 
 namespace gale::kernels {
 

@@ -4,6 +4,14 @@
 
 #include <cstdint>
 
+// For the small helpers that host code and kernels share: host and device under nvcc, plain inline
+// elsewhere.
+#ifdef __CUDACC__
+#define GALE_HD __host__ __device__ __forceinline__
+#else
+#define GALE_HD inline
+#endif
+
 namespace gale::kernels {
 
 // Destination-major CSR: row r lists the in-neighbours (sources) of destination r.
@@ -43,8 +51,8 @@ struct ConstMatrixView {
 };
 
 // Whether p is 16-byte aligned, and whether rows from p, ld floats apart, all are (float4 access).
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-inline bool float4_rows(const void* p, int64_t ld) { return aligned16(p) && ld % 4 == 0; }
+GALE_HD bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+GALE_HD bool float4_rows(const void* p, int64_t ld) { return aligned16(p) && ld % 4 == 0; }
 
 inline MatrixView matrix(float* data, int64_t rows, int64_t cols) { return {data, rows, cols, cols}; }
 inline ConstMatrixView matrix(const float* data, int64_t rows, int64_t cols) {
