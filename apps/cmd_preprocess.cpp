@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "apps/commands.hpp"
+#include "apps/stop_cleanup.hpp"
 #include "kernels/error.hpp"
 #include "storage/preprocess.hpp"
 
@@ -15,6 +16,7 @@ namespace gale::apps {
 namespace po = boost::program_options;
 
 int run_preprocess(const std::vector<std::string>& args) {
+  const StopCleanup stop_cleanup;  // a stop signal removes the temporary store and sorted runs
   storage::PreprocessOptions o;
   std::string format = "auto", feature_dtype = "f32", relabel = "none", self_loops = "remove";
   std::string normalize, mem_budget = "8G", split_fractions = "0.1,0.1", partitions;
@@ -100,7 +102,8 @@ int run_preprocess(const std::vector<std::string>& args) {
     const std::string b = comma == std::string::npos ? "" : split_fractions.substr(comma + 1);
     o.valid_fraction = std::strtod(b.c_str(), &end);
     const bool ok_b = !b.empty() && *end == '\0';
-    if (!ok_a || !ok_b || o.train_fraction <= 0 || o.valid_fraction < 0 || o.train_fraction + o.valid_fraction > 1)
+    // Written so that NaN fails every comparison into an error.
+    if (!ok_a || !ok_b || !(o.train_fraction > 0) || !(o.valid_fraction >= 0) || !(o.train_fraction + o.valid_fraction <= 1))
       throw InputError("--split-fractions: expected TRAIN,VALID fractions summing to at most 1, found '" +
                        split_fractions + "'");
   }

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "kernels/error.hpp"
+#include "storage/temp_paths.hpp"
 
 namespace gale::storage {
 
@@ -55,18 +56,25 @@ EdgeSorter::EdgeSorter(uint64_t budget, fs::path temp_parent) : temp_parent_(std
 
 EdgeSorter::~EdgeSorter() {
   if (!dir_.empty()) {
+    const auto lock = lock_temps();
     std::error_code ec;
     fs::remove_all(dir_, ec);
+    unregister_temp(dir_);
   }
 }
 
 fs::path EdgeSorter::run_dir() {
   if (dir_.empty()) {
-    std::random_device rd;
-    dir_ = temp_parent_ / (".gale-sort-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
     std::error_code ec;
-    fs::create_directories(dir_, ec);
-    if (ec) throw InputError(dir_.string() + ": cannot create the directory for sorted runs: " + ec.message());
+    if (!fs::is_directory(temp_parent_, ec))
+      throw InputError(temp_parent_.string() + ": no such directory for sorted runs (--temp-dir)");
+    remove_stale_temps(temp_parent_, ".gale-sort-");  // what a killed run left
+    const fs::path dir = temp_parent_ / temp_name(".gale-sort-");
+    const auto lock = lock_temps();
+    fs::create_directory(dir, ec);
+    if (ec) throw InputError(dir.string() + ": cannot create the directory for sorted runs: " + ec.message());
+    dir_ = dir;
+    register_temp(dir_);  // a stop signal removes it (apps/stop_cleanup.hpp)
   }
   return dir_;
 }

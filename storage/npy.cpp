@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -85,6 +86,12 @@ std::string dict_value(const std::string& dict, const std::string& key, const st
 
 }  // namespace
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
 NpyHeader read_npy_header(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open: " + std::strerror(errno));
@@ -111,6 +118,12 @@ NpyHeader read_npy_header(const std::string& path) {
   std::string dict(header_len, '\0');
   if (!in.read(dict.data(), static_cast<std::streamsize>(header_len))) throw InputError(path + ": truncated npy header");
 
+  // NumPy's own reader takes a Python dict literal and nothing else: "{...}" then padding.
+  const size_t open_brace = dict.find_first_not_of(' ');
+  const size_t close_brace = dict.find_last_not_of(" \n");
+  if (open_brace == std::string::npos || dict[open_brace] != '{' || dict[close_brace] != '}')
+    throw InputError(path + ": expected the npy header to be a dict literal {...}, found '" +
+                     dict.substr(0, std::min<size_t>(dict.size(), 60)) + "'");
   NpyHeader h;
   h.data_offset = prefix + header_len;
   h.descr = dict_value(dict, "descr", path);

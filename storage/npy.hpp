@@ -25,6 +25,9 @@ struct NpyHeader {
   int64_t count() const;          // product of shape (1 for a scalar)
 };
 
+// "(2, 3)": a shape as messages print it.
+std::string shape_text(const std::vector<int64_t>& shape);
+
 // Reads and validates a header; throws InputError (for user-supplied arrays) naming the file and
 // what is wrong. Accepts any v1/v2/v3 header, little-endian numeric descr.
 NpyHeader read_npy_header(const std::string& path);

@@ -5,12 +5,14 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -63,6 +65,9 @@ struct UserArray {
     const uint64_t need = header.data_offset + static_cast<uint64_t>(header.count()) * dtype_size(header.dtype);
     if (ec || size < need)
       throw InputError(p + ": truncated: header promises " + std::to_string(need) + " bytes, file has " + std::to_string(size));
+    if (size > need)  // numpy.save writes none: a wrong shape in the header, or a file appended to
+      throw InputError(p + ": expected " + std::to_string(need) + " bytes for its header's shape " +
+                       shape_text(header.shape) + ", found " + std::to_string(size) + " (trailing data)");
     data = MappedArray(p, header);
   }
   bool is_int() const { return header.dtype == DType::kI32 || header.dtype == DType::kI64; }
@@ -170,6 +175,8 @@ void read_text_features(const std::string& path, const fs::path& scratch, NodeDa
       // Parsed as double, then rounded once to float: the same numbers in text and in an f32 .npy
       // give the same bytes.
       if (!parse_double(f, &x)) throw InputError(in.where() + "expected a number, found '" + std::string(f) + "'");
+      if (!std::isfinite(static_cast<float>(x)))
+        throw InputError(in.where() + "expected a finite float32 feature, found '" + std::string(f) + "'");
       buf.push_back(static_cast<float>(x));
     }
     ++nd->feature_rows;
@@ -219,7 +226,8 @@ void read_npy_features(const std::string& path, NodeData* nd) {
   nd->npy_features = std::make_unique<UserArray>(path);
   const NpyHeader& h = nd->npy_features->header;
   if (h.shape.size() != 2 || !(h.dtype == DType::kF32 || h.dtype == DType::kF64 || h.dtype == DType::kF16))
-    throw InputError(path + ": expected a 2-D float32, float64 or float16 array (nodes x features), found " + h.descr);
+    throw InputError(path + ": expected a 2-D float32, float64 or float16 array (nodes x features), found " + h.descr +
+                     " of shape " + shape_text(h.shape));
   nd->feature_rows = h.shape[0];
   nd->feature_dim = h.shape[1];
   nd->feature_source = path;
@@ -279,8 +287,8 @@ void read_edge_list(const std::string& path, int* columns_seen, const AddEdge& a
       throw InputError(in.where() + "expected two integer node ids, found '" + std::string(bad) + "'");
     }
     double w = 1.0;
-    if (columns == 3 && !parse_double(fields[2], &w))
-      throw InputError(in.where() + "expected a numeric weight, found '" + std::string(fields[2]) + "'");
+    if (columns == 3 && !(parse_double(fields[2], &w) && std::isfinite(static_cast<float>(w))))
+      throw InputError(in.where() + "expected a finite float32 weight, found '" + std::string(fields[2]) + "'");
     const std::string bad = add.check(s, d);
     if (!bad.empty()) throw InputError(in.where() + bad);
     add.add(s, d, static_cast<float>(w));
@@ -314,6 +322,11 @@ int64_t read_matrix_market(const std::string& path, bool* weighted, NodeData* nd
       if (fields.size() != 3 || !parse_int64(fields[0], &rows) || !parse_int64(fields[1], &cols) ||
           !parse_int64(fields[2], &nnz) || rows < 0 || cols < 0 || nnz < 0)
         throw InputError(in.where() + "expected the size line 'rows cols entries'");
+      // As for edge lists (below): a node count far above the entries is a wrong size line, and
+      // would size the CSR's offsets by it.
+      if (!nd->num_nodes && std::max(rows, cols) > (int64_t{1} << 26) && std::max(rows, cols) / 64 > nnz)
+        throw InputError(in.where() + "the size line gives " + std::to_string(std::max(rows, cols)) + " nodes for " +
+                         std::to_string(nnz) + " entries; expected a graph's size line (or give --num-nodes)");
       if (!nd->num_nodes) {
         nd->num_nodes = std::max(rows, cols);
         nd->num_nodes_source = path;
@@ -331,8 +344,8 @@ int64_t read_matrix_market(const std::string& path, bool* weighted, NodeData* nd
       throw InputError(in.where() + "entry (" + std::to_string(i) + ", " + std::to_string(j) + ") outside the " +
                        std::to_string(rows) + " x " + std::to_string(cols) + " matrix (indices are 1-based)");
     double w = 1.0;
-    if (!pattern && !parse_double(fields[2], &w))
-      throw InputError(in.where() + "expected a numeric value, found '" + std::string(fields[2]) + "'");
+    if (!pattern && !(parse_double(fields[2], &w) && std::isfinite(static_cast<float>(w))))
+      throw InputError(in.where() + "expected a finite float32 value, found '" + std::string(fields[2]) + "'");
     // --num-nodes may be smaller than the matrix.
     const std::string bad = add.check(i - 1, j - 1);
     if (!bad.empty()) throw InputError(in.where() + bad);
@@ -458,6 +471,11 @@ InputFormat detect(const PreprocessOptions& o) {
   }
   if (ends_with(in, ".mtx") || ends_with(in, ".mtx.gz")) return InputFormat::kMatrixMarket;
   if (ends_with(in, ".npy")) return InputFormat::kNpy;
+  // By content too: an edge list skips '%' lines as comments, so a Matrix Market file of another
+  // name would otherwise be read as edges, its size line among them.
+  const std::string head = first_bytes(in, 14);
+  if (head == "%%MatrixMarket" || head == "%%matrixmarket") return InputFormat::kMatrixMarket;
+  if (head.compare(0, 6, "\x93NUMPY") == 0) return InputFormat::kNpy;
   return InputFormat::kEdgeList;
 }
 
@@ -513,13 +531,16 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     throw InputError(o.inputs[0] + ": not an OGB node-property folder (no raw/edge.csv.gz)");
   if ((format == InputFormat::kOgb || format == InputFormat::kMatrixMarket) && o.inputs.size() > 1)
     throw InputError(o.inputs[1] + ": expected one INPUT for this format (" + format_name(format) + ")");
-  if (o.train_fraction <= 0 || o.valid_fraction < 0 || o.train_fraction + o.valid_fraction > 1)
+  if (!(o.train_fraction > 0) || !(o.valid_fraction >= 0) || !(o.train_fraction + o.valid_fraction <= 1))  // NaN fails
     throw InputError("--split-fractions: expected TRAIN,VALID fractions summing to at most 1");
   if (o.partitions < 0)
     throw InputError("--partitions: expected a positive part count, found " + std::to_string(o.partitions));
   if (o.relabel == Relabel::kPartition && o.partitions == 0)
     throw InputError("--relabel partition: needs --partitions P (the parts whose nodes become consecutive ids)");
 
+  if (!o.temp_dir.empty() && !fs::is_directory(o.temp_dir))
+    throw InputError(std::string("--temp-dir: expected an existing directory for the sorted runs, found ") +
+                     (fs::exists(o.temp_dir) ? "a file at " : "no directory at ") + o.temp_dir);
   // Fails early (before any parsing) when the store exists without --force.
   StoreWriter writer(o.output, o.overwrite);
   const fs::path sort_parent = o.temp_dir.empty() ? writer.temp_dir().parent_path() : fs::path(o.temp_dir);
@@ -618,8 +639,10 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   add.check = [&](int64_t s, int64_t d) -> std::string {
     if (s < 0 || d < 0) return "negative node id " + std::to_string(std::min(s, d));
     if (s >= limit || d >= limit)
-      return "node id " + std::to_string(std::max(s, d)) + " out of range: " + limit_source + " gives " +
-             std::to_string(limit) + " nodes";
+      return limit_source.empty()
+                 ? "node id " + std::to_string(std::max(s, d)) + " too large: node ids must be 0..N-1"
+                 : "node id " + std::to_string(std::max(s, d)) + " out of range: " + limit_source + " gives " +
+                       std::to_string(limit) + " nodes";
     return std::string();
   };
   add.add = [&](int64_t s, int64_t d, float w) {
@@ -638,7 +661,18 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   } else if (format == InputFormat::kOgb) {
     const std::string edges = ogb_file(ogb_dir, "raw/edge.csv");
     int columns = 2;  // OGB edge files are "src,dst"
+    const int64_t before = read_edges;
     read_edge_list(edges, &columns, add);
+    // OGB ships the edge count beside the edges: a download cut at a line boundary reads as a
+    // smaller graph, so the count is checked.
+    const std::string count_file = ogb_file(ogb_dir, "raw/num-edge-list.csv");
+    if (!count_file.empty()) {
+      const auto counts = read_id_lines(count_file);
+      if (counts.size() != 1) throw InputError(count_file + ": expected one edge count (one graph)");
+      if (counts[0] != read_edges - before)
+        throw InputError(edges + ": expected " + std::to_string(counts[0]) + " edges as " + count_file + " says, found " +
+                         std::to_string(read_edges - before));
+    }
   } else if (format == InputFormat::kMatrixMarket) {
     read_edges = read_matrix_market(o.inputs[0], &weighted, &nd, add, [&] {
       limit = *nd.num_nodes;
@@ -669,11 +703,20 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   if (nd.has_labels && static_cast<int64_t>(nd.labels.size()) != n)
     throw InputError(nd.label_source + ": " + std::to_string(nd.labels.size()) + " labels for " + std::to_string(n) +
                      " nodes (" + (nd.num_nodes_source.empty() ? "largest edge id + 1" : nd.num_nodes_source) + ")");
+  // Splits in range and disjoint: a node trained on and evaluated on would inflate every figure.
+  std::vector<const std::string*> split_of(nd.splits.size() > 1 ? static_cast<size_t>(n) : 0, nullptr);
   for (const auto& [name, ids] : nd.splits) {
     for (size_t k = 0; k < ids.size(); ++k) {
       if (ids[k] >= n)
         throw InputError(id_location(nd.split_sources[name], k) + "node id " + std::to_string(ids[k]) +
                          " out of range for " + std::to_string(n) + " nodes");
+      if (split_of.empty()) continue;
+      const std::string*& owner = split_of[static_cast<size_t>(ids[k])];
+      if (owner != nullptr && *owner != name)
+        throw InputError(id_location(nd.split_sources[name], k) + "node id " + std::to_string(ids[k]) + " is in split '" +
+                         name + "' and in split '" + *owner + "' (" + nd.split_sources[*owner] +
+                         "); expected disjoint splits");
+      owner = &name;
     }
   }
 
@@ -774,14 +817,23 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     std::vector<float> rows;
     std::vector<char> out;
     const size_t item = dtype_size(o.feature_dtype);
+    // The largest value the stored dtype holds (f16: 65504); beyond it a value would become inf.
+    const float largest = o.feature_dtype == DType::kF16 ? 65504.0f : std::numeric_limits<float>::max();
     for (int64_t begin = 0; begin < n; begin += chunk) {
       const int64_t end = std::min(n, begin + chunk);
       rows.resize(static_cast<size_t>((end - begin) * d));
       out.resize(rows.size() * item);
+      std::atomic<int64_t> bad_row{n};  // the first input row with a value that is not finite there
       tbb::parallel_for(tbb::blocked_range<int64_t>(begin, end, 256), [&](const tbb::blocked_range<int64_t>& r) {
         for (int64_t s = r.begin(); s < r.end(); ++s) {
           float* row = rows.data() + (s - begin) * d;
           nd.feature_row(orig(s), row);
+          for (int64_t k = 0; k < d; ++k) {
+            if (std::fabs(row[k]) <= largest) continue;  // false for NaN too
+            for (int64_t seen = bad_row.load(); orig(s) < seen && !bad_row.compare_exchange_weak(seen, orig(s));) {
+            }
+            break;
+          }
           if (o.normalize_features_row) {
             // As PyG's examples: x / x.sum(1).clamp(min=1), summed in double in column order.
             double sum = 0;
@@ -792,6 +844,16 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
           convert_from_f32(o.feature_dtype, row, out.data() + (s - begin) * d * item, static_cast<size_t>(d));
         }
       });
+      if (bad_row.load() < n) {
+        std::vector<float> row(static_cast<size_t>(d));
+        nd.feature_row(bad_row.load(), row.data());
+        int64_t k = 0;
+        while (k + 1 < d && std::fabs(row[k]) <= largest) ++k;
+        throw InputError(nd.feature_source + ": expected finite features" +
+                         (o.feature_dtype == DType::kF16 ? " within float16's range (--feature-dtype)" : "") +
+                         ", found " + std::to_string(row[k]) + " at node " + std::to_string(bad_row.load()) +
+                         ", column " + std::to_string(k));
+      }
       w.write(out.data(), out.size());
     }
     writer.end_array("features.npy");
@@ -808,6 +870,12 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
       labels[s] = nd.labels[orig(s)];
       max_label = std::max(max_label, labels[s]);
     }
+    if (max_label < 0) throw InputError(nd.label_source + ": no node is labelled (every label is -1)");
+    // Class ids are 0 .. C-1; one far beyond the node count is a wrong column or a sentinel, and
+    // would size the model's last layer by it.
+    if (max_label >= std::max<int64_t>(n, 1 << 16))
+      throw InputError(nd.label_source + ": expected class ids 0 .. C-1 with C at most " +
+                       std::to_string(std::max<int64_t>(n, 1 << 16)) + ", found " + std::to_string(max_label));
     writer.write_array("labels.npy", DType::kI32, {n}, labels.data());
     m.num_classes = max_label + 1;
     if (nd.splits.empty()) {

@@ -15,13 +15,53 @@
 #include <random>
 #include <sstream>
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_reduce.h>
+
 #include "kernels/error.hpp"
+#include "storage/temp_paths.hpp"
 
 namespace gale::storage {
 
 namespace fs = std::filesystem;
 
 namespace {
+
+// The first i in [0, count) where ok(i) is false, and how many such i there are; first = -1 when
+// none. In parallel: open() runs it over every entry of the graph.
+struct Misfits {
+  int64_t first = -1;
+  int64_t count = 0;
+};
+template <typename Ok>
+Misfits find_misfits(int64_t count, const Ok& ok) {
+  return tbb::parallel_reduce(
+      tbb::blocked_range<int64_t>(0, count, int64_t{1} << 16), Misfits{},
+      [&](const tbb::blocked_range<int64_t>& r, Misfits m) {
+        for (int64_t i = r.begin(); i < r.end(); ++i) {
+          if (ok(i)) continue;
+          if (m.first < 0 || i < m.first) m.first = i;
+          ++m.count;
+        }
+        return m;
+      },
+      [](Misfits a, const Misfits& b) {
+        if (a.first < 0 || (b.first >= 0 && b.first < a.first)) a.first = b.first;
+        a.count += b.count;
+        return a;
+      });
+}
+
+// Throws CorruptStoreError naming `file` when any of `count` values lies outside [lo, hi).
+template <typename T>
+void expect_within(const fs::path& file, const T* v, int64_t count, int64_t lo, int64_t hi, const char* what) {
+  const Misfits bad = find_misfits(count, [&](int64_t i) { return static_cast<int64_t>(v[i]) >= lo && v[i] < hi; });
+  if (bad.count > 0)
+    throw CorruptStoreError(file.string() + ": expected " + what + " in [" + std::to_string(lo) + ", " +
+                            std::to_string(hi) + "), found " + std::to_string(bad.count) + " outside (the first, entry " +
+                            std::to_string(bad.first) + ", is " + std::to_string(v[bad.first]) +
+                            "; run gale info --verify)");
+}
 
 std::string hex64(uint64_t v) {
   char buf[17];
@@ -85,12 +125,6 @@ bool is_hex64(const std::string& s) {
 }
 
 // Size, dtype and shape a file must have, as the manifest records them.
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "(";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + ")";
-}
-
 }  // namespace
 
 std::string manifest_to_json(const Manifest& m) {
@@ -186,32 +220,44 @@ StoreWriter::StoreWriter(fs::path path, bool overwrite) : path_(std::move(path))
     throw InputError(path_.string() + ": already exists (pass --force to replace it)");
   if (fs::exists(st) && !fs::is_directory(st))
     throw InputError(path_.string() + ": exists and is not a store directory");
+  // --force replaces a store (or an empty directory), never a directory of other files.
+  if (fs::exists(st) && !fs::exists(path_ / "manifest.json", ec) && !fs::is_empty(path_, ec))
+    throw InputError(path_.string() + ": exists and is not a store (no manifest.json); --force replaces only a store, "
+                     "so remove it or choose another path");
   fs::path parent = path_.parent_path();
   if (parent.empty()) parent = ".";
   if (!fs::is_directory(parent, ec))
     throw InputError(path_.string() + ": parent directory " + parent.string() + " does not exist");
   if (::access(parent.c_str(), W_OK | X_OK) != 0)
     throw InputError(path_.string() + ": parent directory " + parent.string() + " is not writable: " + std::strerror(errno));
-  std::random_device rd;
-  temp_ = parent / ("." + path_.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
-                    hex64((static_cast<uint64_t>(rd()) << 32) | rd()).substr(8));
+  const std::string prefix = "." + path_.filename().string() + ".tmp-";
+  remove_stale_temps(parent, prefix);  // what a killed run of this store left
+  temp_ = parent / temp_name(prefix);
+  const auto lock = lock_temps();
   if (!fs::create_directory(temp_, ec) || ec)
     throw InputError(temp_.string() + ": cannot create: " + (ec ? ec.message() : "already exists"));
+  register_temp(temp_);  // a stop signal removes it (apps/stop_cleanup.hpp)
 }
 
 StoreWriter::~StoreWriter() {
   open_.clear();
+  const auto lock = lock_temps();
   if (!committed_) {
     std::error_code ec;
     fs::remove_all(temp_, ec);
   }
+  unregister_temp(temp_);
 }
 
 NpyWriter& StoreWriter::begin_array(const std::string& rel_path, DType dtype, std::vector<int64_t> shape) {
   GALE_ASSERT(!committed_ && open_.count(rel_path) == 0);
   const fs::path file = temp_ / rel_path;
   std::error_code ec;
-  fs::create_directories(file.parent_path(), ec);
+  {
+    const auto lock = lock_temps();  // never recreate temp_ after a stop signal removed it
+    if (!fs::is_directory(temp_, ec)) throw InputError(temp_.string() + ": removed while the store was written");
+    fs::create_directories(file.parent_path(), ec);
+  }
   if (ec) throw InputError(file.parent_path().string() + ": cannot create: " + ec.message());
   auto writer = std::make_unique<NpyWriter>(file.string(), dtype, shape);
   NpyWriter& ref = *writer;
@@ -260,6 +306,10 @@ void StoreWriter::commit() {
   fs::path parent = path_.parent_path();
   if (parent.empty()) parent = ".";
   std::error_code ec;
+  // A stop signal's cleanup (remove_registered_temps) waits for the renames, or comes first and
+  // leaves nothing to rename.
+  const auto lock = lock_temps();
+  if (!fs::is_directory(temp_, ec)) throw InputError(temp_.string() + ": removed while the store was written");
   if (fs::exists(fs::symlink_status(path_, ec))) {
     if (!overwrite_) throw InputError(path_.string() + ": already exists (pass --force to replace it)");
     if (!fs::is_directory(fs::symlink_status(path_, ec)))
@@ -442,7 +492,7 @@ Store Store::open(const fs::path& path) {
     else if (rel == "partition.npy") { expect_shape(rel, {n}); expect_dtype(rel, "i32"); }
     else if (rel == "relabel.npy") { expect_shape(rel, {n}); expect_dtype(rel, "i64"); }
     else if (rel.rfind("splits/", 0) == 0) {
-      // Ids in [0, N) were checked by the importer; open stays O(files), so they are not rescanned.
+      // Ids in [0, N): check_values().
       if (entry.dtype != "i64" || entry.shape.size() != 1)
         throw CorruptStoreError((path / rel).string() + ": expected a 1-D i64 array of node ids, found " + entry.dtype +
                                 " " + shape_text(entry.shape));
@@ -465,7 +515,33 @@ Store Store::open(const fs::path& path) {
   if (ip[0] != 0 || ip[n] != e)
     throw CorruptStoreError((path / "graph/indptr.npy").string() + ": expected indptr[0] = 0 and indptr[N] = " +
                             std::to_string(e) + ", found " + std::to_string(ip[0]) + " and " + std::to_string(ip[n]));
+  s.check_values();
   return s;
+}
+
+// Every value that indexes something, so that no command reads or writes out of bounds on a
+// damaged store: one parallel pass over the topology (its size on disk: a 63.5M-entry graph takes
+// tens of milliseconds once the file is cached), the labels, the splits, the parts and the
+// original ids. Features and weights index nothing and are left to verify().
+void Store::check_values() const {
+  const Manifest& m = manifest_;
+  const int64_t n = m.num_nodes, e = m.num_edges;
+  const int64_t* ip = indptr();
+  const Misfits down = find_misfits(n, [&](int64_t v) { return ip[v] <= ip[v + 1]; });
+  if (down.count > 0)
+    throw CorruptStoreError((path_ / "graph/indptr.npy").string() + ": expected non-decreasing offsets, found " +
+                            std::to_string(down.count) + " decreasing (the first: indptr[" + std::to_string(down.first) +
+                            "] = " + std::to_string(ip[down.first]) + " > indptr[" + std::to_string(down.first + 1) +
+                            "] = " + std::to_string(ip[down.first + 1]) + "; run gale info --verify)");
+  const fs::path indices_file = path_ / "graph/indices.npy";
+  if (indices64_) expect_within(indices_file, indices_.as<int64_t>(), e, 0, n, "node ids");
+  else expect_within(indices_file, indices_.as<int32_t>(), e, 0, n, "node ids");
+  if (has_labels()) expect_within(path_ / "labels.npy", labels(), n, -1, m.num_classes, "classes (-1 = unlabelled)");
+  for (const auto& [name, ids] : splits_)
+    expect_within(path_ / ("splits/" + name + ".npy"), ids.as<int64_t>(), ids.count(), 0, n, "node ids");
+  if (has_partition()) expect_within(path_ / "partition.npy", partition(), n, 0, m.num_partitions, "parts");
+  // gale predict writes row s of its outputs at relabel[s].
+  if (relabel() != nullptr) expect_within(path_ / "relabel.npy", relabel(), n, 0, n, "original node ids");
 }
 
 void Store::verify() const {
@@ -552,16 +628,8 @@ std::string describe_store(const Store& store) {
     for (int64_t v = 0; v < n; ++v) in[v] = ip[v + 1] - ip[v];
     stats(std::move(in), "in-degree");
     if (m.files.at("graph/indices.npy").dtype == "i32") {
-      // open() does not scan indices, so a damaged file must not index out of bounds here.
-      const int32_t* idx = store.indices32();
-      int64_t bad = 0;
-      for (int64_t k = 0; k < m.num_edges; ++k) {
-        if (idx[k] < 0 || idx[k] >= n) ++bad;
-        else out[idx[k]]++;
-      }
-      if (bad > 0)
-        throw CorruptStoreError((store.path() / "graph/indices.npy").string() + ": expected node ids in [0, " +
-                                std::to_string(n) + "), found " + std::to_string(bad) + " outside (run gale info --verify)");
+      const int32_t* idx = store.indices32();  // in range: open() checked them
+      for (int64_t k = 0; k < m.num_edges; ++k) out[idx[k]]++;
       stats(std::move(out), "out-degree");
     } else {
       o << "out-degree not computed (int64 indices)\n";
@@ -571,21 +639,19 @@ std::string describe_store(const Store& store) {
   if (m.feature_dim > 0) o << "features   " << m.feature_dim << " x " << m.feature_dtype << "\n";
   else o << "features   none\n";
   if (store.has_labels()) {
-    int64_t labelled = 0, outside = 0;
+    int64_t labelled = 0;
     std::vector<int64_t> per_class(static_cast<size_t>(m.num_classes), 0);
     for (int64_t v = 0; v < n; ++v) {
-      const int32_t y = store.labels()[v];
+      const int32_t y = store.labels()[v];  // in [-1, num_classes): open() checked them
       if (y < 0) continue;
       ++labelled;
-      if (y < m.num_classes) ++per_class[static_cast<size_t>(y)];
-      else ++outside;
+      ++per_class[static_cast<size_t>(y)];
     }
     o << "labels     " << m.num_classes << " classes, " << labelled << " labelled nodes\n";
     if (!per_class.empty()) {
       const auto [lo, hi] = std::minmax_element(per_class.begin(), per_class.end());
       o << "classes    smallest " << *lo << " nodes (class " << (lo - per_class.begin()) << "), largest " << *hi
         << " nodes (class " << (hi - per_class.begin()) << ")";
-      if (outside > 0) o << ", " << outside << " labels >= num_classes";
       o << "\n";
     }
   } else {
@@ -599,18 +665,9 @@ std::string describe_store(const Store& store) {
     o << "\n";
   }
   if (store.has_partition()) {
-    // open() does not scan partition.npy, so its values are checked before they index anything.
-    const int32_t* part = store.partition();
+    const int32_t* part = store.partition();  // in range: open() checked them
     std::vector<int64_t> per_part(static_cast<size_t>(m.num_partitions), 0);
-    int64_t bad = 0;
-    for (int64_t v = 0; v < n; ++v) {
-      if (part[v] < 0 || part[v] >= m.num_partitions) ++bad;
-      else ++per_part[static_cast<size_t>(part[v])];
-    }
-    if (bad > 0)
-      throw CorruptStoreError((store.path() / "partition.npy").string() + ": expected parts in [0, " +
-                              std::to_string(m.num_partitions) + "), found " + std::to_string(bad) +
-                              " nodes outside (run gale info --verify)");
+    for (int64_t v = 0; v < n; ++v) ++per_part[static_cast<size_t>(part[v])];
     const auto [lo, hi] = std::minmax_element(per_part.begin(), per_part.end());
     o << "partitions " << m.num_partitions;
     if (!m.partition_method.empty()) o << " (" << m.partition_method << ")";

@@ -12,7 +12,8 @@
 //
 // A store is written into a temporary directory beside its final path, fsynced, then renamed:
 // a crash or a bad input never leaves a store that opens. Opening checks the version, every
-// file's size and npy header against the manifest; verify() also checks every xxHash64.
+// file's size and npy header against the manifest, and every value that indexes something (graph
+// offsets and ids, labels, split ids, parts; one parallel pass); verify() also checks every xxHash64.
 #pragma once
 
 #include <cstdint>
@@ -125,7 +126,8 @@ class Store {
  public:
   // Throws CorruptStoreError naming the file when the manifest is missing or malformed, the
   // version is not kStoreFormatVersion, a file is missing, its size or header disagree with the
-  // manifest, or arrays are inconsistent (indptr length, last indptr != indices count).
+  // manifest, arrays are inconsistent (indptr length, last indptr != indices count), or a value
+  // that indexes something lies outside its range (check_values).
   // Throws InputError if `path` is not a directory.
   static Store open(const std::filesystem::path& path);
 
@@ -160,7 +162,7 @@ class Store {
   std::vector<int64_t> split(const std::string& name) const;
 
   // partition.npy (gale preprocess --partitions P): the part in [0, num_partitions()) of each node.
-  // open() checks its size and header only; verify() checks its hash and describe_store() its values.
+  // open() checks its size, header and values; verify() checks its hash.
   bool has_partition() const { return manifest_.num_partitions > 0; }
   int num_partitions() const { return static_cast<int>(manifest_.num_partitions); }
   const std::string& partition_method() const { return manifest_.partition_method; }
@@ -168,6 +170,11 @@ class Store {
   const int64_t* relabel() const { return relabel_.empty() ? nullptr : relabel_.as<int64_t>(); }
 
  private:
+  // Throws CorruptStoreError naming the file unless indptr is non-decreasing, every index is a
+  // node id, every label in [-1, num_classes), every split id a node, every part in range and
+  // every original id (relabel.npy) in [0, N).
+  void check_values() const;
+
   std::filesystem::path path_;
   Manifest manifest_;
   MappedArray indptr_, indices_, weights_, features_, labels_, partition_, relabel_;
@@ -177,7 +184,6 @@ class Store {
 
 // What `gale info` prints: counts, degree statistics (min / mean / median / max / p99, empty
 // rows), dtypes, splits, classes, partitions (method, nodes per part, edge cut), files.
-// Throws CorruptStoreError when indices or parts lie outside the graph.
 std::string describe_store(const Store& store);
 
 }  // namespace gale::storage

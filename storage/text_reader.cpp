@@ -22,6 +22,16 @@ LineReader::LineReader(const std::string& path) : path_(path), buf_(kChunk) {
   gz_ = f;
 }
 
+std::string first_bytes(const std::string& path, size_t n) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) return "";
+  std::string out(n, '\0');
+  const int got = gzread(f, out.data(), static_cast<unsigned>(n));
+  gzclose(f);
+  out.resize(got > 0 ? static_cast<size_t>(got) : 0);
+  return out;
+}
+
 LineReader::~LineReader() {
   if (gz_) gzclose(static_cast<gzFile>(gz_));
 }

@@ -42,6 +42,10 @@ class LineReader {
 
 // Splits a data line on commas, tabs and spaces (runs of separators count once).
 void split_fields(std::string_view line, std::vector<std::string_view>* fields);
+// The first `n` bytes of a file, gunzipped when it is gzip (fewer when the file is shorter; "" when
+// it cannot be read: the reader proper reports that).
+std::string first_bytes(const std::string& path, size_t n);
+
 // Whole-token parses; false when the token is not entirely a number of that kind.
 bool parse_int64(std::string_view token, int64_t* out);
 bool parse_double(std::string_view token, double* out);

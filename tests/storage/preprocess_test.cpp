@@ -3,6 +3,7 @@
 // bad input is an InputError naming the file and line that leaves nothing behind.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -67,8 +68,11 @@ struct Dataset {
     return o;
   }
   void write_ogb(const std::string& root) const {
-    testing::write_gz(root + "/raw/edge.csv.gz", edge_text(","));
+    const std::string edges = edge_text(",");
+    testing::write_gz(root + "/raw/edge.csv.gz", edges);
     testing::write_gz(root + "/raw/num-node-list.csv.gz", std::to_string(n) + "\n");
+    testing::write_gz(root + "/raw/num-edge-list.csv.gz",
+                      std::to_string(std::count(edges.begin(), edges.end(), '\n')) + "\n");
     std::ostringstream f, l;
     f.precision(9);  // round-trips every float
     for (int64_t v = 0; v < n; ++v) {
@@ -404,6 +408,18 @@ TEST(Preprocess, MatrixMarketSymmetricAddsBothDirections) {
   EXPECT_TRUE(s.manifest().weighted);
   EXPECT_EQ(s.num_edges(), 5);
   EXPECT_EQ(Store::open(dir / "st.gale").num_edges(), 5);
+  // Known by its banner whatever its name, gzipped too: an edge list would skip the banner as a
+  // comment and read the size line as an edge.
+  testing::write_text(dir / "S.MTX", testing::read_bytes(dir / "s.mtx"));
+  testing::write_gz(dir / "s_mtx.gz", testing::read_bytes(dir / "s.mtx"));
+  for (const char* other : {"S.MTX", "s_mtx.gz"}) {
+    PreprocessOptions o;
+    o.inputs = {dir / other};
+    o.output = dir / (std::string(other) + ".gale");
+    o.self_loops = SelfLoops::kKeep;
+    EXPECT_EQ(preprocess(o).format, "Matrix Market") << other;
+    testing::expect_identical_stores(o.output, dir / "sm.gale");
+  }
 }
 
 TEST(Preprocess, FeatureDtypesAndRowNormalisation) {
@@ -661,7 +677,9 @@ TEST(BadInput, EdgeListsNameFileAndLine) {
       {"negative", "e.csv", "0,1\n-4,2\n", "e.csv:2: negative node id -4"},
       {"columns", "e.csv", "0,1\n1,2,3,4\n", "e.csv:2: expected 2 columns"},
       {"first-line-columns", "e.csv", "0\n", "e.csv:1: expected 'src dst'"},
-      {"weight", "e.tsv", "0\t1\t0.5\n1\t2\tabc\n", "e.tsv:2: expected a numeric weight, found 'abc'"},
+      {"weight", "e.tsv", "0\t1\t0.5\n1\t2\tabc\n", "e.tsv:2: expected a finite float32 weight, found 'abc'"},
+      {"non-finite weight", "e.tsv", "0\t1\t0.5\n1\t2\tnan\n", "e.tsv:2: expected a finite float32 weight, found 'nan'"},
+      {"weight beyond float32", "e.tsv", "0\t1\t1e50\n", "e.tsv:1: expected a finite float32 weight, found '1e50'"},
       {"empty", "e.csv", "", "e.csv: no edges found"},
       {"only-comments", "e.csv", "# nothing\n% here\n", "e.csv: no edges found"},
   };
@@ -797,14 +815,18 @@ TEST(BadInput, SplitIdsOutOfRangeNameFileAndLine) {
   const Dataset ds;
   ds.write_npy_side(dir);
   testing::write_text(dir / "edges.csv", ds.edge_text(","));
-  testing::write_text(dir / "valid.txt", "3\n\n7\n60\n");
+  testing::write_text(dir / "valid.txt", "1\n\n6\n60\n");  // the valid ids are 1 mod 5
   PreprocessOptions o = ds.with_side(dir, "bad.gale");
   o.inputs = {dir / "edges.csv"};
   expect_input_error(o, "valid.txt:4: node id 60 out of range for 60 nodes");
-  testing::write_npy(dir / "train.npy", DType::kI64, {2}, std::vector<int64_t>{1, 99});
-  testing::write_text(dir / "valid.txt", "3\n");
+  // Splits must not share a node: node 5 is a training node (0 mod 5).
+  testing::write_text(dir / "valid.txt", "1\n5\n");
+  expect_input_error(o, "valid.txt:2: node id 5 is in split 'valid' and in split 'train' (" + dir / "train.npy" +
+                            "); expected disjoint splits");
+  testing::write_npy(dir / "train.npy", DType::kI64, {2}, std::vector<int64_t>{0, 99});
+  testing::write_text(dir / "valid.txt", "1\n");
   expect_input_error(o, "train.npy: index 1: node id 99 out of range");
-  testing::write_text(dir / "valid.txt", "3\n-2\n");
+  testing::write_text(dir / "valid.txt", "1\n-2\n");
   expect_input_error(o, "valid.txt:2: negative node id -2");
   testing::write_text(dir / "valid.txt", "3 4\n");
   expect_input_error(o, "valid.txt:1: expected one integer node id");
@@ -842,6 +864,15 @@ TEST(BadInput, OgbFolderProblemsNameTheFile) {
   expect_input_error(o, "node-feat.csv.gz:2: expected a number, found 'x'");
 
   ds.write_ogb(dir / "ogb");
+  testing::write_gz(dir / "ogb/raw/node-feat.csv.gz", "1,2\nnan,1\n");
+  expect_input_error(o, "node-feat.csv.gz:2: expected a finite float32 feature, found 'nan'");
+
+  // A download cut at a line boundary: fewer edges than num-edge-list.csv.gz states.
+  ds.write_ogb(dir / "ogb");
+  testing::write_gz(dir / "ogb/raw/num-edge-list.csv.gz", "100000\n");
+  expect_input_error(o, "edge.csv.gz: expected 100000 edges as " + dir / "ogb/raw/num-edge-list.csv.gz" + " says, found ");
+
+  ds.write_ogb(dir / "ogb");
   o.split_name = "nope";
   expect_input_error(o, "--split nope");
   o.split_name.clear();
@@ -858,7 +889,10 @@ TEST(BadInput, MatrixMarketSizeLineAndRanges) {
       {"%%MatrixMarket matrix coordinate pattern general\n%\n3 3\n1 2\n", "m.mtx:3: expected the size line"},
       {"%%MatrixMarket matrix array real general\n3 3\n", "m.mtx:1: only 'coordinate'"},
       {"%%MatrixMarket matrix coordinate real general\n3 3 1\n1 2\n", "m.mtx:3: expected 3 values per entry"},
-      {"%%MatrixMarket matrix coordinate real general\n3 3 1\n1 2 z\n", "m.mtx:3: expected a numeric value, found 'z'"},
+      {"%%MatrixMarket matrix coordinate real general\n3 3 1\n1 2 z\n", "m.mtx:3: expected a finite float32 value, found 'z'"},
+      {"%%MatrixMarket matrix coordinate real general\n3 3 1\n1 2 inf\n", "m.mtx:3: expected a finite float32 value, found 'inf'"},
+      {"%%MatrixMarket matrix coordinate pattern general\n99999999999 99999999999 1\n1 2\n",
+       "m.mtx:2: the size line gives 99999999999 nodes for 1 entries"},
       {"%%MatrixMarket matrix coordinate pattern general\n3 3 1\n0 2\n", "m.mtx:3: entry (0, 2) outside"},
       {"%%MatrixMarket matrix coordinate pattern general\n", "m.mtx: missing the size line"},
   };
@@ -907,6 +941,36 @@ TEST(BadInput, NpyArraysOfTheWrongKind) {
   expect_input_error(o, "y.npy: expected a 1-D int32 or int64 array of labels");
   o.labels_npy = dir / "junk.npy";
   expect_input_error(o, "junk.npy");
+  // Labels that label nothing, or whose largest class is far beyond any node count.
+  testing::write_npy(dir / "y_none.npy", DType::kI32, {3}, std::vector<int32_t>{-1, -1, -1});
+  o.labels_npy = dir / "y_none.npy";
+  expect_input_error(o, "y_none.npy: no node is labelled (every label is -1)");
+  testing::write_npy(dir / "y_far.npy", DType::kI64, {3}, std::vector<int64_t>{0, 1000000000, 1});
+  o.labels_npy = dir / "y_far.npy";
+  expect_input_error(o, "y_far.npy: expected class ids 0 .. C-1 with C at most 65536, found 1000000000");
+  // Features: a 1-D array names its shape; values that are not finite name the node and column.
+  o.labels_npy.clear();
+  testing::write_npy(dir / "x1.npy", DType::kF32, {3}, std::vector<float>(3, 1));
+  o.features_npy = dir / "x1.npy";
+  expect_input_error(o, "x1.npy: expected a 2-D float32, float64 or float16 array (nodes x features), found <f4 of shape (3)");
+  testing::write_npy(dir / "xnan.npy", DType::kF32, {3, 2}, std::vector<float>{1, 2, 3, std::nanf(""), 5, 6});
+  o.features_npy = dir / "xnan.npy";
+  expect_input_error(o, "xnan.npy: expected finite features, found nan at node 1, column 1");
+  testing::write_npy(dir / "xbig.npy", DType::kF32, {3, 2}, std::vector<float>{1, 2, 3, 4, 1e5f, 6});
+  o.features_npy = dir / "xbig.npy";
+  o.feature_dtype = DType::kF16;
+  expect_input_error(o, "xbig.npy: expected finite features within float16's range (--feature-dtype), found 100000");
+  o.feature_dtype = DType::kF32;
+  // Headers numpy would not read, and bytes beyond the header's shape.
+  testing::write_text(dir / "open_dict.npy",
+                      std::string("\x93NUMPY\x01\x00\x76\x00", 10) + "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2)" +
+                          std::string(118 - 57, ' ') + "\n" + std::string(24, '\0'));
+  o.features_npy = dir / "open_dict.npy";
+  expect_input_error(o, "open_dict.npy: expected the npy header to be a dict literal {...}");
+  testing::write_npy(dir / "xok.npy", DType::kF32, {3, 2}, std::vector<float>(6, 1));
+  testing::write_text(dir / "xlong.npy", testing::read_bytes(dir / "xok.npy") + std::string(16, 'z'));
+  o.features_npy = dir / "xlong.npy";
+  expect_input_error(o, "xlong.npy: expected 4120 bytes for its header's shape (3, 2), found 4136 (trailing data)");
 }
 
 TEST(BadInput, MissingOrConflictingInputs) {

@@ -97,16 +97,16 @@ TEST(Store, FlippedByteIsReportedByVerify) {
   TempDir dir;
   write_small_store(dir / "s.gale");
   {
-    std::fstream f(dir / "s.gale/labels.npy", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(dir / "s.gale/features.npy", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(4096 + 5);
     f.put('\x55');
   }
-  const Store s = Store::open(dir / "s.gale");  // sizes still match: open succeeds
+  const Store s = Store::open(dir / "s.gale");  // sizes still match, features index nothing: open succeeds
   try {
     s.verify();
     FAIL() << "verify accepted a flipped byte";
   } catch (const CorruptStoreError& e) {
-    EXPECT_NE(std::string(e.what()).find("labels.npy"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("features.npy"), std::string::npos) << e.what();
   }
 }
 

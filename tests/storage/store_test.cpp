@@ -475,7 +475,8 @@ TEST(Store, UncommittedWriterLeavesNothing) {
     open_array.write(some.data(), 40);
     EXPECT_TRUE(fs::is_directory(w.temp_dir()));
     EXPECT_EQ(w.temp_dir().parent_path(), dir.path());
-    EXPECT_EQ(w.temp_dir().filename().string().rfind(".s.gale.tmp-" + std::to_string(::getpid()) + "-", 0), 0u);
+    EXPECT_EQ(w.temp_dir().filename().string().rfind(".s.gale.tmp-", 0), 0u);
+    EXPECT_NE(w.temp_dir().filename().string().find("-" + std::to_string(::getpid()) + "-"), std::string::npos);
   }   // destroyed mid-array, as when an importer throws
   testing::expect_nothing_left(dir / "s.gale");
 }
@@ -523,6 +524,26 @@ TEST(Store, OverwriteReplacesTheWholeStore) {
   EXPECT_THROW(StoreWriter(dir / "missing-parent/x.gale", false), InputError);
 }
 
+// --force replaces a store or an empty directory; a directory of anything else (a typo in -o, a
+// folder of the store itself) is refused and left as it was.
+TEST(Store, OverwriteRefusesADirectoryThatIsNotAStore) {
+  TempDir dir;
+  testing::write_text(dir / "precious/data.txt", "keep me");
+  const std::string msg = error_of([&] { StoreWriter(dir / "precious", true); });
+  EXPECT_EQ(msg, dir / "precious" + ": exists and is not a store (no manifest.json); --force replaces only a store, "
+                                    "so remove it or choose another path");
+  EXPECT_THROW(StoreWriter(dir / "precious", true), InputError);
+  EXPECT_EQ(testing::read_bytes(dir / "precious/data.txt"), "keep me");
+  SmallStore().write(dir / "s.gale");
+  EXPECT_THROW(StoreWriter(dir / "s.gale/graph", true), InputError);
+  EXPECT_NO_THROW(Store::open(dir / "s.gale"));
+  fs::create_directories(dir / "empty");
+  SmallStore().write(dir / "empty", true);
+  EXPECT_NO_THROW(Store::open(dir / "empty"));
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
 TEST(Store, DescribeReportsDegreesClassesSplitsAndFiles) {
   TempDir dir;
   SmallStore().write(dir / "s.gale", false, DType::kBF16);
@@ -539,19 +560,44 @@ TEST(Store, DescribeReportsDegreesClassesSplitsAndFiles) {
   }
 }
 
-TEST(Store, DescribeRefusesIndicesOutsideTheGraph) {
-  TempDir dir;
-  StoreWriter w(dir / "s.gale", false);
-  const std::vector<int64_t> indptr{0, 1, 2};
-  const std::vector<int32_t> indices{1, 9};
-  w.write_array("graph/indptr.npy", DType::kI64, {3}, indptr.data());
-  w.write_array("graph/indices.npy", DType::kI32, {2}, indices.data());
-  w.manifest().num_nodes = 2;
-  w.manifest().num_edges = 2;
-  w.commit();
-  const Store s = Store::open(dir / "s.gale");   // open does not scan the indices
-  const std::string msg = error_of([&] { describe_store(s); });
-  EXPECT_NE(msg.find("graph/indices.npy: expected node ids in [0, 2), found 1 outside"), std::string::npos) << msg;
+// A store damaged in place (same size, same header: only the hash could tell) must not open when a
+// value that indexes something is out of range: train and predict would otherwise read or write out
+// of bounds. Each case overwrites one value of SmallStore.
+TEST(Store, OpenRefusesValuesOutsideTheirRange) {
+  struct Case {
+    const char* file;
+    int64_t entry;
+    int64_t value;
+    int width;  // bytes of an entry
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"graph/indptr.npy", 2, 0, 8,
+       "graph/indptr.npy: expected non-decreasing offsets, found 1 decreasing (the first: indptr[1] = 1 > indptr[2] = 0"},
+      {"graph/indices.npy", 1, 9, 4, "graph/indices.npy: expected node ids in [0, 4), found 1 outside (the first, entry 1, is 9"},
+      {"graph/indices.npy", 3, -1, 4, "graph/indices.npy: expected node ids in [0, 4), found 1 outside (the first, entry 3, is -1"},
+      {"labels.npy", 2, 2, 4, "labels.npy: expected classes (-1 = unlabelled) in [-1, 2), found 1 outside (the first, entry 2, is 2"},
+      {"labels.npy", 0, -5, 4, "labels.npy: expected classes (-1 = unlabelled) in [-1, 2), found 1 outside (the first, entry 0, is -5"},
+      {"splits/train.npy", 1, 4, 8, "splits/train.npy: expected node ids in [0, 4), found 1 outside (the first, entry 1, is 4"},
+      {"partition.npy", 3, 2, 4, "partition.npy: expected parts in [0, 2), found 1 outside (the first, entry 3, is 2"},
+      {"relabel.npy", 0, 4, 8, "relabel.npy: expected original node ids in [0, 4), found 1 outside (the first, entry 0, is 4"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.file) + " entry " + std::to_string(c.entry) + " = " + std::to_string(c.value));
+    TempDir dir;
+    SmallStore().write(dir / "s.gale");
+    ASSERT_NO_THROW(Store::open(dir / "s.gale"));
+    {
+      std::fstream f(dir / ("s.gale/" + std::string(c.file)), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(4096 + c.entry * c.width);
+      const int64_t v = c.value;  // little-endian: the low c.width bytes
+      f.write(reinterpret_cast<const char*>(&v), c.width);
+    }
+    const std::string msg = error_of([&] { Store::open(dir / "s.gale"); });
+    EXPECT_EQ(msg.rfind(dir / ("s.gale/" + std::string(c.expect)), 0), 0u) << msg;
+    EXPECT_NE(msg.find("run gale info --verify)"), std::string::npos) << msg;
+    EXPECT_THROW(Store::open(dir / "s.gale"), CorruptStoreError);
+  }
 }
 
 }  // namespace
