@@ -40,6 +40,9 @@ int run_predict(const std::vector<std::string>& args) {
   if (!parse_command_line(args, desc, pos, &vm)) return 0;
   if (o.store.empty()) throw InputError("predict: expected a STORE path");
   if (o.checkpoint.empty()) throw InputError("--checkpoint: expected a checkpoint file or directory");
+  if (o.out.empty()) throw InputError("--out: expected a file path, found an empty one");
+  if (vm.count("embeddings") && o.embeddings.empty())
+    throw InputError("--embeddings: expected a file path, found an empty one");
   o.device = parse_device(device);
   if (!gpu_budget.empty()) {
     o.gpu_mem_budget = parse_size(gpu_budget, "--gpu-mem-budget");

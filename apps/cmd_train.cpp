@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
+#include <cmath>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -183,6 +184,8 @@ int run_train(const std::vector<std::string>& args) {
        "also checkpoint inside an epoch this often: 600, 30s, 10m, 2h (mini-batch, no "
        "--reorder-window; at most that much work is lost to a kill)")
       ("resume", po::bool_switch(&o.resume), "continue from --checkpoint-dir/latest.ckpt")
+      ("overwrite-checkpoints", po::bool_switch(&o.overwrite_checkpoints),
+       "start over in a --checkpoint-dir that holds an earlier run's checkpoints, replacing them")
       ("metrics", po::value(&o.metrics_path), "write one JSON object per epoch to this file")
       ("quiet,q", po::bool_switch(&quiet), "no per-epoch progress");
   po::positional_options_description pos;
@@ -191,6 +194,7 @@ int run_train(const std::vector<std::string>& args) {
   if (!parse_command_line(args, desc, pos, &vm, /*notify=*/false)) return 0;
   if (vm.count("config")) {
     const std::string file = vm["config"].as<std::string>();
+    if (std::filesystem::is_directory(file)) throw InputError("--config " + file + ": a directory, expected an INI file");
     std::ifstream in(file);
     if (!in) throw InputError("--config " + file + ": cannot open");
     try {
@@ -202,6 +206,9 @@ int run_train(const std::vector<std::string>& args) {
   po::notify(vm);
 
   if (o.store.empty()) throw InputError("train: expected a STORE path");
+  for (const char* flag : {"checkpoint-dir", "metrics"})
+    if (vm.count(flag) && vm[flag].as<std::string>().empty())
+      throw InputError(std::string("--") + flag + ": expected a path, found an empty one");
   if (model != "gcn" && model != "sage" && model != "gin" && model != "gat")
     throw InputError("--model: expected gcn, sage, gin or gat, found '" + model + "'");
   const bool gat = model == "gat";
@@ -212,14 +219,22 @@ int run_train(const std::vector<std::string>& args) {
   if (heads < 1) throw InputError("--heads: expected at least 1");
   if (o.model.gin_mlp_layers != 1 && o.model.gin_mlp_layers != 2)
     throw InputError("--gin-mlp-layers: expected 1 or 2");
-  o.model.dropout = dropout >= 0 ? dropout : (gat ? 0.6f : 0.5f);
-  if (o.model.dropout >= 1) throw InputError("--dropout: expected a value in [0, 1)");
+  // Each comparison is written so that NaN fails it into the error.
+  if (vm.count("dropout") && !(dropout >= 0 && dropout < 1))
+    throw InputError("--dropout: expected a value in [0, 1), found " + std::to_string(dropout));
+  o.model.dropout = vm.count("dropout") ? dropout : (gat ? 0.6f : 0.5f);
   o.model.attn_dropout = attn_dropout;
-  if (attn_dropout < 0 || attn_dropout >= 1) throw InputError("--attn-dropout: expected a value in [0, 1)");
+  if (!(attn_dropout >= 0 && attn_dropout < 1))
+    throw InputError("--attn-dropout: expected a value in [0, 1), found " + std::to_string(attn_dropout));
+  if (!std::isfinite(o.model.gin_eps))
+    throw InputError("--gin-eps: expected a finite number, found " + std::to_string(o.model.gin_eps));
+  if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay)))
+    throw InputError("--weight-decay: expected a finite value >= 0, found " + std::to_string(o.weight_decay));
   if (activation.empty()) activation = gat ? "elu" : "relu";
   engine::parse_activation(activation, &o.model);
-  o.lr = lr > 0 ? lr : (gat ? 0.005f : 0.01f);
-  if (vm.count("lr") && lr <= 0) throw InputError("--lr: expected a positive learning rate");
+  if (vm.count("lr") && !(lr > 0 && std::isfinite(lr)))
+    throw InputError("--lr: expected a positive, finite learning rate, found " + std::to_string(lr));
+  o.lr = vm.count("lr") ? lr : (gat ? 0.005f : 0.01f);
   o.epochs = epochs;
   if (!fanouts.empty()) {
     if (full_graph) throw InputError("--fanouts and --full-graph: choose one");
@@ -312,7 +327,10 @@ int run_train(const std::vector<std::string>& args) {
     }
     return 128 + r.stop_signal;
   }
-  if (lead)
+  if (lead && o.eval == engine::TrainOptions::Eval::kNone)
+    std::printf("trained %lld epochs, last loss %.4f (--eval none: no accuracy measured)\n",
+                static_cast<long long>(r.last.epoch + 1), r.last.loss);
+  else if (lead)
     std::printf("best valid_acc %.4f at epoch %lld, test_acc %.4f\n", r.best_valid_acc,
                 static_cast<long long>(r.best_epoch + 1), r.test_acc_at_best_valid);
   return 0;

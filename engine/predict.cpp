@@ -3,6 +3,7 @@
 #include <tbb/global_control.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -22,24 +23,38 @@ namespace gale::engine {
 
 namespace {
 
-// Writes an array beside `path` and renames it into place, so a failure leaves no partial file.
-void write_npy_atomically(const std::string& path, DType dtype, std::vector<int64_t> shape, const void* data,
-                          size_t bytes) {
+namespace fs = std::filesystem;
+
+// An output file, checked before any work: its directory exists, it is not the other output, and it
+// overwrites nothing the command reads (the store's files, the checkpoint).
+void check_output(const std::string& path, const char* flag, const PredictOptions& o, const fs::path& checkpoint) {
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(path, ec);
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  if (!fs::is_directory(dir, ec)) throw InputError(std::string(flag) + " " + path + ": no directory " + dir.string());
+  if (fs::is_directory(path, ec)) throw InputError(std::string(flag) + " " + path + ": a directory, expected a file path");
+  const fs::path store = fs::weakly_canonical(o.store, ec);
+  const auto [s_end, p_it] = std::mismatch(store.begin(), store.end(), p.begin(), p.end());
+  if (s_end == store.end())
+    throw InputError(std::string(flag) + " " + path + ": inside the store being read; write it elsewhere");
+  if (p == fs::weakly_canonical(checkpoint, ec))
+    throw InputError(std::string(flag) + " " + path + ": the checkpoint being read; write it elsewhere");
+}
+
+// Writes an array beside `path` (not renamed yet): a failure leaves no partial file.
+std::string write_npy_beside(const std::string& path, DType dtype, std::vector<int64_t> shape, const void* data,
+                             size_t bytes) {
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   try {
     storage::NpyWriter w(tmp, dtype, std::move(shape));
     w.write(data, bytes);
     w.finish();
   } catch (...) {
-    std::filesystem::remove(tmp);
+    fs::remove(tmp);
     throw;
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw InputError(path + ": cannot write: " + ec.message());
-  }
+  return tmp;
 }
 
 }  // namespace
@@ -54,6 +69,13 @@ PredictReport predict(const PredictOptions& o) {
   std::filesystem::path file = o.checkpoint;
   if (std::filesystem::is_directory(file)) file /= "best.ckpt";
   if (!std::filesystem::exists(file)) throw InputError("--checkpoint: no checkpoint at " + file.string());
+  if (!o.out.empty()) check_output(o.out, "--out", o, file);
+  if (!o.embeddings.empty()) {
+    check_output(o.embeddings, "--embeddings", o, file);
+    std::error_code ec;
+    if (!o.out.empty() && fs::weakly_canonical(o.out, ec) == fs::weakly_canonical(o.embeddings, ec))
+      throw InputError("--embeddings " + o.embeddings + ": the same file as --out; give them different paths");
+  }
   const CheckpointState state = load_checkpoint(file);
   const storage::Store store = storage::Store::open(o.store);
   if (!store.has_features()) throw InputError(o.store + ": the store has no features.npy");
@@ -75,7 +97,10 @@ PredictReport predict(const PredictOptions& o) {
     throw CorruptStoreError(file.string() + ": malformed model description: " + e.what());
   }
   if (id.value("num_nodes", int64_t{-1}) != store.num_nodes() || config.in_dim != store.feature_dim())
-    throw CorruptStoreError(file.string() + ": checkpoint was trained on another store (" + state.config_json + ")");
+    throw CorruptStoreError(file.string() + ": checkpoint was trained on another store (" +
+                            std::to_string(id.value("num_nodes", int64_t{-1})) + " nodes of " +
+                            std::to_string(config.in_dim) + " features there, " + std::to_string(store.num_nodes()) +
+                            " of " + std::to_string(store.feature_dim()) + " here)");
 
   if (o.exec.spmm == kernels::SpmmKind::kTensorCore && config.model == "gat")
     throw InputError("--spmm tc: aggregates gcn, sage and gin; " + file.string() + " holds a gat model");
@@ -152,9 +177,28 @@ PredictReport predict(const PredictOptions& o) {
     }
     pred.swap(by_original);
   }
-  if (!o.out.empty()) write_npy_atomically(o.out, DType::kI32, {n}, pred.data(), pred.size() * sizeof(int32_t));
-  if (!o.embeddings.empty())
-    write_npy_atomically(o.embeddings, DType::kF32, {n, out_logits.cols()}, out_logits.f32(), out_logits.nbytes());
+  // Both outputs are written beside their paths first and renamed only when both are whole: a
+  // failure leaves neither (and the files they replace as they were).
+  std::vector<std::pair<std::string, std::string>> done;  // (temporary, final)
+  try {
+    if (!o.out.empty())
+      done.emplace_back(write_npy_beside(o.out, DType::kI32, {n}, pred.data(), pred.size() * sizeof(int32_t)), o.out);
+    if (!o.embeddings.empty())
+      done.emplace_back(write_npy_beside(o.embeddings, DType::kF32, {n, out_logits.cols()}, out_logits.f32(),
+                                         out_logits.nbytes()),
+                        o.embeddings);
+  } catch (...) {
+    for (const auto& [tmp, path] : done) fs::remove(tmp);
+    throw;
+  }
+  for (const auto& [tmp, path] : done) {
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) {
+      for (const auto& [t, p] : done) fs::remove(t);
+      throw InputError(path + ": cannot write: " + ec.message());
+    }
+  }
   return report;
 }
 

@@ -195,8 +195,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
 
   const storage::Store store = storage::Store::open(opt.store);
   if (!store.has_features()) throw InputError(opt.store + ": the store has no features.npy; training needs node features");
-  if (!store.has_labels() || store.num_classes() < 1)
+  if (!store.has_labels())
     throw InputError(opt.store + ": the store has no labels.npy; training needs node labels");
+  if (store.num_classes() < 1)
+    throw InputError(opt.store + ": labels.npy labels no node (every label is -1); training needs labelled nodes");
   const int32_t* labels = store.labels();
   auto labelled = [&](const std::string& name) {
     std::vector<int64_t> ids;
@@ -209,6 +211,11 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   const std::vector<int64_t> valid_ids = labelled("valid");
   const std::vector<int64_t> test_ids = labelled("test");
   if (train_ids.empty()) throw InputError(opt.store + ": the store has no labelled training nodes (splits/train.npy)");
+  if (!opt.full_graph) {
+    if (opt.batch_size < 1) throw InputError("--batch-size: expected at least 1, found " + std::to_string(opt.batch_size));
+    // More seeds than there are make the same single batch; buffers are sized by the batch.
+    opt.batch_size = std::min<int64_t>(opt.batch_size, static_cast<int64_t>(train_ids.size()));
+  }
 
   opt.model.in_dim = store.feature_dim();
   opt.model.out_dim = store.num_classes();
@@ -273,14 +280,35 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
 
   const std::string identity = identity_json(opt, store);
   const std::filesystem::path ckpt_dir = opt.checkpoint_dir;
+  if (lead_process && !opt.resume && !opt.overwrite_checkpoints && !opt.checkpoint_dir.empty()) {
+    for (const char* name : {"latest.ckpt", "best.ckpt"})
+      if (std::filesystem::exists(ckpt_dir / name))
+        throw InputError("--checkpoint-dir " + opt.checkpoint_dir + ": holds an earlier run's " + name +
+                         "; pass --resume to continue that run, --overwrite-checkpoints to start over there, or "
+                         "another directory");
+  }
   if (opt.resume) {
     if (opt.checkpoint_dir.empty()) throw InputError("--resume: needs --checkpoint-dir");
     const auto file = ckpt_dir / "latest.ckpt";
     if (!std::filesystem::exists(file)) throw InputError("--resume: no checkpoint at " + file.string());
     CheckpointState s = load_checkpoint(file);
-    if (s.config_json != identity)
-      throw InputError(file.string() + ": checkpoint was written for another model, store or batch setup (" +
-                       s.config_json + ")");
+    if (s.config_json != identity) {
+      // Name what differs: "hidden 16 there, 32 here".
+      std::string diff;
+      try {
+        const nlohmann::json was = nlohmann::json::parse(s.config_json), now = nlohmann::json::parse(identity);
+        for (auto it = now.begin(); it != now.end(); ++it) {
+          const auto old = was.find(it.key());
+          if (old != was.end() && *old == it.value()) continue;
+          diff += (diff.empty() ? "" : ", ") + it.key() + " " + (old == was.end() ? "absent" : old->dump()) +
+                  " there, " + it.value().dump() + " here";
+        }
+      } catch (const nlohmann::json::exception&) {
+        diff = "an unreadable description";
+      }
+      throw CorruptStoreError(file.string() + ": checkpoint of another model, store or batch setup (" + diff +
+                              "); resume with the options it was written with, or use another --checkpoint-dir");
+    }
     for (Replica& r : replicas) {
       const UseDevice use(r.dev);
       // Tensor::to keeps a tensor already on the device: every replica after the first takes its
@@ -871,6 +899,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       }
       metrics << j.dump() << '\n';
       metrics.flush();
+      if (!metrics) throw ResourceError("--metrics " + opt.metrics_path + ": cannot write (disk full?)");
     }
     result.last = m;
     ++result.epochs_run;
@@ -892,6 +921,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
                         {"best_epoch", result.best_epoch},
                         {"epochs", opt.epochs}};
     metrics << j.dump() << '\n';
+    metrics.flush();
+    if (!metrics) throw ResourceError("--metrics " + opt.metrics_path + ": cannot write (disk full?)");
   }
   writer.wait();
   return result;

@@ -35,6 +35,9 @@ struct TrainOptions {
   int prefetch = 2;                 // mini-batch batches in flight
   std::string checkpoint_dir;       // "" disables checkpoints
   bool resume = false;
+  // Without resume, a checkpoint_dir that already holds checkpoints is refused (they are an earlier
+  // run's work) unless this is set (--overwrite-checkpoints).
+  bool overwrite_checkpoints = false;
   std::string metrics_path;         // "" disables the JSON-lines file
   Device device = Device::cpu();
   // Data-parallel workers, one per entry (--gpus 0,1: one per GPU; --workers N on the CPU: N CPU

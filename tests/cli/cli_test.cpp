@@ -136,16 +136,36 @@ TEST_F(Cli, UnknownFlagIsNamed) {
   EXPECT_EQ(lines(r.out), 1) << r.out;
 }
 
+// Including values a run must never swap for a default: NaN, infinities and negatives where they
+// make no sense, empty paths, and a directory given as --config.
 TEST_F(Cli, BadFlagValuesAreNamed) {
   const std::string store = sbm_store();
-  for (const std::string& bad : {"--fanouts 10,x", "--model gnn", "--device tpu", "--epochs 0", "--dropout 1.5",
-                                 "--layers 2 --fanouts 10,10,10", "--deterministic --tune-gemm"}) {
+  fs::create_directories(path("conf.d"));
+  for (const std::string& bad : std::vector<std::string>{
+           "--fanouts 10,x", "--model gnn", "--device tpu", "--epochs 0", "--dropout 1.5", "--layers 2 --fanouts 10,10,10",
+           "--deterministic --tune-gemm", "--lr nan", "--lr inf", "--lr -1", "--dropout -0.5", "--dropout nan",
+           "--weight-decay nan", "--weight-decay -1", "--model gin --gin-eps nan", "--model gat --attn-dropout nan",
+           "--checkpoint-dir ''", "--metrics ''", "--config " + path("conf.d")}) {
     const CliRun r = gale("train " + store + " -q " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     const std::string flag = bad.substr(bad.rfind("--"), bad.find(' ', bad.rfind("--")) - bad.rfind("--"));
     EXPECT_NE(r.out.find(flag), std::string::npos) << bad << ": " << r.out;
     EXPECT_EQ(lines(r.out), 1) << r.out;
   }
+}
+
+TEST_F(Cli, PreprocessBadFlagValuesAreNamed) {
+  write("e.tsv", "0\t1\n1\t2\n");
+  for (const std::string& bad : std::vector<std::string>{"--split-fractions nan,0.1", "--split-fractions 0.5,nan",
+                                                         "--split-fractions 0,0.1", "--temp-dir " + path("no-such-dir"),
+                                                         "--temp-dir " + path("e.tsv")}) {
+    const CliRun r = gale("preprocess " + path("e.tsv") + " -o " + path("s.gale") + " " + bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find(bad.substr(0, bad.find(' '))), std::string::npos) << bad << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+    expect_nothing_written(path("s.gale"));
+  }
+  EXPECT_FALSE(fs::exists(path("no-such-dir")));  // never created
 }
 
 TEST_F(Cli, BadWorkerFlagsAreNamed) {
@@ -302,6 +322,65 @@ TEST_F(Cli, NotAStoreIsInputOrCorrupt) {
   EXPECT_EQ(file.code, 2) << file.out;
   EXPECT_NE(file.out.find("edges.tsv: not a store"), std::string::npos) << file.out;
   EXPECT_EQ(lines(file.out), 1) << file.out;
+}
+
+// An earlier run's checkpoints are its work: a new run does not replace them unless told to, and
+// --resume with other options names what differs (exit 3: an incompatible checkpoint).
+TEST_F(Cli, CheckpointsOfAnEarlierRunAreNotReplacedSilently) {
+  const std::string store = sbm_store();
+  const std::string run = "train " + store + " -q --model gcn --epochs 1 --device cpu --checkpoint-dir " + path("ck");
+  ASSERT_EQ(gale(run + " --hidden 8").code, 0);
+  const std::string before = slurp(path("ck/best.ckpt"));
+  const CliRun again = gale(run + " --hidden 16");
+  EXPECT_EQ(again.code, 2) << again.out;
+  EXPECT_NE(again.out.find("--checkpoint-dir " + path("ck") + ": holds an earlier run's latest.ckpt; pass --resume"),
+            std::string::npos) << again.out;
+  EXPECT_EQ(slurp(path("ck/best.ckpt")), before);
+  const CliRun other = gale(run + " --hidden 16 --resume");
+  EXPECT_EQ(other.code, 3) << other.out;
+  EXPECT_NE(other.out.find("hidden 8 there, 16 here"), std::string::npos) << other.out;
+  EXPECT_EQ(lines(other.out), 1) << other.out;
+  EXPECT_EQ(gale(run + " --hidden 16 --overwrite-checkpoints").code, 0);
+  EXPECT_NE(slurp(path("ck/best.ckpt")), before);
+}
+
+// predict checks its outputs before any work and writes both or neither.
+TEST_F(Cli, PredictOutputsAreCheckedFirstAndWrittenTogether) {
+  const std::string store = sbm_store();
+  ASSERT_EQ(gale("train " + store + " -q --model gcn --hidden 8 --epochs 1 --device cpu --checkpoint-dir " + path("ck")).code, 0);
+  const std::string predict = "predict " + store + " --checkpoint " + path("ck");
+  const std::string manifest = slurp(store + "/manifest.json"), ckpt = slurp(path("ck/best.ckpt"));
+  const std::pair<std::string, std::string> cases[] = {
+      {" --out ''", "--out: expected a file path"},
+      {" --out " + path("p.npy") + " --embeddings ''", "--embeddings: expected a file path"},
+      {" --out " + path("same.npy") + " --embeddings " + path("same.npy"), "the same file as --out"},
+      {" --out " + store + "/labels.npy", "inside the store being read"},
+      {" --out " + path("ck/best.ckpt"), "the checkpoint being read"},
+      {" --out " + path("p.npy") + " --embeddings " + path("no-dir/e.npy"), "--embeddings " + path("no-dir/e.npy") + ": no directory"},
+  };
+  for (const auto& [flags, expect] : cases) {
+    const CliRun r = gale(predict + flags);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.out;
+    EXPECT_NE(r.out.find(expect), std::string::npos) << flags << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+  }
+  EXPECT_FALSE(fs::exists(path("p.npy")));
+  EXPECT_FALSE(fs::exists(path("same.npy")));
+  EXPECT_EQ(slurp(store + "/manifest.json"), manifest);
+  EXPECT_EQ(slurp(path("ck/best.ckpt")), ckpt);
+  EXPECT_EQ(gale("info " + store + " --verify").code, 0);
+  const CliRun ok = gale(predict + " --out " + path("p.npy") + " --embeddings " + path("e.npy"));
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_TRUE(fs::exists(path("p.npy")) && fs::exists(path("e.npy")));
+}
+
+// --eval none measures nothing, so it reports no accuracy.
+TEST_F(Cli, EvalNoneReportsNoAccuracy) {
+  const std::string store = sbm_store();
+  const CliRun r = gale("train " + store + " -q --model sage --hidden 8 --fanouts 5,5 --epochs 1 --device cpu --eval none");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(--eval none: no accuracy measured)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("best valid_acc"), std::string::npos) << r.out;
 }
 
 TEST_F(Cli, CudaDeviceWithoutOneIsExitFour) {
@@ -534,6 +613,54 @@ TEST_F(Cli, SigtermStopsFullGraphTrainingAfterTheEpochWithExit143) {
   }
   EXPECT_EQ(lines_now, epochs + 3);
   EXPECT_EQ(last["final"], true);
+}
+
+// SIGINT / SIGTERM while a store is being written (here a generated graph sorted on disk in runs)
+// end the run with 128 + the signal's number and remove the temporary store and the sorted runs: no
+// store and nothing else is left. A run killed outright (SIGKILL) leaves them, and the next run of
+// the same store removes them.
+TEST_F(Cli, StoppedPreprocessLeavesNoStoreAndNoTemporaryFiles) {
+  const std::string store = path("big.gale"), runs = path("runs");
+  const std::string args = "preprocess --generate sbm:nodes=300000,classes=4,avg-degree=24,feature-dim=8 --mem-budget 2M "
+                           "--temp-dir " + runs + " -o " + store;
+  fs::create_directories(runs);
+  // Waits until the sort has written a run (and the store's temporary directory exists).
+  const auto started = [&](pid_t pid) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < deadline) {
+      for (const auto& d : fs::directory_iterator(runs))
+        if (!fs::is_empty(d.path())) return true;
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  };
+  for (const int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(sig);
+    const pid_t pid = start_gale(args, path("log"));
+    ASSERT_GT(pid, 0);
+    ASSERT_TRUE(started(pid)) << slurp(path("log"));
+    ASSERT_EQ(::kill(pid, sig), 0);
+    EXPECT_EQ(finish(pid), 128 + sig) << slurp(path("log"));
+    const std::string log = slurp(path("log"));
+    EXPECT_NE(log.find(std::string("gale: stopped by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM")), std::string::npos) << log;
+    expect_nothing_written(store);
+    EXPECT_TRUE(fs::is_empty(runs));
+  }
+  const pid_t pid = start_gale(args, path("log"));
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(started(pid)) << slurp(path("log"));
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  EXPECT_EQ(finish(pid), -1);
+  EXPECT_FALSE(fs::is_empty(runs));
+  const CliRun again = gale("preprocess " + path("missing.tsv") + " --temp-dir " + runs + " -o " + store);
+  EXPECT_EQ(again.code, 2) << again.out;  // fails before sorting: the sorter's leftovers stay
+  const CliRun ok = gale(args);
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  EXPECT_TRUE(fs::is_empty(runs));
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
 // Full-graph SAGE with the side-by-side operands that cost memory (the first layer's [A x | x],
