@@ -152,6 +152,10 @@ int run_bench_train(const std::vector<std::string>& args) {
   if (models.empty()) throw InputError("--models: expected at least one model");
   const Device dev = parse_device(device_text);
   BenchStore::check(store_path, generate, "bench train");
+  if (!activation.empty()) {  // before anything is printed: a bad value is the run's only line
+    engine::ModelConfig probe;
+    engine::parse_activation(activation, &probe);
+  }
   engine::require(dev);
   engine::ops::ExecOptions exec{parse_spmm_kind(spmm), tf32, stack_operands};
   engine::ops::set_gemm_tuning(tune_gemm);
@@ -163,9 +167,13 @@ int run_bench_train(const std::vector<std::string>& args) {
 
   const BenchStore source(store_path, generate, "bench train");
   const storage::Store store = storage::Store::open(source.path());
-  if (!store.has_features()) throw InputError(source.path() + ": the store has no features.npy; training needs them");
+  // A generated store is gone by the time a message is read: name the spec and what it lacks.
+  const std::string what = generate.empty() ? store_path + ": the store has" : "--generate " + generate + ": the graph has";
+  if (!store.has_features())
+    throw InputError(what + " no features; training needs them" +
+                     (generate.empty() ? "" : " (add feature-dim=D to the spec)"));
   if (!store.has_labels() || store.num_classes() < 1)
-    throw InputError(source.path() + ": the store has no labels.npy; training needs them");
+    throw InputError(what + " no labels; training needs them" + (generate.empty() ? "" : " (add classes=C to the spec)"));
   const int64_t n = store.num_nodes();
   std::vector<int64_t> labelled;
   for (int64_t v = 0; v < n; ++v) {

@@ -29,7 +29,7 @@ namespace {
 // One line per epoch; on a terminal a bar with rate and ETA redrawn in place.
 class Progress {
  public:
-  explicit Progress(bool tty) : tty_(tty) {}
+  Progress(bool tty, bool evaluated) : tty_(tty), evaluated_(evaluated) {}
   void epoch(const engine::EpochMetrics& m) {
     elapsed_ += m.epoch_s;
     ++done_;
@@ -41,16 +41,20 @@ class Progress {
       std::string bar(static_cast<size_t>(filled), '#');
       bar.resize(kWidth, '.');
       char line[256];
-      std::snprintf(line, sizeof line, "[%s] epoch %lld/%lld loss %.4f train %.3f valid %.3f test %.3f  %.2f ep/s ETA %.0fs",
-                    bar.c_str(), static_cast<long long>(m.epoch + 1), static_cast<long long>(m.epochs), m.loss,
-                    m.train_acc, m.valid_acc, m.test_acc, rate, eta);
+      char accs[64] = " (no eval)";
+      if (evaluated_) std::snprintf(accs, sizeof accs, " train %.3f valid %.3f test %.3f", m.train_acc, m.valid_acc, m.test_acc);
+      std::snprintf(line, sizeof line, "[%s] epoch %lld/%lld loss %.4f%s  %.2f ep/s ETA %.0fs", bar.c_str(),
+                    static_cast<long long>(m.epoch + 1), static_cast<long long>(m.epochs), m.loss, accs, rate, eta);
       line_ = line;
       std::fprintf(stderr, "\r%s \x1b[K", line_.c_str());
       if (m.epoch + 1 == m.epochs) std::fputc('\n', stderr);
     } else {
-      std::fprintf(stderr, "epoch %lld/%lld loss %.4f train_acc %.4f valid_acc %.4f test_acc %.4f time %.3fs\n",
-                   static_cast<long long>(m.epoch + 1), static_cast<long long>(m.epochs), m.loss, m.train_acc,
-                   m.valid_acc, m.test_acc, m.epoch_s);
+      char accs[80] = " (no eval)";
+      if (evaluated_)
+        std::snprintf(accs, sizeof accs, " train_acc %.4f valid_acc %.4f test_acc %.4f", m.train_acc, m.valid_acc,
+                      m.test_acc);
+      std::fprintf(stderr, "epoch %lld/%lld loss %.4f%s time %.3fs\n", static_cast<long long>(m.epoch + 1),
+                   static_cast<long long>(m.epochs), m.loss, accs, m.epoch_s);
     }
     std::fflush(stderr);
   }
@@ -73,6 +77,7 @@ class Progress {
 
  private:
   bool tty_;
+  bool evaluated_;  // false with --eval none: no accuracy to show
   double elapsed_ = 0;
   int64_t done_ = 0;
   std::chrono::steady_clock::time_point last_step_{};
@@ -198,7 +203,26 @@ int run_train(const std::vector<std::string>& args) {
     std::ifstream in(file);
     if (!in) throw InputError("--config " + file + ": cannot open");
     try {
-      po::store(po::parse_config_file(in, desc), vm);
+      const po::parsed_options parsed = po::parse_config_file(in, desc);
+      for (const po::option& opt : parsed.options)
+        if (opt.string_key == "config")
+          throw InputError("--config " + file + ": sets 'config' itself; one config file is read, not a chain");
+      po::store(parsed, vm);
+    } catch (const po::error_with_option_name& e) {
+      // Boost names the key, not the line: find the key's line for the message.
+      std::string key = e.get_option_name();
+      key.erase(0, key.find_first_not_of('-'));
+      std::ifstream again(file);
+      int at = 0, line_no = 0;
+      for (std::string line; std::getline(again, line) && at == 0;) {
+        ++line_no;
+        const size_t eq = line.find('=');
+        std::string k = line.substr(0, eq);
+        k.erase(0, k.find_first_not_of(" \t"));
+        k.erase(k.find_last_not_of(" \t") + 1);
+        if (eq != std::string::npos && k == key) at = line_no;
+      }
+      throw InputError("--config " + file + (at > 0 ? ":" + std::to_string(at) : "") + ": " + e.what());
     } catch (const po::error& e) {
       throw InputError("--config " + file + ": " + e.what());
     }
@@ -217,6 +241,12 @@ int run_train(const std::vector<std::string>& args) {
   o.model.hidden = hidden;
   o.model.heads = heads;
   if (heads < 1) throw InputError("--heads: expected at least 1");
+  // Far past any GNN's widths, and a typo's size would only surface as an allocation failure.
+  constexpr int64_t kMaxWidth = int64_t{1} << 16;
+  if (hidden > kMaxWidth) throw InputError("--hidden: expected at most " + std::to_string(kMaxWidth) + ", found " + std::to_string(hidden));
+  if (gat && heads * hidden > kMaxWidth)
+    throw InputError("--heads: expected heads x hidden at most " + std::to_string(kMaxWidth) + ", found " +
+                     std::to_string(heads) + " x " + std::to_string(hidden));
   if (o.model.gin_mlp_layers != 1 && o.model.gin_mlp_layers != 2)
     throw InputError("--gin-mlp-layers: expected 1 or 2");
   // Each comparison is written so that NaN fails it into the error.
@@ -285,7 +315,7 @@ int run_train(const std::vector<std::string>& args) {
   if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1");
   if (o.threads < 0) throw InputError("--threads: expected 0 (all cores) or more");
 
-  Progress progress(!quiet && ::isatty(STDERR_FILENO));
+  Progress progress(!quiet && ::isatty(STDERR_FILENO), o.eval != engine::TrainOptions::Eval::kNone);
   const bool show = !quiet;
   stop_requested.store(0);
   o.stop = &stop_requested;

@@ -576,7 +576,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       }
     }
     out.times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
-        plan.num_batches(), opt.prefetch, opt.reorder_window,
+        plan.num_batches(), opt.prefetch,
+        static_cast<int>(std::min<int64_t>(opt.reorder_window, std::max<int64_t>(1, plan.num_batches()))),  // a window past the epoch is the epoch
         [&](int64_t b) {
           const UseDevice use_here(r.dev);
           auto p = std::make_unique<PreparedBatch>();
@@ -864,8 +865,11 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (!opt.checkpoint_dir.empty() && lead_process) save(ckpt_dir / "latest.ckpt", epoch);
 
     if (metrics.is_open()) {
-      nlohmann::json j = {{"epoch", epoch},          {"loss", m.loss},         {"train_acc", m.train_acc},
-                          {"valid_acc", m.valid_acc}, {"test_acc", m.test_acc}, {"epoch_s", m.epoch_s},
+      // --eval none measures no accuracy: null, not 0.
+      const bool measured = opt.eval != TrainOptions::Eval::kNone;
+      const auto acc = [&](double v) { return measured ? nlohmann::json(v) : nlohmann::json(nullptr); };
+      nlohmann::json j = {{"epoch", epoch},          {"loss", m.loss},         {"train_acc", acc(m.train_acc)},
+                          {"valid_acc", acc(m.valid_acc)}, {"test_acc", acc(m.test_acc)}, {"epoch_s", m.epoch_s},
                           {"sample_s", m.sample_s},   {"io_s", m.io_s},           {"compute_s", m.compute_s},
                           {"wait_s", m.wait_s},
                           {"eval_s", m.eval_s},       {"batches", m.batches}};
@@ -915,10 +919,12 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   }
 
   if (metrics.is_open()) {
+    const bool measured = opt.eval != TrainOptions::Eval::kNone;
     nlohmann::json j = {{"final", true},
-                        {"best_valid_acc", result.best_valid_acc},
-                        {"test_acc_at_best_valid", result.test_acc_at_best_valid},
-                        {"best_epoch", result.best_epoch},
+                        {"best_valid_acc", measured ? nlohmann::json(result.best_valid_acc) : nlohmann::json(nullptr)},
+                        {"test_acc_at_best_valid",
+                         measured ? nlohmann::json(result.test_acc_at_best_valid) : nlohmann::json(nullptr)},
+                        {"best_epoch", measured ? nlohmann::json(result.best_epoch) : nlohmann::json(nullptr)},
                         {"epochs", opt.epochs}};
     metrics << j.dump() << '\n';
     metrics.flush();

@@ -520,9 +520,9 @@ Store Store::open(const fs::path& path) {
 }
 
 // Every value that indexes something, so that no command reads or writes out of bounds on a
-// damaged store: one parallel pass over the topology (its size on disk: a 63.5M-entry graph takes
-// tens of milliseconds once the file is cached), the labels, the splits, the parts and the
-// original ids. Features and weights index nothing and are left to verify().
+// damaged store: one parallel pass over the topology (it reads the ids once, at memory or disk
+// speed), the labels, the splits, the parts and the original ids. Features and weights index
+// nothing and are left to verify().
 void Store::check_values() const {
   const Manifest& m = manifest_;
   const int64_t n = m.num_nodes, e = m.num_edges;

@@ -145,7 +145,8 @@ TEST_F(Cli, BadFlagValuesAreNamed) {
            "--fanouts 10,x", "--model gnn", "--device tpu", "--epochs 0", "--dropout 1.5", "--layers 2 --fanouts 10,10,10",
            "--deterministic --tune-gemm", "--lr nan", "--lr inf", "--lr -1", "--dropout -0.5", "--dropout nan",
            "--weight-decay nan", "--weight-decay -1", "--model gin --gin-eps nan", "--model gat --attn-dropout nan",
-           "--checkpoint-dir ''", "--metrics ''", "--config " + path("conf.d")}) {
+           "--checkpoint-dir ''", "--metrics ''", "--config " + path("conf.d"), "--hidden 99999999999",
+           "--model gat --hidden 64 --heads 99999"}) {
     const CliRun r = gale("train " + store + " -q " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     const std::string flag = bad.substr(bad.rfind("--"), bad.find(' ', bad.rfind("--")) - bad.rfind("--"));
@@ -479,7 +480,15 @@ TEST_F(Cli, ConfigFileWithUnknownKeyIsNamed) {
   const CliRun r = gale("train " + store + " -q --config " + path("run.ini"));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("epocs"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("run.ini"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("run.ini:2: "), std::string::npos) << r.out;
+  write("bad.ini", "# comment\nhidden = abc\n");
+  const CliRun value = gale("train " + store + " -q --config " + path("bad.ini"));
+  EXPECT_EQ(value.code, 2) << value.out;
+  EXPECT_NE(value.out.find("bad.ini:2: "), std::string::npos) << value.out;
+  write("chain.ini", "config = " + path("run.ini") + "\n");
+  const CliRun chain = gale("train " + store + " -q --config " + path("chain.ini"));
+  EXPECT_EQ(chain.code, 2) << chain.out;
+  EXPECT_NE(chain.out.find("chain.ini: sets 'config' itself"), std::string::npos) << chain.out;
 }
 
 TEST_F(Cli, TrainWritesOneJsonObjectPerEpochAndAFinalOne) {
@@ -768,6 +777,15 @@ TEST_F(Cli, BenchBadFlagsAreNamed) {
     EXPECT_EQ(both.code, 2) << command << ": " << both.out;
     EXPECT_NE(both.out.find("exactly one"), std::string::npos) << command << ": " << both.out;
   }
+  // Training needs features and labels: a generated graph without them names the spec's keys (its
+  // temporary store is gone by then), and a bad --activation is the run's only line.
+  const CliRun bare = gale("bench train --generate rmat:scale=5 --device cpu --epochs 1 --models gcn");
+  EXPECT_EQ(bare.code, 2) << bare.out;
+  EXPECT_NE(bare.out.find("--generate rmat:scale=5: the graph has no features; training needs them (add feature-dim=D"),
+            std::string::npos) << bare.out;
+  const CliRun maxk0 = gale("bench train " + store + " --device cpu --epochs 1 --models sage --activation maxk:0");
+  EXPECT_EQ(maxk0.code, 2) << maxk0.out;
+  EXPECT_EQ(lines(maxk0.out), 1) << maxk0.out;
   const CliRun unknown = gale("bench sampel");
   EXPECT_EQ(unknown.code, 2) << unknown.out;
   for (const char* name : {"spmm", "train", "sample", "gather", "pipeline"})

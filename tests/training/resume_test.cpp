@@ -259,7 +259,18 @@ TEST(Resume, ResumeWithAnotherModelIsRefused) {
   o.model.hidden = 32;
   o.resume = true;
   o.epochs = 2;
+  // An incompatible checkpoint (exit 3), naming what differs.
+  try {
+    train(o);
+    ADD_FAILURE() << "resumed a checkpoint of another model";
+  } catch (const CorruptStoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("hidden 16 there, 32 here"), std::string::npos) << e.what();
+  }
+  // Without --resume the earlier run's checkpoints are kept, unless told otherwise.
+  o.resume = false;
   EXPECT_THROW(train(o), InputError);
+  o.overwrite_checkpoints = true;
+  EXPECT_NO_THROW(train(o));
 }
 
 // A state with one 2 x 3 parameter filled with `value`.
