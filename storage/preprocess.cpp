@@ -122,7 +122,7 @@ std::vector<int64_t> read_id_lines(const std::string& path) {
     int64_t v;
     if (fields.size() != 1 || !parse_int64(fields[0], &v))
       throw InputError(in.where() + "expected one integer node id, found " + std::to_string(fields.size()) +
-                       " values starting '" + std::string(fields[0]) + "'");
+                       " values starting '" + quote_token(fields[0]) + "'");
     if (v < 0) throw InputError(in.where() + "negative node id " + std::to_string(v));
     ids.push_back(v);
   }
@@ -174,9 +174,9 @@ void read_text_features(const std::string& path, const fs::path& scratch, NodeDa
       double x;
       // Parsed as double, then rounded once to float: the same numbers in text and in an f32 .npy
       // give the same bytes.
-      if (!parse_double(f, &x)) throw InputError(in.where() + "expected a number, found '" + std::string(f) + "'");
+      if (!parse_double(f, &x)) throw InputError(in.where() + "expected a number, found '" + quote_token(f) + "'");
       if (!std::isfinite(static_cast<float>(x)))
-        throw InputError(in.where() + "expected a finite float32 feature, found '" + std::string(f) + "'");
+        throw InputError(in.where() + "expected a finite float32 feature, found '" + quote_token(f) + "'");
       buf.push_back(static_cast<float>(x));
     }
     ++nd->feature_rows;
@@ -213,7 +213,7 @@ void read_text_labels(const std::string& path, NodeData* nd) {
     } else if (parse_double(fields[0], &d) && d == std::floor(d)) {
       y = static_cast<int64_t>(d);
     } else {
-      throw InputError(in.where() + "expected an integer class label, found '" + std::string(fields[0]) + "'");
+      throw InputError(in.where() + "expected an integer class label, found '" + quote_token(fields[0]) + "'");
     }
     if (y < -1 || y > INT32_MAX) throw InputError(in.where() + "label " + std::to_string(y) + " out of range");
     nd->labels.push_back(static_cast<int32_t>(y));
@@ -284,11 +284,11 @@ void read_edge_list(const std::string& path, int* columns_seen, const AddEdge& a
     int64_t s, d;
     if (!parse_int64(fields[0], &s) || !parse_int64(fields[1], &d)) {
       const std::string_view bad = parse_int64(fields[0], &s) ? fields[1] : fields[0];
-      throw InputError(in.where() + "expected two integer node ids, found '" + std::string(bad) + "'");
+      throw InputError(in.where() + "expected two integer node ids, found '" + quote_token(bad) + "'");
     }
     double w = 1.0;
     if (columns == 3 && !(parse_double(fields[2], &w) && std::isfinite(static_cast<float>(w))))
-      throw InputError(in.where() + "expected a finite float32 weight, found '" + std::string(fields[2]) + "'");
+      throw InputError(in.where() + "expected a finite float32 weight, found '" + quote_token(fields[2]) + "'");
     const std::string bad = add.check(s, d);
     if (!bad.empty()) throw InputError(in.where() + bad);
     add.add(s, d, static_cast<float>(w));
@@ -306,7 +306,7 @@ int64_t read_matrix_market(const std::string& path, bool* weighted, NodeData* nd
   std::string banner(line);
   for (auto& ch : banner) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   if (banner.find("coordinate") == std::string::npos)
-    throw InputError(path + ":1: only 'coordinate' Matrix Market files hold graphs (found '" + std::string(line) + "')");
+    throw InputError(path + ":1: only 'coordinate' Matrix Market files hold graphs (found '" + quote_token(line) + "')");
   const bool pattern = banner.find("pattern") != std::string::npos;
   const bool skew = banner.find("skew-symmetric") != std::string::npos;
   const bool symmetric = banner.find("symmetric") != std::string::npos || banner.find("hermitian") != std::string::npos;
@@ -339,13 +339,13 @@ int64_t read_matrix_market(const std::string& path, bool* weighted, NodeData* nd
       throw InputError(in.where() + "expected " + std::to_string(want) + " values per entry, found " + std::to_string(fields.size()));
     int64_t i, j;
     if (!parse_int64(fields[0], &i) || !parse_int64(fields[1], &j))
-      throw InputError(in.where() + "expected two integer indices, found '" + std::string(line) + "'");
+      throw InputError(in.where() + "expected two integer indices, found '" + quote_token(line) + "'");
     if (i < 1 || i > rows || j < 1 || j > cols)
       throw InputError(in.where() + "entry (" + std::to_string(i) + ", " + std::to_string(j) + ") outside the " +
                        std::to_string(rows) + " x " + std::to_string(cols) + " matrix (indices are 1-based)");
     double w = 1.0;
     if (!pattern && !(parse_double(fields[2], &w) && std::isfinite(static_cast<float>(w))))
-      throw InputError(in.where() + "expected a finite float32 value, found '" + std::string(fields[2]) + "'");
+      throw InputError(in.where() + "expected a finite float32 value, found '" + quote_token(fields[2]) + "'");
     // --num-nodes may be smaller than the matrix.
     const std::string bad = add.check(i - 1, j - 1);
     if (!bad.empty()) throw InputError(in.where() + bad);

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -20,6 +21,23 @@ LineReader::LineReader(const std::string& path) : path_(path), buf_(kChunk) {
   if (f == nullptr) throw InputError(path + ": cannot open: " + std::strerror(errno ? errno : ENOENT));
   gzbuffer(f, 1 << 18);
   gz_ = f;
+}
+
+std::string quote_token(std::string_view token) {
+  constexpr size_t kMost = 40;
+  std::string out;
+  for (size_t i = 0; i < token.size() && i < kMost; ++i) {
+    const auto c = static_cast<unsigned char>(token[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  if (token.size() > kMost) out += "...";
+  return out;
 }
 
 std::string first_bytes(const std::string& path, size_t n) {

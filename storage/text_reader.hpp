@@ -46,6 +46,10 @@ void split_fields(std::string_view line, std::vector<std::string_view>* fields);
 // it cannot be read: the reader proper reports that).
 std::string first_bytes(const std::string& path, size_t n);
 
+// A token as an error message quotes it: at most 40 bytes (then "..."), bytes outside printable
+// ASCII as \xNN, so a binary file or a runaway token still gives one short line.
+std::string quote_token(std::string_view token);
+
 // Whole-token parses; false when the token is not entirely a number of that kind.
 bool parse_int64(std::string_view token, int64_t* out);
 bool parse_double(std::string_view token, double* out);

@@ -668,7 +668,7 @@ struct BadCase {
   const char* name;
   const char* file;
   std::string content;
-  const char* expect;   // substring of the message
+  std::string expect;   // substring of the message
 };
 
 TEST(BadInput, EdgeListsNameFileAndLine) {
@@ -682,6 +682,10 @@ TEST(BadInput, EdgeListsNameFileAndLine) {
       {"weight beyond float32", "e.tsv", "0\t1\t1e50\n", "e.tsv:1: expected a finite float32 weight, found '1e50'"},
       {"empty", "e.csv", "", "e.csv: no edges found"},
       {"only-comments", "e.csv", "# nothing\n% here\n", "e.csv: no edges found"},
+      // Quoted tokens stay short and printable: a runaway token, a BOM.
+      {"long token", "e.csv", "0,1\n" + std::string(5000, '7') + "x,2\n",
+       "e.csv:2: expected two integer node ids, found '" + std::string(40, '7') + "...'"},
+      {"byte-order mark", "e.csv", "\xef\xbb\xbf" "0,1\n", "e.csv:1: expected two integer node ids, found '\\xef\\xbb\\xbf0'"},
   };
   for (const auto& c : cases) {
     TempDir dir;
