@@ -97,7 +97,8 @@ int bench_spmm(const std::vector<std::string>& args) {
       "usage: gale bench spmm STORE [options]\n"
       "       gale bench spmm --generate rmat:scale=S,edge-factor=E [options]\n\n"
       "Times Gale's GAR and GAS SpMM kernels against cuSPARSE (CSR, ALG2) on GPU 0: median of --runs\n"
-      "launches timed with CUDA events after --warmup launches, for each feature width.\n\n"
+      "launches timed with CUDA events after --warmup launches, for each feature width.\n"
+      "With --maxk 16,32: MaxK-GNN's top-k, SpGEMM and SSpMM instead ('gale bench spmm --maxk 32 --help').\n\n"
       "options");
   desc.add_options()
       ("help,h", "show this help")
