@@ -31,7 +31,7 @@ int run_preprocess(const std::vector<std::string>& args) {
       ("output,o", po::value(&o.output), "store directory to create (NAME.gale)")
       ("force", po::bool_switch(&o.overwrite), "replace an existing store")
       ("format", po::value(&format), "auto | edgelist | ogb | mtx | npy")
-      ("edges", po::value(&o.edges_npy), "edges as .npy, shape (E,2) or (2,E)")
+      ("edges", po::value(&o.edges_npy), "edges as .npy, shape (2,E) as PyG's edge_index or (E,2); 2 x 2 reads as (2,E)")
       ("features", po::value(&o.features_npy), "node features as .npy (N x D)")
       ("labels", po::value(&o.labels_npy), "node labels as .npy (N), -1 = unlabelled")
       ("train-ids", po::value(&o.train_ids), "training node ids (.npy or one id per line)")

@@ -364,7 +364,8 @@ void read_npy_edges(const std::string& path, const AddEdge& add) {
   const auto& s = a.header.shape;
   if (!a.is_int() || s.size() != 2 || (s[0] != 2 && s[1] != 2))
     throw InputError(path + ": expected an int32 or int64 edge array of shape (E, 2) or (2, E)");
-  const bool rows_are_edges = s[1] == 2;  // (E, 2); else PyG's edge_index (2, E)
+  // PyG's edge_index (2, E) first: a 2 x 2 array is two edges, sources in row 0 as PyG has them.
+  const bool rows_are_edges = s[0] != 2;  // (E, 2)
   const int64_t e = rows_are_edges ? s[0] : s[1];
   if (e == 0) throw InputError(path + ": no edges found");
   for (int64_t k = 0; k < e; ++k) {

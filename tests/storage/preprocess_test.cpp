@@ -384,6 +384,21 @@ TEST(Preprocess, NpyShapesAndFeatureDtypesAgree) {
   testing::expect_identical_stores(dir / "a.gale", dir / "c.gale");
 }
 
+// A 2 x 2 edge array is read as PyG's edge_index (2, E): sources in row 0, destinations in row 1.
+TEST(Preprocess, TwoByTwoEdgeArrayIsPygEdgeIndex) {
+  TempDir dir;
+  testing::write_npy(dir / "ei.npy", DType::kI64, {2, 2}, std::vector<int64_t>{0, 2, 1, 3});
+  PreprocessOptions o;
+  o.edges_npy = dir / "ei.npy";
+  o.output = dir / "s.gale";
+  preprocess(o);
+  const Store s = Store::open(dir / "s.gale");
+  ASSERT_EQ(s.num_nodes(), 4);
+  ASSERT_EQ(s.num_edges(), 2);
+  EXPECT_EQ(std::vector<int64_t>(s.indptr(), s.indptr() + 5), (std::vector<int64_t>{0, 0, 1, 1, 2}));  // 0 -> 1, 2 -> 3
+  EXPECT_EQ(std::vector<int32_t>(s.indices32(), s.indices32() + 2), (std::vector<int32_t>{0, 2}));
+}
+
 TEST(Preprocess, MatrixMarketSymmetricAddsBothDirections) {
   TempDir dir;
   testing::write_text(dir / "s.mtx",
