@@ -31,9 +31,11 @@ void write_all(int fd, const char* data, size_t n, const std::filesystem::path& 
   while (n > 0) {
     const ssize_t w = ::write(fd, data, n);
     if (w < 0) {
-      if (errno == EINTR) continue;
-      const std::string why = std::strerror(errno);
-      if (errno == ENOSPC) throw ResourceError(file.string() + ": no space left writing the checkpoint");
+      const int err = errno;
+      if (err == EINTR) continue;
+      const std::string why = std::strerror(err);
+      if (err == ENOSPC || err == EDQUOT || err == EFBIG)  // out of room: exit 4
+        throw ResourceError(file.string() + ": no room left writing the checkpoint: " + why);
       throw InputError(file.string() + ": cannot write checkpoint: " + why);
     }
     data += w;

@@ -29,7 +29,7 @@ namespace {
 // (ResourceError), anything else is reported against the file (InputError).
 [[noreturn]] void throw_io(const std::string& path, const char* what, int err) {
   const std::string msg = path + ": " + what + ": " + std::strerror(err);
-  if (err == ENOSPC || err == EDQUOT) throw ResourceError(msg);
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG) throw ResourceError(msg);  // out of room: exit 4
   throw InputError(msg);
 }
 

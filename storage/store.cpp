@@ -72,7 +72,7 @@ std::string hex64(uint64_t v) {
 // A failed system call on `path`; a full disk or quota is ResourceError, as in npy.cpp.
 [[noreturn]] void throw_io(const fs::path& path, const char* what, int err) {
   const std::string msg = path.string() + ": " + what + ": " + std::strerror(err);
-  if (err == ENOSPC || err == EDQUOT) throw ResourceError(msg);
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG) throw ResourceError(msg);  // out of room: exit 4
   throw InputError(msg);
 }
 
