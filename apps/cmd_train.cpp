@@ -210,17 +210,22 @@ int run_train(const std::vector<std::string>& args) {
       po::store(parsed, vm);
     } catch (const po::error_with_option_name& e) {
       // Boost names the key, not the line: find the key's line for the message.
-      std::string key = e.get_option_name();
+      // A key under a [section] comes as "section.key"; a line without '=' as the line itself.
+      const auto* syntax = dynamic_cast<const po::invalid_config_file_syntax*>(&e);
+      std::string key = syntax != nullptr ? syntax->tokens() : e.get_option_name();
       key.erase(0, key.find_first_not_of('-'));
+      if (key.find('.') != std::string::npos) key = key.substr(key.rfind('.') + 1);
       std::ifstream again(file);
       int at = 0, line_no = 0;
+      const auto trim = [](std::string t) {
+        t.erase(0, t.find_first_not_of(" \t\r"));
+        t.erase(t.find_last_not_of(" \t\r") + 1);
+        return t;
+      };
       for (std::string line; std::getline(again, line) && at == 0;) {
         ++line_no;
         const size_t eq = line.find('=');
-        std::string k = line.substr(0, eq);
-        k.erase(0, k.find_first_not_of(" \t"));
-        k.erase(k.find_last_not_of(" \t") + 1);
-        if (eq != std::string::npos && k == key) at = line_no;
+        if ((eq != std::string::npos && trim(line.substr(0, eq)) == key) || trim(line) == key) at = line_no;
       }
       throw InputError("--config " + file + (at > 0 ? ":" + std::to_string(at) : "") + ": " + e.what());
     } catch (const po::error& e) {

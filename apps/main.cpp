@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -50,6 +51,9 @@ int report(const std::string& prefix, const std::string& message, gale::ExitCode
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) then fails the write with EFBIG, reported as exit 4 naming the
+  // file, instead of killing the process mid-write.
+  ::signal(SIGXFSZ, SIG_IGN);
   if (argc < 2) {
     std::fputs(kUsage, stderr);
     return static_cast<int>(gale::ExitCode::kInput);

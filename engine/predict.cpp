@@ -34,6 +34,9 @@ void check_output(const std::string& path, const char* flag, const PredictOption
   if (dir.empty()) dir = ".";
   if (!fs::is_directory(dir, ec)) throw InputError(std::string(flag) + " " + path + ": no directory " + dir.string());
   if (fs::is_directory(path, ec)) throw InputError(std::string(flag) + " " + path + ": a directory, expected a file path");
+  // The file is replaced by a rename: a device, a FIFO or a socket would be replaced, not written.
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    throw InputError(std::string(flag) + " " + path + ": exists and is not a regular file");
   const fs::path store = fs::weakly_canonical(o.store, ec);
   const auto [s_end, p_it] = std::mismatch(store.begin(), store.end(), p.begin(), p.end());
   if (s_end == store.end())
@@ -180,13 +183,27 @@ PredictReport predict(const PredictOptions& o) {
   // Both outputs are written beside their paths first and renamed only when both are whole: a
   // failure leaves neither (and the files they replace as they were).
   std::vector<std::pair<std::string, std::string>> done;  // (temporary, final)
+  // A symlink is written through: its target is the file replaced.
+  const auto target = [](const std::string& path) {
+    fs::path p = path;
+    std::error_code ec;
+    for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {  // a link to a link: follow on
+      const fs::path to = fs::read_symlink(p, ec);
+      if (ec) break;
+      p = to.is_absolute() ? to : p.parent_path() / to;
+    }
+    return p.string();
+  };
   try {
-    if (!o.out.empty())
-      done.emplace_back(write_npy_beside(o.out, DType::kI32, {n}, pred.data(), pred.size() * sizeof(int32_t)), o.out);
-    if (!o.embeddings.empty())
-      done.emplace_back(write_npy_beside(o.embeddings, DType::kF32, {n, out_logits.cols()}, out_logits.f32(),
-                                         out_logits.nbytes()),
-                        o.embeddings);
+    if (!o.out.empty()) {
+      const std::string to = target(o.out);
+      done.emplace_back(write_npy_beside(to, DType::kI32, {n}, pred.data(), pred.size() * sizeof(int32_t)), to);
+    }
+    if (!o.embeddings.empty()) {
+      const std::string to = target(o.embeddings);
+      done.emplace_back(write_npy_beside(to, DType::kF32, {n, out_logits.cols()}, out_logits.f32(), out_logits.nbytes()),
+                        to);
+    }
   } catch (...) {
     for (const auto& [tmp, path] : done) fs::remove(tmp);
     throw;

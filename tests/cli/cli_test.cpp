@@ -3,6 +3,7 @@
 // nothing half-written.
 #include <gtest/gtest.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -376,6 +377,24 @@ TEST_F(Cli, PredictOutputsAreCheckedFirstAndWrittenTogether) {
 }
 
 // --eval none measures nothing, so it reports no accuracy.
+// Outputs replace their paths by a rename, so a path that is not a regular file is refused (a
+// device would be replaced, not written) and a symlink is written through.
+TEST_F(Cli, PredictWritesRegularFilesAndThroughSymlinks) {
+  const std::string store = sbm_store();
+  ASSERT_EQ(gale("train " + store + " -q --model gcn --hidden 8 --epochs 1 --device cpu --checkpoint-dir " + path("ck")).code, 0);
+  const std::string predict = "predict " + store + " --checkpoint " + path("ck") + " --out ";
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  const CliRun fifo = gale(predict + path("fifo"));
+  EXPECT_EQ(fifo.code, 2) << fifo.out;
+  EXPECT_NE(fifo.out.find("fifo: exists and is not a regular file"), std::string::npos) << fifo.out;
+  EXPECT_TRUE(fs::is_fifo(path("fifo")));
+  fs::create_symlink(path("real.npy"), path("link.npy"));
+  const CliRun link = gale(predict + path("link.npy"));
+  EXPECT_EQ(link.code, 0) << link.out;
+  EXPECT_TRUE(fs::is_symlink(path("link.npy")));
+  EXPECT_TRUE(fs::is_regular_file(path("real.npy")));
+}
+
 TEST_F(Cli, EvalNoneReportsNoAccuracy) {
   const std::string store = sbm_store();
   const CliRun r = gale("train " + store + " -q --model sage --hidden 8 --fanouts 5,5 --epochs 1 --device cpu --eval none");
@@ -485,6 +504,14 @@ TEST_F(Cli, ConfigFileWithUnknownKeyIsNamed) {
   const CliRun value = gale("train " + store + " -q --config " + path("bad.ini"));
   EXPECT_EQ(value.code, 2) << value.out;
   EXPECT_NE(value.out.find("bad.ini:2: "), std::string::npos) << value.out;
+  write("junk.ini", "model = gcn\n\njunk line\n");
+  const CliRun junk = gale("train " + store + " -q --config " + path("junk.ini"));
+  EXPECT_EQ(junk.code, 2) << junk.out;
+  EXPECT_NE(junk.out.find("junk.ini:3: "), std::string::npos) << junk.out;
+  write("section.ini", "[train]\nmodel = gcn\n");
+  const CliRun section = gale("train " + store + " -q --config " + path("section.ini"));
+  EXPECT_EQ(section.code, 2) << section.out;
+  EXPECT_NE(section.out.find("section.ini:2: "), std::string::npos) << section.out;
   write("chain.ini", "config = " + path("run.ini") + "\n");
   const CliRun chain = gale("train " + store + " -q --config " + path("chain.ini"));
   EXPECT_EQ(chain.code, 2) << chain.out;
