@@ -286,6 +286,16 @@ int run_train(const std::vector<std::string>& args) {
   o.exec.spmm = parse_spmm_kind(spmm);
   o.match = !no_match;
   o.devices = parse_workers(gpus, cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o.device);
+  // On a run put on the CPU by name, GPU-only options would do nothing: say so, as predict does.
+  // (--device auto on a machine without a GPU keeps them, so one command line serves both.)
+  if (o.device.is_cpu() && (vm.count("device") > 0 || vm.count("workers") > 0)) {
+    const std::pair<bool, const char*> gpu_only[] = {{tf32, "--tf32"},
+                                                     {tune_gemm, "--tune-gemm"},
+                                                     {!gpu_budget.empty(), "--gpu-mem-budget"},
+                                                     {!feature_gpu.empty(), "--feature-gpu-mem"}};
+    for (const auto& [given, flag] : gpu_only)
+      if (given) throw InputError(std::string(flag) + ": applies to a GPU; this run trains on the CPU (--device cpu)");
+  }
   if (sampler == "gpu" || sampler == "cpu") {
     o.gpu_sampler = sampler == "gpu";
     if (o.gpu_sampler && o.device.is_cpu()) throw InputError("--sampler gpu: needs --device cuda (training on the CPU)");

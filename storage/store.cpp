@@ -124,7 +124,6 @@ bool is_hex64(const std::string& s) {
   return s.size() == 16 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
-// Size, dtype and shape a file must have, as the manifest records them.
 }  // namespace
 
 std::string manifest_to_json(const Manifest& m) {

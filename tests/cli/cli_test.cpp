@@ -147,7 +147,8 @@ TEST_F(Cli, BadFlagValuesAreNamed) {
            "--deterministic --tune-gemm", "--lr nan", "--lr inf", "--lr -1", "--dropout -0.5", "--dropout nan",
            "--weight-decay nan", "--weight-decay -1", "--model gin --gin-eps nan", "--model gat --attn-dropout nan",
            "--checkpoint-dir ''", "--metrics ''", "--config " + path("conf.d"), "--hidden 99999999999",
-           "--model gat --hidden 64 --heads 99999"}) {
+           "--model gat --hidden 64 --heads 99999", "--device cpu --tf32", "--device cpu --gpu-mem-budget 8G",
+           "--device cpu --fanouts 5,5 --feature-gpu-mem 1G"}) {
     const CliRun r = gale("train " + store + " -q " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     const std::string flag = bad.substr(bad.rfind("--"), bad.find(' ', bad.rfind("--")) - bad.rfind("--"));
