@@ -126,6 +126,29 @@ class StopSignals {
   struct sigaction old_term_ {};
 };
 
+// ":LINE" of the INI line an option error is about, or "" when none matches: Boost names the key
+// ("section.key" under a [section]), or for a line without '=' gives the line itself.
+std::string config_line(const std::string& file, const po::error_with_option_name& e) {
+  const auto* syntax = dynamic_cast<const po::invalid_config_file_syntax*>(&e);
+  std::string key = syntax != nullptr ? syntax->tokens() : e.get_option_name();
+  key.erase(0, key.find_first_not_of('-'));
+  if (key.find('.') != std::string::npos) key = key.substr(key.rfind('.') + 1);
+  const auto trim = [](std::string t) {
+    t.erase(0, t.find_first_not_of(" \t\r"));
+    t.erase(t.find_last_not_of(" \t\r") + 1);
+    return t;
+  };
+  std::ifstream in(file);
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    const size_t eq = line.find('=');
+    if ((eq != std::string::npos && trim(line.substr(0, eq)) == key) || trim(line) == key)
+      return ":" + std::to_string(line_no);
+  }
+  return "";
+}
+
 }  // namespace
 
 int run_train(const std::vector<std::string>& args) {
@@ -209,25 +232,7 @@ int run_train(const std::vector<std::string>& args) {
           throw InputError("--config " + file + ": sets 'config' itself; one config file is read, not a chain");
       po::store(parsed, vm);
     } catch (const po::error_with_option_name& e) {
-      // Boost names the key, not the line: find the key's line for the message.
-      // A key under a [section] comes as "section.key"; a line without '=' as the line itself.
-      const auto* syntax = dynamic_cast<const po::invalid_config_file_syntax*>(&e);
-      std::string key = syntax != nullptr ? syntax->tokens() : e.get_option_name();
-      key.erase(0, key.find_first_not_of('-'));
-      if (key.find('.') != std::string::npos) key = key.substr(key.rfind('.') + 1);
-      std::ifstream again(file);
-      int at = 0, line_no = 0;
-      const auto trim = [](std::string t) {
-        t.erase(0, t.find_first_not_of(" \t\r"));
-        t.erase(t.find_last_not_of(" \t\r") + 1);
-        return t;
-      };
-      for (std::string line; std::getline(again, line) && at == 0;) {
-        ++line_no;
-        const size_t eq = line.find('=');
-        if ((eq != std::string::npos && trim(line.substr(0, eq)) == key) || trim(line) == key) at = line_no;
-      }
-      throw InputError("--config " + file + (at > 0 ? ":" + std::to_string(at) : "") + ": " + e.what());
+      throw InputError("--config " + file + config_line(file, e) + ": " + e.what());
     } catch (const po::error& e) {
       throw InputError("--config " + file + ": " + e.what());
     }

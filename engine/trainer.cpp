@@ -370,6 +370,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   };
 
   std::ofstream metrics;
+  // An accuracy for the metrics file: --eval none measures none, so null, not 0.
+  const auto acc = [measured = opt.eval != TrainOptions::Eval::kNone](auto v) {
+    return measured ? nlohmann::json(v) : nlohmann::json(nullptr);
+  };
   if (!opt.metrics_path.empty() && lead_process) {
     metrics.open(opt.metrics_path, opt.resume ? std::ios::app : std::ios::trunc);
     if (!metrics) throw InputError("--metrics " + opt.metrics_path + ": cannot open for writing");
@@ -865,9 +869,6 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (!opt.checkpoint_dir.empty() && lead_process) save(ckpt_dir / "latest.ckpt", epoch);
 
     if (metrics.is_open()) {
-      // --eval none measures no accuracy: null, not 0.
-      const bool measured = opt.eval != TrainOptions::Eval::kNone;
-      const auto acc = [&](double v) { return measured ? nlohmann::json(v) : nlohmann::json(nullptr); };
       nlohmann::json j = {{"epoch", epoch},          {"loss", m.loss},         {"train_acc", acc(m.train_acc)},
                           {"valid_acc", acc(m.valid_acc)}, {"test_acc", acc(m.test_acc)}, {"epoch_s", m.epoch_s},
                           {"sample_s", m.sample_s},   {"io_s", m.io_s},           {"compute_s", m.compute_s},
@@ -919,12 +920,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   }
 
   if (metrics.is_open()) {
-    const bool measured = opt.eval != TrainOptions::Eval::kNone;
     nlohmann::json j = {{"final", true},
-                        {"best_valid_acc", measured ? nlohmann::json(result.best_valid_acc) : nlohmann::json(nullptr)},
-                        {"test_acc_at_best_valid",
-                         measured ? nlohmann::json(result.test_acc_at_best_valid) : nlohmann::json(nullptr)},
-                        {"best_epoch", measured ? nlohmann::json(result.best_epoch) : nlohmann::json(nullptr)},
+                        {"best_valid_acc", acc(result.best_valid_acc)},
+                        {"test_acc_at_best_valid", acc(result.test_acc_at_best_valid)},
+                        {"best_epoch", acc(result.best_epoch)},
                         {"epochs", opt.epochs}};
     metrics << j.dump() << '\n';
     metrics.flush();

@@ -66,8 +66,6 @@ EdgeSorter::~EdgeSorter() {
 fs::path EdgeSorter::run_dir() {
   if (dir_.empty()) {
     std::error_code ec;
-    if (!fs::is_directory(temp_parent_, ec))
-      throw InputError(temp_parent_.string() + ": no such directory for sorted runs (--temp-dir)");
     remove_stale_temps(temp_parent_, ".gale-sort-");  // what a killed run left
     const fs::path dir = temp_parent_ / temp_name(".gale-sort-");
     const auto lock = lock_temps();

@@ -5,7 +5,6 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -14,6 +13,7 @@
 #include <string>
 
 #include "kernels/error.hpp"
+#include "storage/text_reader.hpp"
 
 namespace gale::storage {
 
@@ -122,8 +122,7 @@ NpyHeader read_npy_header(const std::string& path) {
   const size_t open_brace = dict.find_first_not_of(' ');
   const size_t close_brace = dict.find_last_not_of(" \n");
   if (open_brace == std::string::npos || dict[open_brace] != '{' || dict[close_brace] != '}')
-    throw InputError(path + ": expected the npy header to be a dict literal {...}, found '" +
-                     dict.substr(0, std::min<size_t>(dict.size(), 60)) + "'");
+    throw InputError(path + ": expected the npy header to be a dict literal {...}, found '" + quote_token(dict) + "'");
   NpyHeader h;
   h.data_offset = prefix + header_len;
   h.descr = dict_value(dict, "descr", path);

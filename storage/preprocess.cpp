@@ -475,7 +475,7 @@ InputFormat detect(const PreprocessOptions& o) {
   // By content too: an edge list skips '%' lines as comments, so a Matrix Market file of another
   // name would otherwise be read as edges, its size line among them.
   const std::string head = first_bytes(in, 14);
-  if (head == "%%MatrixMarket" || head == "%%matrixmarket") return InputFormat::kMatrixMarket;
+  if (head == "%%MatrixMarket") return InputFormat::kMatrixMarket;
   if (head.compare(0, 6, "\x93NUMPY") == 0) return InputFormat::kNpy;
   return InputFormat::kEdgeList;
 }
