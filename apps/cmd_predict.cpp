@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "apps/commands.hpp"
+#include "apps/stop_cleanup.hpp"
 #include "engine/devices.hpp"
 #include "engine/predict.hpp"
 #include "kernels/error.hpp"
@@ -54,6 +55,7 @@ int run_predict(const std::vector<std::string>& args) {
   const bool sampled = o.exec.spmm == kernels::SpmmKind::kSampled;
   if (o.device.is_cpu() && (vm.count("gpu-mem-budget") || (vm.count("spmm") && !sampled) || tf32))
     throw InputError("--gpu-mem-budget, --tf32 and --spmm other than sampled:S apply to a GPU: add --device cuda");
+  const StopCleanup stop_cleanup;  // a stop signal removes the half-written outputs
   const engine::PredictReport r = engine::predict(o);
   std::printf("predicted %lld nodes -> %s", static_cast<long long>(r.num_nodes), o.out.c_str());
   if (!o.embeddings.empty()) std::printf(", logits -> %s", o.embeddings.c_str());

@@ -1,6 +1,7 @@
-// apps/stop_cleanup.hpp — SIGINT / SIGTERM during a command that writes temporary directories
-// (gale preprocess): a watcher thread removes them (storage/temp_paths.hpp) and ends the process
-// with 128 + the signal's number, so a stopped import leaves neither a store nor any litter.
+// apps/stop_cleanup.hpp — SIGINT / SIGTERM during a command that writes temporaries (gale
+// preprocess: a store and sorted runs; gale predict: its outputs before their rename): a watcher
+// thread removes them (storage/temp_paths.hpp) and ends the process with 128 + the signal's
+// number, so a stopped command leaves neither a half-written result nor any litter.
 #pragma once
 
 #include <csignal>

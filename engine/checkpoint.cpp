@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "kernels/error.hpp"
+#include "storage/temp_paths.hpp"
 
 namespace gale::engine {
 
@@ -85,9 +86,14 @@ void save_checkpoint(const std::filesystem::path& file, const CheckpointState& s
   append(&buf, &hash, 8);
 
   std::error_code ec;
-  std::filesystem::create_directories(file.parent_path(), ec);
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
   if (ec) throw InputError(file.parent_path().string() + ": cannot create checkpoint directory: " + ec.message());
-  const std::filesystem::path tmp = file.string() + ".tmp-" + std::to_string(::getpid());
+  // A hidden temporary beside the file, named for this host and pid, so that the next save
+  // removes what a killed run (SIGKILL, a crash, a second Ctrl-C) left half-written.
+  const std::string prefix = "." + file.filename().string() + ".tmp-";
+  const std::filesystem::path dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
+  storage::remove_stale_temps(dir, prefix);
+  const std::filesystem::path tmp = dir / storage::temp_name(prefix);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw InputError(tmp.string() + ": cannot create checkpoint: " + std::strerror(errno));
   try {
@@ -104,7 +110,7 @@ void save_checkpoint(const std::filesystem::path& file, const CheckpointState& s
     ::unlink(tmp.c_str());
     throw InputError(file.string() + ": cannot replace checkpoint: " + why);
   }
-  fsync_dir(file.parent_path());
+  fsync_dir(dir);
 }
 
 CheckpointState load_checkpoint(const std::filesystem::path& file) {

@@ -38,7 +38,9 @@ struct CheckpointState {
 
 constexpr int kCheckpointVersion = 1;
 
-// Writes `state` to `file` atomically; throws InputError / ResourceError on IO failure.
+// Writes `state` to `file` atomically (a hidden temporary beside it, renamed over it), first
+// removing the temporaries of `file` that a killed run on this host left; throws InputError /
+// ResourceError on IO failure.
 void save_checkpoint(const std::filesystem::path& file, const CheckpointState& state);
 // Reads a checkpoint; throws CorruptStoreError naming the file when it is torn, corrupt or of
 // another version.

@@ -18,6 +18,7 @@
 #include "kernels/threads.hpp"
 #include "storage/npy.hpp"
 #include "storage/store.hpp"
+#include "storage/temp_paths.hpp"
 
 namespace gale::engine {
 
@@ -45,19 +46,43 @@ void check_output(const std::string& path, const char* flag, const PredictOption
     throw InputError(std::string(flag) + " " + path + ": the checkpoint being read; write it elsewhere");
 }
 
-// Writes an array beside `path` (not renamed yet): a failure leaves no partial file.
+// Removes a temporary output (if it is there) and forgets it.
+void discard(const fs::path& tmp) {
+  std::error_code ignore;
+  fs::remove(tmp, ignore);
+  storage::unregister_temp(tmp);
+}
+
+// Writes an array to a hidden temporary beside `path` (not renamed yet), named for this host and
+// pid and registered (storage/temp_paths.hpp), so that a stop signal removes it, and the next run
+// what a killed one left: a failure leaves no partial file.
 std::string write_npy_beside(const std::string& path, DType dtype, std::vector<int64_t> shape, const void* data,
                              size_t bytes) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string prefix = "." + p.filename().string() + ".tmp-";
+  storage::remove_stale_temps(dir, prefix);
+  const fs::path tmp = dir / storage::temp_name(prefix);
+  std::optional<storage::NpyWriter> w;
+  {
+    const auto lock = storage::lock_temps();  // registered before it exists, created before a stop removes it
+    storage::register_temp(tmp);
+    try {
+      w.emplace(tmp.string(), dtype, std::move(shape));
+    } catch (...) {
+      discard(tmp);
+      throw;
+    }
+  }
   try {
-    storage::NpyWriter w(tmp, dtype, std::move(shape));
-    w.write(data, bytes);
-    w.finish();
+    w->write(data, bytes);
+    w->finish();
   } catch (...) {
-    fs::remove(tmp);
+    w.reset();
+    discard(tmp);
     throw;
   }
-  return tmp;
+  return tmp.string();
 }
 
 }  // namespace
@@ -205,17 +230,19 @@ PredictReport predict(const PredictOptions& o) {
                         to);
     }
   } catch (...) {
-    for (const auto& [tmp, path] : done) fs::remove(tmp);
+    for (const auto& [tmp, path] : done) discard(tmp);
     throw;
   }
+  const auto lock = storage::lock_temps();  // a stop signal waits for the renames
   for (const auto& [tmp, path] : done) {
     std::error_code ec;
     fs::rename(tmp, path, ec);
     if (ec) {
-      for (const auto& [t, p] : done) fs::remove(t);
+      for (const auto& [t, p] : done) discard(t);
       throw InputError(path + ": cannot write: " + ec.message());
     }
   }
+  for (const auto& [tmp, path] : done) storage::unregister_temp(tmp);
   return report;
 }
 

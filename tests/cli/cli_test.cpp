@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "storage/npy.hpp"
+#include "storage/temp_paths.hpp"
 
 namespace gale {
 namespace {
@@ -394,6 +395,37 @@ TEST_F(Cli, PredictWritesRegularFilesAndThroughSymlinks) {
   EXPECT_EQ(link.code, 0) << link.out;
   EXPECT_TRUE(fs::is_symlink(path("link.npy")));
   EXPECT_TRUE(fs::is_regular_file(path("real.npy")));
+}
+
+// What a killed run left beside its checkpoints and outputs (a temporary named for a dead pid on
+// this host) is removed by the next run that writes there; one of a live process stays.
+TEST_F(Cli, KilledRunsTemporaryCheckpointsAndOutputsAreRemovedNextTime) {
+  const std::string store = sbm_store();
+  const pid_t dead = ::fork();  // a pid that has just ended
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  // temp_name(prefix) is prefix + host + "-" + our pid + "-" + random: the same with another pid.
+  const auto temp_of = [](const std::string& prefix, pid_t pid) {
+    const std::string mine = storage::temp_name(prefix), ours = "-" + std::to_string(::getpid()) + "-";
+    const size_t at = mine.rfind(ours);
+    return mine.substr(0, at) + "-" + std::to_string(pid) + "-" + mine.substr(at + ours.size());
+  };
+  fs::create_directories(path("ck"));
+  const std::string stale_ckpt = path("ck/" + temp_of(".latest.ckpt.tmp-", dead));
+  const std::string live_ckpt = path("ck/" + temp_of(".latest.ckpt.tmp-", 1));  // init: alive
+  const std::string stale_out = path(temp_of(".p.npy.tmp-", dead));
+  for (const std::string& f : {stale_ckpt, live_ckpt, stale_out}) std::ofstream(f) << "half a file";
+  const CliRun train = gale("train " + store + " -q --model gcn --hidden 8 --epochs 2 --device cpu --checkpoint-dir " + path("ck"));
+  ASSERT_EQ(train.code, 0) << train.out;
+  EXPECT_FALSE(fs::exists(stale_ckpt));
+  EXPECT_TRUE(fs::exists(live_ckpt));
+  const CliRun predict = gale("predict " + store + " --checkpoint " + path("ck") + " --out " + path("p.npy"));
+  ASSERT_EQ(predict.code, 0) << predict.out;
+  EXPECT_FALSE(fs::exists(stale_out));
+  EXPECT_TRUE(fs::exists(path("p.npy")));
+  for (const auto& e : fs::directory_iterator(path("ck")))
+    if (e.path() != live_ckpt) EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
 TEST_F(Cli, EvalNoneReportsNoAccuracy) {
@@ -805,6 +837,13 @@ TEST_F(Cli, BenchBadFlagsAreNamed) {
     EXPECT_EQ(both.code, 2) << command << ": " << both.out;
     EXPECT_NE(both.out.find("exactly one"), std::string::npos) << command << ": " << both.out;
   }
+#if GALE_WITH_CUDA
+  // A k wider than every width would measure nothing: named before any GPU is looked for.
+  const CliRun wide_k = gale("bench spmm " + store + " --maxk 16,300 --dims 64,256");
+  EXPECT_EQ(wide_k.code, 2) << wide_k.out;
+  EXPECT_NE(wide_k.out.find("--maxk 300: expected at most the widest --dims width (256)"), std::string::npos) << wide_k.out;
+  EXPECT_EQ(lines(wide_k.out), 1) << wide_k.out;
+#endif
   // Training needs features and labels: a generated graph without them names the spec's keys (its
   // temporary store is gone by then), and a bad --activation is the run's only line.
   const CliRun bare = gale("bench train --generate rmat:scale=5 --device cpu --epochs 1 --models gcn");
