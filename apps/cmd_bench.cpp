@@ -273,22 +273,30 @@ int bench_spmm(const std::vector<std::string>& args) {
       if (k > 0 && have_base)
         row.max_abs_err = max_abs_difference(blas, outputs[k].data(), outputs[0].data(), rows * w, stream, &row.rel_err);
     }
+    // Without cuSPARSE in the run there is no speedup and no error to report: null / "-".
+    const auto number = [&](const char* format, double v) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), format, v);
+      return std::string(have_base ? buf : json ? "null" : "-");
+    };
     for (const Row& row : results) {
       if (json) {
         if (row.skipped.empty()) {
           std::printf("{\"bench\":\"spmm\",\"device\":\"%s\",\"rows\":%lld,\"nnz\":%lld,\"width\":%lld,"
-                      "\"kernel\":\"%s\",\"median_ms\":%.4f,\"speedup_vs_cusparse\":%.3f,\"gbps\":%.1f,"
-                      "\"max_abs_err\":%.3g,\"rel_err\":%.3g,\"runs\":%d,\"warmup\":%d}\n",
+                      "\"kernel\":\"%s\",\"median_ms\":%.4f,\"speedup_vs_cusparse\":%s,\"gbps\":%.1f,"
+                      "\"max_abs_err\":%s,\"rel_err\":%s,\"runs\":%d,\"warmup\":%d}\n",
                       info.name.c_str(), static_cast<long long>(rows), static_cast<long long>(nnz),
-                      static_cast<long long>(row.width), row.kernel.c_str(), row.ms, row.speedup, row.gbps,
-                      row.max_abs_err, row.rel_err, runs, warmup);
+                      static_cast<long long>(row.width), row.kernel.c_str(), row.ms,
+                      number("%.3f", row.speedup).c_str(), row.gbps, number("%.3g", row.max_abs_err).c_str(),
+                      number("%.3g", row.rel_err).c_str(), runs, warmup);
         } else {
           std::printf("{\"bench\":\"spmm\",\"width\":%lld,\"kernel\":\"%s\",\"skipped\":\"%s\"}\n",
                       static_cast<long long>(row.width), row.kernel.c_str(), row.skipped.c_str());
         }
       } else if (row.skipped.empty()) {
-        std::printf("%6lld  %-18s %10.3f %8.2fx %9.1f %12.3g %10.3g\n", static_cast<long long>(row.width),
-                    row.kernel.c_str(), row.ms, row.speedup, row.gbps, row.max_abs_err, row.rel_err);
+        std::printf("%6lld  %-18s %10.3f %9s %9.1f %12s %10s\n", static_cast<long long>(row.width),
+                    row.kernel.c_str(), row.ms, number("%.2fx", row.speedup).c_str(), row.gbps,
+                    number("%.3g", row.max_abs_err).c_str(), number("%.3g", row.rel_err).c_str());
       } else {
         std::printf("%6lld  %-18s skipped: %s\n", static_cast<long long>(row.width), row.kernel.c_str(),
                     row.skipped.c_str());
@@ -334,8 +342,13 @@ int bench_spmm_maxk(const std::vector<std::string>& args) {
     if (d < 1 || d > kernels::kMaxkCudaMaxWidth)
       throw InputError("--dims: widths must be 1 to " + std::to_string(kernels::kMaxkCudaMaxWidth) + " with --maxk, found " +
                        std::to_string(d));
-  for (int k : ks)
+  const int widest = *std::max_element(dims.begin(), dims.end());
+  for (int k : ks) {
     if (k < 1) throw InputError("--maxk: expected values of at least 1, found " + std::to_string(k));
+    if (k > widest)
+      throw InputError("--maxk " + std::to_string(k) + ": expected at most the widest --dims width (" +
+                       std::to_string(widest) + ")");
+  }
   if (runs < 1) throw InputError("--runs: expected at least 1, found " + std::to_string(runs));
   if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
 
@@ -430,7 +443,11 @@ int bench_spmm_maxk(const std::vector<std::string>& args) {
     report(w, w, "cusparse", base_ms, base_ms, 0.0);
     for (int kk : ks) {
       const int64_t k = kk;
-      if (k > w) continue;
+      if (k > w) {  // a narrower width than this k: said, not measured
+        std::fprintf(stderr, "gale: --maxk %lld skipped at width %lld (k is at most the width)\n",
+                     static_cast<long long>(k), static_cast<long long>(w));
+        continue;
+      }
       DeviceBuffer<float> values(pool, static_cast<size_t>(cols * k), stream);
       DeviceBuffer<uint8_t> index(pool, static_cast<size_t>(kernels::cbsr_index_size_bytes(cols, w, k)), stream);
       const kernels::CbsrView cbsr{cols, w, k, values.data(), index.data()};

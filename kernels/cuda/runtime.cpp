@@ -365,11 +365,18 @@ void* MemoryPool::allocate(size_t bytes, cudaStream_t stream) {
     budget_.release(bytes);
     if (status == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
-      // Within the budget but not on the device: the budget is larger than what is free (other
-      // processes, NCCL, cuBLAS, or a GPU smaller than the budget).
+      // Within the budget but not on the device: the run is larger than the GPU, or other
+      // processes (or NCCL, cuBLAS) hold what the budget counted on. Say what the device has.
+      size_t free_bytes = 0, total_bytes = 0;
+      std::string device_has;
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+        device_has = ", " + format_bytes(free_bytes) + " free of the device's " +
+                     format_bytes(total_bytes);
+      }
+      (void)cudaGetLastError();
       throw ResourceError("cuda:" + std::to_string(device_) + " out of memory: allocating " +
-                          format_bytes(bytes) + " with " + format_bytes(budget_.in_use()) +
-                          " in use; set --gpu-mem-budget below the GPU's free memory");
+                          format_bytes(bytes) + " with " + format_bytes(budget_.in_use()) + " in use" + device_has +
+                          ": the run needs more GPU memory than is free");
     }
     throw_cuda_error(status, "cudaMallocFromPoolAsync(...)", __FILE__, __LINE__);
   }

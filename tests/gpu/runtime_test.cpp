@@ -43,6 +43,27 @@ TEST_F(GpuRuntime, BudgetExceededThrowsBeforeTouchingTheDevice) {
   EXPECT_EQ(pool.in_use(), 1 * kMiB);
 }
 
+// Within the budget (none here) but more than the device has: exit 4's ResourceError, saying
+// what the device has free and in all, the pool left as it was.
+TEST_F(GpuRuntime, MoreThanTheDeviceHasIsAResourceErrorSayingWhatItHas) {
+  MemoryPool pool(0);
+  Stream stream(0);
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  try {
+    DeviceBuffer<uint8_t> refused(pool, total_bytes + (uint64_t{1} << 30), stream);
+    FAIL() << "an allocation larger than the device did not throw";
+  } catch (const ResourceError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("cuda:0 out of memory: allocating ", 0), 0u) << what;
+    EXPECT_NE(what.find(" free of the device's "), std::string::npos) << what;
+    EXPECT_NE(what.find("the run needs more GPU memory than is free"), std::string::npos) << what;
+  }
+  EXPECT_EQ(pool.in_use(), 0u);
+  DeviceBuffer<uint8_t> fits(pool, kMiB, stream);  // the pool still works
+  EXPECT_EQ(pool.in_use(), kMiB);
+}
+
 TEST_F(GpuRuntime, PeakIsTheHighWaterMarkOfLiveBytes) {
   MemoryPool pool(0);
   Stream stream(0);
