@@ -187,7 +187,7 @@ int run_train(const std::vector<std::string>& args) {
       ("reorder-window", po::value(&o.reorder_window), "mini-batch: reorder each window of this many batches for reuse (0: off)")
       ("feature-gpu-mem", po::value(&feature_gpu), "mini-batch on a GPU: room for features there, e.g. 2G (default: half the budget); "
                                                     "too small for all of them keeps a cache of hot nodes and the rest in pinned host memory")
-      ("eval", po::value(&eval), "auto | full (whole-graph inference) | batched (the same, a batch of nodes at a time) | none")
+      ("eval", po::value(&eval), "auto | full (whole-graph inference) | batched (the same, layer by layer over chunks of nodes) | none")
       ("model", po::value(&model), "gcn | sage | gin | gat (default sage)")
       ("layers", po::value(&layers), "number of GNN layers (default 2)")
       ("hidden", po::value(&hidden), "hidden width (GAT: per head; default 16)")

@@ -140,6 +140,24 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
   return h;
 }
 
+Tensor Model::infer_layer(size_t l, const GraphOperand& g, Tensor x) {
+  GALE_ASSERT(l < layers_.size());
+  GALE_ASSERT(x.rows() == g.num_src() && x.cols() == layers_[l]->in_dim());
+  GALE_ASSERT(x.device() == device_ && g.device() == device_);
+  const bool hidden = l + 1 < layers_.size();
+  ForwardContext ctx;
+  ctx.relu = hidden && config_.activation == Activation::kRelu;
+  ctx.exec = exec_;
+  ctx.first_layer = l == 0;
+  Tensor h = layers_[l]->forward(g, std::move(x), ctx);
+  if (hidden && config_.activation == Activation::kMaxK) {
+    ops::maxk(h, config_.maxk, &h);  // the dense form in place; the CBSR form is not needed
+  } else if (hidden && config_.activation == Activation::kElu) {
+    ops::elu(h, &h);
+  }
+  return h;
+}
+
 void Model::backward(Tensor grad_logits, const GradHook& on_layer_grads) {
   GALE_ASSERT(saved_.size() == layers_.size());
   Tensor g = std::move(grad_logits);

@@ -62,6 +62,16 @@ class Model {
   // x: graphs[0]->num_src x in_dim. Returns graphs.back()->num_dst x out_dim logits.
   Tensor forward(const std::vector<const GraphOperand*>& graphs, const Tensor& x, bool training,
                  uint64_t rng_key);
+  // Inference through layer l alone (no dropout, nothing kept for backward): x is the previous
+  // layer's activated output (the model's input for l = 0) over g's sources; returns g's
+  // destinations' output, activated unless l is the last layer. A MaxK output is returned dense
+  // (zeros past the kept values), so the next call aggregates it as any dense input: the same
+  // function as forward's CBSR path, up to the order of float additions. Layer-wise inference
+  // (engine/layerwise.hpp) chains these over chunks of nodes.
+  Tensor infer_layer(size_t l, const GraphOperand& g, Tensor x);
+  size_t num_layers() const { return layers_.size(); }
+  int64_t layer_in_dim(size_t l) const { return layers_[l]->in_dim(); }
+  int64_t layer_out_dim(size_t l) const { return layers_[l]->out_dim(); }
   // Backpropagates d(loss)/d(logits) through the last training forward. Takes the gradient over
   // (and overwrites it): pass std::move(grad) to let its memory go as early as possible.
   // on_layer_grads, when given, is called with each layer's parameters as soon as their gradients

@@ -1,6 +1,7 @@
 #include "engine/trainer.hpp"
 
 #include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <chrono>
@@ -22,6 +23,7 @@
 #include "engine/devices.hpp"
 #include "engine/gpu_batches.hpp"
 #include "engine/graph.hpp"
+#include "engine/layerwise.hpp"
 #include "engine/ops.hpp"
 #include "engine/processes.hpp"
 #include "kernels/error.hpp"
@@ -379,12 +381,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (!metrics) throw InputError("--metrics " + opt.metrics_path + ": cannot open for writing");
   }
 
-  std::unique_ptr<sampler::NeighborSampler> sampler, eval_sampler;
+  std::unique_ptr<sampler::NeighborSampler> sampler;
   if (!opt.full_graph) {
     sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), opt.fanouts);
-    // Batched evaluation takes every neighbour (fanout -1): the same function as full-graph
-    // inference, computed a batch of nodes at a time.
-    eval_sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), std::vector<int>(opt.fanouts.size(), -1));
     for (Replica& r : replicas) {
       if (!r.dev.is_cuda()) continue;
       const UseDevice use(r.dev);
@@ -467,26 +466,32 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     const Tensor x = r.batch_features ? r.batch_features->load(p->batch.input_nodes()) : p->features.to(r.dev);
     return r.model->forward(graphs, x, training, key);
   };
-  // Accuracy over `ids` with all-neighbour blocks (Eval::kBatched), in batches of the training size.
-  auto sampled_accuracy = [&](const std::vector<int64_t>& ids, uint64_t key) {
-    if (ids.empty()) return 0.0;
-    int64_t correct = 0;
-    for (size_t b = 0; b < ids.size(); b += static_cast<size_t>(opt.batch_size)) {
-      const int64_t len = std::min<int64_t>(opt.batch_size, static_cast<int64_t>(ids.size() - b));
-      PreparedBatch p;
-      prepare_blocks(replicas[0], &p, *eval_sampler, ids.data() + b, len, kernels::derive_key(key, b));
-      const Tensor logits = forward_batch(replicas[0], &p, /*training=*/false, 0);
-      std::vector<int32_t> y(static_cast<size_t>(len));
-      std::vector<int64_t> rows(static_cast<size_t>(len));
-      for (int64_t i = 0; i < len; ++i) {
-        y[i] = labels[ids[b + i]];
-        rows[i] = i;
-      }
-      correct += ops::softmax_cross_entropy(logits, Tensor::from_host(y.data(), len, 1, DType::kI32, dev),
-                                            ids_tensor(rows, dev), nullptr)
-                     .correct;
+  // Eval::kBatched: every node's logits by layer-wise inference (engine/layerwise.hpp), a chunk of
+  // nodes at a time, each chunk's rows at most a quarter of what the GPU may hold (a sixteenth of
+  // it per float of the widest layer: the chunk's input, aggregate, output and the layer's
+  // temporaries); the input features come through the batches' feature tiers on a GPU.
+  auto layerwise_eval_logits = [&]() {
+    Replica& r = replicas[0];
+    LayerwiseOptions lo;
+    lo.attention = attention;
+    if (r.dev.is_cuda()) {
+      int64_t widest = 1;
+      for (size_t l = 0; l < model.num_layers(); ++l)
+        widest = std::max({widest, model.layer_in_dim(l), model.layer_out_dim(l)});
+      const uint64_t budget = opt.gpu_mem_budget > 0 ? opt.gpu_mem_budget : device_memory(r.dev) / 10 * 9;
+      lo.max_rows = std::clamp<int64_t>(static_cast<int64_t>(budget / 4 / (16 * static_cast<uint64_t>(widest))), 4096,
+                                        int64_t{1} << 22);
     }
-    return static_cast<double>(correct) / static_cast<double>(ids.size());
+    const InputRows input_rows = [&](const std::vector<int64_t>& ids) {
+      if (r.batch_features) return r.batch_features->load(ids);
+      Tensor host = Tensor::empty(static_cast<int64_t>(ids.size()), store.feature_dim());
+      tbb::parallel_for(tbb::blocked_range<size_t>(0, ids.size(), 1024), [&](const tbb::blocked_range<size_t>& b) {
+        for (size_t i = b.begin(); i < b.end(); ++i)
+          store.read_features(ids[i], ids[i] + 1, host.f32() + static_cast<int64_t>(i) * store.feature_dim());
+      });
+      return host.to(r.dev);
+    };
+    return layerwise_logits(*r.model, store, input_rows, lo);
   };
 
   // Several workers on a partitioned store draw their seeds from their own parts (balanced pools),
@@ -831,8 +836,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     }
 
     // Evaluation in inference mode (no dropout), full-neighbourhood, on worker 0 (every replica
-    // holds the same weights): over the whole graph at once, or a batch of nodes at a time when
-    // the graph's features do not all fit on the GPU.
+    // holds the same weights): over the whole graph at once, or layer by layer over chunks of
+    // nodes when the graph's features do not all fit on the GPU.
     const auto t_eval = Clock::now();
     if (opt.eval == TrainOptions::Eval::kNone) {
       // No evaluation: the accuracies stay 0 and the last epoch counts as the best.
@@ -842,10 +847,11 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       m.valid_acc = accuracy(logits, labels_all, valid_rows);
       m.test_acc = accuracy(logits, labels_all, test_rows);
     } else {
-      const uint64_t eval_key = kernels::derive_key(opt.seed ^ 0xe7a1ULL, static_cast<uint64_t>(epoch));
-      m.train_acc = sampled_accuracy(train_ids, kernels::derive_key(eval_key, 0));
-      m.valid_acc = sampled_accuracy(valid_ids, kernels::derive_key(eval_key, 1));
-      m.test_acc = sampled_accuracy(test_ids, kernels::derive_key(eval_key, 2));
+      const Tensor logits = layerwise_eval_logits();  // on the host
+      const Tensor labels_host = Tensor::from_host(labels, n, 1, DType::kI32, Device::cpu());
+      m.train_acc = accuracy(logits, labels_host, ids_tensor(train_ids, Device::cpu()));
+      m.valid_acc = accuracy(logits, labels_host, ids_tensor(valid_ids, Device::cpu()));
+      m.test_acc = accuracy(logits, labels_host, ids_tensor(test_ids, Device::cpu()));
       if (lead.batch_features) replicas[0].batch_features->take_stats();  // evaluation's reads are not the epoch's
     }
     m.eval_s = since(t_eval);

@@ -68,9 +68,10 @@ struct TrainOptions {
   // cache of the hottest nodes with every row in pinned host memory). 0: half of the GPU budget.
   uint64_t feature_gpu_bytes = 0;
   // Evaluation, always full-neighbourhood inference: kFull over the whole graph at once (needs the
-  // graph and every feature on the device); kBatched a batch of evaluation nodes at a time, each
-  // with all of its neighbours (the same function, bounded memory); kAuto = full unless mini-batch
-  // features do not all fit on the GPU; kNone skips it (timing runs; accuracies are then 0).
+  // graph and every feature on the device); kBatched layer by layer over chunks of nodes
+  // (engine/layerwise.hpp: the same function, bounded device memory, each layer's outputs on the
+  // host); kAuto = full unless mini-batch features do not all fit on the GPU; kNone skips it
+  // (timing runs; no accuracy is reported).
   enum class Eval { kAuto, kFull, kBatched, kNone };
   Eval eval = Eval::kAuto;
   // Stop early once *stop is non-zero (gale train sets it to the number of a SIGINT or SIGTERM):

@@ -26,6 +26,7 @@
 #include "kernels/random.hpp"
 #include "storage/npy.hpp"
 #include "tests/training/cora_options.hpp"
+#include "tests/training/layerwise_checks.hpp"
 
 namespace gale::engine {
 namespace {
@@ -247,6 +248,18 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // ---- Cora on the GPU ---------------------------------------------------------------------------
+
+// Layer-wise inference (Eval::kBatched) on the GPU: every model and activation, the logits of
+// ~50 chunks a layer (Cora's hubs alone) and of one chunk against the whole-graph forward's.
+TEST(GpuLayerwise, EqualsTheWholeGraphForward) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
+  const Device gpu = Device::cuda(0);
+  for (const int64_t max_rows : {int64_t{100}, int64_t{1} << 20}) {
+    for (const char* kind : {"gcn", "sage", "gin", "gat"})
+      testing::expect_layerwise_equals_whole_graph(kind, kind == std::string("gat") ? "elu" : "relu", gpu, max_rows);
+    for (const char* kind : {"gcn", "sage", "gin"}) testing::expect_layerwise_equals_whole_graph(kind, "maxk:8", gpu, max_rows);
+  }
+}
 
 class GpuCora : public ::testing::Test {
  protected:

@@ -1,0 +1,71 @@
+// tests/training/layerwise_checks.hpp — layer-wise inference (engine/layerwise.hpp) against the
+// whole-graph forward on Cora, on a given device; shared by the CPU and GPU tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/graph.hpp"
+#include "engine/layerwise.hpp"
+#include "engine/model.hpp"
+#include "storage/store.hpp"
+#include "tests/training/cora_store.hpp"
+
+namespace gale::testing {
+
+// A 3-layer model of `kind` with `activation` ("relu", "elu", "maxk:K"), random weights: its
+// logits from layer-wise inference in chunks of at most `max_rows` rows equal the whole-graph
+// forward's on every node. Summation orders differ (other graphs, other kernels' splits), so the
+// logits agree to float rounding; MaxK's selection can flip on a near-tie, so there every logit
+// of all but a few rows must agree and every row's argmax but a few.
+inline void expect_layerwise_equals_whole_graph(const std::string& kind, const std::string& activation,
+                                                const Device& device, int64_t max_rows) {
+  using namespace engine;
+  SCOPED_TRACE(kind + " " + activation);
+  const storage::Store store = storage::Store::open(cora_store());
+  const int64_t n = store.num_nodes(), d = store.feature_dim();
+  ModelConfig c;
+  c.model = kind;
+  c.layers = 3;
+  c.in_dim = d;
+  c.hidden = 32;
+  c.heads = 2;
+  c.out_dim = store.num_classes();
+  parse_activation(activation, &c);
+  Model model(c, 11);
+  model.to(device);
+  const bool attention = kind == "gat";
+  Tensor features = Tensor::empty(n, d);
+  store.read_features(0, n, features.f32());
+  const GraphOperand whole = GraphOperand(store.csr()).to(device, attention);
+  const std::vector<const GraphOperand*> graphs(3, &whole);
+  const std::vector<float> expected = model.forward(graphs, features.to(device), /*training=*/false, 0).to_vector();
+
+  LayerwiseOptions o;
+  o.max_rows = max_rows;
+  o.attention = attention;
+  const Tensor got = layerwise_logits(
+      model, store, [&](const std::vector<int64_t>& ids) { return gather_host_rows(features, ids).to(device); }, o);
+  ASSERT_EQ(got.rows(), n);
+  ASSERT_EQ(got.cols(), c.out_dim);
+  ASSERT_TRUE(got.device().is_cpu());
+  const float* g = got.f32();
+  int64_t rows_off = 0, argmax_off = 0;
+  for (int64_t v = 0; v < n; ++v) {
+    const float* e = expected.data() + v * c.out_dim;
+    const float* r = g + v * c.out_dim;
+    bool off = false;
+    for (int64_t j = 0; j < c.out_dim; ++j) off = off || !(std::fabs(r[j] - e[j]) <= 1e-4f * (1.0f + std::fabs(e[j])));
+    rows_off += off ? 1 : 0;
+    argmax_off += std::max_element(r, r + c.out_dim) - r != std::max_element(e, e + c.out_dim) - e ? 1 : 0;
+  }
+  const bool maxk = c.activation == Activation::kMaxK;
+  EXPECT_LE(rows_off, maxk ? n / 200 : 0) << "rows whose logits differ";
+  EXPECT_LE(argmax_off, maxk ? n / 500 : 0) << "rows whose prediction differs";
+}
+
+}  // namespace gale::testing
