@@ -61,7 +61,12 @@ int run_predict(const std::vector<std::string>& args) {
   if (!o.embeddings.empty()) std::printf(", logits -> %s", o.embeddings.c_str());
   if (r.test_acc >= 0) std::printf(" (test_acc %.4f)", r.test_acc);
   std::printf("; forward %.3f s on %s", r.forward_seconds, engine::device_name(o.device).c_str());
-  if (!o.device.is_cpu()) std::printf(" (graph and features there first: %.3f s)", r.prepare_seconds);
+  if (r.layerwise_chunks > 0) {
+    std::printf(" (layer by layer, %lld chunks of nodes a layer: the whole graph would not fit)",
+                static_cast<long long>(r.layerwise_chunks));
+  } else if (!o.device.is_cpu()) {
+    std::printf(" (graph and features there first: %.3f s)", r.prepare_seconds);
+  }
   if (r.gpu_peak_bytes > 0) std::printf(", GPU peak %.2f GiB", static_cast<double>(r.gpu_peak_bytes) / (1ull << 30));
   std::printf("\n");
   return 0;

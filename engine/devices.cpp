@@ -52,6 +52,14 @@ void set_gpu_budget(const Device& device, uint64_t bytes, const std::string& tex
 #endif
 }
 
+uint64_t gpu_in_use_bytes(const Device& device) {
+#if GALE_WITH_CUDA
+  if (device.is_cuda()) return DeviceContext::get(device.ordinal).pool().in_use();
+#endif
+  (void)device;
+  return 0;
+}
+
 uint64_t gpu_peak_bytes(const Device& device) {
 #if GALE_WITH_CUDA
   if (device.is_cuda()) return DeviceContext::get(device.ordinal).pool().peak();

@@ -21,6 +21,8 @@ void require(const Device& device);
 // Charges every allocation on `device` against `bytes` (0: unlimited); must precede its first use.
 // `text` is the budget as the user wrote it ("8G"), for messages naming --gpu-mem-budget.
 void set_gpu_budget(const Device& device, uint64_t bytes, const std::string& text);
+// Bytes Gale holds allocated on `device` now (0 on the CPU).
+uint64_t gpu_in_use_bytes(const Device& device);
 // Peak bytes allocated on `device` since the last reset (0 on the CPU), and the reset.
 uint64_t gpu_peak_bytes(const Device& device);
 void reset_gpu_peak(const Device& device);

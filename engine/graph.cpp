@@ -26,7 +26,8 @@ uint64_t next_id() {
 
 }  // namespace
 
-GraphOperand::GraphOperand(kernels::CsrView csr, const int64_t* src_ids, const int64_t* full_indptr) {
+GraphOperand::GraphOperand(kernels::CsrView csr, const int64_t* src_ids, const int64_t* full_indptr,
+                           bool with_transpose) {
   GALE_ASSERT(csr.rows <= csr.cols);
   GALE_ASSERT(csr.rows == csr.cols || (src_ids != nullptr && full_indptr != nullptr));
   // Per-edge arrays (attention coefficients, weights, csc_edge) are indexed by CSR position, so
@@ -36,23 +37,26 @@ GraphOperand::GraphOperand(kernels::CsrView csr, const int64_t* src_ids, const i
   nnz_ = csr.nnz();
   whole_graph_ = src_ids == nullptr && csr.rows == csr.cols;
   id_ = next_id();
-  csc_indptr_ = host_tensor(csr.cols + 1, DType::kI64);
-  csc_indices_ = host_tensor(nnz_, DType::kI32);
-  csc_edge_ = host_tensor(nnz_, DType::kI64);
-  kernels::csr_transpose(csr, csc_indptr_.data<int64_t>(), csc_indices_.data<int32_t>(), csc_edge_.data<int64_t>());
-  if (csr.weights) {
-    csc_weights_ = host_tensor(nnz_, DType::kF32);
-    const int64_t* edge = csc_edge_.data<int64_t>();
-    for (int64_t k = 0; k < nnz_; ++k) csc_weights_.f32()[k] = csr.weights[edge[k]];
+  has_transpose_ = with_transpose;
+  if (with_transpose) {
+    csc_indptr_ = host_tensor(csr.cols + 1, DType::kI64);
+    csc_indices_ = host_tensor(nnz_, DType::kI32);
+    csc_edge_ = host_tensor(nnz_, DType::kI64);
+    kernels::csr_transpose(csr, csc_indptr_.data<int64_t>(), csc_indices_.data<int32_t>(), csc_edge_.data<int64_t>());
+    if (csr.weights) {
+      csc_weights_ = host_tensor(nnz_, DType::kF32);
+      const int64_t* edge = csc_edge_.data<int64_t>();
+      for (int64_t k = 0; k < nnz_; ++k) csc_weights_.f32()[k] = csr.weights[edge[k]];
+    }
+    // Symmetric: the transpose has the same structure (and weights) as the CSR itself.
+    symmetric_ = csr.rows == csr.cols &&
+                 std::memcmp(csc_indptr_.data<int64_t>(), csr.indptr, static_cast<size_t>(csr.rows + 1) * 8) == 0 &&
+                 std::memcmp(csc_indices_.data<int32_t>(), csr.indices, static_cast<size_t>(nnz_) * 4) == 0 &&
+                 (csr.weights == nullptr ||
+                  std::memcmp(csc_weights_.f32(), csr.weights, static_cast<size_t>(nnz_) * 4) == 0);
+    if (symmetric_) csc_indptr_ = csc_indices_ = csc_weights_ = Tensor();  // the CSR serves as its own CSC
   }
-  // Symmetric: the transpose has the same structure (and weights) as the CSR itself.
-  symmetric_ = csr.rows == csr.cols &&
-               std::memcmp(csc_indptr_.data<int64_t>(), csr.indptr, static_cast<size_t>(csr.rows + 1) * 8) == 0 &&
-               std::memcmp(csc_indices_.data<int32_t>(), csr.indices, static_cast<size_t>(nnz_) * 4) == 0 &&
-               (csr.weights == nullptr ||
-                std::memcmp(csc_weights_.f32(), csr.weights, static_cast<size_t>(nnz_) * 4) == 0);
-  if (symmetric_) csc_indptr_ = csc_indices_ = csc_weights_ = Tensor();  // the CSR serves as its own CSC
-  if (whole_graph_) {
+  if (whole_graph_ && with_transpose) {
     gar_chunk_rows_[0] = kernels::gar_chunk_rows_for(csr);
     gar_chunk_rows_[1] = symmetric_ ? gar_chunk_rows_[0]
                                     : kernels::gar_chunk_rows_for({csr.cols, csr.rows, csc_indptr_.data<int64_t>(),
@@ -115,7 +119,9 @@ void GraphOperand::set_views() {
     csr_.indices = indices_.data<int32_t>();
     csr_.weights = weights_.defined() ? weights_.f32() : nullptr;
   }
-  if (symmetric_) {
+  if (!has_transpose_) {
+    csc_ = {csr_.cols, csr_.rows, nullptr, nullptr, nullptr};
+  } else if (symmetric_) {
     csc_ = {csr_.cols, csr_.rows, csr_.indptr, csr_.indices, csr_.weights};
   } else {
     csc_ = {csr_.cols, csr_.rows, csc_indptr_.data<int64_t>(), csc_indices_.data<int32_t>(),
@@ -123,7 +129,13 @@ void GraphOperand::set_views() {
   }
 }
 
+kernels::CsrView GraphOperand::csc() const {
+  if (!has_transpose_) throw InternalError("GraphOperand: built without its transpose (for inference only)");
+  return csc_;
+}
+
 const int64_t* GraphOperand::csc_edge() const {
+  if (!has_transpose_) throw InternalError("GraphOperand: built without its transpose (for inference only)");
   if (!csc_edge_.defined()) throw InternalError("GraphOperand: the edge map was not copied to " + device_.name());
   return csc_edge_.data<int64_t>();
 }
@@ -134,6 +146,7 @@ GraphOperand GraphOperand::to(const Device& device, bool edge_map) const {
   g.csr_ = csr_;
   g.nnz_ = nnz_;
   g.symmetric_ = symmetric_;
+  g.has_transpose_ = has_transpose_;
   g.whole_graph_ = whole_graph_;
   g.gar_chunk_rows_[0] = gar_chunk_rows_[0];
   g.gar_chunk_rows_[1] = gar_chunk_rows_[1];

@@ -25,8 +25,11 @@ class GraphOperand {
  public:
   // Borrows `csr` (host arrays that must outlive this object). A source that is not a destination
   // (csr.cols > csr.rows: a sampled block) takes its GCN norm from its in-degree in the full graph,
-  // read at its global id `src_ids[j]` in `full_indptr` (both host arrays, needed then).
-  explicit GraphOperand(kernels::CsrView csr, const int64_t* src_ids = nullptr, const int64_t* full_indptr = nullptr);
+  // read at its global id `src_ids[j]` in `full_indptr` (both host arrays, needed then). Without
+  // `with_transpose` (inference: forwards read the CSR alone) the transpose is not built, and
+  // csc() and csc_edge() throw InternalError.
+  explicit GraphOperand(kernels::CsrView csr, const int64_t* src_ids = nullptr, const int64_t* full_indptr = nullptr,
+                        bool with_transpose = true);
 
   // A block sampled on the GPU (sampler/device_block.hpp) as an operand on `device`, built there on
   // the device's IO stream (Tensor::empty_io), which must already be ordered after the work that
@@ -50,7 +53,7 @@ class GraphOperand {
   const kernels::CsrView& csr() const { return csr_; }
   // Transpose: rows = sources, entries = destinations; csc_edge()[k] is the CSR position of
   // CSC entry k, so per-edge values (attention, weights) can be read in either order.
-  kernels::CsrView csc() const { return csc_; }
+  kernels::CsrView csc() const;
   const int64_t* csc_edge() const;
   bool symmetric() const { return symmetric_; }
   // A whole graph (square, not a sampled block): aggregated at every step of full-graph training.
@@ -106,6 +109,7 @@ class GraphOperand {
   kernels::CsrView csr_, csc_;
   int64_t nnz_ = 0;
   bool symmetric_ = false;
+  bool has_transpose_ = true;
   // Owned arrays. A host operand borrows the CSR (indptr_ and indices_ stay undefined); a device
   // operand owns copies. For a symmetric graph the CSC arrays are left undefined and csc_ views
   // the CSR's.

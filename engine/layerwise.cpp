@@ -9,10 +9,27 @@
 #include <utility>
 
 #include "engine/graph.hpp"
+#include "engine/ops.hpp"
 #include "kernels/error.hpp"
-#include "sampler/neighbor_sampler.hpp"
+#include "sampler/block.hpp"
 
 namespace gale::engine {
+
+uint64_t whole_graph_inference_bytes(int64_t nodes, int64_t entries, int64_t in_dim, int64_t widest, int heads) {
+  const auto n = static_cast<uint64_t>(nodes), e = static_cast<uint64_t>(entries);
+  return 16 * n + e * (12 + 8 * static_cast<uint64_t>(std::max(0, heads))) + 4 * n * static_cast<uint64_t>(in_dim) +
+         12 * n * static_cast<uint64_t>(widest);
+}
+
+LayerwiseOptions layerwise_options_for(uint64_t room, int64_t widest, bool attention) {
+  room = room > kLibraryReserveBytes ? room - kLibraryReserveBytes : 0;
+  LayerwiseOptions o;
+  o.attention = attention;
+  o.max_rows = std::clamp<int64_t>(static_cast<int64_t>(room / 4 / (16 * static_cast<uint64_t>(std::max<int64_t>(1, widest)))),
+                                   64, int64_t{1} << 22);
+  o.device_table_bytes = room / 4 * 3;
+  return o;
+}
 
 std::vector<int64_t> layerwise_chunks(const int64_t* indptr, int64_t num_nodes, int64_t max_rows) {
   GALE_ASSERT(max_rows > 0);
@@ -52,6 +69,32 @@ Tensor gather_host_rows(const Tensor& table, const std::vector<int64_t>& ids) {
 
 namespace {
 
+// The one-hop block of destinations [begin, end) with all of their in-neighbours: the
+// destinations are the first sources (Block's convention), then every other in-neighbour in the
+// order of its first entry. `local` (one entry per node, all -1) maps global ids to the block's
+// while it is built, and is left all -1 again.
+sampler::Block chunk_block(const kernels::CsrView& g, int64_t begin, int64_t end, std::vector<int32_t>* local) {
+  sampler::Block b;
+  const int64_t e0 = g.indptr[begin], e1 = g.indptr[end];
+  b.indptr.resize(static_cast<size_t>(end - begin + 1));
+  for (int64_t v = begin; v <= end; ++v) b.indptr[static_cast<size_t>(v - begin)] = g.indptr[v] - e0;
+  b.src_ids.resize(static_cast<size_t>(end - begin));
+  std::iota(b.src_ids.begin(), b.src_ids.end(), begin);
+  int32_t* map = local->data();
+  for (int64_t v = begin; v < end; ++v) map[v] = static_cast<int32_t>(v - begin);
+  b.indices.resize(static_cast<size_t>(e1 - e0));
+  for (int64_t e = e0; e < e1; ++e) {
+    const int32_t u = g.indices[e];
+    if (map[u] < 0) {
+      map[u] = static_cast<int32_t>(b.src_ids.size());
+      b.src_ids.push_back(u);
+    }
+    b.indices[static_cast<size_t>(e - e0)] = map[u];
+  }
+  for (const int64_t u : b.src_ids) map[u] = -1;
+  return b;
+}
+
 // One chunk's block and, past the first layer, its source rows, prepared on the host.
 struct Chunk {
   int64_t begin = 0, end = 0;
@@ -67,38 +110,55 @@ Tensor layerwise_logits(Model& model, const storage::Store& store, const InputRo
   const int64_t n = store.num_nodes();
   const Device device = model.device();
   const std::vector<int64_t> bounds = layerwise_chunks(store.indptr(), n, options.max_rows);
-  const sampler::NeighborSampler one_hop(store.csr(), {-1});
-  Tensor previous;  // layer l - 1's outputs of every node, on the host
+  const kernels::CsrView csr = store.csr();
+  std::vector<int32_t> local(static_cast<size_t>(n), -1);  // chunk_block's map (one chunk prepared at a time)
+  Tensor previous;  // layer l - 1's outputs of every node, on the device or the host
   for (size_t l = 0; l < model.num_layers(); ++l) {
-    Tensor next = Tensor::empty(n, model.layer_out_dim(l));
+    const int64_t width = model.layer_out_dim(l);
+    const uint64_t read_bytes = previous.defined() && !previous.device().is_cpu() ? previous.nbytes() : 0;
+    const bool on_device = device.is_cuda() && read_bytes + static_cast<uint64_t>(n * width) * sizeof(float) <=
+                                                   options.device_table_bytes;
+    Tensor next = Tensor::empty(n, width, DType::kF32, on_device ? device : Device::cpu());
     auto prepare = [&](size_t c) {
       Chunk chunk;
       chunk.begin = bounds[c];
       chunk.end = bounds[c + 1];
-      std::vector<int64_t> seeds(static_cast<size_t>(chunk.end - chunk.begin));
-      std::iota(seeds.begin(), seeds.end(), chunk.begin);
-      sampler::SampledBatch batch = one_hop.sample(seeds.data(), static_cast<int64_t>(seeds.size()), 0);
-      chunk.block = std::move(batch.blocks[0]);
-      chunk.graph = std::make_unique<GraphOperand>(chunk.block.csr(), chunk.block.src_ids.data(), store.indptr());
-      if (previous.defined()) chunk.rows = gather_host_rows(previous, chunk.block.src_ids);
+      chunk.block = chunk_block(csr, chunk.begin, chunk.end, &local);
+      chunk.graph = std::make_unique<GraphOperand>(chunk.block.csr(), chunk.block.src_ids.data(), store.indptr(),
+                                                   /*with_transpose=*/false);
+      if (previous.defined() && previous.device().is_cpu()) chunk.rows = gather_host_rows(previous, chunk.block.src_ids);
       return chunk;
     };
-    // The next chunk is sampled and gathered on the host while the device runs this one.
+    // The next chunk is sampled (and its host rows gathered) while the device runs this one.
     std::future<Chunk> ahead;
     if (bounds.size() > 1) ahead = std::async(std::launch::async, prepare, 0);
     for (size_t c = 0; c + 1 < bounds.size(); ++c) {
       Chunk chunk = ahead.get();
       if (c + 2 < bounds.size()) ahead = std::async(std::launch::async, prepare, c + 1);
       const GraphOperand graph = chunk.graph->to(device, options.attention);
-      Tensor x = chunk.rows.defined() ? chunk.rows.to(device) : input_rows(chunk.block.src_ids);
-      chunk.rows = Tensor();
-      const Tensor y = model.infer_layer(l, graph, std::move(x)).to(Device::cpu());
-      GALE_ASSERT(y.rows() == chunk.end - chunk.begin && y.cols() == next.cols());
-      std::memcpy(next.f32() + chunk.begin * next.cols(), y.f32(), y.nbytes());
+      Tensor x;
+      if (!previous.defined()) {
+        x = input_rows(chunk.block.src_ids);
+      } else if (chunk.rows.defined()) {
+        x = chunk.rows.to(device);
+        chunk.rows = Tensor();
+      } else {
+        const std::vector<int64_t>& ids = chunk.block.src_ids;
+        x = ops::gather_rows(previous, Tensor::from_host(ids.data(), static_cast<int64_t>(ids.size()), 1, DType::kI64, device));
+      }
+      const Tensor y = model.infer_layer(l, graph, std::move(x));
+      GALE_ASSERT(y.rows() == chunk.end - chunk.begin && y.cols() == width);
+      if (on_device) {
+        Tensor rows = next.rows_slice(chunk.begin, chunk.end);
+        ops::copy(y, &rows);
+      } else {
+        const Tensor host = y.to(Device::cpu());
+        std::memcpy(next.f32() + chunk.begin * width, host.f32(), host.nbytes());
+      }
     }
     previous = std::move(next);
   }
-  return previous;
+  return previous.to(Device::cpu());
 }
 
 }  // namespace gale::engine

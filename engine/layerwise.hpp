@@ -6,8 +6,9 @@
 // rows at a time. A batch of nodes with all of its L-hop neighbourhood instead (what a sampled
 // model's forward would need) reaches most of a power-law graph from every batch: on R-MAT
 // scale 16, 15 times the cost of whole-graph inference, and minutes at scale 18. This is DGL's and
-// PyG's "layer-wise inference"; the layers' outputs between passes stay in host memory
-// (num_nodes x the widest layer, twice).
+// PyG's "layer-wise inference"; the layers' outputs between passes stay on the device when they
+// fit there (LayerwiseOptions::device_table_bytes), else in host memory (num_nodes x the widest
+// layer, twice).
 #pragma once
 
 #include <cstdint>
@@ -26,15 +27,34 @@ struct LayerwiseOptions {
   int64_t max_rows = int64_t{1} << 20;
   // GAT: the blocks carry the edge map its attention needs.
   bool attention = false;
+  // On a GPU: the layers' outputs between passes stay on the device while both tables (the layer
+  // read and the layer written) fit in this many bytes, and each chunk's rows are gathered there;
+  // else they live on the host and every chunk's rows cross the bus.
+  uint64_t device_table_bytes = 0;
 };
 
 // The input features of the given global node ids (in that order), on the model's device.
 using InputRows = std::function<Tensor(const std::vector<int64_t>& ids)>;
 
+// What a GPU's libraries take from the budget beside the tensors (cuBLAS's 32 MiB workspace, with
+// room to spare): left out of the room for an inference.
+constexpr uint64_t kLibraryReserveBytes = uint64_t{40} << 20;
+
+// Options for a GPU with `room` bytes free for the inference (what the budget, or 90% of the card,
+// leaves beside what is already allocated, less kLibraryReserveBytes): three quarters for the layers' output tables, a
+// quarter for a chunk (a sixteenth of that per float of the widest layer: the chunk's input,
+// aggregate, output and the layer's temporaries).
+LayerwiseOptions layerwise_options_for(uint64_t room, int64_t widest, bool attention);
+
 // The model's logits for every node of the store's graph, as a host tensor (num_nodes x
 // out_dim), computed by Model::infer_layer over chunks of nodes.
 Tensor layerwise_logits(Model& model, const storage::Store& store, const InputRows& input_rows,
                         const LayerwiseOptions& options);
+
+// Roughly the bytes a whole-graph inference holds on a device: the topology (offsets, ids,
+// norms), the input features, GAT's per-edge scores (`heads` 0 for the other models) and three
+// activations of the widest layer. What decides between it and layer-wise inference.
+uint64_t whole_graph_inference_bytes(int64_t nodes, int64_t entries, int64_t in_dim, int64_t widest, int heads);
 
 // The chunks' boundaries: node ids [bounds[i], bounds[i + 1]) of a destination-major CSR,
 // consecutive, each with at most max_rows entries plus nodes unless it is one node.

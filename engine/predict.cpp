@@ -13,6 +13,7 @@
 #include "engine/checkpoint.hpp"
 #include "engine/devices.hpp"
 #include "engine/graph.hpp"
+#include "engine/layerwise.hpp"
 #include "engine/model.hpp"
 #include "kernels/error.hpp"
 #include "kernels/threads.hpp"
@@ -161,16 +162,34 @@ PredictReport predict(const PredictOptions& o) {
     const UseDevice use(o.device);
     reset_gpu_peak(o.device);
     model.to(o.device);
-    const GraphOperand graph = GraphOperand(store.csr()).to(o.device, /*edge_map=*/config.model == "gat");
-    const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
-    const Tensor x_device = x.to(o.device);
-    synchronize(o.device);
-    const auto ready = std::chrono::steady_clock::now();
-    report.prepare_seconds = std::chrono::duration<double>(ready - start).count();
-    const Tensor on_device = model.forward(graphs, x_device, /*training=*/false, 0);
-    logits = on_device.to(Device::cpu());
-    report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - ready).count();
-    report.gpu_peak_bytes = gpu_peak_bytes(o.device);
+    const bool attention = config.model == "gat";
+    // The whole graph at once when its inference fits in what the GPU may hold (the budget, or
+    // 90% of the card), else layer by layer over chunks of nodes (engine/layerwise.hpp).
+    const uint64_t room = o.gpu_mem_budget > 0 ? o.gpu_mem_budget : device_memory(o.device) / 10 * 9;
+    int64_t widest = 1;
+    for (size_t l = 0; l < model.num_layers(); ++l) widest = std::max({widest, model.layer_in_dim(l), model.layer_out_dim(l)});
+    const uint64_t in_use = gpu_in_use_bytes(o.device), free = room > in_use ? room - in_use : 0;
+    if (whole_graph_inference_bytes(n, store.num_edges(), store.feature_dim(), widest, attention ? config.heads : 0) +
+            kLibraryReserveBytes >
+        free) {
+      const LayerwiseOptions lo = layerwise_options_for(free, widest, attention);
+      logits = layerwise_logits(
+          model, store, [&](const std::vector<int64_t>& ids) { return gather_host_rows(x, ids).to(o.device); }, lo);
+      report.layerwise_chunks = static_cast<int64_t>(layerwise_chunks(store.indptr(), n, lo.max_rows).size()) - 1;
+      report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      report.gpu_peak_bytes = gpu_peak_bytes(o.device);
+    } else {
+      const GraphOperand graph = GraphOperand(store.csr()).to(o.device, /*edge_map=*/attention);
+      const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
+      const Tensor x_device = x.to(o.device);
+      synchronize(o.device);
+      const auto ready = std::chrono::steady_clock::now();
+      report.prepare_seconds = std::chrono::duration<double>(ready - start).count();
+      const Tensor on_device = model.forward(graphs, x_device, /*training=*/false, 0);
+      logits = on_device.to(Device::cpu());
+      report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - ready).count();
+      report.gpu_peak_bytes = gpu_peak_bytes(o.device);
+    }
   }
 
   std::vector<int32_t> pred(static_cast<size_t>(n));

@@ -17,8 +17,8 @@ struct PredictOptions {
   std::string embeddings;        // logits.npy (f32 N x classes); "" to skip
   int threads = 0;
   // Where the forward pass runs: the CPU, or a GPU, which then holds the model, the whole graph
-  // and every layer's output (one full-graph forward; a graph too large for the GPU fails with
-  // the budget's message, exit code 4: such a graph predicts on the CPU).
+  // and every layer's output (one full-graph forward) when that fits in --gpu-mem-budget (or 90%
+  // of the card), else runs it layer by layer over chunks of nodes (engine/layerwise.hpp).
   Device device = Device::cpu();
   uint64_t gpu_mem_budget = 0;      // bytes; 0 = no cap
   std::string gpu_mem_budget_text;  // as the user wrote it, for messages naming --gpu-mem-budget
@@ -31,6 +31,7 @@ struct PredictReport {
   double prepare_seconds = 0;    // on a GPU: the graph's operand built and copied there, the features too
   double forward_seconds = 0;    // the forward pass (on a GPU: and the logits back to the host)
   uint64_t gpu_peak_bytes = 0;   // on a GPU
+  int64_t layerwise_chunks = 0;  // on a GPU, layer by layer: the chunks of nodes a layer took (else 0)
 };
 
 // Throws InputError for a missing checkpoint or unwritable output, CorruptStoreError for a

@@ -409,8 +409,22 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     }
   }
   const Replica& lead = replicas[0];
+  int64_t widest = 1;  // the widest layer input or output
+  for (size_t l = 0; l < model.num_layers(); ++l) widest = std::max({widest, model.layer_in_dim(l), model.layer_out_dim(l)});
+  // What the GPU may hold: the budget, or 90% of the card.
+  const uint64_t gpu_room =
+      lead.dev.is_cuda() ? (opt.gpu_mem_budget > 0 ? opt.gpu_mem_budget : device_memory(lead.dev) / 10 * 9) : 0;
+  // Eval::kAuto evaluates the whole graph at once when the features are all on the GPU (or this is
+  // the CPU) and the whole graph's inference fits in half of what the GPU may hold beside them,
+  // else layer by layer (engine/layerwise.hpp).
+  const auto whole_graph_inference_fits = [&] {
+    if (!lead.dev.is_cuda()) return true;
+    if (lead.batch_features && !lead.batch_features->resident()) return false;
+    return whole_graph_inference_bytes(n, store.num_edges(), store.feature_dim(), widest,
+                                       attention ? std::max(1, opt.model.heads) : 0) <= gpu_room / 2;
+  };
   const bool full_eval = opt.full_graph || opt.eval == TrainOptions::Eval::kFull ||
-                         (opt.eval == TrainOptions::Eval::kAuto && (!lead.batch_features || lead.batch_features->resident()));
+                         (opt.eval == TrainOptions::Eval::kAuto && whole_graph_inference_fits());
 
   // The whole graph, for full-graph training and full evaluation only (a graph that needs sampled
   // training may not fit on the device whole). Built on the host once, copied to the device once
@@ -467,20 +481,15 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     return r.model->forward(graphs, x, training, key);
   };
   // Eval::kBatched: every node's logits by layer-wise inference (engine/layerwise.hpp), a chunk of
-  // nodes at a time, each chunk's rows at most a quarter of what the GPU may hold (a sixteenth of
-  // it per float of the widest layer: the chunk's input, aggregate, output and the layer's
-  // temporaries); the input features come through the batches' feature tiers on a GPU.
+  // nodes at a time, sized on a GPU by what its budget leaves free when the evaluation starts; the
+  // input features come through the batches' feature tiers.
   auto layerwise_eval_logits = [&]() {
     Replica& r = replicas[0];
     LayerwiseOptions lo;
     lo.attention = attention;
     if (r.dev.is_cuda()) {
-      int64_t widest = 1;
-      for (size_t l = 0; l < model.num_layers(); ++l)
-        widest = std::max({widest, model.layer_in_dim(l), model.layer_out_dim(l)});
-      const uint64_t budget = opt.gpu_mem_budget > 0 ? opt.gpu_mem_budget : device_memory(r.dev) / 10 * 9;
-      lo.max_rows = std::clamp<int64_t>(static_cast<int64_t>(budget / 4 / (16 * static_cast<uint64_t>(widest))), 4096,
-                                        int64_t{1} << 22);
+      const uint64_t in_use = gpu_in_use_bytes(r.dev);
+      lo = layerwise_options_for(gpu_room > in_use ? gpu_room - in_use : 0, widest, attention);
     }
     const InputRows input_rows = [&](const std::vector<int64_t>& ids) {
       if (r.batch_features) return r.batch_features->load(ids);

@@ -70,8 +70,9 @@ struct TrainOptions {
   // Evaluation, always full-neighbourhood inference: kFull over the whole graph at once (needs the
   // graph and every feature on the device); kBatched layer by layer over chunks of nodes
   // (engine/layerwise.hpp: the same function, bounded device memory, each layer's outputs on the
-  // host); kAuto = full unless mini-batch features do not all fit on the GPU; kNone skips it
-  // (timing runs; no accuracy is reported).
+  // host); kAuto = full when the features are all on the GPU (or on the CPU) and the whole graph's
+  // inference fits in half of what the GPU may hold, else batched; kNone skips it (timing runs;
+  // no accuracy is reported).
   enum class Eval { kAuto, kFull, kBatched, kNone };
   Eval eval = Eval::kAuto;
   // Stop early once *stop is non-zero (gale train sets it to the number of a SIGINT or SIGTERM):

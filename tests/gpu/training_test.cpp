@@ -250,14 +250,20 @@ INSTANTIATE_TEST_SUITE_P(
 // ---- Cora on the GPU ---------------------------------------------------------------------------
 
 // Layer-wise inference (Eval::kBatched) on the GPU: every model and activation, the logits of
-// ~50 chunks a layer (Cora's hubs alone) and of one chunk against the whole-graph forward's.
+// ~50 chunks a layer (Cora's hubs alone) and of one chunk, with the layers' outputs on the host
+// and on the GPU, against the whole-graph forward's.
 TEST(GpuLayerwise, EqualsTheWholeGraphForward) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
   const Device gpu = Device::cuda(0);
-  for (const int64_t max_rows : {int64_t{100}, int64_t{1} << 20}) {
-    for (const char* kind : {"gcn", "sage", "gin", "gat"})
-      testing::expect_layerwise_equals_whole_graph(kind, kind == std::string("gat") ? "elu" : "relu", gpu, max_rows);
-    for (const char* kind : {"gcn", "sage", "gin"}) testing::expect_layerwise_equals_whole_graph(kind, "maxk:8", gpu, max_rows);
+  for (const uint64_t tables : {uint64_t{0}, uint64_t{1} << 30}) {
+    for (const int64_t max_rows : {int64_t{100}, int64_t{1} << 20}) {
+      for (const char* kind : {"gcn", "sage", "gin", "gat"}) {
+        testing::expect_layerwise_equals_whole_graph(kind, kind == std::string("gat") ? "elu" : "relu", gpu, max_rows,
+                                                     tables);
+      }
+      for (const char* kind : {"gcn", "sage", "gin"})
+        testing::expect_layerwise_equals_whole_graph(kind, "maxk:8", gpu, max_rows, tables);
+    }
   }
 }
 
@@ -360,19 +366,21 @@ TEST_F(GpuCora, GpuSamplerWithReorderWindowPrefetchAndGat) {
   EXPECT_GE(train(minibatch_options("gat", 64)).test_acc_at_best_valid, 0.76);
 }
 
+// The values of an f32 .npy file.
+std::vector<float> read_f32_npy(const std::string& path) {
+  const storage::NpyHeader h = storage::read_npy_header(path);
+  std::vector<float> v(static_cast<size_t>(h.count()));
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(h.data_offset));
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  return v;
+}
+
 // `gale predict --device cuda`: a checkpoint trained on the GPU predicts the same classes and
 // logits on the GPU as on the CPU (up to float summation order), for each model family, MaxK too.
 TEST_F(GpuCora, PredictOnTheGpuMatchesTheCpu) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("gale_gpu_predict_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  auto read_floats = [](const std::string& path) {
-    const storage::NpyHeader h = storage::read_npy_header(path);
-    std::vector<float> v(static_cast<size_t>(h.count()));
-    std::ifstream in(path, std::ios::binary);
-    in.seekg(static_cast<std::streamoff>(h.data_offset));
-    in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
-    return v;
-  };
   for (const std::string model : {"gcn", "sage", "gin", "gat", "sage-maxk"}) {
     TrainOptions o = pyg_options(model == "sage-maxk" ? "sage" : model);
     if (model == "sage-maxk") {
@@ -397,7 +405,7 @@ TEST_F(GpuCora, PredictOnTheGpuMatchesTheCpu) {
     EXPECT_GT(gpu.gpu_peak_bytes, 0u) << model;
     EXPECT_NEAR(gpu.test_acc, cpu.test_acc, 0.003) << model;
     EXPECT_NEAR(gpu.test_acc, trained.test_acc_at_best_valid, 0.003) << model << ": the best checkpoint's test accuracy";
-    const std::vector<float> lc = read_floats(dir / (model + "_cpu_logits.npy")), lg = read_floats(dir / (model + "_gpu_logits.npy"));
+    const std::vector<float> lc = read_f32_npy(dir / (model + "_cpu_logits.npy")), lg = read_f32_npy(dir / (model + "_gpu_logits.npy"));
     ASSERT_EQ(lc.size(), lg.size());
     size_t far = 0;
     for (size_t i = 0; i < lc.size(); ++i) far += !(std::fabs(lc[i] - lg[i]) <= 1e-3f + 1e-3f * std::fabs(lc[i]));
@@ -435,11 +443,7 @@ TEST_F(GpuCora, SampledPredictionOnTheGpuMatchesItsCpuTwinAndKeepsAccuracy) {
         p.exec.spmm_sample_width = s;
       }
       const PredictReport r = predict(p);
-      const storage::NpyHeader h = storage::read_npy_header(p.embeddings);
-      std::vector<float> v(static_cast<size_t>(h.count()));
-      std::ifstream in(p.embeddings, std::ios::binary);
-      in.seekg(static_cast<std::streamoff>(h.data_offset));
-      in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+      const std::vector<float> v = read_f32_npy(p.embeddings);
       return std::make_pair(r.test_acc, v);
     };
     const auto exact = run(Device::cuda(0), 0, "exact"), all = run(Device::cuda(0), 256, "s256");
@@ -454,6 +458,47 @@ TEST_F(GpuCora, SampledPredictionOnTheGpuMatchesItsCpuTwinAndKeepsAccuracy) {
     EXPECT_GT(far(gpu4.second, exact.second), 0u) << model << ": S = 4 samples some rows";
     std::printf("  %s: exact %.4f, sampled:4 %.4f (gpu) %.4f (cpu)\n", model.c_str(), exact.first, gpu4.first, cpu4.first);
     EXPECT_GE(gpu4.first, exact.first - 0.03) << model;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A GPU budget too small for the whole graph's inference (Cora's 1433 features alone take 15.5 MB,
+// cuBLAS's workspace 32 MiB) makes predict run layer by layer, ~50 chunks of nodes a layer: the
+// logits of the CPU's whole-graph forward, within the budget. (Its own process: the budget is set
+// once per device.)
+TEST_F(GpuCora, PredictRunsLayerByLayerWhenTheWholeGraphDoesNotFit) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("gale_gpu_layerwise_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const std::string model : {"gcn", "gat"}) {
+    TrainOptions o = testing::pyg_options(model, Device::cpu());  // trained on the CPU: no GPU budget yet
+    o.epochs = 5;
+    o.checkpoint_dir = (dir / model).string();
+    train(o);
+    auto run = [&](const Device& device) {
+      PredictOptions p;
+      p.store = o.store;
+      p.checkpoint = o.checkpoint_dir;
+      p.device = device;
+      if (device.is_cuda()) {
+        p.gpu_mem_budget = 64ull << 20;
+        p.gpu_mem_budget_text = "64M";
+      }
+      p.out = "";
+      p.embeddings = (dir / (model + (device.is_cuda() ? "_gpu.npy" : "_cpu.npy"))).string();
+      const PredictReport r = predict(p);
+      const std::vector<float> v = read_f32_npy(p.embeddings);
+      return std::make_pair(r, v);
+    };
+    const auto cpu = run(Device::cpu());
+    const auto gpu = run(Device::cuda(0));
+    EXPECT_GT(gpu.first.layerwise_chunks, 20) << model;
+    EXPECT_LE(gpu.first.gpu_peak_bytes, 64ull << 20) << model;
+    ASSERT_EQ(gpu.second.size(), cpu.second.size());
+    size_t far = 0;
+    for (size_t i = 0; i < cpu.second.size(); ++i)
+      far += !(std::fabs(gpu.second[i] - cpu.second[i]) <= 1e-4f + 1e-4f * std::fabs(cpu.second[i]));
+    EXPECT_EQ(far, 0u) << model;
+    EXPECT_NEAR(gpu.first.test_acc, cpu.first.test_acc, 0.002) << model;
   }
   std::filesystem::remove_all(dir);
 }

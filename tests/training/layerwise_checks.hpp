@@ -18,14 +18,16 @@
 namespace gale::testing {
 
 // A 3-layer model of `kind` with `activation` ("relu", "elu", "maxk:K"), random weights: its
-// logits from layer-wise inference in chunks of at most `max_rows` rows equal the whole-graph
-// forward's on every node. Summation orders differ (other graphs, other kernels' splits), so the
+// logits from layer-wise inference in chunks of at most `max_rows` rows (the layers' outputs on a
+// GPU when they fit in `device_table_bytes`) equal the whole-graph forward's on every node. Summation orders differ (other graphs, other kernels' splits), so the
 // logits agree to float rounding; MaxK's selection can flip on a near-tie, so there every logit
 // of all but a few rows must agree and every row's argmax but a few.
 inline void expect_layerwise_equals_whole_graph(const std::string& kind, const std::string& activation,
-                                                const Device& device, int64_t max_rows) {
+                                                const Device& device, int64_t max_rows,
+                                                uint64_t device_table_bytes = 0) {
   using namespace engine;
-  SCOPED_TRACE(kind + " " + activation);
+  SCOPED_TRACE(kind + " " + activation + " max_rows " + std::to_string(max_rows) +
+               (device_table_bytes > 0 ? " tables on the device" : ""));
   const storage::Store store = storage::Store::open(cora_store());
   const int64_t n = store.num_nodes(), d = store.feature_dim();
   ModelConfig c;
@@ -48,6 +50,7 @@ inline void expect_layerwise_equals_whole_graph(const std::string& kind, const s
   LayerwiseOptions o;
   o.max_rows = max_rows;
   o.attention = attention;
+  o.device_table_bytes = device_table_bytes;
   const Tensor got = layerwise_logits(
       model, store, [&](const std::vector<int64_t>& ids) { return gather_host_rows(features, ids).to(device); }, o);
   ASSERT_EQ(got.rows(), n);
