@@ -1,10 +1,12 @@
 #include "engine/devices.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "engine/tensor.hpp"
 #include "kernels/error.hpp"
+#include "kernels/gather.hpp"
 #if GALE_WITH_CUDA
 #include "engine/device_context.hpp"
 #include "kernels/cuda/pinned.hpp"
@@ -215,6 +217,73 @@ const float* LaggedReads::read(int slot) {
 #else
   return nullptr;
 #endif
+}
+
+struct MappedHostTable::Impl {
+  Device device;
+  int64_t rows = 0, cols = 0;
+  Tensor host;  // the CPU's table
+#if GALE_WITH_CUDA
+  kernels::cuda::PinnedBuffer pinned;  // rows x cols floats
+#endif
+};
+
+MappedHostTable::MappedHostTable(const Device& device, int64_t rows, int64_t cols) : impl_(std::make_unique<Impl>()) {
+  impl_->device = device;
+  impl_->rows = rows;
+  impl_->cols = cols;
+  if (!device.is_cuda()) {
+    impl_->host = Tensor::empty(rows, cols);
+    return;
+  }
+#if GALE_WITH_CUDA
+  impl_->pinned = kernels::cuda::PinnedBuffer(static_cast<size_t>(std::max<int64_t>(1, rows * cols)) * sizeof(float),
+                                              nullptr, "a layer's outputs in pinned host memory");
+#endif
+}
+
+MappedHostTable::~MappedHostTable() = default;
+int64_t MappedHostTable::rows() const { return impl_->rows; }
+int64_t MappedHostTable::cols() const { return impl_->cols; }
+
+void MappedHostTable::write_rows(int64_t begin, const Tensor& t) {
+  GALE_ASSERT(t.dtype() == DType::kF32 && t.cols() == impl_->cols && begin >= 0 && begin + t.rows() <= impl_->rows);
+  GALE_ASSERT(t.device() == impl_->device);
+  if (!impl_->device.is_cuda()) {
+    std::memcpy(impl_->host.f32() + begin * impl_->cols, t.f32(), t.nbytes());
+    return;
+  }
+#if GALE_WITH_CUDA
+  const cudaStream_t s = DeviceContext::get(impl_->device.ordinal).stream().get();
+  float* dst = static_cast<float*>(impl_->pinned.host()) + begin * impl_->cols;
+  kernels::cuda::copy_to_host(dst, t.f32(), static_cast<size_t>(t.numel()), s);
+#endif
+}
+
+Tensor MappedHostTable::gather(const Tensor& ids) const {
+  GALE_ASSERT(ids.dtype() == DType::kI64 && ids.device() == impl_->device);
+  Tensor out = Tensor::empty(ids.rows(), impl_->cols, DType::kF32, impl_->device);
+  if (!impl_->device.is_cuda()) {
+    kernels::gather_rows(impl_->host.view(), ids.data<int64_t>(), ids.rows(), out.view());
+    return out;
+  }
+#if GALE_WITH_CUDA
+  const kernels::ConstMatrixView table{static_cast<const float*>(impl_->pinned.device()), impl_->rows, impl_->cols,
+                                       impl_->cols};
+  kernels::gather_rows_cuda(table, ids.data<int64_t>(), ids.rows(), out.view(),
+                            DeviceContext::get(impl_->device.ordinal).stream().get());
+#endif
+  return out;
+}
+
+Tensor MappedHostTable::to_host() const {
+  if (!impl_->device.is_cuda()) return impl_->host.clone();
+  Tensor out = Tensor::empty(impl_->rows, impl_->cols);
+#if GALE_WITH_CUDA
+  synchronize(impl_->device);  // the writes queued on the compute stream
+  std::memcpy(out.f32(), impl_->pinned.host(), out.nbytes());
+#endif
+  return out;
 }
 
 }  // namespace gale::engine

@@ -91,4 +91,29 @@ class LaggedReads {
   std::unique_ptr<Impl> impl_;
 };
 
+// A rows x cols f32 table in host memory that a GPU's kernels read over UVA (page-locked, mapped):
+// what layer-wise inference keeps there when a layer's outputs do not fit on the GPU, so a chunk's
+// rows are gathered by the GPU itself (only those rows cross the bus, with no staging copy). On
+// the CPU, plain host memory.
+class MappedHostTable {
+ public:
+  MappedHostTable(const Device& device, int64_t rows, int64_t cols);
+  ~MappedHostTable();
+  MappedHostTable(const MappedHostTable&) = delete;
+  MappedHostTable& operator=(const MappedHostTable&) = delete;
+  int64_t rows() const;
+  int64_t cols() const;
+  // Rows [begin, begin + t.rows()) = t, a tensor on the device (queued on its compute stream).
+  void write_rows(int64_t begin, const Tensor& t);
+  // Rows `ids` (i64, n x 1, on the device), gathered into a new tensor on the device (queued on
+  // its compute stream, after the writes).
+  Tensor gather(const Tensor& ids) const;
+  // The whole table as a host tensor (a copy, after the writes).
+  Tensor to_host() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace gale::engine

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <utility>
 
+#include "engine/devices.hpp"
 #include "engine/graph.hpp"
 #include "engine/ops.hpp"
 #include "kernels/error.hpp"
@@ -112,13 +113,22 @@ Tensor layerwise_logits(Model& model, const storage::Store& store, const InputRo
   const std::vector<int64_t> bounds = layerwise_chunks(store.indptr(), n, options.max_rows);
   const kernels::CsrView csr = store.csr();
   std::vector<int32_t> local(static_cast<size_t>(n), -1);  // chunk_block's map (one chunk prepared at a time)
-  Tensor previous;  // layer l - 1's outputs of every node, on the device or the host
+  // Layer l - 1's outputs of every node: a tensor on the model's device (the CPU's, or a GPU's when
+  // they fit there), or, on a GPU, pinned host memory that its kernels gather from.
+  Tensor previous;
+  std::unique_ptr<MappedHostTable> previous_mapped;
   for (size_t l = 0; l < model.num_layers(); ++l) {
     const int64_t width = model.layer_out_dim(l);
-    const uint64_t read_bytes = previous.defined() && !previous.device().is_cpu() ? previous.nbytes() : 0;
-    const bool on_device = device.is_cuda() && read_bytes + static_cast<uint64_t>(n * width) * sizeof(float) <=
-                                                   options.device_table_bytes;
-    Tensor next = Tensor::empty(n, width, DType::kF32, on_device ? device : Device::cpu());
+    const uint64_t read_bytes = device.is_cuda() && previous.defined() ? previous.nbytes() : 0;
+    const bool mapped = device.is_cuda() && read_bytes + static_cast<uint64_t>(n * width) * sizeof(float) >
+                                                options.device_table_bytes;
+    Tensor next;
+    std::unique_ptr<MappedHostTable> next_mapped;
+    if (mapped) {
+      next_mapped = std::make_unique<MappedHostTable>(device, n, width);
+    } else {
+      next = Tensor::empty(n, width, DType::kF32, device);
+    }
     auto prepare = [&](size_t c) {
       Chunk chunk;
       chunk.begin = bounds[c];
@@ -126,39 +136,39 @@ Tensor layerwise_logits(Model& model, const storage::Store& store, const InputRo
       chunk.block = chunk_block(csr, chunk.begin, chunk.end, &local);
       chunk.graph = std::make_unique<GraphOperand>(chunk.block.csr(), chunk.block.src_ids.data(), store.indptr(),
                                                    /*with_transpose=*/false);
-      if (previous.defined() && previous.device().is_cpu()) chunk.rows = gather_host_rows(previous, chunk.block.src_ids);
+      if (previous.defined() && device.is_cpu()) chunk.rows = gather_host_rows(previous, chunk.block.src_ids);
       return chunk;
     };
-    // The next chunk is sampled (and its host rows gathered) while the device runs this one.
+    // The next chunk is prepared on the host (its block, and on the CPU its rows) while this one runs.
     std::future<Chunk> ahead;
     if (bounds.size() > 1) ahead = std::async(std::launch::async, prepare, 0);
     for (size_t c = 0; c + 1 < bounds.size(); ++c) {
       Chunk chunk = ahead.get();
       if (c + 2 < bounds.size()) ahead = std::async(std::launch::async, prepare, c + 1);
       const GraphOperand graph = chunk.graph->to(device, options.attention);
+      const std::vector<int64_t>& ids = chunk.block.src_ids;
       Tensor x;
-      if (!previous.defined()) {
-        x = input_rows(chunk.block.src_ids);
-      } else if (chunk.rows.defined()) {
-        x = chunk.rows.to(device);
-        chunk.rows = Tensor();
+      if (chunk.rows.defined()) {
+        x = std::move(chunk.rows);
+      } else if (previous.defined() || previous_mapped) {
+        const Tensor on_device = Tensor::from_host(ids.data(), static_cast<int64_t>(ids.size()), 1, DType::kI64, device);
+        x = previous_mapped ? previous_mapped->gather(on_device) : ops::gather_rows(previous, on_device);
       } else {
-        const std::vector<int64_t>& ids = chunk.block.src_ids;
-        x = ops::gather_rows(previous, Tensor::from_host(ids.data(), static_cast<int64_t>(ids.size()), 1, DType::kI64, device));
+        x = input_rows(ids);
       }
       const Tensor y = model.infer_layer(l, graph, std::move(x));
       GALE_ASSERT(y.rows() == chunk.end - chunk.begin && y.cols() == width);
-      if (on_device) {
+      if (next_mapped) {
+        next_mapped->write_rows(chunk.begin, y);
+      } else {
         Tensor rows = next.rows_slice(chunk.begin, chunk.end);
         ops::copy(y, &rows);
-      } else {
-        const Tensor host = y.to(Device::cpu());
-        std::memcpy(next.f32() + chunk.begin * width, host.f32(), host.nbytes());
       }
     }
     previous = std::move(next);
+    previous_mapped = std::move(next_mapped);
   }
-  return previous.to(Device::cpu());
+  return previous_mapped ? previous_mapped->to_host() : previous.to(Device::cpu());
 }
 
 }  // namespace gale::engine

@@ -7,8 +7,8 @@
 // model's forward would need) reaches most of a power-law graph from every batch: on R-MAT
 // scale 16, 15 times the cost of whole-graph inference, and minutes at scale 18. This is DGL's and
 // PyG's "layer-wise inference"; the layers' outputs between passes stay on the device when they
-// fit there (LayerwiseOptions::device_table_bytes), else in host memory (num_nodes x the widest
-// layer, twice).
+// fit there (LayerwiseOptions::device_table_bytes), else in pinned host memory (num_nodes x the
+// widest layer, twice).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +29,7 @@ struct LayerwiseOptions {
   bool attention = false;
   // On a GPU: the layers' outputs between passes stay on the device while both tables (the layer
   // read and the layer written) fit in this many bytes, and each chunk's rows are gathered there;
-  // else they live on the host and every chunk's rows cross the bus.
+  // else they live in pinned host memory, and the GPU gathers a chunk's rows from there over UVA.
   uint64_t device_table_bytes = 0;
 };
 
