@@ -116,7 +116,16 @@ std::vector<Device> parse_workers(const std::string& gpus, int cpu_workers, bool
     } else {
       for (int g : parse_int_list(gpus, "--gpus")) {
         if (g < 0) throw InputError("--gpus: expected all or GPU numbers such as 0,1, found '" + gpus + "'");
+        if (std::find(devices.begin(), devices.end(), Device::cuda(g)) != devices.end())
+          throw InputError("--gpus " + gpus + ": GPU " + std::to_string(g) + " is listed twice");
         devices.push_back(Device::cuda(g));
+      }
+      const int count = engine::gpu_count();
+      for (const Device& d : devices) {
+        if (d.ordinal >= count) {
+          throw DeviceError("--gpus " + gpus + ": no CUDA device " + std::to_string(d.ordinal) + " (found " +
+                            std::to_string(count) + ")");
+        }
       }
     }
     *device = devices.front();

@@ -176,13 +176,18 @@ TEST_F(Cli, BadWorkerFlagsAreNamed) {
   const std::string store = sbm_store();
   for (const std::string& bad : {"--device cpu --fanouts 5,5 --workers 0", "--device cpu --full-graph --workers 2",
                                  "--fanouts 5,5 --gpus x", "--fanouts 5,5 --gpus -1",
-                                 "--fanouts 5,5 --workers 2 --gpus 0"}) {
+                                 "--fanouts 5,5 --workers 2 --gpus 0", "--fanouts 5,5 --gpus 0,0"}) {
     const CliRun r = gale("train " + store + " -q --epochs 1 " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     const bool named = r.out.find("--workers") != std::string::npos || r.out.find("--gpus") != std::string::npos;
     EXPECT_TRUE(named) << bad << ": " << r.out;
     EXPECT_EQ(lines(r.out), 1) << r.out;
   }
+  // A GPU number past the machine's GPUs is exit 4 naming --gpus (not the --device it became).
+  const CliRun missing = gale("train " + store + " -q --epochs 1 --fanouts 5,5 --gpus 0,63");
+  EXPECT_EQ(missing.code, 4) << missing.out;
+  EXPECT_NE(missing.out.find("--gpus 0,63: no CUDA device"), std::string::npos) << missing.out;
+  EXPECT_EQ(lines(missing.out), 1) << missing.out;
 }
 
 TEST_F(Cli, NonPositiveCommTimeoutIsNamed) {
