@@ -108,7 +108,7 @@ Tensor BatchFeatures::load(const std::vector<int64_t>& nodes) {
     ++s.stats.batches;
     s.stats.rows += n;
     Tensor out = Tensor::empty(n, d);
-    for (int64_t i = 0; i < n; ++i) s.store.read_features(nodes[i], nodes[i] + 1, out.f32() + i * d);
+    s.store.read_feature_rows(nodes.data(), n, out.f32());
     s.stats.host += n;
     return out;
   }

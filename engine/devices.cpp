@@ -6,9 +6,9 @@
 
 #include "engine/tensor.hpp"
 #include "kernels/error.hpp"
-#include "kernels/gather.hpp"
 #if GALE_WITH_CUDA
 #include "engine/device_context.hpp"
+#include "kernels/gather.hpp"
 #include "kernels/cuda/pinned.hpp"
 #include "kernels/cuda/runtime.hpp"
 #endif
@@ -52,6 +52,15 @@ void set_gpu_budget(const Device& device, uint64_t bytes, const std::string& tex
   (void)bytes;
   (void)text;
 #endif
+}
+
+uint64_t gpu_room(const Device& device, uint64_t gpu_mem_budget) {
+  return gpu_mem_budget > 0 ? gpu_mem_budget : device_memory(device) / 10 * 9;
+}
+
+uint64_t gpu_room_left(const Device& device, uint64_t gpu_mem_budget) {
+  const uint64_t room = gpu_room(device, gpu_mem_budget), in_use = gpu_in_use_bytes(device);
+  return room > in_use ? room - in_use : 0;
 }
 
 uint64_t gpu_in_use_bytes(const Device& device) {
@@ -222,20 +231,16 @@ const float* LaggedReads::read(int slot) {
 struct MappedHostTable::Impl {
   Device device;
   int64_t rows = 0, cols = 0;
-  Tensor host;  // the CPU's table
 #if GALE_WITH_CUDA
   kernels::cuda::PinnedBuffer pinned;  // rows x cols floats
 #endif
 };
 
 MappedHostTable::MappedHostTable(const Device& device, int64_t rows, int64_t cols) : impl_(std::make_unique<Impl>()) {
+  GALE_ASSERT(device.is_cuda());
   impl_->device = device;
   impl_->rows = rows;
   impl_->cols = cols;
-  if (!device.is_cuda()) {
-    impl_->host = Tensor::empty(rows, cols);
-    return;
-  }
 #if GALE_WITH_CUDA
   impl_->pinned = kernels::cuda::PinnedBuffer(static_cast<size_t>(std::max<int64_t>(1, rows * cols)) * sizeof(float),
                                               nullptr, "a layer's outputs in pinned host memory");
@@ -243,16 +248,10 @@ MappedHostTable::MappedHostTable(const Device& device, int64_t rows, int64_t col
 }
 
 MappedHostTable::~MappedHostTable() = default;
-int64_t MappedHostTable::rows() const { return impl_->rows; }
-int64_t MappedHostTable::cols() const { return impl_->cols; }
 
 void MappedHostTable::write_rows(int64_t begin, const Tensor& t) {
   GALE_ASSERT(t.dtype() == DType::kF32 && t.cols() == impl_->cols && begin >= 0 && begin + t.rows() <= impl_->rows);
   GALE_ASSERT(t.device() == impl_->device);
-  if (!impl_->device.is_cuda()) {
-    std::memcpy(impl_->host.f32() + begin * impl_->cols, t.f32(), t.nbytes());
-    return;
-  }
 #if GALE_WITH_CUDA
   const cudaStream_t s = DeviceContext::get(impl_->device.ordinal).stream().get();
   float* dst = static_cast<float*>(impl_->pinned.host()) + begin * impl_->cols;
@@ -263,10 +262,6 @@ void MappedHostTable::write_rows(int64_t begin, const Tensor& t) {
 Tensor MappedHostTable::gather(const Tensor& ids) const {
   GALE_ASSERT(ids.dtype() == DType::kI64 && ids.device() == impl_->device);
   Tensor out = Tensor::empty(ids.rows(), impl_->cols, DType::kF32, impl_->device);
-  if (!impl_->device.is_cuda()) {
-    kernels::gather_rows(impl_->host.view(), ids.data<int64_t>(), ids.rows(), out.view());
-    return out;
-  }
 #if GALE_WITH_CUDA
   const kernels::ConstMatrixView table{static_cast<const float*>(impl_->pinned.device()), impl_->rows, impl_->cols,
                                        impl_->cols};
@@ -277,7 +272,6 @@ Tensor MappedHostTable::gather(const Tensor& ids) const {
 }
 
 Tensor MappedHostTable::to_host() const {
-  if (!impl_->device.is_cuda()) return impl_->host.clone();
   Tensor out = Tensor::empty(impl_->rows, impl_->cols);
 #if GALE_WITH_CUDA
   synchronize(impl_->device);  // the writes queued on the compute stream

@@ -37,6 +37,10 @@ GpuAllocationCounts gpu_allocation_counts(const Device& device);
 void synchronize(const Device& device);
 // Total memory of a GPU in bytes (0 on the CPU).
 uint64_t device_memory(const Device& device);
+// What Gale may hold on a GPU: `gpu_mem_budget`, or 90% of the card when it is 0 (no cap).
+uint64_t gpu_room(const Device& device, uint64_t gpu_mem_budget);
+// What of that is not allocated now: the room an inference may size itself by.
+uint64_t gpu_room_left(const Device& device, uint64_t gpu_mem_budget);
 // "NVIDIA H100 80GB HBM3" or "cpu".
 std::string device_name(const Device& device);
 
@@ -93,16 +97,14 @@ class LaggedReads {
 
 // A rows x cols f32 table in host memory that a GPU's kernels read over UVA (page-locked, mapped):
 // what layer-wise inference keeps there when a layer's outputs do not fit on the GPU, so a chunk's
-// rows are gathered by the GPU itself (only those rows cross the bus, with no staging copy). On
-// the CPU, plain host memory.
+// rows are gathered by the GPU itself (only those rows cross the bus, with no staging copy). For a
+// GPU only.
 class MappedHostTable {
  public:
   MappedHostTable(const Device& device, int64_t rows, int64_t cols);
   ~MappedHostTable();
   MappedHostTable(const MappedHostTable&) = delete;
   MappedHostTable& operator=(const MappedHostTable&) = delete;
-  int64_t rows() const;
-  int64_t cols() const;
   // Rows [begin, begin + t.rows()) = t, a tensor on the device (queued on its compute stream).
   void write_rows(int64_t begin, const Tensor& t);
   // Rows `ids` (i64, n x 1, on the device), gathered into a new tensor on the device (queued on

@@ -139,7 +139,7 @@ GpuBatches::GpuBatches(const storage::Store& store, const Device& device, std::v
 GpuBatches::~GpuBatches() = default;
 
 uint64_t GpuBatches::topology_room(const Device& device, uint64_t gpu_mem_budget) {
-  return (gpu_mem_budget > 0 ? gpu_mem_budget : device_memory(device) / 10 * 9) / 4;
+  return gpu_room(device, gpu_mem_budget) / 4;
 }
 
 bool GpuBatches::topology_on_gpu() const { return impl_->on_gpu; }

@@ -56,11 +56,13 @@ GraphOperand::GraphOperand(kernels::CsrView csr, const int64_t* src_ids, const i
                   std::memcmp(csc_weights_.f32(), csr.weights, static_cast<size_t>(nnz_) * 4) == 0);
     if (symmetric_) csc_indptr_ = csc_indices_ = csc_weights_ = Tensor();  // the CSR serves as its own CSC
   }
-  if (whole_graph_ && with_transpose) {
+  if (whole_graph_) {
     gar_chunk_rows_[0] = kernels::gar_chunk_rows_for(csr);
-    gar_chunk_rows_[1] = symmetric_ ? gar_chunk_rows_[0]
-                                    : kernels::gar_chunk_rows_for({csr.cols, csr.rows, csc_indptr_.data<int64_t>(),
-                                                                   csc_indices_.data<int32_t>(), nullptr});
+    if (with_transpose) {
+      gar_chunk_rows_[1] = symmetric_ ? gar_chunk_rows_[0]
+                                      : kernels::gar_chunk_rows_for({csr.cols, csr.rows, csc_indptr_.data<int64_t>(),
+                                                                     csc_indices_.data<int32_t>(), nullptr});
+    }
   }
 
   dst_norm_ = host_tensor(csr.rows, DType::kF32);

@@ -1,7 +1,5 @@
 #include "engine/layerwise.hpp"
 
-#include <tbb/parallel_for.h>
-
 #include <algorithm>
 #include <cstring>
 #include <future>
@@ -55,19 +53,6 @@ std::vector<int64_t> layerwise_chunks(const int64_t* indptr, int64_t num_nodes, 
   return bounds;
 }
 
-Tensor gather_host_rows(const Tensor& table, const std::vector<int64_t>& ids) {
-  GALE_ASSERT(table.device().is_cpu() && table.dtype() == DType::kF32);
-  const int64_t n = static_cast<int64_t>(ids.size()), width = table.cols();
-  Tensor out = Tensor::empty(n, width);
-  const float* src = table.f32();
-  float* dst = out.f32();
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1024), [&](const tbb::blocked_range<int64_t>& r) {
-    for (int64_t i = r.begin(); i < r.end(); ++i)
-      std::memcpy(dst + i * width, src + ids[static_cast<size_t>(i)] * width, static_cast<size_t>(width) * sizeof(float));
-  });
-  return out;
-}
-
 namespace {
 
 // The one-hop block of destinations [begin, end) with all of their in-neighbours: the
@@ -96,12 +81,11 @@ sampler::Block chunk_block(const kernels::CsrView& g, int64_t begin, int64_t end
   return b;
 }
 
-// One chunk's block and, past the first layer, its source rows, prepared on the host.
+// One chunk's block, prepared on the host.
 struct Chunk {
   int64_t begin = 0, end = 0;
   sampler::Block block;
   std::unique_ptr<GraphOperand> graph;  // on the host
-  Tensor rows;                          // layers after the first: the sources' rows (host)
 };
 
 }  // namespace
@@ -136,10 +120,9 @@ Tensor layerwise_logits(Model& model, const storage::Store& store, const InputRo
       chunk.block = chunk_block(csr, chunk.begin, chunk.end, &local);
       chunk.graph = std::make_unique<GraphOperand>(chunk.block.csr(), chunk.block.src_ids.data(), store.indptr(),
                                                    /*with_transpose=*/false);
-      if (previous.defined() && device.is_cpu()) chunk.rows = gather_host_rows(previous, chunk.block.src_ids);
       return chunk;
     };
-    // The next chunk is prepared on the host (its block, and on the CPU its rows) while this one runs.
+    // The next chunk's block is built on the host while this one runs.
     std::future<Chunk> ahead;
     if (bounds.size() > 1) ahead = std::async(std::launch::async, prepare, 0);
     for (size_t c = 0; c + 1 < bounds.size(); ++c) {
@@ -148,11 +131,9 @@ Tensor layerwise_logits(Model& model, const storage::Store& store, const InputRo
       const GraphOperand graph = chunk.graph->to(device, options.attention);
       const std::vector<int64_t>& ids = chunk.block.src_ids;
       Tensor x;
-      if (chunk.rows.defined()) {
-        x = std::move(chunk.rows);
-      } else if (previous.defined() || previous_mapped) {
-        const Tensor on_device = Tensor::from_host(ids.data(), static_cast<int64_t>(ids.size()), 1, DType::kI64, device);
-        x = previous_mapped ? previous_mapped->gather(on_device) : ops::gather_rows(previous, on_device);
+      if (previous.defined() || previous_mapped) {
+        const Tensor at = Tensor::from_host(ids.data(), static_cast<int64_t>(ids.size()), 1, DType::kI64, device);
+        x = previous_mapped ? previous_mapped->gather(at) : ops::gather_rows(previous, at);
       } else {
         x = input_rows(ids);
       }

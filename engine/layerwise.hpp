@@ -60,7 +60,5 @@ uint64_t whole_graph_inference_bytes(int64_t nodes, int64_t entries, int64_t in_
 // consecutive, each with at most max_rows entries plus nodes unless it is one node.
 std::vector<int64_t> layerwise_chunks(const int64_t* indptr, int64_t num_nodes, int64_t max_rows);
 
-// Rows `ids` of a host tensor, gathered in parallel into a new host tensor.
-Tensor gather_host_rows(const Tensor& table, const std::vector<int64_t>& ids);
 
 }  // namespace gale::engine

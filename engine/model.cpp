@@ -1,5 +1,6 @@
 #include "engine/model.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
@@ -138,6 +139,12 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
     if (training) saved_.push_back(saved);
   }
   return h;
+}
+
+int64_t Model::widest_dim() const {
+  int64_t widest = 1;
+  for (const auto& layer : layers_) widest = std::max({widest, layer->in_dim(), layer->out_dim()});
+  return widest;
 }
 
 Tensor Model::infer_layer(size_t l, const GraphOperand& g, Tensor x) {

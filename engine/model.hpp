@@ -70,8 +70,9 @@ class Model {
   // (engine/layerwise.hpp) chains these over chunks of nodes.
   Tensor infer_layer(size_t l, const GraphOperand& g, Tensor x);
   size_t num_layers() const { return layers_.size(); }
-  int64_t layer_in_dim(size_t l) const { return layers_[l]->in_dim(); }
   int64_t layer_out_dim(size_t l) const { return layers_[l]->out_dim(); }
+  // The widest of the layers' inputs and outputs.
+  int64_t widest_dim() const;
   // Backpropagates d(loss)/d(logits) through the last training forward. Takes the gradient over
   // (and overwrites it): pass std::move(grad) to let its memory go as early as possible.
   // on_layer_grads, when given, is called with each layer's parameters as soon as their gradients

@@ -15,6 +15,7 @@
 #include "engine/graph.hpp"
 #include "engine/layerwise.hpp"
 #include "engine/model.hpp"
+#include "engine/ops.hpp"
 #include "kernels/error.hpp"
 #include "kernels/threads.hpp"
 #include "storage/npy.hpp"
@@ -165,16 +166,19 @@ PredictReport predict(const PredictOptions& o) {
     const bool attention = config.model == "gat";
     // The whole graph at once when its inference fits in what the GPU may hold (the budget, or
     // 90% of the card), else layer by layer over chunks of nodes (engine/layerwise.hpp).
-    const uint64_t room = o.gpu_mem_budget > 0 ? o.gpu_mem_budget : device_memory(o.device) / 10 * 9;
-    int64_t widest = 1;
-    for (size_t l = 0; l < model.num_layers(); ++l) widest = std::max({widest, model.layer_in_dim(l), model.layer_out_dim(l)});
-    const uint64_t in_use = gpu_in_use_bytes(o.device), free = room > in_use ? room - in_use : 0;
-    if (whole_graph_inference_bytes(n, store.num_edges(), store.feature_dim(), widest, attention ? config.heads : 0) +
+    const uint64_t free = gpu_room_left(o.device, o.gpu_mem_budget);
+    if (whole_graph_inference_bytes(n, store.num_edges(), store.feature_dim(), model.widest_dim(),
+                                    attention ? config.heads : 0) +
             kLibraryReserveBytes >
         free) {
-      const LayerwiseOptions lo = layerwise_options_for(free, widest, attention);
+      const LayerwiseOptions lo = layerwise_options_for(free, model.widest_dim(), attention);
       logits = layerwise_logits(
-          model, store, [&](const std::vector<int64_t>& ids) { return gather_host_rows(x, ids).to(o.device); }, lo);
+          model, store,
+          [&](const std::vector<int64_t>& ids) {
+            const Tensor at = Tensor::from_host(ids.data(), static_cast<int64_t>(ids.size()), 1, DType::kI64, x.device());
+            return ops::gather_rows(x, at).to(o.device);
+          },
+          lo);
       report.layerwise_chunks = static_cast<int64_t>(layerwise_chunks(store.indptr(), n, lo.max_rows).size()) - 1;
       report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       report.gpu_peak_bytes = gpu_peak_bytes(o.device);

@@ -1,7 +1,6 @@
 #include "engine/trainer.hpp"
 
 #include <tbb/global_control.h>
-#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <chrono>
@@ -390,8 +389,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       // Features may take half of what the GPU budget (or 90% of the card) allows, the topology a
       // quarter (else the GPU sampler reads it from pinned host memory); the rest is for the
       // model, its activations and the batches' blocks.
-      const uint64_t budget = opt.gpu_mem_budget > 0 ? opt.gpu_mem_budget : device_memory(r.dev) / 10 * 9;
-      const uint64_t feature_bytes = opt.feature_gpu_bytes > 0 ? opt.feature_gpu_bytes : budget / 2;
+      const uint64_t feature_bytes =
+          opt.feature_gpu_bytes > 0 ? opt.feature_gpu_bytes : gpu_room(r.dev, opt.gpu_mem_budget) / 2;
       if (opt.gpu_sampler)
         r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts,
                                                      GpuBatches::topology_room(r.dev, opt.gpu_mem_budget));
@@ -409,19 +408,15 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     }
   }
   const Replica& lead = replicas[0];
-  int64_t widest = 1;  // the widest layer input or output
-  for (size_t l = 0; l < model.num_layers(); ++l) widest = std::max({widest, model.layer_in_dim(l), model.layer_out_dim(l)});
-  // What the GPU may hold: the budget, or 90% of the card.
-  const uint64_t gpu_room =
-      lead.dev.is_cuda() ? (opt.gpu_mem_budget > 0 ? opt.gpu_mem_budget : device_memory(lead.dev) / 10 * 9) : 0;
   // Eval::kAuto evaluates the whole graph at once when the features are all on the GPU (or this is
   // the CPU) and the whole graph's inference fits in half of what the GPU may hold beside them,
   // else layer by layer (engine/layerwise.hpp).
   const auto whole_graph_inference_fits = [&] {
     if (!lead.dev.is_cuda()) return true;
     if (lead.batch_features && !lead.batch_features->resident()) return false;
-    return whole_graph_inference_bytes(n, store.num_edges(), store.feature_dim(), widest,
-                                       attention ? std::max(1, opt.model.heads) : 0) <= gpu_room / 2;
+    return whole_graph_inference_bytes(n, store.num_edges(), store.feature_dim(), model.widest_dim(),
+                                       attention ? std::max(1, opt.model.heads) : 0) <=
+           gpu_room(lead.dev, opt.gpu_mem_budget) / 2;
   };
   const bool full_eval = opt.full_graph || opt.eval == TrainOptions::Eval::kFull ||
                          (opt.eval == TrainOptions::Eval::kAuto && whole_graph_inference_fits());
@@ -457,13 +452,12 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (!r.batch_features) {  // the CPU reads the features here, in parallel; a GPU gathers them later
       const auto& inputs = p->batch.input_nodes();
       p->features = Tensor::empty(static_cast<int64_t>(inputs.size()), store.feature_dim());
-      for (size_t i = 0; i < inputs.size(); ++i)
-        store.read_features(inputs[i], inputs[i] + 1, p->features.f32() + i * store.feature_dim());
+      store.read_feature_rows(inputs.data(), p->features.rows(), p->features.f32());
     }
   };
-  // Forward of a prepared batch on the replica's device (blocks copied there in order, on the
-  // compute stream, or, sampled on the GPU, built there).
-  auto forward_batch = [&](Replica& r, PreparedBatch* p, bool training, uint64_t key) {
+  // Training forward of a prepared batch on the replica's device (blocks copied there in order, on
+  // the compute stream, or, sampled on the GPU, built there).
+  auto forward_batch = [&](Replica& r, PreparedBatch* p, uint64_t key) {
     p->on_device.clear();
     if (r.gpu_batches && p->batch.blocks.empty()) {  // built by the load stage on the IO stream
       const Tensor x = p->x.take();                     // the compute stream waits for all of it here
@@ -472,13 +466,13 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       p->ops.reset();
       std::vector<const GraphOperand*> graphs;
       for (const auto& g : p->on_device) graphs.push_back(&g);
-      return r.model->forward(graphs, x, training, key);
+      return r.model->forward(graphs, x, /*training=*/true, key);
     }
     for (const auto& g : p->graphs) p->on_device.push_back(g->to(r.dev, attention));
     std::vector<const GraphOperand*> graphs;
     for (const auto& g : p->on_device) graphs.push_back(&g);
     const Tensor x = r.batch_features ? r.batch_features->load(p->batch.input_nodes()) : p->features.to(r.dev);
-    return r.model->forward(graphs, x, training, key);
+    return r.model->forward(graphs, x, /*training=*/true, key);
   };
   // Eval::kBatched: every node's logits by layer-wise inference (engine/layerwise.hpp), a chunk of
   // nodes at a time, sized on a GPU by what its budget leaves free when the evaluation starts; the
@@ -487,17 +481,12 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     Replica& r = replicas[0];
     LayerwiseOptions lo;
     lo.attention = attention;
-    if (r.dev.is_cuda()) {
-      const uint64_t in_use = gpu_in_use_bytes(r.dev);
-      lo = layerwise_options_for(gpu_room > in_use ? gpu_room - in_use : 0, widest, attention);
-    }
+    if (r.dev.is_cuda())
+      lo = layerwise_options_for(gpu_room_left(r.dev, opt.gpu_mem_budget), model.widest_dim(), attention);
     const InputRows input_rows = [&](const std::vector<int64_t>& ids) {
       if (r.batch_features) return r.batch_features->load(ids);
       Tensor host = Tensor::empty(static_cast<int64_t>(ids.size()), store.feature_dim());
-      tbb::parallel_for(tbb::blocked_range<size_t>(0, ids.size(), 1024), [&](const tbb::blocked_range<size_t>& b) {
-        for (size_t i = b.begin(); i < b.end(); ++i)
-          store.read_features(ids[i], ids[i] + 1, host.f32() + static_cast<int64_t>(i) * store.feature_dim());
-      });
+      store.read_feature_rows(ids.data(), host.rows(), host.f32());
       return host.to(r.dev);
     };
     return layerwise_logits(*r.model, store, input_rows, lo);
@@ -629,8 +618,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           r.model->zero_grad();
           const int64_t len = plan.batch_length(b);
           if (len > 0) {
-            Tensor logits = forward_batch(r, p.get(), /*training=*/true,
-                                          kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)));
+            Tensor logits =
+                forward_batch(r, p.get(), kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)));
             if (!batch_rows.defined() || batch_rows.rows() < len) {
               std::vector<int64_t> rows(static_cast<size_t>(std::max(len, opt.batch_size)));
               for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);

@@ -21,7 +21,7 @@ void upload_rows(const Store& store, const std::vector<int64_t>& ids, float* dst
   for (size_t b = 0; b < ids.size(); b += kChunkRows) {
     const size_t e = std::min(ids.size(), b + kChunkRows);
     GALE_CHECK_CUDA(cudaStreamSynchronize(stream));  // the staging buffer is free again
-    for (size_t i = b; i < e; ++i) store.read_features(ids[i], ids[i] + 1, host + (i - b) * d);
+    store.read_feature_rows(ids.data() + b, static_cast<int64_t>(e - b), host);
     kernels::cuda::copy_to_device(dst + b * d, host, (e - b) * d, stream);
   }
   GALE_CHECK_CUDA(cudaStreamSynchronize(stream));

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 #include <tbb/parallel_reduce.h>
 
 #include "kernels/error.hpp"
@@ -591,6 +592,13 @@ void Store::read_features(int64_t begin, int64_t end, float* out) const {
   const size_t row = static_cast<size_t>(feature_dim()) * dtype_size(t);
   convert_to_f32(t, static_cast<const char*>(features_.data()) + static_cast<size_t>(begin) * row, out,
                  static_cast<size_t>((end - begin) * feature_dim()));
+}
+
+void Store::read_feature_rows(const int64_t* ids, int64_t n, float* out) const {
+  const int64_t d = feature_dim();
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1024), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t i = r.begin(); i < r.end(); ++i) read_features(ids[i], ids[i] + 1, out + i * d);
+  });
 }
 
 std::vector<int64_t> Store::split(const std::string& name) const {

@@ -152,6 +152,8 @@ class Store {
   const void* features_raw() const { return features_.data(); }
   // Copies rows [begin, end) of the features into out (row-major f32), converting f16/bf16.
   void read_features(int64_t begin, int64_t end, float* out) const;
+  // Copies the rows of nodes ids[0..n) into out (n x feature_dim, row-major f32), in parallel.
+  void read_feature_rows(const int64_t* ids, int64_t n, float* out) const;
 
   bool has_labels() const { return !labels_.empty(); }
   const int32_t* labels() const { return labels_.as<int32_t>(); }

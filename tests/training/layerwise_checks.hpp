@@ -52,7 +52,12 @@ inline void expect_layerwise_equals_whole_graph(const std::string& kind, const s
   o.attention = attention;
   o.device_table_bytes = device_table_bytes;
   const Tensor got = layerwise_logits(
-      model, store, [&](const std::vector<int64_t>& ids) { return gather_host_rows(features, ids).to(device); }, o);
+      model, store,
+      [&](const std::vector<int64_t>& ids) {
+        const Tensor at = Tensor::from_host(ids.data(), static_cast<int64_t>(ids.size()), 1, DType::kI64, Device::cpu());
+        return ops::gather_rows(features, at).to(device);
+      },
+      o);
   ASSERT_EQ(got.rows(), n);
   ASSERT_EQ(got.cols(), c.out_dim);
   ASSERT_TRUE(got.device().is_cpu());

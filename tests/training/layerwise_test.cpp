@@ -30,12 +30,6 @@ TEST(LayerwiseChunks, CoverEveryNodeWithinTheRowBoundOrAloneWhenWider) {
   EXPECT_EQ(layerwise_chunks(indptr.data(), 0, 6), (std::vector<int64_t>{0}));
 }
 
-TEST(GatherHostRows, CopiesTheRowsInTheOrderGiven) {
-  const Tensor table = Tensor::from_vector({0, 1, 10, 11, 20, 21}, 3, 2);
-  const Tensor got = gather_host_rows(table, {2, 0, 2});
-  EXPECT_EQ(got.to_vector(), (std::vector<float>{20, 21, 0, 1, 20, 21}));
-}
-
 // Chunks of at most 100 rows: ~50 chunks a layer, Cora's hubs (up to 168 in-neighbours) alone.
 TEST(Layerwise, EqualsTheWholeGraphForwardOnTheCpu) {
   for (const char* kind : {"gcn", "sage", "gin", "gat"})
