@@ -53,8 +53,9 @@ int run_preprocess(const std::vector<std::string>& args) {
       ("mem-budget", po::value(&mem_budget), "memory for sorting edges and partitioning; larger inputs sort on "
                                              "disk and partition by streaming")
       ("temp-dir", po::value(&o.temp_dir), "where sorted runs go (default: beside the store)")
-      ("generate", po::value(&o.generate), "rmat:scale=S,edge-factor=E[,a=,b=,c=,seed=,classes=C,feature-dim=D] | "
-                                           "sbm:nodes=N,classes=C,avg-degree=D,feature-dim=F[,homophily=,order=random|class,seed=]")
+      ("generate", po::value(&o.generate), "rmat:scale=S,edge-factor=E[,a=,b=,c=,seed=,classes=C,feature-dim=D,weights=none|uniform] | "
+                                           "sbm:nodes=N,classes=C,avg-degree=D,feature-dim=F[,homophily=,order=random|class,seed=,"
+                                           "weights=none|uniform]")
       ("input", po::value(&o.inputs), "input files or folder");
   po::positional_options_description pos;
   pos.add("input", -1);

@@ -156,6 +156,7 @@ int run_train(const std::vector<std::string>& args) {
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
   bool tf32 = false, tune_gemm = false, stack_operands = false, no_match = false;
   std::string eval = "auto", feature_gpu, sampler = "auto", gpus, checkpoint_interval;
+  std::string edge_weights = "auto", neighbor_sampling = "uniform";
   int cpu_workers = 0;
   int layers = 2;
   int64_t hidden = 16, epochs = 200;
@@ -182,7 +183,12 @@ int run_train(const std::vector<std::string>& args) {
       ("check-replicas", po::bool_switch(&o.check_replicas), "compare the workers' weight checksums after every epoch")
       ("comm-timeout", po::value(&o.comm_timeout_s), "under mpirun: seconds a gradient sum or exchange may wait for the "
                                                      "other processes before the run ends (exit code 5)")
+      ("edge-weights", po::value(&edge_weights), "auto (use the store's edge weights when it has them, except GAT) | use | "
+                                                  "ignore: GCN normalises by weighted degrees, SAGE averages and GIN sums "
+                                                  "weighted messages")
       ("sampler", po::value(&sampler), "mini-batch neighbour sampler: auto (the GPU's when training there) | gpu | cpu")
+      ("neighbor-sampling", po::value(&neighbor_sampling), "mini-batch: uniform (default) | weighted (neighbours drawn "
+                                                            "in proportion to the store's edge weights)")
       ("no-match", po::bool_switch(&no_match), "mini-batch on a GPU: do not reuse the previous batch's features")
       ("reorder-window", po::value(&o.reorder_window), "mini-batch: reorder each window of this many batches for reuse (0: off)")
       ("feature-gpu-mem", po::value(&feature_gpu), "mini-batch on a GPU: room for features there, e.g. 2G (default: half the budget); "
@@ -307,6 +313,13 @@ int run_train(const std::vector<std::string>& args) {
   } else if (sampler != "auto") {
     throw InputError("--sampler: expected auto, gpu or cpu, found '" + sampler + "'");
   }
+  if (edge_weights == "auto") o.edge_weights = engine::TrainOptions::EdgeWeights::kAuto;
+  else if (edge_weights == "use") o.edge_weights = engine::TrainOptions::EdgeWeights::kUse;
+  else if (edge_weights == "ignore") o.edge_weights = engine::TrainOptions::EdgeWeights::kIgnore;
+  else throw InputError("--edge-weights: expected auto, use or ignore, found '" + edge_weights + "'");
+  if (neighbor_sampling == "uniform") o.sampling = sampler::Sampling::kUniform;
+  else if (neighbor_sampling == "weighted") o.sampling = sampler::Sampling::kWeighted;
+  else throw InputError("--neighbor-sampling: expected uniform or weighted, found '" + neighbor_sampling + "'");
   if (o.reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
   if (!feature_gpu.empty()) {
     o.feature_gpu_bytes = parse_size(feature_gpu, "--feature-gpu-mem");
@@ -337,6 +350,17 @@ int run_train(const std::vector<std::string>& args) {
 
   Progress progress(!quiet && ::isatty(STDERR_FILENO), o.eval != engine::TrainOptions::Eval::kNone);
   const bool show = !quiet;
+  if (show && engine::Processes::get().rank() == 0) {
+    // Whether the store's edge weights shape the aggregations is easy to miss: say it.
+    const storage::Store store = storage::Store::open(o.store);
+    if (store.weights() != nullptr) {
+      std::fprintf(stderr, "%s\n",
+                   engine::uses_edge_weights(o.edge_weights, store, o.model.model)
+                       ? "edge weights: the aggregations use the store's (--edge-weights ignore to train without them)"
+                       : gat ? "edge weights: not used (GAT weighs neighbours by attention)"
+                             : "edge weights: not used (--edge-weights ignore)");
+    }
+  }
   stop_requested.store(0);
   o.stop = &stop_requested;
   if (show && !o.full_graph)

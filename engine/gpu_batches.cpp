@@ -9,6 +9,7 @@
 
 #include "engine/devices.hpp"
 #include "kernels/error.hpp"
+#include "kernels/graph_norms.hpp"
 #if GALE_WITH_CUDA
 #include "engine/device_context.hpp"
 #include "kernels/cuda/buffer.hpp"
@@ -60,8 +61,10 @@ struct GpuBatches::Impl {
 #if GALE_WITH_CUDA
   kernels::cuda::DeviceBuffer<int64_t> indptr;
   kernels::cuda::DeviceBuffer<int32_t> indices;
-  kernels::cuda::PinnedBuffer pinned;  // indptr, then indices
+  kernels::cuda::DeviceBuffer<float> weights, degree;
+  kernels::cuda::PinnedBuffer pinned;  // indptr, indices, then weights and degree when needed
   kernels::CsrView graph;              // device-accessible
+  const float* full_degree = nullptr;  // device-accessible: weighted in-degrees (block weights)
   std::unique_ptr<sampler::FusedMapSampler> sampler;
   // Sampling streams: one per concurrent sample() call, created on demand and reused.
   std::mutex mutex;
@@ -95,7 +98,7 @@ struct GpuBatches::Impl {
 };
 
 GpuBatches::GpuBatches(const storage::Store& store, const Device& device, std::vector<int> fanouts,
-                       uint64_t topology_gpu_bytes)
+                       uint64_t topology_gpu_bytes, sampler::Sampling sampling, bool block_weights)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.device = device;
@@ -103,35 +106,57 @@ GpuBatches::GpuBatches(const storage::Store& store, const Device& device, std::v
 #if GALE_WITH_CUDA
   const kernels::CsrView host = store.csr();
   const int64_t n = host.rows, nnz = host.nnz();
+  const bool weights = sampling == sampler::Sampling::kWeighted || block_weights;
+  if (weights && host.weights == nullptr)
+    throw InputError(store.path().string() + ": the store has no edge weights (graph/weights.npy)");
+  std::vector<float> degree;
+  if (block_weights) degree = kernels::weighted_in_degree(host);
   const size_t indptr_bytes = static_cast<size_t>(n + 1) * sizeof(int64_t);
   const size_t indices_bytes = static_cast<size_t>(nnz) * sizeof(int32_t);
-  s.topology_bytes = indptr_bytes + indices_bytes;
+  const size_t weights_bytes = weights ? static_cast<size_t>(nnz) * sizeof(float) : 0;
+  const size_t degree_bytes = degree.size() * sizeof(float);
+  s.topology_bytes = indptr_bytes + indices_bytes + weights_bytes + degree_bytes;
   s.on_gpu = s.topology_bytes <= topology_gpu_bytes;
   DeviceContext& ctx = DeviceContext::get(device.ordinal);
+  const float* graph_weights = nullptr;
   if (s.on_gpu) {
-    s.indptr = kernels::cuda::DeviceBuffer<int64_t>(ctx.pool(), static_cast<size_t>(n + 1), ctx.stream());
-    s.indices = kernels::cuda::DeviceBuffer<int32_t>(ctx.pool(), static_cast<size_t>(nnz), ctx.stream());
-    kernels::cuda::copy_to_device(s.indptr.data(), host.indptr, static_cast<size_t>(n + 1), ctx.stream());
-    kernels::cuda::copy_to_device(s.indices.data(), host.indices, static_cast<size_t>(nnz), ctx.stream());
+    s.indptr = kernels::cuda::to_device(ctx.pool(), host.indptr, static_cast<size_t>(n + 1), ctx.stream());
+    s.indices = kernels::cuda::to_device(ctx.pool(), host.indices, static_cast<size_t>(nnz), ctx.stream());
+    if (weights) {
+      s.weights = kernels::cuda::to_device(ctx.pool(), host.weights, static_cast<size_t>(nnz), ctx.stream());
+      graph_weights = s.weights.data();
+    }
+    if (block_weights) {
+      s.degree = kernels::cuda::to_device(ctx.pool(), degree, ctx.stream());
+      s.full_degree = s.degree.data();
+    }
     ctx.synchronize();  // the sampling streams read these; they are not ordered after the compute stream
-    s.graph = {n, n, s.indptr.data(), s.indices.data(), nullptr};
+    s.graph = {n, n, s.indptr.data(), s.indices.data(), graph_weights};
   } else {
     s.pinned = kernels::cuda::PinnedBuffer(s.topology_bytes, nullptr, "the graph's topology in pinned host memory");
     auto* dst = static_cast<unsigned char*>(s.pinned.host());
+    // Read the store's pages in parallel.
+    auto copy = [](unsigned char* to, const void* from, size_t bytes) {
+      constexpr size_t kChunk = size_t{64} << 20;
+      const auto* src = static_cast<const unsigned char*>(from);
+      tbb::parallel_for(size_t{0}, (bytes + kChunk - 1) / kChunk, [&](size_t c) {
+        const size_t off = c * kChunk;
+        std::memcpy(to + off, src + off, std::min(kChunk, bytes - off));
+      });
+    };
     std::memcpy(dst, host.indptr, indptr_bytes);
-    const auto* src = reinterpret_cast<const unsigned char*>(host.indices);
-    constexpr size_t kChunk = size_t{64} << 20;  // read the store's pages in parallel
-    tbb::parallel_for(size_t{0}, (indices_bytes + kChunk - 1) / kChunk, [&](size_t c) {
-      const size_t off = c * kChunk;
-      std::memcpy(dst + indptr_bytes + off, src + off, std::min(kChunk, indices_bytes - off));
-    });
+    copy(dst + indptr_bytes, host.indices, indices_bytes);
+    if (weights) copy(dst + indptr_bytes + indices_bytes, host.weights, weights_bytes);
+    if (block_weights) std::memcpy(dst + indptr_bytes + indices_bytes + weights_bytes, degree.data(), degree_bytes);
     auto* base = static_cast<unsigned char*>(s.pinned.device());
+    if (weights) graph_weights = reinterpret_cast<const float*>(base + indptr_bytes + indices_bytes);
+    if (block_weights) s.full_degree = reinterpret_cast<const float*>(base + indptr_bytes + indices_bytes + weights_bytes);
     s.graph = {n, n, reinterpret_cast<const int64_t*>(base), reinterpret_cast<const int32_t*>(base + indptr_bytes),
-               nullptr};
+               graph_weights};
   }
-  s.sampler = std::make_unique<sampler::FusedMapSampler>(s.graph, std::move(fanouts), ctx.pool());
+  s.sampler = std::make_unique<sampler::FusedMapSampler>(s.graph, std::move(fanouts), ctx.pool(), sampling, block_weights);
 #else
-  (void)store, (void)fanouts, (void)topology_gpu_bytes;
+  (void)store, (void)fanouts, (void)topology_gpu_bytes, (void)sampling, (void)block_weights;
   throw DeviceError("this build has no CUDA backend");
 #endif
 }
@@ -191,7 +216,7 @@ GpuBatch::Operands GpuBatches::operands(GpuBatch& batch, bool edge_map) const {
   io.wait(*b.ready);
   for (const sampler::DeviceBlock& block : b.sampled.blocks)
     o.graphs.push_back(GraphOperand::from_device_block(s.device, block.csr(), block.num_edges, block.src_ids.data(),
-                                                       s.graph.indptr, edge_map));
+                                                       s.graph.indptr, edge_map, s.full_degree));
   o.input_nodes = Tensor::empty_io(b.num_input, 1, DType::kI64, s.device);
   kernels::cuda::copy_on_device(o.input_nodes.data<int64_t>(), b.sampled.input_nodes(), static_cast<size_t>(b.num_input), io);
   o.seeds = Tensor::empty_io(b.num_seeds, 1, DType::kI64, s.device);

@@ -24,6 +24,7 @@
 
 #include "engine/graph.hpp"
 #include "engine/tensor.hpp"
+#include "sampler/neighbor_sampler.hpp"
 #include "storage/store.hpp"
 
 namespace gale::engine {
@@ -61,8 +62,11 @@ class GpuBatches {
   static uint64_t topology_room(const Device& device, uint64_t gpu_mem_budget);
 
   // Throws DeviceError on a build without CUDA, ResourceError when the topology does not fit in
-  // pinned host memory either.
-  GpuBatches(const storage::Store& store, const Device& device, std::vector<int> fanouts, uint64_t topology_gpu_bytes);
+  // pinned host memory either. Weighted `sampling` draws by the store's edge weights; with
+  // `block_weights` every block carries its entries' weights (weighted aggregation, and the full
+  // graph's weighted degrees go with the topology). Either needs the store's weights (InputError).
+  GpuBatches(const storage::Store& store, const Device& device, std::vector<int> fanouts, uint64_t topology_gpu_bytes,
+             sampler::Sampling sampling = sampler::Sampling::kUniform, bool block_weights = false);
   ~GpuBatches();
   GpuBatches(const GpuBatches&) = delete;
   GpuBatches& operator=(const GpuBatches&) = delete;

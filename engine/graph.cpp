@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels/error.hpp"
+#include "kernels/gather.hpp"
 #include "kernels/graph_norms.hpp"
 #include "kernels/spmm.hpp"
 #include "kernels/spmm_tc.hpp"
@@ -27,9 +28,10 @@ uint64_t next_id() {
 }  // namespace
 
 GraphOperand::GraphOperand(kernels::CsrView csr, const int64_t* src_ids, const int64_t* full_indptr,
-                           bool with_transpose) {
+                           bool with_transpose, const float* full_degree) {
   GALE_ASSERT(csr.rows <= csr.cols);
   GALE_ASSERT(csr.rows == csr.cols || (src_ids != nullptr && full_indptr != nullptr));
+  GALE_ASSERT(csr.rows == csr.cols || csr.weights == nullptr || full_degree != nullptr);
   // Per-edge arrays (attention coefficients, weights, csc_edge) are indexed by CSR position, so
   // the CSR must start at entry 0 (a full store CSR and every sampled block do).
   GALE_ASSERT(csr.rows == 0 || csr.indptr[0] == 0);
@@ -69,13 +71,15 @@ GraphOperand::GraphOperand(kernels::CsrView csr, const int64_t* src_ids, const i
   src_norm_ = host_tensor(csr.cols, DType::kF32);
   self_norm_ = host_tensor(csr.rows, DType::kF32);
   inv_degree_ = host_tensor(csr.rows, DType::kF32);
-  kernels::graph_norms({csr, src_ids, full_indptr, dst_norm_.f32(), src_norm_.f32(), self_norm_.f32(), inv_degree_.f32()});
+  kernels::graph_norms({csr, src_ids, full_indptr, dst_norm_.f32(), src_norm_.f32(), self_norm_.f32(), inv_degree_.f32(),
+                        full_degree});
   set_views();
 }
 
 GraphOperand GraphOperand::from_device_block(const Device& device, kernels::CsrView csr, int64_t nnz,
-                                             const int64_t* src_ids, const int64_t* full_indptr, bool edge_map) {
-  GALE_ASSERT(device.is_cuda() && csr.weights == nullptr);
+                                             const int64_t* src_ids, const int64_t* full_indptr, bool edge_map,
+                                             const float* full_degree) {
+  GALE_ASSERT(device.is_cuda() && (csr.weights == nullptr || full_degree != nullptr));
 #if GALE_WITH_CUDA
   kernels::cuda::Stream& stream = DeviceContext::get(device.ordinal).io_stream();
   GraphOperand g;
@@ -89,6 +93,10 @@ GraphOperand GraphOperand::from_device_block(const Device& device, kernels::CsrV
   g.indices_ = make(nnz, DType::kI32);
   kernels::cuda::copy_on_device(g.indptr_.data<int64_t>(), csr.indptr, static_cast<size_t>(csr.rows + 1), stream);
   kernels::cuda::copy_on_device(g.indices_.data<int32_t>(), csr.indices, static_cast<size_t>(nnz), stream);
+  if (csr.weights) {
+    g.weights_ = make(nnz, DType::kF32);
+    kernels::cuda::copy_on_device(g.weights_.data<float>(), csr.weights, static_cast<size_t>(nnz), stream);
+  }
   g.set_views();  // csr_ now views the copies
   g.csc_indptr_ = make(csr.cols + 1, DType::kI64);
   g.csc_indices_ = make(nnz, DType::kI32);
@@ -99,18 +107,23 @@ GraphOperand GraphOperand::from_device_block(const Device& device, kernels::CsrV
     kernels::csr_transpose_cuda(g.csr_, nnz, g.csc_indptr_.data<int64_t>(), g.csc_indices_.data<int32_t>(),
                                 g.csc_edge_.data<int64_t>(), ws.data<unsigned char>(), ws_bytes, stream);
   }  // freed once the IO stream has passed the transpose
+  if (csr.weights) {  // the CSC's weights: the CSR's, in the transpose's entry order
+    g.csc_weights_ = make(nnz, DType::kF32);
+    kernels::gather_rows_cuda(kernels::ConstMatrixView(g.weights_.data<float>(), nnz, 1, 1), g.csc_edge_.data<int64_t>(),
+                              nnz, kernels::MatrixView{g.csc_weights_.data<float>(), nnz, 1, 1}, stream);
+  }
   if (!edge_map) g.csc_edge_ = Tensor();
   g.dst_norm_ = make(csr.rows, DType::kF32);
   g.src_norm_ = make(csr.cols, DType::kF32);
   g.self_norm_ = make(csr.rows, DType::kF32);
   g.inv_degree_ = make(csr.rows, DType::kF32);
   kernels::graph_norms_cuda({g.csr_, src_ids, full_indptr, g.dst_norm_.f32(), g.src_norm_.f32(), g.self_norm_.f32(),
-                             g.inv_degree_.f32()},
+                             g.inv_degree_.f32(), full_degree},
                             stream);
   g.set_views();
   return g;
 #else
-  (void)csr, (void)nnz, (void)src_ids, (void)full_indptr, (void)edge_map;
+  (void)csr, (void)nnz, (void)src_ids, (void)full_indptr, (void)edge_map, (void)full_degree;
   throw DeviceError("this build has no CUDA backend");
 #endif
 }

@@ -28,17 +28,25 @@ class GraphOperand {
   // read at its global id `src_ids[j]` in `full_indptr` (both host arrays, needed then). Without
   // `with_transpose` (inference: forwards read the CSR alone) the transpose is not built, and
   // csc() and csc_edge() throw InternalError.
+  //
+  // Edge weights (csr.weights, in entry order) make every aggregation weighted (GCN's degrees too:
+  // kernels/graph_norms.hpp); a block's outer sources then take their GCN degree from
+  // `full_degree` (kernels::weighted_in_degree of the full graph, indexed by global id). Without
+  // weights the aggregations are unweighted: the caller chooses by passing them or not
+  // (ModelConfig::edge_weights).
   explicit GraphOperand(kernels::CsrView csr, const int64_t* src_ids = nullptr, const int64_t* full_indptr = nullptr,
-                        bool with_transpose = true);
+                        bool with_transpose = true, const float* full_degree = nullptr);
 
   // A block sampled on the GPU (sampler/device_block.hpp) as an operand on `device`, built there on
   // the device's IO stream (Tensor::empty_io), which must already be ordered after the work that
   // wrote the arrays, and which the compute stream must wait for before using the operand: the
   // CSR is copied (so the sampler's buffers may be freed), the CSC built by csr_transpose_cuda
   // and the norms by graph_norms_cuda. `csr`, `src_ids` and `full_indptr` are device-accessible
-  // (full_indptr may be mapped host memory); nnz is the entry count as known on the host.
+  // (full_indptr may be mapped host memory); nnz is the entry count as known on the host. With
+  // csr.weights the weights are copied too, and full_degree (device-accessible) is needed.
   static GraphOperand from_device_block(const Device& device, kernels::CsrView csr, int64_t nnz,
-                                        const int64_t* src_ids, const int64_t* full_indptr, bool edge_map);
+                                        const int64_t* src_ids, const int64_t* full_indptr, bool edge_map,
+                                        const float* full_degree = nullptr);
 
   // A copy on `device` owning every array (this operand's arrays when it is already there).
   // csc_edge is copied only with `edge_map` (attention needs it; the 8 bytes per entry are
@@ -62,7 +70,10 @@ class GraphOperand {
   // its arrays): what a layer keys results derived from the graph by.
   uint64_t id() const { return id_; }
 
-  // GCN symmetric normalisation with a self loop: 1 / sqrt(in-degree + 1).
+  // Whether the aggregations are weighted (the CSR has edge weights).
+  bool weighted() const { return csr_.weights != nullptr; }
+  // GCN symmetric normalisation with a self loop: 1 / sqrt(in-degree + 1) (weighted degree when
+  // weighted()).
   const float* dst_norm() const { return dst_norm_.f32(); }
   const float* src_norm() const { return src_norm_.f32(); }
   // GCN's self-loop coefficient of each destination: dst_norm^2 = 1 / (in-degree + 1).
@@ -74,7 +85,8 @@ class GraphOperand {
   // pass it as a coalesced per-entry weight instead of gathering it per entry and column tile:
   // kGcnCsr = src_norm over the CSR's columns (GCN forward), kGcnCsc = dst_norm over the CSC's
   // (GCN backward; the same array as kGcnCsr when the graph is symmetric), kMeanCsc = inv_degree
-  // over the CSC's (SAGE mean backward). Built on the device on first use and kept (a cache, like
+  // over the CSC's (SAGE mean backward), times the entry's weight when weighted(), so that the copy
+  // is the entry's whole column coefficient. Built on the device on first use and kept (a cache, like
   // edge_groups, nnz floats each). Null on the CPU and for sampled blocks, which are aggregated a
   // few times only: callers then pass the column scale itself.
   enum class EntryScale { kGcnCsr = 0, kGcnCsc = 1, kMeanCsc = 2 };

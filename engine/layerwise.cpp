@@ -10,6 +10,7 @@
 #include "engine/graph.hpp"
 #include "engine/ops.hpp"
 #include "kernels/error.hpp"
+#include "kernels/graph_norms.hpp"
 #include "sampler/block.hpp"
 
 namespace gale::engine {
@@ -53,6 +54,17 @@ std::vector<int64_t> layerwise_chunks(const int64_t* indptr, int64_t num_nodes, 
   return bounds;
 }
 
+kernels::CsrView aggregation_csr(const storage::Store& store, const ModelConfig& config) {
+  kernels::CsrView csr = store.csr();
+  if (!config.edge_weights) {
+    csr.weights = nullptr;
+  } else if (csr.weights == nullptr) {
+    throw InputError(store.path().string() + ": the model aggregates with edge weights, and the store has none "
+                     "(graph/weights.npy)");
+  }
+  return csr;
+}
+
 namespace {
 
 // The one-hop block of destinations [begin, end) with all of their in-neighbours: the
@@ -68,6 +80,7 @@ sampler::Block chunk_block(const kernels::CsrView& g, int64_t begin, int64_t end
   std::iota(b.src_ids.begin(), b.src_ids.end(), begin);
   int32_t* map = local->data();
   for (int64_t v = begin; v < end; ++v) map[v] = static_cast<int32_t>(v - begin);
+  if (g.weights) b.weights.assign(g.weights + e0, g.weights + e1);
   b.indices.resize(static_cast<size_t>(e1 - e0));
   for (int64_t e = e0; e < e1; ++e) {
     const int32_t u = g.indices[e];
@@ -95,7 +108,9 @@ Tensor layerwise_logits(Model& model, const storage::Store& store, const InputRo
   const int64_t n = store.num_nodes();
   const Device device = model.device();
   const std::vector<int64_t> bounds = layerwise_chunks(store.indptr(), n, options.max_rows);
-  const kernels::CsrView csr = store.csr();
+  const kernels::CsrView csr = aggregation_csr(store, model.config());
+  // A weighted chunk's outer sources take their GCN degrees from here.
+  const std::vector<float> full_degree = csr.weights ? kernels::weighted_in_degree(csr) : std::vector<float>();
   std::vector<int32_t> local(static_cast<size_t>(n), -1);  // chunk_block's map (one chunk prepared at a time)
   // Layer l - 1's outputs of every node: a tensor on the model's device (the CPU's, or a GPU's when
   // they fit there), or, on a GPU, pinned host memory that its kernels gather from.
@@ -119,7 +134,7 @@ Tensor layerwise_logits(Model& model, const storage::Store& store, const InputRo
       chunk.end = bounds[c + 1];
       chunk.block = chunk_block(csr, chunk.begin, chunk.end, &local);
       chunk.graph = std::make_unique<GraphOperand>(chunk.block.csr(), chunk.block.src_ids.data(), store.indptr(),
-                                                   /*with_transpose=*/false);
+                                                   /*with_transpose=*/false, full_degree.data());
       return chunk;
     };
     // The next chunk's block is built on the host while this one runs.

@@ -46,8 +46,12 @@ constexpr uint64_t kLibraryReserveBytes = uint64_t{40} << 20;
 // aggregate, output and the layer's temporaries).
 LayerwiseOptions layerwise_options_for(uint64_t room, int64_t widest, bool attention);
 
+// The store's CSR as `config`'s model aggregates over it: with the store's edge weights when it
+// uses them (ModelConfig::edge_weights; InputError when the store has none), else without.
+kernels::CsrView aggregation_csr(const storage::Store& store, const ModelConfig& config);
+
 // The model's logits for every node of the store's graph, as a host tensor (num_nodes x
-// out_dim), computed by Model::infer_layer over chunks of nodes.
+// out_dim), computed by Model::infer_layer over chunks of nodes (weighted as aggregation_csr).
 Tensor layerwise_logits(Model& model, const storage::Store& store, const InputRows& input_rows,
                         const LayerwiseOptions& options);
 

@@ -33,6 +33,11 @@ struct ModelConfig {
   int64_t maxk = 0;               // k of Activation::kMaxK (1 <= k <= hidden width)
   float gin_eps = 0.0f;           // GIN: (1 + eps) * x_i + sum_j x_j
   int gin_mlp_layers = 2;         // GIN's MLP depth (Linear-ReLU-Linear)
+  // GCN, SAGE, GIN: aggregate with the graph's edge weights (GCN as PyG's GCNConv with
+  // edge_weight: weighted degrees; SAGE a mean and GIN a sum of weighted messages, as DGL's convs
+  // with edge_weight). The graph operands carry the weights or not (engine/graph.hpp); this says
+  // which the model was trained with, so inference builds the same.
+  bool edge_weights = false;
 };
 
 // "relu", "elu" or "maxk:K": the --activation spelling, also used in checkpoints.

@@ -123,6 +123,7 @@ PredictReport predict(const PredictOptions& o) {
     config.gin_mlp_layers = id.at("gin_mlp_layers").get<int>();
     config.gin_eps = id.at("gin_eps").get<float>();
     parse_activation(id.at("activation").get<std::string>(), &config);
+    config.edge_weights = id.value("edge_weights", false);
   } catch (const nlohmann::json::exception& e) {
     throw CorruptStoreError(file.string() + ": malformed model description: " + e.what());
   }
@@ -154,7 +155,7 @@ PredictReport predict(const PredictOptions& o) {
   Tensor logits;
   const auto start = std::chrono::steady_clock::now();
   if (o.device.is_cpu()) {
-    const GraphOperand graph(store.csr());
+    const GraphOperand graph(aggregation_csr(store, config));
     const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
     logits = model.forward(graphs, x, /*training=*/false, 0);
     report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -183,7 +184,7 @@ PredictReport predict(const PredictOptions& o) {
       report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       report.gpu_peak_bytes = gpu_peak_bytes(o.device);
     } else {
-      const GraphOperand graph = GraphOperand(store.csr()).to(o.device, /*edge_map=*/attention);
+      const GraphOperand graph = GraphOperand(aggregation_csr(store, config)).to(o.device, /*edge_map=*/attention);
       const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
       const Tensor x_device = x.to(o.device);
       synchronize(o.device);

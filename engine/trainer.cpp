@@ -27,6 +27,7 @@
 #include "engine/processes.hpp"
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
+#include "kernels/graph_norms.hpp"
 #include "kernels/threads.hpp"
 #include "sampler/neighbor_sampler.hpp"
 #include "scheduler/batch_pipeline.hpp"
@@ -49,6 +50,9 @@ std::string identity_json(const TrainOptions& o, const storage::Store& store) {
       {"gin_eps", m.gin_eps}, {"activation", activation_name(m)},
       {"num_nodes", store.num_nodes()}, {"num_edges", store.num_edges()}, {"seed", o.seed},
       {"full_graph", o.full_graph}, {"fanouts", o.fanouts}, {"batch_size", o.batch_size}};
+  // Named only when set, so that checkpoints written before these options resume as they were.
+  if (m.edge_weights) j["edge_weights"] = true;
+  if (o.sampling == sampler::Sampling::kWeighted) j["neighbor_sampling"] = "weighted";
   return j.dump();
 }
 
@@ -155,6 +159,22 @@ uint64_t parameter_checksum(Model& model) {
 
 }  // namespace
 
+bool uses_edge_weights(TrainOptions::EdgeWeights choice, const storage::Store& store, const std::string& model) {
+  const bool weighted = store.weights() != nullptr;
+  switch (choice) {
+    case TrainOptions::EdgeWeights::kIgnore: return false;
+    case TrainOptions::EdgeWeights::kAuto: return weighted && model != "gat";
+    case TrainOptions::EdgeWeights::kUse:
+      if (!weighted)
+        throw InputError("--edge-weights use: " + store.path().string() + " has no edge weights (graph/weights.npy)");
+      if (model == "gat")
+        throw InputError("--edge-weights use: GAT weighs its neighbours by attention, not by edge weights; "
+                         "use gcn, sage or gin, or --edge-weights ignore");
+      return true;
+  }
+  return false;
+}
+
 TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   TrainOptions opt = opt_in;
   // This process's workers (its slice of --gpus when several processes share a host), and the
@@ -220,6 +240,12 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
 
   opt.model.in_dim = store.feature_dim();
   opt.model.out_dim = store.num_classes();
+  opt.model.edge_weights = uses_edge_weights(opt.edge_weights, store, opt.model.model);
+  if (opt.sampling == sampler::Sampling::kWeighted) {
+    if (opt.full_graph) throw InputError("--neighbor-sampling weighted: draws mini-batch neighbours; give --fanouts");
+    if (store.weights() == nullptr)
+      throw InputError("--neighbor-sampling weighted: " + opt.store + " has no edge weights (graph/weights.npy)");
+  }
   const int64_t n = store.num_nodes();
   if (procs.distributed()) {
     // Every process must train the same model on the same store with as many workers: compare
@@ -304,6 +330,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           diff += (diff.empty() ? "" : ", ") + it.key() + " " + (old == was.end() ? "absent" : old->dump()) +
                   " there, " + it.value().dump() + " here";
         }
+        for (auto it = was.begin(); it != was.end(); ++it)
+          if (!now.contains(it.key()))
+            diff += (diff.empty() ? "" : ", ") + it.key() + " " + it.value().dump() + " there, absent here";
       } catch (const nlohmann::json::exception&) {
         diff = "an unreadable description";
       }
@@ -382,7 +411,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
 
   std::unique_ptr<sampler::NeighborSampler> sampler;
   if (!opt.full_graph) {
-    sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), opt.fanouts);
+    sampler = std::make_unique<sampler::NeighborSampler>(store.csr(), opt.fanouts, opt.sampling,
+                                                         opt.model.edge_weights);
     for (Replica& r : replicas) {
       if (!r.dev.is_cuda()) continue;
       const UseDevice use(r.dev);
@@ -393,7 +423,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
           opt.feature_gpu_bytes > 0 ? opt.feature_gpu_bytes : gpu_room(r.dev, opt.gpu_mem_budget) / 2;
       if (opt.gpu_sampler)
         r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts,
-                                                     GpuBatches::topology_room(r.dev, opt.gpu_mem_budget));
+                                                     GpuBatches::topology_room(r.dev, opt.gpu_mem_budget),
+                                                     opt.sampling, opt.model.edge_weights);
       // Workers share one pinned host copy of the features; on a partitioned store each GPU's cache
       // holds its own parts' hot nodes first.
       std::vector<uint8_t> own;
@@ -427,7 +458,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   std::optional<GraphOperand> full;
   Tensor all_features;
   auto full_graphs = [&]() {
-    if (!full) full.emplace(GraphOperand(store.csr()).to(dev, attention));
+    if (!full) full.emplace(GraphOperand(aggregation_csr(store, opt.model)).to(dev, attention));
     return std::vector<const GraphOperand*>(static_cast<size_t>(opt.model.layers), &*full);
   };
   auto features = [&]() -> const Tensor& {
@@ -443,12 +474,16 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
                test_rows = ids_tensor(test_ids, dev);
 
   // Sampled blocks of a batch of seeds as graph operands (each outer source's GCN norm from its
-  // full-graph in-degree), still on the host.
+  // full-graph in-degree, weighted when the model is), still on the host.
+  const std::vector<float> full_degree = !opt.full_graph && opt.model.edge_weights
+                                             ? kernels::weighted_in_degree(store.csr())
+                                             : std::vector<float>();
   auto prepare_blocks = [&](const Replica& r, PreparedBatch* p, const sampler::NeighborSampler& s, const int64_t* seeds,
                             int64_t len, uint64_t key) {
     p->batch = s.sample(seeds, len, key);
     for (const sampler::Block& block : p->batch.blocks)
-      p->graphs.push_back(std::make_unique<GraphOperand>(block.csr(), block.src_ids.data(), store.indptr()));
+      p->graphs.push_back(std::make_unique<GraphOperand>(block.csr(), block.src_ids.data(), store.indptr(),
+                                                          /*with_transpose=*/true, full_degree.data()));
     if (!r.batch_features) {  // the CPU reads the features here, in parallel; a GPU gathers them later
       const auto& inputs = p->batch.input_nodes();
       p->features = Tensor::empty(static_cast<int64_t>(inputs.size()), store.feature_dim());

@@ -17,6 +17,8 @@
 #include "engine/model.hpp"
 #include "engine/ops.hpp"
 #include "kernels/device.hpp"
+#include "sampler/neighbor_sampler.hpp"
+#include "storage/store.hpp"
 
 namespace gale::engine {
 
@@ -52,6 +54,14 @@ struct TrainOptions {
   // (ExitCode::kPeer).
   double comm_timeout_s = 600;
   ops::ExecOptions exec;            // --spmm, --tf32
+  // --edge-weights: whether GCN, SAGE and GIN aggregate with the store's edge weights
+  // (ModelConfig::edge_weights): kAuto when the store has them and the model is not GAT (whose
+  // attention weighs the neighbours), kUse insists (InputError without weights, or for GAT).
+  enum class EdgeWeights { kAuto, kUse, kIgnore };
+  EdgeWeights edge_weights = EdgeWeights::kAuto;
+  // --neighbor-sampling: mini-batch neighbours drawn uniformly or in proportion to the store's
+  // edge weights (both samplers; needs the weights).
+  sampler::Sampling sampling = sampler::Sampling::kUniform;
   // --gpu-mem-budget: every byte Gale allocates on the GPU is charged against it (0 = unlimited);
   // the text is what the user wrote, for messages.
   uint64_t gpu_mem_budget = 0;
@@ -144,6 +154,10 @@ struct TrainResult {
 };
 
 using EpochCallback = std::function<void(const EpochMetrics&)>;
+
+// What TrainOptions::edge_weights resolves to for `model` on `store` (the same rule the trainer
+// applies; the CLI says it before training). Throws InputError as described there.
+bool uses_edge_weights(TrainOptions::EdgeWeights choice, const storage::Store& store, const std::string& model);
 
 // Trains as configured. Throws InputError for bad options or a store without features / labels /
 // train split, CorruptStoreError for a bad store or checkpoint, DeviceError when the device is

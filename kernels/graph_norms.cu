@@ -14,21 +14,32 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ float norm_of(int64_t degree) { return static_cast<float>(1.0 / sqrt(static_cast<double>(degree + 1))); }
+__device__ float norm_of(double degree) {
+  return degree + 1.0 > 0.0 ? static_cast<float>(1.0 / sqrt(degree + 1.0)) : 0.0f;
+}
+
+// graph_norms_cpu.cpp's weighted_degree: a double sum in entry order, rounded to f32.
+__device__ float weighted_degree(const float* w, int64_t begin, int64_t end) {
+  double d = 0;
+  for (int64_t e = begin; e < end; ++e) d += w[e];
+  return static_cast<float>(d);
+}
 
 __global__ void __launch_bounds__(kThreads) graph_norms_kernel(GraphNormsArgs a) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; j < a.csr.cols; j += stride) {
     if (j < a.csr.rows) {
       const int64_t d = a.csr.indptr[j + 1] - a.csr.indptr[j];
-      const float n = norm_of(d);
+      const float n = norm_of(a.csr.weights ? weighted_degree(a.csr.weights, a.csr.indptr[j], a.csr.indptr[j + 1])
+                                            : static_cast<double>(d));
       a.dst_norm[j] = n;
       a.src_norm[j] = n;
       a.self_norm[j] = __fmul_rn(n, n);
       a.inv_degree[j] = d > 0 ? __fdiv_rn(1.0f, static_cast<float>(d)) : 0.0f;
     } else {
       const int64_t v = a.src_ids[j];
-      a.src_norm[j] = norm_of(a.full_indptr[v + 1] - a.full_indptr[v]);
+      a.src_norm[j] = norm_of(a.csr.weights ? a.full_degree[v]
+                                            : static_cast<double>(a.full_indptr[v + 1] - a.full_indptr[v]));
     }
   }
 }

@@ -1301,10 +1301,13 @@ int64_t spmm_gar_padded_ld(const SpmmArgs& a) {
 }
 
 namespace {
-__global__ void entry_scale_kernel(const int32_t* indices, int64_t nnz, const float* col_scale, float* out) {
+__global__ void entry_scale_kernel(const int32_t* indices, const float* weights, int64_t nnz, const float* col_scale,
+                                   float* out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < nnz; k += stride)
-    out[k] = __ldg(col_scale + __ldcs(indices + k));
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < nnz; k += stride) {
+    const float s = __ldg(col_scale + __ldcs(indices + k));
+    out[k] = weights ? __fmul_rn(s, __ldcs(weights + k)) : s;
+  }
 }
 
 __global__ void long_rows_kernel(const int64_t* indptr, int64_t rows, int64_t* list, int64_t capacity,
@@ -1330,7 +1333,7 @@ void gar_long_rows_cuda(const CsrView& graph, int64_t* rows, int64_t capacity, i
 
 void spmm_entry_scale_cuda(const CsrView& graph, int64_t nnz, const float* col_scale, float* out, cudaStream_t stream) {
   if (nnz <= 0) return;  // indptr[0] == 0 is the caller's promise: the host cannot read it here
-  entry_scale_kernel<<<elementwise_blocks(nnz), kBlock, 0, stream>>>(graph.indices, nnz, col_scale, out);
+  entry_scale_kernel<<<elementwise_blocks(nnz), kBlock, 0, stream>>>(graph.indices, graph.weights, nnz, col_scale, out);
   GALE_CHECK_CUDA(cudaGetLastError());
 }
 

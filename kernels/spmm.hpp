@@ -150,7 +150,8 @@ int64_t gar_long_rows_capacity(int64_t rows, int64_t nnz);
 std::vector<int64_t> gar_long_rows_cpu(const CsrView& graph);
 
 // The scale of each entry's column, in entry order: out[e] = col_scale[indices[e]] for the
-// graph's entries, which must start at 0 (indptr[0] == 0, as a whole CSR or CSC does). A graph aggregated many times (full-graph training) passes it as
+// graph's entries, which must start at 0 (indptr[0] == 0, as a whole CSR or CSC does), times the
+// entry's weight graph.weights[e] when the graph has weights (one f32 product). A graph aggregated many times (full-graph training) passes it as
 // edge_weight with col_scale = null: GAR and GAS then read one coalesced value per entry instead
 // of gathering col_scale[c] (a random 32-byte sector) for every entry and column tile.
 void spmm_entry_scale(const CsrView& graph, const float* col_scale, float* out);

@@ -19,7 +19,8 @@ void spmm_entry_scale(const CsrView& graph, const float* col_scale, float* out) 
   if (graph.indptr[0] != 0) throw InputError("spmm_entry_scale: the graph's entries must start at 0");
   const int64_t nnz = graph.indptr[graph.rows];
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, nnz, 1 << 16), [&](const tbb::blocked_range<int64_t>& r) {
-    for (int64_t e = r.begin(); e < r.end(); ++e) out[e] = col_scale[graph.indices[e]];
+    for (int64_t e = r.begin(); e < r.end(); ++e)
+      out[e] = graph.weights ? col_scale[graph.indices[e]] * graph.weights[e] : col_scale[graph.indices[e]];
   });
 }
 

@@ -16,11 +16,12 @@ struct Block {
   std::vector<int64_t> indptr;   // num_dst + 1
   std::vector<int32_t> indices;  // local source ids, < src_ids.size()
   std::vector<int64_t> src_ids;  // global id of every local source; the first num_dst are the dsts
+  std::vector<float> weights;    // the entries' edge weights, or empty (a sampler's option)
 
   int64_t num_dst() const { return static_cast<int64_t>(indptr.size()) - 1; }
   int64_t num_src() const { return static_cast<int64_t>(src_ids.size()); }
   kernels::CsrView csr() const {
-    return {num_dst(), num_src(), indptr.data(), indices.data(), nullptr};
+    return {num_dst(), num_src(), indptr.data(), indices.data(), weights.empty() ? nullptr : weights.data()};
   }
 };
 

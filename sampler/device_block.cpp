@@ -11,6 +11,10 @@ void enqueue_copy(const DeviceBlock& d, Block* h, cudaStream_t stream) {
   kernels::cuda::copy_to_host(h->indptr.data(), d.indptr.data(), h->indptr.size(), stream);
   kernels::cuda::copy_to_host(h->indices.data(), d.indices.data(), h->indices.size(), stream);
   kernels::cuda::copy_to_host(h->src_ids.data(), d.src_ids.data(), h->src_ids.size(), stream);
+  if (d.weights.size() > 0) {
+    h->weights.resize(static_cast<size_t>(d.num_edges));
+    kernels::cuda::copy_to_host(h->weights.data(), d.weights.data(), h->weights.size(), stream);
+  }
 }
 
 }  // namespace

@@ -24,9 +24,12 @@ struct DeviceBlock {
   kernels::cuda::DeviceBuffer<int64_t> indptr;   // num_dst + 1 used, indptr[0] = 0
   kernels::cuda::DeviceBuffer<int32_t> indices;  // num_edges used, local source ids < num_src
   kernels::cuda::DeviceBuffer<int64_t> src_ids;  // num_src used; the first num_dst are the dsts
+  kernels::cuda::DeviceBuffer<float> weights;    // num_edges used, or none (a sampler's option)
 
   // Device pointers; a kernel reads them, the host must not.
-  kernels::CsrView csr() const { return {num_dst, num_src, indptr.data(), indices.data(), nullptr}; }
+  kernels::CsrView csr() const {
+    return {num_dst, num_src, indptr.data(), indices.data(), weights.size() > 0 ? weights.data() : nullptr};
+  }
 };
 
 // Input layer first, as SampledBatch: blocks[0]'s sources are the nodes whose features are read,

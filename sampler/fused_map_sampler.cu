@@ -153,7 +153,8 @@ struct SampleArgs {
   HashTable table;
   unsigned long long* counter = nullptr;
   int64_t* src_ids = nullptr;
-  const float* weights = nullptr;  // the graph's edge weights (weighted mode)
+  const float* weights = nullptr;  // the graph's edge weights (weighted mode, or block weights)
+  float* picked_weights = nullptr; // the picks' weights, beside `picked` (block weights only)
   unsigned long long* errors = nullptr;
   int64_t rows = 0;
 };
@@ -161,8 +162,10 @@ struct SampleArgs {
 // Records a pick and enters it in the map. A graph index outside [0, rows) (a damaged topology)
 // is flagged instead of entered: -1 would read as the empty key, and the next hop's count would
 // otherwise be the first to notice, which the last hop does not have.
-__device__ __forceinline__ void record_pick(const SampleArgs& a, int64_t* slot, int64_t g) {
+// With block weights the pick's edge weight (graph entry `entry`) goes beside it.
+__device__ __forceinline__ void record_pick(const SampleArgs& a, int64_t* slot, int64_t g, int64_t entry) {
   *slot = g;
+  if (a.picked_weights) a.picked_weights[slot - a.picked] = a.weights[entry];
   if (g < 0 || g >= a.rows) {
     atomicOr(a.errors, static_cast<unsigned long long>(kNodeOutOfRange));
     return;
@@ -171,9 +174,9 @@ __device__ __forceinline__ void record_pick(const SampleArgs& a, int64_t* slot, 
 }
 
 // Every neighbour of a row at or below the fanout, in graph order.
-__device__ __forceinline__ void take_whole_row(const SampleArgs& a, const int32_t* nbrs, int64_t degree,
-                                               int64_t* picked, int lane) {
-  for (int64_t j = lane; j < degree; j += kWarp) record_pick(a, picked + j, nbrs[j]);
+__device__ __forceinline__ void take_whole_row(const SampleArgs& a, int64_t begin, int64_t degree, int64_t* picked,
+                                               int lane) {
+  for (int64_t j = lane; j < degree; j += kWarp) record_pick(a, picked + j, a.graph_indices[begin + j], begin + j);
 }
 
 // Step 4: one warp per destination (a grid-stride loop over warps, so every lane of a warp
@@ -197,7 +200,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     const int32_t* nbrs = a.graph_indices + begin;
     int64_t* picked = a.picked + out;
     if (take == degree) {
-      take_whole_row(a, nbrs, degree, picked, lane);
+      take_whole_row(a, begin, degree, picked, lane);
       continue;
     }
     const uint64_t key = kernels::derive_key(a.hop_key, static_cast<uint64_t>(v));
@@ -212,7 +215,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
       }
       int rank = 0;
       for (int q = 0; q < take; ++q) rank += __shfl_sync(kFull, mine, q) < mine ? 1 : 0;
-      if (lane < take) record_pick(a, picked + rank, nbrs[mine]);
+      if (lane < take) record_pick(a, picked + rank, nbrs[mine], begin + mine);
     } else {
       int32_t* chosen = a.scratch + out;
       for (int64_t m = 0; m < take; ++m) {
@@ -229,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
         const int32_t offset = chosen[m];
         int64_t rank = 0;
         for (int64_t q = 0; q < take; ++q) rank += chosen[q] < offset ? 1 : 0;
-        record_pick(a, picked + rank, nbrs[offset]);
+        record_pick(a, picked + rank, nbrs[offset], begin + offset);
       }
     }
   }
@@ -273,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) weighted_sample_kernel(SampleArgs a)
     const float* weights = a.weights + begin;
     int64_t* picked = a.picked + out;
     if (take == degree) {
-      take_whole_row(a, nbrs, degree, picked, lane);
+      take_whole_row(a, begin, degree, picked, lane);
       continue;
     }
     const uint64_t key = kernels::derive_key(a.hop_key, static_cast<uint64_t>(v));
@@ -330,7 +333,7 @@ __global__ void __launch_bounds__(kThreads) weighted_sample_kernel(SampleArgs a)
       const unsigned equal_mask = __ballot_sync(kFull, equal);
       const bool chosen = (j < degree && bits < prefix) || (equal && ties + __popc(equal_mask & lanes_below) < remaining);
       const unsigned chosen_mask = __ballot_sync(kFull, chosen);
-      if (chosen) record_pick(a, picked + written + __popc(chosen_mask & lanes_below), nbrs[j]);
+      if (chosen) record_pick(a, picked + written + __popc(chosen_mask & lanes_below), nbrs[j], begin + j);
       written += __popc(chosen_mask);
       ties += __popc(equal_mask);
     }
@@ -400,9 +403,11 @@ int ceil_log2(int64_t x) {
 }  // namespace
 
 FusedMapSampler::FusedMapSampler(kernels::CsrView graph, std::vector<int> fanouts, kernels::cuda::MemoryPool& pool,
-                                 Sampling sampling)
-    : graph_(graph), fanouts_(std::move(fanouts)), pool_(&pool), sampling_(sampling) {
+                                 Sampling sampling, bool block_weights)
+    : graph_(graph), fanouts_(std::move(fanouts)), pool_(&pool), sampling_(sampling), block_weights_(block_weights) {
   validate_fanouts(fanouts_);
+  if (block_weights_ && graph_.weights == nullptr && graph_.rows > 0)
+    throw InputError("FusedMapSampler: blocks with edge weights need a graph with edge weights, and the graph has none");
   if (sampling_ == Sampling::kWeighted && graph_.weights == nullptr && graph_.rows > 0)
     throw InputError("FusedMapSampler: weighted sampling needs edge weights, and the graph has none");
   if (graph_.rows < 0 || graph_.rows != graph_.cols)
@@ -467,6 +472,7 @@ DeviceSampledBatch FusedMapSampler::sample(const int64_t* seeds_device, int64_t 
     block.indices = DeviceBuffer<int32_t>(pool, static_cast<size_t>(entries), stream);
     block.src_ids = DeviceBuffer<int64_t>(pool, static_cast<size_t>(bound), stream);
     DeviceBuffer<int64_t> picked(pool, static_cast<size_t>(entries), stream);
+    if (block_weights_) block.weights = DeviceBuffer<float>(pool, static_cast<size_t>(entries), stream);
     HashTable table;
     table.log2_size = std::max(4, ceil_log2(2 * std::max<int64_t>(bound, 1)));
     const size_t slots = size_t{1} << table.log2_size;
@@ -498,8 +504,9 @@ DeviceSampledBatch FusedMapSampler::sample(const int64_t* seeds_device, int64_t 
       args.rows = graph_.rows;
       const unsigned sample_blocks = static_cast<unsigned>(
           std::clamp<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, kMaxBlocks));
+      args.weights = graph_.weights;
+      if (block_weights_) args.picked_weights = block.weights.data();
       if (sampling_ == Sampling::kWeighted) {
-        args.weights = graph_.weights;
         weighted_sample_kernel<<<sample_blocks, kThreads, 0, stream>>>(args);
       } else {
         sample_kernel<<<sample_blocks, kThreads, 0, stream>>>(args);

@@ -58,8 +58,10 @@ class FusedMapSampler {
   // weighted mode, which needs it.
   // fanouts: as NeighborSampler (fanouts[0] for the seeds' hop; positive, or -1 for all).
   // pool: every allocation of sample() comes from it; it must outlive the sampler's results.
+  // block_weights: every block carries its entries' edge weights (DeviceBlock::weights), which
+  // needs graph.weights (read under the same rules).
   FusedMapSampler(kernels::CsrView graph, std::vector<int> fanouts, kernels::cuda::MemoryPool& pool,
-                  Sampling sampling = Sampling::kUniform);
+                  Sampling sampling = Sampling::kUniform, bool block_weights = false);
 
   int num_layers() const { return static_cast<int>(fanouts_.size()); }
   const std::vector<int>& fanouts() const { return fanouts_; }
@@ -78,6 +80,7 @@ class FusedMapSampler {
   std::vector<int> fanouts_;
   kernels::cuda::MemoryPool* pool_;
   Sampling sampling_;
+  bool block_weights_;
 };
 
 }  // namespace gale::sampler

@@ -23,9 +23,12 @@ void validate_fanouts(const std::vector<int>& fanouts) {
   }
 }
 
-NeighborSampler::NeighborSampler(kernels::CsrView graph, std::vector<int> fanouts, Sampling sampling)
-    : graph_(graph), fanouts_(std::move(fanouts)), sampling_(sampling) {
+NeighborSampler::NeighborSampler(kernels::CsrView graph, std::vector<int> fanouts, Sampling sampling,
+                                 bool block_weights)
+    : graph_(graph), fanouts_(std::move(fanouts)), sampling_(sampling), block_weights_(block_weights) {
   validate_fanouts(fanouts_);
+  if (block_weights_ && graph_.weights == nullptr)
+    throw InputError("blocks with edge weights need a graph with edge weights, and the graph has none");
   if (sampling_ == Sampling::kWeighted && graph_.weights == nullptr && graph_.nnz() > 0)
     throw InputError("weighted sampling needs edge weights, and the graph has none");
 }
@@ -90,6 +93,7 @@ SampledBatch NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, ui
     }
     // 2. Draw in parallel (each destination's picks depend only on its id).
     std::vector<int64_t> picked(indptr[n]);
+    std::vector<float> picked_weights(block_weights_ ? indptr[n] : 0);
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 256), [&](const tbb::blocked_range<int64_t>& r) {
       std::vector<int64_t> offsets;
       for (int64_t i = r.begin(); i < r.end(); ++i) {
@@ -97,25 +101,30 @@ SampledBatch NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, ui
         const int64_t begin = graph_.indptr[v];
         const int64_t deg = graph_.indptr[v + 1] - begin;
         const int64_t take = indptr[i + 1] - indptr[i];
-        int64_t* dst = picked.data() + indptr[i];
         if (take == deg) {
-          for (int64_t j = 0; j < deg; ++j) dst[j] = graph_.indices[begin + j];
+          offsets.resize(static_cast<size_t>(deg));
+          for (int64_t j = 0; j < deg; ++j) offsets[j] = j;
         } else if (sampling_ == Sampling::kWeighted) {
           try {
             weighted_offsets(derive_key(hop_key, static_cast<uint64_t>(v)), graph_.weights + begin, deg, take, &offsets);
           } catch (const InputError& e) {
             throw InputError("node " + std::to_string(v) + ": " + e.what());
           }
-          for (int64_t j = 0; j < take; ++j) dst[j] = graph_.indices[begin + offsets[j]];
         } else {
           sample_offsets(derive_key(hop_key, static_cast<uint64_t>(v)), deg, static_cast<int>(take), &offsets);
-          for (int64_t j = 0; j < take; ++j) dst[j] = graph_.indices[begin + offsets[j]];
+        }
+        int64_t* dst = picked.data() + indptr[i];
+        for (int64_t j = 0; j < take; ++j) dst[j] = graph_.indices[begin + offsets[j]];
+        if (block_weights_) {
+          float* w = picked_weights.data() + indptr[i];
+          for (int64_t j = 0; j < take; ++j) w[j] = graph_.weights[begin + offsets[j]];
         }
       }
     });
     // 3. Local ids: destinations keep their positions, new sources follow in first-seen order.
     Block& block = batch.blocks[fanouts_.size() - 1 - hop];
     block.indptr = std::move(indptr);
+    block.weights = std::move(picked_weights);
     block.src_ids = frontier;
     std::unordered_map<int64_t, int32_t> local;
     local.reserve(static_cast<size_t>(n + picked.size()));

@@ -39,8 +39,10 @@ void weighted_offsets(uint64_t row_key, const float* weights, int64_t degree, in
 class NeighborSampler {
  public:
   // fanouts[0] is for the seeds' direct in-neighbours (the last layer), as PyG's num_neighbors.
-  // kWeighted needs graph.weights.
-  NeighborSampler(kernels::CsrView graph, std::vector<int> fanouts, Sampling sampling = Sampling::kUniform);
+  // kWeighted needs graph.weights. With `block_weights` (which needs them too) every block carries
+  // its sampled entries' weights (Block::weights), for weighted aggregation.
+  NeighborSampler(kernels::CsrView graph, std::vector<int> fanouts, Sampling sampling = Sampling::kUniform,
+                  bool block_weights = false);
 
   int num_layers() const { return static_cast<int>(fanouts_.size()); }
   const std::vector<int>& fanouts() const { return fanouts_; }
@@ -53,6 +55,7 @@ class NeighborSampler {
   kernels::CsrView graph_;
   std::vector<int> fanouts_;
   Sampling sampling_;
+  bool block_weights_;
 };
 
 }  // namespace gale::sampler

@@ -127,8 +127,19 @@ GeneratorSpec parse_generator(const std::string& spec) {
       kv.erase(it);
     }
   }
+  if (auto it = kv.find("weights"); it != kv.end()) {
+    if (it->second != "none" && it->second != "uniform")
+      throw InputError("--generate " + g.kind + ": 'weights' expects none or uniform, found '" + it->second + "'");
+    g.weights = it->second == "uniform";
+    kv.erase(it);
+  }
   if (!kv.empty()) throw InputError("--generate " + g.kind + ": unknown key '" + kv.begin()->first + "'");
   return g;
+}
+
+float generated_weight(const GeneratorSpec& g, int64_t s, int64_t d) {
+  const uint64_t lo = static_cast<uint64_t>(std::min(s, d)), hi = static_cast<uint64_t>(std::max(s, d));
+  return 0.1f + 0.9f * kernels::random_uniform(derive_key(derive_key(g.seed, 5), lo), hi);
 }
 
 int64_t generator_nodes(const GeneratorSpec& g) { return g.kind == "rmat" ? (int64_t{1} << g.scale) : g.nodes; }

@@ -24,12 +24,15 @@ struct GeneratorSpec {
   bool class_order = false;
   // both (rmat: features / classes optional)
   int64_t classes = 0, feature_dim = 0;
+  // weights=uniform: every edge gets a weight drawn uniformly from [0.1, 1), the same both ways
+  // (generated_weight); weights=none (the default): no graph/weights.npy.
+  bool weights = false;
   uint64_t seed = 0;
   bool seed_given = false;          // false: preprocess uses --seed
 };
 
 // Parses "rmat:scale=21,edge-factor=16" / "sbm:nodes=1M,classes=16,avg-degree=20,feature-dim=128"
-// (sbm also takes homophily=H and order=random|class);
+// (sbm also takes homophily=H and order=random|class; both take weights=none|uniform);
 // numbers accept K, M, G suffixes. Throws InputError naming --generate and the bad key.
 GeneratorSpec parse_generator(const std::string& spec);
 
@@ -39,6 +42,8 @@ int64_t generator_nodes(const GeneratorSpec& g);
 void generate_edges(const GeneratorSpec& g, const std::function<void(int64_t, int64_t)>& emit);
 // Class of node v (-1 when the spec has no classes).
 int32_t generated_label(const GeneratorSpec& g, int64_t v);
+// Weight of the undirected edge {s, d} (weights=uniform): a pure function of the pair and the seed.
+float generated_weight(const GeneratorSpec& g, int64_t s, int64_t d);
 // Feature row of node v (feature_dim values).
 void generated_features(const GeneratorSpec& g, int64_t v, float* row);
 

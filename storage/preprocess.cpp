@@ -653,10 +653,12 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     if (o.undirected && s != d) sorter.add(d, s, w);
   };
   if (generating) {
+    weighted = gen.weights;
     generate_edges(gen, [&](int64_t s, int64_t d) {
       ++read_edges;
-      sorter.add(s, d, 1.0f);
-      if (s != d) sorter.add(d, s, 1.0f);  // generated graphs are undirected
+      const float w = gen.weights ? generated_weight(gen, s, d) : 1.0f;
+      sorter.add(s, d, w);
+      if (s != d) sorter.add(d, s, w);  // generated graphs are undirected
     });
     max_id = *nd.num_nodes - 1;
   } else if (format == InputFormat::kOgb) {

@@ -44,14 +44,16 @@ struct Epilogue {
   bool accumulate = false;  // add into `out`'s current values
 };
 
-// A column scale for an SpMM: the operand's per-entry copy when it keeps one (a whole graph on a
-// GPU: read coalesced as the entries' weights), else the per-column array itself.
-void set_col_scale(const GraphOperand& g, GraphOperand::EntryScale which, const float* col_scale,
+// A column scale for an SpMM over the CSR (or the CSC): the operand's per-entry copy when it keeps
+// one (a whole graph on a GPU: read coalesced as the entries' weights, the edge weights already
+// multiplied in), else the per-column array itself beside the edge weights, if any.
+void set_col_scale(const GraphOperand& g, GraphOperand::EntryScale which, const float* col_scale, bool csc,
                    kernels::SpmmArgs* a) {
   if (const float* per_entry = g.entry_scale(which)) {
     a->edge_weight = per_entry;
   } else {
     a->col_scale = col_scale;
+    a->edge_weight = (csc ? g.csc() : g.csr()).weights;
   }
 }
 
@@ -66,10 +68,11 @@ void aggregate(const GraphOperand& g, Norm norm, float self_scale, kernels::Cons
   a.nnz = g.nnz();
   a.x = x;
   a.out = out->view();
+  a.edge_weight = g.csr().weights;  // null when unweighted
   switch (norm) {
     case Norm::kGcn:
       a.row_scale = g.dst_norm();
-      set_col_scale(g, GraphOperand::EntryScale::kGcnCsr, g.src_norm(), &a);
+      set_col_scale(g, GraphOperand::EntryScale::kGcnCsr, g.src_norm(), /*csc=*/false, &a);
       a.self_coefs = g.self_norm();
       break;
     case Norm::kMean: a.row_scale = g.inv_degree(); break;
@@ -100,6 +103,7 @@ Tensor padded_columns(const Tensor& w, int64_t cols) {
 template <typename Args>
 void set_scales(const GraphOperand& g, Norm norm, float self_scale, Args* a) {
   a->graph = g.csr();
+  a->edge_weight = g.csr().weights;  // null when unweighted
   switch (norm) {
     case Norm::kGcn:
       a->row_scale = g.dst_norm();
@@ -153,13 +157,14 @@ void aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, kern
   a.nnz = g.nnz();
   a.x = grad;
   a.out = out;
+  a.edge_weight = g.csc().weights;  // null when unweighted
   switch (norm) {
     case Norm::kGcn:
       a.row_scale = g.src_norm();
-      set_col_scale(g, GraphOperand::EntryScale::kGcnCsc, g.dst_norm(), &a);
+      set_col_scale(g, GraphOperand::EntryScale::kGcnCsc, g.dst_norm(), /*csc=*/true, &a);
       a.self_coefs = g.self_norm();
       break;
-    case Norm::kMean: set_col_scale(g, GraphOperand::EntryScale::kMeanCsc, g.inv_degree(), &a); break;
+    case Norm::kMean: set_col_scale(g, GraphOperand::EntryScale::kMeanCsc, g.inv_degree(), /*csc=*/true, &a); break;
     case Norm::kSum: a.self_scale = self_scale; break;
   }
   if (exec.spmm == kernels::SpmmKind::kTensorCore) a.tc = g.tc_plan(/*csc=*/true);

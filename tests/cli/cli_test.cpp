@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -529,6 +530,111 @@ TEST_F(Cli, StoreWithoutFeaturesCannotTrain) {
   const CliRun r = gale("train " + store + " -q --epochs 1");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("features"), std::string::npos) << r.out;
+}
+
+// A store whose edge weights carry the classes and whose features barely do: 1000 nodes of 4
+// classes, 8 edges each, half to the node's own class with weight 1, half across with weight 0.04.
+std::string weighted_store(const Cli& t) {
+  constexpr int64_t kNodes = 1000, kClasses = 4, kDim = 8;
+  std::mt19937 rng(7);
+  auto uniform = [&] { return static_cast<double>(rng()) / 4294967296.0; };
+  std::vector<int32_t> labels(kNodes);
+  for (auto& l : labels) l = static_cast<int32_t>(rng() % kClasses);
+  std::vector<float> x(static_cast<size_t>(kNodes * kDim));
+  for (int64_t v = 0; v < kNodes; ++v)
+    for (int64_t d = 0; d < kDim; ++d)
+      x[v * kDim + d] = static_cast<float>(uniform() * 2 - 1 + (d % kClasses == labels[v] ? 0.25 : 0.0));
+  auto save = [&](const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data,
+                  size_t bytes) {
+    storage::NpyWriter w(t.path(name), dtype, std::move(shape));
+    w.write(data, bytes);
+    w.finish();
+  };
+  save("x.npy", DType::kF32, {kNodes, kDim}, x.data(), x.size() * 4);
+  save("y.npy", DType::kI32, {kNodes}, labels.data(), labels.size() * 4);
+  std::ostringstream edges;
+  for (int64_t v = 0; v < kNodes; ++v) {
+    for (int e = 0; e < 8; ++e) {
+      const bool same = e % 2 == 0;
+      int64_t u = static_cast<int64_t>(rng() % kNodes);
+      while (u == v || (labels[u] == labels[v]) != same) u = static_cast<int64_t>(rng() % kNodes);
+      edges << v << '\t' << u << '\t' << (same ? "1" : "0.04") << '\n';
+    }
+  }
+  t.write("edges.tsv", edges.str());
+  const std::string store = t.path("w.gale");
+  const CliRun r = gale("preprocess " + t.path("edges.tsv") + " --undirected --features " + t.path("x.npy") +
+                        " --labels " + t.path("y.npy") + " -o " + store);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return store;
+}
+
+// The test accuracy of `gale train`'s last line ("... test_acc 0.9123"), or -1.
+double test_acc(const std::string& out) {
+  const size_t at = out.rfind("test_acc ");
+  return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 9));
+}
+
+// A weighted edge list's weights reach GCN, SAGE and GIN (and say so), not GAT; they can be turned
+// off; predict aggregates as the checkpoint's model was trained; weighted neighbour sampling.
+TEST_F(Cli, EdgeWeightsShapeTheAggregationsWhenTheStoreHasThem) {
+  const std::string store = weighted_store(*this);
+  const std::string common = " --device cpu --epochs 100 --hidden 32 --seed 1";
+  for (const std::string model : {"gcn", "sage", "gin"}) {
+    const CliRun used = gale("train " + store + common + " --model " + model + " --checkpoint-dir " + path(model));
+    ASSERT_EQ(used.code, 0) << used.out;
+    EXPECT_NE(used.out.find("edge weights: the aggregations use the store's"), std::string::npos) << used.out;
+    const CliRun ignored = gale("train " + store + common + " -q --edge-weights ignore --model " + model);
+    ASSERT_EQ(ignored.code, 0) << ignored.out;
+    // The classes are in the weights: with them the model is far more accurate.
+    EXPECT_GT(test_acc(used.out), test_acc(ignored.out) + 0.15) << model << "\n" << used.out << ignored.out;
+    if (model != "gin") EXPECT_GT(test_acc(used.out), 0.85) << used.out;
+    // predict builds the graph as the checkpoint's model was trained: the same test accuracy.
+    const CliRun pred = gale("predict " + store + " --device cpu --checkpoint " + path(model) + " --out " +
+                             path(model + ".npy"));
+    ASSERT_EQ(pred.code, 0) << pred.out;
+    EXPECT_NEAR(test_acc(pred.out), test_acc(used.out), 1e-4) << pred.out << used.out;
+  }
+  const CliRun resume = gale("train " + store + common + " -q --model gcn --edge-weights ignore --resume "
+                             "--checkpoint-dir " + path("gcn"));
+  EXPECT_EQ(resume.code, 3) << resume.out;
+  EXPECT_NE(resume.out.find("edge_weights true there, absent here"), std::string::npos) << resume.out;
+
+  const CliRun gat = gale("train " + store + " --device cpu --epochs 1 --model gat --hidden 4 --heads 2");
+  ASSERT_EQ(gat.code, 0) << gat.out;
+  EXPECT_NE(gat.out.find("edge weights: not used (GAT"), std::string::npos) << gat.out;
+  const CliRun gat_use = gale("train " + store + " -q --device cpu --epochs 1 --model gat --edge-weights use");
+  EXPECT_EQ(gat_use.code, 2) << gat_use.out;
+  EXPECT_NE(gat_use.out.find("--edge-weights use: GAT"), std::string::npos) << gat_use.out;
+
+  // Mini-batch, with neighbours drawn by weight.
+  const CliRun mini = gale("train " + store + " -q --device cpu --epochs 30 --lr 0.03 --model sage --hidden 32 --fanouts 5,5 "
+                           "--batch-size 128 --neighbor-sampling weighted --eval batched");
+  ASSERT_EQ(mini.code, 0) << mini.out;
+  EXPECT_GT(test_acc(mini.out), 0.6) << mini.out;  // chance 0.25, unweighted ~0.3
+}
+
+TEST_F(Cli, EdgeWeightFlagsAreNamed) {
+  const std::string plain = sbm_store();
+  const CliRun use = gale("train " + plain + " -q --device cpu --epochs 1 --edge-weights use");
+  EXPECT_EQ(use.code, 2) << use.out;
+  EXPECT_NE(use.out.find("--edge-weights use: " + plain + " has no edge weights"), std::string::npos) << use.out;
+  const CliRun sampled = gale("train " + plain + " -q --device cpu --epochs 1 --fanouts 5,5 --neighbor-sampling weighted");
+  EXPECT_EQ(sampled.code, 2) << sampled.out;
+  EXPECT_NE(sampled.out.find("--neighbor-sampling weighted: " + plain + " has no edge weights"), std::string::npos)
+      << sampled.out;
+  const CliRun whole = gale("train " + plain + " -q --device cpu --epochs 1 --neighbor-sampling weighted");
+  EXPECT_EQ(whole.code, 2) << whole.out;
+  EXPECT_NE(whole.out.find("give --fanouts"), std::string::npos) << whole.out;
+  for (const std::string bad : {"--edge-weights maybe", "--neighbor-sampling biased"}) {
+    const CliRun r = gale("train " + plain + " -q --device cpu --epochs 1 " + bad);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find(bad.substr(0, bad.find(' ')) + ": expected"), std::string::npos) << r.out;
+  }
+  // An unweighted store says nothing about weights.
+  const CliRun quiet = gale("train " + plain + " --device cpu --epochs 1");
+  EXPECT_EQ(quiet.code, 0) << quiet.out;
+  EXPECT_EQ(quiet.out.find("edge weights"), std::string::npos) << quiet.out;
 }
 
 TEST_F(Cli, ConfigFileWithUnknownKeyIsNamed) {

@@ -34,8 +34,30 @@ struct TestGraph {
   std::vector<int64_t> src_degree;  // full-graph in-degree of each source
   // A full graph the block could have been sampled from: source j is node j, of degree src_degree[j].
   std::vector<int64_t> src_ids, full_indptr;
-  kernels::CsrView view() const { return {dst, src, indptr.data(), indices.data(), nullptr}; }
+  // Optional edge weights (entry order) and each source's weighted full-graph in-degree.
+  std::vector<float> weights, full_degree;
+  kernels::CsrView view() const {
+    return {dst, src, indptr.data(), indices.data(), weights.empty() ? nullptr : weights.data()};
+  }
+  const float* degrees() const { return full_degree.empty() ? nullptr : full_degree.data(); }
+  double weight(int64_t e) const { return weights.empty() ? 1.0 : weights[e]; }
+  // GCN's degree of source j: its row's (weighted) entries as a destination, else the full graph's.
+  double degree(int64_t j, bool as_dst) const {
+    if (!as_dst && j >= dst) return weights.empty() ? static_cast<double>(src_degree[j]) : full_degree[j];
+    if (weights.empty()) return static_cast<double>(indptr[j + 1] - indptr[j]);
+    double d = 0;
+    for (int64_t e = indptr[j]; e < indptr[j + 1]; ++e) d += weights[e];
+    return static_cast<float>(d);  // as graph_norms rounds it
+  }
 };
+
+// The graph with edge weights in [0.25, 2.25) and outer sources' weighted degrees of 0.5 to 3.
+TestGraph weighted(TestGraph g, uint64_t seed) {
+  for (size_t e = 0; e < g.indices.size(); ++e)
+    g.weights.push_back(static_cast<float>(0.25 + 2.0 * kernels::random_uniform(seed, e)));
+  for (int64_t j = 0; j < g.src; ++j) g.full_degree.push_back(0.5f + 0.625f * static_cast<float>(j % 5));
+  return g;
+}
 
 // Destination 0 is a hub (every source), every 4th destination has no in-neighbours.
 TestGraph random_graph(int64_t dst, int64_t src, uint64_t seed) {
@@ -92,15 +114,13 @@ using Reference = std::function<std::vector<double>(const TestGraph&, const std:
 std::vector<double> gcn_ref(const TestGraph& g, const std::vector<double>& x, const Params& p, int64_t in, int64_t out,
                             const std::string& pre) {
   const auto h = matmul(x, g.src, in, p.at(pre + ".lin.weight"), out);
-  auto norm = [&](int64_t j, bool as_dst) {
-    const int64_t deg = (as_dst || j < g.dst) ? g.indptr[j + 1] - g.indptr[j] : g.src_degree[j];
-    return 1.0 / std::sqrt(static_cast<double>(deg + 1));
-  };
+  auto norm = [&](int64_t j, bool as_dst) { return 1.0 / std::sqrt(g.degree(j, as_dst) + 1.0); };
   std::vector<double> y(static_cast<size_t>(g.dst * out), 0.0);
   for (int64_t i = 0; i < g.dst; ++i) {
     const double di = norm(i, true);
     for (int64_t e = g.indptr[i]; e < g.indptr[i + 1]; ++e)
-      for (int64_t c = 0; c < out; ++c) y[i * out + c] += di * norm(g.indices[e], false) * h[g.indices[e] * out + c];
+      for (int64_t c = 0; c < out; ++c)
+        y[i * out + c] += di * g.weight(e) * norm(g.indices[e], false) * h[g.indices[e] * out + c];
     for (int64_t c = 0; c < out; ++c) y[i * out + c] += di * di * h[i * out + c];
   }
   add_bias(&y, p.at(pre + ".bias"));
@@ -113,7 +133,7 @@ std::vector<double> sage_ref(const TestGraph& g, const std::vector<double>& x, c
   for (int64_t i = 0; i < g.dst; ++i) {
     const int64_t deg = g.indptr[i + 1] - g.indptr[i];
     for (int64_t e = g.indptr[i]; e < g.indptr[i + 1]; ++e)
-      for (int64_t k = 0; k < in; ++k) mean[i * in + k] += x[g.indices[e] * in + k] / static_cast<double>(deg);
+      for (int64_t k = 0; k < in; ++k) mean[i * in + k] += g.weight(e) * x[g.indices[e] * in + k] / static_cast<double>(deg);
   }
   auto y = matmul(mean, g.dst, in, p.at(pre + ".neigh.lin.weight"), out);
   add_bias(&y, p.at(pre + ".neigh.bias"));
@@ -129,7 +149,7 @@ std::vector<double> gin_ref(const TestGraph& g, const std::vector<double>& x, co
   for (int64_t i = 0; i < g.dst; ++i) {
     for (int64_t k = 0; k < in; ++k) agg[i * in + k] = (1.0 + eps) * x[i * in + k];
     for (int64_t e = g.indptr[i]; e < g.indptr[i + 1]; ++e)
-      for (int64_t k = 0; k < in; ++k) agg[i * in + k] += x[g.indices[e] * in + k];
+      for (int64_t k = 0; k < in; ++k) agg[i * in + k] += g.weight(e) * x[g.indices[e] * in + k];
   }
   auto z = matmul(agg, g.dst, in, p.at(pre + ".mlp.0.lin.weight"), out);
   add_bias(&z, p.at(pre + ".mlp.0.bias"));
@@ -208,7 +228,7 @@ constexpr uint64_t kLayerKey = 7;
 // Compares analytic gradients of L = <layer(x), R> with central differences of the reference.
 void check_layer(Layer& layer, const TestGraph& g, const Reference& ref, uint64_t seed) {
   const int64_t in = layer.in_dim(), out = layer.out_dim();
-  const GraphOperand op(g.view(), g.src_ids.data(), g.full_indptr.data());
+  const GraphOperand op(g.view(), g.src_ids.data(), g.full_indptr.data(), /*with_transpose=*/true, g.degrees());
   const std::vector<double> x = random_vector(static_cast<size_t>(g.src * in), seed + 1);
   const std::vector<double> r = random_vector(static_cast<size_t>(g.dst * out), seed + 2);
   Params params = read_params(layer);
@@ -279,6 +299,64 @@ TEST(GinLayer, BackwardMatchesFiniteDifferences) {
       check_layer(*layer, random_graph(c.dst, c.src, 5), [&](const TestGraph& g, const auto& x, const Params& p) {
         return gin_ref(g, x, p, c.in, c.out, 0.3, mlp == 2, "l");
       }, 30);
+    }
+  }
+}
+
+// Edge weights (ModelConfig::edge_weights): GCN's weighted degrees, SAGE's mean and GIN's sum of
+// weighted messages, forward against the reference and backward against its finite differences.
+TEST(GcnLayer, WeightedBackwardMatchesFiniteDifferences) {
+  for (const Case& c : kCases) {
+    auto layer = make_gcn_layer("l", c.in, c.out, 1);
+    check_layer(*layer, weighted(random_graph(c.dst, c.src, 3), 31), [&](const TestGraph& g, const auto& x, const Params& p) {
+      return gcn_ref(g, x, p, c.in, c.out, "l");
+    }, 10);
+  }
+}
+
+TEST(SageLayer, WeightedBackwardMatchesFiniteDifferences) {
+  for (const Case& c : kCases) {
+    auto layer = make_sage_layer("l", c.in, c.out, 2);
+    check_layer(*layer, weighted(random_graph(c.dst, c.src, 4), 32), [&](const TestGraph& g, const auto& x, const Params& p) {
+      return sage_ref(g, x, p, c.in, c.out, "l");
+    }, 20);
+  }
+}
+
+TEST(GinLayer, WeightedBackwardMatchesFiniteDifferences) {
+  for (const Case& c : kCases) {
+    auto layer = make_gin_layer("l", c.in, c.out, 0.3f, 2, 3);
+    check_layer(*layer, weighted(random_graph(c.dst, c.src, 5), 33), [&](const TestGraph& g, const auto& x, const Params& p) {
+      return gin_ref(g, x, p, c.in, c.out, 0.3, true, "l");
+    }, 30);
+  }
+}
+
+// Weights of one are the unweighted layers bit for bit (degrees, coefficients and sums alike).
+TEST(Layers, EdgeWeightsOfOneEqualTheUnweightedLayerExactly) {
+  for (const Case& c : kCases) {
+    TestGraph plain = random_graph(c.dst, c.src, 8);
+    TestGraph ones = plain;
+    ones.weights.assign(plain.indices.size(), 1.0f);
+    for (int64_t j = 0; j < plain.src; ++j) ones.full_degree.push_back(static_cast<float>(plain.src_degree[j]));
+    const std::vector<double> xd = random_vector(static_cast<size_t>(c.src * c.in), 9);
+    const Tensor x = Tensor::from_vector(std::vector<float>(xd.begin(), xd.end()), c.src, c.in);
+    for (int kind = 0; kind < 3; ++kind) {
+      auto make = [&] {
+        return kind == 0 ? make_gcn_layer("l", c.in, c.out, 1)
+                         : kind == 1 ? make_sage_layer("l", c.in, c.out, 2) : make_gin_layer("l", c.in, c.out, 0.3f, 2, 3);
+      };
+      auto a = make();
+      auto b = make();
+      const GraphOperand pa(plain.view(), plain.src_ids.data(), plain.full_indptr.data());
+      const GraphOperand pb(ones.view(), ones.src_ids.data(), ones.full_indptr.data(), true, ones.degrees());
+      ASSERT_TRUE(pb.weighted());
+      const Tensor ya = a->forward(pa, x, ForwardContext{true, kLayerKey});
+      const Tensor yb = b->forward(pb, x, ForwardContext{true, kLayerKey});
+      EXPECT_EQ(ya.to_vector(), yb.to_vector()) << kind;
+      // A fresh gradient each: GIN's backward overwrites its argument in place.
+      auto r = [&] { return Tensor::from_vector(std::vector<float>(static_cast<size_t>(c.dst * c.out), 0.5f), c.dst, c.out); };
+      EXPECT_EQ(a->backward(pa, r(), true).to_vector(), b->backward(pb, r(), true).to_vector()) << kind;
     }
   }
 }
@@ -665,7 +743,10 @@ TEST(GraphOperand, TransposeAndNormsFollowTheBlock) {
   for (size_t e = 0; e < weights.size(); ++e) weights[e] = static_cast<float>(e) + 0.5f;
   kernels::CsrView csr = g.view();
   csr.weights = weights.data();
-  const GraphOperand op(csr, g.src_ids.data(), g.full_indptr.data());
+  std::vector<float> full_degree(14);
+  for (int64_t j = 0; j < 14; ++j) full_degree[j] = 0.75f * static_cast<float>(j);
+  const GraphOperand op(csr, g.src_ids.data(), g.full_indptr.data(), /*with_transpose=*/true, full_degree.data());
+  EXPECT_TRUE(op.weighted());
   EXPECT_EQ(op.num_dst(), 9);
   EXPECT_EQ(op.num_src(), 14);
   const kernels::CsrView csc = op.csc();
@@ -679,15 +760,25 @@ TEST(GraphOperand, TransposeAndNormsFollowTheBlock) {
       EXPECT_EQ(csc.weights[k], weights[e]);
     }
   }
+  // GCN's degrees are the weighted ones (the row's weights; an outer source's from full_degree),
+  // SAGE's mean still divides by the entry count.
   for (int64_t i = 0; i < 9; ++i) {
     const int64_t deg = g.indptr[i + 1] - g.indptr[i];
-    EXPECT_FLOAT_EQ(op.dst_norm()[i], 1.0f / std::sqrt(static_cast<float>(deg + 1)));
-    EXPECT_FLOAT_EQ(op.self_norm()[i], 1.0f / static_cast<float>(deg + 1));
+    float wdeg = 0;
+    for (int64_t e = g.indptr[i]; e < g.indptr[i + 1]; ++e) wdeg += weights[e];
+    EXPECT_FLOAT_EQ(op.dst_norm()[i], 1.0f / std::sqrt(wdeg + 1));
+    EXPECT_FLOAT_EQ(op.self_norm()[i], 1.0f / (wdeg + 1));
     EXPECT_FLOAT_EQ(op.inv_degree()[i], deg == 0 ? 0.0f : 1.0f / static_cast<float>(deg));
     EXPECT_EQ(op.src_norm()[i], op.dst_norm()[i]);
   }
+  for (int64_t j = 9; j < 14; ++j) EXPECT_FLOAT_EQ(op.src_norm()[j], 1.0f / std::sqrt(full_degree[j] + 1));
+  // Without weights, the plain degrees.
+  const GraphOperand plain(g.view(), g.src_ids.data(), g.full_indptr.data());
+  EXPECT_FALSE(plain.weighted());
+  for (int64_t i = 0; i < 9; ++i)
+    EXPECT_FLOAT_EQ(plain.dst_norm()[i], 1.0f / std::sqrt(static_cast<float>(g.indptr[i + 1] - g.indptr[i] + 1)));
   for (int64_t j = 9; j < 14; ++j)
-    EXPECT_FLOAT_EQ(op.src_norm()[j], 1.0f / std::sqrt(static_cast<float>(g.src_degree[j] + 1)));
+    EXPECT_FLOAT_EQ(plain.src_norm()[j], 1.0f / std::sqrt(static_cast<float>(g.src_degree[j] + 1)));
 }
 
 TEST(SoftmaxCrossEntropy, MatchesHandComputation) {

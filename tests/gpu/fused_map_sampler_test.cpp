@@ -370,6 +370,41 @@ TEST_P(FusedMapSamplerTest, WeightedBadWeightsAreInputErrors) {
   EXPECT_THROW(FusedMapSampler(place(g), {3}, *pool_, Sampling::kWeighted), InputError);  // no weights
 }
 
+// Blocks with weights: every entry carries the weight of the graph edge it was drawn from (every
+// pick path: whole rows, up to a warp, beyond a warp, by weight), beside the same draws.
+TEST_P(FusedMapSamplerTest, BlockWeightsAreTheSampledEdgesWeights) {
+  const Graph g = random_graph(2500, 17);
+  const std::vector<float> weights = random_weights(g, 18);
+  EXPECT_THROW(FusedMapSampler(place(g), {3}, *pool_, Sampling::kUniform, /*block_weights=*/true), InputError);
+  const CsrView device_csr = place(g, &weights);
+  const std::vector<int> fanouts = {-1, 40, 5};
+  const std::vector<int64_t> seeds = random_seeds(g.n, 64, 19);
+  for (const Sampling mode : {Sampling::kUniform, Sampling::kWeighted}) {
+    const FusedMapSampler with(device_csr, fanouts, *pool_, mode, /*block_weights=*/true);
+    const FusedMapSampler without(device_csr, fanouts, *pool_, mode);
+    const SampledBatch got = sample_on_gpu(with, seeds, 20);
+    const SampledBatch plain = sample_on_gpu(without, seeds, 20);
+    for (size_t l = 0; l < got.blocks.size(); ++l) {
+      const Block& b = got.blocks[l];
+      EXPECT_TRUE(plain.blocks[l].weights.empty());
+      ASSERT_EQ(b.weights.size(), b.indices.size());
+      int64_t checked = 0;
+      for (int64_t d = 0; d < b.num_dst(); ++d) {
+        const int64_t v = b.src_ids[d];
+        const auto first = g.indices.begin() + g.indptr[v], last = g.indices.begin() + g.indptr[v + 1];
+        for (int64_t e = b.indptr[d]; e < b.indptr[d + 1]; ++e) {
+          const int32_t u = static_cast<int32_t>(b.src_ids[b.indices[e]]);
+          const auto at = std::lower_bound(first, last, u);
+          ASSERT_TRUE(at != last && *at == u) << v << " <- " << u;
+          EXPECT_EQ(b.weights[e], weights[at - g.indices.begin()]) << v << " <- " << u;
+          ++checked;
+        }
+      }
+      EXPECT_GT(checked, 0);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Topologies, FusedMapSamplerTest, ::testing::Values(Topology::kDevice, Topology::kMappedHost),
                          [](const ::testing::TestParamInfo<Topology>& info) {
                            return info.param == Topology::kDevice ? std::string("DeviceMemory")

@@ -211,6 +211,40 @@ TEST_F(GpuBatchesTest, DeviceBlockOperandEqualsTheHostOperand) {
   }
 }
 
+// A weighted block (weighted aggregation): the weights copied, the CSC's permuted as the host's,
+// and GCN's weighted degrees (outer sources' from full_degree) bit for bit.
+TEST_F(GpuBatchesTest, WeightedDeviceBlockOperandEqualsTheHostOperand) {
+  const RandomBlock b = random_block(7, 700, 5000, 9000);
+  const int64_t nnz = b.g.nnz();
+  std::vector<float> weights(static_cast<size_t>(nnz)), full_degree(9000);
+  for (int64_t e = 0; e < nnz; ++e) weights[e] = 0.1f + 3.0f * kernels::random_uniform(21, static_cast<uint64_t>(e));
+  for (int64_t v = 0; v < 9000; ++v) full_degree[v] = 40.0f * kernels::random_uniform(22, static_cast<uint64_t>(v));
+  kernels::CsrView csr = b.g.csr();
+  csr.weights = weights.data();
+  const GraphOperand host(csr, b.src_ids.data(), b.full_indptr.data(), /*with_transpose=*/true, full_degree.data());
+  const Tensor indptr = upload(b.g.indptr, DType::kI64), indices = upload(b.g.indices, DType::kI32);
+  const Tensor ids = upload(b.src_ids, DType::kI64), full = upload(b.full_indptr, DType::kI64);
+  const Tensor w = upload(weights, DType::kF32), degree = upload(full_degree, DType::kF32);
+  synchronize(Device::cuda(0));
+  const GraphOperand dev = GraphOperand::from_device_block(
+      Device::cuda(0), {700, 5000, indptr.data<int64_t>(), indices.data<int32_t>(), w.data<float>()}, nnz,
+      ids.data<int64_t>(), full.data<int64_t>(), /*edge_map=*/false, degree.data<float>());
+  ASSERT_TRUE(dev.weighted());
+  EXPECT_NE(dev.csr().weights, w.data<float>()) << "the operand owns a copy of the weights";
+  EXPECT_TRUE(same_bits(fetch(dev.csr().weights, nnz), weights));
+  const kernels::CsrView hc = host.csc(), dc = dev.csc();
+  EXPECT_EQ(fetch(dc.indices, nnz), std::vector<int32_t>(hc.indices, hc.indices + nnz));
+  EXPECT_TRUE(same_bits(fetch(dc.weights, nnz), std::vector<float>(hc.weights, hc.weights + nnz)));
+  EXPECT_TRUE(same_bits(fetch(dev.dst_norm(), 700), std::vector<float>(host.dst_norm(), host.dst_norm() + 700)));
+  EXPECT_TRUE(same_bits(fetch(dev.src_norm(), 5000), std::vector<float>(host.src_norm(), host.src_norm() + 5000)));
+  EXPECT_TRUE(same_bits(fetch(dev.self_norm(), 700), std::vector<float>(host.self_norm(), host.self_norm() + 700)));
+  EXPECT_TRUE(same_bits(fetch(dev.inv_degree(), 700), std::vector<float>(host.inv_degree(), host.inv_degree() + 700)));
+  // The weights changed the norms (the test would pass unweighted otherwise).
+  const GraphOperand plain(b.g.csr(), b.src_ids.data(), b.full_indptr.data());
+  EXPECT_NE(std::vector<float>(plain.src_norm(), plain.src_norm() + 5000),
+            std::vector<float>(host.src_norm(), host.src_norm() + 5000));
+}
+
 // ---- GpuBatches on a store ----------------------------------------------------------------------
 
 const storage::Store& rmat_store() {
@@ -235,9 +269,11 @@ struct BlockByGlobalId {
   std::map<int64_t, std::vector<int64_t>> sources;  // destination id -> source ids
   std::map<int64_t, std::vector<int64_t>> csc;      // source id -> destination ids
   std::map<int64_t, uint32_t> src_norm, dst_norm, inv_degree;
+  std::map<int64_t, std::vector<uint32_t>> weights;  // destination id -> its entries' weights' bits
   // "" when equal, else the first part that differs.
   std::string difference(const BlockByGlobalId& o) const {
     if (sources != o.sources) return "destinations or their sources";
+    if (weights != o.weights) return "edge weights";
     if (csc != o.csc) return "the transpose";
     if (src_norm != o.src_norm) return "src_norm";
     if (dst_norm != o.dst_norm) return "dst_norm";
@@ -255,12 +291,15 @@ uint32_t bits(float f) {
 BlockByGlobalId describe(const std::vector<int64_t>& indptr, const std::vector<int32_t>& indices,
                          const std::vector<int64_t>& csc_indptr, const std::vector<int32_t>& csc_indices,
                          const std::vector<int64_t>& src_ids, const std::vector<float>& src_norm,
-                         const std::vector<float>& dst_norm, const std::vector<float>& inv_degree) {
+                         const std::vector<float>& dst_norm, const std::vector<float>& inv_degree,
+                         const std::vector<float>& weights) {
   BlockByGlobalId d;
   const int64_t rows = static_cast<int64_t>(indptr.size()) - 1;
   for (int64_t i = 0; i < rows; ++i) {
     std::vector<int64_t>& s = d.sources[src_ids[i]];
     for (int64_t k = indptr[i]; k < indptr[i + 1]; ++k) s.push_back(src_ids[indices[k]]);
+    if (!weights.empty())
+      for (int64_t k = indptr[i]; k < indptr[i + 1]; ++k) d.weights[src_ids[i]].push_back(bits(weights[k]));
     d.dst_norm[src_ids[i]] = bits(dst_norm[i]);
     d.inv_degree[src_ids[i]] = bits(inv_degree[i]);
   }
@@ -273,22 +312,23 @@ BlockByGlobalId describe(const std::vector<int64_t>& indptr, const std::vector<i
   return d;
 }
 
-BlockByGlobalId describe_host(const sampler::Block& block, const storage::Store& store) {
-  const GraphOperand op(block.csr(), block.src_ids.data(), store.indptr());
+BlockByGlobalId describe_host(const sampler::Block& block, const storage::Store& store,
+                              const float* full_degree = nullptr) {
+  const GraphOperand op(block.csr(), block.src_ids.data(), store.indptr(), /*with_transpose=*/true, full_degree);
   const int64_t rows = block.num_dst(), cols = block.num_src(), nnz = op.nnz();
   const kernels::CsrView csc = op.csc();
   return describe(block.indptr, block.indices, std::vector<int64_t>(csc.indptr, csc.indptr + cols + 1),
                   std::vector<int32_t>(csc.indices, csc.indices + nnz), block.src_ids,
                   std::vector<float>(op.src_norm(), op.src_norm() + cols),
                   std::vector<float>(op.dst_norm(), op.dst_norm() + rows),
-                  std::vector<float>(op.inv_degree(), op.inv_degree() + rows));
+                  std::vector<float>(op.inv_degree(), op.inv_degree() + rows), block.weights);
 }
 
 BlockByGlobalId describe_device(const GraphOperand& op, const std::vector<int64_t>& src_ids) {
   const int64_t rows = op.num_dst(), cols = op.num_src(), nnz = op.nnz();
   return describe(fetch(op.csr().indptr, rows + 1), fetch(op.csr().indices, nnz), fetch(op.csc().indptr, cols + 1),
                   fetch(op.csc().indices, nnz), src_ids, fetch(op.src_norm(), cols), fetch(op.dst_norm(), rows),
-                  fetch(op.inv_degree(), rows));
+                  fetch(op.inv_degree(), rows), op.weighted() ? fetch(op.csr().weights, nnz) : std::vector<float>());
 }
 
 // Seeds of batch b: 300 distinct training-like ids.
@@ -301,9 +341,13 @@ std::vector<int64_t> seeds_of(uint64_t b, int64_t nodes) {
 }
 
 // The operands of a GPU-sampled batch equal the CPU sampler's blocks made operands on the host.
+// With `weights` (block weights, in that sampling mode) the entries' weights and GCN's weighted
+// degrees too.
 void expect_like_cpu(const GpuBatches& gpu, GpuBatch batch, const std::vector<int64_t>& seeds, uint64_t key,
-                     const storage::Store& store, const std::vector<int>& fanouts) {
-  const sampler::NeighborSampler cpu(store.csr(), fanouts);
+                     const storage::Store& store, const std::vector<int>& fanouts, bool weights = false,
+                     sampler::Sampling sampling = sampler::Sampling::kUniform) {
+  const sampler::NeighborSampler cpu(store.csr(), fanouts, sampling, weights);
+  const std::vector<float> degree = weights ? kernels::weighted_in_degree(store.csr()) : std::vector<float>();
   const sampler::SampledBatch want = cpu.sample(seeds.data(), static_cast<int64_t>(seeds.size()), key);
   ASSERT_EQ(batch.num_seeds(), static_cast<int64_t>(seeds.size()));
   ASSERT_EQ(batch.num_input_nodes(), want.blocks.front().num_src());
@@ -318,7 +362,10 @@ void expect_like_cpu(const GpuBatches& gpu, GpuBatch batch, const std::vector<in
     const GraphOperand& g = o.graphs[l];
     ASSERT_EQ(g.num_dst(), want.blocks[l].num_dst()) << "layer " << l;
     ASSERT_EQ(g.num_src(), want.blocks[l].num_src()) << "layer " << l;
-    EXPECT_EQ(describe_device(g, src_ids).difference(describe_host(want.blocks[l], store)), "") << "layer " << l;
+    EXPECT_EQ(g.weighted(), weights) << "layer " << l;
+    EXPECT_EQ(describe_device(g, src_ids).difference(describe_host(want.blocks[l], store, weights ? degree.data() : nullptr)),
+              "")
+        << "layer " << l;
     src_ids.resize(static_cast<size_t>(g.num_dst()));  // the next block's sources: this one's destinations
   }
   std::vector<int64_t> a = input, b = want.input_nodes();
@@ -341,6 +388,35 @@ TEST_F(GpuBatchesTest, SampledOperandsEqualTheCpuSamplersWithTopologyOnTheGpuAnd
       expect_like_cpu(gpu, std::move(batch), seeds, 1000 + b, store, fanouts);
     }
   }
+}
+
+// A weighted store (generated with weights=uniform): blocks with their weights, drawn uniformly and
+// by weight, topology (weights and weighted degrees with it) on the GPU and in pinned host memory.
+TEST_F(GpuBatchesTest, WeightedBlocksEqualTheCpuSamplersWithTheirWeightsAndDegrees) {
+  const auto dir = std::filesystem::temp_directory_path() / ("gale-gpu-batches-w-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  storage::PreprocessOptions po;
+  po.output = (dir / "rmat.gale").string();
+  po.generate = "rmat:scale=13,edge-factor=8,classes=5,feature-dim=8,weights=uniform";
+  storage::preprocess(po);
+  const storage::Store store = storage::Store::open(po.output);
+  ASSERT_NE(store.weights(), nullptr);
+  EXPECT_THROW(GpuBatches(rmat_store(), Device::cuda(0), {3}, uint64_t{1} << 34, sampler::Sampling::kUniform, true),
+               InputError);
+  const std::vector<int> fanouts = {10, 5};
+  for (const sampler::Sampling mode : {sampler::Sampling::kUniform, sampler::Sampling::kWeighted}) {
+    for (const uint64_t topology_bytes : {uint64_t{1} << 34, uint64_t{0}}) {
+      const GpuBatches gpu(store, Device::cuda(0), fanouts, topology_bytes, mode, /*block_weights=*/true);
+      EXPECT_EQ(gpu.topology_on_gpu(), topology_bytes > 0) << gpu.describe();
+      for (uint64_t b = 0; b < 2; ++b) {
+        const std::vector<int64_t> seeds = seeds_of(b, store.num_nodes());
+        GpuBatch batch = gpu.sample(seeds.data(), 300, 500 + b, /*input_nodes_on_host=*/false);
+        expect_like_cpu(gpu, std::move(batch), seeds, 500 + b, store, fanouts, /*weights=*/true, mode);
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(GpuBatchesTest, BatchesSampledFromSeveralThreadsAtOnceAreEachRight) {

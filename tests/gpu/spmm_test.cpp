@@ -396,6 +396,19 @@ TEST_F(SpmmCudaTest, EntryScaleMatchesCpuAndStandsForTheColumnScale) {
   spmm_entry_scale_cuda({g.rows, g.cols, d_indptr.data(), d_indices.data(), nullptr}, g.nnz(), d_scale.data(),
                         d_out.data(), *stream_);
   EXPECT_EQ(cuda::to_host_and_wait(d_out.view(), *stream_), cpu);
+  // With edge weights each entry's copy is scale times weight, bit for bit as on the CPU.
+  {
+    const auto w = uniform(98, static_cast<size_t>(g.nnz()), 0.1f, 3.0f);
+    CsrView hw = g.csr();
+    hw.weights = w.data();
+    std::vector<float> cpu_w(cpu.size());
+    spmm_entry_scale(hw, col_scale.data(), cpu_w.data());
+    auto d_w = upload(w);
+    spmm_entry_scale_cuda({g.rows, g.cols, d_indptr.data(), d_indices.data(), d_w.data()}, g.nnz(), d_scale.data(),
+                          d_out.data(), *stream_);
+    EXPECT_EQ(cuda::to_host_and_wait(d_out.view(), *stream_), cpu_w);
+    EXPECT_NE(cpu_w, cpu);
+  }
 
   const int64_t width = 40;
   const auto x = uniform(97, static_cast<size_t>(g.cols * width), -1.0f, 1.0f);

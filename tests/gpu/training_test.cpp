@@ -37,8 +37,23 @@ struct RandomGraph {
   int64_t n = 0;
   std::vector<int64_t> indptr;
   std::vector<int32_t> indices;
-  kernels::CsrView view() const { return {n, n, indptr.data(), indices.data(), nullptr}; }
+  std::vector<float> weights;  // optional (with_weights)
+  kernels::CsrView view() const {
+    return {n, n, indptr.data(), indices.data(), weights.empty() ? nullptr : weights.data()};
+  }
 };
+
+// The graph with edge weights in [0.25, 1.75), a function of the unordered pair, so a symmetric
+// graph keeps symmetric weights (and its operand shares the CSR as its CSC).
+RandomGraph with_weights(RandomGraph g) {
+  for (int64_t r = 0; r < g.n; ++r)
+    for (int64_t e = g.indptr[r]; e < g.indptr[r + 1]; ++e) {
+      const int64_t c = g.indices[e];
+      const uint64_t pair = static_cast<uint64_t>(std::min(r, c) * g.n + std::max(r, c));
+      g.weights.push_back(0.25f + 1.5f * kernels::random_uniform(91, pair));
+    }
+  return g;
+}
 
 // Every sixth row empty, row 3 a hub over a third of the nodes, others 1-9 distinct neighbours;
 // `symmetric` adds every reverse edge.
@@ -166,6 +181,24 @@ TEST_P(GpuModelStep, MatchesTheCpuStepWithMaxK) {
   expect_same_step(gpu, cpu, model);
 }
 
+// Edge weights (ModelConfig::edge_weights: GCN's weighted degrees, weighted messages), with ReLU
+// and with MaxK's SpGEMM / SSpMM: the GPU step matches the CPU's.
+TEST_P(GpuModelStep, MatchesTheCpuStepWithEdgeWeights) {
+  const auto [model, symmetric, kind] = GetParam();
+  if (model == "gat") GTEST_SKIP() << "GAT weighs its neighbours by attention";
+  const RandomGraph g = with_weights(random_graph(symmetric ? 25 : 26, 301, symmetric));
+  ModelConfig cfg = config_for(model);
+  cfg.edge_weights = true;
+  for (const bool maxk : {false, true}) {
+    cfg.activation = maxk ? Activation::kMaxK : Activation::kRelu;
+    cfg.maxk = maxk ? 8 : 0;
+    const StepResult cpu = step(cfg, g, Device::cpu(), kind);
+    const StepResult gpu = step(cfg, g, Device::cuda(0), kind);
+    expect_same_step(gpu, cpu, model + (maxk ? " maxk" : " relu") + " weighted");
+  }
+  if (symmetric) EXPECT_TRUE(GraphOperand(g.view()).symmetric());
+}
+
 // MaxK at k = 32 on a symmetric graph of 4501 nodes whose node 3 is read by a quarter of them: each
 // layer's SSpMM takes the graph's hub plan (node 3 among its hubs: more than 1024 entries), and
 // the whole step still matches the CPU's. Below k = 32 the operand gives no plan.
@@ -261,8 +294,10 @@ TEST(GpuLayerwise, EqualsTheWholeGraphForward) {
         testing::expect_layerwise_equals_whole_graph(kind, kind == std::string("gat") ? "elu" : "relu", gpu, max_rows,
                                                      tables);
       }
-      for (const char* kind : {"gcn", "sage", "gin"})
+      for (const char* kind : {"gcn", "sage", "gin"}) {
         testing::expect_layerwise_equals_whole_graph(kind, "maxk:8", gpu, max_rows, tables);
+        testing::expect_layerwise_equals_whole_graph(kind, "relu", gpu, max_rows, tables, /*edge_weights=*/true);
+      }
     }
   }
 }

@@ -158,6 +158,12 @@ TEST(Spmm, EntryScaleIsTheColumnScaleInEntryOrder) {
   std::vector<float> out(g.indices.size());
   spmm_entry_scale(g.view(), cs.data(), out.data());
   for (size_t e = 0; e < out.size(); ++e) ASSERT_EQ(out[e], cs[static_cast<size_t>(g.indices[e])]) << "entry " << e;
+  // A weighted graph's copy carries each entry's weight: the entry's whole column coefficient.
+  const auto w = random_floats(g.indices.size(), 4);
+  CsrView weighted = g.view();
+  weighted.weights = w.data();
+  spmm_entry_scale(weighted, cs.data(), out.data());
+  for (size_t e = 0; e < out.size(); ++e) ASSERT_EQ(out[e], cs[static_cast<size_t>(g.indices[e])] * w[e]) << "entry " << e;
   // A view of rows 2.. (past the hub in row 1: entries not starting at 0) is refused.
   CsrView tail = g.view();
   tail.indptr += 2;

@@ -263,5 +263,39 @@ TEST(NeighborSampler, WeightedNeedsPositiveWeights) {
   EXPECT_NO_THROW(sampler.sample(&seed, 1, 1));
 }
 
+// Blocks with weights (weighted aggregation): every entry carries the weight of the graph edge it
+// was drawn from, in both modes, with the same draws as blocks without.
+TEST(NeighborSampler, BlockWeightsAreTheSampledEdgesWeights) {
+  const TestGraph g = random_graph(300, 27);
+  const std::vector<float> weights = random_weights(g, 28);
+  kernels::CsrView csr = g.view();
+  csr.weights = weights.data();
+  EXPECT_THROW(NeighborSampler(g.view(), {3}, Sampling::kUniform, /*block_weights=*/true), InputError);
+  const std::vector<int64_t> seeds = {0, 7, 42, 299, 150};
+  for (const Sampling mode : {Sampling::kUniform, Sampling::kWeighted}) {
+    const NeighborSampler with(csr, {4, 3}, mode, /*block_weights=*/true);
+    const NeighborSampler without(csr, {4, 3}, mode);
+    const SampledBatch batch = with.sample(seeds.data(), static_cast<int64_t>(seeds.size()), 9);
+    const SampledBatch plain = without.sample(seeds.data(), static_cast<int64_t>(seeds.size()), 9);
+    for (size_t l = 0; l < batch.blocks.size(); ++l) {
+      const Block& b = batch.blocks[l];
+      EXPECT_EQ(b.indices, plain.blocks[l].indices);
+      EXPECT_EQ(b.src_ids, plain.blocks[l].src_ids);
+      EXPECT_TRUE(plain.blocks[l].weights.empty());
+      ASSERT_EQ(b.weights.size(), b.indices.size());
+      EXPECT_EQ(b.csr().weights, b.weights.data());
+      for (int64_t d = 0; d < b.num_dst(); ++d) {
+        const int64_t v = b.src_ids[d];
+        for (int64_t e = b.indptr[d]; e < b.indptr[d + 1]; ++e) {
+          const int32_t u = static_cast<int32_t>(b.src_ids[b.indices[e]]);
+          const int32_t* row = csr.indices + csr.indptr[v];
+          const int64_t at = std::lower_bound(row, csr.indices + csr.indptr[v + 1], u) - csr.indices;
+          EXPECT_EQ(b.weights[e], weights[at]) << v << " <- " << u;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gale::sampler

@@ -677,6 +677,43 @@ TEST(Generators, RmatHasGraph500Size) {
   EXPECT_GT(max_deg, 200);  // the R-MAT skew
 }
 
+// weights=uniform: every edge weighted in [0.1, 1), the same both ways, the same topology as
+// without; a bad value is named.
+TEST(Generators, UniformWeightsAreSymmetricAndInRange) {
+  TempDir dir;
+  for (const char* w : {"none", "uniform"}) {
+    PreprocessOptions o;
+    o.generate = std::string("rmat:scale=9,edge-factor=4,seed=3,weights=") + w;
+    o.output = dir / (std::string(w) + ".gale");
+    preprocess(o);
+  }
+  const Store plain = Store::open(dir / "none.gale"), weighted = Store::open(dir / "uniform.gale");
+  EXPECT_EQ(plain.weights(), nullptr);
+  ASSERT_NE(weighted.weights(), nullptr);
+  EXPECT_EQ(testing::read_bytes(dir / "none.gale/graph/indices.npy"),
+            testing::read_bytes(dir / "uniform.gale/graph/indices.npy"));
+  const kernels::CsrView g = weighted.csr();
+  std::set<float> distinct;
+  for (int64_t v = 0; v < g.rows; ++v) {
+    for (int64_t e = g.indptr[v]; e < g.indptr[v + 1]; ++e) {
+      const float w = g.weights[e];
+      EXPECT_TRUE(w >= 0.1f && w < 1.0f) << w;
+      distinct.insert(w);
+      const int32_t u = g.indices[e];  // the reverse entry (u's row holds v) has the same weight
+      const int32_t* at = std::lower_bound(g.indices + g.indptr[u], g.indices + g.indptr[u + 1], static_cast<int32_t>(v));
+      ASSERT_TRUE(at != g.indices + g.indptr[u + 1] && *at == v);
+      EXPECT_EQ(g.weights[at - g.indices], w) << v << " " << u;
+    }
+  }
+  EXPECT_GT(distinct.size(), g.nnz() / 4);
+  try {
+    parse_generator("sbm:nodes=10,classes=2,weights=heavy");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("'weights' expects none or uniform"), std::string::npos) << e.what();
+  }
+}
+
 // ---- bad inputs: one InputError naming the file and line, and no store ----
 
 struct BadCase {

@@ -25,4 +25,20 @@ inline std::string cora_store() {
   return path;
 }
 
+// A planted-partition store of 3000 nodes with uniform edge weights in [0.1, 1) (the generator's
+// weights=uniform), for what weighted aggregation must match.
+inline std::string weighted_sbm_store() {
+  static const std::string path = [] {
+    const auto dir = std::filesystem::temp_directory_path() / ("gale-wsbm-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    storage::PreprocessOptions o;
+    o.generate = "sbm:nodes=3000,classes=5,avg-degree=8,feature-dim=24,seed=4,weights=uniform";
+    o.output = (dir / "wsbm.gale").string();
+    o.overwrite = true;
+    storage::preprocess(o);
+    return o.output;
+  }();
+  return path;
+}
+
 }  // namespace gale::testing

@@ -22,13 +22,14 @@ namespace gale::testing {
 // GPU when they fit in `device_table_bytes`) equal the whole-graph forward's on every node. Summation orders differ (other graphs, other kernels' splits), so the
 // logits agree to float rounding; MaxK's selection can flip on a near-tie, so there every logit
 // of all but a few rows must agree and every row's argmax but a few.
+// With `edge_weights` the model aggregates with the weights of weighted_sbm_store() instead.
 inline void expect_layerwise_equals_whole_graph(const std::string& kind, const std::string& activation,
                                                 const Device& device, int64_t max_rows,
-                                                uint64_t device_table_bytes = 0) {
+                                                uint64_t device_table_bytes = 0, bool edge_weights = false) {
   using namespace engine;
   SCOPED_TRACE(kind + " " + activation + " max_rows " + std::to_string(max_rows) +
-               (device_table_bytes > 0 ? " tables on the device" : ""));
-  const storage::Store store = storage::Store::open(cora_store());
+               (device_table_bytes > 0 ? " tables on the device" : "") + (edge_weights ? " weighted" : ""));
+  const storage::Store store = storage::Store::open(edge_weights ? weighted_sbm_store() : cora_store());
   const int64_t n = store.num_nodes(), d = store.feature_dim();
   ModelConfig c;
   c.model = kind;
@@ -38,12 +39,14 @@ inline void expect_layerwise_equals_whole_graph(const std::string& kind, const s
   c.heads = 2;
   c.out_dim = store.num_classes();
   parse_activation(activation, &c);
+  c.edge_weights = edge_weights;
   Model model(c, 11);
   model.to(device);
   const bool attention = kind == "gat";
   Tensor features = Tensor::empty(n, d);
   store.read_features(0, n, features.f32());
-  const GraphOperand whole = GraphOperand(store.csr()).to(device, attention);
+  const GraphOperand whole = GraphOperand(aggregation_csr(store, c)).to(device, attention);
+  EXPECT_EQ(whole.weighted(), edge_weights);
   const std::vector<const GraphOperand*> graphs(3, &whole);
   const std::vector<float> expected = model.forward(graphs, features.to(device), /*training=*/false, 0).to_vector();
 

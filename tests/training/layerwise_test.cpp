@@ -38,6 +38,14 @@ TEST(Layerwise, EqualsTheWholeGraphForwardOnTheCpu) {
   testing::expect_layerwise_equals_whole_graph("sage", "relu", Device::cpu(), 1 << 20);  // one chunk
 }
 
+// With edge weights: each chunk's outer sources take GCN's weighted degrees of the whole graph.
+TEST(Layerwise, WeightedEqualsTheWholeGraphForwardOnTheCpu) {
+  for (const char* kind : {"gcn", "sage", "gin"}) {
+    testing::expect_layerwise_equals_whole_graph(kind, "relu", Device::cpu(), 100, 0, /*edge_weights=*/true);
+    testing::expect_layerwise_equals_whole_graph(kind, "maxk:8", Device::cpu(), 100, 0, /*edge_weights=*/true);
+  }
+}
+
 // Mini-batch training evaluated layer-wise (--eval batched) reports what whole-graph evaluation
 // reports, epoch by epoch: the same weights, the same function.
 TEST(Layerwise, BatchedEvaluationReportsTheWholeGraphsAccuracies) {
