@@ -197,7 +197,7 @@ struct BatchFlags {
 
 int bench_sample(const std::vector<std::string>& args) {
   BatchFlags f;
-  std::string samplers_text = "gpu,cpu", topology = "auto";
+  std::string samplers_text = "gpu,cpu", topology = "auto", sampling_text = "uniform";
   po::options_description desc(
       "usage: gale bench sample STORE|--generate SPEC [options]\n\n"
       "Times the neighbour samplers per mini-batch of training seeds: the GPU fused-map sampler\n"
@@ -210,7 +210,9 @@ int bench_sample(const std::vector<std::string>& args) {
       ("samplers", po::value(&samplers_text), "comma separated, from gpu, cpu (default gpu,cpu)")
       ("topology", po::value(&topology),
        "GPU sampler's graph: gpu (in GPU memory) | host (pinned host memory, read over UVA) | "
-       "auto (on the GPU when it fits a quarter of 90% of its memory, as training decides; default)");
+       "auto (on the GPU when it fits a quarter of 90% of its memory, as training decides; default)")
+      ("neighbor-sampling", po::value(&sampling_text),
+       "uniform (default) | weighted (in proportion to the store's edge weights, as gale train's flag)");
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
@@ -218,6 +220,10 @@ int bench_sample(const std::vector<std::string>& args) {
   const std::vector<int> fanouts = parse_fanouts(f.fanouts_text);
   check_counts(f.batch_size, f.batches, f.warmup);
   const std::vector<std::string> samplers = parse_names(samplers_text, "--samplers", {"gpu", "cpu"});
+  if (sampling_text != "uniform" && sampling_text != "weighted")
+    throw InputError("--neighbor-sampling: expected uniform or weighted, found '" + sampling_text + "'");
+  const sampler::Sampling sampling =
+      sampling_text == "weighted" ? sampler::Sampling::kWeighted : sampler::Sampling::kUniform;
   if (topology != "gpu" && topology != "host" && topology != "auto")
     throw InputError("--topology: expected gpu, host or auto, found '" + topology + "'");
   const bool with_gpu = std::find(samplers.begin(), samplers.end(), "gpu") != samplers.end();
@@ -227,6 +233,9 @@ int bench_sample(const std::vector<std::string>& args) {
 
   const BenchStore source(f.store_path, f.generate, "bench sample");
   const storage::Store store = storage::Store::open(source.path());
+  if (sampling == sampler::Sampling::kWeighted && store.weights() == nullptr)
+    throw InputError("--neighbor-sampling weighted: " + source.label() + " has no edge weights (graph/weights.npy; "
+                     "--generate takes weights=uniform)");
   BatchSequence sequence(store, f.batch_size, f.seed);
   const int total = f.warmup + f.batches;
 
@@ -234,8 +243,9 @@ int bench_sample(const std::vector<std::string>& args) {
     std::printf("device: %s\ngraph: %s, %lld nodes, %lld edges\n", with_gpu ? engine::device_name(gpu).c_str() : "cpu",
                 source.label().c_str(), static_cast<long long>(store.num_nodes()),
                 static_cast<long long>(store.num_edges()));
-    std::printf("seeds: %s, batch size %lld, fanouts %s; median of %d batches after %d warm-up\n",
-                sequence.describe().c_str(), static_cast<long long>(f.batch_size), f.fanouts_text.c_str(), f.batches, f.warmup);
+    std::printf("seeds: %s, batch size %lld, fanouts %s, %s draws; median of %d batches after %d warm-up\n",
+                sequence.describe().c_str(), static_cast<long long>(f.batch_size), f.fanouts_text.c_str(),
+                sampling_text.c_str(), f.batches, f.warmup);
     std::printf("%-7s %10s %13s %13s %10s  %s\n", "sampler", "ms/batch", "edges/batch", "inputs/batch", "Medges/s",
                 "topology");
   }
@@ -248,7 +258,7 @@ int bench_sample(const std::vector<std::string>& args) {
       const uint64_t topology_bytes = topology == "gpu"    ? std::numeric_limits<uint64_t>::max()
                                       : topology == "host" ? 0
                                                            : engine::GpuBatches::topology_room(gpu, 0);
-      const engine::GpuBatches gpu_sampler(store, gpu, fanouts, topology_bytes);
+      const engine::GpuBatches gpu_sampler(store, gpu, fanouts, topology_bytes, sampling);
       where = gpu_sampler.describe();
       for (int i = 0; i < total; ++i) {
         const BatchSequence::Batch b = sequence[i];
@@ -266,7 +276,7 @@ int bench_sample(const std::vector<std::string>& args) {
       }
     } else {
       where = "host memory";
-      const sampler::NeighborSampler cpu_sampler(store.csr(), fanouts);
+      const sampler::NeighborSampler cpu_sampler(store.csr(), fanouts, sampling);
       for (int i = 0; i < total; ++i) {
         const BatchSequence::Batch b = sequence[i];
         const auto t0 = Clock::now();
@@ -289,7 +299,8 @@ int bench_sample(const std::vector<std::string>& args) {
     if (f.json) {
       print_json({{"bench", "sample"}, {"device", device}, {"graph", source.label()}, {"nodes", store.num_nodes()},
                   {"edges", store.num_edges()}, {"sampler", name}, {"topology", where},
-                  {"fanouts", fanouts}, {"batch_size", f.batch_size}, {"seeds", sequence.num_seeds()},
+                  {"fanouts", fanouts}, {"sampling", sampling_text}, {"batch_size", f.batch_size},
+                  {"seeds", sequence.num_seeds()},
                   {"batches", f.batches}, {"warmup", f.warmup}, {"ms_per_batch", ms},
                   {"edges_per_batch", mean(edges)}, {"input_nodes_per_batch", mean(inputs)},
                   {"medges_per_s", medges}});

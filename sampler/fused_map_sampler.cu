@@ -253,17 +253,109 @@ __device__ __forceinline__ unsigned long long priority_bits(uint64_t row_key, co
   return static_cast<unsigned long long>(__double_as_longlong(priority));
 }
 
+// The weighted mode's candidates: a warp keeps up to this many (priority, entry) pairs in shared
+// memory, and tries the candidate select for takes up to kCandidateTakeMax (it aims at about
+// twice the take, so most rows fit).
+constexpr int kCandidates = 256;
+constexpr int kCandidatesPerLane = kCandidates / kWarp;
+constexpr int64_t kCandidateTakeMax = 64;
+
+// The weighted mode's fast path for one row (one warp; take < degree): every entry whose priority
+// lies below a threshold t is a candidate, and when there are at least `take` of them (and at most
+// kCandidates) the take smallest of the row are among them, so selecting among the candidates is
+// exact, ties to the lower entry included. t starts at 2 take / (the row's total weight), where
+// about 2 take priorities fall (P(E / w < t) = 1 - exp(-t w) <= t w), and grows fourfold while
+// too few fall below it: usually one pass that computes each priority once, against the radix
+// select's nine. False, with nothing written, when the row has a bad weight (the radix select
+// flags it) or too many candidates: the caller then runs the radix select.
+__device__ bool weighted_candidates(const SampleArgs& a, uint64_t key, const float* weights, const int32_t* nbrs,
+                                    int64_t begin, int64_t degree, int64_t take, int64_t* picked,
+                                    unsigned long long* cand_key, int64_t* cand_entry, int lane) {
+  if (take > kCandidateTakeMax) return false;
+  float total = 0.0f;
+  bool bad = false;
+  for (int64_t j = lane; j < degree; j += kWarp) {
+    const float w = weights[j];
+    bad |= !(w > 0.0f) || isinf(w);
+    total += w;
+  }
+  if (__any_sync(kFull, bad)) return false;
+  for (int d = kWarp / 2; d > 0; d /= 2) total += __shfl_xor_sync(kFull, total, d);
+  const unsigned lanes_below = (1u << lane) - 1u;
+  double t = 2.0 * static_cast<double>(take) / static_cast<double>(total);
+  for (int attempt = 0; attempt < 6 && t > 0.0 && isfinite(t); ++attempt, t *= 4.0) {
+    const unsigned long long t_bits = static_cast<unsigned long long>(__double_as_longlong(t));
+    __syncwarp();  // the list's last readers and writers (this row's last attempt, or the last row) are done
+    int64_t count = 0;
+    for (int64_t base = 0; base < degree && count <= kCandidates; base += kWarp) {
+      const int64_t j = base + lane;
+      const unsigned long long bits = j < degree ? priority_bits(key, weights, j, a.errors) : ~0ull;
+      const bool below = bits < t_bits;
+      const unsigned mask = __ballot_sync(kFull, below);
+      const int64_t at = count + __popc(mask & lanes_below);
+      if (below && at < kCandidates) {
+        cand_key[at] = bits;
+        cand_entry[at] = j;
+      }
+      count += __popc(mask);
+    }
+    if (count > kCandidates) return false;
+    if (count < take) continue;
+    __syncwarp();
+    // Each candidate's rank by (priority, entry); the take smallest are the picks.
+    bool chosen[kCandidatesPerLane];
+    for (int m = 0; m < kCandidatesPerLane; ++m) {
+      const int i = lane + m * kWarp;
+      chosen[m] = false;
+      if (i >= count) continue;
+      const unsigned long long ki = cand_key[i];
+      const int64_t ei = cand_entry[i];
+      int64_t rank = 0;
+      for (int64_t q = 0; q < count; ++q) {
+        const unsigned long long kq = cand_key[q];
+        rank += kq < ki || (kq == ki && cand_entry[q] < ei) ? 1 : 0;
+      }
+      chosen[m] = rank < take;
+    }
+    __syncwarp();
+    for (int m = 0; m < kCandidatesPerLane; ++m) {  // the others leave the list
+      const int i = lane + m * kWarp;
+      if (i < count && !chosen[m]) cand_entry[i] = -1;
+    }
+    __syncwarp();
+    // The picks in graph order: each at its rank by entry among the chosen.
+    for (int m = 0; m < kCandidatesPerLane; ++m) {
+      const int i = lane + m * kWarp;
+      if (i >= count || !chosen[m]) continue;
+      const int64_t ei = cand_entry[i];
+      int64_t pos = 0;
+      for (int64_t q = 0; q < count; ++q) {
+        const int64_t eq = cand_entry[q];
+        pos += eq >= 0 && eq < ei ? 1 : 0;
+      }
+      record_pick(a, picked + pos, nbrs[ei], begin + ei);
+    }
+    __syncwarp();  // the list is free for the next row
+    return true;
+  }
+  return false;
+}
+
 // Step 4, weighted mode (Efraimidis-Spirakis A-Res as an exponential race): one warp per
 // destination takes the `take` entries of smallest priority, ties to the lower entry, as the CPU's
-// nth_element over (priority, entry). A radix select over the 64 priority bits, 8 bits a pass,
-// finds the take-th smallest value T with a 256-bin histogram per warp in shared memory (priorities
-// are recomputed each pass rather than stored: a hub row would not fit); a last pass in entry
-// order takes every priority below T and the first `remaining` equal to it, writing each pick at
-// its ballot rank, so the picks come out in graph order with no sort.
+// nth_element over (priority, entry). Rows whose candidates below a threshold fit take the fast
+// path above. Otherwise a radix select over the 64 priority bits, 8 bits a pass, finds the
+// take-th smallest value T with a 256-bin histogram per warp in shared memory (priorities are
+// recomputed each pass rather than stored: a hub row would not fit); a last pass in entry order
+// takes every priority below T and the first `remaining` equal to it, writing each pick at its
+// ballot rank, so the picks come out in graph order with no sort.
 __global__ void __launch_bounds__(kThreads) weighted_sample_kernel(SampleArgs a) {
   __shared__ int histograms[kWarpsPerBlock][256];
+  __shared__ unsigned long long candidate_keys[kWarpsPerBlock][kCandidates];
+  __shared__ int64_t candidate_entries[kWarpsPerBlock][kCandidates];
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  int* hist = histograms[threadIdx.x / kWarp];
+  const int warp = static_cast<int>(threadIdx.x) / kWarp;
+  int* hist = histograms[warp];
   const unsigned lanes_below = (1u << lane) - 1u;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; i < a.n; i += warps) {
@@ -280,6 +372,9 @@ __global__ void __launch_bounds__(kThreads) weighted_sample_kernel(SampleArgs a)
       continue;
     }
     const uint64_t key = kernels::derive_key(a.hop_key, static_cast<uint64_t>(v));
+    if (weighted_candidates(a, key, weights, nbrs, begin, degree, take, picked, candidate_keys[warp],
+                            candidate_entries[warp], lane))
+      continue;
     // Radix select: after the pass at `shift`, `prefix` holds T's bits above shift and
     // `remaining` is T's rank among the priorities sharing them (1-based).
     unsigned long long prefix = 0, prefix_mask = 0;

@@ -28,8 +28,11 @@
 //
 // Sampling::kWeighted draws by the edge weights as NeighborSampler's weighted mode does, entry for
 // entry (the same exponential-race priorities, computed bit-identically on the device): one warp
-// per destination radix-selects the fanout smallest priorities over the row (9 passes over its
-// weights), so weighted hub rows cost more than uniform ones.
+// per destination keeps the entries whose priority falls below a threshold that about twice the
+// fanout fall below (from the row's total weight), and selects among them, computing each
+// priority once; a row whose candidates do not fit (or a fanout above 64) radix-selects over the
+// row instead (9 passes over its weights). Either way a weighted draw reads the whole row, where a
+// uniform one reads only its picks, so weighted hub rows cost more.
 //
 // Host synchronisations: one per hop (step 2) plus one at the end to learn the input layer's
 // number of sources; nothing else blocks. Every byte (the result, the table, scratch) comes from

@@ -886,6 +886,18 @@ TEST_F(Cli, BenchSampleOnTheCpuPrintsOneJsonRow) {
   // No train split in a generated graph without classes: every node is a seed, so a batch of
   // 1024 seeds reads at least its 1024 seeds' features.
   EXPECT_GE(rows[0]["input_nodes_per_batch"].get<double>(), 1024.0);
+  EXPECT_EQ(rows[0]["sampling"], "uniform");
+  // Weighted draws need a weighted graph, and say so.
+  const CliRun weighted = gale(std::string("bench sample ") + kBenchGraph +
+                               ",weights=uniform --samplers cpu --batches 2 --warmup 1 --json --neighbor-sampling weighted");
+  ASSERT_EQ(weighted.code, 0) << weighted.out;
+  const auto w = json_rows(weighted.out);
+  ASSERT_EQ(w.size(), 1u) << weighted.out;
+  EXPECT_EQ(w[0]["sampling"], "weighted");
+  EXPECT_GT(w[0]["edges_per_batch"].get<double>(), 0.0);
+  const CliRun plain = gale(std::string("bench sample ") + kBenchGraph + " --samplers cpu --neighbor-sampling weighted");
+  EXPECT_EQ(plain.code, 2) << plain.out;
+  EXPECT_NE(plain.out.find("has no edge weights"), std::string::npos) << plain.out;
 }
 
 TEST_F(Cli, BenchSampleTableNamesTheDevice) {

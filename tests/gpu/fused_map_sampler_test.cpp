@@ -359,6 +359,21 @@ TEST_P(FusedMapSamplerTest, WeightedDrawsMatchTheCpuSampler) {
   check(g, {40, 100}, 31, 15, &weights);
 }
 
+// Weights over six orders of magnitude: a few entries hold most of a row's weight, so the
+// candidate select's first threshold often catches too few and grows, or the row takes the radix
+// select; every path draws what the CPU draws.
+TEST_P(FusedMapSamplerTest, WeightedSkewedWeightsMatchTheCpuSampler) {
+  const Graph g = random_graph(3000, 21);
+  std::vector<float> weights(g.indices.size());
+  for (size_t e = 0; e < weights.size(); ++e)
+    weights[e] = std::pow(10.0f, 6.0f * kernels::random_uniform(22, e) - 3.0f);
+  check(g, {15, 10, 5}, 200, 23, &weights);
+  check(g, {64, 3}, 50, 24, &weights);
+  check(g, {65}, 50, 25, &weights);  // above the candidate select's takes: the radix select
+  std::vector<float> flat(g.indices.size(), 0.5f);  // ties everywhere but in the exponentials
+  check(g, {10, 10}, 100, 26, &flat);
+}
+
 TEST_P(FusedMapSamplerTest, WeightedBadWeightsAreInputErrors) {
   const Graph g = random_graph(50, 16);
   std::vector<float> weights(g.indices.size(), 1.0f);
