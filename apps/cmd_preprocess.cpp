@@ -32,6 +32,7 @@ int run_preprocess(const std::vector<std::string>& args) {
       ("force", po::bool_switch(&o.overwrite), "replace an existing store")
       ("format", po::value(&format), "auto | edgelist | ogb | mtx | npy")
       ("edges", po::value(&o.edges_npy), "edges as .npy, shape (2,E) as PyG's edge_index or (E,2); 2 x 2 reads as (2,E)")
+      ("weights", po::value(&o.weights_npy), "edge weights as .npy (E floats in --edges' order, as PyG's edge_weight)")
       ("features", po::value(&o.features_npy), "node features as .npy (N x D)")
       ("labels", po::value(&o.labels_npy), "node labels as .npy (N), -1 = unlabelled")
       ("train-ids", po::value(&o.train_ids), "training node ids (.npy or one id per line)")

@@ -73,9 +73,20 @@ GALE_HD double reproducible_log(double x) {
 // An Exponential(1) variate for (key, counter): -ln u with u = (52 random bits + 1/2) / 2^52,
 // strictly inside (0, 1), so the result is finite and positive. Bit-identical on host and device
 // (reproducible_log), which weighted sampling needs: it compares these values across CPU and GPU.
+GALE_HD double random_exponential_uniform(uint64_t key, uint64_t counter) {
+  return (static_cast<double>(random_bits(key, counter) >> 12) + 0.5) * 0x1p-52;
+}
 GALE_HD double random_exponential(uint64_t key, uint64_t counter) {
-  const double u = (static_cast<double>(random_bits(key, counter) >> 12) + 0.5) * 0x1p-52;
-  return -reproducible_log(u);
+  return -reproducible_log(random_exponential_uniform(key, counter));
+}
+
+// True only when random_exponential(key, counter) >= x + 1e-12 for certain, decided from its
+// uniform u alone, without the logarithm: -ln u >= 1 - u, so u <= 1 - x - 1e-12 settles it. The
+// 1e-12 covers reproducible_log's few ulps (and a caller's roundings of x / w against t) for x up
+// to a few hundred; beyond, 1 - x < 0 and it is never true. A cheap pre-test for a threshold on
+// the variate: when false, compute the variate.
+GALE_HD bool random_exponential_at_least(uint64_t key, uint64_t counter, double x) {
+  return random_exponential_uniform(key, counter) <= 1.0 - x - 1e-12;
 }
 
 // Derives a sub-key, e.g. derive_key(seed, epoch) then derive_key(that, layer).

@@ -265,8 +265,9 @@ constexpr int64_t kCandidateTakeMax = 64;
 // kCandidates) the take smallest of the row are among them, so selecting among the candidates is
 // exact, ties to the lower entry included. t starts at 2 take / (the row's total weight), where
 // about 2 take priorities fall (P(E / w < t) = 1 - exp(-t w) <= t w), and grows fourfold while
-// too few fall below it: usually one pass that computes each priority once, against the radix
-// select's nine. False, with nothing written, when the row has a bad weight (the radix select
+// too few fall below it: usually one pass, which computes the priority only of the entries whose
+// uniform does not already rule them out (kernels::random_exponential_at_least), against the
+// radix select's nine passes computing every priority. False, with nothing written, when the row has a bad weight (the radix select
 // flags it) or too many candidates: the caller then runs the radix select.
 __device__ bool weighted_candidates(const SampleArgs& a, uint64_t key, const float* weights, const int32_t* nbrs,
                                     int64_t begin, int64_t degree, int64_t take, int64_t* picked,
@@ -289,7 +290,11 @@ __device__ bool weighted_candidates(const SampleArgs& a, uint64_t key, const flo
     int64_t count = 0;
     for (int64_t base = 0; base < degree && count <= kCandidates; base += kWarp) {
       const int64_t j = base + lane;
-      const unsigned long long bits = j < degree ? priority_bits(key, weights, j, a.errors) : ~0ull;
+      // An entry whose variate surely reaches t w (most of them: about 2 take of the row do not)
+      // is no candidate, and its priority is not computed.
+      const bool maybe = j < degree && !kernels::random_exponential_at_least(
+                                           key, static_cast<uint64_t>(j), t * static_cast<double>(weights[j]));
+      const unsigned long long bits = maybe ? priority_bits(key, weights, j, a.errors) : ~0ull;
       const bool below = bits < t_bits;
       const unsigned mask = __ballot_sync(kFull, below);
       const int64_t at = count + __popc(mask & lanes_below);

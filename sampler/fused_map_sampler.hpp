@@ -29,8 +29,9 @@
 // Sampling::kWeighted draws by the edge weights as NeighborSampler's weighted mode does, entry for
 // entry (the same exponential-race priorities, computed bit-identically on the device): one warp
 // per destination keeps the entries whose priority falls below a threshold that about twice the
-// fanout fall below (from the row's total weight), and selects among them, computing each
-// priority once; a row whose candidates do not fit (or a fanout above 64) radix-selects over the
+// fanout fall below (from the row's total weight), and selects among them, computing the priority
+// only of the entries whose uniform does not already rule them out (as NeighborSampler does); a
+// row whose candidates do not fit (or a fanout above 64) radix-selects over the
 // row instead (9 passes over its weights). Either way a weighted draw reads the whole row, where a
 // uniform one reads only its picks, so weighted hub rows cost more.
 //

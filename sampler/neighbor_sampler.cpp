@@ -34,14 +34,36 @@ NeighborSampler::NeighborSampler(kernels::CsrView graph, std::vector<int> fanout
 }
 
 void weighted_offsets(uint64_t row_key, const float* weights, int64_t degree, int64_t k, std::vector<int64_t>* out) {
-  // (priority, entry): the k smallest in this lexicographic order, so ties go to the lower entry.
-  std::vector<std::pair<double, int64_t>> keyed(static_cast<size_t>(degree));
+  double total = 0;
   for (int64_t j = 0; j < degree; ++j) {
     const float w = weights[j];
     if (!(w > 0.0f) || !std::isfinite(w))
       throw InputError("weighted sampling: edge weight " + std::to_string(w) + " at offset " + std::to_string(j) +
                        " of the row is not positive and finite");
-    keyed[static_cast<size_t>(j)] = {kernels::random_exponential(row_key, static_cast<uint64_t>(j)) / static_cast<double>(w), j};
+    total += w;
+  }
+  auto priority = [&](int64_t j) {
+    return kernels::random_exponential(row_key, static_cast<uint64_t>(j)) / static_cast<double>(weights[j]);
+  };
+  // (priority, entry): the k smallest in this lexicographic order, so ties go to the lower entry.
+  // They are all among the entries whose priority is below any t that at least k are below: try
+  // t = 2k / total (about 2k fall below it) and four times more while too few do, computing only
+  // the priorities the uniforms do not rule out (the GPU sampler's candidate select, same result).
+  std::vector<std::pair<double, int64_t>> keyed;
+  double t = 2.0 * static_cast<double>(k) / total;
+  for (int attempt = 0; attempt < 6 && t > 0 && std::isfinite(t) && static_cast<int64_t>(keyed.size()) < k;
+       ++attempt, t *= 4.0) {
+    keyed.clear();
+    for (int64_t j = 0; j < degree; ++j) {
+      if (kernels::random_exponential_at_least(row_key, static_cast<uint64_t>(j), t * static_cast<double>(weights[j])))
+        continue;
+      const double p = priority(j);
+      if (p < t) keyed.emplace_back(p, j);
+    }
+  }
+  if (static_cast<int64_t>(keyed.size()) < k) {  // every entry
+    keyed.resize(static_cast<size_t>(degree));
+    for (int64_t j = 0; j < degree; ++j) keyed[static_cast<size_t>(j)] = {priority(j), j};
   }
   std::nth_element(keyed.begin(), keyed.begin() + (k - 1), keyed.end());
   out->resize(static_cast<size_t>(k));

@@ -10,7 +10,10 @@
 // without replacement, by Efraimidis and Spirakis' exponential race (A-Res): entry j of row v gets
 // the priority E_j / w_j, E_j = random_exponential(derive_key(derive_key(key, hop), v), j), and
 // the fanout smallest priorities (ties to the lower entry) are taken. That is the law of drawing
-// one neighbour at a time proportionally to the weights left. The weights of a row sampled from
+// one neighbour at a time proportionally to the weights left. They are found among the entries
+// whose priority falls below a threshold t that about twice the fanout do (t = 2 fanout / the
+// row's total weight, raised while too few do), computing only the priorities that the entries'
+// uniforms do not already put above t (kernels::random_exponential_at_least). The weights of a row sampled from
 // must be positive and finite (InputError otherwise); rows at or below the fanout are taken whole
 // as in the uniform mode, so their weights are not read.
 #pragma once

@@ -359,7 +359,8 @@ int64_t read_matrix_market(const std::string& path, bool* weighted, NodeData* nd
   return seen;
 }
 
-void read_npy_edges(const std::string& path, const AddEdge& add) {
+// `weights_path` (optional): one float per edge, in the edge array's order (PyG's edge_weight).
+void read_npy_edges(const std::string& path, const std::string& weights_path, const AddEdge& add) {
   UserArray a(path);
   const auto& s = a.header.shape;
   if (!a.is_int() || s.size() != 2 || (s[0] != 2 && s[1] != 2))
@@ -368,12 +369,30 @@ void read_npy_edges(const std::string& path, const AddEdge& add) {
   const bool rows_are_edges = s[0] != 2;  // (E, 2)
   const int64_t e = rows_are_edges ? s[0] : s[1];
   if (e == 0) throw InputError(path + ": no edges found");
+  std::unique_ptr<UserArray> w;
+  if (!weights_path.empty()) {
+    w = std::make_unique<UserArray>(weights_path);
+    const NpyHeader& h = w->header;
+    if (h.shape.size() != 1 || !(h.dtype == DType::kF32 || h.dtype == DType::kF64 || h.dtype == DType::kF16))
+      throw InputError(weights_path + ": expected a 1-D float32, float64 or float16 array of edge weights, found " +
+                       h.descr + " of shape " + shape_text(h.shape));
+    if (h.shape[0] != e)
+      throw InputError(weights_path + ": " + std::to_string(h.shape[0]) + " weights for the " + std::to_string(e) +
+                       " edges of " + path);
+  }
+  const size_t item = w ? dtype_size(w->header.dtype) : 0;
   for (int64_t k = 0; k < e; ++k) {
     const int64_t src = rows_are_edges ? a.int_at(2 * k) : a.int_at(k);
     const int64_t dst = rows_are_edges ? a.int_at(2 * k + 1) : a.int_at(e + k);
     const std::string bad = add.check(src, dst);
     if (!bad.empty()) throw InputError(path + ": edge " + std::to_string(k) + ": " + bad);
-    add.add(src, dst, 1.0f);
+    float weight = 1.0f;
+    if (w) {
+      convert_to_f32(w->header.dtype, static_cast<const char*>(w->data.data()) + static_cast<size_t>(k) * item, &weight, 1);
+      if (!std::isfinite(weight))
+        throw InputError(weights_path + ": weight " + std::to_string(k) + " is not a finite number");
+    }
+    add.add(src, dst, weight);
   }
 }
 
@@ -527,6 +546,10 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   report.format = generating ? "generated " + gen.kind : format_name(format);
   if (!generating && format != InputFormat::kNpy && o.inputs.empty())
     throw InputError(std::string("preprocess: the ") + format_name(format) + " format reads INPUT files, not --edges");
+  if (!o.weights_npy.empty() && (generating || format != InputFormat::kNpy))
+    throw InputError("--weights: weighs NumPy edges (--edges FILE.npy); " +
+                     std::string(generating ? "--generate takes weights=uniform"
+                                            : "an edge list's third column or a Matrix Market file's values give weights"));
   if (o.num_nodes && *o.num_nodes < 1) throw InputError("--num-nodes: expected a positive count");
   if (format == InputFormat::kOgb && ogb_file(o.inputs[0], "raw/edge.csv").empty())
     throw InputError(o.inputs[0] + ": not an OGB node-property folder (no raw/edge.csv.gz)");
@@ -683,7 +706,8 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     });
   } else if (format == InputFormat::kNpy) {
     const std::string file = !o.edges_npy.empty() ? o.edges_npy : o.inputs.at(0);
-    read_npy_edges(file, add);
+    read_npy_edges(file, o.weights_npy, add);
+    weighted = !o.weights_npy.empty();
   } else {
     int columns = 0;
     for (const auto& in : o.inputs) read_edge_list(in, &columns, add);

@@ -33,6 +33,9 @@ struct PreprocessOptions {
   // NumPy inputs (--edges e.npy --features f.npy --labels l.npy), usable beside any topology
   // format for features / labels. edges: (2, E) as PyG's edge_index, or (E, 2) (a 2 x 2 array reads as (2, E)), int32 / int64.
   std::string edges_npy, features_npy, labels_npy;
+  // --weights: the edges' weights (E floats, in the edge array's order, as PyG's edge_weight);
+  // only with NumPy edges.
+  std::string weights_npy;
   // Optional split files (one id per line or .npy of ids) overriding / supplying the split.
   std::string train_ids, valid_ids, test_ids;
 

@@ -43,5 +43,27 @@ TEST(RandomExponential, IsPositiveWithUnitMeanAndExponentialTail) {
   EXPECT_NEAR(static_cast<double>(above_3) / n, p, 5 * std::sqrt(p * (1 - p) / n));
 }
 
+// The pre-test is never wrong: as the weighted sampler uses it (x = t w for its threshold t and an
+// entry's weight w), when it rules an entry out, the entry's priority e / w does reach t. And it
+// rules most entries out at small thresholds.
+TEST(RandomExponential, AtLeastIsNeverWrongAndUsuallyDecides) {
+  const int n = 200000;
+  for (const double x0 : {0.0, 1e-12, 1e-9, 1e-6, 1e-3, 0.05, 0.7, 1.0, 3.0, 40.0, 300.0}) {
+    for (const float w : {1e-3f, 0.37f, 1.0f, 7.5f, 1e4f}) {
+      const double t = x0 / static_cast<double>(w);
+      const double x = t * static_cast<double>(w);
+      int decided = 0;
+      for (int i = 0; i < n; ++i) {
+        if (!random_exponential_at_least(5, static_cast<uint64_t>(i), x)) continue;
+        ++decided;
+        ASSERT_GE(random_exponential(5, static_cast<uint64_t>(i)) / static_cast<double>(w), t) << x0 << " " << w << " " << i;
+      }
+      // P(decided) = P(u <= 1 - x) = 1 - x for x <= 1, else 0.
+      if (x0 <= 1.0) EXPECT_NEAR(static_cast<double>(decided) / n, 1.0 - x0, 0.01) << x0;
+      if (x0 > 1.0) EXPECT_EQ(decided, 0) << x0;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gale::kernels

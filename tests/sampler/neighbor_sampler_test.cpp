@@ -247,6 +247,35 @@ TEST(NeighborSampler, WeightedPairsFollowSuccessiveSampling) {
   EXPECT_GT(chi2_p_value(chi2, static_cast<double>(degree - 1)), 0.001) << "chi2 " << chi2;
 }
 
+// weighted_offsets keeps only the candidates below a threshold; the k smallest priorities of the
+// whole row (ties to the lower entry), computed here directly, must be what it returns: every
+// row length and k, flat and skewed weights (where the first threshold catches too few).
+TEST(NeighborSampler, WeightedOffsetsAreTheKSmallestPriorities) {
+  std::vector<int64_t> got;
+  for (int skew = 0; skew < 3; ++skew) {
+    for (const int64_t degree : {2, 5, 33, 300, 5000}) {
+      std::vector<float> w(static_cast<size_t>(degree));
+      for (int64_t j = 0; j < degree; ++j) {
+        const float u = kernels::random_uniform(40 + skew, static_cast<uint64_t>(j));
+        w[j] = skew == 0 ? 1.0f : skew == 1 ? 0.1f + u : std::pow(10.0f, 8.0f * u - 4.0f);
+      }
+      for (const int64_t k : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{64}, int64_t{65}, degree - 1}) {
+        if (k < 1 || k >= degree) continue;
+        const uint64_t row_key = kernels::derive_key(99, static_cast<uint64_t>(degree * 131 + k));
+        std::vector<std::pair<double, int64_t>> all;
+        for (int64_t j = 0; j < degree; ++j)
+          all.emplace_back(kernels::random_exponential(row_key, static_cast<uint64_t>(j)) / static_cast<double>(w[j]), j);
+        std::sort(all.begin(), all.end());
+        std::vector<int64_t> want;
+        for (int64_t i = 0; i < k; ++i) want.push_back(all[static_cast<size_t>(i)].second);
+        std::sort(want.begin(), want.end());
+        weighted_offsets(row_key, w.data(), degree, k, &got);
+        EXPECT_EQ(got, want) << "skew " << skew << " degree " << degree << " k " << k;
+      }
+    }
+  }
+}
+
 TEST(NeighborSampler, WeightedNeedsPositiveWeights) {
   const TestGraph g = random_graph(30, 26);
   EXPECT_THROW(NeighborSampler(g.view(), {2}, Sampling::kWeighted), InputError);

@@ -679,6 +679,50 @@ TEST(Generators, RmatHasGraph500Size) {
 
 // weights=uniform: every edge weighted in [0.1, 1), the same both ways, the same topology as
 // without; a bad value is named.
+// --weights beside NumPy edges (PyG's edge_index and edge_weight): the same store as the weighted
+// edge list; a weight count, dtype or value that does not fit is named, and so is --weights without
+// NumPy edges.
+TEST(Preprocess, NumpyEdgeWeightsGiveTheWeightedEdgeListsStore) {
+  TempDir dir;
+  testing::write_text(dir / "w.txt", "0 1 0.5\n1 2 2\n3 0 1.25\n2 3 0.125\n");
+  PreprocessOptions text;
+  text.inputs = {dir / "w.txt"};
+  text.output = dir / "text.gale";
+  text.undirected = true;
+  preprocess(text);
+  testing::write_npy(dir / "ei.npy", DType::kI64, {2, 4}, std::vector<int64_t>{0, 1, 3, 2, 1, 2, 0, 3});
+  testing::write_npy(dir / "ew.npy", DType::kF64, {4}, std::vector<double>{0.5, 2, 1.25, 0.125});
+  PreprocessOptions npy;
+  npy.edges_npy = dir / "ei.npy";
+  npy.weights_npy = dir / "ew.npy";
+  npy.output = dir / "npy.gale";
+  npy.undirected = true;
+  preprocess(npy);
+  const Store a = Store::open(dir / "text.gale"), b = Store::open(dir / "npy.gale");
+  ASSERT_NE(b.weights(), nullptr);
+  ASSERT_EQ(a.num_edges(), b.num_edges());
+  EXPECT_EQ(std::vector<float>(a.weights(), a.weights() + a.num_edges()),
+            std::vector<float>(b.weights(), b.weights() + b.num_edges()));
+  EXPECT_EQ(std::vector<int32_t>(a.indices32(), a.indices32() + a.num_edges()),
+            std::vector<int32_t>(b.indices32(), b.indices32() + b.num_edges()));
+
+  PreprocessOptions o = npy;
+  o.output = dir / "bad.gale";
+  testing::write_npy(dir / "short.npy", DType::kF32, {3}, std::vector<float>{1, 1, 1});
+  o.weights_npy = dir / "short.npy";
+  expect_input_error(o, "short.npy: 3 weights for the 4 edges of");
+  testing::write_npy(dir / "int.npy", DType::kI32, {4}, std::vector<int32_t>{1, 1, 1, 1});
+  o.weights_npy = dir / "int.npy";
+  expect_input_error(o, "int.npy: expected a 1-D float32, float64 or float16 array of edge weights");
+  testing::write_npy(dir / "nan.npy", DType::kF32, {4}, std::vector<float>{1, 1, NAN, 1});
+  o.weights_npy = dir / "nan.npy";
+  expect_input_error(o, "nan.npy: weight 2 is not a finite number");
+  PreprocessOptions list = text;
+  list.output = dir / "bad.gale";
+  list.weights_npy = dir / "ew.npy";
+  expect_input_error(list, "--weights: weighs NumPy edges");
+}
+
 TEST(Generators, UniformWeightsAreSymmetricAndInRange) {
   TempDir dir;
   for (const char* w : {"none", "uniform"}) {
