@@ -642,6 +642,22 @@ std::string describe_store(const Store& store) {
       o << "out-degree not computed (int64 indices)\n";
     }
   }
+  if (const float* w = store.weights(); w != nullptr && m.num_edges > 0) {
+    // Edge weights, so a user can see they were read as meant (the models aggregate with them).
+    double sum = 0;
+    float lo = w[0], hi = w[0];
+    int64_t non_positive = 0;
+    for (int64_t k = 0; k < m.num_edges; ++k) {
+      sum += w[k];
+      lo = std::min(lo, w[k]);
+      hi = std::max(hi, w[k]);
+      non_positive += w[k] <= 0.0f;
+    }
+    char line[256];
+    std::snprintf(line, sizeof(line), "weights    min %.6g  mean %.6g  max %.6g  (%lld not positive)\n", lo,
+                  sum / static_cast<double>(m.num_edges), hi, static_cast<long long>(non_positive));
+    o << line;
+  }
   o << "indices    " << m.files.at("graph/indices.npy").dtype << "\n";
   if (m.feature_dim > 0) o << "features   " << m.feature_dim << " x " << m.feature_dtype << "\n";
   else o << "features   none\n";

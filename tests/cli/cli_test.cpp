@@ -579,6 +579,10 @@ double test_acc(const std::string& out) {
 // off; predict aggregates as the checkpoint's model was trained; weighted neighbour sampling.
 TEST_F(Cli, EdgeWeightsShapeTheAggregationsWhenTheStoreHasThem) {
   const std::string store = weighted_store(*this);
+  const CliRun info = gale("info " + store);
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("weights    min 0.04  mean "), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("max 1  (0 not positive)"), std::string::npos) << info.out;
   const std::string common = " --device cpu --epochs 100 --hidden 32 --seed 1";
   for (const std::string model : {"gcn", "sage", "gin"}) {
     const CliRun used = gale("train " + store + common + " --model " + model + " --checkpoint-dir " + path(model));
