@@ -50,8 +50,7 @@ Model::Model(const ModelConfig& config, uint64_t seed) : config_(config) {
   if (c.layers < 1) throw InputError("--layers: expected at least 1");
   if (c.in_dim < 1 || c.out_dim < 1) throw InputError("model: input width and class count must be positive");
   if (c.edge_weights && c.model == "gat")
-    throw InputError("--edge-weights use: GAT weighs its neighbours by attention, not by edge weights; "
-                     "use gcn, sage or gin, or --edge-weights ignore");
+    throw InputError("model: gat does not aggregate with edge weights (its attention weighs the neighbours)");
   const int64_t hidden_width = c.model == "gat" ? c.hidden * c.heads : c.hidden;
   if (c.activation == Activation::kMaxK) {
     if (c.model == "gat") throw InputError("--activation maxk: supported for gcn, sage and gin, not gat");

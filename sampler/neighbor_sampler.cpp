@@ -123,9 +123,9 @@ SampledBatch NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, ui
         const int64_t begin = graph_.indptr[v];
         const int64_t deg = graph_.indptr[v + 1] - begin;
         const int64_t take = indptr[i + 1] - indptr[i];
-        if (take == deg) {
-          offsets.resize(static_cast<size_t>(deg));
-          for (int64_t j = 0; j < deg; ++j) offsets[j] = j;
+        const bool whole = take == deg;  // the whole row, in order: no offsets to draw
+        if (whole) {
+          // taken in order below
         } else if (sampling_ == Sampling::kWeighted) {
           try {
             weighted_offsets(derive_key(hop_key, static_cast<uint64_t>(v)), graph_.weights + begin, deg, take, &offsets);
@@ -135,11 +135,12 @@ SampledBatch NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, ui
         } else {
           sample_offsets(derive_key(hop_key, static_cast<uint64_t>(v)), deg, static_cast<int>(take), &offsets);
         }
+        const auto entry = [&](int64_t j) { return begin + (whole ? j : offsets[j]); };
         int64_t* dst = picked.data() + indptr[i];
-        for (int64_t j = 0; j < take; ++j) dst[j] = graph_.indices[begin + offsets[j]];
+        for (int64_t j = 0; j < take; ++j) dst[j] = graph_.indices[entry(j)];
         if (block_weights_) {
           float* w = picked_weights.data() + indptr[i];
-          for (int64_t j = 0; j < take; ++j) w[j] = graph_.weights[begin + offsets[j]];
+          for (int64_t j = 0; j < take; ++j) w[j] = graph_.weights[entry(j)];
         }
       }
     });

@@ -609,6 +609,15 @@ TEST(Model, MaxKIsRefusedForGatAndOutOfRangeK) {
   EXPECT_EQ(activation_name(cfg), "maxk:2");
 }
 
+TEST(Model, EdgeWeightsAreRefusedForGat) {
+  ModelConfig cfg = small_config("gat", 0.0f);
+  cfg.edge_weights = true;
+  EXPECT_THROW(Model(cfg, 1), InputError);
+  cfg = small_config("gcn", 0.0f);
+  cfg.edge_weights = true;
+  EXPECT_NO_THROW(Model(cfg, 1));
+}
+
 // Evaluation forwards apply no dropout of either kind.
 TEST(Model, EvaluationForwardIsDeterministicAndDropoutFree) {
   for (const std::string kind : {"gcn", "sage", "gin", "gat"}) {
