@@ -206,6 +206,8 @@ int run_train(const std::vector<std::string>& args) {
       ("lr", po::value(&lr), "Adam learning rate (default 0.01, GAT 0.005)")
       ("weight-decay", po::value(&o.weight_decay), "L2 weight decay (default 5e-4)")
       ("epochs", po::value(&epochs), "training epochs (default 200)")
+      ("patience", po::value(&o.patience), "stop early once this many epochs in a row have not raised the best "
+                                           "validation accuracy (0: off, the default)")
       ("full-graph", po::bool_switch(&full_graph), "train on the whole graph (the default without --fanouts)")
       ("fanouts", po::value(&fanouts), "mini-batch neighbour fanouts per hop, seeds' hop first: 10,10")
       ("batch-size", po::value(&o.batch_size), "training seeds per mini-batch (default 1024)")
@@ -401,6 +403,10 @@ int run_train(const std::vector<std::string>& args) {
     }
     return 128 + r.stop_signal;
   }
+  if (lead && r.stopped_early)
+    std::fprintf(stderr, "stopped early after epoch %lld of %lld: %lld epochs without a better %s accuracy (--patience)\n",
+                 static_cast<long long>(r.epochs_done), static_cast<long long>(o.epochs),
+                 static_cast<long long>(o.patience), r.selects_on_train ? "training" : "validation");
   if (lead && o.eval == engine::TrainOptions::Eval::kNone)
     std::printf("trained %lld epochs, last loss %.4f (--eval none: no accuracy measured)\n",
                 static_cast<long long>(r.last.epoch + 1), r.last.loss);

@@ -65,6 +65,7 @@ void save_checkpoint(const std::filesystem::path& file, const CheckpointState& s
   header["best_valid_acc"] = state.best_valid_acc;
   header["test_acc_at_best_valid"] = state.test_acc_at_best_valid;
   header["best_epoch"] = state.best_epoch;
+  header["improved_epoch"] = state.improved_epoch;
   header["config"] = state.config_json;
   nlohmann::json table = nlohmann::json::array();
   for (size_t i = 0; i < state.names.size(); ++i)
@@ -151,6 +152,7 @@ CheckpointState load_checkpoint(const std::filesystem::path& file) {
     s.best_valid_acc = header.at("best_valid_acc").get<double>();
     s.test_acc_at_best_valid = header.at("test_acc_at_best_valid").get<double>();
     s.best_epoch = header.at("best_epoch").get<int64_t>();
+    s.improved_epoch = header.value("improved_epoch", s.best_epoch);
     s.config_json = header.at("config").get<std::string>();
     std::vector<std::pair<int64_t, int64_t>> shapes;
     for (const auto& t : header.at("tensors")) {

@@ -31,6 +31,9 @@ struct CheckpointState {
   double best_valid_acc = -1;
   double test_acc_at_best_valid = 0;
   int64_t best_epoch = -1;
+  // The last epoch that raised best_valid_acc (early stopping counts from it); checkpoints written
+  // before it was kept read best_epoch here.
+  int64_t improved_epoch = -1;
   std::string config_json;           // model config + store identity, checked on resume
   std::vector<std::string> names;    // parameter names, in model order
   std::vector<Tensor> params, adam_m, adam_v;

@@ -195,6 +195,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   }
   const Device dev = devices[0];  // rank 0: evaluation, checkpoints and metrics
   if (opt.epochs < 1) throw InputError("--epochs: expected at least 1, found " + std::to_string(opt.epochs));
+  if (opt.patience < 0) throw InputError("--patience: expected 0 (off) or more epochs, found " + std::to_string(opt.patience));
+  if (opt.patience > 0 && opt.eval == TrainOptions::Eval::kNone)
+    throw InputError("--patience: stops when the validation accuracy stops rising, and --eval none measures none");
   if (opt.lr <= 0) throw InputError("--lr: expected a positive learning rate");
   if (opt.model.layers < 1) throw InputError("--layers: expected at least 1");
   if (opt.model.hidden < 1) throw InputError("--hidden: expected at least 1");
@@ -251,7 +254,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     // Every process must train the same model on the same store with as many workers: compare
     // each one's worker count and a fingerprint of its options and store with rank 0's.
     const std::string mine = identity_json(opt, store) + "|" + std::to_string(opt.epochs) + "|" +
-                             std::to_string(opt.lr) + "|" + std::to_string(store.has_partition());
+                             std::to_string(opt.patience) + "|" + std::to_string(opt.lr) + "|" +
+                             std::to_string(store.has_partition());
     const uint64_t fields[2] = {static_cast<uint64_t>(workers), XXH64(mine.data(), mine.size(), 0)};
     const std::vector<uint8_t> all = procs.all_gather(fields, sizeof fields, "comparing the processes' options");
     const auto* theirs = reinterpret_cast<const uint64_t*>(all.data());
@@ -290,6 +294,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   Adam& adam = *replicas[0].adam;
   TrainResult result;
   result.best_valid_acc = -1;
+  result.selects_on_train = valid_ids.empty();
   int64_t start_epoch = 0;
   // A checkpoint written inside an epoch: that epoch starts at this batch, with these losses.
   int64_t resume_batch = 0;
@@ -360,6 +365,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     result.best_valid_acc = s.best_valid_acc;
     result.test_acc_at_best_valid = s.test_acc_at_best_valid;
     result.best_epoch = s.best_epoch;
+    result.improved_epoch = s.improved_epoch;
     start_epoch = s.epoch + 1;
     resume_batch = s.batches_done;
     resume_loss_sums = s.partial_loss_sums;
@@ -387,6 +393,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     s.best_valid_acc = result.best_valid_acc;
     s.test_acc_at_best_valid = result.test_acc_at_best_valid;
     s.best_epoch = result.best_epoch;
+    s.improved_epoch = result.improved_epoch;
     s.config_json = identity;
     auto params = model.parameters();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -730,7 +737,14 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     return out;
   };
 
-  for (int64_t epoch = start_epoch; epoch < opt.epochs; ++epoch) {
+  // Early stopping: `epoch` has gone opt.patience epochs past the last rise of the best accuracy.
+  const auto patience_spent = [&](int64_t epoch) {
+    return opt.patience > 0 && result.improved_epoch >= 0 && epoch - result.improved_epoch >= opt.patience;
+  };
+  result.epochs_done = start_epoch;
+  // A resumed run that had already stopped early (after a whole epoch) trains no more.
+  result.stopped_early = resume_batch == 0 && start_epoch < opt.epochs && patience_spent(start_epoch - 1);
+  for (int64_t epoch = start_epoch; epoch < opt.epochs && !result.stopped_early; ++epoch) {
     const auto t_epoch = Clock::now();
     EpochMetrics m;
     m.epoch = epoch;
@@ -898,6 +912,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     m.gpu_allocations_reused -= allocations_before.reused;
     // Ties go to the later epoch, as in PyG's reference script (`va >= best_val`).
     const double select = valid_ids.empty() ? m.train_acc : m.valid_acc;
+    if (select > result.best_valid_acc) result.improved_epoch = epoch;
     if (select >= result.best_valid_acc) {
       result.best_valid_acc = select;
       result.test_acc_at_best_valid = m.test_acc;
@@ -947,6 +962,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     }
     result.last = m;
     ++result.epochs_run;
+    result.epochs_done = epoch + 1;
     if (on_epoch && lead_process) on_epoch(m);
     if (world == 1 && opt.stop) stop_signal = opt.stop->load();
     if (stop_signal != 0 && epoch + 1 < opt.epochs) {
@@ -956,6 +972,13 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       writer.wait();
       return result;
     }
+    if (epoch + 1 < opt.epochs && opt.patience > 0) {
+      // Every process evaluates its own replica; rank 0's decision holds for all, so a last-bit
+      // difference in another's accuracy cannot leave it training alone.
+      uint8_t stop = patience_spent(epoch) ? 1 : 0;
+      if (procs.distributed()) procs.broadcast(&stop, 1, "agreeing on early stopping");
+      result.stopped_early = stop != 0;
+    }
   }
 
   if (metrics.is_open()) {
@@ -963,7 +986,9 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
                         {"best_valid_acc", acc(result.best_valid_acc)},
                         {"test_acc_at_best_valid", acc(result.test_acc_at_best_valid)},
                         {"best_epoch", acc(result.best_epoch)},
-                        {"epochs", opt.epochs}};
+                        {"epochs", opt.epochs},
+                        {"epochs_trained", result.epochs_done},
+                        {"stopped_early", result.stopped_early}};
     metrics << j.dump() << '\n';
     metrics.flush();
     if (!metrics) throw ResourceError("--metrics " + opt.metrics_path + ": cannot write (disk full?)");

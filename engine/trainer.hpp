@@ -29,6 +29,10 @@ struct TrainOptions {
   std::vector<int> fanouts;         // hop 1 (seeds' neighbours) first
   int64_t batch_size = 1024;
   int64_t epochs = 200;
+  // Early stopping (--patience): the run ends once this many epochs in a row have not raised the
+  // validation accuracy (the training accuracy when the store has no validation split) above its
+  // best so far; a tie does not count as a rise. 0: off. Needs an evaluation (not Eval::kNone).
+  int64_t patience = 0;
   float lr = 0.01f;
   float weight_decay = 5e-4f;
   uint64_t seed = 0;
@@ -144,7 +148,14 @@ struct TrainResult {
   double best_valid_acc = 0;
   double test_acc_at_best_valid = 0;
   int64_t best_epoch = -1;
+  // The last epoch that raised the best accuracy (a tie moves best_epoch, not this).
+  int64_t improved_epoch = -1;
   int64_t epochs_run = 0;           // in this invocation (completed epochs)
+  int64_t epochs_done = 0;          // by the run, resumed ones included
+  // The store has no validation split: the best epoch (and early stopping) went by training accuracy.
+  bool selects_on_train = false;
+  // TrainOptions::patience ended the run before its last epoch (now, or in the run resumed).
+  bool stopped_early = false;
   EpochMetrics last;
   // Non-zero when TrainOptions::stop ended the run before its last epoch: the signal number, and
   // where: after `stopped_batches` of the `stopped_of` batches of epoch `stopped_epoch` (equal

@@ -704,6 +704,77 @@ TEST_F(Cli, TrainWritesOneJsonObjectPerEpochAndAFinalOne) {
   EXPECT_EQ(missing.code, 2) << missing.out;
 }
 
+// The metrics file's lines.
+std::vector<nlohmann::json> metric_rows(const std::string& file) {
+  std::ifstream in(file);
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+// --patience ends the run once that many epochs in a row have not raised the best validation
+// accuracy (a tie is no rise); the final metrics line says so, a resume of the stopped run trains
+// no more, and a resume with more patience (or none) goes on.
+TEST_F(Cli, PatienceStopsOnceTheValidationAccuracyStopsRising) {
+  const std::string store = sbm_store();
+  const std::string common = "train " + store + " --device cpu --model gcn --hidden 16 --epochs 2000 --checkpoint-dir " +
+                             path("ck") + " --metrics " + path("m.jsonl");
+  const CliRun r = gale(common + " -q --patience 10");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("stopped early after epoch "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("10 epochs without a better validation accuracy"), std::string::npos) << r.out;
+  std::vector<nlohmann::json> rows = metric_rows(path("m.jsonl"));
+  ASSERT_GE(rows.size(), 12u);
+  const nlohmann::json final_row = rows.back();
+  rows.pop_back();
+  EXPECT_EQ(final_row["final"], true);
+  EXPECT_EQ(final_row["stopped_early"], true);
+  const int64_t trained = final_row["epochs_trained"].get<int64_t>();
+  EXPECT_EQ(trained, static_cast<int64_t>(rows.size()));
+  EXPECT_LT(trained, 2000);
+  // The last strict rise of the running best is exactly `patience` epochs before the last epoch.
+  double best = -1;
+  int64_t rose = -1;
+  for (const nlohmann::json& row : rows) {
+    const double v = row["valid_acc"].get<double>();
+    if (v > best) best = v, rose = row["epoch"].get<int64_t>();
+  }
+  EXPECT_EQ(trained - 1 - rose, 10);
+  EXPECT_DOUBLE_EQ(final_row["best_valid_acc"].get<double>(), best);
+  EXPECT_GT(final_row["test_acc_at_best_valid"].get<double>(), 0.5);  // chance is 0.25
+
+  // Resumed with the same patience: nothing left to train, the same result.
+  const CliRun again = gale(common + " -q --patience 10 --resume");
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("stopped early after epoch " + std::to_string(trained) + " of 2000"), std::string::npos)
+      << again.out;
+  rows = metric_rows(path("m.jsonl"));
+  ASSERT_EQ(rows.size(), static_cast<size_t>(trained) + 2);
+  EXPECT_EQ(rows.back()["epochs_trained"], trained);
+  // Without patience it goes on to --epochs.
+  const std::string more = "train " + store + " --device cpu --model gcn --hidden 16 --epochs " +
+                           std::to_string(trained + 3) + " --checkpoint-dir " + path("ck") + " --metrics " +
+                           path("m.jsonl") + " -q --resume";
+  const CliRun on = gale(more);
+  ASSERT_EQ(on.code, 0) << on.out;
+  EXPECT_EQ(on.out.find("stopped early"), std::string::npos) << on.out;
+  rows = metric_rows(path("m.jsonl"));
+  ASSERT_EQ(rows.size(), static_cast<size_t>(trained) + 6);
+  EXPECT_EQ(rows.back()["epochs_trained"], trained + 3);
+  EXPECT_EQ(rows.back()["stopped_early"], false);
+}
+
+TEST_F(Cli, PatienceFlagsAreNamed) {
+  const std::string store = sbm_store();
+  for (const std::string& bad : {std::string("--patience -1"), std::string("--patience 5 --eval none"),
+                                 std::string("--patience x")}) {
+    const CliRun r = gale("train " + store + " -q --device cpu --epochs 3 " + bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+    EXPECT_NE(r.out.find("--patience"), std::string::npos) << r.out;
+  }
+}
+
 TEST_F(Cli, SbmDemoLearnsFarAboveChance) {
   const std::string store = sbm_store();
   const std::string metrics = path("m.jsonl");
