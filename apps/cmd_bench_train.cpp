@@ -95,7 +95,7 @@ Result time_model(const engine::ModelConfig& cfg, const Workload& w, const Devic
 
 int run_bench_train(const std::vector<std::string>& args) {
   std::string store_path, generate, models_text = "gcn,sage,gin", device_text = "auto", spmm = "auto", budget,
-      activation;
+      activation, norm = "none";
   int layers = 3, heads = 4, epochs = 5, warmup = 2;
   int64_t hidden = 256;
   float dropout = 0.0f;
@@ -118,6 +118,7 @@ int run_bench_train(const std::vector<std::string>& args) {
       ("heads", po::value(&heads), "GAT heads in hidden layers (default 4)")
       ("dropout", po::value(&dropout), "dropout on every layer's input (default 0, as the PyG anchor)")
       ("activation", po::value(&activation), "relu | elu | maxk:K (default: elu for GAT, else relu)")
+      ("norm", po::value(&norm), "none | batch (batch normalisation after each hidden layer)")
       ("epochs", po::value(&epochs), "timed epochs (default 5)")
       ("warmup", po::value(&warmup), "untimed epochs first (default 2)")
       ("device", po::value(&device_text), "cpu | cuda | cuda:N | auto")
@@ -156,6 +157,7 @@ int run_bench_train(const std::vector<std::string>& args) {
     engine::ModelConfig probe;
     engine::parse_activation(activation, &probe);
   }
+  const engine::Norm norm_kind = engine::parse_norm(norm);
   engine::require(dev);
   engine::ops::ExecOptions exec{parse_spmm_kind(spmm), tf32, stack_operands};
   engine::ops::set_gemm_tuning(tune_gemm);
@@ -201,6 +203,7 @@ int run_bench_train(const std::vector<std::string>& args) {
                 static_cast<long long>(hidden), activation.empty() ? "relu (gat: elu)" : activation.c_str(), spmm.c_str(),
                 tune_gemm ? (tf32 ? "tf32, tuned GEMMs" : "fp32, tuned GEMMs") : (tf32 ? "tf32" : "fp32"),
                 stack_operands ? ", stacked operands" : "", epochs, warmup);
+    if (norm_kind != engine::Norm::kNone) std::printf("batch normalisation after each hidden layer\n");
     std::printf("%-6s %10s %9s %9s %9s %9s\n", "model", "ms/epoch", "agg_ms", "gemm_ms", "other_ms", "peak_GiB");
   }
   for (const std::string& m : models) {
@@ -215,6 +218,7 @@ int run_bench_train(const std::vector<std::string>& args) {
     cfg.attn_dropout = 0.0f;
     cfg.activation = m == "gat" ? engine::Activation::kElu : engine::Activation::kRelu;
     if (!activation.empty()) engine::parse_activation(activation, &cfg);
+    cfg.norm = norm_kind;
     Result r;
     try {
       r = time_model(cfg, w, dev, exec, warmup, epochs, seed);
@@ -226,7 +230,7 @@ int run_bench_train(const std::vector<std::string>& args) {
       nlohmann::json row = {{"side", "gale"}, {"model", m}, {"layers", layers}, {"hidden", hidden},
                             {"activation", engine::activation_name(cfg)},
                             {"device", device_name}, {"spmm", spmm}, {"tf32", tf32}, {"tune_gemm", tune_gemm},
-                            {"stack_operands", stack_operands}};
+                            {"stack_operands", stack_operands}, {"norm", norm}};
       if (m == "gat") row["heads"] = heads;
       if (r.error.empty()) {
         row.update({{"ms_per_epoch", r.ms}, {"agg_ms", r.agg_ms}, {"gemm_ms", r.gemm_ms}, {"other_ms", r.other_ms},

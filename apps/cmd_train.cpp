@@ -156,7 +156,7 @@ int run_train(const std::vector<std::string>& args) {
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
   bool tf32 = false, tune_gemm = false, stack_operands = false, no_match = false;
   std::string eval = "auto", feature_gpu, sampler = "auto", gpus, checkpoint_interval;
-  std::string edge_weights = "auto", neighbor_sampling = "uniform";
+  std::string edge_weights = "auto", neighbor_sampling = "uniform", norm = "none";
   int cpu_workers = 0;
   int layers = 2;
   int64_t hidden = 16, epochs = 200;
@@ -199,6 +199,8 @@ int run_train(const std::vector<std::string>& args) {
       ("hidden", po::value(&hidden), "hidden width (GAT: per head; default 16)")
       ("heads", po::value(&heads), "GAT attention heads in hidden layers (default 8)")
       ("activation", po::value(&activation), "relu | elu | maxk:K (MaxK-GNN; default: elu for GAT, else relu)")
+      ("norm", po::value(&norm), "none (default) | batch: batch normalisation after each hidden layer, before its "
+                                 "activation (running statistics for evaluation)")
       ("dropout", po::value(&dropout), "dropout on every layer's input (default 0.5, GAT 0.6)")
       ("attn-dropout", po::value(&attn_dropout), "GAT attention dropout (default 0.6)")
       ("gin-mlp-layers", po::value(&o.model.gin_mlp_layers), "GIN: 1 (Linear) or 2 (Linear-ReLU-Linear; the default)")
@@ -280,6 +282,7 @@ int run_train(const std::vector<std::string>& args) {
     throw InputError("--weight-decay: expected a finite value >= 0, found " + std::to_string(o.weight_decay));
   if (activation.empty()) activation = gat ? "elu" : "relu";
   engine::parse_activation(activation, &o.model);
+  o.model.norm = engine::parse_norm(norm);
   if (vm.count("lr") && !(lr > 0 && std::isfinite(lr)))
     throw InputError("--lr: expected a positive, finite learning rate, found " + std::to_string(lr));
   o.lr = vm.count("lr") ? lr : (gat ? 0.005f : 0.01f);

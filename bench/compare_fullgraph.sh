@@ -2,7 +2,8 @@
 # Gale vs PyG, full-graph training on the same store, side by side in one run on one GPU.
 #
 # usage: bench/compare_fullgraph.sh STORE [--models gcn,sage,gin] [--layers 3] [--hidden 256]
-#                                   [--heads 4] [--epochs 5] [--warmup 2] [-- GALE_OPTIONS...]
+#                                   [--heads 4] [--epochs 5] [--warmup 2] [--norm none|batch]
+#                                   [-- GALE_OPTIONS...]
 #
 # Runs `gale bench train STORE --json` and `bench/pyg_fullgraph.py STORE` with the same model
 # options (PyG first, so Gale's run cannot warm its caches), then prints one row per model: ms per
@@ -13,14 +14,14 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 gale=${GALE:-$here/../build/bin/gale}
 python=${PYTHON:-python3}
-[ $# -ge 1 ] || { echo "usage: $0 STORE [--models M] [--layers L] [--hidden H] [--heads K] [--epochs E] [--warmup W] [-- GALE_OPTIONS]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 STORE [--models M] [--layers L] [--hidden H] [--heads K] [--epochs E] [--warmup W] [--norm N] [-- GALE_OPTIONS]" >&2; exit 2; }
 store=$1
 shift
 common=()
 while [ $# -gt 0 ]; do
   case $1 in
     --) shift; break ;;
-    --models|--layers|--hidden|--heads|--epochs|--warmup) [ $# -ge 2 ] || { echo "$0: $1 needs a value" >&2; exit 2; }
+    --models|--layers|--hidden|--heads|--epochs|--warmup|--norm) [ $# -ge 2 ] || { echo "$0: $1 needs a value" >&2; exit 2; }
       common+=("$1" "$2"); shift 2 ;;
     *) echo "$0: unknown option '$1' (Gale-only options go after --)" >&2; exit 2 ;;
   esac

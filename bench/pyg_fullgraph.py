@@ -8,7 +8,10 @@ training epochs of GCN / SAGE / GIN / GAT with Adam, as ../shared/anchors/pyg_fu
 does. Prints one JSON object per model: median ms per epoch and peak GPU memory.
 
 usage: bench/pyg_fullgraph.py STORE [--models gcn,sage,gin] [--layers 3] [--hidden 256]
-                              [--heads 4] [--epochs 5] [--warmup 2]
+                              [--heads 4] [--epochs 5] [--warmup 2] [--norm none|batch]
+
+--norm batch puts torch.nn.BatchNorm1d after each hidden conv, before its activation (gale
+--norm batch).
 """
 import argparse
 import json
@@ -61,7 +64,10 @@ def time_model(kind, adj_t, x, y, ncls, a):
     rows = (y >= 0).nonzero().squeeze(1)
     y_rows = y[rows]
     convs = build(kind, x.shape[1], a.hidden, ncls, a.layers, a.heads).to(x.device)
-    opt = torch.optim.Adam(convs.parameters(), lr=0.01)
+    width = a.hidden * a.heads if kind == "gat" else a.hidden
+    norms = torch.nn.ModuleList(
+        [torch.nn.BatchNorm1d(width) for _ in range(a.layers - 1)] if a.norm == "batch" else []).to(x.device)
+    opt = torch.optim.Adam(list(convs.parameters()) + list(norms.parameters()), lr=0.01)
     act = F.elu if kind == "gat" else F.relu
 
     def step():
@@ -70,6 +76,8 @@ def time_model(kind, adj_t, x, y, ncls, a):
         for i, conv in enumerate(convs):
             h = conv(h, adj_t)
             if i < len(convs) - 1:
+                if len(norms) > 0:
+                    h = norms[i](h)
                 h = act(h)
         F.cross_entropy(h[rows], y_rows).backward()
         opt.step()
@@ -99,6 +107,7 @@ def main():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--norm", default="none", choices=["none", "batch"])
     a = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("pyg_fullgraph.py: no CUDA device")

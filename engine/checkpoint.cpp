@@ -71,6 +71,13 @@ void save_checkpoint(const std::filesystem::path& file, const CheckpointState& s
   for (size_t i = 0; i < state.names.size(); ++i)
     table.push_back({{"name", state.names[i]}, {"rows", state.params[i].rows()}, {"cols", state.params[i].cols()}});
   header["tensors"] = table;
+  if (!state.buffers.empty()) {
+    nlohmann::json buffers = nlohmann::json::array();
+    for (size_t i = 0; i < state.buffers.size(); ++i)
+      buffers.push_back(
+          {{"name", state.buffer_names[i]}, {"rows", state.buffers[i].rows()}, {"cols", state.buffers[i].cols()}});
+    header["buffers"] = buffers;
+  }
   const std::string text = header.dump();
 
   std::string buf;
@@ -80,7 +87,7 @@ void save_checkpoint(const std::filesystem::path& file, const CheckpointState& s
   const uint64_t len = text.size();
   append(&buf, &len, 8);
   buf += text;
-  for (const auto* group : {&state.params, &state.adam_m, &state.adam_v}) {
+  for (const auto* group : {&state.params, &state.adam_m, &state.adam_v, &state.buffers}) {
     for (const Tensor& t : *group) append(&buf, t.f32(), t.nbytes());
   }
   const uint64_t hash = XXH64(buf.data(), buf.size(), 0);
@@ -159,20 +166,45 @@ CheckpointState load_checkpoint(const std::filesystem::path& file) {
       s.names.push_back(t.at("name").get<std::string>());
       shapes.emplace_back(t.at("rows").get<int64_t>(), t.at("cols").get<int64_t>());
     }
-    for (auto* group : {&s.params, &s.adam_m, &s.adam_v}) {
-      for (const auto& [rows, cols] : shapes) {
+    std::vector<std::pair<int64_t, int64_t>> buffer_shapes;
+    if (header.contains("buffers")) {
+      for (const auto& t : header.at("buffers")) {
+        s.buffer_names.push_back(t.at("name").get<std::string>());
+        buffer_shapes.emplace_back(t.at("rows").get<int64_t>(), t.at("cols").get<int64_t>());
+      }
+    }
+    auto read_group = [&](const std::vector<std::pair<int64_t, int64_t>>& group_shapes, std::vector<Tensor>* group) {
+      for (const auto& [rows, cols] : group_shapes) {
+        if (rows < 0 || cols < 0) throw CorruptStoreError(where + "negative tensor shape in the header");
         Tensor t = Tensor::empty(rows, cols);
         if (pos + t.nbytes() > buf.size() - 8) throw CorruptStoreError(where + "tensor data exceeds the file");
         std::memcpy(t.f32(), buf.data() + pos, t.nbytes());
         pos += t.nbytes();
         group->push_back(t);
       }
-    }
+    };
+    for (auto* group : {&s.params, &s.adam_m, &s.adam_v}) read_group(shapes, group);
+    read_group(buffer_shapes, &s.buffers);
   } catch (const nlohmann::json::exception& e) {
     throw CorruptStoreError(where + "malformed header: " + e.what());
   }
   if (pos != buf.size() - 8) throw CorruptStoreError(where + "trailing bytes after the tensors");
   return s;
+}
+
+void restore_buffers(const CheckpointState& state, Model* model, const std::filesystem::path& file) {
+  const std::vector<Buffer*> buffers = model->buffers();
+  if (buffers.size() != state.buffers.size())
+    throw CorruptStoreError(file.string() + ": holds " + std::to_string(state.buffers.size()) +
+                            " buffers (running statistics), the model " + std::to_string(buffers.size()));
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const Tensor& saved = state.buffers[i];
+    if (state.buffer_names[i] != buffers[i]->name || saved.rows() != buffers[i]->value.rows() ||
+        saved.cols() != buffers[i]->value.cols())
+      throw CorruptStoreError(file.string() + ": buffer " + state.buffer_names[i] + " does not match the model");
+    // A copy of its own even on the host: each replica updates its buffers in place.
+    buffers[i]->value = model->device().is_cpu() ? saved.clone() : saved.to(model->device());
+  }
 }
 
 struct CheckpointWriter::Impl {

@@ -37,6 +37,10 @@ struct CheckpointState {
   std::string config_json;           // model config + store identity, checked on resume
   std::vector<std::string> names;    // parameter names, in model order
   std::vector<Tensor> params, adam_m, adam_v;
+  // Tensors the model keeps without learning (Model::buffers: normalisations' running
+  // statistics), by name, after the parameters' groups; none in checkpoints of models without.
+  std::vector<std::string> buffer_names;
+  std::vector<Tensor> buffers;
 };
 
 constexpr int kCheckpointVersion = 1;
@@ -48,6 +52,10 @@ void save_checkpoint(const std::filesystem::path& file, const CheckpointState& s
 // Reads a checkpoint; throws CorruptStoreError naming the file when it is torn, corrupt or of
 // another version.
 CheckpointState load_checkpoint(const std::filesystem::path& file);
+
+// The model's buffers (Model::buffers) set from the checkpoint's, copied onto the model's device;
+// CorruptStoreError naming `file` when their names or shapes differ.
+void restore_buffers(const CheckpointState& state, Model* model, const std::filesystem::path& file);
 
 // Writes checkpoints on a thread of its own, in the order submitted, so training does not wait for
 // the disk (an fsync per epoch cost a full-graph GPU run ~9 ms an epoch). The states handed over

@@ -27,6 +27,14 @@ std::string activation_name(const ModelConfig& c) {
   return "?";
 }
 
+std::string norm_name(Norm norm) { return norm == Norm::kBatch ? "batch" : "none"; }
+
+Norm parse_norm(const std::string& text) {
+  if (text == "none") return Norm::kNone;
+  if (text == "batch") return Norm::kBatch;
+  throw InputError("--norm: expected none or batch, found '" + text + "'");
+}
+
 void parse_activation(const std::string& text, ModelConfig* c) {
   if (text == "relu") {
     c->activation = Activation::kRelu;
@@ -70,14 +78,18 @@ Model::Model(const ModelConfig& config, uint64_t seed) : config_(config) {
     else if (c.model == "gat")
       layers_.push_back(make_gat_layer(prefix, in, last ? 1 : c.heads, last ? c.out_dim : c.hidden, c.attn_dropout, key));
     else throw InputError("--model: expected gcn, sage, gin or gat, found '" + c.model + "'");
+    if (!last && c.norm == Norm::kBatch) norms_.push_back(std::make_unique<BatchNorm>(prefix + ".norm", out));
   }
 }
 
 void Model::to(const Device& device) {
-  for (Parameter* p : parameters()) {
-    p->value = p->value.to(device);
-    p->grad = p->grad.to(device);
+  for (auto& layer : layers_) {
+    for (Parameter* p : layer->parameters()) {
+      p->value = p->value.to(device);
+      p->grad = p->grad.to(device);
+    }
   }
+  for (auto& norm : norms_) norm->to(device);
   device_ = device;
 }
 
@@ -110,12 +122,14 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
     ForwardContext ctx;
     ctx.training = training;
     ctx.rng_key = kernels::derive_key(rng_key, 2 * l + 1);
-    ctx.relu = hidden && config_.activation == Activation::kRelu;  // the layer fuses it where it can
+    // The layer fuses ReLU where it can, unless a normalisation comes between.
+    ctx.relu = hidden && config_.activation == Activation::kRelu && norms_.empty();
     ctx.exec = exec_;
     ctx.maxk_input = sparse.values.defined() ? &sparse : nullptr;
     ctx.constant_input = constant_input_ && l == 0 && !saved->dropped;
     ctx.first_layer = l == 0;
     h = layers_[l]->forward(*graphs[l], std::move(h), ctx);  // h's last owner: the layer frees it when it can
+    if (hidden) normalize(l, &h, training);
     sparse = ops::Cbsr();
     if (hidden && config_.activation == Activation::kMaxK) {
       // The next layer holds the CBSR form for its backward, and returns gradients already masked.
@@ -155,10 +169,11 @@ Tensor Model::infer_layer(size_t l, const GraphOperand& g, Tensor x) {
   GALE_ASSERT(x.device() == device_ && g.device() == device_);
   const bool hidden = l + 1 < layers_.size();
   ForwardContext ctx;
-  ctx.relu = hidden && config_.activation == Activation::kRelu;
+  ctx.relu = hidden && config_.activation == Activation::kRelu && norms_.empty();
   ctx.exec = exec_;
   ctx.first_layer = l == 0;
   Tensor h = layers_[l]->forward(g, std::move(x), ctx);
+  if (hidden) normalize(l, &h, /*training=*/false);
   if (hidden && config_.activation == Activation::kMaxK) {
     ops::maxk(h, config_.maxk, &h);  // the dense form in place; the CBSR form is not needed
   } else if (hidden && config_.activation == Activation::kElu) {
@@ -180,16 +195,21 @@ void Model::backward(Tensor grad_logits, const GradHook& on_layer_grads) {
       if (config_.activation == Activation::kElu) {
         ops::elu_backward(g, s.activated, &g);
       } else if (config_.activation == Activation::kRelu) {
-        if (layers_[l]->takes_output_grad_sums()) g_sums = Tensor::empty(1, g.cols(), DType::kF32, g.device());
+        if (layers_[l]->takes_output_grad_sums() && norms_.empty())
+          g_sums = Tensor::empty(1, g.cols(), DType::kF32, g.device());
         ops::relu_backward_mask(g, s.relu_mask, &g, g_sums.defined() ? &g_sums : nullptr);
       }
       s.activated = s.relu_mask = Tensor();  // released as soon as it has served, to bound peak memory
+      if (!norms_.empty()) {
+        g = norms_[l]->backward(std::move(g));
+        g_sums = Tensor();  // they summed the gradient of the normalisation's output
+      }
     }
     if (g_sums.defined()) layers_[l]->give_output_grad_sums(std::move(g_sums));
     // The gradient is handed over, so the layer frees it as soon as it is done with it.
     g = layers_[l]->backward(*graphs_[l], std::move(g), /*need_input_grad=*/l > 0);
     g_sums = layers_[l]->take_input_grad_sums();
-    if (on_layer_grads) on_layer_grads(layers_[l]->parameters());
+    if (on_layer_grads) on_layer_grads(layer_parameters(l));
     if (l > 0 && s.dropped) {
       ops::dropout_backward(g, &g, config_.dropout, s.dropout_key);
       g_sums = Tensor();  // the sums of g before dropout's backward
@@ -198,18 +218,42 @@ void Model::backward(Tensor grad_logits, const GradHook& on_layer_grads) {
   saved_.clear();
 }
 
+std::vector<Parameter*> Model::layer_parameters(size_t l) {
+  std::vector<Parameter*> params = layers_[l]->parameters();
+  if (l < norms_.size()) {
+    for (Parameter* p : norms_[l]->parameters()) params.push_back(p);
+  }
+  return params;
+}
+
 std::vector<Parameter*> Model::parameters() {
   std::vector<Parameter*> all;
-  for (auto& layer : layers_) {
-    for (Parameter* p : layer->parameters()) all.push_back(p);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (Parameter* p : layer_parameters(l)) all.push_back(p);
   }
   return all;
 }
 
 std::vector<std::vector<Parameter*>> Model::parameters_by_layer() {
   std::vector<std::vector<Parameter*>> out;
-  for (auto& layer : layers_) out.push_back(layer->parameters());
+  for (size_t l = 0; l < layers_.size(); ++l) out.push_back(layer_parameters(l));
   return out;
+}
+
+std::vector<Buffer*> Model::buffers() {
+  std::vector<Buffer*> all;
+  for (auto& norm : norms_) {
+    for (Buffer* b : norm->buffers()) all.push_back(b);
+  }
+  return all;
+}
+
+void Model::normalize(size_t l, Tensor* h, bool training) {
+  if (l >= norms_.size()) return;
+  *h = norms_[l]->forward(std::move(*h), training);
+  // ReLU after the normalisation (the layer could not fuse it); the other activations follow as
+  // without one.
+  if (config_.activation == Activation::kRelu) ops::relu(*h, h);
 }
 
 void Model::zero_grad() {

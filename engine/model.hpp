@@ -10,6 +10,7 @@
 
 #include "engine/graph.hpp"
 #include "engine/layer.hpp"
+#include "engine/layers/batch_norm.hpp"
 #include "engine/ops.hpp"
 #include "engine/tensor.hpp"
 
@@ -18,6 +19,9 @@ namespace gale::engine {
 // Between layers: ReLU, ELU, or MaxK (MaxK-GNN: keep each row's k largest values, zero the rest;
 // the next layer then aggregates the sparse CBSR form).
 enum class Activation { kRelu, kElu, kMaxK };
+// After each hidden layer, before its activation: nothing, or batch normalisation
+// (engine/layers/batch_norm.hpp; --norm batch).
+enum class Norm { kNone, kBatch };
 
 struct ModelConfig {
   std::string model = "sage";     // gcn | sage | gin | gat
@@ -31,6 +35,7 @@ struct ModelConfig {
   float attn_dropout = 0.6f;      // GAT attention coefficients
   Activation activation = Activation::kRelu;  // between layers (GAT examples use ELU)
   int64_t maxk = 0;               // k of Activation::kMaxK (1 <= k <= hidden width)
+  Norm norm = Norm::kNone;
   float gin_eps = 0.0f;           // GIN: (1 + eps) * x_i + sum_j x_j
   int gin_mlp_layers = 2;         // GIN's MLP depth (Linear-ReLU-Linear)
   // GCN, SAGE, GIN: aggregate with the graph's edge weights (GCN as PyG's GCNConv with
@@ -40,6 +45,10 @@ struct ModelConfig {
   bool edge_weights = false;
 };
 
+// "none" or "batch": the --norm spelling, also used in checkpoints; the parse throws InputError
+// naming --norm.
+std::string norm_name(Norm norm);
+Norm parse_norm(const std::string& text);
 // "relu", "elu" or "maxk:K": the --activation spelling, also used in checkpoints.
 std::string activation_name(const ModelConfig& c);
 // Parses that spelling into c.activation (and c.maxk); throws InputError naming --activation.
@@ -86,9 +95,12 @@ class Model {
   using GradHook = std::function<void(const std::vector<Parameter*>&)>;
   void backward(Tensor grad_logits, const GradHook& on_layer_grads = {});
 
+  // Every parameter: each layer's, then its normalisation's, input layer first.
   std::vector<Parameter*> parameters();
-  // The same, grouped by layer (input layer first).
+  // The same, grouped by layer (input layer first; a layer's group holds its normalisation's).
   std::vector<std::vector<Parameter*>> parameters_by_layer();
+  // What the model keeps without learning (the normalisations' running statistics), in order.
+  std::vector<Buffer*> buffers();
   void zero_grad();
   int64_t num_parameters();
 
@@ -98,6 +110,11 @@ class Model {
   ops::ExecOptions exec_;
   bool constant_input_ = false;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::unique_ptr<BatchNorm>> norms_;  // one per hidden layer with Norm::kBatch, else none
+  std::vector<Parameter*> layer_parameters(size_t l);
+  // Hidden layer l's normalisation of its output h, then ReLU when that is the activation (which
+  // the layer fuses itself without a normalisation); nothing without one.
+  void normalize(size_t l, Tensor* h, bool training);
   // Saved by forward for backward: per layer, its input after dropout, dropout key, pre-activation.
   struct Saved;
   std::vector<std::shared_ptr<Saved>> saved_;

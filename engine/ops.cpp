@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -239,6 +240,95 @@ void column_sum(const Tensor& x, Tensor* out, bool accumulate) {
   const size_t bytes = kernels::column_sum_workspace_bytes(x.rows(), x.cols());
   Tensor ws = Tensor::empty(static_cast<int64_t>(bytes), 1, DType::kU8, x.device());
   kernels::column_sum_cuda(x.view(), out->f32(), accumulate, ws.data<unsigned char>(), bytes, stream(x));
+#else
+  no_cuda();
+#endif
+}
+
+namespace {
+
+// The statistics and parameters of a batch normalisation over x: 1 x cols each, on x's device.
+void check_norm_columns(const Tensor& x, std::initializer_list<const Tensor*> columns, const char* op) {
+  for (const Tensor* t : columns) {
+    same_device(x, *t, op);
+    GALE_ASSERT(t->numel() == x.cols());
+  }
+}
+
+#if GALE_WITH_CUDA
+Tensor norm_workspace(const Tensor& x, size_t* bytes) {
+  *bytes = kernels::batch_norm_workspace_bytes(x.rows(), x.cols());
+  return Tensor::empty(static_cast<int64_t>(*bytes), 1, DType::kU8, x.device());
+}
+#endif
+
+}  // namespace
+
+void batch_norm_stats(const Tensor& x, Tensor* mean, Tensor* var) {
+  check_norm_columns(x, {mean, var}, "batch_norm_stats");
+  GALE_ASSERT(x.rows() >= 1);
+  const OpTimer timer(OpKind::kOther, x.device(), "batch_norm_stats");
+  if (x.device().is_cpu()) return kernels::batch_norm_stats(x.view(), mean->f32(), var->f32());
+#if GALE_WITH_CUDA
+  size_t bytes = 0;
+  Tensor ws = norm_workspace(x, &bytes);
+  kernels::batch_norm_stats_cuda(x.view(), mean->f32(), var->f32(), ws.data<unsigned char>(), bytes, stream(x));
+#else
+  no_cuda();
+#endif
+}
+
+void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& var, float eps, const Tensor& gamma,
+                      const Tensor& beta, Tensor* y) {
+  check_norm_columns(x, {&mean, &var, &gamma, &beta}, "batch_norm_apply");
+  same_device(x, *y, "batch_norm_apply");
+  same_shape(x, *y, "batch_norm_apply");
+  const OpTimer timer(OpKind::kOther, x.device(), "batch_norm_apply");
+  if (x.device().is_cpu())
+    return kernels::batch_norm_apply(x.view(), mean.f32(), var.f32(), eps, gamma.f32(), beta.f32(), y->view());
+#if GALE_WITH_CUDA
+  size_t bytes = 0;
+  Tensor ws = norm_workspace(x, &bytes);
+  kernels::batch_norm_apply_cuda(x.view(), mean.f32(), var.f32(), eps, gamma.f32(), beta.f32(), y->view(),
+                                 ws.data<unsigned char>(), bytes, stream(x));
+#else
+  no_cuda();
+#endif
+}
+
+void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& var, float eps,
+                         const Tensor& gamma, Tensor* grad_gamma, Tensor* grad_beta, Tensor* grad_x) {
+  check_norm_columns(x, {&mean, &var, &gamma, grad_gamma, grad_beta}, "batch_norm_backward");
+  same_shape(x, grad_out, "batch_norm_backward");
+  same_shape(x, *grad_x, "batch_norm_backward");
+  same_device(x, grad_out, "batch_norm_backward");
+  same_device(x, *grad_x, "batch_norm_backward");
+  GALE_ASSERT(x.rows() >= 1);
+  const OpTimer timer(OpKind::kOther, x.device(), "batch_norm_backward");
+  if (x.device().is_cpu())
+    return kernels::batch_norm_backward(grad_out.view(), x.view(), mean.f32(), var.f32(), eps, gamma.f32(),
+                                        grad_gamma->f32(), grad_beta->f32(), grad_x->view());
+#if GALE_WITH_CUDA
+  size_t bytes = 0;
+  Tensor ws = norm_workspace(x, &bytes);
+  kernels::batch_norm_backward_cuda(grad_out.view(), x.view(), mean.f32(), var.f32(), eps, gamma.f32(),
+                                    grad_gamma->f32(), grad_beta->f32(), grad_x->view(), ws.data<unsigned char>(),
+                                    bytes, stream(x));
+#else
+  no_cuda();
+#endif
+}
+
+void batch_norm_update_running(const Tensor& mean, const Tensor& var, int64_t rows, float momentum,
+                               Tensor* running_mean, Tensor* running_var) {
+  check_norm_columns(mean, {&var, running_mean, running_var}, "batch_norm_update_running");
+  const OpTimer timer(OpKind::kOther, mean.device(), "batch_norm_update_running");
+  if (mean.device().is_cpu())
+    return kernels::batch_norm_update_running(mean.f32(), var.f32(), rows, momentum, running_mean->f32(),
+                                              running_var->f32(), mean.numel());
+#if GALE_WITH_CUDA
+  kernels::batch_norm_update_running_cuda(mean.f32(), var.f32(), rows, momentum, running_mean->f32(),
+                                          running_var->f32(), mean.numel(), stream(mean));
 #else
   no_cuda();
 #endif

@@ -124,6 +124,7 @@ PredictReport predict(const PredictOptions& o) {
     config.gin_eps = id.at("gin_eps").get<float>();
     parse_activation(id.at("activation").get<std::string>(), &config);
     config.edge_weights = id.value("edge_weights", false);
+    config.norm = parse_norm(id.value("norm", std::string("none")));
   } catch (const nlohmann::json::exception& e) {
     throw CorruptStoreError(file.string() + ": malformed model description: " + e.what());
   }
@@ -147,6 +148,7 @@ PredictReport predict(const PredictOptions& o) {
       throw CorruptStoreError(file.string() + ": parameter " + state.names[i] + " does not match the model");
     std::copy(state.params[i].f32(), state.params[i].f32() + state.params[i].numel(), params[i]->value.f32());
   }
+  restore_buffers(state, &model, file);
 
   const int64_t n = store.num_nodes();
   Tensor x = Tensor::empty(n, store.feature_dim());

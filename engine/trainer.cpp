@@ -52,6 +52,7 @@ std::string identity_json(const TrainOptions& o, const storage::Store& store) {
       {"full_graph", o.full_graph}, {"fanouts", o.fanouts}, {"batch_size", o.batch_size}};
   // Named only when set, so that checkpoints written before these options resume as they were.
   if (m.edge_weights) j["edge_weights"] = true;
+  if (m.norm != Norm::kNone) j["norm"] = norm_name(m.norm);
   if (o.sampling == sampler::Sampling::kWeighted) j["neighbor_sampling"] = "weighted";
   return j.dump();
 }
@@ -361,6 +362,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
         r.adam->second_moments()[i] = own(s.adam_v[i]);
       }
       r.adam->set_steps(s.adam_steps);
+      restore_buffers(s, r.model.get(), file);
     }
     result.best_valid_acc = s.best_valid_acc;
     result.test_acc_at_best_valid = s.test_acc_at_best_valid;
@@ -401,6 +403,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       s.params.push_back(host_copy(params[i]->value));
       s.adam_m.push_back(host_copy(adam.first_moments()[i]));
       s.adam_v.push_back(host_copy(adam.second_moments()[i]));
+    }
+    for (Buffer* b : model.buffers()) {
+      s.buffer_names.push_back(b->name);
+      s.buffers.push_back(host_copy(b->value));
     }
     writer.submit(file, std::move(s));
     last_checkpoint = Clock::now();

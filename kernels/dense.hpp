@@ -51,6 +51,25 @@ void elu_backward(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_i
 void dropout_forward(ConstMatrixView x, MatrixView out, float p, uint64_t key);
 void dropout_backward(ConstMatrixView grad_out, MatrixView grad_in, float p, uint64_t key);
 
+// Batch normalisation (torch.nn.BatchNorm1d over the rows: one mean and variance per column).
+// Training statistics: mean[c] = sum_r x[r][c] / rows and the biased var[c] = sum_r (x - mean)^2 /
+// rows (the square of the float difference), each summed in double, per column in a fixed order.
+void batch_norm_stats(ConstMatrixView x, float* mean, float* var);
+// y = (x - mean) * s + beta with s = gamma / sqrt(var + eps) per column (float); may alias. With
+// the batch's statistics in training, the running ones in inference.
+void batch_norm_apply(ConstMatrixView x, const float* mean, const float* var, float eps, const float* gamma,
+                      const float* beta, MatrixView y);
+// Backward through batch_norm_apply with the batch's own statistics (which depend on x). With
+// invstd = 1 / sqrt(var + eps) and xhat = (x - mean) * invstd per column, sum_g = sum_r grad_out and
+// sum_gx = sum_r grad_out * xhat (double, then float): grad_gamma += sum_gx, grad_beta += sum_g,
+// grad_x = gamma * invstd / rows * (rows * grad_out - sum_g - xhat * sum_gx). grad_x may alias grad_out.
+void batch_norm_backward(ConstMatrixView grad_out, ConstMatrixView x, const float* mean, const float* var, float eps,
+                         const float* gamma, float* grad_gamma, float* grad_beta, MatrixView grad_x);
+// running = (1 - momentum) * running + momentum * batch for `cols` columns; the variance enters
+// unbiased (times rows / (rows - 1); as it is for one row), as torch does.
+void batch_norm_update_running(const float* mean, const float* var, int64_t rows, float momentum, float* running_mean,
+                               float* running_var, int64_t cols);
+
 struct AdamParams {
   float lr = 0.01f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
   int64_t step = 1;  // 1-based, after incrementing
@@ -152,6 +171,20 @@ void relu_backward_mask_cuda(ConstMatrixView grad_out, const uint32_t* bits, Mat
 // the first of them writing grad_in as it reads; deterministic like column_sum_cuda.
 void relu_backward_mask_sum_cuda(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in, float* sums,
                                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// Twins of the batch normalisation ops, deterministic like column_sum_cuda (the same reductions),
+// in a workspace of batch_norm_workspace_bytes(x.rows, x.cols) bytes (8-byte aligned, not reused
+// until the stream has passed the call).
+size_t batch_norm_workspace_bytes(int64_t rows, int64_t cols);
+void batch_norm_stats_cuda(ConstMatrixView x, float* mean, float* var, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream);
+void batch_norm_apply_cuda(ConstMatrixView x, const float* mean, const float* var, float eps, const float* gamma,
+                           const float* beta, MatrixView y, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream);
+void batch_norm_backward_cuda(ConstMatrixView grad_out, ConstMatrixView x, const float* mean, const float* var,
+                              float eps, const float* gamma, float* grad_gamma, float* grad_beta, MatrixView grad_x,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream);
+void batch_norm_update_running_cuda(const float* mean, const float* var, int64_t rows, float momentum,
+                                    float* running_mean, float* running_var, int64_t cols, cudaStream_t stream);
 void elu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream);
 void elu_backward_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, cudaStream_t stream);
 

@@ -21,6 +21,22 @@ void for_rows(int64_t rows, int64_t cols, Body&& body) {
   });
 }
 
+// out[c] = the sum over rows of value(r, c) in double: each block of columns is summed over all rows
+// in row order by one task, so results do not depend on the thread count.
+template <typename Value>
+void column_sums_of(int64_t rows, int64_t cols, Value value, double* out) {
+  constexpr int64_t kBlock = 64;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, (cols + kBlock - 1) / kBlock), [&](const tbb::blocked_range<int64_t>& br) {
+    for (int64_t b = br.begin(); b < br.end(); ++b) {
+      const int64_t c0 = b * kBlock, c1 = std::min(cols, c0 + kBlock);
+      double acc[kBlock] = {};
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += value(r, c);
+      for (int64_t c = c0; c < c1; ++c) out[c] = acc[c - c0];
+    }
+  });
+}
+
 }  // namespace
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -67,19 +83,69 @@ void axpy(ConstMatrixView x, float alpha, MatrixView y) {
 }
 
 void column_sum(ConstMatrixView x, float* out, bool accumulate) {
-  // Each block of columns is summed over all rows in row order by one task: deterministic.
-  constexpr int64_t kBlock = 64;
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, (x.cols + kBlock - 1) / kBlock), [&](const tbb::blocked_range<int64_t>& br) {
-    for (int64_t b = br.begin(); b < br.end(); ++b) {
-      const int64_t c0 = b * kBlock, c1 = std::min(x.cols, c0 + kBlock);
-      double acc[kBlock] = {};
-      for (int64_t r = 0; r < x.rows; ++r) {
-        const float* row = x.row(r);
-        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
-      }
-      for (int64_t c = c0; c < c1; ++c) out[c] = static_cast<float>((accumulate ? out[c] : 0.0) + acc[c - c0]);
+  std::vector<double> sums(static_cast<size_t>(x.cols));
+  column_sums_of(x.rows, x.cols, [&](int64_t r, int64_t c) { return x.row(r)[c]; }, sums.data());
+  for (int64_t c = 0; c < x.cols; ++c) out[c] = static_cast<float>((accumulate ? out[c] : 0.0) + sums[c]);
+}
+
+void batch_norm_stats(ConstMatrixView x, float* mean, float* var) {
+  std::vector<double> sums(static_cast<size_t>(x.cols));
+  const double n = static_cast<double>(x.rows);
+  column_sums_of(x.rows, x.cols, [&](int64_t r, int64_t c) { return x.row(r)[c]; }, sums.data());
+  for (int64_t c = 0; c < x.cols; ++c) mean[c] = static_cast<float>(sums[c] / n);
+  column_sums_of(x.rows, x.cols, [&](int64_t r, int64_t c) {
+    const float d = x.row(r)[c] - mean[c];
+    return d * d;
+  }, sums.data());
+  for (int64_t c = 0; c < x.cols; ++c) var[c] = static_cast<float>(sums[c] / n);
+}
+
+void batch_norm_apply(ConstMatrixView x, const float* mean, const float* var, float eps, const float* gamma,
+                      const float* beta, MatrixView y) {
+  std::vector<float> s(static_cast<size_t>(x.cols));
+  for (int64_t c = 0; c < x.cols; ++c) s[c] = gamma[c] / std::sqrt(var[c] + eps);
+  for_rows(x.rows, x.cols, [&](int64_t r) {
+    const float* in = x.row(r);
+    float* out = y.row(r);
+    for (int64_t c = 0; c < x.cols; ++c) out[c] = (in[c] - mean[c]) * s[c] + beta[c];
+  });
+}
+
+void batch_norm_backward(ConstMatrixView grad_out, ConstMatrixView x, const float* mean, const float* var, float eps,
+                         const float* gamma, float* grad_gamma, float* grad_beta, MatrixView grad_x) {
+  const int64_t cols = x.cols;
+  std::vector<float> invstd(static_cast<size_t>(cols)), sum_g(static_cast<size_t>(cols)), sum_gx(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) invstd[c] = 1.0f / std::sqrt(var[c] + eps);
+  std::vector<double> sums(static_cast<size_t>(cols));
+  column_sums_of(x.rows, cols, [&](int64_t r, int64_t c) { return grad_out.row(r)[c]; }, sums.data());
+  for (int64_t c = 0; c < cols; ++c) sum_g[c] = static_cast<float>(sums[c]);
+  column_sums_of(x.rows, cols, [&](int64_t r, int64_t c) {
+    return grad_out.row(r)[c] * ((x.row(r)[c] - mean[c]) * invstd[c]);
+  }, sums.data());
+  for (int64_t c = 0; c < cols; ++c) sum_gx[c] = static_cast<float>(sums[c]);
+  for (int64_t c = 0; c < cols; ++c) {
+    grad_gamma[c] += sum_gx[c];
+    grad_beta[c] += sum_g[c];
+  }
+  const float n = static_cast<float>(x.rows);
+  for_rows(x.rows, cols, [&](int64_t r) {
+    const float* g = grad_out.row(r);
+    const float* in = x.row(r);
+    float* out = grad_x.row(r);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float xhat = (in[c] - mean[c]) * invstd[c];
+      out[c] = gamma[c] * invstd[c] / n * (n * g[c] - sum_g[c] - xhat * sum_gx[c]);
     }
   });
+}
+
+void batch_norm_update_running(const float* mean, const float* var, int64_t rows, float momentum, float* running_mean,
+                               float* running_var, int64_t cols) {
+  const float unbias = rows > 1 ? static_cast<float>(rows) / static_cast<float>(rows - 1) : 1.0f;
+  for (int64_t c = 0; c < cols; ++c) {
+    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mean[c];
+    running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (var[c] * unbias);
+  }
 }
 
 void relu_forward(ConstMatrixView x, MatrixView out) {

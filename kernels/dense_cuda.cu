@@ -367,14 +367,15 @@ __global__ void __launch_bounds__(kSumThreads)
   if (ty == 0 && c < cols) partial[static_cast<int64_t>(blockIdx.y) * cols + c] = lanes[tx];
 }
 
+// out[c] (+)= the column's sum / divisor (batch normalisation's means divide by the rows).
 __global__ void column_sum_finish_kernel(const double* partial, int64_t chunks, int64_t cols, float* out,
-                                         bool accumulate) {
+                                         bool accumulate, double divisor) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   double acc = accumulate ? static_cast<double>(out[c]) : 0.0;
   double sum = 0.0;
   for (int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + c];
-  out[c] = static_cast<float>(acc + sum);
+  out[c] = static_cast<float>(acc + sum / divisor);
 }
 
 // Rows per pass-1 chunk: at least 4096 (so each block has work), at most 1024 chunks.
@@ -386,31 +387,31 @@ int64_t column_sum_chunks(int64_t rows) {
 
 template <int TW, typename Value>
 void launch_column_sum(int64_t rows, int64_t cols, Value value, float* out, bool accumulate, double* partial,
-                       cudaStream_t stream) {
+                       double divisor, cudaStream_t stream) {
   const int64_t chunks = column_sum_chunks(rows);
   const int64_t chunk_rows = (rows + chunks - 1) / chunks;
   const dim3 grid(static_cast<unsigned>((cols + TW - 1) / TW), static_cast<unsigned>(chunks));
   column_sum_partial_kernel<TW><<<grid, kSumThreads, 0, stream>>>(rows, cols, value, chunk_rows, partial);
   check_launch();
-  column_sum_finish_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(partial, chunks, cols, out, accumulate);
+  column_sum_finish_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(partial, chunks, cols, out, accumulate, divisor);
   check_launch();
 }
 
 // Column sums of rows x cols values (a functor above) into out, TW sized to the width.
 template <typename Value>
 void column_sums(int64_t rows, int64_t cols, Value value, float* out, bool accumulate, void* workspace,
-                 size_t workspace_bytes, const char* op, cudaStream_t stream) {
+                 size_t workspace_bytes, const char* op, cudaStream_t stream, double divisor = 1.0) {
   if (cols == 0) return;
   const size_t needed = column_sum_workspace_bytes(rows, cols);
   require(workspace_bytes >= needed, std::string(op) + ": workspace of " + std::to_string(workspace_bytes) +
                                          " bytes, " + std::to_string(needed) + " needed");
   auto* partial = static_cast<double*>(workspace);
-  if (cols == 1) return launch_column_sum<1>(rows, cols, value, out, accumulate, partial, stream);
-  if (cols <= 2) return launch_column_sum<2>(rows, cols, value, out, accumulate, partial, stream);
-  if (cols <= 4) return launch_column_sum<4>(rows, cols, value, out, accumulate, partial, stream);
-  if (cols <= 8) return launch_column_sum<8>(rows, cols, value, out, accumulate, partial, stream);
-  if (cols <= 16) return launch_column_sum<16>(rows, cols, value, out, accumulate, partial, stream);
-  launch_column_sum<32>(rows, cols, value, out, accumulate, partial, stream);
+  if (cols == 1) return launch_column_sum<1>(rows, cols, value, out, accumulate, partial, divisor, stream);
+  if (cols <= 2) return launch_column_sum<2>(rows, cols, value, out, accumulate, partial, divisor, stream);
+  if (cols <= 4) return launch_column_sum<4>(rows, cols, value, out, accumulate, partial, divisor, stream);
+  if (cols <= 8) return launch_column_sum<8>(rows, cols, value, out, accumulate, partial, divisor, stream);
+  if (cols <= 16) return launch_column_sum<16>(rows, cols, value, out, accumulate, partial, divisor, stream);
+  launch_column_sum<32>(rows, cols, value, out, accumulate, partial, divisor, stream);
 }
 
 // ---- Adam -------------------------------------------------------------------------------------
@@ -984,6 +985,171 @@ size_t column_sum_workspace_bytes(int64_t rows, int64_t cols) {
 void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, void* workspace, size_t workspace_bytes,
                      cudaStream_t stream) {
   column_sums(x.rows, x.cols, MatrixValue{x}, out, accumulate, workspace, workspace_bytes, "column_sum_cuda", stream);
+}
+
+// ---- batch normalisation ----------------------------------------------------------------------
+// The float expressions of dense_cpu.cpp's twins, with the _rn intrinsics so that nvcc does not
+// contract them into FMAs; the column reductions are column_sum_cuda's.
+
+namespace {
+
+// (x - mean)^2, summed for the biased variance.
+struct CenteredSquare {
+  ConstMatrixView x;
+  const float* mean;
+  __device__ float load(int64_t r, int64_t c) const {
+    const float d = __fsub_rn(x.data[r * x.ld + c], mean[c]);
+    return __fmul_rn(d, d);
+  }
+  __device__ void store(int64_t, int64_t, float) const {}
+};
+
+// grad_out * xhat, summed for gamma's gradient.
+struct GradTimesXhat {
+  ConstMatrixView grad_out, x;
+  const float* mean;
+  const float* invstd;
+  __device__ float load(int64_t r, int64_t c) const {
+    const float xhat = __fmul_rn(__fsub_rn(x.data[r * x.ld + c], mean[c]), invstd[c]);
+    return __fmul_rn(grad_out.data[r * grad_out.ld + c], xhat);
+  }
+  __device__ void store(int64_t, int64_t, float) const {}
+};
+
+// out[c] = numerator[c] / sqrt(var[c] + eps), numerator 1 where null (invstd) or gamma (the scale).
+__global__ void bn_scale_kernel(const float* var, const float* numerator, float eps, int64_t cols, float* out) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  out[c] = __fdiv_rn(numerator != nullptr ? numerator[c] : 1.0f, __fsqrt_rn(__fadd_rn(var[c], eps)));
+}
+
+struct BnApply {
+  ConstMatrixView x;
+  MatrixView y;
+  const float* mean;
+  const float* scale;
+  const float* beta;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    Pack<V> v = load<V>(at(x, r, c));
+#pragma unroll
+    for (int i = 0; i < V; ++i) v.v[i] = __fadd_rn(__fmul_rn(__fsub_rn(v.v[i], mean[c + i]), scale[c + i]), beta[c + i]);
+    store<V>(at(y, r, c), v);
+  }
+};
+
+struct BnBackward {
+  ConstMatrixView grad_out, x;
+  MatrixView grad_x;
+  const float* mean;
+  const float* invstd;
+  const float* gamma;
+  const float* sum_g;
+  const float* sum_gx;
+  float n;
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    const Pack<V> g = load<V>(at(grad_out, r, c));
+    Pack<V> v = load<V>(at(x, r, c));
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const int64_t k = c + i;
+      const float xhat = __fmul_rn(__fsub_rn(v.v[i], mean[k]), invstd[k]);
+      const float inner = __fsub_rn(__fsub_rn(__fmul_rn(n, g.v[i]), sum_g[k]), __fmul_rn(xhat, sum_gx[k]));
+      v.v[i] = __fmul_rn(__fdiv_rn(__fmul_rn(gamma[k], invstd[k]), n), inner);
+    }
+    store<V>(at(grad_x, r, c), v);
+  }
+};
+
+__global__ void bn_param_grads_kernel(const float* sum_g, const float* sum_gx, int64_t cols, float* grad_gamma,
+                                      float* grad_beta) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  grad_gamma[c] = __fadd_rn(grad_gamma[c], sum_gx[c]);
+  grad_beta[c] = __fadd_rn(grad_beta[c], sum_g[c]);
+}
+
+__global__ void bn_running_kernel(const float* mean, const float* var, float unbias, float momentum, int64_t cols,
+                                  float* running_mean, float* running_var) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const float keep = __fsub_rn(1.0f, momentum);
+  running_mean[c] = __fadd_rn(__fmul_rn(keep, running_mean[c]), __fmul_rn(momentum, mean[c]));
+  running_var[c] = __fadd_rn(__fmul_rn(keep, running_var[c]), __fmul_rn(momentum, __fmul_rn(var[c], unbias)));
+}
+
+// The workspace: column_sum_cuda's partial sums, then kBnColumnArrays float arrays of cols.
+constexpr int64_t kBnColumnArrays = 3;
+float* bn_columns(void* workspace, int64_t rows, int64_t cols, int64_t i) {
+  return reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + column_sum_workspace_bytes(rows, cols)) +
+         i * cols;
+}
+void require_bn_workspace(int64_t rows, int64_t cols, size_t workspace_bytes, const char* op) {
+  require(rows >= 1, std::string(op) + ": batch normalisation needs at least one row");
+  const size_t needed = batch_norm_workspace_bytes(rows, cols);
+  require(workspace_bytes >= needed, std::string(op) + ": workspace of " + std::to_string(workspace_bytes) +
+                                         " bytes, " + std::to_string(needed) + " needed");
+}
+
+}  // namespace
+
+size_t batch_norm_workspace_bytes(int64_t rows, int64_t cols) {
+  return column_sum_workspace_bytes(rows, cols) +
+         static_cast<size_t>(kBnColumnArrays * std::max<int64_t>(cols, 0)) * sizeof(float);
+}
+
+void batch_norm_stats_cuda(ConstMatrixView x, float* mean, float* var, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream) {
+  if (x.cols == 0) return;
+  require_bn_workspace(x.rows, x.cols, workspace_bytes, "batch_norm_stats_cuda");
+  const size_t sums = column_sum_workspace_bytes(x.rows, x.cols);
+  const double n = static_cast<double>(x.rows);
+  column_sums(x.rows, x.cols, MatrixValue{x}, mean, false, workspace, sums, "batch_norm_stats_cuda", stream, n);
+  column_sums(x.rows, x.cols, CenteredSquare{x, mean}, var, false, workspace, sums, "batch_norm_stats_cuda", stream, n);
+}
+
+void batch_norm_apply_cuda(ConstMatrixView x, const float* mean, const float* var, float eps, const float* gamma,
+                           const float* beta, MatrixView y, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream) {
+  if (x.rows == 0 || x.cols == 0) return;
+  require_bn_workspace(x.rows, x.cols, workspace_bytes, "batch_norm_apply_cuda");
+  float* scale = bn_columns(workspace, x.rows, x.cols, 0);
+  bn_scale_kernel<<<blocks_for(x.cols), kThreads, 0, stream>>>(var, gamma, eps, x.cols, scale);
+  check_launch();
+  const bool vec4 = float4_rows(x.data, x.ld) && float4_rows(y.data, y.ld);
+  launch_map(x.rows, x.cols, vec4, BnApply{x, y, mean, scale, beta}, stream);
+}
+
+void batch_norm_backward_cuda(ConstMatrixView grad_out, ConstMatrixView x, const float* mean, const float* var,
+                              float eps, const float* gamma, float* grad_gamma, float* grad_beta, MatrixView grad_x,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (x.cols == 0) return;
+  require_bn_workspace(x.rows, x.cols, workspace_bytes, "batch_norm_backward_cuda");
+  const size_t sums = column_sum_workspace_bytes(x.rows, x.cols);
+  float* invstd = bn_columns(workspace, x.rows, x.cols, 0);
+  float* sum_g = bn_columns(workspace, x.rows, x.cols, 1);
+  float* sum_gx = bn_columns(workspace, x.rows, x.cols, 2);
+  bn_scale_kernel<<<blocks_for(x.cols), kThreads, 0, stream>>>(var, nullptr, eps, x.cols, invstd);
+  check_launch();
+  column_sums(x.rows, x.cols, MatrixValue{grad_out}, sum_g, false, workspace, sums, "batch_norm_backward_cuda", stream);
+  column_sums(x.rows, x.cols, GradTimesXhat{grad_out, x, mean, invstd}, sum_gx, false, workspace, sums,
+              "batch_norm_backward_cuda", stream);
+  bn_param_grads_kernel<<<blocks_for(x.cols), kThreads, 0, stream>>>(sum_g, sum_gx, x.cols, grad_gamma, grad_beta);
+  check_launch();
+  const bool vec4 = float4_rows(grad_out.data, grad_out.ld) && float4_rows(x.data, x.ld) &&
+                    float4_rows(grad_x.data, grad_x.ld);
+  launch_map(x.rows, x.cols, vec4,
+             BnBackward{grad_out, x, grad_x, mean, invstd, gamma, sum_g, sum_gx, static_cast<float>(x.rows)}, stream);
+}
+
+void batch_norm_update_running_cuda(const float* mean, const float* var, int64_t rows, float momentum,
+                                    float* running_mean, float* running_var, int64_t cols, cudaStream_t stream) {
+  if (cols == 0) return;
+  const float unbias = rows > 1 ? static_cast<float>(rows) / static_cast<float>(rows - 1) : 1.0f;
+  bn_running_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(mean, var, unbias, momentum, cols, running_mean,
+                                                               running_var);
+  check_launch();
 }
 
 void relu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream) {

@@ -641,6 +641,32 @@ TEST_F(Cli, EdgeWeightFlagsAreNamed) {
   EXPECT_EQ(quiet.out.find("edge weights"), std::string::npos) << quiet.out;
 }
 
+// --norm batch: training (full-graph and mini-batch) learns; the checkpoint carries the running
+// statistics, so predict scores what training scored; a resume with another --norm is refused.
+TEST_F(Cli, BatchNormTrainsAndItsRunningStatisticsReachPredict) {
+  const std::string store = sbm_store();
+  const std::string common = " --device cpu --hidden 16 --seed 2 --model gcn";
+  const CliRun r = gale("train " + store + common + " -q --epochs 40 --norm batch --checkpoint-dir " + path("ck"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_GT(test_acc(r.out), 0.6) << r.out;  // chance is 0.25
+  const CliRun pred = gale("predict " + store + " --device cpu --checkpoint " + path("ck") + " --out " + path("p.npy"));
+  ASSERT_EQ(pred.code, 0) << pred.out;
+  EXPECT_NEAR(test_acc(pred.out), test_acc(r.out), 1e-4) << pred.out << r.out;
+  const CliRun other = gale("train " + store + common + " -q --epochs 41 --resume --checkpoint-dir " + path("ck"));
+  EXPECT_EQ(other.code, 3) << other.out;
+  EXPECT_NE(other.out.find("norm \"batch\" there, absent here"), std::string::npos) << other.out;
+  const CliRun more = gale("train " + store + common + " -q --norm batch --epochs 42 --resume --checkpoint-dir " + path("ck"));
+  EXPECT_EQ(more.code, 0) << more.out;
+  const CliRun mini = gale("train " + store + " -q --device cpu --epochs 10 --model sage --hidden 32 --fanouts 5,5 "
+                           "--batch-size 64 --norm batch --eval batched");
+  ASSERT_EQ(mini.code, 0) << mini.out;
+  EXPECT_GT(test_acc(mini.out), 0.5) << mini.out;
+  const CliRun bad = gale("train " + store + " -q --device cpu --epochs 1 --norm layer");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_EQ(lines(bad.out), 1) << bad.out;
+  EXPECT_NE(bad.out.find("--norm: expected none or batch, found 'layer'"), std::string::npos) << bad.out;
+}
+
 TEST_F(Cli, ConfigFileWithUnknownKeyIsNamed) {
   const std::string store = sbm_store();
   write("run.ini", "model = gcn\nepocs = 3\n");
@@ -819,6 +845,12 @@ TEST_F(Cli, InterruptedMiniBatchRunResumesToTheUninterruptedResult) {
   const std::string log = check_interrupted_run_resumes(*this, "", SIGINT, 0, 130);
   EXPECT_NE(log.find("gale: stopped by SIGINT "), std::string::npos) << log;
   EXPECT_NE(log.find("--resume"), std::string::npos) << log;
+}
+
+// A stopped mini-batch run with batch normalisation resumes bit for bit: the checkpoint written
+// inside the epoch holds the running statistics as they were at that step.
+TEST_F(Cli, InterruptedRunWithBatchNormResumesToTheUninterruptedResult) {
+  check_interrupted_run_resumes(*this, "--norm batch", SIGINT, 0, 130);
 }
 
 // SIGKILL cannot be caught: with --checkpoint-interval the run has checkpointed inside its epochs

@@ -407,6 +407,20 @@ std::vector<double> model_ref(const ModelConfig& cfg, const TestGraph& g, const 
                      kernels::derive_key(key, 2 * static_cast<uint64_t>(l) + 1));
     width = out;
     if (last) continue;
+    if (cfg.norm == Norm::kBatch) {  // training: the batch's mean and biased variance per column
+      const std::vector<double>& gamma = p.at(pre + ".norm.weight");
+      const std::vector<double>& beta = p.at(pre + ".norm.bias");
+      const size_t rows = h.size() / static_cast<size_t>(width);
+      for (int64_t c = 0; c < width; ++c) {
+        double mean = 0, var = 0;
+        for (size_t r = 0; r < rows; ++r) mean += h[r * width + c];
+        mean /= static_cast<double>(rows);
+        for (size_t r = 0; r < rows; ++r) var += (h[r * width + c] - mean) * (h[r * width + c] - mean);
+        var /= static_cast<double>(rows);
+        for (size_t r = 0; r < rows; ++r)
+          h[r * width + c] = (h[r * width + c] - mean) / std::sqrt(var + BatchNorm::kEps) * gamma[c] + beta[c];
+      }
+    }
     if (cfg.activation == Activation::kElu) {
       for (auto& v : h) v = v > 0 ? v : std::expm1(v);
     } else if (cfg.activation == Activation::kRelu) {
@@ -592,6 +606,72 @@ TEST(Model, StackedFirstLayerMatchesFiniteDifferencesOfADoubleReference) {
     cfg.activation = Activation::kRelu;
     check_model_gradients(cfg, 9, random_graph(12, 12, 11), 79, 54, kind + " relu");
   }
+}
+
+// Batch normalisation after each hidden layer (training: the batch's statistics), with ELU, ReLU
+// (which then runs after the normalisation instead of inside the layer) and MaxK, dropout off and
+// on: every parameter gradient, gamma's and beta's included.
+TEST(Model, BatchNormTrainingBackwardMatchesFiniteDifferencesOfADoubleReference) {
+  for (const std::string kind : {"gcn", "sage", "gin", "gat"}) {
+    for (const Activation a : {Activation::kElu, Activation::kRelu, Activation::kMaxK}) {
+      if (kind == "gat" && a == Activation::kMaxK) continue;
+      for (float dropout : {0.0f, 0.3f}) {
+        ModelConfig cfg = small_config(kind, dropout);
+        cfg.layers = 3;
+        cfg.hidden = 5;
+        cfg.activation = a;
+        cfg.maxk = 3;
+        cfg.norm = Norm::kBatch;
+        check_model_gradients(cfg, 7, random_graph(12, 12, 12), 80, 55,
+                              kind + " batch norm " + activation_name(cfg) + " dropout " + std::to_string(dropout));
+      }
+    }
+  }
+}
+
+// Evaluation normalises by the running statistics, which each training forward moves by 0.1 towards
+// the batch's mean and unbiased variance; they are buffers (not parameters) with stable names.
+TEST(Model, BatchNormEvaluatesWithRunningStatistics) {
+  ModelConfig cfg = small_config("gcn", 0.0f);
+  cfg.layers = 2;
+  cfg.activation = Activation::kRelu;
+  cfg.norm = Norm::kBatch;
+  Model model(cfg, 3);
+  const std::vector<Buffer*> buffers = model.buffers();
+  ASSERT_EQ(buffers.size(), 2u);
+  EXPECT_EQ(buffers[0]->name, "layers.0.norm.running_mean");
+  EXPECT_EQ(buffers[1]->name, "layers.0.norm.running_var");
+  for (Parameter* q : model.parameters()) EXPECT_EQ(q->name.find("running"), std::string::npos) << q->name;
+  const TestGraph g = random_graph(10, 10, 4);
+  const GraphOperand op(g.view());
+  const std::vector<const GraphOperand*> graphs(2, &op);
+  const auto xv = random_vector(static_cast<size_t>(g.src * cfg.in_dim), 60);
+  const Tensor x = Tensor::from_vector(std::vector<float>(xv.begin(), xv.end()), g.src, cfg.in_dim);
+  const Tensor before = model.forward(graphs, x, false, 0);
+  model.forward(graphs, x, true, 1);
+  const Tensor after = model.forward(graphs, x, false, 0);
+  // The first layer's output on this input (a one-layer model of the same seed has its weights).
+  ModelConfig plain = cfg;
+  plain.layers = 1;
+  plain.out_dim = cfg.hidden;
+  plain.norm = Norm::kNone;
+  Model first(plain, 3);
+  const std::vector<const GraphOperand*> one(1, &op);
+  const Tensor h = first.forward(one, x, false, 0);
+  const auto hv = h.to_vector();
+  const auto rm = buffers[0]->value.to_vector(), rv = buffers[1]->value.to_vector();
+  for (int64_t c = 0; c < h.cols(); ++c) {
+    double mean = 0, var = 0;
+    for (int64_t r = 0; r < h.rows(); ++r) mean += hv[r * h.cols() + c];
+    mean /= static_cast<double>(h.rows());
+    for (int64_t r = 0; r < h.rows(); ++r) var += (hv[r * h.cols() + c] - mean) * (hv[r * h.cols() + c] - mean);
+    EXPECT_NEAR(rm[c], 0.1 * mean, 1e-5) << c;
+    EXPECT_NEAR(rv[c], 0.9 + 0.1 * var / static_cast<double>(h.rows() - 1), 1e-5) << c;
+  }
+  // The running statistics moved, so evaluation changed.
+  double moved = 0;
+  for (int64_t i = 0; i < after.numel(); ++i) moved += std::abs(after.f32()[i] - before.f32()[i]);
+  EXPECT_GT(moved, 1e-3);
 }
 
 TEST(Model, MaxKIsRefusedForGatAndOutOfRangeK) {

@@ -321,6 +321,106 @@ TEST_F(DenseCuda, ColumnSumIsDeterministicAndMatchesTheCpu) {
   check(4200000, 5, 5);  // the chunk cap: 1024 chunks of 4102 rows
 }
 
+// Batch normalisation's statistics, apply (in place and into another matrix), backward (gamma's and
+// beta's gradients accumulated, the input gradient written over grad_out) and running update,
+// against the CPU twins; the statistics twice, bit for bit (deterministic reductions).
+TEST_F(DenseCuda, BatchNormMatchesTheCpuAndIsDeterministic) {
+  uint64_t key = 550;
+  auto columns = [&](int64_t cols, float lo, float hi) { return random_values(++key, static_cast<size_t>(cols), lo, hi); };
+  auto check = [&](int64_t rows, int64_t cols, int64_t ld) {
+    // Values around an offset, so the centred variance matters.
+    const uint64_t x_key = ++key;
+    Matrix x = random_matrix(x_key, rows, cols, ld, 1.0f, 4.0f);
+    const std::vector<float> gamma = columns(cols, 0.5f, 1.5f), beta = columns(cols, -1.0f, 1.0f);
+    std::vector<float> mean(static_cast<size_t>(cols)), var(static_cast<size_t>(cols));
+    batch_norm_stats(x.host_view(), mean.data(), var.data());
+    const size_t ws_bytes = batch_norm_workspace_bytes(rows, cols);
+    DeviceBuffer<unsigned char> ws(*pool_, ws_bytes, *stream_);
+    const std::vector<float> poison(static_cast<size_t>(cols), kNaN);
+    DeviceBuffer<float> mean_d = cuda::to_device(*pool_, poison, *stream_), var_d = cuda::to_device(*pool_, poison, *stream_);
+    DeviceBuffer<float> mean2_d = cuda::to_device(*pool_, poison, *stream_), var2_d = cuda::to_device(*pool_, poison, *stream_);
+    batch_norm_stats_cuda(x.device_view(), mean_d.data(), var_d.data(), ws.data(), ws_bytes, *stream_);
+    batch_norm_stats_cuda(x.device_view(), mean2_d.data(), var2_d.data(), ws.data(), ws_bytes, *stream_);
+    const std::vector<float> gm = download(mean_d), gv = download(var_d), gm2 = download(mean2_d), gv2 = download(var2_d);
+    for (int64_t c = 0; c < cols; ++c) {
+      ASSERT_TRUE(same_bits(gm[c], gm2[c]) && same_bits(gv[c], gv2[c])) << "column " << c;
+      ASSERT_TRUE(within(gm[c], mean[c], 1e-6)) << "mean of column " << c;
+      ASSERT_TRUE(within(gv[c], var[c], 1e-5)) << "variance of column " << c;
+    }
+    // The kernels below take the CPU's statistics, so only their own arithmetic is compared.
+    DeviceBuffer<float> mean_h = cuda::to_device(*pool_, mean, *stream_), var_h = cuda::to_device(*pool_, var, *stream_);
+    DeviceBuffer<float> gamma_d = cuda::to_device(*pool_, gamma, *stream_), beta_d = cuda::to_device(*pool_, beta, *stream_);
+    constexpr float kEps = 1e-5f;
+    Matrix y = poisoned_matrix(rows, cols, ld);
+    batch_norm_apply(x.host_view(), mean.data(), var.data(), kEps, gamma.data(), beta.data(), y.host_view());
+    batch_norm_apply_cuda(x.device_view(), mean_h.data(), var_h.data(), kEps, gamma_d.data(), beta_d.data(),
+                          y.device_view(), ws.data(), ws_bytes, *stream_);
+    expect_matches(y, 1e-5, "batch_norm_apply");
+    Matrix in_place = random_matrix(x_key, rows, cols, ld, 1.0f, 4.0f);  // x's values again
+    batch_norm_apply(in_place.host_view(), mean.data(), var.data(), kEps, gamma.data(), beta.data(), in_place.host_view());
+    batch_norm_apply_cuda(in_place.device_view(), mean_h.data(), var_h.data(), kEps, gamma_d.data(), beta_d.data(),
+                          in_place.device_view(), ws.data(), ws_bytes, *stream_);
+    const std::vector<float> got_in_place = download(in_place.device);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_TRUE(within(got_in_place[r * ld + c], y.host[r * ld + c], 1e-5)) << "in place at " << r << "," << c;
+
+    Matrix g = random_matrix(++key, rows, cols, ld);
+    std::vector<float> grad_gamma = columns(cols, -1.0f, 1.0f), grad_beta = columns(cols, -1.0f, 1.0f);
+    DeviceBuffer<float> grad_gamma_d = cuda::to_device(*pool_, grad_gamma, *stream_);
+    DeviceBuffer<float> grad_beta_d = cuda::to_device(*pool_, grad_beta, *stream_);
+    const std::vector<float> g_host = g.host;
+    batch_norm_backward(g.host_view(), x.host_view(), mean.data(), var.data(), kEps, gamma.data(), grad_gamma.data(),
+                        grad_beta.data(), g.host_view());
+    batch_norm_backward_cuda(g.device_view(), x.device_view(), mean_h.data(), var_h.data(), kEps, gamma_d.data(),
+                             grad_gamma_d.data(), grad_beta_d.data(), g.device_view(), ws.data(), ws_bytes, *stream_);
+    const std::vector<float> got = download(g.device), ggamma = download(grad_gamma_d), gbeta = download(grad_beta_d);
+    for (int64_t c = 0; c < cols; ++c) {
+      ASSERT_TRUE(within(ggamma[c], grad_gamma[c], 1e-4)) << "gamma's gradient, column " << c;
+      ASSERT_TRUE(within(gbeta[c], grad_beta[c], 1e-4)) << "beta's gradient, column " << c;
+    }
+    // The input gradient is a difference of terms of the rows' size: compare against its scale.
+    double scale = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) scale = std::max(scale, std::fabs(static_cast<double>(g_host[r * ld + c])));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < ld; ++c) {
+        const size_t i = static_cast<size_t>(r * ld + c);
+        if (c >= cols) {
+          ASSERT_TRUE(same_bits(got[i], g_host[i])) << "padding written at " << r << "," << c;
+          continue;
+        }
+        ASSERT_NEAR(got[i], g.host[i], 1e-4 * std::max(1.0, scale)) << "input gradient at " << r << "," << c;
+      }
+    }
+
+    std::vector<float> running_mean = columns(cols, -1.0f, 1.0f), running_var = columns(cols, 0.5f, 2.0f);
+    DeviceBuffer<float> rm_d = cuda::to_device(*pool_, running_mean, *stream_), rv_d = cuda::to_device(*pool_, running_var, *stream_);
+    batch_norm_update_running(mean.data(), var.data(), rows, 0.1f, running_mean.data(), running_var.data(), cols);
+    batch_norm_update_running_cuda(mean_h.data(), var_h.data(), rows, 0.1f, rm_d.data(), rv_d.data(), cols, *stream_);
+    const std::vector<float> grm = download(rm_d), grv = download(rv_d);
+    for (int64_t c = 0; c < cols; ++c) {
+      ASSERT_TRUE(within(grm[c], running_mean[c], 1e-6)) << "running mean, column " << c;
+      ASSERT_TRUE(within(grv[c], running_var[c], 1e-6)) << "running variance, column " << c;
+    }
+  };
+  for_each_shape(check);
+  SCOPED_TRACE("tall");
+  check(100003, 3, 3);
+  check(4099, 300, 301);
+}
+
+TEST_F(DenseCuda, BatchNormRefusesASmallWorkspaceAndNoRows) {
+  DeviceBuffer<float> cols(*pool_, 16, *stream_);
+  Matrix x = random_matrix(1, 8, 4, 4);
+  const size_t ws_bytes = batch_norm_workspace_bytes(8, 4);
+  DeviceBuffer<unsigned char> ws(*pool_, ws_bytes, *stream_);
+  EXPECT_THROW(batch_norm_stats_cuda(x.device_view(), cols.data(), cols.data() + 4, ws.data(), ws_bytes - 1, *stream_),
+               InputError);
+  const MatrixView empty{x.device.data(), 0, 4, 4};
+  EXPECT_THROW(batch_norm_stats_cuda(empty, cols.data(), cols.data() + 4, ws.data(), ws_bytes, *stream_), InputError);
+}
+
 TEST_F(DenseCuda, AdamMatchesTheCpuOverSeveralSteps) {
   uint64_t key = 600;
   for (int64_t n : {int64_t{1}, int64_t{37}, int64_t{33001}}) {

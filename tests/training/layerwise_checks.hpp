@@ -12,6 +12,7 @@
 #include "engine/graph.hpp"
 #include "engine/layerwise.hpp"
 #include "engine/model.hpp"
+#include "kernels/random.hpp"
 #include "storage/store.hpp"
 #include "tests/training/cora_store.hpp"
 
@@ -25,10 +26,12 @@ namespace gale::testing {
 // With `edge_weights` the model aggregates with the weights of weighted_sbm_store() instead.
 inline void expect_layerwise_equals_whole_graph(const std::string& kind, const std::string& activation,
                                                 const Device& device, int64_t max_rows,
-                                                uint64_t device_table_bytes = 0, bool edge_weights = false) {
+                                                uint64_t device_table_bytes = 0, bool edge_weights = false,
+                                                engine::Norm norm = engine::Norm::kNone) {
   using namespace engine;
   SCOPED_TRACE(kind + " " + activation + " max_rows " + std::to_string(max_rows) +
-               (device_table_bytes > 0 ? " tables on the device" : "") + (edge_weights ? " weighted" : ""));
+               (device_table_bytes > 0 ? " tables on the device" : "") + (edge_weights ? " weighted" : "") +
+               (norm != Norm::kNone ? " batch norm" : ""));
   const storage::Store store = storage::Store::open(edge_weights ? weighted_sbm_store() : cora_store());
   const int64_t n = store.num_nodes(), d = store.feature_dim();
   ModelConfig c;
@@ -40,7 +43,16 @@ inline void expect_layerwise_equals_whole_graph(const std::string& kind, const s
   c.out_dim = store.num_classes();
   parse_activation(activation, &c);
   c.edge_weights = edge_weights;
+  c.norm = norm;
   Model model(c, 11);
+  // Running statistics of a trained model (means around 0.1, variances in [0.5, 1.5)): inference
+  // normalises by them, chunk by chunk as over the whole graph.
+  uint64_t counter = 0;
+  for (Buffer* b : model.buffers()) {
+    const bool variance = b->name.find("running_var") != std::string::npos;
+    for (int64_t i = 0; i < b->value.numel(); ++i)
+      b->value.f32()[i] = (variance ? 0.5f : -0.4f) + kernels::random_uniform(91, counter++);
+  }
   model.to(device);
   const bool attention = kind == "gat";
   Tensor features = Tensor::empty(n, d);

@@ -38,6 +38,15 @@ TEST(Layerwise, EqualsTheWholeGraphForwardOnTheCpu) {
   testing::expect_layerwise_equals_whole_graph("sage", "relu", Device::cpu(), 1 << 20);  // one chunk
 }
 
+// Batch normalisation in inference normalises by the running statistics, so chunks of nodes give
+// what the whole graph gives.
+TEST(Layerwise, BatchNormEqualsTheWholeGraphForwardOnTheCpu) {
+  for (const char* kind : {"gcn", "sage", "gin", "gat"})
+    testing::expect_layerwise_equals_whole_graph(kind, kind == std::string("gat") ? "elu" : "relu", Device::cpu(), 100, 0,
+                                                 false, engine::Norm::kBatch);
+  testing::expect_layerwise_equals_whole_graph("sage", "maxk:8", Device::cpu(), 100, 0, false, engine::Norm::kBatch);
+}
+
 // With edge weights: each chunk's outer sources take GCN's weighted degrees of the whole graph.
 TEST(Layerwise, WeightedEqualsTheWholeGraphForwardOnTheCpu) {
   for (const char* kind : {"gcn", "sage", "gin"}) {
