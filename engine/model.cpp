@@ -250,10 +250,9 @@ std::vector<Buffer*> Model::buffers() {
 
 void Model::normalize(size_t l, Tensor* h, bool training) {
   if (l >= norms_.size()) return;
-  *h = norms_[l]->forward(std::move(*h), training);
-  // ReLU after the normalisation (the layer could not fuse it); the other activations follow as
+  // ReLU in the normalisation's pass (the layer could not fuse it); the other activations follow as
   // without one.
-  if (config_.activation == Activation::kRelu) ops::relu(*h, h);
+  *h = norms_[l]->forward(std::move(*h), training, config_.activation == Activation::kRelu);
 }
 
 void Model::zero_grad() {

@@ -279,17 +279,17 @@ void batch_norm_stats(const Tensor& x, Tensor* mean, Tensor* var) {
 }
 
 void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& var, float eps, const Tensor& gamma,
-                      const Tensor& beta, Tensor* y) {
+                      const Tensor& beta, bool relu, Tensor* y) {
   check_norm_columns(x, {&mean, &var, &gamma, &beta}, "batch_norm_apply");
   same_device(x, *y, "batch_norm_apply");
   same_shape(x, *y, "batch_norm_apply");
-  const OpTimer timer(OpKind::kOther, x.device(), "batch_norm_apply");
+  const OpTimer timer(OpKind::kOther, x.device(), relu ? "batch_norm_apply_relu" : "batch_norm_apply");
   if (x.device().is_cpu())
-    return kernels::batch_norm_apply(x.view(), mean.f32(), var.f32(), eps, gamma.f32(), beta.f32(), y->view());
+    return kernels::batch_norm_apply(x.view(), mean.f32(), var.f32(), eps, gamma.f32(), beta.f32(), relu, y->view());
 #if GALE_WITH_CUDA
   size_t bytes = 0;
   Tensor ws = norm_workspace(x, &bytes);
-  kernels::batch_norm_apply_cuda(x.view(), mean.f32(), var.f32(), eps, gamma.f32(), beta.f32(), y->view(),
+  kernels::batch_norm_apply_cuda(x.view(), mean.f32(), var.f32(), eps, gamma.f32(), beta.f32(), relu, y->view(),
                                  ws.data<unsigned char>(), bytes, stream(x));
 #else
   no_cuda();

@@ -52,13 +52,14 @@ void dropout_forward(ConstMatrixView x, MatrixView out, float p, uint64_t key);
 void dropout_backward(ConstMatrixView grad_out, MatrixView grad_in, float p, uint64_t key);
 
 // Batch normalisation (torch.nn.BatchNorm1d over the rows: one mean and variance per column).
-// Training statistics: mean[c] = sum_r x[r][c] / rows and the biased var[c] = sum_r (x - mean)^2 /
-// rows (the square of the float difference), each summed in double, per column in a fixed order.
+// Training statistics in one pass: per column the sums of x and of x^2 in double (the square of a
+// float is exact there), in a fixed order; mean = sum / rows and the biased var = sum of squares /
+// rows - mean^2 (never below 0), computed in double.
 void batch_norm_stats(ConstMatrixView x, float* mean, float* var);
-// y = (x - mean) * s + beta with s = gamma / sqrt(var + eps) per column (float); may alias. With
-// the batch's statistics in training, the running ones in inference.
+// y = (x - mean) * s + beta with s = gamma / sqrt(var + eps) per column (float), then max(y, 0)
+// when relu; may alias. With the batch's statistics in training, the running ones in inference.
 void batch_norm_apply(ConstMatrixView x, const float* mean, const float* var, float eps, const float* gamma,
-                      const float* beta, MatrixView y);
+                      const float* beta, bool relu, MatrixView y);
 // Backward through batch_norm_apply with the batch's own statistics (which depend on x). With
 // invstd = 1 / sqrt(var + eps) and xhat = (x - mean) * invstd per column, sum_g = sum_r grad_out and
 // sum_gx = sum_r grad_out * xhat (double, then float): grad_gamma += sum_gx, grad_beta += sum_g,
@@ -171,14 +172,14 @@ void relu_backward_mask_cuda(ConstMatrixView grad_out, const uint32_t* bits, Mat
 // the first of them writing grad_in as it reads; deterministic like column_sum_cuda.
 void relu_backward_mask_sum_cuda(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in, float* sums,
                                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
-// Twins of the batch normalisation ops, deterministic like column_sum_cuda (the same reductions),
-// in a workspace of batch_norm_workspace_bytes(x.rows, x.cols) bytes (8-byte aligned, not reused
+// Twins of the batch normalisation ops, deterministic like column_sum_cuda (the same reductions,
+// the statistics' two sums and the backward's two in one pass each), in a workspace of batch_norm_workspace_bytes(x.rows, x.cols) bytes (8-byte aligned, not reused
 // until the stream has passed the call).
 size_t batch_norm_workspace_bytes(int64_t rows, int64_t cols);
 void batch_norm_stats_cuda(ConstMatrixView x, float* mean, float* var, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream);
 void batch_norm_apply_cuda(ConstMatrixView x, const float* mean, const float* var, float eps, const float* gamma,
-                           const float* beta, MatrixView y, void* workspace, size_t workspace_bytes,
+                           const float* beta, bool relu, MatrixView y, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream);
 void batch_norm_backward_cuda(ConstMatrixView grad_out, ConstMatrixView x, const float* mean, const float* var,
                               float eps, const float* gamma, float* grad_gamma, float* grad_beta, MatrixView grad_x,

@@ -89,25 +89,31 @@ void column_sum(ConstMatrixView x, float* out, bool accumulate) {
 }
 
 void batch_norm_stats(ConstMatrixView x, float* mean, float* var) {
-  std::vector<double> sums(static_cast<size_t>(x.cols));
+  std::vector<double> sums(static_cast<size_t>(x.cols)), squares(static_cast<size_t>(x.cols));
   const double n = static_cast<double>(x.rows);
-  column_sums_of(x.rows, x.cols, [&](int64_t r, int64_t c) { return x.row(r)[c]; }, sums.data());
-  for (int64_t c = 0; c < x.cols; ++c) mean[c] = static_cast<float>(sums[c] / n);
+  column_sums_of(x.rows, x.cols, [&](int64_t r, int64_t c) { return static_cast<double>(x.row(r)[c]); }, sums.data());
   column_sums_of(x.rows, x.cols, [&](int64_t r, int64_t c) {
-    const float d = x.row(r)[c] - mean[c];
-    return d * d;
-  }, sums.data());
-  for (int64_t c = 0; c < x.cols; ++c) var[c] = static_cast<float>(sums[c] / n);
+    const double v = x.row(r)[c];
+    return v * v;
+  }, squares.data());
+  for (int64_t c = 0; c < x.cols; ++c) {
+    const double m = sums[c] / n;
+    mean[c] = static_cast<float>(m);
+    var[c] = static_cast<float>(std::max(squares[c] / n - m * m, 0.0));
+  }
 }
 
 void batch_norm_apply(ConstMatrixView x, const float* mean, const float* var, float eps, const float* gamma,
-                      const float* beta, MatrixView y) {
+                      const float* beta, bool relu, MatrixView y) {
   std::vector<float> s(static_cast<size_t>(x.cols));
   for (int64_t c = 0; c < x.cols; ++c) s[c] = gamma[c] / std::sqrt(var[c] + eps);
   for_rows(x.rows, x.cols, [&](int64_t r) {
     const float* in = x.row(r);
     float* out = y.row(r);
-    for (int64_t c = 0; c < x.cols; ++c) out[c] = (in[c] - mean[c]) * s[c] + beta[c];
+    for (int64_t c = 0; c < x.cols; ++c) {
+      const float v = (in[c] - mean[c]) * s[c] + beta[c];
+      out[c] = relu && !(v > 0.0f) ? 0.0f : v;
+    }
   });
 }
 

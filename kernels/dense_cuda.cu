@@ -299,19 +299,26 @@ void require(bool ok, const std::string& what) {
 
 constexpr int kSumThreads = 512;
 
-// Two passes, deterministic. Pass 1: block (tile, chunk) sums rows [chunk * chunk_rows, ...) of
-// TW columns: thread (tx, ty) adds rows ty, ty + RL, ... of column c0 + tx in double, then the RL
-// partials of each column meet in a fixed binary tree in shared memory and go to
-// partial[chunk][c]. Pass 2: one thread per column adds the chunks in chunk order. The order of
-// every addition depends only on the shape, never on scheduling, and a tall matrix still spreads
-// over ~1024 chunks x tiles blocks (one block per 32-column tile could not fill the GPU).
-// TW shrinks with narrow matrices so a bias of 1-16 columns still uses all 512 threads on rows.
-// The value summed at (r, c) comes from a functor (load), which may also write it somewhere
-// (store), so a kernel that writes a matrix can sum its columns in the same pass (ReluMaskedValue).
+// K column sums of one pass over a rows x cols matrix of values, e.g. a column's sum and its sum
+// of squares. Two passes, deterministic. Pass 1: block (tile, chunk) sums rows
+// [chunk * chunk_rows, ...) of TW columns: thread (tx, ty) adds rows ty, ty + RL, ... of column
+// c0 + tx in double, then the RL partials of each column meet in a fixed binary tree in shared
+// memory and go to partial[chunk][k][c]. Pass 2: one thread per column adds the chunks in chunk
+// order and hands the K sums to a finishing functor. The order of every addition depends only on
+// the shape, never on scheduling, and a tall matrix still spreads over ~1024 chunks x tiles blocks
+// (one block per 32-column tile could not fill the GPU). TW shrinks with narrow matrices so a bias
+// of 1-16 columns still uses all 512 threads on rows. The K values summed at (r, c) come from a
+// functor (load), which may also write something there (store), so a kernel that writes a matrix
+// can sum its columns in the same pass (ReluMaskedValue).
+template <int K, typename T = float>
+struct Vals {
+  T v[K];
+};
+
 struct MatrixValue {
   ConstMatrixView x;
-  __device__ float load(int64_t r, int64_t c) const { return x.data[r * x.ld + c]; }
-  __device__ void store(int64_t, int64_t, float) const {}
+  __device__ Vals<1> load(int64_t r, int64_t c) const { return {{x.data[r * x.ld + c]}}; }
+  __device__ void store(int64_t, int64_t, const Vals<1>&) const {}
 };
 // relu_backward_mask's element, written to grad_in (which may be grad_out) and summed.
 struct ReluMaskedValue {
@@ -319,64 +326,84 @@ struct ReluMaskedValue {
   const uint32_t* bits;
   int64_t words;
   MatrixView grad_in;
-  __device__ float load(int64_t r, int64_t c) const {
-    return (bits[r * words + c / 32] >> (c % 32)) & 1u ? grad_out.data[r * grad_out.ld + c] : 0.0f;
+  __device__ Vals<1> load(int64_t r, int64_t c) const {
+    return {{(bits[r * words + c / 32] >> (c % 32)) & 1u ? grad_out.data[r * grad_out.ld + c] : 0.0f}};
   }
-  __device__ void store(int64_t r, int64_t c, float v) const { grad_in.data[r * grad_in.ld + c] = v; }
+  __device__ void store(int64_t r, int64_t c, const Vals<1>& v) const { grad_in.data[r * grad_in.ld + c] = v.v[0]; }
 };
 
-template <int TW, typename Value>
+template <int TW, int K, typename Value>
 __global__ void __launch_bounds__(kSumThreads)
     column_sum_partial_kernel(int64_t rows, int64_t cols, Value value, int64_t chunk_rows, double* partial) {
   constexpr int kRowLanes = kSumThreads / TW;
-  __shared__ double lanes[kSumThreads];
+  __shared__ double lanes[K][kSumThreads];
   const int tx = static_cast<int>(threadIdx.x) % TW;
   const int ty = static_cast<int>(threadIdx.x) / TW;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * TW + tx;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk_rows;
   const int64_t r1 = min(rows, r0 + chunk_rows);
-  double acc = 0.0;
+  double acc[K] = {};
   if (c < cols) {
     // Four rows' loads go out before their stores (a store may alias a later load's matrix, so the
     // compiler would not move the loads up itself); the additions stay in row order.
     constexpr int kUnroll = 4;
     int64_t r = r0 + ty;
     for (; r + (kUnroll - 1) * kRowLanes < r1; r += kUnroll * kRowLanes) {
-      float v[kUnroll];
+      decltype(value.load(r, c)) v[kUnroll];
 #pragma unroll
       for (int i = 0; i < kUnroll; ++i) v[i] = value.load(r + i * kRowLanes, c);
 #pragma unroll
       for (int i = 0; i < kUnroll; ++i) {
         value.store(r + i * kRowLanes, c, v[i]);
-        acc += v[i];
+#pragma unroll
+        for (int k = 0; k < K; ++k) acc[k] += v[i].v[k];
       }
     }
     for (; r < r1; r += kRowLanes) {
-      const float v = value.load(r, c);
+      const auto v = value.load(r, c);
       value.store(r, c, v);
-      acc += v;
+#pragma unroll
+      for (int k = 0; k < K; ++k) acc[k] += v.v[k];
     }
   }
-  lanes[threadIdx.x] = acc;
+#pragma unroll
+  for (int k = 0; k < K; ++k) lanes[k][threadIdx.x] = acc[k];
   __syncthreads();
 #pragma unroll
   for (int s = kRowLanes / 2; s > 0; s >>= 1) {
-    if (ty < s) lanes[threadIdx.x] += lanes[threadIdx.x + s * TW];
+    if (ty < s) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) lanes[k][threadIdx.x] += lanes[k][threadIdx.x + s * TW];
+    }
     __syncthreads();
   }
-  if (ty == 0 && c < cols) partial[static_cast<int64_t>(blockIdx.y) * cols + c] = lanes[tx];
+  if (ty == 0 && c < cols) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) partial[(static_cast<int64_t>(blockIdx.y) * K + k) * cols + c] = lanes[k][tx];
+  }
 }
 
-// out[c] (+)= the column's sum / divisor (batch normalisation's means divide by the rows).
-__global__ void column_sum_finish_kernel(const double* partial, int64_t chunks, int64_t cols, float* out,
-                                         bool accumulate, double divisor) {
+template <int K, typename Finish>
+__global__ void column_sum_finish_kernel(const double* partial, int64_t chunks, int64_t cols, Finish finish) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
-  double acc = accumulate ? static_cast<double>(out[c]) : 0.0;
-  double sum = 0.0;
-  for (int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + c];
-  out[c] = static_cast<float>(acc + sum / divisor);
+  double sum[K] = {};
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) sum[k] += partial[(chunk * K + k) * cols + c];
+  }
+  finish(c, sum);
 }
+
+// out[c] (+)= the column's sum / divisor.
+struct SumInto {
+  float* out;
+  bool accumulate;
+  double divisor;
+  __device__ void operator()(int64_t c, const double* sum) const {
+    out[c] = static_cast<float>((accumulate ? static_cast<double>(out[c]) : 0.0) + sum[0] / divisor);
+  }
+};
 
 // Rows per pass-1 chunk: at least 4096 (so each block has work), at most 1024 chunks.
 constexpr int64_t kSumMinChunkRows = 4096;
@@ -384,34 +411,38 @@ constexpr int64_t kSumMaxChunks = 1024;
 int64_t column_sum_chunks(int64_t rows) {
   return std::clamp<int64_t>((rows + kSumMinChunkRows - 1) / kSumMinChunkRows, 1, kSumMaxChunks);
 }
+// The pass-1 partials of K sums.
+size_t column_sums_workspace_bytes(int64_t rows, int64_t cols, int k) {
+  return static_cast<size_t>(column_sum_chunks(rows)) * static_cast<size_t>(std::max<int64_t>(cols, 0)) *
+         static_cast<size_t>(k) * sizeof(double);
+}
 
-template <int TW, typename Value>
-void launch_column_sum(int64_t rows, int64_t cols, Value value, float* out, bool accumulate, double* partial,
-                       double divisor, cudaStream_t stream) {
+template <int TW, int K, typename Value, typename Finish>
+void launch_column_sum(int64_t rows, int64_t cols, Value value, Finish finish, double* partial, cudaStream_t stream) {
   const int64_t chunks = column_sum_chunks(rows);
   const int64_t chunk_rows = (rows + chunks - 1) / chunks;
   const dim3 grid(static_cast<unsigned>((cols + TW - 1) / TW), static_cast<unsigned>(chunks));
-  column_sum_partial_kernel<TW><<<grid, kSumThreads, 0, stream>>>(rows, cols, value, chunk_rows, partial);
+  column_sum_partial_kernel<TW, K><<<grid, kSumThreads, 0, stream>>>(rows, cols, value, chunk_rows, partial);
   check_launch();
-  column_sum_finish_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(partial, chunks, cols, out, accumulate, divisor);
+  column_sum_finish_kernel<K><<<blocks_for(cols), kThreads, 0, stream>>>(partial, chunks, cols, finish);
   check_launch();
 }
 
-// Column sums of rows x cols values (a functor above) into out, TW sized to the width.
-template <typename Value>
-void column_sums(int64_t rows, int64_t cols, Value value, float* out, bool accumulate, void* workspace,
-                 size_t workspace_bytes, const char* op, cudaStream_t stream, double divisor = 1.0) {
+// K column sums of rows x cols values (a functor above) handed to finish, TW sized to the width.
+template <int K, typename Value, typename Finish>
+void column_sums(int64_t rows, int64_t cols, Value value, Finish finish, void* workspace, size_t workspace_bytes,
+                 const char* op, cudaStream_t stream) {
   if (cols == 0) return;
-  const size_t needed = column_sum_workspace_bytes(rows, cols);
+  const size_t needed = column_sums_workspace_bytes(rows, cols, K);
   require(workspace_bytes >= needed, std::string(op) + ": workspace of " + std::to_string(workspace_bytes) +
                                          " bytes, " + std::to_string(needed) + " needed");
   auto* partial = static_cast<double*>(workspace);
-  if (cols == 1) return launch_column_sum<1>(rows, cols, value, out, accumulate, partial, divisor, stream);
-  if (cols <= 2) return launch_column_sum<2>(rows, cols, value, out, accumulate, partial, divisor, stream);
-  if (cols <= 4) return launch_column_sum<4>(rows, cols, value, out, accumulate, partial, divisor, stream);
-  if (cols <= 8) return launch_column_sum<8>(rows, cols, value, out, accumulate, partial, divisor, stream);
-  if (cols <= 16) return launch_column_sum<16>(rows, cols, value, out, accumulate, partial, divisor, stream);
-  launch_column_sum<32>(rows, cols, value, out, accumulate, partial, divisor, stream);
+  if (cols == 1) return launch_column_sum<1, K>(rows, cols, value, finish, partial, stream);
+  if (cols <= 2) return launch_column_sum<2, K>(rows, cols, value, finish, partial, stream);
+  if (cols <= 4) return launch_column_sum<4, K>(rows, cols, value, finish, partial, stream);
+  if (cols <= 8) return launch_column_sum<8, K>(rows, cols, value, finish, partial, stream);
+  if (cols <= 16) return launch_column_sum<16, K>(rows, cols, value, finish, partial, stream);
+  launch_column_sum<32, K>(rows, cols, value, finish, partial, stream);
 }
 
 // ---- Adam -------------------------------------------------------------------------------------
@@ -978,42 +1009,67 @@ void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream
   launch_map(y.rows, y.cols, vec4, Axpy{x, alpha, y}, stream);
 }
 
-size_t column_sum_workspace_bytes(int64_t rows, int64_t cols) {
-  return static_cast<size_t>(column_sum_chunks(rows)) * static_cast<size_t>(std::max<int64_t>(cols, 0)) * sizeof(double);
-}
+size_t column_sum_workspace_bytes(int64_t rows, int64_t cols) { return column_sums_workspace_bytes(rows, cols, 1); }
 
 void column_sum_cuda(ConstMatrixView x, float* out, bool accumulate, void* workspace, size_t workspace_bytes,
                      cudaStream_t stream) {
-  column_sums(x.rows, x.cols, MatrixValue{x}, out, accumulate, workspace, workspace_bytes, "column_sum_cuda", stream);
+  column_sums<1>(x.rows, x.cols, MatrixValue{x}, SumInto{out, accumulate, 1.0}, workspace, workspace_bytes,
+                 "column_sum_cuda", stream);
 }
 
 // ---- batch normalisation ----------------------------------------------------------------------
 // The float expressions of dense_cpu.cpp's twins, with the _rn intrinsics so that nvcc does not
-// contract them into FMAs; the column reductions are column_sum_cuda's.
+// contract them into FMAs; the column reductions are column_sum_cuda's, two sums in one pass.
 
 namespace {
 
-// (x - mean)^2, summed for the biased variance.
-struct CenteredSquare {
+// x and x^2 in double (the square of a float is exact there), for the mean and the variance.
+struct ValueAndSquare {
   ConstMatrixView x;
-  const float* mean;
-  __device__ float load(int64_t r, int64_t c) const {
-    const float d = __fsub_rn(x.data[r * x.ld + c], mean[c]);
-    return __fmul_rn(d, d);
+  __device__ Vals<2, double> load(int64_t r, int64_t c) const {
+    const double v = x.data[r * x.ld + c];
+    return {{v, v * v}};
   }
-  __device__ void store(int64_t, int64_t, float) const {}
+  __device__ void store(int64_t, int64_t, const Vals<2, double>&) const {}
 };
 
-// grad_out * xhat, summed for gamma's gradient.
-struct GradTimesXhat {
+// mean = sum / n, biased var = sum of squares / n - mean^2 (never below 0), in double.
+struct MeanAndVariance {
+  float* mean;
+  float* var;
+  double n;
+  __device__ void operator()(int64_t c, const double* sum) const {
+    const double m = sum[0] / n;
+    mean[c] = static_cast<float>(m);
+    var[c] = static_cast<float>(fmax(sum[1] / n - m * m, 0.0));
+  }
+};
+
+// grad_out and grad_out * xhat, summed for beta's and gamma's gradients.
+struct GradAndGradXhat {
   ConstMatrixView grad_out, x;
   const float* mean;
   const float* invstd;
-  __device__ float load(int64_t r, int64_t c) const {
+  __device__ Vals<2> load(int64_t r, int64_t c) const {
+    const float g = grad_out.data[r * grad_out.ld + c];
     const float xhat = __fmul_rn(__fsub_rn(x.data[r * x.ld + c], mean[c]), invstd[c]);
-    return __fmul_rn(grad_out.data[r * grad_out.ld + c], xhat);
+    return {{g, __fmul_rn(g, xhat)}};
   }
-  __device__ void store(int64_t, int64_t, float) const {}
+  __device__ void store(int64_t, int64_t, const Vals<2>&) const {}
+};
+
+// The sums as floats for the input gradient's pass, and added to beta's and gamma's gradients.
+struct ParameterGradients {
+  float* sum_g;
+  float* sum_gx;
+  float* grad_gamma;
+  float* grad_beta;
+  __device__ void operator()(int64_t c, const double* sum) const {
+    sum_g[c] = static_cast<float>(sum[0]);
+    sum_gx[c] = static_cast<float>(sum[1]);
+    grad_gamma[c] = __fadd_rn(grad_gamma[c], sum_gx[c]);
+    grad_beta[c] = __fadd_rn(grad_beta[c], sum_g[c]);
+  }
 };
 
 // out[c] = numerator[c] / sqrt(var[c] + eps), numerator 1 where null (invstd) or gamma (the scale).
@@ -1023,6 +1079,7 @@ __global__ void bn_scale_kernel(const float* var, const float* numerator, float 
   out[c] = __fdiv_rn(numerator != nullptr ? numerator[c] : 1.0f, __fsqrt_rn(__fadd_rn(var[c], eps)));
 }
 
+template <bool kRelu>
 struct BnApply {
   ConstMatrixView x;
   MatrixView y;
@@ -1033,7 +1090,10 @@ struct BnApply {
   __device__ void apply(int64_t r, int64_t c) const {
     Pack<V> v = load<V>(at(x, r, c));
 #pragma unroll
-    for (int i = 0; i < V; ++i) v.v[i] = __fadd_rn(__fmul_rn(__fsub_rn(v.v[i], mean[c + i]), scale[c + i]), beta[c + i]);
+    for (int i = 0; i < V; ++i) {
+      v.v[i] = __fadd_rn(__fmul_rn(__fsub_rn(v.v[i], mean[c + i]), scale[c + i]), beta[c + i]);
+      if (kRelu) v.v[i] = v.v[i] > 0.0f ? v.v[i] : 0.0f;
+    }
     store<V>(at(y, r, c), v);
   }
 };
@@ -1062,14 +1122,6 @@ struct BnBackward {
   }
 };
 
-__global__ void bn_param_grads_kernel(const float* sum_g, const float* sum_gx, int64_t cols, float* grad_gamma,
-                                      float* grad_beta) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  grad_gamma[c] = __fadd_rn(grad_gamma[c], sum_gx[c]);
-  grad_beta[c] = __fadd_rn(grad_beta[c], sum_g[c]);
-}
-
 __global__ void bn_running_kernel(const float* mean, const float* var, float unbias, float momentum, int64_t cols,
                                   float* running_mean, float* running_var) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -1079,10 +1131,10 @@ __global__ void bn_running_kernel(const float* mean, const float* var, float unb
   running_var[c] = __fadd_rn(__fmul_rn(keep, running_var[c]), __fmul_rn(momentum, __fmul_rn(var[c], unbias)));
 }
 
-// The workspace: column_sum_cuda's partial sums, then kBnColumnArrays float arrays of cols.
+// The workspace: the partials of two column sums, then kBnColumnArrays float arrays of cols.
 constexpr int64_t kBnColumnArrays = 3;
 float* bn_columns(void* workspace, int64_t rows, int64_t cols, int64_t i) {
-  return reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + column_sum_workspace_bytes(rows, cols)) +
+  return reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + column_sums_workspace_bytes(rows, cols, 2)) +
          i * cols;
 }
 void require_bn_workspace(int64_t rows, int64_t cols, size_t workspace_bytes, const char* op) {
@@ -1095,7 +1147,7 @@ void require_bn_workspace(int64_t rows, int64_t cols, size_t workspace_bytes, co
 }  // namespace
 
 size_t batch_norm_workspace_bytes(int64_t rows, int64_t cols) {
-  return column_sum_workspace_bytes(rows, cols) +
+  return column_sums_workspace_bytes(rows, cols, 2) +
          static_cast<size_t>(kBnColumnArrays * std::max<int64_t>(cols, 0)) * sizeof(float);
 }
 
@@ -1103,14 +1155,12 @@ void batch_norm_stats_cuda(ConstMatrixView x, float* mean, float* var, void* wor
                            cudaStream_t stream) {
   if (x.cols == 0) return;
   require_bn_workspace(x.rows, x.cols, workspace_bytes, "batch_norm_stats_cuda");
-  const size_t sums = column_sum_workspace_bytes(x.rows, x.cols);
-  const double n = static_cast<double>(x.rows);
-  column_sums(x.rows, x.cols, MatrixValue{x}, mean, false, workspace, sums, "batch_norm_stats_cuda", stream, n);
-  column_sums(x.rows, x.cols, CenteredSquare{x, mean}, var, false, workspace, sums, "batch_norm_stats_cuda", stream, n);
+  column_sums<2>(x.rows, x.cols, ValueAndSquare{x}, MeanAndVariance{mean, var, static_cast<double>(x.rows)}, workspace,
+                 workspace_bytes, "batch_norm_stats_cuda", stream);
 }
 
 void batch_norm_apply_cuda(ConstMatrixView x, const float* mean, const float* var, float eps, const float* gamma,
-                           const float* beta, MatrixView y, void* workspace, size_t workspace_bytes,
+                           const float* beta, bool relu, MatrixView y, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream) {
   if (x.rows == 0 || x.cols == 0) return;
   require_bn_workspace(x.rows, x.cols, workspace_bytes, "batch_norm_apply_cuda");
@@ -1118,7 +1168,8 @@ void batch_norm_apply_cuda(ConstMatrixView x, const float* mean, const float* va
   bn_scale_kernel<<<blocks_for(x.cols), kThreads, 0, stream>>>(var, gamma, eps, x.cols, scale);
   check_launch();
   const bool vec4 = float4_rows(x.data, x.ld) && float4_rows(y.data, y.ld);
-  launch_map(x.rows, x.cols, vec4, BnApply{x, y, mean, scale, beta}, stream);
+  if (relu) return launch_map(x.rows, x.cols, vec4, BnApply<true>{x, y, mean, scale, beta}, stream);
+  launch_map(x.rows, x.cols, vec4, BnApply<false>{x, y, mean, scale, beta}, stream);
 }
 
 void batch_norm_backward_cuda(ConstMatrixView grad_out, ConstMatrixView x, const float* mean, const float* var,
@@ -1126,17 +1177,14 @@ void batch_norm_backward_cuda(ConstMatrixView grad_out, ConstMatrixView x, const
                               void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (x.cols == 0) return;
   require_bn_workspace(x.rows, x.cols, workspace_bytes, "batch_norm_backward_cuda");
-  const size_t sums = column_sum_workspace_bytes(x.rows, x.cols);
   float* invstd = bn_columns(workspace, x.rows, x.cols, 0);
   float* sum_g = bn_columns(workspace, x.rows, x.cols, 1);
   float* sum_gx = bn_columns(workspace, x.rows, x.cols, 2);
   bn_scale_kernel<<<blocks_for(x.cols), kThreads, 0, stream>>>(var, nullptr, eps, x.cols, invstd);
   check_launch();
-  column_sums(x.rows, x.cols, MatrixValue{grad_out}, sum_g, false, workspace, sums, "batch_norm_backward_cuda", stream);
-  column_sums(x.rows, x.cols, GradTimesXhat{grad_out, x, mean, invstd}, sum_gx, false, workspace, sums,
-              "batch_norm_backward_cuda", stream);
-  bn_param_grads_kernel<<<blocks_for(x.cols), kThreads, 0, stream>>>(sum_g, sum_gx, x.cols, grad_gamma, grad_beta);
-  check_launch();
+  column_sums<2>(x.rows, x.cols, GradAndGradXhat{grad_out, x, mean, invstd},
+                 ParameterGradients{sum_g, sum_gx, grad_gamma, grad_beta}, workspace, workspace_bytes,
+                 "batch_norm_backward_cuda", stream);
   const bool vec4 = float4_rows(grad_out.data, grad_out.ld) && float4_rows(x.data, x.ld) &&
                     float4_rows(grad_x.data, grad_x.ld);
   launch_map(x.rows, x.cols, vec4,
@@ -1176,8 +1224,9 @@ void relu_mask_cuda(ConstMatrixView y, uint32_t* bits, cudaStream_t stream) {
 
 void relu_backward_mask_sum_cuda(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in, float* sums,
                                  void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  column_sums(grad_out.rows, grad_out.cols, ReluMaskedValue{grad_out, bits, relu_mask_words(grad_out.cols), grad_in},
-              sums, /*accumulate=*/false, workspace, workspace_bytes, "relu_backward_mask_sum_cuda", stream);
+  column_sums<1>(grad_out.rows, grad_out.cols, ReluMaskedValue{grad_out, bits, relu_mask_words(grad_out.cols), grad_in},
+                 SumInto{sums, /*accumulate=*/false, 1.0}, workspace, workspace_bytes, "relu_backward_mask_sum_cuda",
+                 stream);
 }
 
 void relu_backward_mask_cuda(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in, cudaStream_t stream) {

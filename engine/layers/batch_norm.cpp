@@ -27,10 +27,10 @@ void BatchNorm::to(const Device& device) {
   for (Buffer* b : buffers()) b->value = b->value.to(device);
 }
 
-Tensor BatchNorm::forward(Tensor x, bool training) {
+Tensor BatchNorm::forward(Tensor x, bool training, bool relu) {
   GALE_ASSERT(x.cols() == gamma_.value.cols());
   if (!training) {
-    ops::batch_norm_apply(x, running_mean_.value, running_var_.value, kEps, gamma_.value, beta_.value, &x);
+    ops::batch_norm_apply(x, running_mean_.value, running_var_.value, kEps, gamma_.value, beta_.value, relu, &x);
     return x;
   }
   mean_ = Tensor::empty(1, x.cols(), DType::kF32, x.device());
@@ -39,7 +39,7 @@ Tensor BatchNorm::forward(Tensor x, bool training) {
   ops::batch_norm_update_running(mean_, var_, x.rows(), kMomentum, &running_mean_.value, &running_var_.value);
   // Backward needs the values before normalisation (and a layer may hold its output): a new tensor.
   Tensor y = Tensor::empty(x.rows(), x.cols(), DType::kF32, x.device());
-  ops::batch_norm_apply(x, mean_, var_, kEps, gamma_.value, beta_.value, &y);
+  ops::batch_norm_apply(x, mean_, var_, kEps, gamma_.value, beta_.value, relu, &y);
   input_ = std::move(x);
   return y;
 }

@@ -35,10 +35,12 @@ class BatchNorm {
   // .running_var, on the host.
   BatchNorm(const std::string& prefix, int64_t width);
   void to(const Device& device);
-  // Returns the normalised x: in x's memory in inference; in training a new tensor, x and the
-  // batch's statistics kept for backward, and the running statistics updated.
-  Tensor forward(Tensor x, bool training);
-  // d(loss)/d(output) -> d(loss)/d(input), in place; accumulates gamma's and beta's gradients.
+  // Returns the normalised x, through ReLU when relu (in the same pass): in x's memory in
+  // inference; in training a new tensor, x and the batch's statistics kept for backward, and the
+  // running statistics updated.
+  Tensor forward(Tensor x, bool training, bool relu);
+  // d(loss)/d(normalised output) -> d(loss)/d(input), in place (ReLU's backward is the caller's);
+  // accumulates gamma's and beta's gradients.
   Tensor backward(Tensor grad);
   std::vector<Parameter*> parameters() { return {&gamma_, &beta_}; }
   std::vector<Buffer*> buffers() { return {&running_mean_, &running_var_}; }

@@ -352,18 +352,24 @@ TEST_F(DenseCuda, BatchNormMatchesTheCpuAndIsDeterministic) {
     DeviceBuffer<float> gamma_d = cuda::to_device(*pool_, gamma, *stream_), beta_d = cuda::to_device(*pool_, beta, *stream_);
     constexpr float kEps = 1e-5f;
     Matrix y = poisoned_matrix(rows, cols, ld);
-    batch_norm_apply(x.host_view(), mean.data(), var.data(), kEps, gamma.data(), beta.data(), y.host_view());
-    batch_norm_apply_cuda(x.device_view(), mean_h.data(), var_h.data(), kEps, gamma_d.data(), beta_d.data(),
+    batch_norm_apply(x.host_view(), mean.data(), var.data(), kEps, gamma.data(), beta.data(), false, y.host_view());
+    batch_norm_apply_cuda(x.device_view(), mean_h.data(), var_h.data(), kEps, gamma_d.data(), beta_d.data(), false,
                           y.device_view(), ws.data(), ws_bytes, *stream_);
     expect_matches(y, 1e-5, "batch_norm_apply");
     Matrix in_place = random_matrix(x_key, rows, cols, ld, 1.0f, 4.0f);  // x's values again
-    batch_norm_apply(in_place.host_view(), mean.data(), var.data(), kEps, gamma.data(), beta.data(), in_place.host_view());
-    batch_norm_apply_cuda(in_place.device_view(), mean_h.data(), var_h.data(), kEps, gamma_d.data(), beta_d.data(),
+    // In place, through ReLU in the same pass.
+    batch_norm_apply(in_place.host_view(), mean.data(), var.data(), kEps, gamma.data(), beta.data(), true,
+                     in_place.host_view());
+    batch_norm_apply_cuda(in_place.device_view(), mean_h.data(), var_h.data(), kEps, gamma_d.data(), beta_d.data(), true,
                           in_place.device_view(), ws.data(), ws_bytes, *stream_);
     const std::vector<float> got_in_place = download(in_place.device);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        ASSERT_TRUE(within(got_in_place[r * ld + c], y.host[r * ld + c], 1e-5)) << "in place at " << r << "," << c;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float want = std::max(y.host[r * ld + c], 0.0f);
+        ASSERT_EQ(in_place.host[r * ld + c], want) << "the CPU's ReLU at " << r << "," << c;
+        ASSERT_TRUE(within(got_in_place[r * ld + c], want, 1e-5)) << "in place with ReLU at " << r << "," << c;
+      }
+    }
 
     Matrix g = random_matrix(++key, rows, cols, ld);
     std::vector<float> grad_gamma = columns(cols, -1.0f, 1.0f), grad_beta = columns(cols, -1.0f, 1.0f);
