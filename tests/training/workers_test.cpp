@@ -109,6 +109,18 @@ TEST(Workers, ReplicasStayIdentical) {
   });
 }
 
+// Batch normalisation: each replica normalises its own slice and keeps its own running
+// statistics, but gamma's and beta's gradients are summed like every parameter's, so the replicas'
+// weights stay identical; the run evaluates (worker 0's statistics) far above chance.
+TEST(Workers, BatchNormReplicasKeepIdenticalWeights) {
+  TrainOptions o = options(2, 32, 40, "batch-norm");
+  o.check_replicas = true;
+  o.model.norm = Norm::kBatch;
+  o.eval = TrainOptions::Eval::kAuto;
+  const TrainResult r = train(o, [&](const EpochMetrics& m) { EXPECT_NE(m.replica_checksum, 0u); });
+  EXPECT_GT(r.test_acc_at_best_valid, 0.5);  // 7 classes
+}
+
 TEST(Workers, FullGraphWithSeveralWorkersIsAnInputError) {
   TrainOptions o = options(2, 32, 1, "full");
   o.full_graph = true;
