@@ -156,7 +156,8 @@ int run_train(const std::vector<std::string>& args) {
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
   bool tf32 = false, tune_gemm = false, stack_operands = false, no_match = false;
   std::string eval = "auto", feature_gpu, sampler = "auto", gpus, checkpoint_interval;
-  std::string edge_weights = "auto", neighbor_sampling = "uniform", norm = "none";
+  std::string edge_weights = "auto", neighbor_sampling = "uniform", norm = "none", lr_schedule = "constant";
+  float min_lr = 0.0f;
   int cpu_workers = 0;
   int layers = 2;
   int64_t hidden = 16, epochs = 200;
@@ -206,6 +207,10 @@ int run_train(const std::vector<std::string>& args) {
       ("gin-mlp-layers", po::value(&o.model.gin_mlp_layers), "GIN: 1 (Linear) or 2 (Linear-ReLU-Linear; the default)")
       ("gin-eps", po::value(&o.model.gin_eps), "GIN: weight (1 + eps) of a node's own features (default 0)")
       ("lr", po::value(&lr), "Adam learning rate (default 0.01, GAT 0.005)")
+      ("lr-schedule", po::value(&lr_schedule), "constant (default) | cosine (to --min-lr over --epochs) | step:N:F "
+                                               "(times F every N epochs) | plateau:P:F (times F once more than P epochs "
+                                               "in a row have not raised the best validation accuracy)")
+      ("min-lr", po::value(&min_lr), "the rate a schedule never goes below (default 0)")
       ("weight-decay", po::value(&o.weight_decay), "L2 weight decay (default 5e-4)")
       ("epochs", po::value(&epochs), "training epochs (default 200)")
       ("patience", po::value(&o.patience), "stop early once this many epochs in a row have not raised the best "
@@ -286,6 +291,11 @@ int run_train(const std::vector<std::string>& args) {
   if (vm.count("lr") && !(lr > 0 && std::isfinite(lr)))
     throw InputError("--lr: expected a positive, finite learning rate, found " + std::to_string(lr));
   o.lr = vm.count("lr") ? lr : (gat ? 0.005f : 0.01f);
+  o.lr_schedule = engine::parse_lr_schedule(lr_schedule);
+  if (!(min_lr >= 0.0f && min_lr <= o.lr))
+    throw InputError("--min-lr: expected a value from 0 to --lr (" + std::to_string(o.lr) + "), found " +
+                     std::to_string(min_lr));
+  o.lr_schedule.min_lr = min_lr;
   o.epochs = epochs;
   if (!fanouts.empty()) {
     if (full_graph) throw InputError("--fanouts and --full-graph: choose one");

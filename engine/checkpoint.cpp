@@ -66,6 +66,10 @@ void save_checkpoint(const std::filesystem::path& file, const CheckpointState& s
   header["test_acc_at_best_valid"] = state.test_acc_at_best_valid;
   header["best_epoch"] = state.best_epoch;
   header["improved_epoch"] = state.improved_epoch;
+  if (state.lr_reductions > 0) {
+    header["lr_reductions"] = state.lr_reductions;
+    header["lr_reduced_epoch"] = state.lr_reduced_epoch;
+  }
   header["config"] = state.config_json;
   nlohmann::json table = nlohmann::json::array();
   for (size_t i = 0; i < state.names.size(); ++i)
@@ -160,6 +164,9 @@ CheckpointState load_checkpoint(const std::filesystem::path& file) {
     s.test_acc_at_best_valid = header.at("test_acc_at_best_valid").get<double>();
     s.best_epoch = header.at("best_epoch").get<int64_t>();
     s.improved_epoch = header.value("improved_epoch", s.best_epoch);
+    s.lr_reductions = header.value("lr_reductions", int64_t{0});
+    s.lr_reduced_epoch = header.value("lr_reduced_epoch", int64_t{-1});
+    if (s.lr_reductions < 0) throw CorruptStoreError(where + "negative lr_reductions in the header");
     s.config_json = header.at("config").get<std::string>();
     std::vector<std::pair<int64_t, int64_t>> shapes;
     for (const auto& t : header.at("tensors")) {

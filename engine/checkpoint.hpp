@@ -34,6 +34,8 @@ struct CheckpointState {
   // The last epoch that raised best_valid_acc (early stopping counts from it); checkpoints written
   // before it was kept read best_epoch here.
   int64_t improved_epoch = -1;
+  // --lr-schedule plateau: its reductions so far and the epoch of the last; 0 and -1 otherwise.
+  int64_t lr_reductions = 0, lr_reduced_epoch = -1;
   std::string config_json;           // model config + store identity, checked on resume
   std::vector<std::string> names;    // parameter names, in model order
   std::vector<Tensor> params, adam_m, adam_v;

@@ -135,6 +135,8 @@ class Adam {
        float beta2 = 0.999f, float eps = 1e-8f);
   void step();
   int64_t steps() const { return step_; }
+  float lr() const { return lr_; }
+  void set_lr(float lr) { lr_ = lr; }
   // State for checkpoints: first and second moments, one pair per parameter in order.
   std::vector<Tensor>& first_moments() { return m_; }
   std::vector<Tensor>& second_moments() { return v_; }

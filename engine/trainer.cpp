@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -160,6 +161,52 @@ uint64_t parameter_checksum(Model& model) {
 
 }  // namespace
 
+LrSchedule parse_lr_schedule(const std::string& text) {
+  LrSchedule s;
+  s.text = text;
+  if (text == "constant") return s;
+  if (text == "cosine") {
+    s.kind = LrSchedule::Kind::kCosine;
+    return s;
+  }
+  const auto bad = [&] {
+    return InputError("--lr-schedule: expected constant, cosine, step:N:F or plateau:P:F (N, P whole epochs, F in "
+                      "(0, 1)), found '" + text + "'");
+  };
+  const size_t first = text.find(':'), second = text.find(':', first == std::string::npos ? first : first + 1);
+  if (first == std::string::npos || second == std::string::npos) throw bad();
+  const std::string kind = text.substr(0, first);
+  if (kind == "step") s.kind = LrSchedule::Kind::kStep;
+  else if (kind == "plateau") s.kind = LrSchedule::Kind::kPlateau;
+  else throw bad();
+  const std::string n = text.substr(first + 1, second - first - 1), f = text.substr(second + 1);
+  size_t used = 0;
+  try {
+    s.epochs = std::stoll(n, &used);
+    if (used != n.size()) throw bad();
+    s.factor = std::stof(f, &used);
+    if (used != f.size()) throw bad();
+  } catch (const std::logic_error&) {
+    throw bad();
+  }
+  if (s.epochs < (s.kind == LrSchedule::Kind::kStep ? 1 : 0) || !(s.factor > 0.0f && s.factor < 1.0f)) throw bad();
+  return s;
+}
+
+double scheduled_lr(const LrSchedule& s, double lr, int64_t epoch, int64_t epochs, int64_t reductions) {
+  double rate = lr;
+  switch (s.kind) {
+    case LrSchedule::Kind::kConstant: break;
+    case LrSchedule::Kind::kCosine:
+      rate = s.min_lr + (lr - s.min_lr) * 0.5 *
+                            (1.0 + std::cos(std::acos(-1.0) * static_cast<double>(epoch) / static_cast<double>(std::max<int64_t>(epochs, 1))));
+      break;
+    case LrSchedule::Kind::kStep: rate = lr * std::pow(static_cast<double>(s.factor), static_cast<double>(epoch / s.epochs)); break;
+    case LrSchedule::Kind::kPlateau: rate = lr * std::pow(static_cast<double>(s.factor), static_cast<double>(reductions)); break;
+  }
+  return std::max<double>(rate, s.min_lr);
+}
+
 bool uses_edge_weights(TrainOptions::EdgeWeights choice, const storage::Store& store, const std::string& model) {
   const bool weighted = store.weights() != nullptr;
   switch (choice) {
@@ -199,6 +246,12 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
   if (opt.patience < 0) throw InputError("--patience: expected 0 (off) or more epochs, found " + std::to_string(opt.patience));
   if (opt.patience > 0 && opt.eval == TrainOptions::Eval::kNone)
     throw InputError("--patience: stops when the validation accuracy stops rising, and --eval none measures none");
+  if (opt.lr_schedule.kind == LrSchedule::Kind::kPlateau && opt.eval == TrainOptions::Eval::kNone)
+    throw InputError("--lr-schedule plateau: lowers the rate when the validation accuracy stops rising, and --eval none "
+                     "measures none");
+  if (!(opt.lr_schedule.min_lr >= 0.0f && opt.lr_schedule.min_lr <= opt.lr))
+    throw InputError("--min-lr: expected a value from 0 to --lr (" + std::to_string(opt.lr) + "), found " +
+                     std::to_string(opt.lr_schedule.min_lr));
   if (opt.lr <= 0) throw InputError("--lr: expected a positive learning rate");
   if (opt.model.layers < 1) throw InputError("--layers: expected at least 1");
   if (opt.model.hidden < 1) throw InputError("--hidden: expected at least 1");
@@ -256,6 +309,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     // each one's worker count and a fingerprint of its options and store with rank 0's.
     const std::string mine = identity_json(opt, store) + "|" + std::to_string(opt.epochs) + "|" +
                              std::to_string(opt.patience) + "|" + std::to_string(opt.lr) + "|" +
+                             opt.lr_schedule.text + "|" + std::to_string(opt.lr_schedule.min_lr) + "|" +
                              std::to_string(store.has_partition());
     const uint64_t fields[2] = {static_cast<uint64_t>(workers), XXH64(mine.data(), mine.size(), 0)};
     const std::vector<uint8_t> all = procs.all_gather(fields, sizeof fields, "comparing the processes' options");
@@ -368,6 +422,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     result.test_acc_at_best_valid = s.test_acc_at_best_valid;
     result.best_epoch = s.best_epoch;
     result.improved_epoch = s.improved_epoch;
+    result.lr_reductions = s.lr_reductions;
+    result.lr_reduced_epoch = s.lr_reduced_epoch;
     start_epoch = s.epoch + 1;
     resume_batch = s.batches_done;
     resume_loss_sums = s.partial_loss_sums;
@@ -396,6 +452,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     s.test_acc_at_best_valid = result.test_acc_at_best_valid;
     s.best_epoch = result.best_epoch;
     s.improved_epoch = result.improved_epoch;
+    s.lr_reductions = result.lr_reductions;
+    s.lr_reduced_epoch = result.lr_reduced_epoch;
     s.config_json = identity;
     auto params = model.parameters();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -755,6 +813,8 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     EpochMetrics m;
     m.epoch = epoch;
     m.epochs = opt.epochs;
+    m.lr = scheduled_lr(opt.lr_schedule, opt.lr, epoch, opt.epochs, result.lr_reductions);
+    for (Replica& r : replicas) r.adam->set_lr(static_cast<float>(m.lr));
     const uint64_t epoch_key = kernels::derive_key(opt.seed, static_cast<uint64_t>(epoch));
     const int64_t first_batch = epoch == start_epoch ? resume_batch : 0;
     int stop_signal = 0;  // agreed by every worker after a mini-batch epoch with several of them
@@ -919,6 +979,15 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     // Ties go to the later epoch, as in PyG's reference script (`va >= best_val`).
     const double select = valid_ids.empty() ? m.train_acc : m.valid_acc;
     if (select > result.best_valid_acc) result.improved_epoch = epoch;
+    // Every process evaluates its own replica; rank 0's bookkeeping holds for all, so that a
+    // last-bit difference in another's accuracy cannot set its rate or its stop apart.
+    if (procs.distributed() && (opt.patience > 0 || opt.lr_schedule.kind == LrSchedule::Kind::kPlateau))
+      procs.broadcast(&result.improved_epoch, sizeof result.improved_epoch, "agreeing on the best epoch");
+    if (opt.lr_schedule.kind == LrSchedule::Kind::kPlateau &&
+        epoch - std::max(result.improved_epoch, result.lr_reduced_epoch) > opt.lr_schedule.epochs) {
+      ++result.lr_reductions;
+      result.lr_reduced_epoch = epoch;
+    }
     if (select >= result.best_valid_acc) {
       result.best_valid_acc = select;
       result.test_acc_at_best_valid = m.test_acc;
@@ -929,7 +998,10 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
     if (!opt.checkpoint_dir.empty() && lead_process) save(ckpt_dir / "latest.ckpt", epoch);
 
     if (metrics.is_open()) {
-      nlohmann::json j = {{"epoch", epoch},          {"loss", m.loss},         {"train_acc", acc(m.train_acc)},
+      char lr_text[32];  // the rate is a float: its 7 significant digits, not a double's 17
+      std::snprintf(lr_text, sizeof lr_text, "%.7g", m.lr);
+      nlohmann::json j = {{"epoch", epoch},          {"loss", m.loss},         {"lr", std::strtod(lr_text, nullptr)},
+                          {"train_acc", acc(m.train_acc)},
                           {"valid_acc", acc(m.valid_acc)}, {"test_acc", acc(m.test_acc)}, {"epoch_s", m.epoch_s},
                           {"sample_s", m.sample_s},   {"io_s", m.io_s},           {"compute_s", m.compute_s},
                           {"wait_s", m.wait_s},
@@ -978,13 +1050,7 @@ TrainResult train(const TrainOptions& opt_in, const EpochCallback& on_epoch) {
       writer.wait();
       return result;
     }
-    if (epoch + 1 < opt.epochs && opt.patience > 0) {
-      // Every process evaluates its own replica; rank 0's decision holds for all, so a last-bit
-      // difference in another's accuracy cannot leave it training alone.
-      uint8_t stop = patience_spent(epoch) ? 1 : 0;
-      if (procs.distributed()) procs.broadcast(&stop, 1, "agreeing on early stopping");
-      result.stopped_early = stop != 0;
-    }
+    if (epoch + 1 < opt.epochs && patience_spent(epoch)) result.stopped_early = true;
   }
 
   if (metrics.is_open()) {

@@ -22,6 +22,28 @@
 
 namespace gale::engine {
 
+// How the learning rate moves over the epochs (--lr-schedule), as torch.optim.lr_scheduler's
+// schedulers stepped once an epoch:
+//   constant;
+//   cosine: CosineAnnealingLR over the run's epochs, from lr at epoch 0 towards min_lr;
+//   step:N:F: StepLR, times F every N epochs;
+//   plateau:P:F: ReduceLROnPlateau on the validation accuracy (mode max), times F once more than P
+//     epochs in a row have not raised it above its best (a tie is no rise), then counting anew.
+// The rate never goes below min_lr (--min-lr).
+struct LrSchedule {
+  enum class Kind { kConstant, kCosine, kStep, kPlateau };
+  Kind kind = Kind::kConstant;
+  int64_t epochs = 0;    // kStep: N; kPlateau: P
+  float factor = 1.0f;   // kStep, kPlateau: F in (0, 1)
+  float min_lr = 0.0f;
+  std::string text = "constant";  // as given
+};
+// Parses the --lr-schedule spelling above; InputError naming --lr-schedule.
+LrSchedule parse_lr_schedule(const std::string& text);
+// The rate of `epoch` (0-based) of a run of `epochs` epochs that starts at `lr`; for kPlateau after
+// `reductions` reductions so far.
+double scheduled_lr(const LrSchedule& s, double lr, int64_t epoch, int64_t epochs, int64_t reductions);
+
 struct TrainOptions {
   std::string store;
   ModelConfig model;                // in_dim / out_dim are taken from the store
@@ -34,6 +56,7 @@ struct TrainOptions {
   // best so far; a tie does not count as a rise. 0: off. Needs an evaluation (not Eval::kNone).
   int64_t patience = 0;
   float lr = 0.01f;
+  LrSchedule lr_schedule;
   float weight_decay = 5e-4f;
   uint64_t seed = 0;
   bool deterministic = false;       // pin thread counts for bit-identical reruns anywhere
@@ -115,6 +138,7 @@ struct EpochMetrics {
   int64_t epochs = 0;               // total planned
   double loss = 0;
   double train_acc = 0, valid_acc = 0, test_acc = 0;
+  double lr = 0;                    // the learning rate the epoch trained with
   double epoch_s = 0;               // wall time of training + evaluation
   double sample_s = 0;              // mini-batch: sampling, summed over the batches (overlapped)
   // Mini-batch on a GPU with its sampler: GPU time of assembling the batches on the IO stream
@@ -150,6 +174,8 @@ struct TrainResult {
   int64_t best_epoch = -1;
   // The last epoch that raised the best accuracy (a tie moves best_epoch, not this).
   int64_t improved_epoch = -1;
+  // LrSchedule::kPlateau: the reductions so far and the epoch of the last (-1: none).
+  int64_t lr_reductions = 0, lr_reduced_epoch = -1;
   int64_t epochs_run = 0;           // in this invocation (completed epochs)
   int64_t epochs_done = 0;          // by the run, resumed ones included
   // The store has no validation split: the best epoch (and early stopping) went by training accuracy.

@@ -790,6 +790,58 @@ TEST_F(Cli, PatienceStopsOnceTheValidationAccuracyStopsRising) {
   EXPECT_EQ(rows.back()["stopped_early"], false);
 }
 
+// --lr-schedule: each epoch's rate is in the metrics; cosine follows CosineAnnealingLR over the run;
+// plateau halves the rate once more than P epochs in a row have not raised the best validation
+// accuracy, and a run stopped and resumed goes on with its reductions, bit for bit.
+TEST_F(Cli, LearningRateSchedulesFollowTorchsSchedulers) {
+  const std::string store = sbm_store();
+  const std::string common = "train " + store + " -q --device cpu --model gcn --hidden 16 --deterministic";
+  const CliRun cosine = gale(common + " --epochs 20 --lr 0.02 --min-lr 0.002 --lr-schedule cosine --metrics " + path("c.jsonl"));
+  ASSERT_EQ(cosine.code, 0) << cosine.out;
+  std::vector<nlohmann::json> rows = metric_rows(path("c.jsonl"));
+  ASSERT_EQ(rows.size(), 21u);
+  for (int e = 0; e < 20; ++e) {
+    const double want = 0.002 + (0.02 - 0.002) * 0.5 * (1 + std::cos(std::acos(-1.0) * e / 20));
+    EXPECT_NEAR(rows[e]["lr"].get<double>(), want, 1e-6 * want) << "epoch " << e;
+  }
+  const CliRun step = gale(common + " --epochs 7 --lr-schedule step:3:0.1 --metrics " + path("s.jsonl"));
+  ASSERT_EQ(step.code, 0) << step.out;
+  rows = metric_rows(path("s.jsonl"));
+  for (int e = 0; e < 7; ++e)
+    EXPECT_NEAR(rows[e]["lr"].get<double>(), 0.01 * std::pow(0.1, e / 3), 1e-9) << "epoch " << e;
+
+  const std::string plateau = common + " --lr-schedule plateau:2:0.5 --lr 0.05";
+  const CliRun straight = gale(plateau + " --epochs 60 --metrics " + path("p.jsonl") + " --checkpoint-dir " + path("a"));
+  ASSERT_EQ(straight.code, 0) << straight.out;
+  rows = metric_rows(path("p.jsonl"));
+  ASSERT_EQ(rows.size(), 61u);
+  double best = -1, rate = 0.05;
+  int64_t rose = -1, reduced = -1, reductions = 0;
+  for (int e = 0; e < 60; ++e) {
+    EXPECT_NEAR(rows[e]["lr"].get<double>(), rate, 1e-6 * rate) << "epoch " << e;
+    const double v = rows[e]["valid_acc"].get<double>();
+    if (v > best) best = v, rose = e;
+    if (e - std::max(rose, reduced) > 2) rate *= 0.5, reduced = e, ++reductions;
+  }
+  EXPECT_GE(reductions, 2);  // the schedule did act
+  const CliRun first = gale(plateau + " --epochs 30 --checkpoint-dir " + path("b"));
+  ASSERT_EQ(first.code, 0) << first.out;
+  const CliRun resumed = gale(plateau + " --epochs 60 --resume --checkpoint-dir " + path("b"));
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(resumed.out, straight.out);
+  EXPECT_TRUE(slurp(path("a/latest.ckpt")) == slurp(path("b/latest.ckpt"))) << "final checkpoints differ";
+
+  for (const std::string& bad : {std::string("--lr-schedule linear"), std::string("--lr-schedule step:0:0.5"),
+                                 std::string("--lr-schedule plateau:5:1.5"), std::string("--lr-schedule step:3"),
+                                 std::string("--lr-schedule plateau:3:0.5 --eval none"),
+                                 std::string("--min-lr 0.5"), std::string("--min-lr -1")}) {
+    const CliRun r = gale("train " + store + " -q --device cpu --epochs 2 " + bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+    EXPECT_NE(r.out.find(bad.substr(0, bad.find(' '))), std::string::npos) << r.out;
+  }
+}
+
 TEST_F(Cli, PatienceFlagsAreNamed) {
   const std::string store = sbm_store();
   for (const std::string& bad : {std::string("--patience -1"), std::string("--patience 5 --eval none"),
