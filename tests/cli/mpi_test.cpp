@@ -242,6 +242,26 @@ TEST_F(Mpi, ResumeContinuesTheSameRun) {
 }
 #endif
 
+// Early stopping and a plateau schedule under mpirun: rank 0's last rise of the validation accuracy
+// holds for every process, so they lower the rate and stop after the same epoch (a process left
+// training alone would hang the run), with batch normalisation's per-replica statistics too.
+TEST_F(Mpi, EarlyStoppingAndPlateauScheduleAgreeAcrossProcesses) {
+  const std::string metrics = path("m.jsonl");
+  Launch run("-np 2 " + train(workers(1) + " --epochs 300 --patience 4 --lr-schedule plateau:1:0.5 --norm batch --metrics " +
+                              metrics),
+             dir_ / "log");
+  ASSERT_EQ(run.wait(std::chrono::seconds(180)), 0) << run.output();
+  std::ifstream in(metrics);
+  nlohmann::json last;
+  for (std::string line; std::getline(in, line);) last = nlohmann::json::parse(line);
+  EXPECT_EQ(last["stopped_early"], true) << last.dump();
+  EXPECT_LT(last["epochs_trained"].get<int64_t>(), 300);
+  const auto all = epochs(metrics);
+  EXPECT_LT(all.back()["lr"].get<double>(), 0.01);  // lowered at least once
+  const std::string out = run.output();
+  EXPECT_NE(out.find("stopped early after epoch"), std::string::npos) << out;
+}
+
 // `gale bench pipeline` under mpirun: rank 0 reports the run's epochs once.
 TEST_F(Mpi, BenchPipelineReportsOnceForTheRun) {
   Launch run("-np 2 " + kGale + " bench pipeline " + store_ + " " + workers(1) +
