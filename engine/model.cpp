@@ -194,16 +194,17 @@ void Model::backward(Tensor grad_logits, const GradHook& on_layer_grads) {
       if (config_.activation != Activation::kMaxK) g_sums = Tensor();  // the sums of g before this backward
       if (config_.activation == Activation::kElu) {
         ops::elu_backward(g, s.activated, &g);
-      } else if (config_.activation == Activation::kRelu) {
-        if (layers_[l]->takes_output_grad_sums() && norms_.empty())
-          g_sums = Tensor::empty(1, g.cols(), DType::kF32, g.device());
+      } else if (config_.activation == Activation::kRelu && norms_.empty()) {
+        if (layers_[l]->takes_output_grad_sums()) g_sums = Tensor::empty(1, g.cols(), DType::kF32, g.device());
         ops::relu_backward_mask(g, s.relu_mask, &g, g_sums.defined() ? &g_sums : nullptr);
       }
-      s.activated = s.relu_mask = Tensor();  // released as soon as it has served, to bound peak memory
       if (!norms_.empty()) {
-        g = norms_[l]->backward(std::move(g));
+        // ReLU's backward rides in the normalisation's passes.
+        const bool relu = config_.activation == Activation::kRelu;
+        g = norms_[l]->backward(std::move(g), relu ? &s.relu_mask : nullptr);
         g_sums = Tensor();  // they summed the gradient of the normalisation's output
       }
+      s.activated = s.relu_mask = Tensor();  // released as soon as it has served, to bound peak memory
     }
     if (g_sums.defined()) layers_[l]->give_output_grad_sums(std::move(g_sums));
     // The gradient is handed over, so the layer frees it as soon as it is done with it.

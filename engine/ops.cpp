@@ -297,21 +297,28 @@ void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& var, fl
 }
 
 void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& var, float eps,
-                         const Tensor& gamma, Tensor* grad_gamma, Tensor* grad_beta, Tensor* grad_x) {
+                         const Tensor& gamma, const Tensor* relu_mask, Tensor* grad_gamma, Tensor* grad_beta,
+                         Tensor* grad_x) {
   check_norm_columns(x, {&mean, &var, &gamma, grad_gamma, grad_beta}, "batch_norm_backward");
   same_shape(x, grad_out, "batch_norm_backward");
   same_shape(x, *grad_x, "batch_norm_backward");
   same_device(x, grad_out, "batch_norm_backward");
   same_device(x, *grad_x, "batch_norm_backward");
   GALE_ASSERT(x.rows() >= 1);
-  const OpTimer timer(OpKind::kOther, x.device(), "batch_norm_backward");
+  const uint32_t* bits = nullptr;
+  if (relu_mask != nullptr) {
+    same_device(x, *relu_mask, "batch_norm_backward");
+    GALE_ASSERT(relu_mask->rows() == x.rows() && relu_mask->cols() == kernels::relu_mask_words(x.cols()));
+    bits = relu_mask->data<uint32_t>();
+  }
+  const OpTimer timer(OpKind::kOther, x.device(), bits != nullptr ? "batch_norm_relu_backward" : "batch_norm_backward");
   if (x.device().is_cpu())
-    return kernels::batch_norm_backward(grad_out.view(), x.view(), mean.f32(), var.f32(), eps, gamma.f32(),
+    return kernels::batch_norm_backward(grad_out.view(), x.view(), mean.f32(), var.f32(), eps, gamma.f32(), bits,
                                         grad_gamma->f32(), grad_beta->f32(), grad_x->view());
 #if GALE_WITH_CUDA
   size_t bytes = 0;
   Tensor ws = norm_workspace(x, &bytes);
-  kernels::batch_norm_backward_cuda(grad_out.view(), x.view(), mean.f32(), var.f32(), eps, gamma.f32(),
+  kernels::batch_norm_backward_cuda(grad_out.view(), x.view(), mean.f32(), var.f32(), eps, gamma.f32(), bits,
                                     grad_gamma->f32(), grad_beta->f32(), grad_x->view(), ws.data<unsigned char>(),
                                     bytes, stream(x));
 #else

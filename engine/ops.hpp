@@ -134,13 +134,15 @@ void elu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in);
 // Batch normalisation over x's rows, one mean and variance per column (kernels/dense.hpp): the
 // batch's statistics (mean and biased var, 1 x cols each; x has at least one row); y (may alias x)
 // = (x - mean) / sqrt(var + eps) * gamma + beta with given statistics, then ReLU when relu; the backward through the
-// batch's own statistics, accumulating gamma's and beta's gradients (grad_x may alias grad_out);
+// batch's own statistics, accumulating gamma's and beta's gradients (grad_x may alias grad_out;
+// with relu_mask, relu_mask's bits of the normalised output, ReLU's backward first, in its passes);
 // and the running statistics' update from a batch of `rows` rows.
 void batch_norm_stats(const Tensor& x, Tensor* mean, Tensor* var);
 void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& var, float eps, const Tensor& gamma,
                       const Tensor& beta, bool relu, Tensor* y);
 void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& var, float eps,
-                         const Tensor& gamma, Tensor* grad_gamma, Tensor* grad_beta, Tensor* grad_x);
+                         const Tensor& gamma, const Tensor* relu_mask, Tensor* grad_gamma, Tensor* grad_beta,
+                         Tensor* grad_x);
 void batch_norm_update_running(const Tensor& mean, const Tensor& var, int64_t rows, float momentum,
                                Tensor* running_mean, Tensor* running_var);
 void dropout(const Tensor& x, Tensor* out, float p, uint64_t key);

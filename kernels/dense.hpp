@@ -64,8 +64,11 @@ void batch_norm_apply(ConstMatrixView x, const float* mean, const float* var, fl
 // invstd = 1 / sqrt(var + eps) and xhat = (x - mean) * invstd per column, sum_g = sum_r grad_out and
 // sum_gx = sum_r grad_out * xhat (double, then float): grad_gamma += sum_gx, grad_beta += sum_g,
 // grad_x = gamma * invstd / rows * (rows * grad_out - sum_g - xhat * sum_gx). grad_x may alias grad_out.
+// With relu_bits (relu_mask's layout, of the normalised output's ReLU), grad_out is first taken
+// through ReLU's backward: zero where the bit is clear, in the same passes.
 void batch_norm_backward(ConstMatrixView grad_out, ConstMatrixView x, const float* mean, const float* var, float eps,
-                         const float* gamma, float* grad_gamma, float* grad_beta, MatrixView grad_x);
+                         const float* gamma, const uint32_t* relu_bits, float* grad_gamma, float* grad_beta,
+                         MatrixView grad_x);
 // running = (1 - momentum) * running + momentum * batch for `cols` columns; the variance enters
 // unbiased (times rows / (rows - 1); as it is for one row), as torch does.
 void batch_norm_update_running(const float* mean, const float* var, int64_t rows, float momentum, float* running_mean,
@@ -182,8 +185,9 @@ void batch_norm_apply_cuda(ConstMatrixView x, const float* mean, const float* va
                            const float* beta, bool relu, MatrixView y, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream);
 void batch_norm_backward_cuda(ConstMatrixView grad_out, ConstMatrixView x, const float* mean, const float* var,
-                              float eps, const float* gamma, float* grad_gamma, float* grad_beta, MatrixView grad_x,
-                              void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                              float eps, const float* gamma, const uint32_t* relu_bits, float* grad_gamma,
+                              float* grad_beta, MatrixView grad_x, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream);
 void batch_norm_update_running_cuda(const float* mean, const float* var, int64_t rows, float momentum,
                                     float* running_mean, float* running_var, int64_t cols, cudaStream_t stream);
 void elu_forward_cuda(ConstMatrixView x, MatrixView out, cudaStream_t stream);

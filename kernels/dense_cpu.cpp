@@ -118,15 +118,21 @@ void batch_norm_apply(ConstMatrixView x, const float* mean, const float* var, fl
 }
 
 void batch_norm_backward(ConstMatrixView grad_out, ConstMatrixView x, const float* mean, const float* var, float eps,
-                         const float* gamma, float* grad_gamma, float* grad_beta, MatrixView grad_x) {
+                         const float* gamma, const uint32_t* relu_bits, float* grad_gamma, float* grad_beta,
+                         MatrixView grad_x) {
   const int64_t cols = x.cols;
+  const int64_t words = relu_mask_words(cols);
+  // grad_out through ReLU's backward when a mask is given.
+  const auto g_at = [&](int64_t r, int64_t c) {
+    return relu_bits == nullptr || (relu_bits[r * words + c / 32] >> (c % 32)) & 1u ? grad_out.row(r)[c] : 0.0f;
+  };
   std::vector<float> invstd(static_cast<size_t>(cols)), sum_g(static_cast<size_t>(cols)), sum_gx(static_cast<size_t>(cols));
   for (int64_t c = 0; c < cols; ++c) invstd[c] = 1.0f / std::sqrt(var[c] + eps);
   std::vector<double> sums(static_cast<size_t>(cols));
-  column_sums_of(x.rows, cols, [&](int64_t r, int64_t c) { return grad_out.row(r)[c]; }, sums.data());
+  column_sums_of(x.rows, cols, [&](int64_t r, int64_t c) { return g_at(r, c); }, sums.data());
   for (int64_t c = 0; c < cols; ++c) sum_g[c] = static_cast<float>(sums[c]);
   column_sums_of(x.rows, cols, [&](int64_t r, int64_t c) {
-    return grad_out.row(r)[c] * ((x.row(r)[c] - mean[c]) * invstd[c]);
+    return g_at(r, c) * ((x.row(r)[c] - mean[c]) * invstd[c]);
   }, sums.data());
   for (int64_t c = 0; c < cols; ++c) sum_gx[c] = static_cast<float>(sums[c]);
   for (int64_t c = 0; c < cols; ++c) {
@@ -135,12 +141,11 @@ void batch_norm_backward(ConstMatrixView grad_out, ConstMatrixView x, const floa
   }
   const float n = static_cast<float>(x.rows);
   for_rows(x.rows, cols, [&](int64_t r) {
-    const float* g = grad_out.row(r);
     const float* in = x.row(r);
     float* out = grad_x.row(r);
     for (int64_t c = 0; c < cols; ++c) {
       const float xhat = (in[c] - mean[c]) * invstd[c];
-      out[c] = gamma[c] * invstd[c] / n * (n * g[c] - sum_g[c] - xhat * sum_gx[c]);
+      out[c] = gamma[c] * invstd[c] / n * (n * g_at(r, c) - sum_g[c] - xhat * sum_gx[c]);
     }
   });
 }

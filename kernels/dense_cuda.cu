@@ -1046,12 +1046,19 @@ struct MeanAndVariance {
 };
 
 // grad_out and grad_out * xhat, summed for beta's and gamma's gradients.
+// grad_out through ReLU's backward when relu_bits is given (relu_mask's layout, `words` a row).
+__device__ __forceinline__ bool relu_kept(const uint32_t* bits, int64_t words, int64_t r, int64_t c) {
+  return bits == nullptr || ((bits[r * words + c / 32] >> (c % 32)) & 1u);
+}
+
 struct GradAndGradXhat {
   ConstMatrixView grad_out, x;
   const float* mean;
   const float* invstd;
+  const uint32_t* relu_bits;
+  int64_t words;
   __device__ Vals<2> load(int64_t r, int64_t c) const {
-    const float g = grad_out.data[r * grad_out.ld + c];
+    const float g = relu_kept(relu_bits, words, r, c) ? grad_out.data[r * grad_out.ld + c] : 0.0f;
     const float xhat = __fmul_rn(__fsub_rn(x.data[r * x.ld + c], mean[c]), invstd[c]);
     return {{g, __fmul_rn(g, xhat)}};
   }
@@ -1106,6 +1113,8 @@ struct BnBackward {
   const float* gamma;
   const float* sum_g;
   const float* sum_gx;
+  const uint32_t* relu_bits;
+  int64_t words;
   float n;
   template <int V>
   __device__ void apply(int64_t r, int64_t c) const {
@@ -1114,8 +1123,9 @@ struct BnBackward {
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       const int64_t k = c + i;
+      const float gk = relu_kept(relu_bits, words, r, k) ? g.v[i] : 0.0f;
       const float xhat = __fmul_rn(__fsub_rn(v.v[i], mean[k]), invstd[k]);
-      const float inner = __fsub_rn(__fsub_rn(__fmul_rn(n, g.v[i]), sum_g[k]), __fmul_rn(xhat, sum_gx[k]));
+      const float inner = __fsub_rn(__fsub_rn(__fmul_rn(n, gk), sum_g[k]), __fmul_rn(xhat, sum_gx[k]));
       v.v[i] = __fmul_rn(__fdiv_rn(__fmul_rn(gamma[k], invstd[k]), n), inner);
     }
     store<V>(at(grad_x, r, c), v);
@@ -1173,8 +1183,9 @@ void batch_norm_apply_cuda(ConstMatrixView x, const float* mean, const float* va
 }
 
 void batch_norm_backward_cuda(ConstMatrixView grad_out, ConstMatrixView x, const float* mean, const float* var,
-                              float eps, const float* gamma, float* grad_gamma, float* grad_beta, MatrixView grad_x,
-                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                              float eps, const float* gamma, const uint32_t* relu_bits, float* grad_gamma,
+                              float* grad_beta, MatrixView grad_x, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream) {
   if (x.cols == 0) return;
   require_bn_workspace(x.rows, x.cols, workspace_bytes, "batch_norm_backward_cuda");
   float* invstd = bn_columns(workspace, x.rows, x.cols, 0);
@@ -1182,13 +1193,16 @@ void batch_norm_backward_cuda(ConstMatrixView grad_out, ConstMatrixView x, const
   float* sum_gx = bn_columns(workspace, x.rows, x.cols, 2);
   bn_scale_kernel<<<blocks_for(x.cols), kThreads, 0, stream>>>(var, nullptr, eps, x.cols, invstd);
   check_launch();
-  column_sums<2>(x.rows, x.cols, GradAndGradXhat{grad_out, x, mean, invstd},
+  const int64_t words = relu_mask_words(x.cols);
+  column_sums<2>(x.rows, x.cols, GradAndGradXhat{grad_out, x, mean, invstd, relu_bits, words},
                  ParameterGradients{sum_g, sum_gx, grad_gamma, grad_beta}, workspace, workspace_bytes,
                  "batch_norm_backward_cuda", stream);
   const bool vec4 = float4_rows(grad_out.data, grad_out.ld) && float4_rows(x.data, x.ld) &&
                     float4_rows(grad_x.data, grad_x.ld);
   launch_map(x.rows, x.cols, vec4,
-             BnBackward{grad_out, x, grad_x, mean, invstd, gamma, sum_g, sum_gx, static_cast<float>(x.rows)}, stream);
+             BnBackward{grad_out, x, grad_x, mean, invstd, gamma, sum_g, sum_gx, relu_bits, words,
+                        static_cast<float>(x.rows)},
+             stream);
 }
 
 void batch_norm_update_running_cuda(const float* mean, const float* var, int64_t rows, float momentum,

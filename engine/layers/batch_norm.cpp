@@ -44,9 +44,9 @@ Tensor BatchNorm::forward(Tensor x, bool training, bool relu) {
   return y;
 }
 
-Tensor BatchNorm::backward(Tensor grad) {
+Tensor BatchNorm::backward(Tensor grad, const Tensor* relu_mask) {
   GALE_ASSERT(input_.defined() && grad.rows() == input_.rows() && grad.cols() == input_.cols());
-  ops::batch_norm_backward(grad, input_, mean_, var_, kEps, gamma_.value, &gamma_.grad, &beta_.grad, &grad);
+  ops::batch_norm_backward(grad, input_, mean_, var_, kEps, gamma_.value, relu_mask, &gamma_.grad, &beta_.grad, &grad);
   input_ = mean_ = var_ = Tensor();
   return grad;
 }

@@ -39,9 +39,10 @@ class BatchNorm {
   // inference; in training a new tensor, x and the batch's statistics kept for backward, and the
   // running statistics updated.
   Tensor forward(Tensor x, bool training, bool relu);
-  // d(loss)/d(normalised output) -> d(loss)/d(input), in place (ReLU's backward is the caller's);
-  // accumulates gamma's and beta's gradients.
-  Tensor backward(Tensor grad);
+  // d(loss)/d(output) -> d(loss)/d(input), in place; accumulates gamma's and beta's gradients. With
+  // relu_mask (ops::relu_mask of the output, when forward applied ReLU) grad is the gradient of the
+  // output after ReLU, taken through ReLU's backward in the same passes.
+  Tensor backward(Tensor grad, const Tensor* relu_mask = nullptr);
   std::vector<Parameter*> parameters() { return {&gamma_, &beta_}; }
   std::vector<Buffer*> buffers() { return {&running_mean_, &running_var_}; }
 
