@@ -11,8 +11,9 @@
 #                                      with 1, 2, ... GPUs (MG_GPUS="1 2 4"): seeds per second and speedup
 #   scripts/gpu-checks.sh DIST mpi     the mpirun tests on GPUs, then the multigpu R-MAT runs (MG_GPUS) and
 #                                      MG_PROCS="2 4" processes of one GPU each under mpirun
-#   scripts/gpu-checks.sh DIST sbm-mg  accuracy on the 1M-node SBM (one part per GPU) with 1 GPU at N GPUs'
-#                                      global batch, N GPUs in one process, N processes (SBM_EPOCHS, SBM_SEEDS)
+#   scripts/gpu-checks.sh DIST sbm-mg  accuracy on the 1M-node SBM (one part per GPU) at one global batch
+#                                      (1024 x N GPUs): 1 GPU, G GPUs of one process for each G in SBM_GPUS
+#                                      (default N), N processes (SBM_EPOCHS, SBM_SEEDS)
 #   scripts/gpu-checks.sh DIST scale25 R-MAT scale 25 (33M nodes, 1B entries, 17 GB of 128-d features)
 #                                      generated, then mini-batch SAGE under a 10 GB GPU budget
 # Each prints a short summary table last. Logs go to $OUT (or /tmp) when set.
@@ -216,15 +217,24 @@ sbm-mg)
     --partitions $(nvidia-smi -L | wc -l) \
     -o /tmp/sbm-mg.gale --force > "$logs/sbm-mg-gen.log" 2>&1 || { tail -3 "$logs/sbm-mg-gen.log"; exit 1; }
   summary+=("generated and partitioned in $((SECONDS - start)) s")
-  common=(/tmp/sbm-mg.gale --model sage --layers 2 --hidden 128 --fanouts 10,10 --batch-size 1024
+  common=(/tmp/sbm-mg.gale --model sage --layers 2 --hidden 128 --fanouts 10,10
           --epochs ${SBM_EPOCHS:-10} -q --check-replicas)
-  # 1 GPU with the global batch of N GPUs (the same steps), N GPUs in one process, N processes.
+  # One global batch (1024 x N GPUs: the same steps) for every layout: 1 GPU, G GPUs of one process
+  # for each G in SBM_GPUS (default N), N processes of one GPU each.
   n=$(nvidia-smi -L | wc -l)
+  global=$((1024 * n))
   for seed in ${SBM_SEEDS:-1}; do
-    run_suite "sbm-1gpu-s$seed" gale train "${common[@]}" --seed $seed --device cuda --batch-size $((1024 * n))
-    run_suite "sbm-${n}gpu-s$seed" gale train "${common[@]}" --seed $seed --gpus all
-    run_suite "sbm-${n}proc-s$seed" mpirun -np $n --bind-to none gale train "${common[@]}" --seed $seed --gpus all
-    for c in 1gpu ${n}gpu ${n}proc; do summary+=("sbm $c seed $seed: $(tail -1 "$logs/sbm-$c-s$seed.log")"); done
+    run_suite "sbm-1gpu-s$seed" gale train "${common[@]}" --seed $seed --device cuda --batch-size $global
+    layouts=(1gpu)
+    for g in ${SBM_GPUS:-$n}; do
+      run_suite "sbm-${g}gpu-s$seed" gale train "${common[@]}" --seed $seed --gpus "$(seq -s, 0 $((g - 1)))" \
+        --batch-size $((global / g))
+      layouts+=(${g}gpu)
+    done
+    run_suite "sbm-${n}proc-s$seed" mpirun -np $n --bind-to none gale train "${common[@]}" --seed $seed --gpus all \
+      --batch-size 1024
+    layouts+=(${n}proc)
+    for c in "${layouts[@]}"; do summary+=("sbm $c seed $seed: $(tail -1 "$logs/sbm-$c-s$seed.log")"); done
   done
   ;;
 scale25)

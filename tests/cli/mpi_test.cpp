@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -107,6 +108,25 @@ constexpr bool kGpus = false;
 class Mpi : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+#if GALE_MPI_TEST_GPUS
+    // The tests pair 2 processes of 1 GPU with 1 process of 2 GPUs: on a host of more GPUs the
+    // runs see the first two (`--gpus all`), and a test that needs more passes them with -x.
+    all_gpus_ = engine::gpu_count();  // counted before the variable narrows what children see
+    std::string visible = std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "";
+    if (visible.empty())
+      for (int g = 0; g < all_gpus_; ++g) visible += (g ? "," : "") + std::to_string(g);
+    first_gpus_ = [visible](int n) {
+      std::string out;
+      size_t at = 0;
+      for (int i = 0; i < n && at != std::string::npos; ++i) {
+        const size_t comma = visible.find(',', at);
+        out += (i ? "," : "") + visible.substr(at, comma == std::string::npos ? comma : comma - at);
+        at = comma == std::string::npos ? comma : comma + 1;
+      }
+      return out;
+    };
+    if (all_gpus_ > 2) ::setenv("CUDA_VISIBLE_DEVICES", first_gpus_(2).c_str(), 1);
+#endif
     // Open MPI refuses to start as root (CI's containers) without these.
     ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
@@ -115,7 +135,7 @@ class Mpi : public ::testing::Test {
   }
   void SetUp() override {
 #if GALE_MPI_TEST_GPUS
-    if (engine::gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+    if (all_gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs";
 #endif
     dir_ = fs::temp_directory_path() / ("gale-mpi-" + std::to_string(::getpid()) + "-" +
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -186,6 +206,8 @@ class Mpi : public ::testing::Test {
 
   fs::path dir_;
   std::string store_;
+  static inline int all_gpus_ = 0;  // the GPUs this test process saw before narrowing its children's view
+  static inline std::function<std::string(int)> first_gpus_;  // the first n of them, as CUDA_VISIBLE_DEVICES
 };
 
 TEST_F(Mpi, TwoProcessesEndWhereTwoWorkersOfOneProcessEnd) {
@@ -281,10 +303,14 @@ TEST_F(Mpi, BenchPipelineReportsOnceForTheRun) {
 
 TEST_F(Mpi, TwoProcessesOfTwoWorkersKeepIdenticalReplicas) {
 #if GALE_MPI_TEST_GPUS
-  if (engine::gpu_count() < 4) GTEST_SKIP() << "needs 4 GPUs";
+  if (all_gpus_ < 4) GTEST_SKIP() << "needs 4 GPUs";
+  const std::string gpus = "-x CUDA_VISIBLE_DEVICES=" + first_gpus_(4) + " ";
+#else
+  const std::string gpus;
 #endif
   const std::string metrics = path("m.jsonl");
-  Launch run("-np 2 " + train(workers(2) + " --threads 1 --check-replicas --epochs 2 --metrics " + metrics), dir_ / "log");
+  Launch run(gpus + "-np 2 " + train(workers(2) + (kGpus ? "" : " --threads 1") + " --check-replicas --epochs 2 --metrics " + metrics),
+             dir_ / "log");
   ASSERT_EQ(run.wait(std::chrono::seconds(120)), 0) << run.output();
   const auto e = epochs(metrics);
   ASSERT_EQ(e.size(), 2u);

@@ -90,9 +90,12 @@ TrainOptions deterministic_options() {
   return o;
 }
 
-// The flag seen after step 1 goes into step 2's NCCL sums and is read two steps later: both GPUs
-// train steps 0-4 of the epoch, checkpoint there, and the resumed run ends where a straight one
-// ends (checkpoint bytes, loss, metrics lines).
+// The flag is raised after GPU 0's step 1. GPU 0 votes it in step 2's NCCL sums; GPU 1's host may
+// lag GPU 0's by up to the vote lag (the sums wait on the device, not the host), so it may see the
+// flag one or two steps earlier and vote it in step 1 or 0 (seen on 4 H200s). Whichever step s
+// carries it, both read the same sums two steps later and train steps 0 to s + 2 (3 to 5 of the
+// epoch's 9), checkpoint there, and the resumed run ends where a straight one ends (checkpoint
+// bytes, loss, metrics lines).
 TEST_F(MultiGpu, TwoGpusStopInsideAnEpochTogetherAndResumeExactly) {
   const TrainResult s = testing::check_stop_and_resume(
       deterministic_options(), "gpu-stop", [](TrainOptions& first, std::atomic<int>& stop) {
@@ -101,7 +104,8 @@ TEST_F(MultiGpu, TwoGpusStopInsideAnEpochTogetherAndResumeExactly) {
         };
       });
   EXPECT_EQ(s.stopped_epoch, 1);
-  EXPECT_EQ(s.stopped_batches, 5);
+  EXPECT_GE(s.stopped_batches, 3);
+  EXPECT_LE(s.stopped_batches, 5);
   EXPECT_EQ(s.stopped_of, 9);
   EXPECT_EQ(s.epochs_run, 1);
 }
