@@ -75,7 +75,7 @@ struct Group : WorkerGroup {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::shared_ptr<Group> group, int local, const Device& device)
-      : group_(std::move(group)), local_(local), device_(device), stream_(device.ordinal), ready_(device.ordinal),
+      : group_(std::move(group)), local_(local), device_(device), stream_(device.ordinal, compute_priority()), ready_(device.ordinal),
         done_(device.ordinal) {}
   int rank() const override { return group_->world_rank(local_); }
   int size() const override { return group_->world_size(); }

@@ -31,6 +31,11 @@ Registry& registry() {
 
 }  // namespace
 
+kernels::cuda::Stream::Priority compute_priority() {
+  static const bool equal = std::getenv("GALE_EQUAL_STREAMS") != nullptr;
+  return equal ? kernels::cuda::Stream::Priority::kNormal : kernels::cuda::Stream::Priority::kHigh;
+}
+
 DeviceContext::DeviceContext(int ordinal, uint64_t budget, const std::string& budget_text) : device_(ordinal) {
   kernels::cuda::require_device(ordinal);
   // GALE_SYNC=block|yield: how a host thread waits for the device (CUDA's default spins while
@@ -44,7 +49,11 @@ DeviceContext::DeviceContext(int ordinal, uint64_t budget, const std::string& bu
     }
   }
   pool_ = std::make_unique<kernels::cuda::MemoryPool>(ordinal, budget, budget_text);
-  stream_ = std::make_unique<kernels::cuda::Stream>(ordinal);
+  // The training step's stream goes first where its kernels and the sampler's or the feature
+  // loads' wait for the same SMs: they run ahead of the step (prefetch), the step is the critical
+  // path, and with several GPUs every step waits for the slowest one's gradients.
+  // GALE_EQUAL_STREAMS=1 gives every stream one priority, for measuring what this buys.
+  stream_ = std::make_unique<kernels::cuda::Stream>(ordinal, compute_priority());
   io_stream_ = std::make_unique<kernels::cuda::Stream>(ordinal);
   // A training step allocates and frees about a hundred tensors on these two streams: kept blocks
   // spare the driver's allocator calls, which worker threads of several GPUs contend for.

@@ -52,4 +52,8 @@ class DeviceContext {
   std::unique_ptr<kernels::cuda::Event> io_done_;
 };
 
+// The priority of the streams on a training step's critical path (the compute stream, the
+// gradient sums' stream): high, unless GALE_EQUAL_STREAMS is set.
+kernels::cuda::Stream::Priority compute_priority();
+
 }  // namespace gale::engine

@@ -70,9 +70,11 @@ DeviceGuard::~DeviceGuard() {
 
 // --- Stream --------------------------------------------------------------------------------------
 
-Stream::Stream(int device) : device_(device) {
+Stream::Stream(int device, Priority priority) : device_(device) {
   DeviceGuard guard(device);  // a stream belongs to the device current at its creation
-  GALE_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  int least = 0, greatest = 0;
+  if (priority == Priority::kHigh) GALE_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  GALE_CHECK_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority == Priority::kHigh ? greatest : least));
 }
 
 Stream::~Stream() { reset(); }

@@ -63,7 +63,10 @@ class Event;
 // libraries may use, so Gale's copies and kernels overlap with theirs.
 class Stream {
  public:
-  explicit Stream(int device);
+  // kHigh: the device's greatest priority, whose waiting blocks the scheduler starts before those
+  // of normal streams (running blocks are never preempted).
+  enum class Priority { kNormal, kHigh };
+  explicit Stream(int device, Priority priority = Priority::kNormal);
   ~Stream();
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&& other) noexcept;

@@ -275,6 +275,35 @@ TEST_F(GpuRuntime, EventsTimeStreamWorkAndOrderOtherStreams) {
   EXPECT_TRUE(end.ready());
 }
 
+// A high-priority stream (the training step's) gets the device's greatest priority, a normal one
+// (the sampler's, the feature loads') the default, and work on both still completes in order.
+TEST_F(GpuRuntime, HighPriorityStreamsTakeTheDevicesGreatestPriority) {
+  int least = 0, greatest = 0;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  Stream high(0, Stream::Priority::kHigh), normal(0);
+  int p_high = 1, p_normal = 1;
+  ASSERT_EQ(cudaStreamGetPriority(high, &p_high), cudaSuccess);
+  ASSERT_EQ(cudaStreamGetPriority(normal, &p_normal), cudaSuccess);
+  EXPECT_EQ(p_high, greatest);
+  EXPECT_EQ(p_normal, least);
+  EXPECT_LT(greatest, least);  // numerically lower is more urgent; Hopper has several levels
+
+  MemoryPool pool(0);
+  constexpr size_t kCount = size_t{1} << 20;
+  DeviceBuffer<float> x(pool, kCount, normal);
+  fill(x.data(), kCount, 1.0f, normal);
+  Event filled(0);
+  filled.record(normal);
+  high.wait(filled);
+  fill(x.data() + kCount / 2, kCount / 2, 2.0f, high);
+  std::vector<float> back(kCount);
+  copy_to_host(back.data(), x.data(), kCount, high);
+  high.synchronize();
+  EXPECT_EQ(back[kCount / 2 - 1], 1.0f);
+  EXPECT_EQ(back[kCount / 2], 2.0f);
+  EXPECT_EQ(back.back(), 2.0f);
+}
+
 TEST_F(GpuRuntime, CublasWorkspaceIsChargedToThePool) {
   MemoryPool pool(0);
   Stream stream(0);
