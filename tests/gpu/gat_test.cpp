@@ -34,6 +34,7 @@ using cuda::DeviceBuffer;
 using cuda::MemoryPool;
 using cuda::Stream;
 using gale::testing::expect_close;
+using gale::testing::expect_close_to_sum;
 using testing::uniform;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -91,6 +92,10 @@ struct Problem {
   std::vector<float> el, er, z, grad_out;
   // CPU results.
   std::vector<float> alpha, alpha_self, out, grad_z, grad_el, grad_er;
+  // The scale of each gradient sum's rounding, however much its terms cancel: grad_z's sums over
+  // their terms' absolute values (the backward of |grad_out|; the coefficients are not negative),
+  // and bounds of grad_el's and grad_er's (below).
+  std::vector<float> grad_z_magnitude, grad_el_magnitude, grad_er_magnitude;
 
   int64_t width() const { return s.heads * s.f; }
 
@@ -108,6 +113,44 @@ struct Problem {
     gat_backward_cpu(g.csr(), g.csc(), g.csc_edge.data(), s, el.data(), er.data(), alpha.data(), alpha_self.data(),
                      p, key, {z.data(), g.cols, D, z_ld}, matrix(grad_out.data(), g.rows, D),
                      matrix(grad_z.data(), g.cols, D), grad_el.data(), grad_er.data());
+    std::vector<float> abs_grad_out(grad_out.size()), unused_el(grad_el.size()), unused_er(grad_er.size());
+    for (size_t i = 0; i < grad_out.size(); ++i) abs_grad_out[i] = std::fabs(grad_out[i]);
+    grad_z_magnitude.assign(grad_z.size(), kNaN);
+    gat_backward_cpu(g.csr(), g.csc(), g.csc_edge.data(), s, el.data(), er.data(), alpha.data(), alpha_self.data(),
+                     p, key, {z.data(), g.cols, D, z_ld}, matrix(abs_grad_out.data(), g.rows, D),
+                     matrix(grad_z_magnitude.data(), g.cols, D), unused_el.data(), unused_er.data());
+    score_gradient_magnitudes();
+  }
+
+  // An entry's score gradient is alpha * (ga - w) (times LeakyReLU's slope, at most 1), with ga
+  // the dot product of grad_out's and z's rows through dropout and w the row's alpha-weighted sum
+  // of them; both may cancel. Its scale: alpha * (A + W), A = sum_k |grad_out_k z_k| / (1 - p) (every
+  // entry kept, a bound) and W = the row's alpha-weighted sum of A. grad_er sums a row's, grad_el a
+  // source's (its self loop included).
+  void score_gradient_magnitudes() {
+    const int64_t H = s.heads, F = s.f;
+    const float keep_scale = 1.0f / (1.0f - p);
+    grad_el_magnitude.assign(static_cast<size_t>(g.cols * H), 0.0f);
+    grad_er_magnitude.assign(static_cast<size_t>(g.rows * H), 0.0f);
+    auto a_of = [&](int64_t i, int64_t j, int64_t h) {
+      float d = 0.0f;
+      for (int64_t k = 0; k < F; ++k) d += std::fabs(grad_out[i * width() + h * F + k] * z[j * z_ld + h * F + k]);
+      return d * keep_scale;
+    };
+    for (int64_t i = 0; i < g.rows; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const float a_self = a_of(i, i, h);
+        float w = alpha_self[i * H + h] * a_self;
+        for (int64_t e = g.indptr[i]; e < g.indptr[i + 1]; ++e) w += alpha[e * H + h] * a_of(i, g.indices[e], h);
+        const float t_self = alpha_self[i * H + h] * (a_self + w);
+        grad_er_magnitude[i * H + h] += t_self;
+        grad_el_magnitude[i * H + h] += t_self;
+        for (int64_t e = g.indptr[i]; e < g.indptr[i + 1]; ++e) {
+          const float t = alpha[e * H + h] * (a_of(i, g.indices[e], h) + w);
+          grad_er_magnitude[i * H + h] += t;
+          grad_el_magnitude[g.indices[e] * H + h] += t;
+        }
+      }
   }
 };
 
@@ -194,9 +237,9 @@ class GatCudaTest : public gale::testing::CudaFixture<> {
                       alpha_self.data(), pr.p, pr.key, {d.z.data(), pr.g.cols, D, pr.z_ld},
                       {d.grad_out.data(), pr.g.rows, D, D}, {grad_z.data(), pr.g.cols, D, D}, grad_el.data(),
                       grad_er.data(), workspace.data(), ws_bytes, *stream_);
-    expect_close(download(grad_z), pr.grad_z, 1e-3f, "grad_z");
-    expect_close(download(grad_el), pr.grad_el, 1e-3f, "grad_el");
-    expect_close(download(grad_er), pr.grad_er, 1e-3f, "grad_er");
+    expect_close_to_sum(download(grad_z), pr.grad_z, pr.grad_z_magnitude, 1e-3f, "grad_z");
+    expect_close_to_sum(download(grad_el), pr.grad_el, pr.grad_el_magnitude, 1e-3f, "grad_el");
+    expect_close_to_sum(download(grad_er), pr.grad_er, pr.grad_er_magnitude, 1e-3f, "grad_er");
   }
 };
 
