@@ -72,9 +72,13 @@ DeviceGuard::~DeviceGuard() {
 
 Stream::Stream(int device, Priority priority) : device_(device) {
   DeviceGuard guard(device);  // a stream belongs to the device current at its creation
+  if (priority == Priority::kNormal) {
+    GALE_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    return;
+  }
   int least = 0, greatest = 0;
-  if (priority == Priority::kHigh) GALE_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  GALE_CHECK_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority == Priority::kHigh ? greatest : least));
+  GALE_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  GALE_CHECK_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
 }
 
 Stream::~Stream() { reset(); }

@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -112,20 +111,12 @@ class Mpi : public ::testing::Test {
     // The tests pair 2 processes of 1 GPU with 1 process of 2 GPUs: on a host of more GPUs the
     // runs see the first two (`--gpus all`), and a test that needs more passes them with -x.
     all_gpus_ = engine::gpu_count();  // counted before the variable narrows what children see
-    std::string visible = std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "";
-    if (visible.empty())
-      for (int g = 0; g < all_gpus_; ++g) visible += (g ? "," : "") + std::to_string(g);
-    first_gpus_ = [visible](int n) {
-      std::string out;
-      size_t at = 0;
-      for (int i = 0; i < n && at != std::string::npos; ++i) {
-        const size_t comma = visible.find(',', at);
-        out += (i ? "," : "") + visible.substr(at, comma == std::string::npos ? comma : comma - at);
-        at = comma == std::string::npos ? comma : comma + 1;
-      }
-      return out;
-    };
-    if (all_gpus_ > 2) ::setenv("CUDA_VISIBLE_DEVICES", first_gpus_(2).c_str(), 1);
+    const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
+    std::stringstream visible(env != nullptr ? env : "");
+    for (std::string id; std::getline(visible, id, ',');) gpu_ids_.push_back(id);
+    if (gpu_ids_.empty())
+      for (int g = 0; g < all_gpus_; ++g) gpu_ids_.push_back(std::to_string(g));
+    if (all_gpus_ > 2) ::setenv("CUDA_VISIBLE_DEVICES", first_gpus(2).c_str(), 1);
 #endif
     // Open MPI refuses to start as root (CI's containers) without these.
     ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
@@ -206,8 +197,14 @@ class Mpi : public ::testing::Test {
 
   fs::path dir_;
   std::string store_;
+  // The first n of the GPUs this test process saw, as CUDA_VISIBLE_DEVICES lists them.
+  static std::string first_gpus(int n) {
+    std::string out;
+    for (size_t i = 0; i < gpu_ids_.size() && static_cast<int>(i) < n; ++i) out += (i ? "," : "") + gpu_ids_[i];
+    return out;
+  }
   static inline int all_gpus_ = 0;  // the GPUs this test process saw before narrowing its children's view
-  static inline std::function<std::string(int)> first_gpus_;  // the first n of them, as CUDA_VISIBLE_DEVICES
+  static inline std::vector<std::string> gpu_ids_;
 };
 
 TEST_F(Mpi, TwoProcessesEndWhereTwoWorkersOfOneProcessEnd) {
@@ -304,7 +301,7 @@ TEST_F(Mpi, BenchPipelineReportsOnceForTheRun) {
 TEST_F(Mpi, TwoProcessesOfTwoWorkersKeepIdenticalReplicas) {
 #if GALE_MPI_TEST_GPUS
   if (all_gpus_ < 4) GTEST_SKIP() << "needs 4 GPUs";
-  const std::string gpus = "-x CUDA_VISIBLE_DEVICES=" + first_gpus_(4) + " ";
+  const std::string gpus = "-x CUDA_VISIBLE_DEVICES=" + first_gpus(4) + " ";
 #else
   const std::string gpus;
 #endif

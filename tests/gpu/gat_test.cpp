@@ -137,18 +137,24 @@ struct Problem {
       for (int64_t k = 0; k < F; ++k) d += std::fabs(grad_out[i * width() + h * F + k] * z[j * z_ld + h * F + k]);
       return d * keep_scale;
     };
+    std::vector<float> a;  // a row's A per entry
     for (int64_t i = 0; i < g.rows; ++i)
       for (int64_t h = 0; h < H; ++h) {
+        const int64_t b = g.indptr[i], n = g.indptr[i + 1] - b;
         const float a_self = a_of(i, i, h);
         float w = alpha_self[i * H + h] * a_self;
-        for (int64_t e = g.indptr[i]; e < g.indptr[i + 1]; ++e) w += alpha[e * H + h] * a_of(i, g.indices[e], h);
+        a.resize(static_cast<size_t>(n));
+        for (int64_t k = 0; k < n; ++k) {
+          a[k] = a_of(i, g.indices[b + k], h);
+          w += alpha[(b + k) * H + h] * a[k];
+        }
         const float t_self = alpha_self[i * H + h] * (a_self + w);
         grad_er_magnitude[i * H + h] += t_self;
         grad_el_magnitude[i * H + h] += t_self;
-        for (int64_t e = g.indptr[i]; e < g.indptr[i + 1]; ++e) {
-          const float t = alpha[e * H + h] * (a_of(i, g.indices[e], h) + w);
+        for (int64_t k = 0; k < n; ++k) {
+          const float t = alpha[(b + k) * H + h] * (a[k] + w);
           grad_er_magnitude[i * H + h] += t;
-          grad_el_magnitude[g.indices[e] * H + h] += t;
+          grad_el_magnitude[g.indices[b + k] * H + h] += t;
         }
       }
   }
