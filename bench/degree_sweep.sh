@@ -54,6 +54,9 @@ for g in graphs:
     spmm = [r for r in rows(f"{out}/{g}.spmm") if r.get("kernel") == "gar"]
     maxk = {r["kernel"]: r for r in rows(f"{out}/{g}.maxk") if r.get("k") == int(k)}
     relu, mk = rows(f"{out}/{g}.relu")[-1], rows(f"{out}/{g}.maxk-train")[-1]
+    for r in (relu, mk):
+        if "error" in r:
+            sys.exit(f"degree_sweep.sh: graph {g}, {r['activation']} epoch: {r['error']} ({r.get('detail', '')})")
     if header is None:
         print(f"device: {spmm[0]['device']}")
         widths = " ".join(f"{'gar@' + str(r['width']):>8}" for r in spmm)
