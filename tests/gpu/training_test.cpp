@@ -352,11 +352,16 @@ class GpuCora : public ::testing::Test {
 TrainOptions pyg_options(const std::string& model) { return testing::pyg_options(model, Device::cuda(0)); }
 using testing::mean_test_accuracy;
 
-// The CPU thresholds of tests/training/cora_accuracy_test.cpp.
-TEST_F(GpuCora, GcnReachesPyg) { EXPECT_GE(mean_test_accuracy(pyg_options("gcn"), 5), 0.80); }
-TEST_F(GpuCora, SageReachesPyg) { EXPECT_GE(mean_test_accuracy(pyg_options("sage"), 5), 0.79); }
-TEST_F(GpuCora, GinReachesPyg) { EXPECT_GE(mean_test_accuracy(pyg_options("gin"), 5), 0.75); }
-TEST_F(GpuCora, GatReachesPyg) { EXPECT_GE(mean_test_accuracy(pyg_options("gat"), 5), 0.80); }
+// The CPU thresholds of tests/training/cora_accuracy_test.cpp; the mean is printed for the record.
+void expect_mean_accuracy_at_least(const std::string& model, double threshold) {
+  const double acc = mean_test_accuracy(pyg_options(model), 5);
+  std::printf("  gpu %s: mean test accuracy %.4f (5 seeds)\n", model.c_str(), acc);
+  EXPECT_GE(acc, threshold) << model;
+}
+TEST_F(GpuCora, GcnReachesPyg) { expect_mean_accuracy_at_least("gcn", 0.80); }
+TEST_F(GpuCora, SageReachesPyg) { expect_mean_accuracy_at_least("sage", 0.79); }
+TEST_F(GpuCora, GinReachesPyg) { expect_mean_accuracy_at_least("gin", 0.75); }
+TEST_F(GpuCora, GatReachesPyg) { expect_mean_accuracy_at_least("gat", 0.80); }
 // tests/training/cora_accuracy_test.cpp's bound against PyG with BatchNorm1d (GCN 0.747 at hidden
 // 16, 0.794 at hidden 256: bench/pyg_accuracy.py --norm batch, 5 seeds, H100).
 TEST_F(GpuCora, GcnWithBatchNormMatchesPyg) {
