@@ -1,4 +1,4 @@
-// `gale info STORE [--verify]`.
+// `gale info STORE [--verify] [--add-page-sums]`.
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
@@ -14,21 +14,31 @@ namespace po = boost::program_options;
 int run_info(const std::vector<std::string>& args) {
   std::string path;
   bool verify = false;
-  po::options_description desc("usage: gale info STORE [--verify]\n\noptions");
+  bool add_sums = false;
+  po::options_description desc("usage: gale info STORE [--verify] [--add-page-sums]\n\noptions");
   desc.add_options()
       ("help,h", "show this help")
-      ("verify", po::bool_switch(&verify), "check every file's xxHash64 against the manifest")
+      ("verify", po::bool_switch(&verify), "check every file's xxHash64 and every page sum against the manifest")
+      ("add-page-sums", po::bool_switch(&add_sums),
+       "give a store written before page sums its per-page checksums (pages/), in place")
       ("store", po::value(&path), "store directory");
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
   if (!parse_command_line(args, desc, pos, &vm)) return 0;
   if (path.empty()) throw InputError("info: expected a STORE path");
+  if (add_sums) {
+    const size_t files = storage::add_page_sums(path);
+    if (files == 0) std::printf("page sums: %s already has them; nothing to do\n", path.c_str());
+    else std::printf("page sums: added for %zu files\n", files);
+  }
   const storage::Store store = storage::Store::open(path);
   std::fputs(storage::describe_store(store).c_str(), stdout);
   if (verify) {
-    store.verify();
-    std::printf("verify: all %zu files match their xxHash64\n", store.manifest().files.size());
+    const uint64_t pages = store.verify();
+    std::printf("verify: all %zu files match their xxHash64", store.manifest().files.size());
+    if (store.has_page_sums()) std::printf(", all %llu pages their page sums\n", static_cast<unsigned long long>(pages));
+    else std::printf(" (no page sums: gale info --add-page-sums adds them)\n");
   }
   return 0;
 }

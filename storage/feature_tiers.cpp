@@ -36,6 +36,7 @@ FeatureTiers::FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, 
     : num_nodes_(store.num_nodes()), dim_(store.feature_dim()) {
   if (!store.has_features()) throw InputError(store.path().string() + ": the store has no features.npy");
   const uint64_t row_bytes = static_cast<uint64_t>(dim_) * sizeof(float);
+  store.check_feature_pages(0, num_nodes_);  // every row is read below (to the GPU, or to pinned memory)
   counters_ = kernels::cuda::DeviceBuffer<int64_t>(pool, kernels::kFeatureTiers, stream);
   GALE_CHECK_CUDA(cudaMemsetAsync(counters_.data(), 0, counters_.bytes(), stream));
   if (gpu_bytes >= row_bytes * static_cast<uint64_t>(num_nodes_)) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "kernels/error.hpp"
+#include "storage/page_sums.hpp"
 #include "storage/text_reader.hpp"
 
 namespace gale::storage {
@@ -92,7 +94,7 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + ")";
 }
 
-NpyHeader read_npy_header(const std::string& path) {
+NpyHeader read_npy_header(const std::string& path, bool page_sums) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open: " + std::strerror(errno));
   char magic[8];
@@ -126,7 +128,9 @@ NpyHeader read_npy_header(const std::string& path) {
   NpyHeader h;
   h.data_offset = prefix + header_len;
   h.descr = dict_value(dict, "descr", path);
-  if (!dtype_of(h.descr, &h.dtype)) {
+  if (page_sums && h.descr == kPageSumsDescr) {
+    h.dtype = DType::kI32;
+  } else if (!dtype_of(h.descr, &h.dtype)) {
     const std::string hint = !h.descr.empty() && h.descr[0] == '>' ? "; convert with arr.astype(arr.dtype.newbyteorder('<'))" : "";
     throw InputError(path + ": expected a little-endian <f4, <f2, <f8, <i4, <i8, |u1 or <u2 (bf16) array, found dtype '" +
                      h.descr + "'" + hint);
@@ -162,6 +166,10 @@ struct NpyWriter::Impl {
   std::string path;
   int fd = -1;
   XXH64_state_t* hash = nullptr;
+  XXH32_state_t* page_hash = nullptr;  // the page being filled, when it is not yet whole
+  size_t page_fill = 0;                // bytes of the current page hashed so far
+  std::vector<uint32_t> page_sums;     // not yet sent to sums_sink (all of them without one)
+  NpyWriter* sums_sink = nullptr;
   uint64_t expected = 0;   // data bytes
   uint64_t written = 0;
   uint64_t size = 0;
@@ -187,8 +195,38 @@ struct NpyWriter::Impl {
     write_all(buffer.data(), buffer.size());
     buffer.clear();
   }
+  // Sums are sent once 1024 of them (4 MiB of file) are waiting: the sink's buffer makes the
+  // 4 KiB writes free, and memory stays flat however large the array (a single write() of many
+  // pages adds at most its own size / 1024).
+  static constexpr size_t kSumsBatch = 1024;
+  void send_sums() {
+    if (sums_sink == nullptr || page_sums.empty()) return;
+    sums_sink->write(page_sums.data(), page_sums.size() * sizeof(uint32_t));
+    page_sums.clear();
+  }
+  // Feeds the page sums: whole pages in one XXH32 call each, a partial page through the state.
+  void sum_pages(const char* p, size_t n) {
+    if (sums_sink != nullptr && page_sums.size() >= kSumsBatch) send_sums();
+    if (page_fill > 0) {
+      const size_t take = std::min(n, kPageSumPage - page_fill);
+      XXH32_update(page_hash, p, take);
+      page_fill += take;
+      p += take;
+      n -= take;
+      if (page_fill < kPageSumPage) return;
+      page_sums.push_back(XXH32_digest(page_hash));
+      page_fill = 0;
+    }
+    for (; n >= kPageSumPage; p += kPageSumPage, n -= kPageSumPage) page_sums.push_back(page_sum(p, kPageSumPage));
+    if (n > 0) {
+      XXH32_reset(page_hash, 0);
+      XXH32_update(page_hash, p, n);
+      page_fill = n;
+    }
+  }
   void put(const void* data, size_t bytes) {
     XXH64_update(hash, data, bytes);
+    sum_pages(static_cast<const char*>(data), bytes);
     size += bytes;
     if (buffer.size() + bytes < kBufferBytes) {
       buffer.append(static_cast<const char*>(data), bytes);
@@ -202,7 +240,11 @@ struct NpyWriter::Impl {
   }
 };
 
-NpyWriter::NpyWriter(const std::string& path, DType stored, std::vector<int64_t> shape) : impl_(new Impl) {
+NpyWriter::NpyWriter(const std::string& path, DType stored, std::vector<int64_t> shape)
+    : NpyWriter(path, descr_of(stored), dtype_size(stored), std::move(shape)) {}
+
+NpyWriter::NpyWriter(const std::string& path, const std::string& descr, size_t item_size, std::vector<int64_t> shape)
+    : impl_(new Impl) {
   impl_->path = path;
   impl_->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (impl_->fd < 0) {
@@ -211,10 +253,13 @@ NpyWriter::NpyWriter(const std::string& path, DType stored, std::vector<int64_t>
     throw_io(path, "cannot create", err);
   }
   impl_->hash = XXH64_createState();
-  if (impl_->hash == nullptr) {
+  impl_->page_hash = XXH32_createState();
+  if (impl_->hash == nullptr || impl_->page_hash == nullptr) {
     ::close(impl_->fd);
+    if (impl_->hash) XXH64_freeState(impl_->hash);
+    if (impl_->page_hash) XXH32_freeState(impl_->page_hash);
     delete impl_;
-    throw ResourceError(path + ": out of memory for the xxHash64 state");
+    throw ResourceError(path + ": out of memory for the xxHash states");
   }
   XXH64_reset(impl_->hash, 0);
   uint64_t count = 1;
@@ -225,10 +270,10 @@ NpyWriter::NpyWriter(const std::string& path, DType stored, std::vector<int64_t>
     if (shape.size() == 1 || i + 1 < shape.size()) dims += ",";
     if (i + 1 < shape.size()) dims += " ";
   }
-  impl_->expected = count * dtype_size(stored);
+  impl_->expected = count * item_size;
   // v1.0 header: magic, version, little-endian u16 length, dict padded with spaces and '\n' so the
   // data begins exactly at kNpyDataAlignment.
-  std::string dict = "{'descr': '" + descr_of(stored) + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
   const size_t header_len = kNpyDataAlignment - 10;
   GALE_ASSERT(dict.size() < header_len);
   dict.resize(header_len - 1, ' ');
@@ -245,6 +290,7 @@ NpyWriter::NpyWriter(const std::string& path, DType stored, std::vector<int64_t>
 NpyWriter::~NpyWriter() {
   if (impl_->fd >= 0) ::close(impl_->fd);
   if (impl_->hash) XXH64_freeState(impl_->hash);
+  if (impl_->page_hash) XXH32_freeState(impl_->page_hash);
   delete impl_;
 }
 
@@ -267,10 +313,19 @@ void NpyWriter::finish() {
   impl_->fd = -1;   // closed even when close() reports an error; never retried
   if (::close(fd) != 0) throw_io(impl_->path, "close failed", errno);
   impl_->digest = XXH64_digest(impl_->hash);
+  if (impl_->page_fill > 0) impl_->page_sums.push_back(XXH32_digest(impl_->page_hash));  // the short last page
+  impl_->page_fill = 0;
+  impl_->send_sums();
   impl_->finished = true;
 }
 
 uint64_t NpyWriter::file_size() const { return impl_->size; }
 uint64_t NpyWriter::xxh64() const { return impl_->digest; }
+const std::vector<uint32_t>& NpyWriter::page_sums() const { return impl_->page_sums; }
+
+void NpyWriter::send_page_sums_to(NpyWriter* sums) {
+  GALE_ASSERT(!impl_->finished && impl_->sums_sink == nullptr);
+  impl_->sums_sink = sums;
+}
 
 }  // namespace gale::storage

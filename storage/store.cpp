@@ -35,9 +35,9 @@ struct Misfits {
   int64_t count = 0;
 };
 template <typename Ok>
-Misfits find_misfits(int64_t count, const Ok& ok) {
+Misfits find_misfits(int64_t count, const Ok& ok, int64_t grain = int64_t{1} << 16) {
   return tbb::parallel_reduce(
-      tbb::blocked_range<int64_t>(0, count, int64_t{1} << 16), Misfits{},
+      tbb::blocked_range<int64_t>(0, count, grain), Misfits{},
       [&](const tbb::blocked_range<int64_t>& r, Misfits m) {
         for (int64_t i = r.begin(); i < r.end(); ++i) {
           if (ok(i)) continue;
@@ -125,7 +125,59 @@ bool is_hex64(const std::string& s) {
   return s.size() == 16 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
+// The first page of pages [first, last) of `bytes` (a whole file of `size` bytes) whose sum is
+// not sums[page], or -1; in parallel.
+int64_t first_bad_page(const char* bytes, uint64_t size, const uint32_t* sums, uint64_t first, uint64_t last) {
+  // 64 pages (256 KiB) a task: enough work to hide the scheduling, small enough to spread a
+  // few-MiB file over every core.
+  const Misfits bad = find_misfits(
+      static_cast<int64_t>(last - first),
+      [&](int64_t i) {
+        const uint64_t p = first + static_cast<uint64_t>(i);
+        const uint64_t begin = p * kPageSumPage;
+        return page_sum(bytes + begin, std::min<uint64_t>(kPageSumPage, size - begin)) == sums[p];
+      },
+      64);
+  return bad.first < 0 ? -1 : static_cast<int64_t>(first) + bad.first;
+}
+
+[[noreturn]] void throw_bad_page(const fs::path& file, int64_t page) {
+  throw CorruptStoreError(file.string() + ": page checksum mismatch at byte offset " +
+                          std::to_string(static_cast<uint64_t>(page) * kPageSumPage) + " (page " + std::to_string(page) +
+                          "): the store is corrupt; run gale info --verify");
+}
+
+// One sequential read of a whole file: its size, its xxHash64 and, when `sums` is given, the sum
+// of each page. Throws CorruptStoreError when the file cannot be opened.
+struct FileHashes {
+  uint64_t size = 0;
+  std::string xxh64;
+};
+FileHashes hash_file(const fs::path& file, std::vector<char>* buf, std::vector<uint32_t>* sums) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw CorruptStoreError(file.string() + ": missing (listed in the manifest)");
+  GALE_ASSERT(buf->size() % kPageSumPage == 0);   // so every read but the last is whole pages
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  FileHashes h;
+  if (sums) sums->clear();
+  while (in) {
+    in.read(buf->data(), static_cast<std::streamsize>(buf->size()));
+    const auto got = static_cast<size_t>(in.gcount());
+    if (got == 0) break;
+    XXH64_update(st, buf->data(), got);
+    for (size_t at = 0; sums && at < got; at += kPageSumPage)
+      sums->push_back(page_sum(buf->data() + at, std::min(kPageSumPage, got - at)));
+    h.size += got;
+  }
+  h.xxh64 = hex64(XXH64_digest(st));
+  XXH64_freeState(st);
+  return h;
+}
+
 }  // namespace
+
+bool is_page_sums_path(const std::string& rel) { return rel.rfind("pages/", 0) == 0; }
 
 std::string manifest_to_json(const Manifest& m) {
   nlohmann::json j;
@@ -141,6 +193,8 @@ std::string manifest_to_json(const Manifest& m) {
   // Only partitioned stores carry the key, so stores without partition.npy keep their bytes.
   if (m.num_partitions > 0) j["partition_method"] = m.partition_method;
   j["relabelled"] = m.relabelled;
+  // Only stores with page sums carry the key, so a store written before them keeps its bytes.
+  if (m.page_size != 0) j["page_size"] = m.page_size;
   nlohmann::json files = nlohmann::json::object();
   for (const auto& [path, e] : m.files)
     files[path] = {{"dtype", e.dtype}, {"shape", e.shape}, {"size", e.size}, {"xxh64", e.xxh64}};
@@ -165,9 +219,9 @@ Manifest manifest_from_json(const std::string& text, const std::string& source) 
     }
   };
   get("format_version", &m.format_version);
-  if (m.format_version != kStoreFormatVersion)
-    throw CorruptStoreError(source + ": format version " + std::to_string(m.format_version) + ", this Gale reads version " +
-                            std::to_string(kStoreFormatVersion));
+  if (m.format_version < kOldestStoreFormatVersion || m.format_version > kStoreFormatVersion)
+    throw CorruptStoreError(source + ": format version " + std::to_string(m.format_version) + ", this Gale reads versions " +
+                            std::to_string(kOldestStoreFormatVersion) + " to " + std::to_string(kStoreFormatVersion));
   get("num_nodes", &m.num_nodes);
   get("num_edges", &m.num_edges);
   get("weighted", &m.weighted);
@@ -178,6 +232,16 @@ Manifest manifest_from_json(const std::string& text, const std::string& source) 
   get("num_partitions", &m.num_partitions);
   get("relabelled", &m.relabelled);
   if (j.contains("partition_method")) get("partition_method", &m.partition_method);
+  if (j.contains("page_size")) {
+    get("page_size", &m.page_size);
+    if (!j["page_size"].is_number_integer() || m.page_size != kPageSumPage)
+      throw CorruptStoreError(source + ": expected page_size " + std::to_string(kPageSumPage) + " (or no key), found " +
+                              j["page_size"].dump());
+  }
+  // Version 2 is version 1 with page sums: an older Gale refuses it by its version, not by a sidecar.
+  if ((m.format_version >= 2) != (m.page_size != 0))
+    throw CorruptStoreError(source + ": format version " + std::to_string(m.format_version) +
+                            (m.page_size != 0 ? " has no page sums, found page_size" : " has page sums, found no page_size"));
   for (const auto& [key, value] : std::map<std::string, int64_t>{{"num_nodes", m.num_nodes},
                                                                  {"num_edges", m.num_edges},
                                                                  {"feature_dim", m.feature_dim},
@@ -237,10 +301,13 @@ StoreWriter::StoreWriter(fs::path path, bool overwrite) : path_(std::move(path))
   if (!fs::create_directory(temp_, ec) || ec)
     throw InputError(temp_.string() + ": cannot create: " + (ec ? ec.message() : "already exists"));
   register_temp(temp_);  // a stop signal removes it (apps/stop_cleanup.hpp)
+  manifest_.page_size = kPageSumPage;
+  manifest_.format_version = kStoreFormatVersion;
 }
 
 StoreWriter::~StoreWriter() {
   open_.clear();
+  open_sums_.clear();
   const auto lock = lock_temps();
   if (!committed_) {
     std::error_code ec;
@@ -250,7 +317,7 @@ StoreWriter::~StoreWriter() {
 }
 
 NpyWriter& StoreWriter::begin_array(const std::string& rel_path, DType dtype, std::vector<int64_t> shape) {
-  GALE_ASSERT(!committed_ && open_.count(rel_path) == 0);
+  GALE_ASSERT(!committed_ && open_.count(rel_path) == 0 && !is_page_sums_path(rel_path));
   const fs::path file = temp_ / rel_path;
   std::error_code ec;
   {
@@ -260,6 +327,23 @@ NpyWriter& StoreWriter::begin_array(const std::string& rel_path, DType dtype, st
   }
   if (ec) throw InputError(file.parent_path().string() + ": cannot create: " + ec.message());
   auto writer = std::make_unique<NpyWriter>(file.string(), dtype, shape);
+  if (manifest_.page_size != 0) {
+    // The sidecar is written like any array (4096-aligned, hashed, listed) but gets no sums itself.
+    uint64_t count = 1;
+    for (int64_t d : shape) count *= static_cast<uint64_t>(d);
+    const uint64_t size = kNpyDataAlignment + count * dtype_size(dtype);   // what NpyWriter will write
+    const fs::path sums_file = temp_ / page_sums_path(rel_path);
+    {
+      const auto lock = lock_temps();
+      if (!fs::is_directory(temp_, ec)) throw InputError(temp_.string() + ": removed while the store was written");
+      fs::create_directories(sums_file.parent_path(), ec);
+    }
+    if (ec) throw InputError(sums_file.parent_path().string() + ": cannot create: " + ec.message());
+    auto sums = std::make_unique<NpyWriter>(sums_file.string(), kPageSumsDescr, sizeof(uint32_t),
+                                            std::vector<int64_t>{static_cast<int64_t>(page_count(size))});
+    writer->send_page_sums_to(sums.get());
+    open_sums_[rel_path] = std::move(sums);
+  }
   NpyWriter& ref = *writer;
   open_[rel_path] = std::move(writer);
   open_meta_[rel_path] = {dtype, std::move(shape)};
@@ -278,6 +362,13 @@ void StoreWriter::end_array(const std::string& rel_path) {
   manifest_.files[rel_path] = e;
   open_.erase(it);
   open_meta_.erase(rel_path);
+  auto sums = open_sums_.find(rel_path);
+  if (sums == open_sums_.end()) return;   // a store without page sums
+  NpyWriter& w = *sums->second;
+  w.finish();   // the array's finish() sent the last sums
+  manifest_.files[page_sums_path(rel_path)] =
+      FileEntry{kPageSumsDtype, {static_cast<int64_t>(page_count(e.size))}, w.file_size(), hex64(w.xxh64())};
+  open_sums_.erase(sums);
 }
 
 void StoreWriter::write_array(const std::string& rel_path, DType dtype, std::vector<int64_t> shape,
@@ -420,14 +511,17 @@ Store Store::open(const fs::path& path) {
     if (size != e.size)
       throw CorruptStoreError(file.string() + ": expected " + std::to_string(e.size) + " bytes, found " +
                               std::to_string(size) + " (truncated or replaced)");
+    const bool sidecar = is_page_sums_path(rel);
     NpyHeader h;
     try {
-      h = read_npy_header(file.string());
+      h = read_npy_header(file.string(), sidecar);
     } catch (const InputError& err) {
       throw CorruptStoreError(err.what());
     }
     DType want;
-    if (!parse_dtype(e.dtype, &want) || want != h.dtype || h.shape != e.shape || h.fortran_order)
+    const bool dtype_ok = sidecar ? e.dtype == kPageSumsDtype && h.descr == kPageSumsDescr
+                                  : parse_dtype(e.dtype, &want) && want == h.dtype && h.descr != kPageSumsDescr;
+    if (!dtype_ok || h.shape != e.shape || h.fortran_order)
       throw CorruptStoreError(file.string() + ": expected " + e.dtype + " " + shape_text(e.shape) +
                               " as the manifest says, found " + h.descr + " " + shape_text(h.shape) +
                               (h.fortran_order ? " in Fortran order" : "") + " in the npy header");
@@ -500,8 +594,32 @@ Store Store::open(const fs::path& path) {
         throw CorruptStoreError((path / rel).string() + ": expected a matching entry in the manifest's splits, found none");
     }
   }
+  // Page sums: every array file has its sidecar, of one u32 per page; every sidecar its file.
+  for (const auto& [rel, entry] : m.files) {
+    if (is_page_sums_path(rel)) {
+      const std::string of = rel.substr(std::string("pages/").size());
+      if (!m.files.count(of) || is_page_sums_path(of))
+        throw CorruptStoreError(manifest_file.string() + ": expected " + rel + " to be the page sums of a listed file, found no " +
+                                of);
+      continue;
+    }
+    if (m.page_size == 0) continue;
+    const std::string sums = page_sums_path(rel);
+    if (!m.files.count(sums))
+      throw CorruptStoreError(manifest_file.string() + ": expected " + sums + " (the page sums of " + rel +
+                              ") to be listed because page_size is set, found no entry");
+    const FileEntry& se = m.files.at(sums);
+    const std::vector<int64_t> want{static_cast<int64_t>(page_count(entry.size))};
+    if (se.dtype != kPageSumsDtype || se.shape != want)
+      throw CorruptStoreError((path / sums).string() + ": expected " + kPageSumsDtype + " " + shape_text(want) +
+                              " (one sum per 4096-byte page of " + rel + "), found " + se.dtype + " " + shape_text(se.shape));
+  }
   for (const auto& [rel, entry] : m.files) {
     MappedArray a = open_array(rel);
+    if (is_page_sums_path(rel)) {
+      if (m.page_size != 0) s.page_sums_[rel.substr(std::string("pages/").size())] = std::move(a);
+      continue;
+    }
     if (rel == "graph/indptr.npy") s.indptr_ = std::move(a);
     else if (rel == "graph/indices.npy") s.indices_ = std::move(a);
     else if (rel == "graph/weights.npy") s.weights_ = std::move(a);
@@ -510,6 +628,18 @@ Store Store::open(const fs::path& path) {
     else if (rel == "partition.npy") s.partition_ = std::move(a);
     else if (rel == "relabel.npy") s.relabel_ = std::move(a);
     else if (rel.rfind("splits/", 0) == 0) s.splits_[fs::path(rel).stem().string()] = std::move(a);
+  }
+  // Every page of what the commands read whole, before any value is used: a flipped byte is
+  // reported as such even when the value it makes is still in range. features.npy is read by
+  // rows and left to check_feature_pages.
+  if (s.has_page_sums()) {
+    std::vector<std::pair<std::string, const MappedArray*>> whole{
+        {"graph/indptr.npy", &s.indptr_}, {"graph/indices.npy", &s.indices_}, {"graph/weights.npy", &s.weights_},
+        {"labels.npy", &s.labels_},       {"partition.npy", &s.partition_},  {"relabel.npy", &s.relabel_}};
+    for (const auto& [name, a] : s.splits_) whole.emplace_back("splits/" + name + ".npy", &a);
+    for (const auto& [rel, a] : whole) {
+      if (m.files.count(rel)) s.check_pages(rel, *a, 0, page_count(m.files.at(rel).size));
+    }
   }
   const int64_t* ip = s.indptr();
   if (ip[0] != 0 || ip[n] != e)
@@ -544,30 +674,103 @@ void Store::check_values() const {
   if (relabel() != nullptr) expect_within(path_ / "relabel.npy", relabel(), n, 0, n, "original node ids");
 }
 
-void Store::verify() const {
-  std::vector<char> buf(8u << 20);
+uint64_t Store::verify() const {
+  std::vector<char> buf(8u << 20);   // whole pages: every read but a file's last fills it
+  std::vector<uint32_t> sums;
+  // A page that disagrees with its sum is reported only once every hash has passed: if the
+  // sidecar is the damaged file, its own hash names it.
+  fs::path bad_file;
+  int64_t bad_page = -1;
+  uint64_t pages = 0;
   for (const auto& [rel, e] : manifest_.files) {
     const fs::path file = path_ / rel;
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw CorruptStoreError(file.string() + ": missing (listed in the manifest)");
-    XXH64_state_t* st = XXH64_createState();
-    XXH64_reset(st, 0);
-    uint64_t size = 0;
-    while (in) {
-      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-      const auto got = static_cast<size_t>(in.gcount());
-      if (got == 0) break;
-      XXH64_update(st, buf.data(), got);
-      size += got;
-    }
-    const std::string digest = hex64(XXH64_digest(st));
-    XXH64_freeState(st);
+    const uint32_t* want = is_page_sums_path(rel) ? nullptr : page_sums(rel);
+    const FileHashes got = hash_file(file, &buf, want ? &sums : nullptr);
+    const uint64_t size = got.size;
+    const std::string& digest = got.xxh64;
     if (size != e.size)
       throw CorruptStoreError(file.string() + ": expected " + std::to_string(e.size) + " bytes, found " + std::to_string(size));
     if (digest != e.xxh64)
       throw CorruptStoreError(file.string() + ": xxHash64 mismatch (manifest " + e.xxh64 + ", file " + digest +
                               "): the store is corrupt");
+    if (want == nullptr) continue;
+    pages += sums.size();   // open() checked the sidecar holds page_count(size) sums
+    for (size_t p = 0; p < sums.size() && bad_page < 0; ++p) {
+      if (sums[p] != want[p]) {
+        bad_file = file;
+        bad_page = static_cast<int64_t>(p);
+      }
+    }
   }
+  if (bad_page >= 0) throw_bad_page(bad_file, bad_page);
+  return pages;
+}
+
+const uint32_t* Store::page_sums(const std::string& rel) const {
+  auto it = page_sums_.find(rel);
+  return it == page_sums_.end() ? nullptr : it->second.as<uint32_t>();
+}
+
+void Store::check_pages(const std::string& rel, const MappedArray& file, uint64_t first, uint64_t last) const {
+  const uint32_t* sums = page_sums(rel);
+  GALE_ASSERT(sums != nullptr && last <= page_count(file.file_size()));
+  const int64_t bad = first_bad_page(file.file_bytes(), file.file_size(), sums, first, last);
+  if (bad >= 0) throw_bad_page(path_ / rel, bad);
+}
+
+void Store::check_feature_pages(int64_t begin_row, int64_t end_row) const {
+  GALE_ASSERT(0 <= begin_row && begin_row <= end_row && end_row <= num_nodes());
+  if (!has_page_sums() || !has_features() || begin_row == end_row) return;
+  const uint64_t row = static_cast<uint64_t>(feature_dim()) * dtype_size(feature_dtype());
+  const uint64_t offset = static_cast<uint64_t>(features_.as<char>() - features_.file_bytes());  // the header
+  const uint64_t begin = offset + static_cast<uint64_t>(begin_row) * row;
+  const uint64_t end = offset + static_cast<uint64_t>(end_row) * row;
+  check_pages("features.npy", features_, begin / kPageSumPage, (end + kPageSumPage - 1) / kPageSumPage);
+}
+
+size_t add_page_sums(const fs::path& path) {
+  const Store store = Store::open(path);   // checks everything a store without sums can
+  if (store.has_page_sums()) return 0;
+  Manifest m = store.manifest();
+  std::vector<char> buf(8u << 20);   // whole pages, as in verify()
+  std::vector<uint32_t> sums;
+  size_t files = 0;
+  for (const auto& [rel, e] : store.manifest().files) {
+    if (is_page_sums_path(rel)) continue;
+    const fs::path file = path / rel;
+    const FileHashes got = hash_file(file, &buf, &sums);
+    // Summing a damaged file would vouch for the damage.
+    if (got.size != e.size || got.xxh64 != e.xxh64)
+      throw CorruptStoreError(file.string() + ": xxHash64 mismatch (manifest " + e.xxh64 + ", file " + got.xxh64 +
+                              "): the store is corrupt; page sums not added");
+    // Into place: the old manifest does not list them, so until it is replaced they are ignored.
+    const std::string sums_rel = page_sums_path(rel);
+    const fs::path sums_file = path / sums_rel;
+    std::error_code ec;
+    fs::create_directories(sums_file.parent_path(), ec);
+    if (ec) throw InputError(sums_file.parent_path().string() + ": cannot create: " + ec.message());
+    const int64_t count = static_cast<int64_t>(sums.size());
+    NpyWriter w(sums_file.string(), kPageSumsDescr, sizeof(uint32_t), {count});
+    w.write(sums.data(), sums.size() * sizeof(uint32_t));
+    w.finish();   // fsynced
+    m.files[sums_rel] = FileEntry{kPageSumsDtype, {count}, w.file_size(), hex64(w.xxh64())};
+    ++files;
+  }
+  // The directories holding the sidecars, deepest first, before the manifest names them.
+  std::vector<fs::path> dirs;
+  for (const auto& d : fs::recursive_directory_iterator(path / "pages"))
+    if (d.is_directory()) dirs.push_back(d.path());
+  std::sort(dirs.rbegin(), dirs.rend());
+  for (const auto& d : dirs) fsync_path(d, true);
+  fsync_path(path / "pages", true);
+  fsync_path(path, true);
+  m.page_size = kPageSumPage;
+  m.format_version = kStoreFormatVersion;
+  const fs::path manifest_file = path / "manifest.json", temp = path / "manifest.json.tmp";
+  write_file_synced(temp, manifest_to_json(m));
+  if (::rename(temp.c_str(), manifest_file.c_str()) != 0) throw_io(manifest_file, "cannot replace", errno);
+  fsync_path(path, true);
+  return files;
 }
 
 const int32_t* Store::indices32() const {
@@ -714,15 +917,31 @@ std::string describe_store(const Store& store) {
     o << "\n";
   }
   if (m.relabelled) o << "relabelled yes (relabel.npy maps stored ids to original ids)\n";
-  uint64_t total = 0;
-  for (const auto& [rel, e] : m.files) total += e.size;
-  o << "files      " << m.files.size() << ", " << total << " bytes\n";
+  // The sidecars are summarised in one line rather than listed beside the arrays.
+  uint64_t total = 0, sums_total = 0;
+  size_t arrays = 0, sidecars = 0;
   for (const auto& [rel, e] : m.files) {
+    if (is_page_sums_path(rel)) {
+      sums_total += e.size;
+      ++sidecars;
+    } else {
+      total += e.size;
+      ++arrays;
+    }
+  }
+  o << "files      " << arrays << ", " << total << " bytes\n";
+  for (const auto& [rel, e] : m.files) {
+    if (is_page_sums_path(rel)) continue;
     char line[256];
     std::snprintf(line, sizeof(line), "  %-22s %-4s %-16s %14llu bytes\n", rel.c_str(), e.dtype.c_str(),
                   shape_text(e.shape).c_str(), static_cast<unsigned long long>(e.size));
     o << line;
   }
+  if (store.has_page_sums())
+    o << "page sums  " << sidecars << " files under pages/, " << sums_total << " bytes (XXH32 per " << m.page_size
+      << "-byte page)\n";
+  else
+    o << "page sums  none (gale info --add-page-sums adds them)\n";
   return o.str();
 }
 

@@ -9,11 +9,13 @@
 //   splits/{train,valid,test}.npy   int64 node ids (optional)
 //   partition.npy            optional int32 part per node
 //   relabel.npy              optional int64 original id per stored id
+//   pages/<file>             u32 XXH32 of each 4 KiB page of <file> (storage/page_sums.hpp)
 //
 // A store is written into a temporary directory beside its final path, fsynced, then renamed:
 // a crash or a bad input never leaves a store that opens. Opening checks the version, every
 // file's size and npy header against the manifest, and every value that indexes something (graph
 // offsets and ids, labels, split ids, parts; one parallel pass); verify() also checks every xxHash64.
+// A store with page sums also has every page of the files open() reads whole checked at open.
 #pragma once
 
 #include <cstdint>
@@ -27,10 +29,14 @@
 #include "kernels/dtype.hpp"
 #include "kernels/views.hpp"
 #include "storage/npy.hpp"
+#include "storage/page_sums.hpp"
 
 namespace gale::storage {
 
-constexpr int kStoreFormatVersion = 1;
+// The version this Gale writes, and the oldest it reads: 2 adds page sums (pages/, page_size) to 1,
+// whose stores open as they are (gale info --add-page-sums makes them version 2).
+constexpr int kStoreFormatVersion = 2;
+constexpr int kOldestStoreFormatVersion = 1;
 
 struct FileEntry {
   std::string dtype;          // manifest dtype name (f32, bf16, i64, ...)
@@ -40,7 +46,7 @@ struct FileEntry {
 };
 
 struct Manifest {
-  int format_version = kStoreFormatVersion;
+  int format_version = kOldestStoreFormatVersion;  // StoreWriter writes kStoreFormatVersion
   int64_t num_nodes = 0;
   int64_t num_edges = 0;
   bool weighted = false;
@@ -51,8 +57,17 @@ struct Manifest {
   int64_t num_partitions = 0;     // 0 when partition.npy is absent
   std::string partition_method;   // "metis", "ldg" or "single"; written only with num_partitions > 0
   bool relabelled = false;        // relabel.npy present
-  std::map<std::string, FileEntry> files;  // relative path -> entry
+  std::map<std::string, FileEntry> files;  // relative path -> entry, page-sum sidecars included
+  // kPageSumPage when every array file has its page sums (pages/<file>); 0 in a store written
+  // before them. Written only when non-zero, so such a store keeps its bytes.
+  uint64_t page_size = 0;
 };
+
+// The manifest dtype of a page-sum sidecar (stored with descr kPageSumsDescr).
+constexpr const char* kPageSumsDtype = "u32";
+
+// True for a page-sum sidecar's path ("pages/...").
+bool is_page_sums_path(const std::string& rel);
 
 // Serialises with nlohmann::json; keys sorted, no timestamps, so equal stores are equal bytes.
 std::string manifest_to_json(const Manifest& m);
@@ -75,7 +90,8 @@ class StoreWriter {
   // Streams an array into the temporary store (relative path such as "graph/indices.npy").
   // `manifest_dtype` may differ from the stored one only for bf16 (stored as u2).
   NpyWriter& begin_array(const std::string& rel_path, DType dtype, std::vector<int64_t> shape);
-  // Finishes the array and records its size, hash, dtype and shape in the manifest.
+  // Finishes the array and records its size, hash, dtype and shape in the manifest, and the same
+  // of its page sums (pages/<rel_path>, written as the array streamed).
   void end_array(const std::string& rel_path);
   // begin + one write + end.
   void write_array(const std::string& rel_path, DType dtype, std::vector<int64_t> shape,
@@ -95,6 +111,7 @@ class StoreWriter {
   bool committed_ = false;
   Manifest manifest_;
   std::map<std::string, std::unique_ptr<NpyWriter>> open_;
+  std::map<std::string, std::unique_ptr<NpyWriter>> open_sums_;  // each open array's sidecar, fed as it streams
   std::map<std::string, std::pair<DType, std::vector<int64_t>>> open_meta_;
 };
 
@@ -113,6 +130,9 @@ class MappedArray {
   template <typename T> const T* as() const { return static_cast<const T*>(data_); }
   int64_t count() const { return count_; }
   bool empty() const { return data_ == nullptr; }
+  // The whole file, header included (what page sums cover).
+  const char* file_bytes() const { return static_cast<const char*>(map_); }
+  size_t file_size() const { return map_size_; }
 
  private:
   void* map_ = nullptr;
@@ -131,8 +151,20 @@ class Store {
   // Throws InputError if `path` is not a directory.
   static Store open(const std::filesystem::path& path);
 
-  // Reads every file and checks its xxHash64; throws CorruptStoreError naming the first bad file.
-  void verify() const;
+  // Reads every file and checks its xxHash64, and, when the store has page sums, every page of
+  // every array file against its sum; throws CorruptStoreError naming the first bad file (a bad
+  // hash before a bad page, so a damaged sidecar is named as such). Returns the pages checked.
+  uint64_t verify() const;
+
+  // Page sums (storage/page_sums.hpp): open() has checked every page of every file except
+  // features.npy, which is read by rows and checked on demand.
+  bool has_page_sums() const { return manifest_.page_size != 0; }
+  // The page sums of file `rel` (page_count(size) entries); nullptr when the store has none.
+  const uint32_t* page_sums(const std::string& rel) const;
+  // Checks the pages of features.npy holding rows [begin_row, end_row), for callers that load
+  // features whole into memory; read_features / read_feature_rows do not check (the hot path).
+  // Throws CorruptStoreError naming the file, the byte offset and the page; a no-op without page sums.
+  void check_feature_pages(int64_t begin_row, int64_t end_row) const;
 
   const std::filesystem::path& path() const { return path_; }
   const Manifest& manifest() const { return manifest_; }
@@ -176,13 +208,23 @@ class Store {
   // node id, every label in [-1, num_classes), every split id a node, every part in range and
   // every original id (relabel.npy) in [0, N).
   void check_values() const;
+  // Throws CorruptStoreError naming `rel` unless pages [first, last) of `file` match their sums.
+  void check_pages(const std::string& rel, const MappedArray& file, uint64_t first, uint64_t last) const;
 
   std::filesystem::path path_;
   Manifest manifest_;
   MappedArray indptr_, indices_, weights_, features_, labels_, partition_, relabel_;
   bool indices64_ = false;
   std::map<std::string, MappedArray> splits_;
+  std::map<std::string, MappedArray> page_sums_;  // file -> its sidecar, when the store has page sums
 };
+
+// `gale info --add-page-sums`: gives a store written before page sums its sidecars and the
+// manifest key, reading each file once (its xxHash64 is checked on the way, so damage already
+// there is refused, not summed). Sidecars are written first, then manifest.json is replaced
+// atomically (manifest.json.tmp, fsync, rename): a crash leaves the old store or the new one.
+// Returns the number of files given sums; 0 when the store already has them (nothing written).
+size_t add_page_sums(const std::filesystem::path& path);
 
 // What `gale info` prints: counts, degree statistics (min / mean / median / max / p99, empty
 // rows), dtypes, splits, classes, partitions (method, nodes per part, edge cut), files.

@@ -127,7 +127,7 @@ TEST(Store, WrongVersionAndMissingManifestFailToOpen) {
   write_small_store(dir / "s.gale");
   const std::string manifest = dir / "s.gale/manifest.json";
   nlohmann::json j = nlohmann::json::parse(testing::read_bytes(manifest));
-  j["format_version"] = 2;
+  j["format_version"] = 3;
   testing::write_text(manifest, j.dump());
   EXPECT_THROW(Store::open(dir / "s.gale"), CorruptStoreError);
   std::filesystem::remove(manifest);
@@ -176,6 +176,28 @@ TEST(Store, ExistingStoreIsReplacedOnlyWithOverwrite) {
   }
   EXPECT_EQ(Store::open(dir / "s.gale").num_nodes(), 2);
   testing::expect_nothing_left(dir / "other.gale");
+}
+
+// Each array's page sums ride beside it as pages/<file>, a u32 .npy that NumPy reads like the rest.
+TEST(Store, PageSumsAreAlignedU32SidecarsNumpyCanRead) {
+  TempDir dir;
+  write_small_store(dir / "s.gale");
+  const Store s = Store::open(dir / "s.gale");
+  ASSERT_TRUE(s.has_page_sums());
+  for (const char* rel : {"graph/indptr.npy", "graph/indices.npy", "features.npy", "labels.npy", "splits/train.npy"}) {
+    const FileEntry& e = s.manifest().files.at(page_sums_path(rel));
+    EXPECT_EQ(e.dtype, "u32") << rel;
+    EXPECT_EQ(e.shape, std::vector<int64_t>{2}) << rel;   // the header page and the data page
+    EXPECT_EQ(e.size, 4096u + 8u) << rel;
+    const std::string bytes = testing::read_bytes(dir / "s.gale/" + rel);
+    EXPECT_EQ(s.page_sums(rel)[0], page_sum(bytes.data(), 4096)) << rel;
+    EXPECT_EQ(s.page_sums(rel)[1], page_sum(bytes.data() + 4096, bytes.size() - 4096)) << rel;
+  }
+  EXPECT_EQ(s.manifest().files.count("pages/pages/labels.npy"), 0u);
+  if (std::system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0) GTEST_SKIP() << "no python3 with numpy";
+  const std::string cmd = "/usr/bin/python3 -c \"import numpy as np; p = np.load('" + dir / "s.gale/pages/labels.npy" +
+                          "', mmap_mode='r'); assert p.dtype == np.uint32 and p.shape == (2,) and p.offset == 4096\"";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 TEST(Store, EqualContentGivesByteIdenticalStores) {

@@ -3,7 +3,10 @@
 // leaves a half store, and open() naming the file and what it expected whenever a store is damaged.
 #include <gtest/gtest.h>
 
+#include <xxhash.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -97,6 +100,29 @@ void edit_manifest(const std::string& store, Fn&& edit) {
   nlohmann::json j = nlohmann::json::parse(testing::read_bytes(file));
   edit(j);
   testing::write_text(file, j.dump(2) + "\n");
+}
+
+// Makes `store` what a store written before page sums looks like: no pages/, no manifest key,
+// format version 1.
+void strip_page_sums(const std::string& store) {
+  fs::remove_all(store + "/pages");
+  edit_manifest(store, [](nlohmann::json& j) {
+    j.erase("page_size");
+    j["format_version"] = 1;
+    for (auto it = j["files"].begin(); it != j["files"].end();) {
+      if (it.key().rfind("pages/", 0) == 0) it = j["files"].erase(it);
+      else ++it;
+    }
+  });
+}
+
+// XORs byte `offset` of `file` with `mask`.
+void flip_byte(const std::string& file, int64_t offset, char mask = '\x01') {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  const char c = static_cast<char>(f.get());
+  f.seekp(offset);
+  f.put(static_cast<char>(c ^ mask));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -261,7 +287,7 @@ TEST(Manifest, BadManifestsNameTheFileAndTheKey) {
                 .find("S/manifest.json: missing key 'num_nodes'"),
             std::string::npos);
   EXPECT_EQ(error_of([] { manifest_from_json("{\"format_version\": 7}", "S/manifest.json"); }),
-            "S/manifest.json: format version 7, this Gale reads version 1");
+            "S/manifest.json: format version 7, this Gale reads versions 1 to 2");
   EXPECT_THROW(manifest_from_json("[1, 2]", "S/manifest.json"), CorruptStoreError);
 }
 
@@ -352,7 +378,7 @@ TEST(Store, WrongVersionFailsToOpen) {
   SmallStore().write(dir / "s.gale");
   edit_manifest(dir / "s.gale", [](nlohmann::json& j) { j["format_version"] = 7; });
   EXPECT_EQ(error_of([&] { Store::open(dir / "s.gale"); }),
-            dir / "s.gale/manifest.json" + ": format version 7, this Gale reads version 1");
+            dir / "s.gale/manifest.json" + ": format version 7, this Gale reads versions 1 to 2");
   EXPECT_THROW(Store::open(dir / "s.gale"), CorruptStoreError);
 }
 
@@ -548,7 +574,7 @@ TEST(Store, DescribeReportsDegreesClassesSplitsAndFiles) {
   TempDir dir;
   SmallStore().write(dir / "s.gale", false, DType::kBF16);
   const std::string d = describe_store(Store::open(dir / "s.gale"));
-  for (const char* line : {"(format version 1)", "nodes      4\n", "edges      4 (weighted)\n",
+  for (const char* line : {"(format version 2)", "nodes      4\n", "edges      4 (weighted)\n",
                            // in-degrees 1 2 0 1; out-degrees (counted over indices) 1 1 1 1
                            "in-degree  min 0  mean 1.00  median 1  p99 2  max 2  (1 nodes with none)",
                            "out-degree min 1  mean 1.00  median 1  p99 1  max 1  (0 nodes with none)",
@@ -586,6 +612,7 @@ TEST(Store, OpenRefusesValuesOutsideTheirRange) {
     SCOPED_TRACE(std::string(c.file) + " entry " + std::to_string(c.entry) + " = " + std::to_string(c.value));
     TempDir dir;
     SmallStore().write(dir / "s.gale");
+    strip_page_sums(dir / "s.gale");   // with page sums the damaged page is reported first (PageSums tests)
     ASSERT_NO_THROW(Store::open(dir / "s.gale"));
     {
       std::fstream f(dir / ("s.gale/" + std::string(c.file)), std::ios::in | std::ios::out | std::ios::binary);
@@ -598,6 +625,235 @@ TEST(Store, OpenRefusesValuesOutsideTheirRange) {
     EXPECT_NE(msg.find("run gale info --verify)"), std::string::npos) << msg;
     EXPECT_THROW(Store::open(dir / "s.gale"), CorruptStoreError);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Page sums
+
+// The sums of every page of `file`, computed here from its bytes.
+std::vector<uint32_t> sums_of(const std::string& file) {
+  const std::string bytes = testing::read_bytes(file);
+  std::vector<uint32_t> sums;
+  for (size_t at = 0; at < bytes.size(); at += kPageSumPage)
+    sums.push_back(page_sum(bytes.data() + at, std::min(kPageSumPage, bytes.size() - at)));
+  return sums;
+}
+
+// The u32 entries of a sidecar, read by hand past its 4096-byte header.
+std::vector<uint32_t> sidecar_entries(const std::string& file) {
+  const std::string bytes = testing::read_bytes(file);
+  std::vector<uint32_t> v((bytes.size() - 4096) / 4);
+  std::memcpy(v.data(), bytes.data() + 4096, v.size() * 4);
+  return v;
+}
+
+TEST(PageSums, SumIsXxh32OfThePageAndPathsLiveUnderPages) {
+  EXPECT_EQ(page_sum("", 0), 0x02CC5D05u);   // XXH32 of nothing, seed 0 (the xxHash test vector)
+  const std::string page(kPageSumPage, 'a');
+  EXPECT_NE(page_sum(page.data(), page.size()), page_sum(page.data(), page.size() - 1));
+  EXPECT_EQ(page_sums_path("graph/indices.npy"), "pages/graph/indices.npy");
+  EXPECT_EQ(page_count(0), 0u);
+  EXPECT_EQ(page_count(4096), 1u);
+  EXPECT_EQ(page_count(4097), 2u);
+}
+
+TEST(PageSums, EveryWrittenArrayHasASidecarOfItsPageSums) {
+  TempDir dir;
+  {
+    StoreWriter w(dir / "s.gale", false);
+    SmallStore().fill(&w);
+    // 5000 floats (20000 data bytes, 6 pages with a short last one), streamed in pieces that
+    // straddle page boundaries.
+    std::vector<float> big(5000);
+    for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.25f;
+    NpyWriter& a = w.begin_array("extra/big.npy", DType::kF32, {5000});
+    for (size_t i = 0; i < big.size(); i += 333) a.write(big.data() + i, std::min<size_t>(333, big.size() - i) * 4);
+    w.end_array("extra/big.npy");
+    // 6 MB: its sums reach the sidecar in several batches while it streams.
+    std::vector<int32_t> large(1500000);
+    for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<int32_t>(i * 2654435761u);
+    NpyWriter& l = w.begin_array("extra/large.npy", DType::kI32, {1500000});
+    for (size_t i = 0; i < large.size(); i += 100003) l.write(large.data() + i, std::min<size_t>(100003, large.size() - i) * 4);
+    w.end_array("extra/large.npy");
+    w.commit();
+  }
+  const Store s = Store::open(dir / "s.gale");
+  EXPECT_TRUE(s.has_page_sums());
+  EXPECT_EQ(s.manifest().page_size, 4096u);
+  EXPECT_NE(testing::read_bytes(dir / "s.gale/manifest.json").find("\"page_size\": 4096"), std::string::npos);
+  int arrays = 0;
+  for (const auto& [rel, e] : s.manifest().files) {
+    if (rel.rfind("pages/", 0) == 0) {
+      EXPECT_FALSE(fs::exists(dir / ("s.gale/pages/" + rel))) << "a sidecar got a sidecar: " << rel;
+      continue;
+    }
+    ++arrays;
+    SCOPED_TRACE(rel);
+    const std::vector<uint32_t> want = sums_of(dir / ("s.gale/" + rel));
+    ASSERT_EQ(want.size(), page_count(e.size));
+    const FileEntry& sidecar = s.manifest().files.at("pages/" + rel);
+    EXPECT_EQ(sidecar.dtype, "u32");
+    EXPECT_EQ(sidecar.shape, std::vector<int64_t>{static_cast<int64_t>(want.size())});
+    EXPECT_EQ(sidecar_entries(dir / ("s.gale/pages/" + rel)), want);
+    ASSERT_NE(s.page_sums(rel), nullptr);
+    EXPECT_EQ(std::vector<uint32_t>(s.page_sums(rel), s.page_sums(rel) + want.size()), want);
+    // Aligned like every store array: numpy.load(mmap_mode="r") reads it as uint32.
+    const NpyHeader h = read_npy_header(dir / ("s.gale/pages/" + rel), true);
+    EXPECT_EQ(h.descr, "<u4");
+    EXPECT_EQ(h.data_offset, 4096u);
+  }
+  EXPECT_EQ(arrays, 11);
+  EXPECT_EQ(sums_of(dir / "s.gale/extra/big.npy").size(), 6u);
+  EXPECT_EQ(sums_of(dir / "s.gale/extra/large.npy").size(), 1u + 1465u);   // header + 6,000,000 bytes
+  EXPECT_EQ(s.verify(), 9u * 2u + 6u + 1466u);   // nine 2-page arrays, the 6-page one, the large one
+  // A user's u4 array is still refused where arrays are imported.
+  EXPECT_THROW(read_npy_header(dir / "s.gale/pages/labels.npy"), InputError);
+}
+
+TEST(PageSums, FlippedByteInTheTopologyFailsOpenNamingTheFileAndOffset) {
+  TempDir dir;
+  SmallStore().write(dir / "s.gale");
+  strip_page_sums(dir / "s.gale");
+  // Entry 1 of indices: 0 -> 1, still a node id, so without page sums the store opens as if whole.
+  flip_byte(dir / "s.gale/graph/indices.npy", 4096 + 4);
+  EXPECT_NO_THROW(Store::open(dir / "s.gale"));
+
+  fs::remove_all(dir / "s.gale");
+  SmallStore().write(dir / "s.gale");
+  flip_byte(dir / "s.gale/graph/indices.npy", 4096 + 4);
+  EXPECT_EQ(error_of([&] { Store::open(dir / "s.gale"); }),
+            dir / "s.gale/graph/indices.npy" +
+                ": page checksum mismatch at byte offset 4096 (page 1): the store is corrupt; run gale info --verify");
+  EXPECT_THROW(Store::open(dir / "s.gale"), CorruptStoreError);
+
+  // Every file open() reads whole is checked, weights and relabel (indexing nothing, or in range) too.
+  for (const char* file : {"graph/indptr.npy", "graph/weights.npy", "labels.npy", "splits/valid.npy", "partition.npy",
+                           "relabel.npy"}) {
+    fs::remove_all(dir / "s.gale");
+    SmallStore().write(dir / "s.gale");
+    flip_byte(dir / ("s.gale/" + std::string(file)), 4096 + 1, '\x40');
+    const std::string msg = error_of([&] { Store::open(dir / "s.gale"); });
+    EXPECT_EQ(msg.rfind(dir / ("s.gale/" + std::string(file)) + ": page checksum mismatch at byte offset 4096 (page 1)", 0),
+              0u)
+        << msg;
+  }
+}
+
+// 4 nodes with 2048 f32 features each: row r spans pages 1 + 2r and 2 + 2r of features.npy.
+void write_wide_store(const std::string& path) {
+  StoreWriter w(path, false);
+  const SmallStore small;
+  w.write_array("graph/indptr.npy", DType::kI64, {5}, small.indptr.data());
+  w.write_array("graph/indices.npy", DType::kI32, {4}, small.indices.data());
+  std::vector<float> x(4 * 2048);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97);
+  w.write_array("features.npy", DType::kF32, {4, 2048}, x.data());
+  w.manifest().num_nodes = 4;
+  w.manifest().num_edges = 4;
+  w.manifest().feature_dim = 2048;
+  w.manifest().feature_dtype = "f32";
+  w.commit();
+}
+
+TEST(PageSums, FlippedFeatureByteIsLeftToCheckFeaturePagesAndVerify) {
+  TempDir dir;
+  const std::string store = dir / "s.gale";
+  write_wide_store(store);
+  const int64_t offset = 4096 + 2 * 8192 + 4096 + 12;   // row 2, its second page (page 6)
+  flip_byte(store + "/features.npy", offset);
+  const Store s = Store::open(store);   // features are read by rows: open does not read them
+  std::vector<float> row(2048);
+  EXPECT_NO_THROW(s.read_features(2, 3, row.data()));   // the hot path does not check
+  EXPECT_NO_THROW(s.check_feature_pages(0, 2));
+  EXPECT_NO_THROW(s.check_feature_pages(3, 4));
+  EXPECT_NO_THROW(s.check_feature_pages(2, 2));
+  const std::string want = store + "/features.npy: page checksum mismatch at byte offset 24576 (page 6): the store is "
+                                   "corrupt; run gale info --verify";
+  EXPECT_EQ(error_of([&] { s.check_feature_pages(2, 3); }), want);
+  EXPECT_EQ(error_of([&] { s.check_feature_pages(0, 4); }), want);
+  EXPECT_THROW(s.check_feature_pages(1, 3), CorruptStoreError);
+  // verify names the file by its hash first ...
+  EXPECT_NE(error_of([&] { s.verify(); }).find("features.npy: xxHash64 mismatch"), std::string::npos);
+  // ... and by the page when only the page sums can tell (the hash rewritten to match the damage).
+  const std::string digest = [&] {
+    char buf[17];
+    const std::string bytes = testing::read_bytes(store + "/features.npy");
+    std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(XXH64(bytes.data(), bytes.size(), 0)));
+    return std::string(buf);
+  }();
+  edit_manifest(store, [&](nlohmann::json& j) { j["files"]["features.npy"]["xxh64"] = digest; });
+  EXPECT_EQ(error_of([&] { Store::open(store).verify(); }), want);
+}
+
+TEST(PageSums, StoreWithoutThemOpensAndAddingThemGivesTheFreshStore) {
+  TempDir dir;
+  SmallStore().write(dir / "fresh.gale");
+  SmallStore().write(dir / "old.gale");
+  strip_page_sums(dir / "old.gale");
+  EXPECT_EQ(testing::read_bytes(dir / "old.gale/manifest.json").find("page_size"), std::string::npos);
+  {
+    const Store old = Store::open(dir / "old.gale");
+    EXPECT_FALSE(old.has_page_sums());
+    EXPECT_EQ(old.page_sums("graph/indices.npy"), nullptr);
+    EXPECT_EQ(old.verify(), 0u);
+    EXPECT_NO_THROW(old.check_feature_pages(0, 4));
+    EXPECT_NE(describe_store(old).find("page sums  none"), std::string::npos);
+  }
+  EXPECT_EQ(add_page_sums(dir / "old.gale"), 9u);
+  testing::expect_identical_stores(dir / "fresh.gale", dir / "old.gale");   // sidecars and manifest, byte for byte
+  EXPECT_EQ(add_page_sums(dir / "old.gale"), 0u);   // already there: nothing written
+  const Store s = Store::open(dir / "old.gale");
+  EXPECT_TRUE(s.has_page_sums());
+  EXPECT_EQ(s.verify(), 18u);
+}
+
+TEST(PageSums, AddingThemRefusesADamagedFile) {
+  TempDir dir;
+  SmallStore().write(dir / "s.gale");
+  strip_page_sums(dir / "s.gale");
+  flip_byte(dir / "s.gale/features.npy", 4096 + 3);
+  const std::string before = testing::read_bytes(dir / "s.gale/manifest.json");
+  const std::string msg = error_of([&] { add_page_sums(dir / "s.gale"); });
+  EXPECT_EQ(msg.rfind(dir / "s.gale/features.npy: xxHash64 mismatch", 0), 0u) << msg;
+  EXPECT_THROW(add_page_sums(dir / "s.gale"), CorruptStoreError);
+  EXPECT_EQ(testing::read_bytes(dir / "s.gale/manifest.json"), before);
+  EXPECT_FALSE(Store::open(dir / "s.gale").has_page_sums());
+}
+
+TEST(PageSums, ManifestMustNameEverySidecarWithOneSumPerPage) {
+  TempDir dir;
+  const std::string store = dir / "s.gale";
+  const struct {
+    std::function<void(nlohmann::json&)> edit;
+    std::string expect;
+  } cases[] = {
+      {[](nlohmann::json& j) { j["page_size"] = 8192; }, "manifest.json: expected page_size 4096 (or no key), found 8192"},
+      {[](nlohmann::json& j) { j["page_size"] = 0; }, "manifest.json: expected page_size 4096 (or no key), found 0"},
+      {[](nlohmann::json& j) { j["page_size"] = "4096"; }, "manifest.json: key 'page_size' has the wrong type"},
+      {[](nlohmann::json& j) { j["files"].erase("pages/labels.npy"); },
+       "manifest.json: expected pages/labels.npy (the page sums of labels.npy) to be listed because page_size is set"},
+      {[](nlohmann::json& j) { j["files"]["pages/labels.npy"]["shape"] = {3}; },
+       "pages/labels.npy: expected u32 (2) (one sum per 4096-byte page of labels.npy), found u32 (3)"},
+      {[](nlohmann::json& j) { j["files"]["pages/labels.npy"]["dtype"] = "i32"; },
+       "pages/labels.npy: expected u32 (2) (one sum per 4096-byte page of labels.npy), found i32 (2)"},
+      {[](nlohmann::json& j) { j["files"]["pages/other.npy"] = j["files"]["pages/labels.npy"]; },
+       "manifest.json: expected pages/other.npy to be the page sums of a listed file, found no other.npy"},
+  };
+  for (const auto& c : cases) {
+    fs::remove_all(store);
+    SmallStore().write(store);
+    edit_manifest(store, c.edit);
+    const std::string msg = error_of([&] { Store::open(store); });
+    EXPECT_EQ(msg.rfind(store + "/", 0), 0u) << msg;
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
+    EXPECT_THROW(Store::open(store), CorruptStoreError);
+  }
+  // A sidecar replaced by an array of another dtype is caught by its header.
+  fs::remove_all(store);
+  SmallStore().write(store);
+  testing::write_npy(store + "/pages/labels.npy", DType::kI32, {2}, std::vector<int32_t>{0, 0});
+  const std::string msg = error_of([&] { Store::open(store); });
+  EXPECT_NE(msg.find("pages/labels.npy: expected u32 (2) as the manifest says, found <i4 (2)"), std::string::npos) << msg;
 }
 
 }  // namespace

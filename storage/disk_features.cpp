@@ -1,0 +1,311 @@
+#include "storage/disk_features.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/error.hpp"
+#include "storage/npy.hpp"
+#include "storage/page_sums.hpp"
+
+namespace gale::storage {
+
+namespace fs = std::filesystem;
+using kernels::cuda::format_bytes;
+using kernels::cuda::MemoryBudget;
+
+namespace {
+
+constexpr uint64_t kPage = kDirectAlignment;
+static_assert(kPage == kPageSumPage, "page sums are checked per read page");
+
+// read_rows: a coalesced read stays within 1 MiB (large enough to reach a device's bandwidth,
+// small enough that one gap does not drag in much), and one call stages at most 32 MiB at once.
+constexpr uint64_t kMaxReadBytes = uint64_t{1} << 20;
+constexpr uint64_t kMaxStagingBytes = uint64_t{32} << 20;
+// The cache fill reads the chosen rows once, sorted: long reads (4 MiB) that may skip up to 64 KiB
+// of unneeded pages, 16 MiB staged at a time — sequential bandwidth, never the whole file at once.
+constexpr int kFillGapPages = 16;
+constexpr uint64_t kFillReadBytes = uint64_t{4} << 20;
+constexpr uint64_t kFillStagingBytes = uint64_t{16} << 20;
+
+// 4096-aligned memory for O_DIRECT reads, charged to the budget first.
+class Staging {
+ public:
+  Staging(MemoryBudget* budget, uint64_t bytes) : budget_(budget), bytes_(bytes) {
+    if (budget_) budget_->charge(bytes_);
+    void* p = nullptr;
+    if (posix_memalign(&p, kPage, bytes_) != 0) {
+      if (budget_) budget_->release(bytes_);
+      throw ResourceError("cannot allocate " + format_bytes(bytes_) + " of disk staging buffers");
+    }
+    data_ = static_cast<char*>(p);
+  }
+  ~Staging() {
+    std::free(data_);
+    if (budget_) budget_->release(bytes_);
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  char* data() const { return data_; }
+
+ private:
+  MemoryBudget* budget_;
+  uint64_t bytes_;
+  char* data_ = nullptr;
+};
+
+// "1.2M", "33M", "12K", "950": counts as describe() prints them.
+std::string count_text(int64_t n) {
+  char text[32];
+  if (n >= 1000000) {
+    std::snprintf(text, sizeof(text), "%.1fM", static_cast<double>(n) / 1e6);
+  } else if (n >= 10000) {
+    std::snprintf(text, sizeof(text), "%.0fK", static_cast<double>(n) / 1e3);
+  } else {
+    return std::to_string(n);
+  }
+  std::string s(text);
+  const size_t dot = s.find(".0");
+  if (dot != std::string::npos && dot + 3 == s.size()) s.erase(dot, 2);
+  return s;
+}
+
+struct Extent {
+  uint64_t first_page = 0;
+  uint64_t last_page = 0;  // inclusive
+  uint64_t bytes() const { return (last_page - first_page + 1) * kPage; }
+};
+
+}  // namespace
+
+DiskFeatures::Charge::Charge(MemoryBudget* budget, uint64_t bytes) : budget_(budget), bytes_(bytes) {
+  if (budget_) budget_->charge(bytes_);
+}
+DiskFeatures::Charge::~Charge() {
+  if (budget_) budget_->release(bytes_);
+}
+
+DiskFeatures::DiskFeatures(const Store& store, const std::vector<int64_t>& priority,
+                           const DiskFeatureOptions& options)
+    : file_(store.path() / "features.npy"), options_(options) {
+  if (!store.has_features()) throw InputError(store.path().string() + ": the store has no features");
+  if (options.max_gap_pages < 0)
+    throw InputError("max_gap_pages " + std::to_string(options.max_gap_pages) + ": expected >= 0");
+  num_nodes_ = store.num_nodes();
+  dim_ = store.feature_dim();
+  dtype_ = store.feature_dtype();
+  row_bytes_ = static_cast<uint64_t>(dim_) * dtype_size(dtype_);
+  file_size_ = store.manifest().files.at("features.npy").size;
+
+  const NpyHeader header = read_npy_header(file_.string());
+  if (header.data_offset % kPage != 0 || header.shape != std::vector<int64_t>{num_nodes_, dim_} ||
+      header.data_offset + static_cast<uint64_t>(num_nodes_) * row_bytes_ > file_size_)
+    throw CorruptStoreError(file_.string() + ": header (shape " + shape_text(header.shape) + ", data at byte " +
+                            std::to_string(header.data_offset) + ") disagrees with the manifest");
+  data_offset_ = header.data_offset;
+
+  if (options.check_page_sums)
+    page_sums_ = options.page_sums != nullptr ? options.page_sums : store.page_sums("features.npy");
+
+  reader_ = open_disk_reader(file_, options.engine, options.queue_depth);
+  if (reader_->file_size() != file_size_)
+    throw CorruptStoreError(file_.string() + ": " + std::to_string(reader_->file_size()) +
+                            " bytes on disk, the manifest says " + std::to_string(file_size_));
+
+  const uint64_t cache_row_bytes = static_cast<uint64_t>(dim_) * sizeof(float);
+  const int64_t capacity = static_cast<int64_t>(std::min<uint64_t>(
+      {options.cache_bytes / cache_row_bytes, static_cast<uint64_t>(num_nodes_), uint64_t{INT32_MAX}}));
+  if (capacity > 0) fill_cache(priority, capacity);
+}
+
+DiskFeatures::~DiskFeatures() = default;
+
+template <typename Sink>
+DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages,
+                                                      uint64_t max_read_bytes, uint64_t max_staging_bytes,
+                                                      const Sink& sink) {
+  // Plan: the pages [p, q] of each row, in ascending order, merged into one extent while the gap
+  // is <= gap_pages and the extent stays within max_read_bytes. A row never spans two extents; a
+  // page shared by two rows is read twice only where the size limit falls between them.
+  std::vector<Extent> extents;
+  std::vector<uint32_t> extent_of(sorted_ids.size());
+  for (size_t k = 0; k < sorted_ids.size(); ++k) {
+    const uint64_t begin = data_offset_ + static_cast<uint64_t>(sorted_ids[k]) * row_bytes_;
+    const uint64_t p = begin / kPage;
+    const uint64_t q = (begin + row_bytes_ - 1) / kPage;
+    if (!extents.empty()) {
+      Extent& e = extents.back();
+      const uint64_t last = std::max(e.last_page, q);
+      if (p <= e.last_page + 1 + static_cast<uint64_t>(gap_pages) &&
+          (last - e.first_page + 1) * kPage <= max_read_bytes) {
+        e.last_page = last;
+        extent_of[k] = static_cast<uint32_t>(extents.size() - 1);
+        continue;
+      }
+    }
+    extents.push_back(Extent{p, q});
+    extent_of[k] = static_cast<uint32_t>(extents.size() - 1);
+  }
+  ReadTotals totals;
+  if (extents.empty()) return totals;
+
+  uint64_t total = 0, largest = 0;
+  for (const Extent& e : extents) {
+    total += e.bytes();
+    largest = std::max(largest, e.bytes());
+  }
+  const uint64_t staging_bytes = std::max(largest, std::min(total, max_staging_bytes));
+  Staging staging(options_.budget, staging_bytes);
+
+  std::vector<ReadRequest> requests;
+  std::vector<uint64_t> offset_in_staging(extents.size());
+  size_t row = 0;
+  for (size_t first = 0; first < extents.size();) {
+    // One round: as many extents as the staging buffer holds, read in one call.
+    requests.clear();
+    uint64_t used = 0;
+    size_t last = first;
+    while (last < extents.size() && (last == first || used + extents[last].bytes() <= staging_bytes)) {
+      offset_in_staging[last] = used;
+      requests.push_back(ReadRequest{extents[last].first_page * kPage,
+                                     static_cast<uint32_t>(extents[last].bytes()), staging.data() + used});
+      used += extents[last].bytes();
+      ++last;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    reader_->read(requests.data(), requests.size());
+    totals.nanoseconds +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    totals.bytes += used;
+    totals.calls += static_cast<int64_t>(requests.size());
+
+    if (page_sums_ != nullptr) {
+      for (size_t x = first; x < last; ++x) {
+        for (uint64_t p = extents[x].first_page; p <= extents[x].last_page; ++p) {
+          const uint64_t at = p * kPage;
+          const char* bytes = staging.data() + offset_in_staging[x] + (p - extents[x].first_page) * kPage;
+          if (page_sum(bytes, std::min(kPage, file_size_ - at)) != page_sums_[p])
+            throw CorruptStoreError(file_.string() + ": page checksum mismatch at byte offset " + std::to_string(at) +
+                                    " (page " + std::to_string(p) +
+                                    "): the store is corrupt; run gale info --verify");
+        }
+      }
+    }
+    for (; row < sorted_ids.size() && extent_of[row] < last; ++row) {
+      const Extent& e = extents[extent_of[row]];
+      const uint64_t begin = data_offset_ + static_cast<uint64_t>(sorted_ids[row]) * row_bytes_;
+      sink(row, staging.data() + offset_in_staging[extent_of[row]] + (begin - e.first_page * kPage));
+    }
+    first = last;
+  }
+  return totals;
+}
+
+void DiskFeatures::fill_cache(const std::vector<int64_t>& priority, int64_t capacity) {
+  // The first `capacity` distinct ids of the priority order, then sorted so the fill reads the
+  // file front to back; a row's slot is its rank in that order.
+  // (`seen`, N bits, is the only memory used before the budget is charged.)
+  std::vector<bool> seen(static_cast<size_t>(num_nodes_), false);
+  std::vector<int64_t> chosen;
+  chosen.reserve(static_cast<size_t>(std::min<int64_t>(capacity, static_cast<int64_t>(priority.size()))));
+  for (int64_t id : priority) {
+    if (static_cast<int64_t>(chosen.size()) == capacity) break;
+    if (id < 0 || id >= num_nodes_)
+      throw InputError("cache priority: node id " + std::to_string(id) + " is not in [0, " +
+                       std::to_string(num_nodes_) + ")");
+    if (seen[static_cast<size_t>(id)]) continue;
+    seen[static_cast<size_t>(id)] = true;
+    chosen.push_back(id);
+  }
+  seen = std::vector<bool>();
+  if (chosen.empty()) return;
+  std::sort(chosen.begin(), chosen.end());
+
+  const uint64_t cache_bytes = chosen.size() * static_cast<uint64_t>(dim_) * sizeof(float);
+  cache_charge_ = std::make_unique<Charge>(options_.budget,
+                                          cache_bytes + static_cast<uint64_t>(num_nodes_) * sizeof(int32_t));
+  std::vector<int32_t> slots(static_cast<size_t>(num_nodes_), -1);
+  cache_.resize(chosen.size() * static_cast<size_t>(dim_));
+  for (size_t k = 0; k < chosen.size(); ++k) slots[static_cast<size_t>(chosen[k])] = static_cast<int32_t>(k);
+
+  const size_t d = static_cast<size_t>(dim_);
+  read_from_disk(chosen, kFillGapPages, kFillReadBytes, kFillStagingBytes, [&](size_t k, const char* bytes) {
+    convert_to_f32(dtype_, bytes, cache_.data() + k * d, d);
+  });
+  slots_ = std::move(slots);
+  cached_rows_ = static_cast<int64_t>(chosen.size());
+}
+
+void DiskFeatures::read_rows(const int64_t* ids, int64_t n, float* out) {
+  const size_t d = static_cast<size_t>(dim_);
+  // (id, output row) of every miss; hits are copied at once.
+  std::vector<std::pair<int64_t, int64_t>> misses;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = ids[i];
+    if (id < 0 || id >= num_nodes_)
+      throw InputError("feature row " + std::to_string(id) + " is not a node id in [0, " +
+                       std::to_string(num_nodes_) + ")");
+    const int32_t slot = slots_.empty() ? -1 : slots_[static_cast<size_t>(id)];
+    if (slot >= 0) {
+      std::memcpy(out + static_cast<size_t>(i) * d, cache_.data() + static_cast<size_t>(slot) * d, d * sizeof(float));
+    } else {
+      misses.emplace_back(id, i);
+    }
+  }
+  rows_requested_.fetch_add(n, std::memory_order_relaxed);
+  cache_hits_.fetch_add(n - static_cast<int64_t>(misses.size()), std::memory_order_relaxed);
+  if (misses.empty()) return;
+
+  // Sorted by id (offset in the file); a row asked for several times is read once.
+  std::sort(misses.begin(), misses.end());
+  std::vector<int64_t> distinct;
+  std::vector<size_t> first_miss;  // index in misses of each distinct id's first occurrence
+  for (size_t m = 0; m < misses.size(); ++m) {
+    if (m == 0 || misses[m].first != misses[m - 1].first) {
+      distinct.push_back(misses[m].first);
+      first_miss.push_back(m);
+    }
+  }
+  first_miss.push_back(misses.size());
+
+  const ReadTotals totals = read_from_disk(distinct, options_.max_gap_pages, kMaxReadBytes, kMaxStagingBytes,
+                                           [&](size_t k, const char* bytes) {
+    for (size_t m = first_miss[k]; m < first_miss[k + 1]; ++m)
+      convert_to_f32(dtype_, bytes, out + static_cast<size_t>(misses[m].second) * d, d);
+  });
+
+  disk_rows_.fetch_add(static_cast<int64_t>(misses.size()), std::memory_order_relaxed);
+  distinct_disk_rows_.fetch_add(static_cast<int64_t>(distinct.size()), std::memory_order_relaxed);
+  useful_bytes_.fetch_add(distinct.size() * row_bytes_, std::memory_order_relaxed);
+  disk_bytes_.fetch_add(totals.bytes, std::memory_order_relaxed);
+  read_calls_.fetch_add(totals.calls, std::memory_order_relaxed);
+  read_nanoseconds_.fetch_add(totals.nanoseconds, std::memory_order_relaxed);
+}
+
+DiskFeatureStats DiskFeatures::take_stats() {
+  DiskFeatureStats s;
+  s.rows_requested = rows_requested_.exchange(0, std::memory_order_relaxed);
+  s.cache_hits = cache_hits_.exchange(0, std::memory_order_relaxed);
+  s.disk_rows = disk_rows_.exchange(0, std::memory_order_relaxed);
+  s.distinct_disk_rows = distinct_disk_rows_.exchange(0, std::memory_order_relaxed);
+  s.disk_bytes = disk_bytes_.exchange(0, std::memory_order_relaxed);
+  s.useful_bytes = useful_bytes_.exchange(0, std::memory_order_relaxed);
+  s.read_calls = read_calls_.exchange(0, std::memory_order_relaxed);
+  s.read_seconds = static_cast<double>(read_nanoseconds_.exchange(0, std::memory_order_relaxed)) * 1e-9;
+  return s;
+}
+
+std::string DiskFeatures::describe() const {
+  const uint64_t cache_bytes = static_cast<uint64_t>(cached_rows_) * static_cast<uint64_t>(dim_) * sizeof(float);
+  std::string s = "host cache " + count_text(cached_rows_) + " of " + count_text(num_nodes_) + " rows (" +
+                  format_bytes(cache_bytes) + ")";
+  if (cached_rows_ == num_nodes_) return s + ", nothing read from " + file_.filename().string();
+  return s + ", the rest read from " + file_.filename().string() + " with " + reader_->engine_name() +
+         (reader_->direct() ? " (O_DIRECT)" : " (buffered: no O_DIRECT on this filesystem)") +
+         (page_sums_ ? ", pages checked" : "");
+}
+
+}  // namespace gale::storage

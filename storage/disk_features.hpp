@@ -1,0 +1,140 @@
+// storage/disk_features.hpp — node feature rows served from features.npy on disk, for features
+// beyond the host budget (DESIGN.md, "Out of core").
+//
+// A static host cache holds the hottest rows as f32 (the caller ranks them: degree, pre-sampling
+// frequency); every other row is read from features.npy through a DiskReader (io_uring or a pread
+// pool, O_DIRECT). The misses of one call are mapped to the distinct 4 KiB pages holding them,
+// sorted by offset and coalesced, so rows that share a page cost one read of it — not one read per
+// row as in Ginex's gather. Every page read is checked against the store's page sums when given.
+// The disk tier changes where rows come from, never their values: read_rows equals
+// Store::read_feature_rows bit for bit.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/budget.hpp"
+#include "kernels/dtype.hpp"
+#include "storage/disk_reader.hpp"
+#include "storage/store.hpp"
+
+namespace gale::storage {
+
+struct DiskFeatureOptions {
+  // Bytes of f32 rows the host cache may hold (the slot table, 4 bytes per node, is charged on
+  // top of it when the cache is not empty). 0: every row comes from disk.
+  uint64_t cache_bytes = 0;
+  // Two runs of needed pages are read as one when at most this many unneeded pages lie between
+  // them (reading a few more bytes beats another request on devices with few IOPS).
+  int max_gap_pages = 0;
+  IoEngine engine = IoEngine::kAuto;
+  int queue_depth = 64;
+  // Charged with the cache, the slot table and the staging buffers of every call; nullptr: none.
+  kernels::cuda::MemoryBudget* budget = nullptr;
+  // Every page read is checked against XXH32 sums of features.npy's 4 KiB pages
+  // (storage/page_sums.hpp): these, when given (page_count(file size) entries, alive as long as
+  // the DiskFeatures), else the store's own (Store::page_sums) when it has them. false: unchecked.
+  bool check_page_sums = true;
+  const uint32_t* page_sums = nullptr;
+};
+
+// Counters since the last take_stats().
+struct DiskFeatureStats {
+  int64_t rows_requested = 0;
+  int64_t cache_hits = 0;
+  int64_t disk_rows = 0;           // requested rows served from disk (duplicates counted)
+  int64_t distinct_disk_rows = 0;  // distinct rows read from disk, per call
+  uint64_t disk_bytes = 0;         // bytes of the reads issued
+  uint64_t useful_bytes = 0;       // distinct_disk_rows x row bytes (<= disk_bytes)
+  int64_t read_calls = 0;          // read requests (extents) issued
+  double read_seconds = 0;         // wall time inside DiskReader::read, summed over calls
+};
+
+class DiskFeatures {
+ public:
+  // Opens `store`'s features.npy (`store` must outlive this: its page sums are used in place) and fills the cache with the rows of `priority` (node ids,
+  // hottest first; repeats ignored) until cache_bytes is used. Throws InputError when the store has
+  // no features or an id is not a node, CorruptStoreError when features.npy disagrees with the
+  // manifest or a page fails its sum, ResourceError when the budget refuses the cache.
+  DiskFeatures(const Store& store, const std::vector<int64_t>& priority, const DiskFeatureOptions& options);
+  ~DiskFeatures();
+  DiskFeatures(const DiskFeatures&) = delete;
+  DiskFeatures& operator=(const DiskFeatures&) = delete;
+
+  // out row i = features of ids[i] as f32 (n x feature_dim, row-major). Callable from several
+  // threads at once. Throws InputError for an id that is not a node, CorruptStoreError for a page
+  // that fails its sum, ResourceError when the budget refuses the staging buffer.
+  void read_rows(const int64_t* ids, int64_t n, float* out);
+
+  // Returns the counters and starts them again from zero.
+  DiskFeatureStats take_stats();
+
+  // "host cache 1.2M of 33M rows (600 MiB), the rest read from features.npy with io_uring (O_DIRECT)"
+  std::string describe() const;
+
+  int64_t num_nodes() const { return num_nodes_; }
+  int64_t feature_dim() const { return dim_; }
+  int64_t cached_rows() const { return cached_rows_; }
+  bool is_cached(int64_t id) const { return !slots_.empty() && slots_[static_cast<size_t>(id)] >= 0; }
+  const DiskReader& reader() const { return *reader_; }
+
+ private:
+  // Bytes charged to the budget, returned when destroyed.
+  class Charge {
+   public:
+    Charge(kernels::cuda::MemoryBudget* budget, uint64_t bytes);
+    ~Charge();
+    Charge(const Charge&) = delete;
+    Charge& operator=(const Charge&) = delete;
+
+   private:
+    kernels::cuda::MemoryBudget* budget_;
+    uint64_t bytes_;
+  };
+
+  // Bytes, requests and wall time of the reads one read_from_disk issued.
+  struct ReadTotals {
+    uint64_t bytes = 0;
+    int64_t calls = 0;
+    int64_t nanoseconds = 0;
+  };
+
+  // Reads the distinct rows sorted_ids (ascending, no repeats) from disk and hands each row's raw
+  // bytes to sink(k, bytes) with k its index in sorted_ids. Extents are planned with gap_pages and
+  // max_read_bytes; a staging buffer of at most max_staging_bytes is reused round by round.
+  template <typename Sink>
+  ReadTotals read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages, uint64_t max_read_bytes,
+                      uint64_t max_staging_bytes, const Sink& sink);
+  void fill_cache(const std::vector<int64_t>& priority, int64_t rows);
+
+  std::filesystem::path file_;
+  int64_t num_nodes_ = 0;
+  int64_t dim_ = 0;
+  DType dtype_ = DType::kF32;
+  uint64_t row_bytes_ = 0;
+  uint64_t data_offset_ = 0;
+  uint64_t file_size_ = 0;
+  DiskFeatureOptions options_;
+  const uint32_t* page_sums_ = nullptr;  // nullptr: pages are not checked
+  std::unique_ptr<DiskReader> reader_;
+
+  // The cache: f32 rows, and per node its row in cache_ or -1. Filled once; read-only afterwards,
+  // so concurrent read_rows need no lock. A look-ahead (Belady) cache would change this: the
+  // sampled window of future batches would pick, after each read_rows, which just-read rows enter
+  // which evicted slots (Ginex's changeset), with slots_ updated between batches — read_rows's
+  // disk path stays as it is.
+  int64_t cached_rows_ = 0;
+  std::unique_ptr<Charge> cache_charge_;
+  std::vector<float> cache_;
+  std::vector<int32_t> slots_;
+
+  std::atomic<int64_t> rows_requested_{0}, cache_hits_{0}, disk_rows_{0}, distinct_disk_rows_{0};
+  std::atomic<uint64_t> disk_bytes_{0}, useful_bytes_{0};
+  std::atomic<int64_t> read_calls_{0};
+  std::atomic<int64_t> read_nanoseconds_{0};
+};
+
+}  // namespace gale::storage

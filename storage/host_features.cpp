@@ -1,0 +1,104 @@
+#include "storage/host_features.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "kernels/error.hpp"
+
+namespace gale::storage {
+
+uint64_t topology_bytes(const Store& store) {
+  uint64_t bytes = 0;
+  for (const char* rel : {"graph/indptr.npy", "graph/indices.npy", "graph/weights.npy"}) {
+    const auto it = store.manifest().files.find(rel);
+    if (it != store.manifest().files.end()) bytes += it->second.size;
+  }
+  return bytes;
+}
+
+namespace {
+
+// Nodes hottest first for the disk tier's cache: by in-degree (how often a sampler reaches a
+// node), ties by id, so the cache is a pure function of the graph (as the GPU cache's order).
+std::vector<int64_t> by_degree(const Store& store) {
+  std::vector<int64_t> order(static_cast<size_t>(store.num_nodes()));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t* indptr = store.indptr();
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return indptr[a + 1] - indptr[a] > indptr[b + 1] - indptr[b];
+  });
+  return order;
+}
+
+}  // namespace
+
+HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(store), budget_(options.budget) {
+  if (!store.has_features()) throw InputError(store.path().string() + ": the store has no features.npy");
+  const uint64_t feature_bytes = store.manifest().files.at("features.npy").size;
+  if (budget_ != nullptr) {
+    // The topology is read whole (sampling, aggregation), and batches need staging: both come first.
+    const uint64_t fixed = topology_bytes(store) + kStagingReserve;
+    if (fixed > budget_->limit())
+      throw ResourceError("--host-mem-budget " + kernels::cuda::format_bytes(budget_->limit()) +
+                          ": below this run's minimum of " + kernels::cuda::format_bytes(fixed) + " (the graph's " +
+                          kernels::cuda::format_bytes(topology_bytes(store)) + " and " +
+                          kernels::cuda::format_bytes(kStagingReserve) + " of IO staging) for " +
+                          store.path().string());
+    budget_->charge(fixed);
+    charged_ = fixed;
+  }
+  const bool fits = budget_ == nullptr || feature_bytes <= budget_->limit() - budget_->in_use();
+  if (fits && !options.force_disk) {
+    if (budget_ != nullptr) {
+      budget_->charge(feature_bytes);
+      charged_ += feature_bytes;
+    }
+    placement_ = Placement::kMemory;
+    // Loaded whole (through the mapping, in parallel), so checked whole, now.
+    store.check_feature_pages(0, store.num_nodes());
+    return;
+  }
+  placement_ = Placement::kDisk;
+  DiskFeatureOptions d;
+  d.engine = options.engine;
+  d.max_gap_pages = options.max_gap_pages;
+  d.budget = budget_;
+  if (budget_ != nullptr) {
+    // What is left after the staging reserve, less the slot table (4 bytes per node) that a
+    // non-empty cache adds.
+    const uint64_t left = budget_->limit() - budget_->in_use();
+    const uint64_t slots = static_cast<uint64_t>(store.num_nodes()) * sizeof(int32_t);
+    d.cache_bytes = left > slots ? left - slots : 0;
+    // The cache's rows are f32; never more than every row.
+    d.cache_bytes = std::min<uint64_t>(
+        d.cache_bytes, static_cast<uint64_t>(store.num_nodes()) * static_cast<uint64_t>(store.feature_dim()) * sizeof(float));
+  }
+  // The reserve was for the staging the disk tier charges per call: hand it back to it.
+  if (budget_ != nullptr) {
+    budget_->release(kStagingReserve);
+    charged_ -= kStagingReserve;
+  }
+  disk_ = std::make_unique<DiskFeatures>(store, by_degree(store), d);
+}
+
+HostFeatures::~HostFeatures() {
+  disk_.reset();
+  if (budget_ != nullptr) budget_->release(charged_);
+}
+
+void HostFeatures::read_rows(const int64_t* ids, int64_t n, float* out) const {
+  if (disk_) disk_->read_rows(ids, n, out);
+  else store_.read_feature_rows(ids, n, out);
+}
+
+DiskFeatureStats HostFeatures::take_stats() { return disk_ ? disk_->take_stats() : DiskFeatureStats(); }
+
+std::string HostFeatures::describe() const {
+  if (disk_) return disk_->describe();
+  const uint64_t bytes = store_.manifest().files.at("features.npy").size;
+  return "features in host memory (" + kernels::cuda::format_bytes(bytes) +
+         (budget_ != nullptr ? " of a " + kernels::cuda::format_bytes(budget_->limit()) + " --host-mem-budget)" : ")");
+}
+
+}  // namespace gale::storage

@@ -1,0 +1,69 @@
+// storage/host_features.hpp — where the host reads node features from, decided by what the
+// --host-mem-budget leaves for them: the store's features.npy in memory (its mapping, read whole
+// and checked page by page once at the start, and charged to the budget), or the disk tier
+// (storage/disk_features.hpp: a host cache of the hottest rows inside the budget, every other row
+// read from features.npy with io_uring, each page checked). Either way read_rows hands out the
+// same bits: the placement changes where rows come from, never which.
+//
+// The budget also pays for the graph's topology (the sampler and the aggregations read it whole)
+// and for a reserve of IO staging; a budget that cannot hold those is refused with a
+// ResourceError naming --host-mem-budget (exit 4), never the OOM killer's kill.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/cuda/budget.hpp"
+#include "storage/disk_features.hpp"
+#include "storage/store.hpp"
+
+namespace gale::storage {
+
+class HostFeatures {
+ public:
+  enum class Placement { kMemory, kDisk };
+
+  struct Options {
+    // The features' part of the host budget (after the topology and the staging reserve); the
+    // disk tier is used when features.npy's rows exceed it.
+    kernels::cuda::MemoryBudget* budget = nullptr;  // nullptr: unlimited, features in memory
+    IoEngine engine = IoEngine::kAuto;
+    int max_gap_pages = 0;
+    bool force_disk = false;  // the disk tier even when the rows fit (tests, measurements)
+  };
+
+  // IO staging every run keeps back from the budget for its batches (rows read per call are
+  // staged in at most 32 MiB at a time, several calls at once).
+  static constexpr uint64_t kStagingReserve = uint64_t{128} << 20;
+
+  // Charges the topology and the staging reserve to the budget (ResourceError naming the flag
+  // when they do not fit), then the features' bytes when they fit beside them (memory: checked
+  // page by page now, in parallel, CorruptStoreError on a mismatch), else opens the disk tier
+  // with a cache of what is left, hottest nodes (in-degree) first.
+  HostFeatures(const Store& store, const Options& options);
+  ~HostFeatures();
+  HostFeatures(const HostFeatures&) = delete;
+  HostFeatures& operator=(const HostFeatures&) = delete;
+
+  Placement placement() const { return placement_; }
+  bool on_disk() const { return placement_ == Placement::kDisk; }
+  // out row i = the features of ids[i] as f32 (n x dim); callable from several threads at once.
+  void read_rows(const int64_t* ids, int64_t n, float* out) const;
+  // Disk-tier counters since the last call (zeros in memory), and the reset.
+  DiskFeatureStats take_stats();
+  // "features in host memory (4.1 GiB of a 30 GiB budget)" / the disk tier's description.
+  std::string describe() const;
+
+ private:
+  const Store& store_;
+  Placement placement_ = Placement::kMemory;
+  kernels::cuda::MemoryBudget* budget_ = nullptr;
+  uint64_t charged_ = 0;  // returned to the budget when destroyed
+  std::unique_ptr<DiskFeatures> disk_;
+};
+
+// Bytes of the graph's topology files (indptr, indices, weights) as the store holds them.
+uint64_t topology_bytes(const Store& store);
+
+}  // namespace gale::storage

@@ -1,0 +1,53 @@
+// storage/host_memory.hpp — how much host memory this process may really use: the kernel's
+// MemAvailable and the memory limit of the cgroup it runs in (v2 memory.max or v1
+// memory.limit_in_bytes), and from them the default for `--host-mem-budget`.
+//
+// A container or a batch scheduler often grants far less than the machine has, and /proc/meminfo
+// does not know: a budget from MemAvailable alone gets the process OOM-killed inside its cgroup.
+// Sizes given on the command line go through apps::parse_size (apps/parse.cpp), as for
+// --gpu-mem-budget.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace gale::storage {
+
+struct HostMemory {
+  uint64_t mem_available = 0;  // /proc/meminfo MemAvailable in bytes; 0 = unknown
+  uint64_t cgroup_limit = 0;   // the tightest memory limit of this cgroup and its ancestors; 0 = none
+  uint64_t cgroup_usage = 0;   // memory.current (v2) / memory.usage_in_bytes (v1) of the cgroup
+                               // that sets cgroup_limit, or of this process's cgroup without one
+  int cgroup_version = 0;      // 0: no memory controller found; 1 or 2
+  std::string cgroup_path;     // this process's cgroup as /proc/self/cgroup names it ("/a/b")
+};
+
+// v1 reports "no limit" as a page-rounded 2^63 - 1; anything this large is treated as none.
+inline constexpr uint64_t kCgroupV1Unlimited = uint64_t{1} << 60;
+
+// Reads root/proc/meminfo, root/proc/self/cgroup and root/proc/self/mountinfo and the cgroup files
+// under the mounts mountinfo names (root/sys/fs/cgroup for v2, root/sys/fs/cgroup/memory for v1
+// when mountinfo is missing). `root` lets tests point at a fake tree. Never throws: a missing file
+// or a malformed number leaves its field 0. A cgroup v2 hierarchy with the memory controller is
+// preferred over v1; a cgroup directory that is not visible (a container without a cgroup
+// namespace) falls back to the mount's root, which is then the container's own cgroup.
+HostMemory detect_host_memory(const std::filesystem::path& root = "/");
+
+// Reserve kept back from the available figure: the process's own code, libraries, allocator slack
+// and the page cache it cannot avoid (npy headers, the graph files it streams) are not budgeted.
+inline constexpr uint64_t kHostReserveMin = uint64_t{256} << 20;
+inline constexpr uint64_t kHostReserveDivisor = 10;
+
+// The default --host-mem-budget: the smaller of MemAvailable and the cgroup headroom
+// (cgroup_limit - cgroup_usage), less a reserve of max(256 MiB, 10 %) of that figure; 0 when the
+// figure is no larger than its reserve, or when neither MemAvailable nor a cgroup limit is known
+// (then the caller has nothing to go on and should leave the budget unlimited or ask for one).
+// cgroup usage counts reclaimable page cache, so the headroom errs on the small side.
+uint64_t default_host_budget(const HostMemory& m);
+
+// "MemAvailable 21.3 GiB, cgroup v2 limit 8 GiB (1.2 GiB used)", "..., cgroup v1 no limit",
+// "..., no cgroup memory controller found"; MemAvailable 0 reads "MemAvailable unknown".
+std::string describe(const HostMemory& m);
+
+}  // namespace gale::storage

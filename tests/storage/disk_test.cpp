@@ -1,0 +1,556 @@
+// The disk tier's storage layer: DiskReader reads what is on disk with either engine, from many
+// threads, zero-filling past the end; DiskFeatures serves exactly the rows the mmap path serves,
+// whatever the cache, coalescing and thread count, counts its traffic, refuses a damaged page by its
+// offset, and charges its memory to the budget.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "kernels/cuda/budget.hpp"
+#include "kernels/error.hpp"
+#include "storage/disk_features.hpp"
+#include "storage/disk_reader.hpp"
+#include "storage/page_sums.hpp"
+#include "storage/store.hpp"
+#include "tests/storage/test_files.hpp"
+
+namespace gale::storage {
+namespace {
+
+namespace fs = std::filesystem;
+using kernels::cuda::MemoryBudget;
+using testing::TempDir;
+
+constexpr size_t kPage = 4096;
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// 4096-aligned bytes, freed on scope exit.
+struct AlignedBytes {
+  explicit AlignedBytes(size_t n) : size(n) {
+    void* p = nullptr;
+    EXPECT_EQ(posix_memalign(&p, kPage, n), 0);
+    data = static_cast<char*>(p);
+  }
+  ~AlignedBytes() { std::free(data); }
+  char* data;
+  size_t size;
+};
+
+std::string known_bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+// A reader of `file` with `engine`, or nullptr when io_uring is refused here (the test skips).
+std::unique_ptr<DiskReader> open_reader(const std::string& file, IoEngine engine, std::string* why) {
+  try {
+    return open_disk_reader(file, engine, 16);
+  } catch (const ResourceError& e) {
+    if (engine != IoEngine::kUring) throw;
+    *why = e.what();
+    return nullptr;
+  }
+}
+
+#define OPEN_OR_SKIP(reader, file, engine)                                        \
+  std::string skip_reason;                                                        \
+  auto reader = open_reader(file, engine, &skip_reason);                          \
+  if (!reader) GTEST_SKIP() << "io_uring refused on this machine: " << skip_reason
+
+// ---------------------------------------------------------------------------------------------
+// DiskReader, once per engine
+
+class DiskReaderTest : public ::testing::TestWithParam<IoEngine> {};
+
+// Random page-aligned extents (1-8 pages, some running past the end) of a file of known bytes,
+// `count` per call, checked against the bytes (zeros past the end).
+void read_and_check(DiskReader& reader, const std::string& bytes, int calls, int count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const size_t pages = (bytes.size() + kPage - 1) / kPage;
+  AlignedBytes arena(static_cast<size_t>(count) * 8 * kPage);
+  for (int c = 0; c < calls; ++c) {
+    std::memset(arena.data, 0xab, arena.size);
+    std::vector<ReadRequest> requests;
+    for (int i = 0; i < count; ++i) {
+      const uint64_t page = rng() % (pages + 2);  // up to two pages wholly past the end
+      const uint32_t length = static_cast<uint32_t>((1 + rng() % 8) * kPage);
+      requests.push_back(ReadRequest{page * kPage, length, arena.data + static_cast<size_t>(i) * 8 * kPage});
+    }
+    reader.read(requests.data(), requests.size());
+    for (const ReadRequest& r : requests) {
+      std::string expected(r.length, '\0');
+      if (r.offset < bytes.size()) {
+        const size_t have = std::min<size_t>(r.length, bytes.size() - r.offset);
+        std::memcpy(expected.data(), bytes.data() + r.offset, have);
+      }
+      ASSERT_EQ(std::memcmp(expected.data(), r.dest, r.length), 0)
+          << "extent at byte " << r.offset << ", " << r.length << " bytes";
+    }
+  }
+}
+
+TEST_P(DiskReaderTest, ReadsRandomExtentsOfKnownBytes) {
+  TempDir dir;
+  const std::string bytes = known_bytes(300 * kPage + 1234, 7);  // the last page is short
+  testing::write_text(dir / "data.bin", bytes);
+  OPEN_OR_SKIP(reader, dir / "data.bin", GetParam());
+  EXPECT_EQ(reader->file_size(), bytes.size());
+  EXPECT_STREQ(reader->engine_name(), GetParam() == IoEngine::kUring ? "io_uring" : "pread");
+  EXPECT_TRUE(reader->direct()) << "O_DIRECT refused on " << dir.path();  // ext4 here; tmpfs would say false
+  read_and_check(*reader, bytes, 10, 200, 1);  // 200 requests per call: more than the queue depth of 16
+}
+
+TEST_P(DiskReaderTest, ReadsPastTheEndAsZeros) {
+  TempDir dir;
+  const std::string bytes = known_bytes(2 * kPage + 100, 3);
+  testing::write_text(dir / "data.bin", bytes);
+  OPEN_OR_SKIP(reader, dir / "data.bin", GetParam());
+  AlignedBytes buf(4 * kPage);
+  std::memset(buf.data, 0xab, buf.size);
+  const ReadRequest tail{2 * kPage, static_cast<uint32_t>(2 * kPage), buf.data};  // 100 bytes, then EOF
+  const ReadRequest beyond{8 * kPage, static_cast<uint32_t>(kPage), buf.data + 2 * kPage};
+  const ReadRequest requests[] = {tail, beyond};
+  reader->read(requests, 2);
+  EXPECT_EQ(std::memcmp(buf.data, bytes.data() + 2 * kPage, 100), 0);
+  for (size_t i = 100; i < 3 * kPage; ++i) ASSERT_EQ(buf.data[i], 0) << "byte " << i << " of the destinations";
+  EXPECT_EQ(static_cast<unsigned char>(buf.data[3 * kPage]), 0xab) << "wrote beyond the request";
+}
+
+TEST_P(DiskReaderTest, SeveralThreadsAtOnce) {
+  TempDir dir;
+  const std::string bytes = known_bytes(500 * kPage, 11);
+  testing::write_text(dir / "data.bin", bytes);
+  OPEN_OR_SKIP(reader, dir / "data.bin", GetParam());
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        read_and_check(*reader, bytes, 20, 50, 100 + t);
+      } catch (const std::exception& e) {
+        failures[t] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& f : failures) EXPECT_EQ(f, "");
+}
+
+TEST_P(DiskReaderTest, RegisteredBuffersReadTheSame) {
+  TempDir dir;
+  const std::string bytes = known_bytes(64 * kPage + 17, 5);
+  testing::write_text(dir / "data.bin", bytes);
+  OPEN_OR_SKIP(reader, dir / "data.bin", GetParam());
+  AlignedBytes staging(16 * kPage);
+  reader->register_buffer(staging.data, staging.size);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<ReadRequest> requests;
+    for (uint32_t i = 0; i < 8; ++i) {
+      const uint64_t page = (round * 3 + i * 7) % 66;
+      requests.push_back(ReadRequest{page * kPage, static_cast<uint32_t>(2 * kPage), staging.data + i * 2 * kPage});
+    }
+    reader->read(requests.data(), requests.size());
+    for (const ReadRequest& r : requests) {
+      std::string expected(r.length, '\0');
+      if (r.offset < bytes.size())
+        std::memcpy(expected.data(), bytes.data() + r.offset, std::min<size_t>(r.length, bytes.size() - r.offset));
+      ASSERT_EQ(std::memcmp(expected.data(), r.dest, r.length), 0) << "extent at byte " << r.offset;
+    }
+  }
+  reader->unregister_buffers();
+}
+
+// Every completion is checked: a misaligned O_DIRECT read fails with EINVAL, named with its offset,
+// and the reader (its ring, its pool) still serves the next call.
+TEST_P(DiskReaderTest, AFailedReadIsNamedAndTheReaderGoesOn) {
+  TempDir dir;
+  const std::string bytes = known_bytes(64 * kPage, 13);
+  testing::write_text(dir / "data.bin", bytes);
+  OPEN_OR_SKIP(reader, dir / "data.bin", GetParam());
+  if (!reader->direct()) GTEST_SKIP() << "no O_DIRECT on " << dir.path() << ": misaligned reads succeed";
+  AlignedBytes buf(40 * kPage);
+  std::vector<ReadRequest> requests;
+  for (uint32_t i = 0; i < 32; ++i) requests.push_back(ReadRequest{i * kPage, static_cast<uint32_t>(kPage), buf.data + i * kPage});
+  requests[5].dest = buf.data + 33 * kPage + 1;  // not 4096-aligned
+  const std::string message = error_of([&] { reader->read(requests.data(), requests.size()); });
+  EXPECT_NE(message.find(dir / "data.bin" + ": read failed at byte " + std::to_string(5 * kPage)), std::string::npos)
+      << message;
+  EXPECT_NE(message.find(std::strerror(EINVAL)), std::string::npos) << message;
+  read_and_check(*reader, bytes, 3, 40, 2);
+}
+
+TEST_P(DiskReaderTest, MissingFileIsNamed) {
+  TempDir dir;
+  const std::string missing = dir / "nope.npy";
+  std::string message;
+  try {
+    open_disk_reader(missing, GetParam());
+  } catch (const InputError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find(missing), std::string::npos) << message;
+  EXPECT_NE(message.find("No such file"), std::string::npos) << message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, DiskReaderTest, ::testing::Values(IoEngine::kPread, IoEngine::kUring),
+                         [](const ::testing::TestParamInfo<IoEngine>& info) {
+                           return info.param == IoEngine::kUring ? "io_uring" : "pread";
+                         });
+
+TEST(IoEngine, EnvironmentChoosesAndABadValueIsNamed) {
+  const char* old = std::getenv("GALE_IO_ENGINE");
+  const std::string saved = old ? old : "";
+  setenv("GALE_IO_ENGINE", "pread", 1);
+  EXPECT_EQ(io_engine_from_env(), IoEngine::kPread);
+  TempDir dir;
+  testing::write_text(dir / "data.bin", known_bytes(kPage, 1));
+  EXPECT_STREQ(open_disk_reader(dir / "data.bin", IoEngine::kAuto)->engine_name(), "pread");
+  setenv("GALE_IO_ENGINE", "io_uring", 1);
+  EXPECT_EQ(io_engine_from_env(), IoEngine::kUring);
+  setenv("GALE_IO_ENGINE", "aio", 1);
+  const std::string message = error_of([] { io_engine_from_env(); });
+  EXPECT_NE(message.find("GALE_IO_ENGINE=aio"), std::string::npos) << message;
+  unsetenv("GALE_IO_ENGINE");
+  EXPECT_EQ(io_engine_from_env(), IoEngine::kAuto);
+  if (old) setenv("GALE_IO_ENGINE", saved.c_str(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// DiskFeatures
+
+// A store of n nodes on a ring graph with random features of dim x dtype.
+void write_feature_store(const std::string& path, int64_t n, int64_t dim, DType dtype, uint32_t seed) {
+  std::vector<int64_t> indptr(static_cast<size_t>(n + 1));
+  std::iota(indptr.begin(), indptr.end(), 0);
+  std::vector<int32_t> indices(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) indices[static_cast<size_t>(i)] = static_cast<int32_t>((i + 1) % n);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> features(static_cast<size_t>(n * dim));
+  for (auto& f : features) f = normal(rng);
+  std::vector<uint16_t> narrow(features.size());
+  if (dtype != DType::kF32) convert_from_f32(dtype, features.data(), narrow.data(), features.size());
+
+  StoreWriter w(path, false);
+  w.write_array("graph/indptr.npy", DType::kI64, {n + 1}, indptr.data());
+  w.write_array("graph/indices.npy", DType::kI32, {n}, indices.data());
+  w.write_array("features.npy", dtype, {n, dim},
+                dtype == DType::kF32 ? static_cast<const void*>(features.data()) : narrow.data());
+  Manifest& m = w.manifest();
+  m.num_nodes = n;
+  m.num_edges = n;
+  m.feature_dim = dim;
+  m.feature_dtype = dtype_name(dtype);
+  w.commit();
+}
+
+// page_sum of every page of `file`, as the store's sidecar holds them.
+std::vector<uint32_t> sums_of(const std::string& file) {
+  const std::string bytes = testing::read_bytes(file);
+  std::vector<uint32_t> sums;
+  for (size_t at = 0; at < bytes.size(); at += kPage)
+    sums.push_back(page_sum(bytes.data() + at, std::min(kPage, bytes.size() - at)));
+  return sums;
+}
+
+// Random ids with repeats, unsorted.
+std::vector<int64_t> random_ids(int64_t n, size_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int64_t> ids(count);
+  for (auto& id : ids) id = static_cast<int64_t>(rng() % static_cast<uint32_t>(n));
+  if (count > 3) ids[count - 1] = ids[0], ids[count - 2] = ids[1];  // repeats for sure
+  return ids;
+}
+
+// Hottest first: a fixed random order.
+std::vector<int64_t> priority_of(int64_t n, uint32_t seed) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+  return order;
+}
+
+void expect_same_rows(DiskFeatures& disk, const Store& store, const std::vector<int64_t>& ids, const std::string& what) {
+  const size_t d = static_cast<size_t>(store.feature_dim());
+  std::vector<float> got(ids.size() * d, -1.0f), want(ids.size() * d, -2.0f);
+  disk.read_rows(ids.data(), static_cast<int64_t>(ids.size()), got.data());
+  store.read_feature_rows(ids.data(), static_cast<int64_t>(ids.size()), want.data());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_EQ(std::memcmp(got.data() + i * d, want.data() + i * d, d * sizeof(float)), 0)
+        << what << ": row " << i << " (node " << ids[i] << ")";
+  }
+}
+
+TEST(DiskFeatures, RowsEqualTheMappedStoreBitForBit) {
+  TempDir dir;
+  struct Case {
+    DType dtype;
+    int64_t dim;  // 100 x f32 = 400 B rows straddle pages; 64 x f16 = 128 B rows pack 32 to a page
+  };
+  const int64_t n = 3001;
+  for (const Case c : {Case{DType::kF32, 100}, Case{DType::kF16, 64}, Case{DType::kBF16, 100}}) {
+    const std::string path = dir / ("s-" + dtype_name(c.dtype) + ".gale");
+    write_feature_store(path, n, c.dim, c.dtype, 42);
+    const Store store = Store::open(path);
+    const std::vector<uint32_t> sums = sums_of(path + "/features.npy");
+    const uint64_t all = static_cast<uint64_t>(n * c.dim) * sizeof(float);
+    for (const uint64_t cache_bytes : {uint64_t{0}, all / 3, all}) {
+      for (const int gap : {0, 8}) {
+        DiskFeatureOptions o;
+        o.cache_bytes = cache_bytes;
+        o.max_gap_pages = gap;
+        o.page_sums = sums.data();
+        DiskFeatures disk(store, priority_of(n, 9), o);
+        const std::string what = dtype_name(c.dtype) + " dim " + std::to_string(c.dim) + " cache " +
+                                 std::to_string(cache_bytes) + " gap " + std::to_string(gap);
+        EXPECT_EQ(disk.cached_rows(), static_cast<int64_t>(cache_bytes / (c.dim * sizeof(float)))) << what;
+        expect_same_rows(disk, store, random_ids(n, 1000, 1), what);
+        expect_same_rows(disk, store, random_ids(n, 7, 2), what);
+        expect_same_rows(disk, store, {n - 1, 0, n - 1}, what);  // the last row ends inside the last page
+        expect_same_rows(disk, store, {}, what);
+      }
+    }
+  }
+}
+
+TEST(DiskFeatures, BothEnginesServeTheSameRows) {
+  TempDir dir;
+  write_feature_store(dir / "s.gale", 2000, 100, DType::kF32, 5);
+  const Store store = Store::open(dir / "s.gale");
+  for (IoEngine engine : {IoEngine::kPread, IoEngine::kUring}) {
+    DiskFeatureOptions o;
+    o.engine = engine;
+    o.cache_bytes = 500 * 100 * 4;
+    std::unique_ptr<DiskFeatures> disk;
+    try {
+      disk = std::make_unique<DiskFeatures>(store, priority_of(2000, 1), o);
+    } catch (const ResourceError& e) {
+      ASSERT_EQ(engine, IoEngine::kUring) << e.what();
+      GTEST_SKIP() << "io_uring refused on this machine: " << e.what();
+    }
+    expect_same_rows(*disk, store, random_ids(2000, 3000, 3), disk->reader().engine_name());
+    EXPECT_NE(disk->describe().find(disk->reader().engine_name()), std::string::npos) << disk->describe();
+  }
+}
+
+TEST(DiskFeatures, StatsAddUp) {
+  TempDir dir;
+  const int64_t n = 5000, dim = 100;
+  write_feature_store(dir / "s.gale", n, dim, DType::kF32, 8);
+  const Store store = Store::open(dir / "s.gale");
+  DiskFeatureOptions o;
+  o.cache_bytes = 1000 * dim * 4;
+  o.max_gap_pages = 8;
+  DiskFeatures disk(store, priority_of(n, 4), o);
+  EXPECT_EQ(disk.take_stats().rows_requested, 0) << "the cache fill is not counted";
+
+  const std::vector<int64_t> ids = random_ids(n, 2000, 6);
+  std::vector<float> out(ids.size() * dim);
+  disk.read_rows(ids.data(), static_cast<int64_t>(ids.size()), out.data());
+  const DiskFeatureStats s = disk.take_stats();
+  int64_t hits = 0;
+  for (int64_t id : ids) hits += disk.is_cached(id);
+  std::vector<int64_t> missed;
+  for (int64_t id : ids)
+    if (!disk.is_cached(id)) missed.push_back(id);
+  std::sort(missed.begin(), missed.end());
+  missed.erase(std::unique(missed.begin(), missed.end()), missed.end());
+
+  EXPECT_EQ(s.rows_requested, 2000);
+  EXPECT_EQ(s.cache_hits, hits);
+  EXPECT_GT(s.cache_hits, 0);
+  EXPECT_EQ(s.cache_hits + s.disk_rows, s.rows_requested);
+  EXPECT_EQ(s.distinct_disk_rows, static_cast<int64_t>(missed.size()));
+  EXPECT_EQ(s.useful_bytes, missed.size() * dim * 4);
+  EXPECT_GE(s.disk_bytes, s.useful_bytes);
+  EXPECT_EQ(s.disk_bytes % kPage, 0u);
+  EXPECT_GT(s.read_calls, 0);
+  EXPECT_LE(static_cast<uint64_t>(s.read_calls) * kPage, s.disk_bytes);
+  EXPECT_GE(s.read_seconds, 0.0);
+
+  const DiskFeatureStats again = disk.take_stats();
+  EXPECT_EQ(again.rows_requested, 0);
+  EXPECT_EQ(again.disk_bytes, 0u);
+
+  // Coalescing: without gaps, every needed page is read exactly once.
+  DiskFeatureOptions no_gap;
+  DiskFeatures plain(store, {}, no_gap);
+  plain.read_rows(ids.data(), static_cast<int64_t>(ids.size()), out.data());
+  std::vector<uint64_t> pages;
+  for (int64_t id : ids) {
+    const uint64_t begin = 4096 + static_cast<uint64_t>(id) * dim * 4;
+    for (uint64_t p = begin / kPage; p <= (begin + dim * 4 - 1) / kPage; ++p) pages.push_back(p);
+  }
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  EXPECT_EQ(plain.take_stats().disk_bytes, pages.size() * kPage);
+  EXPECT_NE(plain.describe().find("host cache 0 of 5000 rows"), std::string::npos) << plain.describe();
+}
+
+TEST(DiskFeatures, ConcurrentCallsAgreeWithSerialOnes) {
+  TempDir dir;
+  const int64_t n = 4000, dim = 100;
+  write_feature_store(dir / "s.gale", n, dim, DType::kF16, 12);
+  const Store store = Store::open(dir / "s.gale");
+  const std::vector<uint32_t> sums = sums_of(dir / "s.gale/features.npy");
+  DiskFeatureOptions o;
+  o.cache_bytes = 800 * dim * 4;
+  o.max_gap_pages = 8;
+  o.page_sums = sums.data();
+  DiskFeatures disk(store, priority_of(n, 2), o);
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<std::vector<float>> serial;
+  for (int t = 0; t < 4; ++t) {
+    ids.push_back(random_ids(n, 1500, 50 + t));
+    serial.emplace_back(ids[t].size() * dim);
+    disk.read_rows(ids[t].data(), static_cast<int64_t>(ids[t].size()), serial[t].data());
+  }
+  disk.take_stats();
+  std::vector<std::vector<float>> parallel(4);
+  std::vector<std::string> failures(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        parallel[t].assign(ids[t].size() * dim, 0.0f);
+        for (int round = 0; round < 5; ++round)
+          disk.read_rows(ids[t].data(), static_cast<int64_t>(ids[t].size()), parallel[t].data());
+      } catch (const std::exception& e) {
+        failures[t] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(failures[t], "");
+    EXPECT_TRUE(std::memcmp(parallel[t].data(), serial[t].data(), serial[t].size() * sizeof(float)) == 0)
+        << "thread " << t;
+  }
+  const DiskFeatureStats s = disk.take_stats();
+  EXPECT_EQ(s.rows_requested, 4 * 5 * 1500);
+  EXPECT_EQ(s.cache_hits + s.disk_rows, s.rows_requested);
+}
+
+TEST(DiskFeatures, FlippedByteIsReportedWithItsPage) {
+  TempDir dir;
+  const int64_t n = 3000, dim = 100;
+  write_feature_store(dir / "s.gale", n, dim, DType::kF32, 21);
+  const std::string file = dir / "s.gale/features.npy";
+  const std::vector<uint32_t> sums = sums_of(file);  // the store as written
+  const Store store = Store::open(dir / "s.gale");
+
+  const int64_t bad_row = 1234;
+  const uint64_t bad_byte = 4096 + static_cast<uint64_t>(bad_row) * dim * 4 + 17;
+  const uint64_t bad_page = bad_byte / kPage;
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(bad_byte));
+    char c;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(static_cast<std::streamoff>(bad_byte));
+    f.write(&c, 1);
+  }
+
+  DiskFeatureOptions o;
+  o.page_sums = sums.data();
+  DiskFeatures disk(store, {}, o);
+  std::vector<float> out(dim);
+  const int64_t good = 10;
+  EXPECT_NO_THROW(disk.read_rows(&good, 1, out.data()));
+  std::string message;
+  try {
+    disk.read_rows(&bad_row, 1, out.data());
+  } catch (const CorruptStoreError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("features.npy: page checksum mismatch at byte offset " + std::to_string(bad_page * kPage) +
+                         " (page " + std::to_string(bad_page) + ")"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("gale info --verify"), std::string::npos) << message;
+
+  // The cache fill checks its pages too.
+  DiskFeatureOptions cached = o;
+  cached.cache_bytes = 100 * dim * 4;
+  EXPECT_THROW(DiskFeatures(store, {5, bad_row, 7}, cached), CorruptStoreError);
+  // By default the store's own sums (pages/features.npy) are used.
+  if (store.has_page_sums()) {
+    DiskFeatures by_store(store, {}, DiskFeatureOptions{});
+    EXPECT_NO_THROW(by_store.read_rows(&good, 1, out.data()));
+    const std::string m = error_of([&] { by_store.read_rows(&bad_row, 1, out.data()); });
+    EXPECT_NE(m.find("at byte offset " + std::to_string(bad_page * kPage)), std::string::npos) << m;
+  }
+  // Unchecked, the damage passes unseen.
+  DiskFeatureOptions unchecked;
+  unchecked.check_page_sums = false;
+  DiskFeatures blind(store, {}, unchecked);
+  EXPECT_NO_THROW(blind.read_rows(&bad_row, 1, out.data()));
+}
+
+TEST(DiskFeatures, BudgetTooSmallForTheCacheIsRefused) {
+  TempDir dir;
+  const int64_t n = 2000, dim = 100;
+  write_feature_store(dir / "s.gale", n, dim, DType::kF32, 2);
+  const Store store = Store::open(dir / "s.gale");
+  MemoryBudget small(200 * 1024, "--host-mem-budget");
+  DiskFeatureOptions o;
+  o.cache_bytes = 1000 * dim * 4;  // 400 kB of rows
+  o.budget = &small;
+  std::string message;
+  try {
+    DiskFeatures disk(store, priority_of(n, 1), o);
+  } catch (const ResourceError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("--host-mem-budget"), std::string::npos) << message;
+  EXPECT_EQ(small.in_use(), 0u);
+
+  // A budget that fits: cache, slot table and staging are charged, and returned at the end.
+  MemoryBudget ample(64 << 20, "--host-mem-budget");
+  o.budget = &ample;
+  {
+    DiskFeatures disk(store, priority_of(n, 1), o);
+    EXPECT_EQ(ample.in_use(), 1000u * dim * 4 + n * 4u);
+    const std::vector<int64_t> ids = random_ids(n, 500, 3);
+    std::vector<float> out(ids.size() * dim);
+    disk.read_rows(ids.data(), static_cast<int64_t>(ids.size()), out.data());
+    EXPECT_GT(ample.peak(), ample.in_use()) << "staging was not charged";
+    EXPECT_EQ(ample.in_use(), 1000u * dim * 4 + n * 4u);
+  }
+  EXPECT_EQ(ample.in_use(), 0u);
+}
+
+TEST(DiskFeatures, BadIdsAreInputErrors) {
+  TempDir dir;
+  write_feature_store(dir / "s.gale", 100, 8, DType::kF32, 2);
+  const Store store = Store::open(dir / "s.gale");
+  DiskFeatureOptions o;
+  o.cache_bytes = 10 * 8 * 4;
+  EXPECT_THROW(DiskFeatures(store, {3, 100}, o), InputError);
+  DiskFeatures disk(store, {}, o);
+  const int64_t bad = -1;
+  std::vector<float> out(8);
+  EXPECT_THROW(disk.read_rows(&bad, 1, out.data()), InputError);
+}
+
+}  // namespace
+}  // namespace gale::storage
