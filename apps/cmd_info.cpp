@@ -5,6 +5,9 @@
 
 #include "apps/commands.hpp"
 #include "kernels/error.hpp"
+#include "kernels/cuda/budget.hpp"
+#include "storage/host_features.hpp"
+#include "storage/host_memory.hpp"
 #include "storage/store.hpp"
 
 namespace gale::apps {
@@ -34,6 +37,17 @@ int run_info(const std::vector<std::string>& args) {
   }
   const storage::Store store = storage::Store::open(path);
   std::fputs(storage::describe_store(store).c_str(), stdout);
+  if (store.has_features()) {
+    // Where gale train would read the features from under its default --host-mem-budget (a GPU
+    // whose room holds them all keeps them there instead).
+    const storage::HostMemory memory = storage::detect_host_memory();
+    const uint64_t budget = storage::default_host_budget(memory);
+    const uint64_t needed = storage::topology_bytes(store) + storage::HostFeatures::kStagingReserve +
+                            store.manifest().files.at("features.npy").size;
+    std::printf("placement  features %s the default --host-mem-budget %s (%s)\n",
+                needed <= budget ? "in host memory under" : "read from disk (the disk tier) beyond",
+                kernels::cuda::format_bytes(budget).c_str(), storage::describe(memory).c_str());
+  }
   if (verify) {
     const uint64_t pages = store.verify();
     std::printf("verify: all %zu files match their xxHash64", store.manifest().files.size());

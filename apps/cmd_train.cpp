@@ -155,7 +155,7 @@ int run_train(const std::vector<std::string>& args) {
   engine::TrainOptions o;
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
   bool tf32 = false, tune_gemm = false, stack_operands = false, no_match = false;
-  std::string eval = "auto", feature_gpu, sampler = "auto", gpus, checkpoint_interval;
+  std::string eval = "auto", feature_gpu, sampler = "auto", gpus, checkpoint_interval, host_budget, io_engine = "auto";
   std::string edge_weights = "auto", neighbor_sampling = "uniform", norm = "none", lr_schedule = "constant";
   float min_lr = 0.0f;
   int cpu_workers = 0;
@@ -171,6 +171,11 @@ int run_train(const std::vector<std::string>& args) {
       ("config", po::value(&config), "read options from an INI file (command line wins)")
       ("device", po::value(&device), "cpu | cuda | cuda:N | auto (the first GPU when present)")
       ("gpu-mem-budget", po::value(&gpu_budget), "cap on the GPU memory Gale allocates, e.g. 8G (default: no cap)")
+      ("host-mem-budget", po::value(&host_budget), "cap on the host memory Gale keeps on purpose, e.g. 8G (default: "
+                                                    "the smaller of MemAvailable and the cgroup's limit, less a reserve); "
+                                                    "features beyond it are read from the store's features.npy on disk")
+      ("io-engine", po::value(&io_engine), "reads of features on disk: auto (io_uring, else a pread thread pool) | "
+                                           "io_uring | pread")
       ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware | tc (TC-GNN's "
        "tensor-core SpMM in TF32, full-graph only)")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
@@ -265,36 +270,13 @@ int run_train(const std::vector<std::string>& args) {
   o.model.layers = layers;
   o.model.hidden = hidden;
   o.model.heads = heads;
-  if (heads < 1) throw InputError("--heads: expected at least 1");
-  // Far past any GNN's widths, and a typo's size would only surface as an allocation failure.
-  constexpr int64_t kMaxWidth = int64_t{1} << 16;
-  if (hidden > kMaxWidth) throw InputError("--hidden: expected at most " + std::to_string(kMaxWidth) + ", found " + std::to_string(hidden));
-  if (gat && heads * hidden > kMaxWidth)
-    throw InputError("--heads: expected heads x hidden at most " + std::to_string(kMaxWidth) + ", found " +
-                     std::to_string(heads) + " x " + std::to_string(hidden));
-  if (o.model.gin_mlp_layers != 1 && o.model.gin_mlp_layers != 2)
-    throw InputError("--gin-mlp-layers: expected 1 or 2");
-  // Each comparison is written so that NaN fails it into the error.
-  if (vm.count("dropout") && !(dropout >= 0 && dropout < 1))
-    throw InputError("--dropout: expected a value in [0, 1), found " + std::to_string(dropout));
   o.model.dropout = vm.count("dropout") ? dropout : (gat ? 0.6f : 0.5f);
   o.model.attn_dropout = attn_dropout;
-  if (!(attn_dropout >= 0 && attn_dropout < 1))
-    throw InputError("--attn-dropout: expected a value in [0, 1), found " + std::to_string(attn_dropout));
-  if (!std::isfinite(o.model.gin_eps))
-    throw InputError("--gin-eps: expected a finite number, found " + std::to_string(o.model.gin_eps));
-  if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay)))
-    throw InputError("--weight-decay: expected a finite value >= 0, found " + std::to_string(o.weight_decay));
   if (activation.empty()) activation = gat ? "elu" : "relu";
   engine::parse_activation(activation, &o.model);
   o.model.norm = engine::parse_norm(norm);
-  if (vm.count("lr") && !(lr > 0 && std::isfinite(lr)))
-    throw InputError("--lr: expected a positive, finite learning rate, found " + std::to_string(lr));
   o.lr = vm.count("lr") ? lr : (gat ? 0.005f : 0.01f);
   o.lr_schedule = engine::parse_lr_schedule(lr_schedule);
-  if (!(min_lr >= 0.0f && min_lr <= o.lr))
-    throw InputError("--min-lr: expected a value from 0 to --lr (" + std::to_string(o.lr) + "), found " +
-                     std::to_string(min_lr));
   o.lr_schedule.min_lr = min_lr;
   o.epochs = epochs;
   if (!fanouts.empty()) {
@@ -309,6 +291,15 @@ int run_train(const std::vector<std::string>& args) {
     if (o.gpu_mem_budget == 0) throw InputError("--gpu-mem-budget: expected a positive size such as 8G");
     o.gpu_mem_budget_text = gpu_budget;
   }
+  if (!host_budget.empty()) {
+    o.host_mem_budget = parse_size(host_budget, "--host-mem-budget");
+    if (o.host_mem_budget == 0) throw InputError("--host-mem-budget: expected a positive size such as 8G");
+    o.host_mem_budget_text = host_budget;
+  }
+  if (io_engine == "auto") o.io_engine = storage::IoEngine::kAuto;
+  else if (io_engine == "io_uring") o.io_engine = storage::IoEngine::kUring;
+  else if (io_engine == "pread") o.io_engine = storage::IoEngine::kPread;
+  else throw InputError("--io-engine: expected auto, io_uring or pread, found '" + io_engine + "'");
   o.exec.spmm = parse_spmm_kind(spmm);
   o.match = !no_match;
   o.devices = parse_workers(gpus, cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o.device);
@@ -335,7 +326,6 @@ int run_train(const std::vector<std::string>& args) {
   if (neighbor_sampling == "uniform") o.sampling = sampler::Sampling::kUniform;
   else if (neighbor_sampling == "weighted") o.sampling = sampler::Sampling::kWeighted;
   else throw InputError("--neighbor-sampling: expected uniform or weighted, found '" + neighbor_sampling + "'");
-  if (o.reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
   if (!feature_gpu.empty()) {
     o.feature_gpu_bytes = parse_size(feature_gpu, "--feature-gpu-mem");
     if (o.feature_gpu_bytes == 0) throw InputError("--feature-gpu-mem: expected a positive size such as 2G");
@@ -345,6 +335,7 @@ int run_train(const std::vector<std::string>& args) {
   else if (eval == "batched") o.eval = engine::TrainOptions::Eval::kBatched;
   else if (eval == "none") o.eval = engine::TrainOptions::Eval::kNone;
   else throw InputError("--eval: expected auto, full, batched or none, found '" + eval + "'");
+  // (A library caller's full-graph run evaluates the whole graph whatever it asks.)
   if (o.eval == engine::TrainOptions::Eval::kBatched && fanouts.empty())
     throw InputError("--eval batched: needs --fanouts (mini-batch training)");
   o.exec.tf32 = tf32;
@@ -352,16 +343,8 @@ int run_train(const std::vector<std::string>& args) {
   if (tune_gemm && o.deterministic)
     throw InputError("--tune-gemm: cannot be combined with --deterministic (the tuned GEMMs may differ between runs)");
   engine::ops::set_gemm_tuning(tune_gemm);
-  if (o.exec.spmm == kernels::SpmmKind::kTensorCore) {
-    if (!o.full_graph)
-      throw InputError("--spmm tc: the tensor-core SpMM aggregates a whole graph translated once (--full-graph); "
-                       "sampled blocks change every step");
-    if (o.deterministic)
-      throw InputError("--spmm tc: cannot be combined with --deterministic (a hub's rows are summed by atomics)");
-    if (gat) throw InputError("--spmm tc: aggregates gcn, sage and gin; gat's attention has kernels of its own");
-  }
-  if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1");
-  if (o.threads < 0) throw InputError("--threads: expected 0 (all cores) or more");
+  // Every value check that needs neither the store nor a device, as a library caller gets them.
+  engine::check_train_options(o);
 
   Progress progress(!quiet && ::isatty(STDERR_FILENO), o.eval != engine::TrainOptions::Eval::kNone);
   const bool show = !quiet;
@@ -382,6 +365,8 @@ int run_train(const std::vector<std::string>& args) {
     o.on_step = [&progress, epochs = o.epochs](int64_t epoch, int64_t batch, int64_t batches) {
       progress.step(epoch, epochs, batch, batches);
     };
+  if (show && engine::Processes::get().rank() == 0)
+    o.on_placement = [](const std::string& placement) { std::fprintf(stderr, "features: %s\n", placement.c_str()); };
   if (show)
     o.on_resume = [](int64_t epochs_done, int64_t batches_done) {
       if (batches_done > 0)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/tensor.hpp"
+#include "kernels/cuda/budget.hpp"
 #include "storage/store.hpp"
 
 namespace gale::engine {
@@ -57,8 +58,10 @@ class BatchFeatures {
   // Data-parallel workers: `share_host_with` (another GPU's BatchFeatures) lends its pinned host
   // tier instead of a copy per GPU; `preferred` (a flag per node, e.g. the worker's own parts) goes
   // first into the GPU cache.
+  // `host_budget` (--host-mem-budget) is charged with the pinned host copy when one is made.
   BatchFeatures(const storage::Store& store, const Device& device, uint64_t gpu_bytes, bool match,
-                const BatchFeatures* share_host_with = nullptr, const std::vector<uint8_t>* preferred = nullptr);
+                const BatchFeatures* share_host_with = nullptr, const std::vector<uint8_t>* preferred = nullptr,
+                kernels::cuda::MemoryBudget* host_budget = nullptr);
   ~BatchFeatures();
   BatchFeatures(const BatchFeatures&) = delete;
   BatchFeatures& operator=(const BatchFeatures&) = delete;

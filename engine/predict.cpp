@@ -87,29 +87,10 @@ std::string write_npy_beside(const std::string& path, DType dtype, std::vector<i
   return tmp.string();
 }
 
-}  // namespace
-
-PredictReport predict(const PredictOptions& o) {
-  std::optional<tbb::global_control> limit;
-  if (o.threads > 0) {
-    limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.threads));
-    kernels::set_blas_threads(o.threads);
-  }
-  require(o.device);  // before any reading: a GPU this build or machine lacks fails at once
-  std::filesystem::path file = o.checkpoint;
-  if (std::filesystem::is_directory(file)) file /= "best.ckpt";
-  if (!std::filesystem::exists(file)) throw InputError("--checkpoint: no checkpoint at " + file.string());
-  if (!o.out.empty()) check_output(o.out, "--out", o, file);
-  if (!o.embeddings.empty()) {
-    check_output(o.embeddings, "--embeddings", o, file);
-    std::error_code ec;
-    if (!o.out.empty() && fs::weakly_canonical(o.out, ec) == fs::weakly_canonical(o.embeddings, ec))
-      throw InputError("--embeddings " + o.embeddings + ": the same file as --out; give them different paths");
-  }
-  const CheckpointState state = load_checkpoint(file);
-  const storage::Store store = storage::Store::open(o.store);
-  if (!store.has_features()) throw InputError(o.store + ": the store has no features.npy");
-
+// The model a checkpoint holds, its weights and buffers restored, checked against the store and
+// the kernels asked for.
+Model checkpoint_model(const CheckpointState& state, const std::filesystem::path& file, const storage::Store& store,
+                       const PredictOptions& o) {
   nlohmann::json id;
   ModelConfig config;
   try {
@@ -149,56 +130,133 @@ PredictReport predict(const PredictOptions& o) {
     std::copy(state.params[i].f32(), state.params[i].f32() + state.params[i].numel(), params[i]->value.f32());
   }
   restore_buffers(state, &model, file);
+  return model;
+}
 
+// Every node's logits on the host: on the CPU over the whole graph; on a GPU over the whole graph
+// when its inference fits in what the GPU may hold (the budget, or 90% of the card), else layer by
+// layer over chunks of nodes (engine/layerwise.hpp).
+Tensor infer_logits(Model& model, const storage::Store& store, const PredictOptions& o, PredictReport* report) {
+  const ModelConfig& config = model.config();
   const int64_t n = store.num_nodes();
   Tensor x = Tensor::empty(n, store.feature_dim());
+  store.check_feature_pages(0, n);  // read whole: checked whole
   store.read_features(0, n, x.f32());
-  PredictReport report;
-  Tensor logits;
   const auto start = std::chrono::steady_clock::now();
+  const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   if (o.device.is_cpu()) {
     const GraphOperand graph(aggregation_csr(store, config));
     const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
-    logits = model.forward(graphs, x, /*training=*/false, 0);
-    report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    Tensor logits = model.forward(graphs, x, /*training=*/false, 0);
+    report->forward_seconds = seconds_since(start);
+    return logits;
+  }
+  set_gpu_budget(o.device, o.gpu_mem_budget, o.gpu_mem_budget_text);
+  const UseDevice use(o.device);
+  reset_gpu_peak(o.device);
+  model.to(o.device);
+  const bool attention = config.model == "gat";
+  const uint64_t free = gpu_room_left(o.device, o.gpu_mem_budget);
+  Tensor logits;
+  if (whole_graph_inference_bytes(n, store.num_edges(), store.feature_dim(), model.widest_dim(),
+                                  attention ? config.heads : 0) +
+          kLibraryReserveBytes >
+      free) {
+    const LayerwiseOptions lo = layerwise_options_for(free, model.widest_dim(), attention);
+    logits = layerwise_logits(
+        model, store,
+        [&](const std::vector<int64_t>& ids) {
+          const Tensor at = Tensor::from_host(ids.data(), static_cast<int64_t>(ids.size()), 1, DType::kI64, x.device());
+          return ops::gather_rows(x, at).to(o.device);
+        },
+        lo);
+    report->layerwise_chunks = static_cast<int64_t>(layerwise_chunks(store.indptr(), n, lo.max_rows).size()) - 1;
+    report->forward_seconds = seconds_since(start);
   } else {
-    set_gpu_budget(o.device, o.gpu_mem_budget, o.gpu_mem_budget_text);
-    const UseDevice use(o.device);
-    reset_gpu_peak(o.device);
-    model.to(o.device);
-    const bool attention = config.model == "gat";
-    // The whole graph at once when its inference fits in what the GPU may hold (the budget, or
-    // 90% of the card), else layer by layer over chunks of nodes (engine/layerwise.hpp).
-    const uint64_t free = gpu_room_left(o.device, o.gpu_mem_budget);
-    if (whole_graph_inference_bytes(n, store.num_edges(), store.feature_dim(), model.widest_dim(),
-                                    attention ? config.heads : 0) +
-            kLibraryReserveBytes >
-        free) {
-      const LayerwiseOptions lo = layerwise_options_for(free, model.widest_dim(), attention);
-      logits = layerwise_logits(
-          model, store,
-          [&](const std::vector<int64_t>& ids) {
-            const Tensor at = Tensor::from_host(ids.data(), static_cast<int64_t>(ids.size()), 1, DType::kI64, x.device());
-            return ops::gather_rows(x, at).to(o.device);
-          },
-          lo);
-      report.layerwise_chunks = static_cast<int64_t>(layerwise_chunks(store.indptr(), n, lo.max_rows).size()) - 1;
-      report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      report.gpu_peak_bytes = gpu_peak_bytes(o.device);
-    } else {
-      const GraphOperand graph = GraphOperand(aggregation_csr(store, config)).to(o.device, /*edge_map=*/attention);
-      const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
-      const Tensor x_device = x.to(o.device);
-      synchronize(o.device);
-      const auto ready = std::chrono::steady_clock::now();
-      report.prepare_seconds = std::chrono::duration<double>(ready - start).count();
-      const Tensor on_device = model.forward(graphs, x_device, /*training=*/false, 0);
-      logits = on_device.to(Device::cpu());
-      report.forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - ready).count();
-      report.gpu_peak_bytes = gpu_peak_bytes(o.device);
+    const GraphOperand graph = GraphOperand(aggregation_csr(store, config)).to(o.device, /*edge_map=*/attention);
+    const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
+    const Tensor x_device = x.to(o.device);
+    synchronize(o.device);
+    const auto ready = std::chrono::steady_clock::now();
+    report->prepare_seconds = std::chrono::duration<double>(ready - start).count();
+    const Tensor on_device = model.forward(graphs, x_device, /*training=*/false, 0);
+    logits = on_device.to(Device::cpu());
+    report->forward_seconds = seconds_since(ready);
+  }
+  report->gpu_peak_bytes = gpu_peak_bytes(o.device);
+  return logits;
+}
+
+// Writes --out and --embeddings beside their paths first and renames them only when both are
+// whole: a failure leaves neither (and the files they replace as they were). A symlink is written
+// through: its target is the file replaced.
+void write_outputs(const PredictOptions& o, const std::vector<int32_t>& pred, const Tensor& logits) {
+  const int64_t n = static_cast<int64_t>(pred.size());
+  std::vector<std::pair<std::string, std::string>> done;  // (temporary, final)
+  const auto target = [](const std::string& path) {
+    fs::path p = path;
+    std::error_code ec;
+    for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {  // a link to a link: follow on
+      const fs::path to = fs::read_symlink(p, ec);
+      if (ec) break;
+      p = to.is_absolute() ? to : p.parent_path() / to;
+    }
+    return p.string();
+  };
+  try {
+    if (!o.out.empty()) {
+      const std::string to = target(o.out);
+      done.emplace_back(write_npy_beside(to, DType::kI32, {n}, pred.data(), pred.size() * sizeof(int32_t)), to);
+    }
+    if (!o.embeddings.empty()) {
+      const std::string to = target(o.embeddings);
+      done.emplace_back(write_npy_beside(to, DType::kF32, {n, logits.cols()}, logits.f32(), logits.nbytes()), to);
+    }
+  } catch (...) {
+    for (const auto& [tmp, path] : done) discard(tmp);
+    throw;
+  }
+  const auto lock = storage::lock_temps();  // a stop signal waits for the renames
+  for (const auto& [tmp, path] : done) {
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) {
+      for (const auto& [t, p] : done) discard(t);
+      throw InputError(path + ": cannot write: " + ec.message());
     }
   }
+  for (const auto& [tmp, path] : done) storage::unregister_temp(tmp);
+}
 
+}  // namespace
+
+PredictReport predict(const PredictOptions& o) {
+  std::optional<tbb::global_control> limit;
+  if (o.threads > 0) {
+    limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.threads));
+    kernels::set_blas_threads(o.threads);
+  }
+  require(o.device);  // before any reading: a GPU this build or machine lacks fails at once
+  std::filesystem::path file = o.checkpoint;
+  if (std::filesystem::is_directory(file)) file /= "best.ckpt";
+  if (!std::filesystem::exists(file)) throw InputError("--checkpoint: no checkpoint at " + file.string());
+  if (!o.out.empty()) check_output(o.out, "--out", o, file);
+  if (!o.embeddings.empty()) {
+    check_output(o.embeddings, "--embeddings", o, file);
+    std::error_code ec;
+    if (!o.out.empty() && fs::weakly_canonical(o.out, ec) == fs::weakly_canonical(o.embeddings, ec))
+      throw InputError("--embeddings " + o.embeddings + ": the same file as --out; give them different paths");
+  }
+  const CheckpointState state = load_checkpoint(file);
+  const storage::Store store = storage::Store::open(o.store);
+  if (!store.has_features()) throw InputError(o.store + ": the store has no features.npy");
+  Model model = checkpoint_model(state, file, store, o);
+  PredictReport report;
+  const Tensor logits = infer_logits(model, store, o, &report);
+
+  const int64_t n = store.num_nodes();
   std::vector<int32_t> pred(static_cast<size_t>(n));
   for (int64_t v = 0; v < n; ++v) {
     const float* row = logits.f32() + v * logits.cols();
@@ -231,44 +289,7 @@ PredictReport predict(const PredictOptions& o) {
     }
     pred.swap(by_original);
   }
-  // Both outputs are written beside their paths first and renamed only when both are whole: a
-  // failure leaves neither (and the files they replace as they were).
-  std::vector<std::pair<std::string, std::string>> done;  // (temporary, final)
-  // A symlink is written through: its target is the file replaced.
-  const auto target = [](const std::string& path) {
-    fs::path p = path;
-    std::error_code ec;
-    for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {  // a link to a link: follow on
-      const fs::path to = fs::read_symlink(p, ec);
-      if (ec) break;
-      p = to.is_absolute() ? to : p.parent_path() / to;
-    }
-    return p.string();
-  };
-  try {
-    if (!o.out.empty()) {
-      const std::string to = target(o.out);
-      done.emplace_back(write_npy_beside(to, DType::kI32, {n}, pred.data(), pred.size() * sizeof(int32_t)), to);
-    }
-    if (!o.embeddings.empty()) {
-      const std::string to = target(o.embeddings);
-      done.emplace_back(write_npy_beside(to, DType::kF32, {n, out_logits.cols()}, out_logits.f32(), out_logits.nbytes()),
-                        to);
-    }
-  } catch (...) {
-    for (const auto& [tmp, path] : done) discard(tmp);
-    throw;
-  }
-  const auto lock = storage::lock_temps();  // a stop signal waits for the renames
-  for (const auto& [tmp, path] : done) {
-    std::error_code ec;
-    fs::rename(tmp, path, ec);
-    if (ec) {
-      for (const auto& [t, p] : done) discard(t);
-      throw InputError(path + ": cannot write: " + ec.message());
-    }
-  }
-  for (const auto& [tmp, path] : done) storage::unregister_temp(tmp);
+  write_outputs(o, pred, out_logits);
   return report;
 }
 

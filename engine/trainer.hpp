@@ -18,6 +18,7 @@
 #include "engine/ops.hpp"
 #include "kernels/device.hpp"
 #include "sampler/neighbor_sampler.hpp"
+#include "storage/disk_reader.hpp"
 #include "storage/store.hpp"
 
 namespace gale::engine {
@@ -93,6 +94,18 @@ struct TrainOptions {
   // the text is what the user wrote, for messages.
   uint64_t gpu_mem_budget = 0;
   std::string gpu_mem_budget_text;
+  // --host-mem-budget: what Gale may keep in host memory on purpose (the topology, features or
+  // their cache, IO staging, pinned copies): 0 derives it from what the process may really use
+  // (storage/host_memory.hpp: MemAvailable and the cgroup's limit, less a reserve). Features
+  // beyond what it leaves are read from the store's features.npy by the disk tier
+  // (storage/host_features.hpp). The text is what the user wrote, for messages.
+  uint64_t host_mem_budget = 0;
+  std::string host_mem_budget_text;
+  // The disk tier's reads: io_uring, or a pread thread pool where io_uring is refused (kAuto, or
+  // GALE_IO_ENGINE); --io-engine names one.
+  storage::IoEngine io_engine = storage::IoEngine::kAuto;
+  // Features through the disk tier even when they fit the host budget (measurements, tests).
+  bool features_on_disk = false;
   // Mini-batch on a GPU: sample there (FastGL's fused-map sampler, engine/gpu_batches.hpp) rather
   // than on the CPU. Both draw the same neighbours.
   bool gpu_sampler = true;
@@ -128,6 +141,9 @@ struct TrainOptions {
   // Called on the training thread after each mini-batch step of worker 0: the epoch, the batch's
   // index in plan order and the epoch's batch count.
   std::function<void(int64_t epoch, int64_t batch, int64_t batches)> on_step;
+  // Called once before the first epoch of mini-batch training (lead process) with where the
+  // batches' features come from: the GPU's tiers, host memory, or the disk tier and its reader.
+  std::function<void(const std::string& placement)> on_placement;
   // Called once with resume, after the checkpoint is read and checked: the epochs it completed,
   // and the batches it trained of the next one (0: none).
   std::function<void(int64_t epochs_done, int64_t batches_done)> on_resume;
@@ -154,6 +170,12 @@ struct EpochMetrics {
   // Mini-batch: input feature rows by where they came from (engine/batch_features.hpp).
   int64_t feature_rows = 0, rows_previous = 0, rows_device = 0, rows_cache = 0, rows_host = 0;
   int64_t host_to_gpu_bytes = 0;
+  // Mini-batch with the features on disk (storage/host_features.hpp): rows served by the host
+  // cache and from disk, the bytes the reads moved and the rows' own bytes among them (their ratio
+  // is the read amplification), and the seconds spent reading.
+  int64_t host_cache_hits = 0, disk_rows = 0;
+  uint64_t disk_bytes_read = 0, useful_disk_bytes = 0;
+  double disk_read_s = 0;
   // Mini-batch: input nodes over the epoch, and how many of them the previous batch held, in the
   // trained order and had the sampled order been kept (the match-reorder's gain is the difference).
   int64_t input_nodes = 0, reused_nodes = 0, reused_nodes_sampled_order = 0;
@@ -195,6 +217,11 @@ using EpochCallback = std::function<void(const EpochMetrics&)>;
 // What TrainOptions::edge_weights resolves to for `model` on `store` (the same rule the trainer
 // applies; the CLI says it before training). Throws InputError as described there.
 bool uses_edge_weights(TrainOptions::EdgeWeights choice, const storage::Store& store, const std::string& model);
+
+// Throws InputError naming the flag for an option value that no run can take (the checks that need
+// neither the store nor a device): one place that gale train's command line and a library caller
+// both go through; train() calls it first.
+void check_train_options(const TrainOptions& options);
 
 // Trains as configured. Throws InputError for bad options or a store without features / labels /
 // train split, CorruptStoreError for a bad store or checkpoint, DeviceError when the device is

@@ -302,7 +302,8 @@ std::string DiskFeatures::describe() const {
   const uint64_t cache_bytes = static_cast<uint64_t>(cached_rows_) * static_cast<uint64_t>(dim_) * sizeof(float);
   std::string s = "host cache " + count_text(cached_rows_) + " of " + count_text(num_nodes_) + " rows (" +
                   format_bytes(cache_bytes) + ")";
-  if (cached_rows_ == num_nodes_) return s + ", nothing read from " + file_.filename().string();
+  if (cached_rows_ == num_nodes_)
+    return s + ": every row, read once from " + file_.filename().string() + " with " + reader_->engine_name();
   return s + ", the rest read from " + file_.filename().string() + " with " + reader_->engine_name() +
          (reader_->direct() ? " (O_DIRECT)" : " (buffered: no O_DIRECT on this filesystem)") +
          (page_sums_ ? ", pages checked" : "");

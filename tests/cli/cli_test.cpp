@@ -266,6 +266,64 @@ TEST_F(Cli, FlippedByteIsExitThreeOnVerify) {
   EXPECT_NE(r.out.find("features.npy"), std::string::npos) << r.out;
 }
 
+// A byte flipped in the topology makes a value that is still a node id: only the page sums can tell,
+// and every command that opens the store says where, in one line, with exit 3.
+TEST_F(Cli, FlippedTopologyByteIsExitThreeNamingTheFileAndOffset) {
+  const std::string store = sbm_store();
+  {
+    // Entry 100 of indices: v -> v ^ 1, still in [0, 2000).
+    std::fstream io(fs::path(store) / "graph" / "indices.npy", std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(4096 + 4 * 100);
+    const char c = static_cast<char>(io.get());
+    io.seekp(4096 + 4 * 100);
+    io.put(static_cast<char>(c ^ 1));
+  }
+  const std::string want = store + "/graph/indices.npy: page checksum mismatch at byte offset 4096 (page 1): the store is "
+                                   "corrupt; run gale info --verify";
+  for (const std::string& cmd : {"info " + store, "train " + store + " -q --epochs 1 --device cpu"}) {
+    const CliRun r = gale(cmd);
+    EXPECT_EQ(r.code, 3) << cmd << ": " << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << cmd << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << cmd << ": " << r.out;
+  }
+}
+
+// A store written before page sums opens as it did; --add-page-sums gives it the sums a fresh store
+// has, in place, and --verify then checks every page.
+TEST_F(Cli, AddPageSumsToAnOlderStoreThenVerify) {
+  const std::string store = sbm_store();
+  const std::string fresh_manifest = slurp(store + "/manifest.json");
+  const CliRun checked = gale("info " + store + " --verify");
+  EXPECT_EQ(checked.code, 0) << checked.out;
+  EXPECT_NE(checked.out.find(" pages their page sums"), std::string::npos) << checked.out;
+  // Strip them: no pages/, no sidecar entries, no key, version 1.
+  fs::remove_all(fs::path(store) / "pages");
+  nlohmann::json j = nlohmann::json::parse(fresh_manifest);
+  j.erase("page_size");
+  j["format_version"] = 1;
+  for (auto it = j["files"].begin(); it != j["files"].end();) {
+    if (it.key().rfind("pages/", 0) == 0) it = j["files"].erase(it);
+    else ++it;
+  }
+  std::ofstream(store + "/manifest.json", std::ios::trunc) << j.dump(2) << "\n";
+  const CliRun old = gale("info " + store + " --verify");
+  EXPECT_EQ(old.code, 0) << old.out;
+  EXPECT_NE(old.out.find("page sums  none"), std::string::npos) << old.out;
+  EXPECT_NE(old.out.find("(no page sums: gale info --add-page-sums adds them)"), std::string::npos) << old.out;
+
+  const CliRun add = gale("info " + store + " --add-page-sums");
+  EXPECT_EQ(add.code, 0) << add.out;
+  EXPECT_NE(add.out.find("page sums: added for "), std::string::npos) << add.out;
+  EXPECT_EQ(slurp(store + "/manifest.json"), fresh_manifest);
+  EXPECT_FALSE(fs::exists(store + "/manifest.json.tmp"));
+  const CliRun again = gale("info " + store + " --add-page-sums");
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("already has them; nothing to do"), std::string::npos) << again.out;
+  const CliRun verify = gale("info " + store + " --verify");
+  EXPECT_EQ(verify.code, 0) << verify.out;
+  EXPECT_NE(verify.out.find(" pages their page sums"), std::string::npos) << verify.out;
+}
+
 TEST_F(Cli, PartitionsAreWrittenReportedAndVerified) {
   const std::string store = path("p.gale");
   const CliRun made = gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,seed=3 --partitions 4 -o " + store);
@@ -1139,6 +1197,113 @@ TEST_F(Cli, BenchBadFlagsAreNamed) {
   EXPECT_EQ(unknown.code, 2) << unknown.out;
   for (const char* name : {"spmm", "train", "sample", "gather", "pipeline"})
     EXPECT_NE(unknown.out.find(name), std::string::npos) << unknown.out;
+}
+
+}  // namespace
+}  // namespace gale
+
+namespace gale {
+namespace {
+
+// --host-mem-budget and --io-engine: bad values are exit 2 naming the flag; a budget below the run's
+// minimum (the topology and the IO staging) is exit 4 naming it; a budget the features exceed sends
+// them to the disk tier, which the metrics say (placement, bytes read, read amplification).
+TEST_F(Cli, HostBudgetFlagsAreNamedAndASmallBudgetReadsFeaturesFromDisk) {
+  const std::string store = sbm_store();
+  const std::string run = "train " + store + " -q --device cpu --fanouts 5,5 --epochs 1 ";
+  for (const std::string& bad : {"--host-mem-budget 0", "--host-mem-budget lots", "--io-engine aio"}) {
+    const CliRun r = gale(run + bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find(bad.substr(0, bad.find(' '))), std::string::npos) << bad << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << bad << ": " << r.out;
+  }
+  const CliRun tiny = gale(run + "--host-mem-budget 20M");
+  EXPECT_EQ(tiny.code, 4) << tiny.out;
+  EXPECT_NE(tiny.out.find("--host-mem-budget"), std::string::npos) << tiny.out;
+  EXPECT_EQ(lines(tiny.out), 1) << tiny.out;
+  // 128 MiB + 128 KiB: the staging reserve, the 90 KiB topology, and a cache for part of the 128 KiB of rows.
+  for (const char* engine : {"io_uring", "pread"}) {
+    const std::string metrics = path(std::string("m-") + engine + ".jsonl");
+    const CliRun disk = gale(run + "--host-mem-budget 131200K --io-engine " + engine + " --metrics " + metrics);
+    if (std::string(engine) == "io_uring" && disk.code == 4 && disk.out.find("io_uring") != std::string::npos) {
+      std::printf("io_uring refused here (%s): only the pread pool is checked\n", disk.out.c_str());
+      continue;
+    }
+    ASSERT_EQ(disk.code, 0) << engine << ": " << disk.out;
+    const std::string first = slurp(metrics).substr(0, slurp(metrics).find('\n'));
+    EXPECT_NE(first.find("\"features\":\"disk\""), std::string::npos) << first;
+    EXPECT_NE(first.find(engine), std::string::npos) << first;
+    EXPECT_NE(first.find("\"disk_bytes_read\""), std::string::npos) << first;
+    EXPECT_NE(first.find("\"useful_disk_bytes\""), std::string::npos) << first;
+  }
+}
+
+// A byte flipped in features.npy stops training with exit 3 and one line naming the page's offset,
+// whether the rows are in memory (checked whole as they load) or read from disk (checked per page).
+TEST_F(Cli, FlippedFeatureByteStopsTrainingWithExitThree) {
+  const std::string store = sbm_store();
+  {
+    std::fstream io(fs::path(store) / "features.npy", std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(4096 + 2 * 4096 + 5);
+    const char c = static_cast<char>(io.get());
+    io.seekp(4096 + 2 * 4096 + 5);
+    io.put(static_cast<char>(c ^ 0x20));
+  }
+  for (const std::string& budget : {"", " --host-mem-budget 131200K"}) {
+    const CliRun r = gale("train " + store + " -q --device cpu --fanouts 5,5 --batch-size 2000 --epochs 1" + budget);
+    EXPECT_EQ(r.code, 3) << budget << ": " << r.out;
+    EXPECT_NE(r.out.find("features.npy: page checksum mismatch at byte offset 12288"), std::string::npos) << r.out;
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+  }
+}
+
+// Where the machine lets a test make a memory-limited cgroup (root, cgroup v2 or v1's memory
+// controller), a run whose features exceed what the limit leaves trains in it through the disk tier
+// with the default budget (derived from the cgroup's limit) instead of being killed.
+TEST_F(Cli, TrainsInsideAMemoryLimitedCgroupWithTheDefaultBudget) {
+  fs::path cgroup;
+  std::string limit_file;
+  const std::string name = "gale-cli-test-" + std::to_string(::getpid());
+  if (fs::exists("/sys/fs/cgroup/cgroup.controllers")) {
+    cgroup = fs::path("/sys/fs/cgroup") / name;
+    limit_file = "memory.max";
+  } else if (fs::is_directory("/sys/fs/cgroup/memory")) {
+    cgroup = fs::path("/sys/fs/cgroup/memory") / name;
+    limit_file = "memory.limit_in_bytes";
+  }
+  std::error_code ec;
+  if (cgroup.empty() || !fs::create_directory(cgroup, ec) || ec)
+    GTEST_SKIP() << "no memory-limited cgroup can be made here (" << (cgroup.empty() ? "no memory controller" : ec.message())
+                 << "); the GPU machine's runs measure this";
+  struct Remove {
+    fs::path p;
+    ~Remove() { ::rmdir(p.c_str()); }
+  } remove{cgroup};
+  const std::string store = path("big.gale");
+  // 300K nodes of 256 f32 features: 307 MB, beyond what a 512 MiB limit leaves after the reserve.
+  const CliRun made =
+      gale("preprocess --generate sbm:nodes=300K,classes=4,avg-degree=6,feature-dim=256,seed=3 -o " + store);
+  ASSERT_EQ(made.code, 0) << made.out;
+  {
+    std::ofstream limit(cgroup / limit_file);
+    limit << (uint64_t{512} << 20);
+    if (!limit.flush()) GTEST_SKIP() << "cannot set " << (cgroup / limit_file).string();
+  }
+  std::ofstream(cgroup / "memory.swap.max") << 0;  // v2: no swap to hide in (absent on v1; ignored)
+  const std::string metrics = path("m.jsonl");
+  const std::string cmd = "sh -c 'echo $$ > " + (cgroup / "cgroup.procs").string() + " && exec " +
+                          std::string(GALE_BINARY_DIR) + "/bin/gale train " + store +
+                          " -q --device cpu --fanouts 5,5 --batch-size 1024 --hidden 32 --epochs 1 --eval none --metrics " +
+                          metrics + "' 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = ::pclose(p);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed (the OOM killer?): " << out;
+  ASSERT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_NE(slurp(metrics).find("\"features\":\"disk\""), std::string::npos) << slurp(metrics);
 }
 
 }  // namespace

@@ -432,6 +432,39 @@ TEST_F(GpuCora, GpuSamplerTrainsLikeTheCpuSampler) {
   for (size_t e = 0; e < gpu.size(); ++e) EXPECT_NEAR(gpu[e], cpu[e], 1e-3 * std::abs(cpu[e])) << "epoch " << e;
 }
 
+// Features through the disk tier (storage/host_features.hpp: rows read on the host, copied with
+// each batch) train as the GPU's tiers do: the same rows, so without dropout the losses agree up
+// to float summation order, with either sampler, and the run learns Cora.
+TEST_F(GpuCora, FeaturesOnDiskTrainLikeTheGpuTiers) {
+  for (const bool gpu_sampler : {false, true}) {
+    TrainOptions o = minibatch_options("sage", 64);
+    o.epochs = 4;
+    o.model.dropout = 0;
+    o.gpu_sampler = gpu_sampler;
+    auto losses = [&](bool on_disk) {
+      o.features_on_disk = on_disk;
+      std::vector<double> out;
+      std::string placement;
+      o.on_placement = [&](const std::string& p) { placement = p; };
+      train(o, [&](const EpochMetrics& m) {
+        out.push_back(m.loss);
+        if (on_disk) EXPECT_GT(m.disk_bytes_read + static_cast<uint64_t>(m.host_cache_hits), 0u);
+      });
+      EXPECT_EQ(placement.find("host cache") != std::string::npos, on_disk) << placement;
+      return out;
+    };
+    const std::vector<double> tiers = losses(false), disk = losses(true);
+    ASSERT_EQ(tiers.size(), disk.size());
+    for (size_t e = 0; e < tiers.size(); ++e)
+      EXPECT_NEAR(disk[e], tiers[e], 1e-3 * std::abs(tiers[e])) << "epoch " << e << ", gpu sampler " << gpu_sampler;
+  }
+  TrainOptions o = minibatch_options("sage", 1024);
+  o.features_on_disk = true;
+  const double acc = mean_test_accuracy(o, 3);
+  std::printf("  gpu sage, features on disk: mean test accuracy %.4f (3 seeds)\n", acc);
+  EXPECT_GE(acc, 0.78);
+}
+
 TEST_F(GpuCora, MiniBatchOnTheCpuSamplerToo) {
   TrainOptions o = minibatch_options("sage", 1024);
   o.gpu_sampler = false;

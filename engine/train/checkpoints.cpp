@@ -1,0 +1,144 @@
+#include "engine/train/checkpoints.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "engine/devices.hpp"
+#include "kernels/error.hpp"
+
+namespace gale::engine::train_parts {
+
+namespace {
+
+// "hidden 16 there, 32 here": what differs between a checkpoint's run and this one.
+std::string identity_difference(const std::string& there, const std::string& here) {
+  std::string diff;
+  try {
+    const nlohmann::json was = nlohmann::json::parse(there), now = nlohmann::json::parse(here);
+    for (auto it = now.begin(); it != now.end(); ++it) {
+      const auto old = was.find(it.key());
+      if (old != was.end() && *old == it.value()) continue;
+      diff += (diff.empty() ? "" : ", ") + it.key() + " " + (old == was.end() ? "absent" : old->dump()) + " there, " +
+              it.value().dump() + " here";
+    }
+    for (auto it = was.begin(); it != was.end(); ++it)
+      if (!now.contains(it.key()))
+        diff += (diff.empty() ? "" : ", ") + it.key() + " " + it.value().dump() + " there, absent here";
+  } catch (const nlohmann::json::exception&) {
+    diff = "an unreadable description";
+  }
+  return diff;
+}
+
+// A host copy of t that training will not write (Tensor::to keeps a host tensor as it is).
+Tensor host_copy(const Tensor& t) { return t.device().is_cpu() ? t.clone() : t.to(Device::cpu()); }
+
+}  // namespace
+
+CheckpointPolicy::CheckpointPolicy(const TrainRun& run, Replica& lead, const TrainResult& progress)
+    : run_(run),
+      lead_(lead),
+      progress_(progress),
+      dir_(run.opt().checkpoint_dir),
+      writes_(!run.opt().checkpoint_dir.empty() && run.lead_process()) {}
+
+ResumePoint CheckpointPolicy::start(Replicas& replicas, TrainResult* result) {
+  const TrainOptions& opt = run_.opt();
+  if (writes_ && !opt.resume && !opt.overwrite_checkpoints) {
+    for (const char* name : {"latest.ckpt", "best.ckpt"})
+      if (std::filesystem::exists(dir_ / name))
+        throw InputError("--checkpoint-dir " + opt.checkpoint_dir + ": holds an earlier run's " + name +
+                         "; pass --resume to continue that run, --overwrite-checkpoints to start over there, or "
+                         "another directory");
+  }
+  ResumePoint point;
+  if (!opt.resume) return point;
+  const auto file = dir_ / "latest.ckpt";
+  if (!std::filesystem::exists(file)) throw InputError("--resume: no checkpoint at " + file.string());
+  CheckpointState s = load_checkpoint(file);
+  if (s.config_json != run_.identity())
+    throw CorruptStoreError(file.string() + ": checkpoint of another model, store or batch setup (" +
+                            identity_difference(s.config_json, run_.identity()) +
+                            "); resume with the options it was written with, or use another --checkpoint-dir");
+  for (Replica& r : replicas) {
+    const UseDevice use(r.dev);
+    // Tensor::to keeps a tensor already on the device: every replica after the first takes its
+    // own copy, or CPU replicas would share (and each step) one set of weights and moments.
+    const bool first = &r == &replicas.lead();
+    auto own = [&](const Tensor& t) { return !first && t.device() == r.dev ? t.clone() : t.to(r.dev); };
+    auto params = r.model->parameters();
+    if (s.names.size() != params.size()) throw CorruptStoreError(file.string() + ": parameter count differs from the model");
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (s.names[i] != params[i]->name || s.params[i].rows() != params[i]->value.rows() ||
+          s.params[i].cols() != params[i]->value.cols())
+        throw CorruptStoreError(file.string() + ": parameter " + s.names[i] + " does not match the model");
+      params[i]->value = own(s.params[i]);
+      r.adam->first_moments()[i] = own(s.adam_m[i]);
+      r.adam->second_moments()[i] = own(s.adam_v[i]);
+    }
+    r.adam->set_steps(s.adam_steps);
+    restore_buffers(s, r.model.get(), file);
+  }
+  result->best_valid_acc = s.best_valid_acc;
+  result->test_acc_at_best_valid = s.test_acc_at_best_valid;
+  result->best_epoch = s.best_epoch;
+  result->improved_epoch = s.improved_epoch;
+  result->lr_reductions = s.lr_reductions;
+  result->lr_reduced_epoch = s.lr_reduced_epoch;
+  point.epochs_done = s.epoch + 1;
+  point.batch = s.batches_done;
+  point.loss_sums = s.partial_loss_sums;
+  if (point.batch > 0 && (!run_.step_stops() || static_cast<int>(point.loss_sums.size()) != run_.world())) {
+    const size_t n = point.loss_sums.size();
+    throw InputError(file.string() + ": stopped inside epoch " + std::to_string(point.epochs_done + 1) + " by a run with " +
+                     (n == 1 ? std::string("one worker") : std::to_string(n) + " workers") +
+                     " and no --reorder-window; resume it that way (the epoch's batches cannot be dealt out anew)");
+  }
+  if (opt.on_resume && run_.lead_process()) opt.on_resume(point.epochs_done, point.batch);
+  return point;
+}
+
+void CheckpointPolicy::save_latest(int64_t epoch, int64_t batches_done, std::vector<double> loss_sums) {
+  if (writes_) save(dir_ / "latest.ckpt", epoch, batches_done, std::move(loss_sums));
+}
+
+void CheckpointPolicy::save_best(int64_t epoch) {
+  if (writes_) save(dir_ / "best.ckpt", epoch, 0, {});
+}
+
+bool CheckpointPolicy::interval_due() const {
+  const double interval = run_.opt().checkpoint_interval_s;
+  return interval > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - last_).count() >= interval;
+}
+
+void CheckpointPolicy::save(const std::filesystem::path& file, int64_t epoch, int64_t batches_done,
+                            std::vector<double> loss_sums) {
+  Model& model = *lead_.model;
+  Adam& adam = *lead_.adam;
+  CheckpointState s;
+  s.epoch = epoch;
+  s.batches_done = batches_done;
+  s.partial_loss_sums = std::move(loss_sums);
+  s.adam_steps = adam.steps();
+  s.best_valid_acc = progress_.best_valid_acc;
+  s.test_acc_at_best_valid = progress_.test_acc_at_best_valid;
+  s.best_epoch = progress_.best_epoch;
+  s.improved_epoch = progress_.improved_epoch;
+  s.lr_reductions = progress_.lr_reductions;
+  s.lr_reduced_epoch = progress_.lr_reduced_epoch;
+  s.config_json = run_.identity();
+  auto params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    s.names.push_back(params[i]->name);
+    s.params.push_back(host_copy(params[i]->value));
+    s.adam_m.push_back(host_copy(adam.first_moments()[i]));
+    s.adam_v.push_back(host_copy(adam.second_moments()[i]));
+  }
+  for (Buffer* b : model.buffers()) {
+    s.buffer_names.push_back(b->name);
+    s.buffers.push_back(host_copy(b->value));
+  }
+  writer_.submit(file, std::move(s));
+  last_ = std::chrono::steady_clock::now();
+}
+
+}  // namespace gale::engine::train_parts

@@ -1,0 +1,573 @@
+#include "engine/train/minibatch_epoch.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <thread>
+
+#include "engine/devices.hpp"
+#include "engine/gpu_batches.hpp"
+#include "engine/graph.hpp"
+#include "engine/ops.hpp"
+#include "kernels/error.hpp"
+#include "kernels/graph_norms.hpp"
+#include "kernels/random.hpp"
+#include "scheduler/batch_pipeline.hpp"
+
+namespace gale::engine::train_parts {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+uint64_t double_word(double v) {
+  uint64_t u;
+  std::memcpy(&u, &v, sizeof u);
+  return u;
+}
+
+double word_double(uint64_t u) {
+  double v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+struct PreparedBatch {
+  // Sampled on the CPU: the blocks and their operands on the host.
+  sampler::SampledBatch batch;
+  std::vector<std::unique_ptr<GraphOperand>> graphs;
+  // Sampled on the GPU: the blocks stay there; the load stage turns them into operands and starts
+  // the feature gather on the IO stream.
+  GpuBatch gpu;
+  std::optional<GpuBatch::Operands> ops;
+  PendingFeatures x;
+  std::vector<GraphOperand> on_device;  // graphs on the training device: the model's backward reads them
+  Tensor features;
+  std::vector<int32_t> labels;
+  Tensor seeds;  // GPU-sampled: the seeds on the device, once forward has built the operands
+};
+
+// What a worker's epoch adds to the epoch's metrics.
+struct WorkerEpoch {
+  double loss_sum = 0;  // per-seed losses, summed
+  int64_t seeds = 0;
+  double wall_s = 0;
+  scheduler::PipelineTimes times;
+  double io_s = 0, allreduce_s = 0;
+  // Host seconds the steps spent enqueueing the gradient sums, and waiting for the lagged read of
+  // the stop votes (worker 0's are reported: where a worker's host, not its GPU, holds it up).
+  double allreduce_host_s = 0, vote_wait_s = 0;
+  FeatureLoadStats features;
+  uint64_t checksum = 0;
+  int stop = 0;  // TrainOptions::stop as this worker saw it after the epoch
+  // Several workers: the pipeline ended early because the workers agreed on an interval
+  // checkpoint (not a stop); the epoch goes on after it from times.consumed_end.
+  bool checkpoint_break = false;
+  // With several workers: every worker's record (record() below), in rank order, gathered after
+  // the epoch, so rank 0 reports the whole run's counts.
+  std::vector<uint64_t> everyone;
+
+  // What a worker tells the others after an epoch, as 64-bit words (doubles by their bits).
+  std::vector<uint64_t> record() const {
+    return {double_word(loss_sum),
+            static_cast<uint64_t>(seeds),
+            double_word(wall_s),
+            static_cast<uint64_t>(features.rows),
+            static_cast<uint64_t>(features.previous),
+            static_cast<uint64_t>(features.device),
+            static_cast<uint64_t>(features.cache),
+            static_cast<uint64_t>(features.host),
+            static_cast<uint64_t>(features.host_to_gpu_bytes()),
+            static_cast<uint64_t>(times.reuse.nodes),
+            static_cast<uint64_t>(times.reuse.reused),
+            static_cast<uint64_t>(times.reuse.reused_sampled_order),
+            double_word(allreduce_s),
+            static_cast<uint64_t>(stop)};
+  }
+};
+
+// Several workers stop between steps only together, after the same step: each adds its stop
+// flag, and the run's first worker whether an interval checkpoint is due, to the step's gradient
+// sums ([stop, checkpoint], one more tensor in the last bucket). Every worker reads the sums
+// kVoteLag steps later (the copy long done, so the host never waits for the device) and ends
+// its pipeline after that step if either is not zero. The sums are the same bits everywhere,
+// so every worker ends after the same step; the trainer then stops, or checkpoints and goes
+// on with the epoch from there (as a resumed run would).
+// GALE_VOTE_LAG overrides the lag, for measuring what the bound on the host's run-ahead costs.
+int64_t vote_lag() {
+  static const int64_t lag = [] {
+    const char* env = std::getenv("GALE_VOTE_LAG");
+    return env != nullptr && std::atoll(env) > 0 ? static_cast<int64_t>(std::atoll(env)) : int64_t{2};
+  }();
+  return lag;
+}
+
+}  // namespace
+
+// One worker's mini-batch epoch: its share of the epoch's steps through its own pipeline; the
+// gradients are summed over the workers as backward produces them. A resumed epoch starts at
+// first_batch with this worker's losses of the batches before it: adding on to that sum in the
+// same order keeps the epoch's loss bit for bit.
+struct MiniBatchEpochs::Worker {
+  const TrainRun& run;
+  const TrainOptions& opt;
+  Replica& r;
+  const UseDevice use_device;  // before anything below allocates on r.dev (worker threads start elsewhere)
+  const Clock::time_point t0 = Clock::now();
+  const sampler::NeighborSampler* sampler;
+  storage::HostFeatures* host_features;  // the rows' source when r has no feature tiers
+  const std::vector<float>& full_degree;
+  CheckpointPolicy& checkpoints;
+  const int local;
+  const int64_t epoch, first_batch;
+  const uint64_t epoch_key;
+  const scheduler::EpochPlan plan;
+  WorkerEpoch out;
+  IoTimer io_timer;
+  Tensor batch_rows;  // 0, 1, ..., batch_size - 1: every logits row of a batch is a seed
+  // Each step's mean loss and hit count (16 bytes per step), read once after the epoch: a step
+  // never waits for the device, so the host queues the next while the GPU runs this one.
+  Tensor step_losses;
+  std::vector<std::vector<Parameter*>> by_layer;
+  std::vector<Tensor*> bucket;
+  size_t bucket_bytes = 0;
+  const int64_t lag = vote_lag();
+  const bool votes, votes_checkpoints;
+  std::atomic<int> agreed{0};
+  std::optional<LaggedReads> vote_reads;
+  std::vector<Tensor> vote_sums;
+  Tensor vote_values[4];  // [stop, checkpoint] for index stop + 2 * checkpoint, copied on the device
+
+  Worker(const MiniBatchEpochs& e, int local_, int64_t epoch_, uint64_t key, int64_t first, double loss_sum,
+         CheckpointPolicy& ckpt)
+      : run(e.run_),
+        opt(e.run_.opt()),
+        r(e.replicas_[local_]),
+        use_device(r.dev),
+        sampler(e.sampler_.get()),
+        host_features(e.replicas_.host_features()),
+        full_degree(e.full_degree_),
+        checkpoints(ckpt),
+        local(local_),
+        epoch(epoch_),
+        first_batch(first),
+        epoch_key(key),
+        plan(e.plan(epoch_, e.run_.first_rank() + local_)),
+        io_timer(r.dev),
+        step_losses(Tensor::empty(std::max<int64_t>(1, plan.num_batches()) * 16, 1, DType::kU8, r.dev)),
+        by_layer(r.model->parameters_by_layer()),
+        votes(r.comm != nullptr && run.step_stops()),
+        votes_checkpoints(votes && run.lead_process() && local_ == 0 && opt.checkpoint_interval_s > 0) {
+    out.loss_sum = loss_sum;
+    if (votes) {
+      vote_reads.emplace(r.dev, static_cast<int>(lag + 1), 2);
+      vote_sums.resize(static_cast<size_t>(lag + 1));
+      for (Tensor& v : vote_sums) v = Tensor::empty(1, 2, DType::kF32, r.dev);
+      for (int i = 0; i < 4; ++i) {
+        const float value[2] = {static_cast<float>(i & 1), static_cast<float>(i >> 1)};
+        vote_values[i] = Tensor::from_host(value, 1, 2, DType::kF32, r.dev);
+      }
+    }
+  }
+
+  // sum + the per-seed losses of batches [from, to), added in plan order (the epoch's loss, and
+  // with it a resumed epoch's, depends on that order).
+  double add_losses(double sum, int64_t from, int64_t to) const {
+    const Tensor losses = step_losses.to(Device::cpu());
+    for (int64_t b = from; b < to; ++b) {
+      if (plan.batch_length(b) == 0) continue;
+      double loss;
+      std::memcpy(&loss, losses.data<unsigned char>() + 16 * b, sizeof loss);
+      sum += loss * static_cast<double>(plan.batch_length(b));
+    }
+    return sum;
+  }
+
+  // Gradients travel in buckets of at least kBucketBytes, filled layer by layer as backward
+  // finishes them (last layer first) and sent as soon as full, so a deep or wide model's sums
+  // overlap the rest of its backward; the rest goes after backward. Every worker forms the same
+  // buckets (they depend only on the parameters' sizes), so the calls match. A bucket is one
+  // NCCL group call: fewer, larger sums wait for the other workers fewer times per step
+  // (measured on 2 H200s, R-MAT 23: one sum per layer spent 0.19 s per epoch in NCCL).
+  static constexpr size_t kBucketBytes = size_t{4} << 20;
+  void flush() {
+    if (bucket.empty()) return;
+    const auto t_sum = Clock::now();
+    r.comm->all_reduce_sum(bucket);
+    out.allreduce_host_s += since(t_sum);
+    bucket.clear();
+    bucket_bytes = 0;
+  }
+  void sum_layer(const std::vector<Parameter*>& params) {
+    for (Parameter* p : params) {
+      bucket.push_back(&p->grad);
+      bucket_bytes += p->grad.nbytes();
+    }
+    if (bucket_bytes >= kBucketBytes) flush();
+  }
+
+  // Sampled blocks of a batch of seeds as graph operands (each outer source's GCN norm from its
+  // full-graph in-degree, weighted when the model is), still on the host.
+  void prepare_blocks(PreparedBatch* p, const int64_t* seeds, int64_t len, uint64_t key) const {
+    const storage::Store& store = run.store();
+    p->batch = sampler->sample(seeds, len, key);
+    for (const sampler::Block& block : p->batch.blocks)
+      p->graphs.push_back(std::make_unique<GraphOperand>(block.csr(), block.src_ids.data(), store.indptr(),
+                                                          /*with_transpose=*/true, full_degree.data()));
+    if (!r.batch_features) read_features(p, p->batch.input_nodes());  // a GPU's tiers gather them later
+  }
+
+  // The host reads a batch's input features here, in parallel with training: from memory, or
+  // through the disk tier.
+  void read_features(PreparedBatch* p, const std::vector<int64_t>& inputs) const {
+    p->features = Tensor::empty(static_cast<int64_t>(inputs.size()), run.store().feature_dim());
+    host_features->read_rows(inputs.data(), p->features.rows(), p->features.f32());
+  }
+
+  std::unique_ptr<PreparedBatch> prepare(int64_t b) const {
+    const UseDevice use_here(r.dev);
+    auto p = std::make_unique<PreparedBatch>();
+    const int64_t len = plan.batch_length(b);
+    if (len == 0) return p;  // a worker without seeds in the last step only joins the sums
+    const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
+    if (r.gpu_batches) {  // the node sets leave the GPU only for the match-reorder window or the host's reads
+      p->gpu = r.gpu_batches->sample(plan.batch(b), len, key, opt.reorder_window > 1 || !r.batch_features);
+      if (!r.batch_features) read_features(p.get(), p->gpu.input_nodes_host());
+      return p;
+    }
+    prepare_blocks(p.get(), plan.batch(b), len, key);
+    p->labels.resize(static_cast<size_t>(len));
+    for (int64_t i = 0; i < len; ++i) p->labels[i] = run.labels()[plan.batch(b)[i]];
+    return p;
+  }
+
+  const std::vector<int64_t>& node_set(const std::unique_ptr<PreparedBatch>& p) const {
+    static const std::vector<int64_t> none;  // a worker's empty slice
+    if (r.gpu_batches) return p->gpu.input_nodes_host();
+    return p->batch.blocks.empty() ? none : p->batch.input_nodes();
+  }
+
+  // In training order, ahead of the step: a GPU-sampled batch's operands and feature gather on the
+  // IO stream.
+  void load(int64_t b, std::unique_ptr<PreparedBatch>& p) {
+    if (!r.gpu_batches || plan.batch_length(b) == 0) return;
+    const UseDevice use_here(r.dev);
+    io_timer.begin();
+    p->ops = r.gpu_batches->operands(p->gpu, run.attention());
+    if (r.batch_features) p->x = r.batch_features->load_async(p->ops->input_nodes);
+    io_timer.end();
+  }
+
+  // Training forward of a prepared batch on the replica's device (blocks copied there in order, on
+  // the compute stream, or, sampled on the GPU, built there).
+  Tensor forward(PreparedBatch* p, uint64_t key) {
+    p->on_device.clear();
+    if (r.gpu_batches && p->batch.blocks.empty()) {  // built by the load stage on the IO stream
+      // The compute stream waits for all of the gather here (or copies the rows the host read).
+      const Tensor x = r.batch_features ? p->x.take() : p->features.to(r.dev);
+      p->on_device = std::move(p->ops->graphs);
+      p->seeds = std::move(p->ops->seeds);
+      p->ops.reset();
+      std::vector<const GraphOperand*> graphs;
+      for (const auto& g : p->on_device) graphs.push_back(&g);
+      return r.model->forward(graphs, x, /*training=*/true, key);
+    }
+    for (const auto& g : p->graphs) p->on_device.push_back(g->to(r.dev, run.attention()));
+    std::vector<const GraphOperand*> graphs;
+    for (const auto& g : p->on_device) graphs.push_back(&g);
+    const Tensor x = r.batch_features ? r.batch_features->load(p->batch.input_nodes()) : p->features.to(r.dev);
+    return r.model->forward(graphs, x, /*training=*/true, key);
+  }
+
+  // Forward and backward of step b (this worker's share of it), its loss queued into step_losses.
+  void step_gradients(int64_t b, std::unique_ptr<PreparedBatch>& p) {
+    const int64_t len = plan.batch_length(b);
+    if (len == 0) {
+      for (size_t l = by_layer.size(); l-- > 0;) sum_layer(by_layer[l]);  // the same sums, of zeros
+      return;
+    }
+    Tensor logits = forward(p.get(), kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)));
+    if (!batch_rows.defined() || batch_rows.rows() < len) {
+      std::vector<int64_t> rows(static_cast<size_t>(std::max(len, opt.batch_size)));
+      for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+      batch_rows = Tensor::from_host(rows.data(), static_cast<int64_t>(rows.size()), 1, DType::kI64, r.dev);
+    }
+    Tensor grad = Tensor::empty(len, logits.cols(), DType::kF32, r.dev);
+    const Tensor batch_labels = p->seeds.defined() ? ops::gather_rows(r.labels_all, p->seeds)
+                                                   : Tensor::from_host(p->labels.data(), len, 1, DType::kI32, r.dev);
+    ops::softmax_cross_entropy_async(logits, batch_labels, batch_rows.rows_slice(0, len), &grad, &step_losses, b);
+    out.seeds += len;
+    logits = Tensor();
+    // The loss of a step is the mean over every worker's seeds: weigh this worker's mean.
+    const int64_t step = plan.step_length(b);
+    if (step != len) ops::axpy(grad, static_cast<float>(len) / static_cast<float>(step) - 1.0f, &grad);
+    r.model->backward(std::move(grad),
+                      r.comm ? Model::GradHook([this](const std::vector<Parameter*>& ps) { sum_layer(ps); })
+                             : Model::GradHook());
+  }
+
+  // Adds this worker's votes to the step's sums, and reads the sums of the step `lag` back: when
+  // any worker voted, the pipeline ends after this step (agreed).
+  void vote(int slot) {
+    const bool stop = opt.stop != nullptr && opt.stop->load() != 0;
+    const bool due = votes_checkpoints && checkpoints.interval_due();
+    ops::copy(vote_values[(stop ? 1 : 0) + (due ? 2 : 0)], &vote_sums[static_cast<size_t>(slot)]);
+    bucket.push_back(&vote_sums[static_cast<size_t>(slot)]);
+  }
+  void read_votes(int64_t b, int slot) {
+    vote_reads->copy(slot, vote_sums[static_cast<size_t>(slot)]);
+    if (b - lag >= first_batch && b + 1 < plan.num_batches()) {
+      const auto t_read = Clock::now();
+      const float* sums = vote_reads->read(static_cast<int>((b - lag) % (lag + 1)));
+      out.vote_wait_s += since(t_read);
+      if (sums[0] > 0.0f || sums[1] > 0.0f) {
+        out.checkpoint_break = sums[0] == 0.0f;
+        agreed.store(1);
+      }
+    }
+  }
+
+  void consume(int64_t b, std::unique_ptr<PreparedBatch>& p) {
+    const UseDevice use_here(r.dev);
+    r.model->zero_grad();
+    step_gradients(b, p);
+    const int slot = static_cast<int>(b % (lag + 1));
+    if (votes) vote(slot);
+    if (r.comm) {
+      flush();
+      r.comm->wait();
+    }
+    if (votes) read_votes(b, slot);
+    r.adam->step();
+    if (local == 0 && opt.on_step) opt.on_step(epoch, b, plan.num_batches());
+    if (opt.checkpoint_interval_s > 0 && !r.comm && b + 1 < plan.num_batches() && checkpoints.interval_due())
+      checkpoints.save_latest(epoch - 1, b + 1, {add_losses(out.loss_sum, first_batch, b + 1)});
+  }
+
+  WorkerEpoch run_epoch() {
+    out.times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
+        plan.num_batches(), opt.prefetch,
+        static_cast<int>(std::min<int64_t>(opt.reorder_window, std::max<int64_t>(1, plan.num_batches()))),  // a window past the epoch is the epoch
+        [&](int64_t b) { return prepare(b); },
+        [&](const std::unique_ptr<PreparedBatch>& p) -> const std::vector<int64_t>& { return node_set(p); },
+        [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { load(b, p); },
+        [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { consume(b, p); },
+        scheduler::PipelineRange{first_batch, !run.step_stops() ? nullptr : votes ? &agreed : opt.stop});
+    out.loss_sum = add_losses(out.loss_sum, first_batch, out.times.consumed_end);
+    if (r.batch_features) out.features = r.batch_features->take_stats();
+    out.io_s = io_timer.take_seconds();
+    if (r.comm) out.allreduce_s = r.comm->take_seconds();
+    synchronize(r.dev);
+    out.wall_s = since(t0);
+    if (r.comm) gather_records();
+    return out;
+  }
+
+  // Every worker's counts to every worker (rank 0 reports them), and with --check-replicas each
+  // one's weight checksum after the record.
+  void gather_records() {
+    out.stop = opt.stop ? opt.stop->load() : 0;
+    std::vector<uint64_t> mine = out.record();
+    if (opt.check_replicas) mine.push_back(parameter_checksum(*r.model));
+    out.everyone = r.comm->all_gather(mine);
+    if (!opt.check_replicas) return;
+    const size_t words = mine.size();
+    for (int w = 1; w < run.world(); ++w) {
+      if (out.everyone[w * words + words - 1] != out.everyone[words - 1])
+        throw InternalError("--check-replicas: after epoch " + std::to_string(epoch + 1) + " worker " +
+                            std::to_string(w) + "'s weights differ from worker 0's");
+    }
+    out.checksum = out.everyone[words - 1];
+  }
+};
+
+MiniBatchEpochs::MiniBatchEpochs(const TrainRun& run, Replicas& replicas) : run_(run), replicas_(replicas) {
+  const TrainOptions& opt = run.opt();
+  sampler_ = std::make_unique<sampler::NeighborSampler>(run.store().csr(), opt.fanouts, opt.sampling,
+                                                         opt.model.edge_weights);
+  replicas.place_batch_sources(run);
+  if (opt.model.edge_weights) full_degree_ = kernels::weighted_in_degree(run.store().csr());
+  if (run.seeds_by_partition())
+    seed_pools_ = scheduler::balance_seed_pools(run.train_ids(), run.store().partition(), run.world());
+}
+
+MiniBatchEpochs::~MiniBatchEpochs() = default;
+
+scheduler::EpochPlan MiniBatchEpochs::plan(int64_t epoch, int rank) const {
+  const TrainOptions& opt = run_.opt();
+  return run_.seeds_by_partition() ? scheduler::EpochPlan(seed_pools_, opt.batch_size, opt.seed, epoch, rank)
+                                   : scheduler::EpochPlan(run_.train_ids(), opt.batch_size, opt.seed, epoch, run_.world(), rank);
+}
+
+void MiniBatchEpochs::take_disk_stats(EpochMetrics* m) {
+  storage::HostFeatures* host = replicas_.host_features();
+  if (host == nullptr || !host->on_disk()) return;
+  const storage::DiskFeatureStats d = host->take_stats();
+  m->host_cache_hits = d.cache_hits;
+  m->disk_rows = d.disk_rows;
+  m->disk_bytes_read = d.disk_bytes;
+  m->useful_disk_bytes = d.useful_bytes;
+  m->disk_read_s = d.read_seconds;
+}
+
+FeaturePlacement MiniBatchEpochs::placement() const {
+  const Replica& lead = replicas_.lead();
+  FeaturePlacement p;
+  p.tiers = lead.batch_features != nullptr;
+  if (p.tiers)
+    p.description = lead.batch_features->describe() + (lead.gpu_batches ? "; " + lead.gpu_batches->describe() : "; CPU sampler");
+  if (const storage::HostFeatures* host = replicas_.host_features(); host != nullptr) {
+    p.disk = host->on_disk();
+    p.description = host->describe() + (lead.gpu_batches ? "; " + lead.gpu_batches->describe() : "");
+  }
+  return p;
+}
+
+namespace {
+
+// Every worker's epoch on its own thread (rank 0 on this one). A worker that fails aborts the
+// group, so the others stop at their next sum instead of waiting for it forever; the first
+// failure is rethrown, naming the worker.
+template <typename RunWorker>
+void run_workers(const TrainRun& run, Replicas& replicas, const RunWorker& run_worker) {
+  const int workers = run.workers();
+  std::vector<std::exception_ptr> failed(static_cast<size_t>(workers));
+  std::atomic<int> first_failure{-1};  // set before the abort, so the cause wins over its echoes
+  auto guarded = [&](int w) {
+    Replica& r = replicas[w];
+    try {
+      run_worker(w);
+    } catch (const std::exception& e) {
+      failed[static_cast<size_t>(w)] = std::current_exception();
+      int none = -1;
+      first_failure.compare_exchange_strong(none, w);
+      if (r.comm)
+        r.comm->abort("stopped because worker " + std::to_string(run.first_rank() + w) + " (" + r.dev.name() +
+                      ") failed: " + e.what());
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < workers; ++w) pool.emplace_back(guarded, w);
+  guarded(0);
+  for (std::thread& t : pool) t.join();
+  const int w = first_failure.load();
+  if (w < 0) return;
+  if (workers == 1) std::rethrow_exception(failed[0]);
+  const std::string where = "worker " + std::to_string(run.first_rank() + w) + " (" + replicas[w].dev.name() + "): ";
+  try {
+    std::rethrow_exception(failed[static_cast<size_t>(w)]);
+  } catch (const Error& e) {
+    throw Error(where + e.what(), e.code());
+  } catch (const std::exception& e) {
+    throw InternalError(where + e.what());
+  }
+}
+
+// The epoch's counts so far over every worker of the run, summed by rank.
+struct EpochTally {
+  std::vector<double> loss_sums;  // by rank, over the epoch so far
+  std::vector<int64_t> seeds;
+  std::vector<double> wall, allreduce;
+  int stop_signal = 0;
+  explicit EpochTally(int world)
+      : seeds(static_cast<size_t>(world), 0), wall(static_cast<size_t>(world), 0.0), allreduce(static_cast<size_t>(world), 0.0) {}
+
+  // Adds a segment of the epoch (worker 0's view of it: every worker's records, or its own).
+  void add(const WorkerEpoch& w0, int world, EpochMetrics* m) {
+    const std::vector<uint64_t> records = w0.everyone.empty() ? w0.record() : w0.everyone;
+    const size_t words = records.size() / static_cast<size_t>(world);
+    loss_sums.clear();
+    for (int w = 0; w < world; ++w) {
+      const uint64_t* rec = records.data() + static_cast<size_t>(w) * words;
+      loss_sums.push_back(word_double(rec[0]));  // each worker's sum goes on from its prior
+      seeds[static_cast<size_t>(w)] += static_cast<int64_t>(rec[1]);
+      wall[static_cast<size_t>(w)] += word_double(rec[2]);
+      m->feature_rows += static_cast<int64_t>(rec[3]);
+      m->rows_previous += static_cast<int64_t>(rec[4]);
+      m->rows_device += static_cast<int64_t>(rec[5]);
+      m->rows_cache += static_cast<int64_t>(rec[6]);
+      m->rows_host += static_cast<int64_t>(rec[7]);
+      m->host_to_gpu_bytes += static_cast<int64_t>(rec[8]);
+      m->input_nodes += static_cast<int64_t>(rec[9]);
+      m->reused_nodes += static_cast<int64_t>(rec[10]);
+      m->reused_nodes_sampled_order += static_cast<int64_t>(rec[11]);
+      allreduce[static_cast<size_t>(w)] += word_double(rec[12]);
+      stop_signal = std::max(stop_signal, static_cast<int>(rec[13]));
+    }
+    m->sample_s += w0.times.prepare_s;
+    m->io_s += w0.io_s;
+    m->compute_s += w0.times.consume_s;
+    m->wait_s += w0.times.wait_s;
+    m->allreduce_s += w0.allreduce_s;
+    m->allreduce_host_s += w0.allreduce_host_s;
+    m->vote_wait_s += w0.vote_wait_s;
+    m->reorder_s += w0.times.reorder_s;
+    m->replica_checksum = w0.checksum;
+  }
+
+  // The whole epoch's loss and per-worker rates into m.
+  void finish(int world, int64_t train_seeds, EpochMetrics* m) const {
+    double loss_sum = 0;
+    for (int w = 0; w < world; ++w) {
+      loss_sum += loss_sums[static_cast<size_t>(w)];
+      const double t = wall[static_cast<size_t>(w)];
+      m->worker_seeds_per_s.push_back(t > 0 ? static_cast<double>(seeds[static_cast<size_t>(w)]) / t : 0.0);
+      m->worker_allreduce_s.push_back(allreduce[static_cast<size_t>(w)]);
+    }
+    m->loss = loss_sum / static_cast<double>(train_seeds);
+    if (m->input_nodes == 0) {  // GPU-sampled without a window: the node sets never left the GPU
+      m->input_nodes = m->feature_rows;
+      m->reused_nodes = m->reused_nodes_sampled_order = m->rows_previous;
+    }
+  }
+};
+
+}  // namespace
+
+// Several workers run the epoch in segments when they agree on an interval checkpoint: each
+// segment ends after the same step, the checkpoint is written, and the next goes on from there
+// with each worker's loss sum so far, exactly as a run resumed from that checkpoint would.
+MiniBatchEpochEnd MiniBatchEpochs::train_epoch(int64_t epoch, uint64_t epoch_key, const ResumePoint* start,
+                                               CheckpointPolicy& checkpoints, EpochMetrics* m) {
+  const int world = run_.world();
+  std::vector<WorkerEpoch> done(static_cast<size_t>(run_.workers()));
+  int64_t segment_first = start != nullptr ? start->batch : 0;
+  // Each worker rank's sum of the losses before segment_first (a resumed epoch's from the checkpoint).
+  std::vector<double> priors(static_cast<size_t>(world), 0.0);
+  if (start != nullptr && !start->loss_sums.empty()) priors = start->loss_sums;
+  EpochTally tally(world);
+  m->batches = plan(epoch, 0).num_batches();
+  MiniBatchEpochEnd end;
+  for (;;) {
+    run_workers(run_, replicas_, [&](int w) {
+      Worker worker(*this, w, epoch, epoch_key, segment_first, priors[static_cast<size_t>(run_.first_rank() + w)],
+                    checkpoints);
+      done[static_cast<size_t>(w)] = worker.run_epoch();
+    });
+    const WorkerEpoch& w0 = done[0];
+    tally.add(w0, world, m);
+    end.stop_signal = tally.stop_signal;
+    const int64_t consumed = w0.times.consumed_end;
+    if (consumed >= m->batches) break;
+    // Ended between steps (step_stops), every worker after the same one.
+    checkpoints.save_latest(epoch - 1, consumed, tally.loss_sums);
+    if (w0.checkpoint_break) {  // an agreed interval checkpoint: the epoch goes on
+      segment_first = consumed;
+      priors = tally.loss_sums;
+      continue;
+    }
+    end.inside = true;
+    end.batches_done = consumed;
+    return end;
+  }
+  tally.finish(world, static_cast<int64_t>(run_.train_ids().size()), m);
+  take_disk_stats(m);
+  return end;
+}
+
+}  // namespace gale::engine::train_parts

@@ -1,0 +1,64 @@
+// engine/train/minibatch_epoch.hpp — one epoch of mini-batch training over every worker of this
+// process: each worker runs its share of the epoch's steps through its own pipeline
+// (scheduler/batch_pipeline.hpp: sample ahead, reorder a window, load features, train), sums its
+// gradients with the others as backward produces them, and votes with them on stopping and on
+// interval checkpoints, so every worker ends after the same step. Every random draw is keyed on
+// (seed, epoch, batch), so an epoch resumed at a step continues exactly as an uninterrupted one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/train/checkpoints.hpp"
+#include "engine/train/metrics_log.hpp"
+#include "engine/train/replicas.hpp"
+#include "engine/train/run.hpp"
+#include "engine/trainer.hpp"
+#include "sampler/neighbor_sampler.hpp"
+#include "scheduler/epoch_plan.hpp"
+
+namespace gale::engine::train_parts {
+
+// How a mini-batch epoch ended.
+struct MiniBatchEpochEnd {
+  int stop_signal = 0;       // TrainOptions::stop as the workers agreed on it (several workers)
+  bool inside = false;       // stopped between steps, before the epoch's last one
+  int64_t batches_done = 0;  // with `inside`: the batches trained, in plan order
+};
+
+class MiniBatchEpochs {
+ public:
+  // The CPU sampler, every replica's batch sources (Replicas::place_batch_sources), the seed
+  // pools of a partitioned store, and the full-graph degrees blocks normalise by.
+  MiniBatchEpochs(const TrainRun& run, Replicas& replicas);
+  ~MiniBatchEpochs();
+
+  // The epoch's batches, for the worker of rank `rank`.
+  scheduler::EpochPlan plan(int64_t epoch, int rank) const;
+
+  // Trains epoch `epoch` on every worker (rank 0 on this thread, the others on threads of their
+  // own; one that fails aborts the group and its error is rethrown, naming the worker). Starts at
+  // `start.batch` with its loss sums when `start` is given (the epoch a run resumes inside).
+  // Checkpoints inside the epoch when stopped or when an interval checkpoint falls due; fills m's
+  // loss, time split, feature and reuse counts.
+  MiniBatchEpochEnd train_epoch(int64_t epoch, uint64_t epoch_key, const ResumePoint* start,
+                                CheckpointPolicy& checkpoints, EpochMetrics* m);
+
+  // Where the lead replica's batches come from, for the metrics.
+  FeaturePlacement placement() const;
+
+  struct Worker;  // one worker's epoch (minibatch_epoch.cpp)
+
+ private:
+  // The disk tier's counters of the epoch into m (nothing unless the features are on disk).
+  void take_disk_stats(EpochMetrics* m);
+
+  const TrainRun& run_;
+  Replicas& replicas_;
+  std::unique_ptr<sampler::NeighborSampler> sampler_;
+  std::vector<std::vector<int64_t>> seed_pools_;
+  std::vector<float> full_degree_;
+};
+
+}  // namespace gale::engine::train_parts

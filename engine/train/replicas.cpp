@@ -1,0 +1,89 @@
+#include "engine/train/replicas.hpp"
+
+#include <xxhash.h>
+
+#include "engine/devices.hpp"
+
+namespace gale::engine::train_parts {
+
+Replicas::Replicas(const TrainRun& run) : replicas_(static_cast<size_t>(run.workers())) {
+  const TrainOptions& opt = run.opt();
+  for (int w = 0; w < run.workers(); ++w) {
+    Replica& r = replicas_[static_cast<size_t>(w)];
+    r.dev = run.devices()[static_cast<size_t>(w)];
+    if (r.dev.is_cuda()) set_gpu_budget(r.dev, opt.gpu_mem_budget, opt.gpu_mem_budget_text);
+    const UseDevice use(r.dev);
+    r.model = std::make_unique<Model>(opt.model, opt.seed);
+    r.model->to(r.dev);
+    r.model->set_exec(opt.exec);
+    r.model->set_constant_input(opt.full_graph);  // the resident features(), unchanged all run
+    r.adam = std::make_unique<Adam>(r.model->parameters(), opt.lr, opt.weight_decay);
+    r.labels_all = Tensor::from_host(run.labels(), run.num_nodes(), 1, DType::kI32, r.dev);
+  }
+  if (run.world() > 1) {
+    auto comms = run.lead_device().is_cpu() ? make_in_process_group(run.workers(), &run.procs())
+                                            : make_nccl_group(run.devices(), &run.procs());
+    for (int w = 0; w < run.workers(); ++w) replicas_[static_cast<size_t>(w)].comm = std::move(comms[static_cast<size_t>(w)]);
+  }
+}
+
+void Replicas::place_batch_sources(const TrainRun& run) {
+  const TrainOptions& opt = run.opt();
+  const storage::Store& store = run.store();
+  const uint64_t f32_bytes = static_cast<uint64_t>(run.num_nodes()) * static_cast<uint64_t>(store.feature_dim()) * sizeof(float);
+  // Features may take half of what the GPU budget (or 90% of the card) allows, the topology a
+  // quarter (else the GPU sampler reads it from pinned host memory); the rest is for the model,
+  // its activations and the batches' blocks.
+  const auto feature_room = [&](const Device& dev) {
+    return opt.feature_gpu_bytes > 0 ? opt.feature_gpu_bytes : gpu_room(dev, opt.gpu_mem_budget) / 2;
+  };
+  // GPUs gather from their feature tiers: every row on the GPU, or a cache there and every row in
+  // pinned host memory, which must fit the host budget beside the topology and some staging. Else
+  // (and on the CPU) the rows come from the host's source, in memory or on disk.
+  const Device& lead = replicas_[0].dev;
+  const bool tiers = lead.is_cuda() && !opt.features_on_disk &&
+                     (feature_room(lead) >= f32_bytes ||
+                      run.host_budget().in_use() + f32_bytes + storage::topology_bytes(store) +
+                              storage::HostFeatures::kStagingReserve <=
+                          run.host_budget().limit());
+  for (Replica& r : replicas_) {
+    if (!r.dev.is_cuda()) continue;
+    const UseDevice use(r.dev);
+    if (opt.gpu_sampler)
+      r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts,
+                                                   GpuBatches::topology_room(r.dev, opt.gpu_mem_budget), opt.sampling,
+                                                   opt.model.edge_weights);
+    if (!tiers) continue;
+    // Workers share one pinned host copy of the features; on a partitioned store each GPU's cache
+    // holds its own parts' hot nodes first.
+    std::vector<uint8_t> own;
+    if (run.world() > 1 && store.has_partition()) {
+      const int rank = run.first_rank() + static_cast<int>(&r - replicas_.data());
+      own.resize(static_cast<size_t>(run.num_nodes()));
+      for (int64_t v = 0; v < run.num_nodes(); ++v) own[static_cast<size_t>(v)] = store.partition()[v] % run.world() == rank;
+    }
+    r.batch_features = std::make_unique<BatchFeatures>(store, r.dev, feature_room(r.dev), opt.match,
+                                                       &r == &replicas_[0] ? nullptr : replicas_[0].batch_features.get(),
+                                                       own.empty() ? nullptr : &own, &run.host_budget());
+  }
+  if (tiers) return;
+  storage::HostFeatures::Options host;
+  host.budget = &run.host_budget();
+  host.engine = opt.io_engine;
+  host.force_disk = opt.features_on_disk;
+  host_features_ = std::make_unique<storage::HostFeatures>(store, host);
+}
+
+uint64_t parameter_checksum(Model& model) {
+  XXH64_state_t* state = XXH64_createState();
+  XXH64_reset(state, 0);
+  for (Parameter* p : model.parameters()) {
+    const std::vector<float> v = p->value.to_vector();
+    XXH64_update(state, v.data(), v.size() * sizeof(float));
+  }
+  const uint64_t h = XXH64_digest(state);
+  XXH64_freeState(state);
+  return h;
+}
+
+}  // namespace gale::engine::train_parts

@@ -1,0 +1,67 @@
+// engine/train/replicas.hpp — the run's data-parallel workers as this process holds them: per
+// worker a model replica on its device, its Adam, every node's label there, its communicator
+// (none with a single worker), and, for mini-batch training, where its batches come from (the GPU
+// sampler and the feature tiers). The same seed gives every replica the same initial weights, and
+// every step sums their gradients, so they stay identical.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/batch_features.hpp"
+#include "engine/comm.hpp"
+#include "engine/gpu_batches.hpp"
+#include "engine/model.hpp"
+#include "engine/tensor.hpp"
+#include "engine/train/run.hpp"
+#include "storage/host_features.hpp"
+
+namespace gale::engine::train_parts {
+
+struct Replica {
+  Device dev;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Adam> adam;
+  std::unique_ptr<GpuBatches> gpu_batches;        // mini-batch with the GPU sampler
+  std::unique_ptr<BatchFeatures> batch_features;  // mini-batch on a GPU: the feature tiers
+  std::unique_ptr<Communicator> comm;
+  Tensor labels_all;  // every node's label on dev (the GPU path gathers a batch's from it)
+};
+
+class Replicas {
+ public:
+  // A replica per worker of this process (each GPU's budget set first), and with several workers
+  // in the run their communicators.
+  explicit Replicas(const TrainRun& run);
+
+  // Mini-batch training: where the batches' features come from, and on GPUs each replica's GPU
+  // sampler (unless --sampler cpu). On a GPU the feature tiers take what --feature-gpu-mem says or
+  // half of the GPU's room (the topology a quarter); beyond it, every row in pinned host memory
+  // (charged to the host budget; the workers of one process share it, and on a partitioned store
+  // each GPU caches its own parts' hot nodes first). The CPU, and a GPU whose features fit neither,
+  // read them on the host (host_features(): in memory, or the disk tier beyond the host budget).
+  void place_batch_sources(const TrainRun& run);
+  // The host's feature source, shared by every replica; null when every replica's feature tiers
+  // serve its batches (and full-graph runs).
+  storage::HostFeatures* host_features() const { return host_features_.get(); }
+
+  Replica& operator[](int w) { return replicas_[static_cast<size_t>(w)]; }
+  const Replica& operator[](int w) const { return replicas_[static_cast<size_t>(w)]; }
+  Replica& lead() { return replicas_[0]; }
+  const Replica& lead() const { return replicas_[0]; }
+  int size() const { return static_cast<int>(replicas_.size()); }
+  std::vector<Replica>::iterator begin() { return replicas_.begin(); }
+  std::vector<Replica>::iterator end() { return replicas_.end(); }
+  std::vector<Replica>::const_iterator begin() const { return replicas_.begin(); }
+  std::vector<Replica>::const_iterator end() const { return replicas_.end(); }
+
+ private:
+  std::vector<Replica> replicas_;
+  std::unique_ptr<storage::HostFeatures> host_features_;
+};
+
+// xxHash64 over a model's parameter values, in order (copied to the host).
+uint64_t parameter_checksum(Model& model);
+
+}  // namespace gale::engine::train_parts

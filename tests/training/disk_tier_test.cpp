@@ -1,0 +1,170 @@
+// The disk tier in training (storage/host_features.hpp): features beyond --host-mem-budget are read
+// from features.npy on disk, and that changes where rows come from, never which. A deterministic
+// run with its features on disk ends bit for bit where the same run with them in memory ends
+// (same losses, accuracies and weights), with io_uring and with the pread pool; a byte flipped
+// in features.npy stops the run with the page's offset; a budget below the run's minimum is a
+// ResourceError naming the flag.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "engine/trainer.hpp"
+#include "kernels/error.hpp"
+#include "storage/preprocess.hpp"
+#include "tests/training/checkpoint_weights.hpp"
+
+namespace gale::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path test_dir() {
+  static const fs::path d = [] {
+    const fs::path p = fs::temp_directory_path() / ("gale-disk-tier-" + std::to_string(::getpid()));
+    fs::remove_all(p);
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+// A planted-partition graph whose 64-wide features carry a weak class signal (so accuracy means
+// something), written once per test binary.
+const std::string& sbm_store() {
+  static const std::string path = [] {
+    storage::PreprocessOptions p;
+    p.generate = "sbm:nodes=30000,classes=6,avg-degree=10,feature-dim=64,homophily=0.8,seed=5";
+    p.output = (test_dir() / "sbm.gale").string();
+    storage::preprocess(p);
+    return p.output;
+  }();
+  return path;
+}
+
+TrainOptions options(const std::string& name) {
+  TrainOptions o;
+  o.store = sbm_store();
+  o.model.model = "sage";
+  o.model.hidden = 32;
+  o.full_graph = false;
+  o.fanouts = {5, 5};
+  o.batch_size = 256;
+  o.epochs = 2;
+  o.deterministic = true;
+  o.seed = 11;
+  o.eval = TrainOptions::Eval::kBatched;
+  o.checkpoint_dir = (test_dir() / name).string();
+  fs::remove_all(o.checkpoint_dir);
+  return o;
+}
+
+// A budget whose cache holds part of the rows: the rest are read from disk every batch.
+TrainOptions on_disk(const std::string& name, storage::IoEngine engine) {
+  TrainOptions o = options(name);
+  o.host_mem_budget = (uint64_t{128} << 20) + (uint64_t{5} << 20);
+  o.host_mem_budget_text = "133M";
+  o.io_engine = engine;
+  return o;
+}
+
+struct TrainedRun {
+  TrainResult result;
+  std::vector<EpochMetrics> epochs;
+  std::vector<std::vector<float>> weights;
+};
+
+TrainedRun run(const TrainOptions& o) {
+  TrainedRun r;
+  r.result = train(o, [&](const EpochMetrics& m) { r.epochs.push_back(m); });
+  r.weights = testing::final_weights(o);
+  return r;
+}
+
+void expect_same_run(const TrainedRun& a, const TrainedRun& b) {
+  ASSERT_EQ(a.epochs.size(), b.epochs.size());
+  for (size_t e = 0; e < a.epochs.size(); ++e) {
+    EXPECT_EQ(a.epochs[e].loss, b.epochs[e].loss) << "epoch " << e;
+    EXPECT_EQ(a.epochs[e].train_acc, b.epochs[e].train_acc) << "epoch " << e;
+    EXPECT_EQ(a.epochs[e].valid_acc, b.epochs[e].valid_acc) << "epoch " << e;
+    EXPECT_EQ(a.epochs[e].test_acc, b.epochs[e].test_acc) << "epoch " << e;
+  }
+  EXPECT_EQ(a.weights, b.weights);  // bit for bit
+}
+
+TEST(DiskTier, FeaturesOnDiskTrainBitForBitAsInMemory) {
+  const TrainedRun memory = run(options("memory"));
+  EXPECT_EQ(memory.epochs.back().disk_rows, 0);  // in memory: no disk tier
+
+  // Room for the topology and the staging reserve, and for a cache of part of the rows: the rest
+  // of the 7.7 MB of features must come from disk.
+  const TrainedRun disk = run(on_disk("disk", storage::IoEngine::kAuto));
+  expect_same_run(memory, disk);
+  const EpochMetrics& m = disk.epochs.back();
+  EXPECT_GT(m.disk_rows, 0);
+  EXPECT_GT(m.host_cache_hits, 0);
+  EXPECT_GT(m.disk_bytes_read, 0u);
+  EXPECT_GE(m.disk_bytes_read, m.useful_disk_bytes);
+  EXPECT_GT(m.useful_disk_bytes, 0u);
+  // It learns: twice chance (1/6) after two epochs, on a graph whose features alone say little.
+  EXPECT_GT(disk.result.test_acc_at_best_valid, 2.0 / 6);
+}
+
+TEST(DiskTier, ThePreadPoolReadsTheSameRowsAsIoUring) {
+  const TrainOptions uring = on_disk("uring", storage::IoEngine::kAuto);
+  TrainOptions pread = on_disk("pread", storage::IoEngine::kPread);
+  std::string placement;
+  pread.on_placement = [&](const std::string& p) { placement = p; };
+  expect_same_run(run(uring), run(pread));
+  EXPECT_NE(placement.find("pread"), std::string::npos) << placement;
+}
+
+TEST(DiskTier, ABudgetBelowTheMinimumIsAResourceErrorNamingTheFlag) {
+  TrainOptions o = options("tiny");
+  o.host_mem_budget = uint64_t{16} << 20;
+  o.host_mem_budget_text = "16M";
+  try {
+    train(o);
+    FAIL() << "trained within 16 MiB";
+  } catch (const ResourceError& e) {
+    EXPECT_NE(std::string(e.what()).find("--host-mem-budget"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DiskTier, AFlippedByteInTheFeaturesStopsTheRunNamingItsOffset) {
+  storage::PreprocessOptions p;
+  p.generate = "sbm:nodes=3000,classes=4,avg-degree=8,feature-dim=32,seed=2";
+  p.output = (test_dir() / "flipped.gale").string();
+  storage::preprocess(p);
+  const fs::path features = fs::path(p.output) / "features.npy";
+  const uint64_t offset = 4096 + 3 * 4096 + 17;  // inside the fourth data page
+  {
+    std::fstream f(features, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(offset));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(static_cast<std::streamoff>(offset));
+    f.write(&c, 1);
+  }
+  for (const bool on_disk : {true, false}) {
+    TrainOptions o = options(on_disk ? "flipped-disk" : "flipped-memory");
+    o.store = p.output;
+    o.batch_size = 3000;  // every training node in one batch: the damaged rows are read
+    o.features_on_disk = on_disk;
+    try {
+      train(o);
+      FAIL() << "trained on a damaged features.npy (on disk: " << on_disk << ")";
+    } catch (const CorruptStoreError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("features.npy"), std::string::npos) << what;
+      EXPECT_NE(what.find(std::to_string(4096 + 3 * 4096)), std::string::npos) << what;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gale::engine
