@@ -520,11 +520,13 @@ int run_bench(const std::vector<std::string>& args) {
               "                  [--feature-gpu-mem all,256M,1M] [--match on,off] [--json]\n"
               "       gale bench pipeline STORE|--generate SPEC [--model sage] [--layers 3] [--hidden 256]\n"
               "                  [--fanouts 15,10,5] [--batch-size 1024] [--epochs 3] [--warmup 1] [--device D] ... [--json]\n"
+              "       gale bench io STORE [--seconds 3] [--queue-depth 64] [--io-engine auto|io_uring|pread]\n"
               "`gale bench NAME --help` lists a benchmark's options.");
     return args.empty() ? static_cast<int>(ExitCode::kInput) : 0;
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "train") return run_bench_train(rest);
+  if (args[0] == "io") return run_bench_io(rest);
   if (args[0] == "sample" || args[0] == "gather" || args[0] == "pipeline") return run_bench_minibatch(args[0], rest);
   if (args[0] == "spmm") {
 #if GALE_WITH_CUDA
@@ -534,7 +536,7 @@ int run_bench(const std::vector<std::string>& args) {
     throw DeviceError("bench spmm: this build has no CUDA backend");
 #endif
   }
-  throw InputError("bench: unknown benchmark '" + args[0] + "' (expected spmm, train, sample, gather or pipeline)");
+  throw InputError("bench: unknown benchmark '" + args[0] + "' (expected spmm, train, sample, gather, pipeline or io)");
 }
 
 }  // namespace gale::apps

@@ -18,6 +18,7 @@ int run_train(const std::vector<std::string>& args);
 int run_predict(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
 int run_bench_train(const std::vector<std::string>& args);  // `gale bench train`
+int run_bench_io(const std::vector<std::string>& args);     // `gale bench io`
 // `gale bench sample|gather|pipeline` (apps/cmd_bench_minibatch.cpp): `name` is the benchmark.
 int run_bench_minibatch(const std::string& name, const std::vector<std::string>& args);
 

@@ -14,6 +14,12 @@
 #   scripts/gpu-checks.sh DIST sbm-mg  accuracy on the 1M-node SBM (one part per GPU) at one global batch
 #                                      (1024 x N GPUs): 1 GPU, G GPUs of one process for each G in SBM_GPUS
 #                                      (default N), N processes (SBM_EPOCHS, SBM_SEEDS)
+#   scripts/gpu-checks.sh DIST identity  scripts/compare-train-runs.sh on the GPU: BEFORE_GALE (a gale binary
+#                                      of an earlier commit, beside the bundle's libraries) against this one
+#   scripts/gpu-checks.sh DIST outofcore  R-MAT scale OOC_SCALE (default 23) with 128-d features: gale bench io,
+#                                      then mini-batch SAGE 3x256 without a limit and inside a cgroup v2 with
+#                                      memory.max = OOC_LIMIT (default 3G), the page cache dropped before each
+#                                      run (BEFORE_GALE too, when given): epoch seconds, disk bytes, memory.peak
 #   scripts/gpu-checks.sh DIST scale25 R-MAT scale 25 (33M nodes, 1B entries, 17 GB of 128-d features)
 #                                      generated, then mini-batch SAGE under a 10 GB GPU budget
 # Each prints a short summary table last. Logs go to $OUT (or /tmp) when set.
@@ -237,6 +243,47 @@ sbm-mg)
     for c in "${layouts[@]}"; do summary+=("sbm $c seed $seed: $(tail -1 "$logs/sbm-$c-s$seed.log")"); done
   done
   ;;
+identity)
+  [ -n "${BEFORE_GALE:-}" ] || { echo "identity: set BEFORE_GALE to the earlier gale binary" >&2; exit 2; }
+  "$here/scripts/compare-train-runs.sh" "$BEFORE_GALE" "$dist/bin/gale" /tmp/identity cuda > "$logs/identity.log" 2>&1
+  summary+=("identity exit $?:" "$(cat "$logs/identity.log")")
+  ;;
+outofcore)
+  store=/tmp/ooc.gale
+  start=$SECONDS
+  gale preprocess --generate rmat:scale=${OOC_SCALE:-23},edge-factor=16,classes=47,feature-dim=128 -o $store --force \
+    > "$logs/ooc-gen.log" 2>&1 || { tail -5 "$logs/ooc-gen.log"; exit 1; }
+  summary+=("generated in $((SECONDS - start)) s: $(du -sh $store/features.npy | cut -f1) of features")
+  sync; echo 3 > /proc/sys/vm/drop_caches
+  gale bench io $store --seconds 2 > "$logs/ooc-io.log" 2>&1
+  summary+=("$(cat "$logs/ooc-io.log")")
+  fanouts=${OOC_FANOUTS:-15,10,5}
+  train="train $store --model sage --layers $(echo $fanouts | tr ',' '\n' | wc -l) --hidden 256 --fanouts $fanouts
+         --batch-size 1024 --eval none --device cuda --gpu-mem-budget ${OOC_GPU:-2G} --epochs ${OOC_EPOCHS:-2} --lr 0.003
+         --dropout 0 -q"
+  limited() {  # name, limit, binary, args...: one run in a fresh cgroup v2, the page cache dropped first
+    local name=$1 limit=$2 bin=$3; shift 3
+    local cg=/sys/fs/cgroup/gale-$name-$$
+    mkdir -p $cg && echo "$limit" > $cg/memory.max && { echo 0 > $cg/memory.swap.max 2>/dev/null || true; }
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    local t0=$SECONDS
+    sh -c "echo \$\$ > $cg/cgroup.procs && exec $bin $* --metrics $logs/$name.jsonl" > "$logs/$name.log" 2>&1
+    local rc=$?
+    summary+=("$(printf '%-14s limit %-5s exit %3d  %4ds  memory.peak %s  %s' "$name" "$limit" $rc $((SECONDS - t0)) \
+      "$(numfmt --to=iec < $cg/memory.peak 2>/dev/null)" "$(tail -1 "$logs/$name.log" | cut -c1-120)")")
+    [ -f "$logs/$name.jsonl" ] && summary+=("$(head -n -1 "$logs/$name.jsonl" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    j = json.loads(line)
+    keys = ["epoch", "epoch_s", "features", "disk_rows", "host_cache_hits", "disk_bytes_read", "useful_disk_bytes", "disk_read_s", "host_to_gpu_bytes"]
+    print("   ", {k: j[k] for k in keys if k in j})
+')")
+    rmdir $cg 2>/dev/null
+  }
+  limited ooc-nolimit max "$dist/bin/gale" $train
+  limited ooc-limit ${OOC_LIMIT:-3G} "$dist/bin/gale" $train
+  [ -n "${BEFORE_GALE:-}" ] && limited ooc-before ${OOC_LIMIT:-3G} "$BEFORE_GALE" $train
+  ;;
 scale25)
   df -h /tmp | tail -1; free -g | head -2
   start=$SECONDS
@@ -247,7 +294,7 @@ scale25)
     --epochs ${R25_EPOCHS:-2} --eval none --device cuda --gpu-mem-budget 10G --lr 0.003 --dropout 0 -q --metrics "$logs/r25.jsonl"
   summary+=("$(cat "$logs/r25.jsonl")")
   ;;
-*) echo "gpu-checks.sh: expected tests, bench, cora, sbm, minibatch, multigpu, mpi or scale25, found '$what'" >&2; exit 2 ;;
+*) echo "gpu-checks.sh: expected tests, bench, cora, sbm, minibatch, multigpu, mpi, identity, outofcore or scale25, found '$what'" >&2; exit 2 ;;
 esac
 printf '\n== summary (%s) ==\n' "$what"
 printf '%s\n' "${summary[@]}"
