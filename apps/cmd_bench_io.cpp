@@ -88,10 +88,7 @@ int run_bench_io(const std::vector<std::string>& args) {
   if (store_path.empty()) throw InputError("bench io: expected a STORE path");
   if (!(seconds > 0)) throw InputError("--seconds: expected a positive number of seconds");
   if (depth < 1 || depth > 4096) throw InputError("--queue-depth: expected 1 to 4096, found " + std::to_string(depth));
-  storage::IoEngine e = storage::IoEngine::kAuto;
-  if (engine == "io_uring") e = storage::IoEngine::kUring;
-  else if (engine == "pread") e = storage::IoEngine::kPread;
-  else if (engine != "auto") throw InputError("--io-engine: expected auto, io_uring or pread, found '" + engine + "'");
+  const storage::IoEngine e = parse_io_engine(engine);
   const storage::Store store = storage::Store::open(store_path);
   if (!store.has_features()) throw InputError(store_path + ": the store has no features.npy to read");
   const auto reader = storage::open_disk_reader(store.path() / "features.npy", e, depth);

@@ -1,5 +1,6 @@
 // `gale predict STORE --checkpoint D [--out predictions.npy] [--embeddings logits.npy]
-//  [--device cpu|cuda[:N]|auto] [--gpu-mem-budget 8G] [--spmm K] [--tf32]`.
+//  [--device cpu|cuda[:N]|auto] [--gpu-mem-budget 8G] [--spmm K] [--tf32] [--host-mem-budget 8G]
+//  [--io-engine auto|io_uring|pread]`.
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
@@ -17,7 +18,7 @@ namespace po = boost::program_options;
 int run_predict(const std::vector<std::string>& args) {
   engine::PredictOptions o;
   o.out = "predictions.npy";
-  std::string device = "cpu", gpu_budget, spmm = "auto";
+  std::string device = "cpu", gpu_budget, spmm = "auto", host_budget, io_engine = "auto";
   bool tf32 = false;
   po::options_description desc("usage: gale predict STORE --checkpoint DIR|FILE [options]\n\noptions");
   desc.add_options()
@@ -34,7 +35,11 @@ int run_predict(const std::vector<std::string>& args) {
                                  "TC-GNN's tensor-core SpMM in TF32), or "
                                  "sampled:S[:fastrand|:bucket], ES-SpMM's estimate from at most S entries a row "
                                  "(GCN, SAGE, GIN; CPU or GPU)")
-      ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)");
+      ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
+      ("host-mem-budget", po::value(&host_budget), "cap on the host memory Gale keeps on purpose, e.g. 8G (default: "
+                                                    "the smaller of MemAvailable and the cgroup's limit, less a reserve); "
+                                                    "features beyond it are read from disk, layer by layer")
+      ("io-engine", po::value(&io_engine), "reads of features on disk: auto | io_uring | pread");
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
@@ -44,6 +49,11 @@ int run_predict(const std::vector<std::string>& args) {
   if (o.out.empty()) throw InputError("--out: expected a file path, found an empty one");
   if (vm.count("embeddings") && o.embeddings.empty())
     throw InputError("--embeddings: expected a file path, found an empty one");
+  if (!host_budget.empty()) {
+    o.host_mem_budget = parse_host_budget(host_budget);
+    o.host_mem_budget_text = host_budget;
+  }
+  o.io_engine = parse_io_engine(io_engine);
   o.device = parse_device(device);
   if (!gpu_budget.empty()) {
     o.gpu_mem_budget = parse_size(gpu_budget, "--gpu-mem-budget");
@@ -62,8 +72,8 @@ int run_predict(const std::vector<std::string>& args) {
   if (r.test_acc >= 0) std::printf(" (test_acc %.4f)", r.test_acc);
   std::printf("; forward %.3f s on %s", r.forward_seconds, engine::device_name(o.device).c_str());
   if (r.layerwise_chunks > 0) {
-    std::printf(" (layer by layer, %lld chunks of nodes a layer: the whole graph would not fit)",
-                static_cast<long long>(r.layerwise_chunks));
+    std::printf(" (layer by layer, %lld chunks of nodes a layer: the whole graph would not fit; %s)",
+                static_cast<long long>(r.layerwise_chunks), r.features.c_str());
   } else if (!o.device.is_cpu()) {
     std::printf(" (graph and features there first: %.3f s)", r.prepare_seconds);
   }

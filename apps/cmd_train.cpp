@@ -292,14 +292,10 @@ int run_train(const std::vector<std::string>& args) {
     o.gpu_mem_budget_text = gpu_budget;
   }
   if (!host_budget.empty()) {
-    o.host_mem_budget = parse_size(host_budget, "--host-mem-budget");
-    if (o.host_mem_budget == 0) throw InputError("--host-mem-budget: expected a positive size such as 8G");
+    o.host_mem_budget = parse_host_budget(host_budget);
     o.host_mem_budget_text = host_budget;
   }
-  if (io_engine == "auto") o.io_engine = storage::IoEngine::kAuto;
-  else if (io_engine == "io_uring") o.io_engine = storage::IoEngine::kUring;
-  else if (io_engine == "pread") o.io_engine = storage::IoEngine::kPread;
-  else throw InputError("--io-engine: expected auto, io_uring or pread, found '" + io_engine + "'");
+  o.io_engine = parse_io_engine(io_engine);
   o.exec.spmm = parse_spmm_kind(spmm);
   o.match = !no_match;
   o.devices = parse_workers(gpus, cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o.device);

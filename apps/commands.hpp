@@ -2,6 +2,8 @@
 // gale::Error (or a Boost.Program_options error) for main() to report.
 #pragma once
 
+#include "storage/disk_reader.hpp"
+
 #include <boost/program_options.hpp>
 #include <cstdint>
 #include <string>
@@ -30,6 +32,10 @@ bool parse_command_line(const std::vector<std::string>& args, const boost::progr
 
 // "16G", "512M", "1024" -> bytes; throws InputError naming `flag`.
 uint64_t parse_size(const std::string& text, const std::string& flag);
+// --io-engine: auto | io_uring | pread (InputError naming the flag otherwise).
+storage::IoEngine parse_io_engine(const std::string& text);
+// --host-mem-budget SIZE: a positive size (InputError naming the flag otherwise).
+uint64_t parse_host_budget(const std::string& text);
 // Seconds from "90", "90s", "10m" or "2h" (a fraction allowed, >= 0); InputError naming `flag` else.
 double parse_duration(const std::string& text, const std::string& flag);
 // "a,b,,c" -> {"a", "b", "", "c"} (empty items kept, for the caller to reject by name).

@@ -42,6 +42,19 @@ uint64_t parse_size(const std::string& text, const std::string& flag) {
   return value * scale;
 }
 
+storage::IoEngine parse_io_engine(const std::string& text) {
+  if (text == "auto") return storage::IoEngine::kAuto;
+  if (text == "io_uring") return storage::IoEngine::kUring;
+  if (text == "pread") return storage::IoEngine::kPread;
+  throw InputError("--io-engine: expected auto, io_uring or pread, found '" + text + "'");
+}
+
+uint64_t parse_host_budget(const std::string& text) {
+  const uint64_t bytes = parse_size(text, "--host-mem-budget");
+  if (bytes == 0) throw InputError("--host-mem-budget: expected a positive size such as 8G");
+  return bytes;
+}
+
 double parse_duration(const std::string& text, const std::string& flag) {
   const auto bad = [&] {
     return InputError(flag + ": expected seconds or a duration such as 90, 30s, 10m or 2h, found '" + text + "'");

@@ -18,6 +18,8 @@
 #include "engine/ops.hpp"
 #include "kernels/error.hpp"
 #include "kernels/threads.hpp"
+#include "storage/host_features.hpp"
+#include "storage/host_memory.hpp"
 #include "storage/npy.hpp"
 #include "storage/store.hpp"
 #include "storage/temp_paths.hpp"
@@ -133,51 +135,72 @@ Model checkpoint_model(const CheckpointState& state, const std::filesystem::path
   return model;
 }
 
-// Every node's logits on the host: on the CPU over the whole graph; on a GPU over the whole graph
-// when its inference fits in what the GPU may hold (the budget, or 90% of the card), else layer by
-// layer over chunks of nodes (engine/layerwise.hpp).
+// Every node's logits on the host. Over the whole graph at once (on a GPU when its inference fits
+// in what the GPU may hold: the budget, or 90% of the card) when every feature fits the host budget
+// beside the topology; else layer by layer over chunks of nodes (engine/layerwise.hpp), each chunk's
+// input rows read through the host's features (from memory, or the disk tier).
 Tensor infer_logits(Model& model, const storage::Store& store, const PredictOptions& o, PredictReport* report) {
   const ModelConfig& config = model.config();
   const int64_t n = store.num_nodes();
-  Tensor x = Tensor::empty(n, store.feature_dim());
-  store.check_feature_pages(0, n);  // read whole: checked whole
-  store.read_features(0, n, x.f32());
+  const auto budget = storage::make_host_budget(o.host_mem_budget, o.host_mem_budget_text);
+  storage::HostFeatures::Options ho;
+  ho.budget = budget.get();
+  ho.engine = o.io_engine;
+  storage::HostFeatures host(store, ho);  // checks the rows it keeps in memory, page by page
+  report->features = host.describe();
+  const uint64_t x_bytes = static_cast<uint64_t>(n) * static_cast<uint64_t>(store.feature_dim()) * sizeof(float);
+  const bool x_fits = !host.on_disk() && budget->in_use() + x_bytes <= budget->limit();
   const auto start = std::chrono::steady_clock::now();
   const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
+  const bool attention = config.model == "gat";
+  const InputRows host_rows = [&](const std::vector<int64_t>& ids) {
+    Tensor rows = Tensor::empty(static_cast<int64_t>(ids.size()), store.feature_dim());
+    host.read_rows(ids.data(), rows.rows(), rows.f32());
+    return rows.to(o.device);
+  };
   if (o.device.is_cpu()) {
+    if (!x_fits) {
+      const LayerwiseOptions lo;
+      Tensor logits = layerwise_logits(model, store, host_rows, lo);
+      report->layerwise_chunks = static_cast<int64_t>(layerwise_chunks(store.indptr(), n, lo.max_rows).size()) - 1;
+      report->forward_seconds = seconds_since(start);
+      return logits;
+    }
+    budget->charge(x_bytes);  // the whole matrix, for the forward's lifetime
+    Tensor x = Tensor::empty(n, store.feature_dim());
+    store.read_features(0, n, x.f32());
     const GraphOperand graph(aggregation_csr(store, config));
     const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
     Tensor logits = model.forward(graphs, x, /*training=*/false, 0);
     report->forward_seconds = seconds_since(start);
+    budget->release(x_bytes);
     return logits;
   }
   set_gpu_budget(o.device, o.gpu_mem_budget, o.gpu_mem_budget_text);
   const UseDevice use(o.device);
   reset_gpu_peak(o.device);
   model.to(o.device);
-  const bool attention = config.model == "gat";
   const uint64_t free = gpu_room_left(o.device, o.gpu_mem_budget);
   Tensor logits;
-  if (whole_graph_inference_bytes(n, store.num_edges(), store.feature_dim(), model.widest_dim(),
-                                  attention ? config.heads : 0) +
-          kLibraryReserveBytes >
-      free) {
+  if (!x_fits || whole_graph_inference_bytes(n, store.num_edges(), store.feature_dim(), model.widest_dim(),
+                                             attention ? config.heads : 0) +
+                         kLibraryReserveBytes >
+                     free) {
     const LayerwiseOptions lo = layerwise_options_for(free, model.widest_dim(), attention);
-    logits = layerwise_logits(
-        model, store,
-        [&](const std::vector<int64_t>& ids) {
-          const Tensor at = Tensor::from_host(ids.data(), static_cast<int64_t>(ids.size()), 1, DType::kI64, x.device());
-          return ops::gather_rows(x, at).to(o.device);
-        },
-        lo);
+    logits = layerwise_logits(model, store, host_rows, lo);
     report->layerwise_chunks = static_cast<int64_t>(layerwise_chunks(store.indptr(), n, lo.max_rows).size()) - 1;
     report->forward_seconds = seconds_since(start);
   } else {
+    budget->charge(x_bytes);  // the host copy, until it is on the GPU
+    Tensor x = Tensor::empty(n, store.feature_dim());
+    store.read_features(0, n, x.f32());
     const GraphOperand graph = GraphOperand(aggregation_csr(store, config)).to(o.device, /*edge_map=*/attention);
     const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
     const Tensor x_device = x.to(o.device);
+    x = Tensor();
+    budget->release(x_bytes);
     synchronize(o.device);
     const auto ready = std::chrono::steady_clock::now();
     report->prepare_seconds = std::chrono::duration<double>(ready - start).count();

@@ -7,6 +7,7 @@
 
 #include "engine/ops.hpp"
 #include "kernels/device.hpp"
+#include "storage/disk_reader.hpp"
 
 namespace gale::engine {
 
@@ -23,6 +24,12 @@ struct PredictOptions {
   uint64_t gpu_mem_budget = 0;      // bytes; 0 = no cap
   std::string gpu_mem_budget_text;  // as the user wrote it, for messages naming --gpu-mem-budget
   ops::ExecOptions exec;            // --spmm, --tf32 on a GPU
+  // --host-mem-budget (0: the default from MemAvailable and the cgroup's limit): the features are
+  // read whole when they fit it beside the topology and some staging, else layer by layer through
+  // the disk tier (storage/host_features.hpp), which --io-engine reads with.
+  uint64_t host_mem_budget = 0;
+  std::string host_mem_budget_text;
+  storage::IoEngine io_engine = storage::IoEngine::kAuto;
 };
 
 struct PredictReport {
@@ -31,7 +38,8 @@ struct PredictReport {
   double prepare_seconds = 0;    // on a GPU: the graph's operand built and copied there, the features too
   double forward_seconds = 0;    // the forward pass (on a GPU: and the logits back to the host)
   uint64_t gpu_peak_bytes = 0;   // on a GPU
-  int64_t layerwise_chunks = 0;  // on a GPU, layer by layer: the chunks of nodes a layer took (else 0)
+  int64_t layerwise_chunks = 0;  // layer by layer: the chunks of nodes a layer took (else 0)
+  std::string features;          // where the input features came from (HostFeatures::describe)
 };
 
 // Throws InputError for a missing checkpoint or unwritable output, CorruptStoreError for a

@@ -232,4 +232,15 @@ std::string describe(const HostMemory& m) {
   return s + " limit " + format_bytes(m.cgroup_limit) + " (" + format_bytes(m.cgroup_usage) + " used)";
 }
 
+std::unique_ptr<kernels::cuda::MemoryBudget> make_host_budget(uint64_t bytes, const std::string& text) {
+  if (bytes > 0) return std::make_unique<kernels::cuda::MemoryBudget>(bytes, "--host-mem-budget", text);
+  const HostMemory memory = detect_host_memory();
+  const uint64_t limit = default_host_budget(memory);
+  if (limit == 0 && memory.mem_available == 0 && memory.cgroup_limit == 0)
+    return std::make_unique<kernels::cuda::MemoryBudget>(kernels::cuda::MemoryBudget::kUnlimited, "--host-mem-budget",
+                                                         "unlimited (neither MemAvailable nor a cgroup limit could be read)");
+  return std::make_unique<kernels::cuda::MemoryBudget>(
+      limit, "--host-mem-budget", kernels::cuda::format_bytes(limit) + " (the default: " + describe(memory) + ", less a reserve)");
+}
+
 }  // namespace gale::storage

@@ -10,7 +10,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
+
+#include "kernels/cuda/budget.hpp"
 
 namespace gale::storage {
 
@@ -45,6 +48,11 @@ inline constexpr uint64_t kHostReserveDivisor = 10;
 // (then the caller has nothing to go on and should leave the budget unlimited or ask for one).
 // cgroup usage counts reclaimable page cache, so the headroom errs on the small side.
 uint64_t default_host_budget(const HostMemory& m);
+
+// A run's --host-mem-budget: `bytes` as the user gave them (`text` for messages), or, for 0, the
+// default above (unlimited when neither MemAvailable nor a cgroup limit can be read; a default of
+// 0 refuses every charge, naming the flag).
+std::unique_ptr<kernels::cuda::MemoryBudget> make_host_budget(uint64_t bytes, const std::string& text);
 
 // "MemAvailable 21.3 GiB, cgroup v2 limit 8 GiB (1.2 GiB used)", "..., cgroup v1 no limit",
 // "..., no cgroup memory controller found"; MemAvailable 0 reads "MemAvailable unknown".

@@ -119,21 +119,7 @@ TrainRun::TrainRun(const TrainOptions& options) : opt_(options), procs_(&Process
   }
 
   // The host budget before the store opens: what the process may use is measured before it maps anything.
-  uint64_t host_limit = opt_.host_mem_budget;
-  std::string host_text = opt_.host_mem_budget_text;
-  if (host_limit == 0) {
-    const storage::HostMemory memory = storage::detect_host_memory();
-    host_limit = storage::default_host_budget(memory);
-    if (host_limit == 0 && memory.mem_available == 0 && memory.cgroup_limit == 0) {
-      host_limit = kernels::cuda::MemoryBudget::kUnlimited;  // nothing to go on
-      host_text = "unlimited (neither MemAvailable nor a cgroup limit could be read)";
-    } else {
-      // No headroom beyond the reserve leaves a budget of 0: every charge is refused, naming the flag.
-      host_text = kernels::cuda::format_bytes(host_limit) + " (the default: " + storage::describe(memory) +
-                  ", less a reserve)";
-    }
-  }
-  host_budget_ = std::make_unique<kernels::cuda::MemoryBudget>(host_limit, "--host-mem-budget", host_text);
+  host_budget_ = storage::make_host_budget(opt_.host_mem_budget, opt_.host_mem_budget_text);
 
   store_ = storage::Store::open(opt_.store);
   if (!store_.has_features()) throw InputError(opt_.store + ": the store has no features.npy; training needs node features");
