@@ -62,18 +62,7 @@ FeatureTiers::FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, 
                                                                             static_cast<uint64_t>(num_nodes_)))
                                    : 0;
   if (cached_rows_ == 0) return;
-  std::vector<int64_t> order(static_cast<size_t>(num_nodes_));
-  std::iota(order.begin(), order.end(), 0);
-  const int64_t* indptr = store.indptr();
-  // Preferred nodes first, then by degree; ties by id, so the cache is a pure function of the graph.
-  if (preferred && static_cast<int64_t>(preferred->size()) != num_nodes_)
-    throw InternalError("FeatureTiers: the preferred flags do not cover every node");
-  std::partial_sort(order.begin(), order.begin() + cached_rows_, order.end(), [&](int64_t a, int64_t b) {
-    if (preferred && (*preferred)[a] != (*preferred)[b]) return (*preferred)[a] > (*preferred)[b];
-    const int64_t da = indptr[a + 1] - indptr[a], db = indptr[b + 1] - indptr[b];
-    return da != db ? da > db : a < b;
-  });
-  order.resize(static_cast<size_t>(cached_rows_));
+  const std::vector<int64_t> order = hottest_nodes(store, cached_rows_, preferred);  // preferred, then by degree
   std::vector<int32_t> slot(static_cast<size_t>(num_nodes_), -1);
   for (int64_t i = 0; i < cached_rows_; ++i) slot[static_cast<size_t>(order[i])] = static_cast<int32_t>(i);
   slot_ = kernels::cuda::to_device(pool, slot, stream);

@@ -1,7 +1,6 @@
 #include "storage/host_features.hpp"
 
 #include <algorithm>
-#include <numeric>
 #include <vector>
 
 #include "kernels/error.hpp"
@@ -16,22 +15,6 @@ uint64_t topology_bytes(const Store& store) {
   }
   return bytes;
 }
-
-namespace {
-
-// Nodes hottest first for the disk tier's cache: by in-degree (how often a sampler reaches a
-// node), ties by id, so the cache is a pure function of the graph (as the GPU cache's order).
-std::vector<int64_t> by_degree(const Store& store) {
-  std::vector<int64_t> order(static_cast<size_t>(store.num_nodes()));
-  std::iota(order.begin(), order.end(), 0);
-  const int64_t* indptr = store.indptr();
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return indptr[a + 1] - indptr[a] > indptr[b + 1] - indptr[b];
-  });
-  return order;
-}
-
-}  // namespace
 
 HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(store), budget_(options.budget) {
   if (!store.has_features()) throw InputError(store.path().string() + ": the store has no features.npy");
@@ -79,7 +62,9 @@ HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(
     budget_->release(kStagingReserve);
     charged_ -= kStagingReserve;
   }
-  disk_ = std::make_unique<DiskFeatures>(store, by_degree(store), d);
+  // The cache's rows, hottest first (as the GPU cache's order), only as many as it holds.
+  const int64_t cache_rows = static_cast<int64_t>(d.cache_bytes / (static_cast<uint64_t>(store.feature_dim()) * sizeof(float)));
+  disk_ = std::make_unique<DiskFeatures>(store, hottest_nodes(store, cache_rows), d);
 }
 
 HostFeatures::~HostFeatures() {

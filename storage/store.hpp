@@ -226,6 +226,12 @@ class Store {
 // Returns the number of files given sums; 0 when the store already has them (nothing written).
 size_t add_page_sums(const std::filesystem::path& path);
 
+// The `count` hottest nodes for a feature cache, hottest first: the nodes flagged in `preferred`
+// (one flag per node, e.g. a worker's own parts) ahead of the rest, then by in-degree (how often a
+// sampler reaches a node), ties by id, so a cache is a pure function of the graph. Sorts only as
+// far as `count`.
+std::vector<int64_t> hottest_nodes(const Store& store, int64_t count, const std::vector<uint8_t>* preferred = nullptr);
+
 // What `gale info` prints: counts, degree statistics (min / mean / median / max / p99, empty
 // rows), dtypes, splits, classes, partitions (method, nodes per part, edge cut), files.
 std::string describe_store(const Store& store);

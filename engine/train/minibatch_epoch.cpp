@@ -13,6 +13,7 @@
 #include "engine/gpu_batches.hpp"
 #include "engine/graph.hpp"
 #include "engine/ops.hpp"
+#include "engine/train/whole_graph.hpp"
 #include "kernels/error.hpp"
 #include "kernels/graph_norms.hpp"
 #include "kernels/random.hpp"
@@ -295,7 +296,7 @@ struct MiniBatchEpochs::Worker {
     if (!batch_rows.defined() || batch_rows.rows() < len) {
       std::vector<int64_t> rows(static_cast<size_t>(std::max(len, opt.batch_size)));
       for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
-      batch_rows = Tensor::from_host(rows.data(), static_cast<int64_t>(rows.size()), 1, DType::kI64, r.dev);
+      batch_rows = ids_tensor(rows, r.dev);
     }
     Tensor grad = Tensor::empty(len, logits.cols(), DType::kF32, r.dev);
     const Tensor batch_labels = p->seeds.defined() ? ops::gather_rows(r.labels_all, p->seeds)

@@ -30,15 +30,7 @@ using testing::TempDir;
 
 constexpr size_t kPage = 4096;
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 // 4096-aligned bytes, freed on scope exit.
 struct AlignedBytes {

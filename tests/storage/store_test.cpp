@@ -41,15 +41,7 @@ void write_raw_npy(const std::string& path, int major, std::string dict, const s
   testing::write_text(path, out + dict + data);
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 // A 4-node store: 0 <- 1, 1 <- {0, 3}, 2 <- {}, 3 <- 2; two classes, one unlabelled node.
 struct SmallStore {

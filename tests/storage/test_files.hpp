@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -51,6 +52,17 @@ void write_npy(const std::string& path, DType dtype, std::vector<int64_t> shape,
   NpyWriter w(path, dtype, std::move(shape));
   w.write(data.data(), data.size() * sizeof(T));
   w.finish();
+}
+
+// What `fn` throws (its message), or "(no error)".
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 inline std::string read_bytes(const std::string& path) {
