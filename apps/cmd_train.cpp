@@ -155,7 +155,8 @@ int run_train(const std::vector<std::string>& args) {
   engine::TrainOptions o;
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
   bool tf32 = false, tune_gemm = false, stack_operands = false, no_match = false;
-  std::string eval = "auto", feature_gpu, sampler = "auto", gpus, checkpoint_interval, host_budget, io_engine = "auto";
+  std::string eval = "auto", feature_gpu, sampler = "auto", gpus, checkpoint_interval, host_budget, io_engine = "auto",
+              read_ahead = "auto";
   std::string edge_weights = "auto", neighbor_sampling = "uniform", norm = "none", lr_schedule = "constant";
   float min_lr = 0.0f;
   int cpu_workers = 0;
@@ -176,6 +177,9 @@ int run_train(const std::vector<std::string>& args) {
                                                     "features beyond it are read from the store's features.npy on disk")
       ("io-engine", po::value(&io_engine), "reads of features on disk: auto (io_uring, else a pread thread pool) | "
                                            "io_uring | pread")
+      ("read-ahead", po::value(&read_ahead), "features on disk: host memory for the windows of rows read ahead of "
+                                             "the batches, taken from the host cache, e.g. 512M; auto (a third of "
+                                             "the features' share) | 0 (each batch reads its own rows)")
       ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware | tc (TC-GNN's "
        "tensor-core SpMM in TF32, full-graph only)")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
@@ -296,6 +300,7 @@ int run_train(const std::vector<std::string>& args) {
     o.host_mem_budget_text = host_budget;
   }
   o.io_engine = parse_io_engine(io_engine);
+  if (read_ahead != "auto") o.read_ahead_bytes = parse_size(read_ahead, "--read-ahead");
   o.exec.spmm = parse_spmm_kind(spmm);
   o.match = !no_match;
   o.devices = parse_workers(gpus, cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o.device);

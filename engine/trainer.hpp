@@ -19,6 +19,7 @@
 #include "kernels/device.hpp"
 #include "sampler/neighbor_sampler.hpp"
 #include "storage/disk_reader.hpp"
+#include "storage/host_features.hpp"
 #include "storage/store.hpp"
 
 namespace gale::engine {
@@ -106,6 +107,10 @@ struct TrainOptions {
   storage::IoEngine io_engine = storage::IoEngine::kAuto;
   // Features through the disk tier even when they fit the host budget (measurements, tests).
   bool features_on_disk = false;
+  // With the features on disk: the host memory the read-ahead windows may hold
+  // (engine/train/read_ahead.hpp), taken from the host cache's share. kAutoReadAhead: a third of
+  // that share; 0: no read-ahead (each batch reads its own misses).
+  uint64_t read_ahead_bytes = storage::HostFeatures::kAutoReadAhead;
   // Mini-batch on a GPU: sample there (FastGL's fused-map sampler, engine/gpu_batches.hpp) rather
   // than on the CPU. Both draw the same neighbours.
   bool gpu_sampler = true;
@@ -176,6 +181,12 @@ struct EpochMetrics {
   int64_t host_cache_hits = 0, disk_rows = 0;
   uint64_t disk_bytes_read = 0, useful_disk_bytes = 0;
   double disk_read_s = 0;
+  // With read-ahead: rows served from its windows, windows read, the bytes of the distinct 4 KiB
+  // pages the reads needed (the plan's lower bound reads these at random or passes over them),
+  // and the seconds batches waited for a window.
+  int64_t read_ahead_hits = 0, read_ahead_windows = 0;
+  uint64_t needed_disk_bytes = 0;
+  double read_ahead_wait_s = 0;
   // Mini-batch: input nodes over the epoch, and how many of them the previous batch held, in the
   // trained order and had the sampled order been kept (the match-reorder's gain is the difference).
   int64_t input_nodes = 0, reused_nodes = 0, reused_nodes_sampled_order = 0;

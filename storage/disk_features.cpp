@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <tbb/parallel_for.h>
+
 #include "kernels/error.hpp"
 #include "storage/npy.hpp"
 #include "storage/page_sums.hpp"
@@ -132,10 +134,17 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
   // page shared by two rows is read twice only where the size limit falls between them.
   std::vector<Extent> extents;
   std::vector<uint32_t> extent_of(sorted_ids.size());
+  ReadTotals totals;
+  uint64_t last_needed = UINT64_MAX;  // the last page counted in needed_bytes
   for (size_t k = 0; k < sorted_ids.size(); ++k) {
     const uint64_t begin = data_offset_ + static_cast<uint64_t>(sorted_ids[k]) * row_bytes_;
     const uint64_t p = begin / kPage;
     const uint64_t q = (begin + row_bytes_ - 1) / kPage;
+    const uint64_t new_from = last_needed == UINT64_MAX ? p : std::max(p, last_needed + 1);
+    if (q >= new_from) {
+      totals.needed_bytes += (q - new_from + 1) * kPage;
+      last_needed = q;
+    }
     if (!extents.empty()) {
       Extent& e = extents.back();
       const uint64_t last = std::max(e.last_page, q);
@@ -149,7 +158,6 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
     extents.push_back(Extent{p, q});
     extent_of[k] = static_cast<uint32_t>(extents.size() - 1);
   }
-  ReadTotals totals;
   if (extents.empty()) return totals;
 
   uint64_t total = 0, largest = 0;
@@ -183,7 +191,7 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
     totals.calls += static_cast<int64_t>(requests.size());
 
     if (page_sums_ != nullptr) {
-      for (size_t x = first; x < last; ++x) {
+      tbb::parallel_for(first, last, [&](size_t x) {
         for (uint64_t p = extents[x].first_page; p <= extents[x].last_page; ++p) {
           const uint64_t at = p * kPage;
           const char* bytes = staging.data() + offset_in_staging[x] + (p - extents[x].first_page) * kPage;
@@ -192,13 +200,15 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
                                     " (page " + std::to_string(p) +
                                     "): the store is corrupt; run gale info --verify");
         }
-      }
+      });
     }
-    for (; row < sorted_ids.size() && extent_of[row] < last; ++row) {
-      const Extent& e = extents[extent_of[row]];
-      const uint64_t begin = data_offset_ + static_cast<uint64_t>(sorted_ids[row]) * row_bytes_;
-      sink(row, staging.data() + offset_in_staging[extent_of[row]] + (begin - e.first_page * kPage));
-    }
+    const size_t row_begin = row;
+    while (row < sorted_ids.size() && extent_of[row] < last) ++row;
+    tbb::parallel_for(row_begin, row, [&](size_t k) {
+      const Extent& e = extents[extent_of[k]];
+      const uint64_t begin = data_offset_ + static_cast<uint64_t>(sorted_ids[k]) * row_bytes_;
+      sink(k, staging.data() + offset_in_staging[extent_of[k]] + (begin - e.first_page * kPage));
+    });
     first = last;
   }
   return totals;
@@ -239,24 +249,39 @@ void DiskFeatures::fill_cache(const std::vector<int64_t>& priority, int64_t capa
   cached_rows_ = static_cast<int64_t>(chosen.size());
 }
 
-void DiskFeatures::read_rows(const int64_t* ids, int64_t n, float* out) {
+void DiskFeatures::collect_misses(const int64_t* ids, int64_t n, std::vector<int64_t>* out) const {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = ids[i];
+    if (id < 0 || id >= num_nodes_)
+      throw InputError("feature row " + std::to_string(id) + " is not a node id in [0, " +
+                       std::to_string(num_nodes_) + ")");
+    if (slots_.empty() || slots_[static_cast<size_t>(id)] < 0) out->push_back(id);
+  }
+}
+
+void DiskFeatures::read_rows(const int64_t* ids, int64_t n, float* out, const WindowRows* window) {
   const size_t d = static_cast<size_t>(dim_);
   // (id, output row) of every miss; hits are copied at once.
   std::vector<std::pair<int64_t, int64_t>> misses;
+  int64_t window_hits = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t id = ids[i];
     if (id < 0 || id >= num_nodes_)
       throw InputError("feature row " + std::to_string(id) + " is not a node id in [0, " +
                        std::to_string(num_nodes_) + ")");
     const int32_t slot = slots_.empty() ? -1 : slots_[static_cast<size_t>(id)];
-    if (slot >= 0) {
-      std::memcpy(out + static_cast<size_t>(i) * d, cache_.data() + static_cast<size_t>(slot) * d, d * sizeof(float));
+    const float* row = slot >= 0 ? cache_.data() + static_cast<size_t>(slot) * d
+                                 : window != nullptr ? window->find(id) : nullptr;
+    if (row != nullptr) {
+      std::memcpy(out + static_cast<size_t>(i) * d, row, d * sizeof(float));
+      window_hits += slot < 0;
     } else {
       misses.emplace_back(id, i);
     }
   }
   rows_requested_.fetch_add(n, std::memory_order_relaxed);
-  cache_hits_.fetch_add(n - static_cast<int64_t>(misses.size()), std::memory_order_relaxed);
+  cache_hits_.fetch_add(n - static_cast<int64_t>(misses.size()) - window_hits, std::memory_order_relaxed);
+  read_ahead_hits_.fetch_add(window_hits, std::memory_order_relaxed);
   if (misses.empty()) return;
 
   // Sorted by id (offset in the file); a row asked for several times is read once.
@@ -276,13 +301,69 @@ void DiskFeatures::read_rows(const int64_t* ids, int64_t n, float* out) {
     for (size_t m = first_miss[k]; m < first_miss[k + 1]; ++m)
       convert_to_f32(dtype_, bytes, out + static_cast<size_t>(misses[m].second) * d, d);
   });
-
   disk_rows_.fetch_add(static_cast<int64_t>(misses.size()), std::memory_order_relaxed);
-  distinct_disk_rows_.fetch_add(static_cast<int64_t>(distinct.size()), std::memory_order_relaxed);
-  useful_bytes_.fetch_add(distinct.size() * row_bytes_, std::memory_order_relaxed);
+  count(totals, static_cast<int64_t>(distinct.size()));
+}
+
+void DiskFeatures::count(const ReadTotals& totals, int64_t distinct_rows) {
+  distinct_disk_rows_.fetch_add(distinct_rows, std::memory_order_relaxed);
+  useful_bytes_.fetch_add(static_cast<uint64_t>(distinct_rows) * row_bytes_, std::memory_order_relaxed);
   disk_bytes_.fetch_add(totals.bytes, std::memory_order_relaxed);
+  needed_bytes_.fetch_add(totals.needed_bytes, std::memory_order_relaxed);
   read_calls_.fetch_add(totals.calls, std::memory_order_relaxed);
   read_nanoseconds_.fetch_add(totals.nanoseconds, std::memory_order_relaxed);
+}
+
+std::shared_ptr<const WindowRows> DiskFeatures::read_window(std::vector<int64_t> ids, const WindowRows* previous) {
+  for (size_t k = 0; k < ids.size(); ++k) {
+    if (ids[k] < 0 || ids[k] >= num_nodes_ || (k > 0 && ids[k] <= ids[k - 1]))
+      throw InputError("read_window: ids must be distinct node ids in [0, " + std::to_string(num_nodes_) +
+                       "), ascending; position " + std::to_string(k) + " holds " + std::to_string(ids[k]));
+  }
+  auto window = std::make_shared<WindowRows>(options_.budget, std::move(ids), dim_);
+  const size_t d = static_cast<size_t>(dim_);
+  // What the previous window holds is copied; the rest (positions in the window) is read.
+  std::vector<int64_t> from_disk;
+  std::vector<size_t> position;
+  for (size_t k = 0; k < window->ids_.size(); ++k) {
+    const float* row = previous != nullptr ? previous->find(window->ids_[k]) : nullptr;
+    if (row != nullptr) {
+      std::memcpy(window->rows_.data() + k * d, row, d * sizeof(float));
+    } else {
+      from_disk.push_back(window->ids_[k]);
+      position.push_back(k);
+    }
+  }
+  const ReadTotals totals = read_from_disk(from_disk, options_.window_gap_pages, kMaxReadBytes, kMaxStagingBytes,
+                                           [&](size_t k, const char* bytes) {
+    convert_to_f32(dtype_, bytes, window->rows_.data() + position[k] * d, d);
+  });
+  count(totals, static_cast<int64_t>(from_disk.size()));
+  read_ahead_rows_.fetch_add(window->rows(), std::memory_order_relaxed);
+  windows_.fetch_add(1, std::memory_order_relaxed);
+  return window;
+}
+
+WindowRows::WindowRows(MemoryBudget* budget, std::vector<int64_t> ids, int64_t dim)
+    : budget_(budget), dim_(dim), ids_(std::move(ids)) {
+  bytes_ = ids_.size() * (sizeof(int64_t) + static_cast<uint64_t>(dim_) * sizeof(float));
+  if (budget_) budget_->charge(bytes_);
+  try {
+    rows_.resize(ids_.size() * static_cast<size_t>(dim_));
+  } catch (...) {
+    if (budget_) budget_->release(bytes_);
+    throw;
+  }
+}
+
+WindowRows::~WindowRows() {
+  if (budget_) budget_->release(bytes_);
+}
+
+const float* WindowRows::find(int64_t id) const {
+  const auto it = std::lower_bound(ids_.begin(), ids_.end(), id);
+  if (it == ids_.end() || *it != id) return nullptr;
+  return rows_.data() + static_cast<size_t>(it - ids_.begin()) * static_cast<size_t>(dim_);
 }
 
 DiskFeatureStats DiskFeatures::take_stats() {
@@ -295,6 +376,11 @@ DiskFeatureStats DiskFeatures::take_stats() {
   s.useful_bytes = useful_bytes_.exchange(0, std::memory_order_relaxed);
   s.read_calls = read_calls_.exchange(0, std::memory_order_relaxed);
   s.read_seconds = static_cast<double>(read_nanoseconds_.exchange(0, std::memory_order_relaxed)) * 1e-9;
+  s.needed_bytes = needed_bytes_.exchange(0, std::memory_order_relaxed);
+  s.read_ahead_hits = read_ahead_hits_.exchange(0, std::memory_order_relaxed);
+  s.read_ahead_rows = read_ahead_rows_.exchange(0, std::memory_order_relaxed);
+  s.windows = windows_.exchange(0, std::memory_order_relaxed);
+  s.read_ahead_wait_s = static_cast<double>(wait_nanoseconds_.exchange(0, std::memory_order_relaxed)) * 1e-9;
   return s;
 }
 

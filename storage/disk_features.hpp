@@ -8,6 +8,13 @@
 // row as in Ginex's gather. Every page read is checked against the store's page sums when given.
 // The disk tier changes where rows come from, never their values: read_rows equals
 // Store::read_feature_rows bit for bit.
+//
+// Read-ahead (engine/train/read_ahead.hpp): the rows a window of future batches will miss in the
+// cache are known once those batches are sampled; read_window reads them all in one pass, sorted
+// by offset and coalesced across small gaps (so a cold page that several batches of the window
+// need is read once, and dense runs of needed pages become long sequential reads), into a
+// WindowRows that read_rows then serves them from. Rows still held by the previous window are
+// copied from it instead of read again.
 #pragma once
 
 #include <atomic>
@@ -39,6 +46,33 @@ struct DiskFeatureOptions {
   // the DiskFeatures), else the store's own (Store::page_sums) when it has them. false: unchecked.
   bool check_page_sums = true;
   const uint32_t* page_sums = nullptr;
+  // read_window merges two runs of needed pages when at most this many unneeded pages lie between
+  // them: reading a page costs ~3 us at this class of disk's sequential bandwidth (1.3-1.5 GB/s),
+  // a request of its own ~12 us at its 4 KiB random ceiling (75-86K reads/s; `gale bench io`).
+  int window_gap_pages = 4;
+};
+
+// Rows read ahead for a window of batches: their ids (ascending) and f32 rows, charged to the
+// budget while alive. Immutable once read, so any number of threads may read it.
+class WindowRows {
+ public:
+  WindowRows(kernels::cuda::MemoryBudget* budget, std::vector<int64_t> ids, int64_t dim);
+  ~WindowRows();
+  WindowRows(const WindowRows&) = delete;
+  WindowRows& operator=(const WindowRows&) = delete;
+
+  // The row of `id`, or nullptr when the window does not hold it.
+  const float* find(int64_t id) const;
+  int64_t rows() const { return static_cast<int64_t>(ids_.size()); }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  friend class DiskFeatures;
+  kernels::cuda::MemoryBudget* budget_;
+  uint64_t bytes_ = 0;
+  int64_t dim_ = 0;
+  std::vector<int64_t> ids_;
+  std::vector<float> rows_;
 };
 
 // Counters since the last take_stats().
@@ -51,6 +85,11 @@ struct DiskFeatureStats {
   uint64_t useful_bytes = 0;       // distinct_disk_rows x row bytes (<= disk_bytes)
   int64_t read_calls = 0;          // read requests (extents) issued
   double read_seconds = 0;         // wall time inside DiskReader::read, summed over calls
+  uint64_t needed_bytes = 0;       // 4 KiB pages holding the distinct rows read, x 4 KiB
+  int64_t read_ahead_hits = 0;     // requested rows served from a read-ahead window
+  int64_t read_ahead_rows = 0;     // rows read into windows (from disk or the previous window)
+  int64_t windows = 0;             // windows read
+  double read_ahead_wait_s = 0;    // time callers waited for a window to be read (add_wait)
 };
 
 class DiskFeatures {
@@ -67,7 +106,20 @@ class DiskFeatures {
   // out row i = features of ids[i] as f32 (n x feature_dim, row-major). Callable from several
   // threads at once. Throws InputError for an id that is not a node, CorruptStoreError for a page
   // that fails its sum, ResourceError when the budget refuses the staging buffer.
-  void read_rows(const int64_t* ids, int64_t n, float* out);
+  // `window` (nullable): rows it holds are copied from it, not read.
+  void read_rows(const int64_t* ids, int64_t n, float* out, const WindowRows* window = nullptr);
+
+  // Appends to `out` the ids of ids[0..n) that the cache does not hold (in their order, repeats
+  // kept). Throws InputError for an id that is not a node.
+  void collect_misses(const int64_t* ids, int64_t n, std::vector<int64_t>* out) const;
+
+  // The rows of `ids` (ascending, distinct) in a window charged to the budget: those `previous`
+  // holds are copied from it, the rest read in one pass sorted by offset, coalescing gaps up to
+  // window_gap_pages. Throws as read_rows does; ResourceError when the budget refuses the window.
+  std::shared_ptr<const WindowRows> read_window(std::vector<int64_t> ids, const WindowRows* previous);
+
+  // Time a caller waited for a window (reported by take_stats as read_ahead_wait_s).
+  void add_wait(int64_t nanoseconds) { wait_nanoseconds_.fetch_add(nanoseconds, std::memory_order_relaxed); }
 
   // Returns the counters and starts them again from zero.
   DiskFeatureStats take_stats();
@@ -95,16 +147,21 @@ class DiskFeatures {
     uint64_t bytes_;
   };
 
-  // Bytes, requests and wall time of the reads one read_from_disk issued.
+  // Bytes, requests and wall time of the reads one read_from_disk issued, and the bytes of the
+  // distinct pages the rows lie on.
   struct ReadTotals {
     uint64_t bytes = 0;
     int64_t calls = 0;
     int64_t nanoseconds = 0;
+    uint64_t needed_bytes = 0;
   };
+  // Adds one read's totals to the counters.
+  void count(const ReadTotals& totals, int64_t distinct_rows);
 
   // Reads the distinct rows sorted_ids (ascending, no repeats) from disk and hands each row's raw
-  // bytes to sink(k, bytes) with k its index in sorted_ids. Extents are planned with gap_pages and
-  // max_read_bytes; a staging buffer of at most max_staging_bytes is reused round by round.
+  // bytes to sink(k, bytes) with k its index in sorted_ids (in parallel: each k once). Extents are
+  // planned with gap_pages and max_read_bytes; a staging buffer of at most max_staging_bytes is
+  // reused round by round, its pages checked in parallel.
   template <typename Sink>
   ReadTotals read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages, uint64_t max_read_bytes,
                       uint64_t max_staging_bytes, const Sink& sink);
@@ -122,10 +179,8 @@ class DiskFeatures {
   std::unique_ptr<DiskReader> reader_;
 
   // The cache: f32 rows, and per node its row in cache_ or -1. Filled once; read-only afterwards,
-  // so concurrent read_rows need no lock. A look-ahead (Belady) cache would change this: the
-  // sampled window of future batches would pick, after each read_rows, which just-read rows enter
-  // which evicted slots (Ginex's changeset), with slots_ updated between batches — read_rows's
-  // disk path stays as it is.
+  // so concurrent read_rows need no lock. What changes batch by batch lives in the read-ahead
+  // windows instead.
   int64_t cached_rows_ = 0;
   std::unique_ptr<Charge> cache_charge_;
   std::vector<float> cache_;
@@ -135,6 +190,8 @@ class DiskFeatures {
   std::atomic<uint64_t> disk_bytes_{0}, useful_bytes_{0};
   std::atomic<int64_t> read_calls_{0};
   std::atomic<int64_t> read_nanoseconds_{0};
+  std::atomic<uint64_t> needed_bytes_{0};
+  std::atomic<int64_t> read_ahead_hits_{0}, read_ahead_rows_{0}, windows_{0}, wait_nanoseconds_{0};
 };
 
 }  // namespace gale::storage

@@ -47,10 +47,14 @@ HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(
   d.engine = options.engine;
   d.max_gap_pages = options.max_gap_pages;
   d.budget = budget_;
+  read_ahead_bytes_ = options.read_ahead_bytes != kAutoReadAhead ? options.read_ahead_bytes
+                     : budget_ == nullptr                            ? uint64_t{256} << 20
+                                                                     : (budget_->limit() - budget_->in_use()) / 3;
   if (budget_ != nullptr) {
-    // What is left after the staging reserve, less the slot table (4 bytes per node) that a
-    // non-empty cache adds.
-    const uint64_t left = budget_->limit() - budget_->in_use();
+    // What is left after the staging reserve and the read-ahead, less the slot table (4 bytes per
+    // node) that a non-empty cache adds.
+    uint64_t left = budget_->limit() - budget_->in_use();
+    left = left > read_ahead_bytes_ ? left - read_ahead_bytes_ : 0;
     const uint64_t slots = static_cast<uint64_t>(store.num_nodes()) * sizeof(int32_t);
     d.cache_bytes = left > slots ? left - slots : 0;
     // The cache's rows are f32; never more than every row.
@@ -72,8 +76,8 @@ HostFeatures::~HostFeatures() {
   if (budget_ != nullptr) budget_->release(charged_);
 }
 
-void HostFeatures::read_rows(const int64_t* ids, int64_t n, float* out) const {
-  if (disk_) disk_->read_rows(ids, n, out);
+void HostFeatures::read_rows(const int64_t* ids, int64_t n, float* out, const WindowRows* window) const {
+  if (disk_) disk_->read_rows(ids, n, out, window);
   else store_.read_feature_rows(ids, n, out);
 }
 

@@ -31,7 +31,12 @@ class HostFeatures {
     IoEngine engine = IoEngine::kAuto;
     int max_gap_pages = 0;
     bool force_disk = false;  // the disk tier even when the rows fit (tests, measurements)
+    // On disk: what the read-ahead windows may hold (engine/train/read_ahead.hpp), kept out of the
+    // cache. kAutoReadAhead: a third of the features' share (256 MiB without a budget); 0: none
+    // (every batch reads its own misses).
+    uint64_t read_ahead_bytes = kAutoReadAhead;
   };
+  static constexpr uint64_t kAutoReadAhead = ~uint64_t{0};
 
   // IO staging every run keeps back from the budget for its batches (rows read per call are
   // staged in at most 32 MiB at a time, several calls at once).
@@ -49,7 +54,11 @@ class HostFeatures {
   Placement placement() const { return placement_; }
   bool on_disk() const { return placement_ == Placement::kDisk; }
   // out row i = the features of ids[i] as f32 (n x dim); callable from several threads at once.
-  void read_rows(const int64_t* ids, int64_t n, float* out) const;
+  void read_rows(const int64_t* ids, int64_t n, float* out, const WindowRows* window = nullptr) const;
+  // The disk tier (nullptr in memory), for read-ahead.
+  DiskFeatures* disk() const { return disk_.get(); }
+  // On disk: the bytes the read-ahead windows may hold (0: no read-ahead, or in memory).
+  uint64_t read_ahead_bytes() const { return read_ahead_bytes_; }
   // Disk-tier counters since the last call (zeros in memory), and the reset.
   DiskFeatureStats take_stats();
   // "features in host memory (4.1 GiB of a 30 GiB budget)" / the disk tier's description.
@@ -60,6 +69,7 @@ class HostFeatures {
   Placement placement_ = Placement::kMemory;
   kernels::cuda::MemoryBudget* budget_ = nullptr;
   uint64_t charged_ = 0;  // returned to the budget when destroyed
+  uint64_t read_ahead_bytes_ = 0;
   std::unique_ptr<DiskFeatures> disk_;
 };
 

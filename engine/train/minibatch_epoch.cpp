@@ -13,6 +13,7 @@
 #include "engine/gpu_batches.hpp"
 #include "engine/graph.hpp"
 #include "engine/ops.hpp"
+#include "engine/train/read_ahead.hpp"
 #include "engine/train/whole_graph.hpp"
 #include "kernels/error.hpp"
 #include "kernels/graph_norms.hpp"
@@ -124,7 +125,7 @@ struct MiniBatchEpochs::Worker {
   storage::HostFeatures* host_features;  // the rows' source when r has no feature tiers
   const std::vector<float>& full_degree;
   CheckpointPolicy& checkpoints;
-  const int local;
+  const int local, replicas;  // this worker's index in the process, and the process's workers
   const int64_t epoch, first_batch;
   const uint64_t epoch_key;
   const scheduler::EpochPlan plan;
@@ -143,6 +144,9 @@ struct MiniBatchEpochs::Worker {
   std::optional<LaggedReads> vote_reads;
   std::vector<Tensor> vote_sums;
   Tensor vote_values[4];  // [stop, checkpoint] for index stop + 2 * checkpoint, copied on the device
+  // Features on disk: the windows of rows read ahead of this worker's batches (its share of the
+  // read-ahead memory); the thread starts with the epoch and ends with it.
+  std::unique_ptr<ReadAhead> read_ahead;
 
   Worker(const MiniBatchEpochs& e, int local_, int64_t epoch_, uint64_t key, int64_t first, double loss_sum,
          CheckpointPolicy& ckpt)
@@ -155,6 +159,7 @@ struct MiniBatchEpochs::Worker {
         full_degree(e.full_degree_),
         checkpoints(ckpt),
         local(local_),
+        replicas(e.replicas_.size()),
         epoch(epoch_),
         first_batch(first),
         epoch_key(key),
@@ -214,34 +219,51 @@ struct MiniBatchEpochs::Worker {
 
   // Sampled blocks of a batch of seeds as graph operands (each outer source's GCN norm from its
   // full-graph in-degree, weighted when the model is), still on the host.
-  void prepare_blocks(PreparedBatch* p, const int64_t* seeds, int64_t len, uint64_t key) const {
+  void prepare_blocks(PreparedBatch* p, int64_t b, const int64_t* seeds, int64_t len, uint64_t key) const {
     const storage::Store& store = run.store();
     p->batch = sampler->sample(seeds, len, key);
     for (const sampler::Block& block : p->batch.blocks)
       p->graphs.push_back(std::make_unique<GraphOperand>(block.csr(), block.src_ids.data(), store.indptr(),
                                                           /*with_transpose=*/true, full_degree.data()));
-    if (!r.batch_features) read_features(p, p->batch.input_nodes());  // a GPU's tiers gather them later
+    if (!r.batch_features) read_features(p, b, p->batch.input_nodes());  // a GPU's tiers gather them later
   }
 
   // The host reads a batch's input features here, in parallel with training: from memory, or
   // through the disk tier.
-  void read_features(PreparedBatch* p, const std::vector<int64_t>& inputs) const {
+  void read_features(PreparedBatch* p, int64_t b, const std::vector<int64_t>& inputs) const {
     p->features = Tensor::empty(static_cast<int64_t>(inputs.size()), run.store().feature_dim());
-    host_features->read_rows(inputs.data(), p->features.rows(), p->features.f32());
+    const std::shared_ptr<const storage::WindowRows> window = read_ahead ? read_ahead->window_of(b) : nullptr;
+    host_features->read_rows(inputs.data(), p->features.rows(), p->features.f32(), window.get());
+    if (read_ahead) read_ahead->done(b);
+  }
+
+  // Batch b's input nodes, sampled as prepare samples them (for the read-ahead thread).
+  std::vector<int64_t> sample_inputs(int64_t b) const {
+    const int64_t len = plan.batch_length(b);
+    if (len == 0) return {};
+    const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
+    if (r.gpu_batches) {
+      const UseDevice use_here(r.dev);
+      return r.gpu_batches->sample(plan.batch(b), len, key, /*input_nodes_on_host=*/true).input_nodes_host();
+    }
+    return sampler->sample(plan.batch(b), len, key).input_nodes();
   }
 
   std::unique_ptr<PreparedBatch> prepare(int64_t b) const {
     const UseDevice use_here(r.dev);
     auto p = std::make_unique<PreparedBatch>();
     const int64_t len = plan.batch_length(b);
-    if (len == 0) return p;  // a worker without seeds in the last step only joins the sums
+    if (len == 0) {  // a worker without seeds in the last step only joins the sums
+      if (read_ahead) read_ahead->done(b);
+      return p;
+    }
     const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
     if (r.gpu_batches) {  // the node sets leave the GPU only for the match-reorder window or the host's reads
       p->gpu = r.gpu_batches->sample(plan.batch(b), len, key, opt.reorder_window > 1 || !r.batch_features);
-      if (!r.batch_features) read_features(p.get(), p->gpu.input_nodes_host());
+      if (!r.batch_features) read_features(p.get(), b, p->gpu.input_nodes_host());
       return p;
     }
-    prepare_blocks(p.get(), plan.batch(b), len, key);
+    prepare_blocks(p.get(), b, plan.batch(b), len, key);
     p->labels.resize(static_cast<size_t>(len));
     for (int64_t i = 0; i < len; ++i) p->labels[i] = run.labels()[plan.batch(b)[i]];
     return p;
@@ -351,6 +373,10 @@ struct MiniBatchEpochs::Worker {
   }
 
   WorkerEpoch run_epoch() {
+    if (host_features != nullptr && host_features->on_disk() && host_features->read_ahead_bytes() > 0)
+      read_ahead = std::make_unique<ReadAhead>(*host_features->disk(), host_features->read_ahead_bytes() / replicas,
+                                               first_batch, plan.num_batches(),
+                                               [this](int64_t b) { return sample_inputs(b); });
     out.times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
         plan.num_batches(), opt.prefetch,
         static_cast<int>(std::min<int64_t>(opt.reorder_window, std::max<int64_t>(1, plan.num_batches()))),  // a window past the epoch is the epoch
@@ -359,6 +385,7 @@ struct MiniBatchEpochs::Worker {
         [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { load(b, p); },
         [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { consume(b, p); },
         scheduler::PipelineRange{first_batch, !run.step_stops() ? nullptr : votes ? &agreed : opt.stop});
+    read_ahead.reset();  // the pipeline has ended: so does the read-ahead thread
     out.loss_sum = add_losses(out.loss_sum, first_batch, out.times.consumed_end);
     if (r.batch_features) out.features = r.batch_features->take_stats();
     out.io_s = io_timer.take_seconds();
@@ -414,6 +441,10 @@ void MiniBatchEpochs::take_disk_stats(EpochMetrics* m) {
   m->disk_bytes_read = d.disk_bytes;
   m->useful_disk_bytes = d.useful_bytes;
   m->disk_read_s = d.read_seconds;
+  m->needed_disk_bytes = d.needed_bytes;
+  m->read_ahead_hits = d.read_ahead_hits;
+  m->read_ahead_windows = d.windows;
+  m->read_ahead_wait_s = d.read_ahead_wait_s;
 }
 
 FeaturePlacement MiniBatchEpochs::placement() const {

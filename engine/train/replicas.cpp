@@ -71,6 +71,7 @@ void Replicas::place_batch_sources(const TrainRun& run) {
   host.budget = &run.host_budget();
   host.engine = opt.io_engine;
   host.force_disk = opt.features_on_disk;
+  host.read_ahead_bytes = opt.read_ahead_bytes;
   host_features_ = std::make_unique<storage::HostFeatures>(store, host);
 }
 

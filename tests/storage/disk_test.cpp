@@ -544,5 +544,118 @@ TEST(DiskFeatures, BadIdsAreInputErrors) {
   EXPECT_THROW(disk.read_rows(&bad, 1, out.data()), InputError);
 }
 
+// The distinct uncached ids of `ids`, ascending: what a read-ahead window of them holds.
+std::vector<int64_t> window_ids(const DiskFeatures& disk, const std::vector<int64_t>& ids) {
+  std::vector<int64_t> misses;
+  disk.collect_misses(ids.data(), static_cast<int64_t>(ids.size()), &misses);
+  std::sort(misses.begin(), misses.end());
+  misses.erase(std::unique(misses.begin(), misses.end()), misses.end());
+  return misses;
+}
+
+TEST(DiskFeatures, ReadAheadWindowsServeTheSameRowsWithoutReadingAgain) {
+  TempDir dir;
+  const int64_t n = 6000, dim = 100;
+  write_feature_store(dir / "s.gale", n, dim, DType::kF32, 21);
+  const Store store = Store::open(dir / "s.gale");
+  MemoryBudget budget(64 << 20, "--host-mem-budget");
+  DiskFeatureOptions o;
+  o.cache_bytes = 1500 * dim * 4;
+  o.budget = &budget;
+  DiskFeatures disk(store, priority_of(n, 9), o);
+  const uint64_t fixed = budget.in_use();
+  disk.take_stats();
+
+  // Two batches of a window, and a third batch in the next window.
+  const std::vector<int64_t> a = random_ids(n, 700, 31), b = random_ids(n, 700, 32), c = random_ids(n, 900, 33);
+  std::vector<int64_t> both = a;
+  both.insert(both.end(), b.begin(), b.end());
+  const std::vector<int64_t> first_ids = window_ids(disk, both);
+  for (int64_t id : first_ids) EXPECT_FALSE(disk.is_cached(id));
+  const auto first = disk.read_window(first_ids, nullptr);
+  EXPECT_EQ(first->rows(), static_cast<int64_t>(first_ids.size()));
+  EXPECT_EQ(budget.in_use(), fixed + first->bytes()) << "the window is charged while alive";
+  DiskFeatureStats s = disk.take_stats();
+  EXPECT_EQ(s.windows, 1);
+  EXPECT_EQ(s.read_ahead_rows, first->rows());
+  EXPECT_EQ(s.distinct_disk_rows, first->rows());
+  EXPECT_GE(s.disk_bytes, s.needed_bytes);
+  EXPECT_GE(s.needed_bytes, s.useful_bytes);
+
+  // Served from the cache and the window, the same bits as the store's, nothing read.
+  const size_t d = static_cast<size_t>(dim);
+  for (const auto* ids : {&a, &b}) {
+    std::vector<float> got(ids->size() * d), want(ids->size() * d);
+    disk.read_rows(ids->data(), static_cast<int64_t>(ids->size()), got.data(), first.get());
+    store.read_feature_rows(ids->data(), static_cast<int64_t>(ids->size()), want.data());
+    EXPECT_EQ(got, want);
+  }
+  s = disk.take_stats();
+  EXPECT_EQ(s.disk_bytes, 0u);
+  EXPECT_EQ(s.disk_rows, 0);
+  EXPECT_EQ(s.cache_hits + s.read_ahead_hits, s.rows_requested);
+  EXPECT_GT(s.read_ahead_hits, 0);
+
+  // The next window copies what the first still holds and reads only the rest.
+  const std::vector<int64_t> next_ids = window_ids(disk, c);
+  int64_t shared = 0;
+  for (int64_t id : next_ids) shared += first->find(id) != nullptr;
+  ASSERT_GT(shared, 0);
+  const auto next = disk.read_window(next_ids, first.get());
+  s = disk.take_stats();
+  EXPECT_EQ(s.distinct_disk_rows, next->rows() - shared);
+  std::vector<float> got(c.size() * d), want(c.size() * d);
+  disk.read_rows(c.data(), static_cast<int64_t>(c.size()), got.data(), next.get());
+  store.read_feature_rows(c.data(), static_cast<int64_t>(c.size()), want.data());
+  EXPECT_EQ(got, want);
+
+  // A row no window holds is still read from disk.
+  std::vector<float> one(d);
+  int64_t outside = 0;
+  while (disk.is_cached(outside) || next->find(outside) != nullptr) ++outside;
+  disk.take_stats();
+  disk.read_rows(&outside, 1, one.data(), next.get());
+  EXPECT_EQ(disk.take_stats().disk_rows, 1);
+}
+
+TEST(DiskFeatures, ReadAheadWindowsAreCheckedAndChargedAndRefused) {
+  TempDir dir;
+  const int64_t n = 3000, dim = 64;
+  write_feature_store(dir / "s.gale", n, dim, DType::kF32, 22);
+  const Store store = Store::open(dir / "s.gale");
+  DiskFeatureOptions o;
+  MemoryBudget small(64 * 1024, "--host-mem-budget");
+  o.budget = &small;
+  DiskFeatures disk(store, {}, o);
+  std::vector<int64_t> many(1000);
+  std::iota(many.begin(), many.end(), 0);
+  // 1000 rows of 256 bytes do not fit 64 KiB: refused, nothing left charged.
+  EXPECT_THROW(disk.read_window(many, nullptr), ResourceError);
+  EXPECT_EQ(small.in_use(), 0u);
+  EXPECT_THROW(disk.read_window({5, 5}, nullptr), InputError) << "repeats";
+  EXPECT_THROW(disk.read_window({7, 3}, nullptr), InputError) << "not ascending";
+  EXPECT_THROW(disk.read_window({3, n}, nullptr), InputError) << "not a node";
+
+  // A flipped byte in a page a window reads is named with its offset.
+  const std::string file = dir / "s.gale/features.npy";
+  const std::vector<uint32_t> sums = sums_of(file);
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096 + 40 * 256 + 17);
+    f.put('\x5a');
+  }
+  DiskFeatureOptions checked;
+  checked.page_sums = sums.data();
+  DiskFeatures flipped(store, {}, checked);
+  try {
+    flipped.read_window({1, 2, 40, 2000}, nullptr);
+    FAIL() << "a flipped byte was read";
+  } catch (const CorruptStoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("byte offset " + std::to_string(4096 + 40 * 256 / 4096 * 4096)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace gale::storage

@@ -104,13 +104,46 @@ TEST(DiskTier, FeaturesOnDiskTrainBitForBitAsInMemory) {
   const TrainedRun disk = run(on_disk("disk", storage::IoEngine::kAuto));
   expect_same_run(memory, disk);
   const EpochMetrics& m = disk.epochs.back();
-  EXPECT_GT(m.disk_rows, 0);
+  EXPECT_GT(m.disk_rows + m.read_ahead_hits, 0);  // read by the batches, or ahead of them
   EXPECT_GT(m.host_cache_hits, 0);
   EXPECT_GT(m.disk_bytes_read, 0u);
   EXPECT_GE(m.disk_bytes_read, m.useful_disk_bytes);
   EXPECT_GT(m.useful_disk_bytes, 0u);
   // It learns: twice chance (1/6) after two epochs, on a graph whose features alone say little.
   EXPECT_GT(disk.result.test_acc_at_best_valid, 2.0 / 6);
+}
+
+TEST(DiskTier, ReadAheadWindowsTrainBitForBitAsInMemory) {
+  const TrainedRun memory = run(options("memory-ra"));
+  // A cache of part of the rows and 2 MiB of windows: each window holds a few batches' misses.
+  TrainOptions o = options("read-ahead");
+  o.host_mem_budget = uint64_t{136} << 20;
+  o.host_mem_budget_text = "136M";
+  o.features_on_disk = true;
+  o.read_ahead_bytes = uint64_t{2} << 20;
+  const TrainedRun ahead = run(o);
+  expect_same_run(memory, ahead);
+  for (const EpochMetrics& m : ahead.epochs) {
+    EXPECT_GT(m.read_ahead_windows, 1) << "epoch " << m.epoch;
+    EXPECT_LT(m.read_ahead_windows, m.batches) << "windows of several batches";
+    EXPECT_GT(m.read_ahead_hits, 0);
+    EXPECT_GT(m.host_cache_hits, 0);
+    EXPECT_EQ(m.disk_rows, 0) << "every miss was read ahead";
+    EXPECT_GE(m.disk_bytes_read, m.needed_disk_bytes);
+    EXPECT_GE(m.needed_disk_bytes, m.useful_disk_bytes);
+    EXPECT_GE(m.read_ahead_wait_s, 0.0);
+  }
+
+  // Without read-ahead every batch reads its own misses: the same run again.
+  o.checkpoint_dir = (test_dir() / "no-read-ahead").string();
+  o.read_ahead_bytes = 0;
+  const TrainedRun alone = run(o);
+  expect_same_run(memory, alone);
+  EXPECT_EQ(alone.epochs.back().read_ahead_windows, 0);
+  EXPECT_GT(alone.epochs.back().disk_rows, 0);
+  // A window reads each of its rows once, however many of its batches need it.
+  const EpochMetrics& m = ahead.epochs.back();
+  EXPECT_LT(static_cast<int64_t>(m.useful_disk_bytes / (64 * sizeof(float))), m.read_ahead_hits);
 }
 
 TEST(DiskTier, ThePreadPoolReadsTheSameRowsAsIoUring) {
