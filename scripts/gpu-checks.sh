@@ -19,7 +19,9 @@
 #   scripts/gpu-checks.sh DIST outofcore  R-MAT scale OOC_SCALE (default 23) with 128-d features: gale bench io,
 #                                      then mini-batch SAGE 3x256 without a limit and inside a cgroup v2 with
 #                                      memory.max = OOC_LIMIT (default 3G), the page cache dropped before each
-#                                      run (BEFORE_GALE too, when given): epoch seconds, disk bytes, memory.peak
+#                                      run (BEFORE_GALE too, when given): epoch seconds, disk bytes, memory.peak;
+#                                      OOC_READ_AHEAD="0 auto 512M" runs the limited one per --read-ahead value,
+#                                      OOC_NOLIMIT=0 skips the run without a limit
 #   scripts/gpu-checks.sh DIST scale25 R-MAT scale 25 (33M nodes, 1B entries, 17 GB of 128-d features)
 #                                      generated, then mini-batch SAGE under a 10 GB GPU budget
 # Each prints a short summary table last. Logs go to $OUT (or /tmp) when set.
@@ -275,13 +277,18 @@ outofcore)
 import json, sys
 for line in sys.stdin:
     j = json.loads(line)
-    keys = ["epoch", "epoch_s", "features", "disk_rows", "host_cache_hits", "disk_bytes_read", "useful_disk_bytes", "disk_read_s", "host_to_gpu_bytes"]
+    keys = ["epoch", "epoch_s", "features", "disk_rows", "host_cache_hits", "read_ahead_hits", "read_ahead_windows",
+            "disk_bytes_read", "needed_disk_bytes", "useful_disk_bytes", "disk_read_s", "read_ahead_wait_s", "host_to_gpu_bytes"]
     print("   ", {k: j[k] for k in keys if k in j})
 ')")
     rmdir $cg 2>/dev/null
   }
-  limited ooc-nolimit max "$dist/bin/gale" $train
-  limited ooc-limit ${OOC_LIMIT:-3G} "$dist/bin/gale" $train
+  [ "${OOC_NOLIMIT:-1}" = 1 ] && limited ooc-nolimit max "$dist/bin/gale" $train
+  # OOC_READ_AHEAD="0 auto 512M": one limited run per --read-ahead value (default: Gale's own).
+  for ra in ${OOC_READ_AHEAD:-default}; do
+    if [ "$ra" = default ]; then limited ooc-limit ${OOC_LIMIT:-3G} "$dist/bin/gale" $train
+    else limited ooc-limit-ra$ra ${OOC_LIMIT:-3G} "$dist/bin/gale" $train --read-ahead $ra; fi
+  done
   [ -n "${BEFORE_GALE:-}" ] && limited ooc-before ${OOC_LIMIT:-3G} "$BEFORE_GALE" $train
   ;;
 scale25)
