@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) tiered_gather_kernel(TieredGatherArg
       src = a.cache.data + static_cast<int64_t>(a.cache_slot[id]) * a.cache.ld;
       tier = kTierCache;
     } else {
-      src = a.host.data + id * a.host.ld;
+      src = a.host.data + (a.host_rows != nullptr ? static_cast<int64_t>(a.host_rows[i]) : id) * a.host.ld;
       tier = kTierHost;
     }
     ++local[tier];

@@ -3,7 +3,9 @@
 //   1. the previous batch's features, already on the GPU (FastGL's match): prev_rows[i] >= 0;
 //   2. all features resident on the GPU, when they fit the budget;
 //   3. the GPU cache of hot nodes: cache_slot[id] >= 0;
-//   4. pinned host memory, read by the kernel itself over UVA (no staging copy).
+//   4. pinned host memory, read by the kernel itself over UVA (no staging copy): every node's row
+//      by its id, or (features on disk) the batch's own rows the host staged there, row i of the
+//      batch at host_rows[i].
 // CPU reference in feature_gather_cpu.cpp, CUDA twin in feature_gather.cu (one warp per row,
 // 16-byte loads when every source is aligned).
 #pragma once
@@ -25,6 +27,9 @@ struct TieredGatherArgs {
   const int32_t* cache_slot = nullptr;  // per node id: its row in `cache`, or -1; null: no cache
   ConstMatrixView cache;
   ConstMatrixView host;                 // every node's features (pinned host memory for the CUDA twin)
+  // null: host holds every node by id. Else row i of the batch is host row host_rows[i] (a batch's
+  // staged rows; read only for rows no faster tier holds, so those of other tiers may be -1).
+  const int32_t* host_rows = nullptr;
   MatrixView out;                       // n x width
   int64_t* counters = nullptr;          // kFeatureTiers row counts, added to; null: not counted
 };

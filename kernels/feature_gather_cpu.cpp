@@ -25,7 +25,7 @@ void tiered_gather_cpu(const TieredGatherArgs& a) {
         src = a.cache.row(a.cache_slot[id]);
         ++local[kTierCache];
       } else {
-        src = a.host.row(id);
+        src = a.host.row(a.host_rows ? a.host_rows[i] : id);
         ++local[kTierHost];
       }
       std::memcpy(a.out.row(i), src, row_bytes);

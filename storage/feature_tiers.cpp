@@ -57,10 +57,7 @@ FeatureTiers::FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, 
     store.read_features(0, num_nodes_, static_cast<float*>(host_->host()));
   }
   // The cache: the hottest nodes that fit once the slot table (4 bytes per node) is paid for.
-  const uint64_t slots = static_cast<uint64_t>(num_nodes_) * sizeof(int32_t);
-  cached_rows_ = gpu_bytes > slots ? static_cast<int64_t>(std::min<uint64_t>((gpu_bytes - slots) / row_bytes,
-                                                                            static_cast<uint64_t>(num_nodes_)))
-                                   : 0;
+  cached_rows_ = cache_rows_within(store, gpu_bytes);
   if (cached_rows_ == 0) return;
   const std::vector<int64_t> order = hottest_nodes(store, cached_rows_, preferred);  // preferred, then by degree
   std::vector<int32_t> slot(static_cast<size_t>(num_nodes_), -1);
@@ -70,6 +67,38 @@ FeatureTiers::FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, 
   upload_rows(store, order, device_.data(), stream);
 }
 
+FeatureTiers::FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, cudaStream_t stream, uint64_t gpu_bytes,
+                           const HostFeatures& source)
+    : num_nodes_(store.num_nodes()), dim_(store.feature_dim()), placement_(Placement::kCacheAndStaged) {
+  if (!store.has_features()) throw InputError(store.path().string() + ": the store has no features.npy");
+  counters_ = kernels::cuda::DeviceBuffer<int64_t>(pool, kernels::kFeatureTiers, stream);
+  GALE_CHECK_CUDA(cudaMemsetAsync(counters_.data(), 0, counters_.bytes(), stream));
+  on_gpu_.assign(static_cast<size_t>(num_nodes_ / 64 + 1), 0);
+  cached_rows_ = cache_rows_within(store, gpu_bytes);
+  if (cached_rows_ == 0) return;
+  // The hottest rows, read in file order (long reads through the disk tier), a slot each in that
+  // order.
+  std::vector<int64_t> order = hottest_nodes(store, cached_rows_);
+  std::sort(order.begin(), order.end());
+  std::vector<int32_t> slot(static_cast<size_t>(num_nodes_), -1);
+  for (int64_t i = 0; i < cached_rows_; ++i) {
+    slot[static_cast<size_t>(order[i])] = static_cast<int32_t>(i);
+    on_gpu_[static_cast<size_t>(order[i]) >> 6] |= uint64_t{1} << (order[i] & 63);
+  }
+  slot_ = kernels::cuda::to_device(pool, slot, stream);
+  device_ = kernels::cuda::DeviceBuffer<float>(pool, static_cast<size_t>(cached_rows_ * dim_), stream);
+  constexpr int64_t kChunkRows = 1 << 15;
+  kernels::cuda::PinnedBuffer staging(static_cast<size_t>(std::min<int64_t>(kChunkRows, cached_rows_) * dim_) * sizeof(float));
+  auto* host = static_cast<float*>(staging.host());
+  for (int64_t b = 0; b < cached_rows_; b += kChunkRows) {
+    const int64_t e = std::min(cached_rows_, b + kChunkRows);
+    GALE_CHECK_CUDA(cudaStreamSynchronize(stream));  // the staging buffer is free again
+    source.read_rows(order.data() + b, e - b, host);
+    kernels::cuda::copy_to_device(device_.data() + b * dim_, host, static_cast<size_t>((e - b) * dim_), stream);
+  }
+  GALE_CHECK_CUDA(cudaStreamSynchronize(stream));
+}
+
 FeatureTiers::~FeatureTiers() = default;
 
 std::string FeatureTiers::describe() const {
@@ -77,13 +106,18 @@ std::string FeatureTiers::describe() const {
   if (placement_ == Placement::kDevice)
     return "all " + std::to_string(num_nodes_) + " rows on the GPU (" +
            kernels::cuda::format_bytes(row_bytes * static_cast<uint64_t>(num_nodes_)) + ")";
+  if (placement_ == Placement::kCacheAndStaged)
+    return "GPU cache of the " + std::to_string(cached_rows_) + " hottest of " + std::to_string(num_nodes_) + " rows (" +
+           kernels::cuda::format_bytes(row_bytes * static_cast<uint64_t>(cached_rows_)) +
+           "), each batch's other rows staged by the host";
   return "GPU cache of the " + std::to_string(cached_rows_) + " hottest of " + std::to_string(num_nodes_) + " rows (" +
          kernels::cuda::format_bytes(row_bytes * static_cast<uint64_t>(cached_rows_)) +
          "), every row in pinned host memory (" + kernels::cuda::format_bytes(host_->bytes()) + ")";
 }
 
 void FeatureTiers::gather(const int64_t* ids, int64_t n, const int32_t* prev_rows, kernels::ConstMatrixView prev,
-                          kernels::MatrixView out, cudaStream_t stream) {
+                          kernels::MatrixView out, cudaStream_t stream, const float* staged, int64_t staged_rows,
+                          const int32_t* host_rows) {
   GALE_ASSERT(out.cols == dim_ && out.rows >= n);
   kernels::TieredGatherArgs a;
   a.ids = ids;
@@ -95,7 +129,13 @@ void FeatureTiers::gather(const int64_t* ids, int64_t n, const int32_t* prev_row
   } else {
     a.cache_slot = cached_rows_ > 0 ? slot_.data() : nullptr;
     a.cache = {device_.data(), cached_rows_, dim_, dim_};
-    a.host = {static_cast<const float*>(host_->device()), num_nodes_, dim_, dim_};
+    if (placement_ == Placement::kCacheAndStaged) {
+      GALE_ASSERT(host_rows != nullptr);
+      a.host = {staged, staged_rows, dim_, dim_};
+      a.host_rows = host_rows;
+    } else {
+      a.host = {static_cast<const float*>(host_->device()), num_nodes_, dim_, dim_};
+    }
   }
   a.out = out;
   a.counters = counters_.data();

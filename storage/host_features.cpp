@@ -31,7 +31,7 @@ HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(
     budget_->charge(fixed);
     charged_ = fixed;
   }
-  const bool fits = budget_ == nullptr || feature_bytes <= budget_->limit() - budget_->in_use();
+  const bool fits = budget_ == nullptr || feature_bytes + options.keep_free <= budget_->limit() - budget_->in_use();
   if (fits && !options.force_disk) {
     if (budget_ != nullptr) {
       budget_->charge(feature_bytes);
@@ -54,7 +54,7 @@ HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(
     // What is left after the staging reserve and the read-ahead, less the slot table (4 bytes per
     // node) that a non-empty cache adds.
     uint64_t left = budget_->limit() - budget_->in_use();
-    left = left > read_ahead_bytes_ ? left - read_ahead_bytes_ : 0;
+    left = left > read_ahead_bytes_ + options.keep_free ? left - read_ahead_bytes_ - options.keep_free : 0;
     const uint64_t slots = static_cast<uint64_t>(store.num_nodes()) * sizeof(int32_t);
     d.cache_bytes = left > slots ? left - slots : 0;
     // The cache's rows are f32; never more than every row.
@@ -66,9 +66,13 @@ HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(
     budget_->release(kStagingReserve);
     charged_ -= kStagingReserve;
   }
-  // The cache's rows, hottest first (as the GPU cache's order), only as many as it holds.
+  // The cache's rows, hottest first (as the GPU cache's order) after those the GPUs hold, only as
+  // many as it holds.
   const int64_t cache_rows = static_cast<int64_t>(d.cache_bytes / (static_cast<uint64_t>(store.feature_dim()) * sizeof(float)));
-  disk_ = std::make_unique<DiskFeatures>(store, hottest_nodes(store, cache_rows), d);
+  const int64_t skip = std::clamp<int64_t>(options.skip_hottest, 0, store.num_nodes());
+  std::vector<int64_t> priority = hottest_nodes(store, std::min(store.num_nodes(), skip + cache_rows));
+  priority.erase(priority.begin(), priority.begin() + std::min<int64_t>(skip, static_cast<int64_t>(priority.size())));
+  disk_ = std::make_unique<DiskFeatures>(store, priority, d);
 }
 
 HostFeatures::~HostFeatures() {

@@ -35,6 +35,11 @@ class HostFeatures {
     // cache. kAutoReadAhead: a third of the features' share (256 MiB without a budget); 0: none
     // (every batch reads its own misses).
     uint64_t read_ahead_bytes = kAutoReadAhead;
+    // On disk behind GPU caches (storage/feature_tiers.hpp, kCacheAndStaged): the hottest rows the
+    // GPUs hold, which the host cache then skips, and the bytes it leaves free for the pinned
+    // buffers the batches' staged rows take.
+    int64_t skip_hottest = 0;
+    uint64_t keep_free = 0;
   };
   static constexpr uint64_t kAutoReadAhead = ~uint64_t{0};
 

@@ -829,6 +829,13 @@ std::vector<int64_t> hottest_nodes(const Store& store, int64_t count, const std:
   return order;
 }
 
+int64_t cache_rows_within(const Store& store, uint64_t bytes) {
+  const uint64_t row_bytes = static_cast<uint64_t>(store.feature_dim()) * sizeof(float);
+  const uint64_t slots = static_cast<uint64_t>(store.num_nodes()) * sizeof(int32_t);
+  if (row_bytes == 0 || bytes <= slots) return 0;
+  return static_cast<int64_t>(std::min<uint64_t>((bytes - slots) / row_bytes, static_cast<uint64_t>(store.num_nodes())));
+}
+
 std::string describe_store(const Store& store) {
   const Manifest& m = store.manifest();
   const int64_t n = m.num_nodes;

@@ -232,6 +232,10 @@ size_t add_page_sums(const std::filesystem::path& path);
 // far as `count`.
 std::vector<int64_t> hottest_nodes(const Store& store, int64_t count, const std::vector<uint8_t>* preferred = nullptr);
 
+// The f32 feature rows a cache of `bytes` holds once its slot table (4 bytes per node) is paid
+// for: 0 when it is not, never more than every row.
+int64_t cache_rows_within(const Store& store, uint64_t bytes);
+
 // What `gale info` prints: counts, degree statistics (min / mean / median / max / p99, empty
 // rows), dtypes, splits, classes, partitions (method, nodes per part, edge cut), files.
 std::string describe_store(const Store& store);

@@ -72,7 +72,10 @@ Tensor Evaluation::layerwise_logits_on_host() {
   if (r.dev.is_cuda())
     lo = layerwise_options_for(gpu_room_left(r.dev, run_.opt().gpu_mem_budget), r.model->widest_dim(), run_.attention());
   const InputRows input_rows = [&](const std::vector<int64_t>& ids) {
-    if (r.batch_features) return r.batch_features->load(ids);
+    if (r.batch_features)
+      return r.batch_features->load(ids, [&](const int64_t* rows, int64_t count, float* out) {
+        host_features_->read_rows(rows, count, out);
+      });
     Tensor host = Tensor::empty(static_cast<int64_t>(ids.size()), store.feature_dim());
     if (host_features_ != nullptr) host_features_->read_rows(ids.data(), host.rows(), host.f32());
     else store.read_feature_rows(ids.data(), host.rows(), host.f32());

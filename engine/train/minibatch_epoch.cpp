@@ -50,6 +50,7 @@ struct PreparedBatch {
   PendingFeatures x;
   std::vector<GraphOperand> on_device;  // graphs on the training device: the model's backward reads them
   Tensor features;
+  StagedRows staged;  // features on disk behind a GPU cache: the rows the cache lacks
   std::vector<int32_t> labels;
   Tensor seeds;  // GPU-sampled: the seeds on the device, once forward has built the operands
 };
@@ -226,6 +227,7 @@ struct MiniBatchEpochs::Worker {
       p->graphs.push_back(std::make_unique<GraphOperand>(block.csr(), block.src_ids.data(), store.indptr(),
                                                           /*with_transpose=*/true, full_degree.data()));
     if (!r.batch_features) read_features(p, b, p->batch.input_nodes());  // a GPU's tiers gather them later
+    else if (r.batch_features->staged()) stage_features(p, b, p->batch.input_nodes());
   }
 
   // The host reads a batch's input features here, in parallel with training: from memory, or
@@ -237,16 +239,33 @@ struct MiniBatchEpochs::Worker {
     if (read_ahead) read_ahead->done(b);
   }
 
-  // Batch b's input nodes, sampled as prepare samples them (for the read-ahead thread).
+  // Behind a GPU cache: the rows of `inputs` it lacks, staged from the host's source (its
+  // cache, the batch's read-ahead window, or disk) for the gather.
+  void stage_features(PreparedBatch* p, int64_t b, const std::vector<int64_t>& inputs) const {
+    const std::shared_ptr<const storage::WindowRows> window = read_ahead ? read_ahead->window_of(b) : nullptr;
+    p->staged = r.batch_features->stage(inputs, [&](const int64_t* ids, int64_t n, float* out) {
+      host_features->read_rows(ids, n, out, window.get());
+    });
+    if (read_ahead) read_ahead->done(b);
+  }
+
+  // Batch b's input nodes that the host will read, sampled as prepare samples them (for the
+  // read-ahead thread): all of them, or behind a GPU cache those it lacks.
   std::vector<int64_t> sample_inputs(int64_t b) const {
     const int64_t len = plan.batch_length(b);
     if (len == 0) return {};
     const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
+    std::vector<int64_t> inputs;
     if (r.gpu_batches) {
       const UseDevice use_here(r.dev);
-      return r.gpu_batches->sample(plan.batch(b), len, key, /*input_nodes_on_host=*/true).input_nodes_host();
+      inputs = r.gpu_batches->sample(plan.batch(b), len, key, /*input_nodes_on_host=*/true).input_nodes_host();
+    } else {
+      inputs = sampler->sample(plan.batch(b), len, key).input_nodes();
     }
-    return sampler->sample(plan.batch(b), len, key).input_nodes();
+    if (r.batch_features && r.batch_features->staged())
+      inputs.erase(std::remove_if(inputs.begin(), inputs.end(), [&](int64_t id) { return r.batch_features->on_gpu(id); }),
+                   inputs.end());
+    return inputs;
   }
 
   std::unique_ptr<PreparedBatch> prepare(int64_t b) const {
@@ -259,8 +278,10 @@ struct MiniBatchEpochs::Worker {
     }
     const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
     if (r.gpu_batches) {  // the node sets leave the GPU only for the match-reorder window or the host's reads
-      p->gpu = r.gpu_batches->sample(plan.batch(b), len, key, opt.reorder_window > 1 || !r.batch_features);
+      const bool staged = r.batch_features && r.batch_features->staged();
+      p->gpu = r.gpu_batches->sample(plan.batch(b), len, key, opt.reorder_window > 1 || !r.batch_features || staged);
       if (!r.batch_features) read_features(p.get(), b, p->gpu.input_nodes_host());
+      else if (staged) stage_features(p.get(), b, p->gpu.input_nodes_host());
       return p;
     }
     prepare_blocks(p.get(), b, plan.batch(b), len, key);
@@ -282,7 +303,7 @@ struct MiniBatchEpochs::Worker {
     const UseDevice use_here(r.dev);
     io_timer.begin();
     p->ops = r.gpu_batches->operands(p->gpu, run.attention());
-    if (r.batch_features) p->x = r.batch_features->load_async(p->ops->input_nodes);
+    if (r.batch_features) p->x = r.batch_features->load_async(p->ops->input_nodes, &p->staged);
     io_timer.end();
   }
 
@@ -303,7 +324,7 @@ struct MiniBatchEpochs::Worker {
     for (const auto& g : p->graphs) p->on_device.push_back(g->to(r.dev, run.attention()));
     std::vector<const GraphOperand*> graphs;
     for (const auto& g : p->on_device) graphs.push_back(&g);
-    const Tensor x = r.batch_features ? r.batch_features->load(p->batch.input_nodes()) : p->features.to(r.dev);
+    const Tensor x = r.batch_features ? r.batch_features->load(p->batch.input_nodes(), &p->staged) : p->features.to(r.dev);
     return r.model->forward(graphs, x, /*training=*/true, key);
   }
 
@@ -455,7 +476,8 @@ FeaturePlacement MiniBatchEpochs::placement() const {
     p.description = lead.batch_features->describe() + (lead.gpu_batches ? "; " + lead.gpu_batches->describe() : "; CPU sampler");
   if (const storage::HostFeatures* host = replicas_.host_features(); host != nullptr) {
     p.disk = host->on_disk();
-    p.description = host->describe() + (lead.gpu_batches ? "; " + lead.gpu_batches->describe() : "");
+    p.description = (p.tiers ? lead.batch_features->describe() + "; " : "") + host->describe() +
+                    (lead.gpu_batches ? "; " + lead.gpu_batches->describe() : "");
   }
   return p;
 }

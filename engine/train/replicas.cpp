@@ -46,6 +46,20 @@ void Replicas::place_batch_sources(const TrainRun& run) {
                       run.host_budget().in_use() + f32_bytes + storage::topology_bytes(store) +
                               storage::HostFeatures::kStagingReserve <=
                           run.host_budget().limit());
+  if (!tiers) {
+    // The host's source: in memory, or the disk tier. Behind GPUs its cache skips the rows their
+    // caches hold, and leaves room for the pinned buffers of the batches' staged rows.
+    storage::HostFeatures::Options host;
+    host.budget = &run.host_budget();
+    host.engine = opt.io_engine;
+    host.force_disk = opt.features_on_disk;
+    host.read_ahead_bytes = opt.read_ahead_bytes;
+    if (lead.is_cuda()) {
+      host.skip_hottest = storage::cache_rows_within(store, feature_room(lead));
+      host.keep_free = BatchFeatures::kStagedReserve * static_cast<uint64_t>(replicas_.size());
+    }
+    host_features_ = std::make_unique<storage::HostFeatures>(store, host);
+  }
   for (Replica& r : replicas_) {
     if (!r.dev.is_cuda()) continue;
     const UseDevice use(r.dev);
@@ -53,7 +67,11 @@ void Replicas::place_batch_sources(const TrainRun& run) {
       r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts,
                                                    GpuBatches::topology_room(r.dev, opt.gpu_mem_budget), opt.sampling,
                                                    opt.model.edge_weights);
-    if (!tiers) continue;
+    if (!tiers) {  // a GPU cache, each batch's other rows staged from the host's source
+      r.batch_features = std::make_unique<BatchFeatures>(store, r.dev, feature_room(r.dev), opt.match, *host_features_,
+                                                         &run.host_budget());
+      continue;
+    }
     // Workers share one pinned host copy of the features; on a partitioned store each GPU's cache
     // holds its own parts' hot nodes first.
     std::vector<uint8_t> own;
@@ -66,13 +84,6 @@ void Replicas::place_batch_sources(const TrainRun& run) {
                                                        &r == &replicas_[0] ? nullptr : replicas_[0].batch_features.get(),
                                                        own.empty() ? nullptr : &own, &run.host_budget());
   }
-  if (tiers) return;
-  storage::HostFeatures::Options host;
-  host.budget = &run.host_budget();
-  host.engine = opt.io_engine;
-  host.force_disk = opt.features_on_disk;
-  host.read_ahead_bytes = opt.read_ahead_bytes;
-  host_features_ = std::make_unique<storage::HostFeatures>(store, host);
 }
 
 uint64_t parameter_checksum(Model& model) {

@@ -40,10 +40,10 @@ TEST(TieredGather, MatchesTheCpuTwinAcrossAllTiers) {
   cuda::MemoryPool pool(0);
   cuda::Stream stream(0);
   for (int64_t width : {1, 7, 32, 100, 129}) {
-    for (bool resident : {false, true}) {
+    for (const char* mode : {"cache+host", "resident", "cache+staged"}) {
+      const bool resident = std::string(mode) == "resident", staged = std::string(mode) == "cache+staged";
       const uint64_t key = std::random_device{}();
-      SCOPED_TRACE("width " + std::to_string(width) + (resident ? " resident" : " cache+host") + " key " +
-                   std::to_string(key));
+      SCOPED_TRACE("width " + std::to_string(width) + " " + mode + " key " + std::to_string(key));
       const int64_t nodes = 5000, n = 3001, prev_n = 700, cached = 900;
       std::vector<float> all(static_cast<size_t>(nodes * width));
       for (size_t i = 0; i < all.size(); ++i) all[i] = random_uniform(key, i) - 0.5f;
@@ -60,8 +60,22 @@ TEST(TieredGather, MatchesTheCpuTwinAcrossAllTiers) {
         slot[v] = static_cast<int32_t>(c);
         std::copy(all.begin() + v * width, all.begin() + (v + 1) * width, cache.begin() + c * width);
       }
-      cuda::PinnedBuffer host(all.size() * sizeof(float));
-      std::copy(all.begin(), all.end(), static_cast<float*>(host.host()));
+      // Staged (features on disk): only the rows no faster tier holds, in batch order, and each
+      // batch row's place among them (-1 for the rest).
+      std::vector<int32_t> host_rows(static_cast<size_t>(n), -1);
+      std::vector<float> rows_staged;
+      if (staged) {
+        for (int64_t i = 0; i < n; ++i) {
+          if (prev_rows[i] >= 0 || slot[ids[i]] >= 0) continue;
+          host_rows[i] = static_cast<int32_t>(rows_staged.size() / width);
+          rows_staged.insert(rows_staged.end(), all.begin() + ids[i] * width, all.begin() + (ids[i] + 1) * width);
+        }
+      }
+      const std::vector<float>& host_side = staged ? rows_staged : all;
+      cuda::PinnedBuffer host(std::max<size_t>(1, host_side.size()) * sizeof(float));
+      std::copy(host_side.begin(), host_side.end(), static_cast<float*>(host.host()));
+      cuda::PinnedBuffer host_rows_pinned(host_rows.size() * sizeof(int32_t));
+      std::copy(host_rows.begin(), host_rows.end(), static_cast<int32_t*>(host_rows_pinned.host()));
       auto ids_d = cuda::to_device(pool, ids, stream);
       auto prev_d = cuda::to_device(pool, prev, stream);
       auto rows_d = cuda::to_device(pool, prev_rows, stream);
@@ -83,7 +97,8 @@ TEST(TieredGather, MatchesTheCpuTwinAcrossAllTiers) {
       } else {
         a.cache_slot = slot.data();
         a.cache = {cache.data(), cached, width, width};
-        a.host = {all.data(), nodes, width, width};
+        a.host = {host_side.data(), static_cast<int64_t>(host_side.size()) / width, width, width};
+        if (staged) a.host_rows = host_rows.data();
       }
       a.out = {want.data(), n, width, width};
       a.counters = counts.data();
@@ -99,6 +114,7 @@ TEST(TieredGather, MatchesTheCpuTwinAcrossAllTiers) {
         d.cache_slot = slot_d.data();
         d.cache.data = cache_d.data();
         d.host.data = static_cast<const float*>(host.device());
+        if (staged) d.host_rows = static_cast<const int32_t*>(host_rows_pinned.device());
       }
       d.out.data = out_d.data();
       d.counters = counts_d.data();
@@ -108,6 +124,7 @@ TEST(TieredGather, MatchesTheCpuTwinAcrossAllTiers) {
       EXPECT_EQ(cuda::to_host_and_wait(counts_d.view(), stream), counts);
       EXPECT_EQ(counts[kTierPrevious] + counts[kTierDevice] + counts[kTierCache] + counts[kTierHost], n);
       if (!resident) EXPECT_GT(counts[kTierCache], 0);
+      if (staged) EXPECT_EQ(counts[kTierHost] * width, static_cast<int64_t>(rows_staged.size()));
     }
   }
 }
@@ -156,6 +173,88 @@ TEST_P(GpuBatchFeatures, RowsEqualTheStoreAndMatchServesTheSharedRows) {
   EXPECT_EQ(s.previous, match && !resident ? shared_total : 0);  // all rows on the GPU: nothing to save
   if (resident) EXPECT_EQ(s.host, 0);
   if (!resident) EXPECT_GT(s.host, 0);
+}
+
+// Features on disk behind a GPU cache: the host stages each batch's rows the cache lacks (read
+// through the disk tier) and the gather reads them over UVA. Rows equal the store's with match on
+// or off, through load_async, load and the layer-wise load in parts; exactly the batch's uncached
+// rows are staged; the GPU caches the hottest rows, the host cache skips them; the pinned buffers
+// are charged to the host budget and returned.
+TEST(GpuBatchFeaturesStaged, RowsEqualTheStoreThroughTheDiskTier) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or no driver) on this machine";
+  const storage::Store store = storage::Store::open(testing::cora_store());
+  const int64_t n = store.num_nodes(), d = store.feature_dim();
+  std::vector<float> all(static_cast<size_t>(n * d));
+  store.read_features(0, n, all.data());
+  const std::vector<int64_t> hottest = storage::hottest_nodes(store, 300);
+  for (const bool match : {false, true}) {
+    SCOPED_TRACE(match ? "match on" : "match off");
+    kernels::cuda::MemoryBudget budget(uint64_t{1} << 30, "--host-mem-budget");
+    {
+      storage::HostFeatures::Options ho;
+      ho.budget = &budget;
+      ho.force_disk = true;
+      ho.read_ahead_bytes = 0;
+      ho.skip_hottest = 300;
+      storage::HostFeatures host(store, ho);
+      ASSERT_TRUE(host.on_disk());
+      for (int64_t v : hottest) EXPECT_FALSE(host.disk()->is_cached(v)) << "the host cache skips the GPU's rows";
+      engine::BatchFeatures bf(store, Device::cuda(0), static_cast<uint64_t>(n) * 4 + 300 * static_cast<uint64_t>(d) * 4,
+                               match, host, &budget);
+      ASSERT_TRUE(bf.staged()) << bf.describe();
+      int64_t on_gpu = 0;
+      for (int64_t v = 0; v < n; ++v) on_gpu += bf.on_gpu(v);
+      EXPECT_EQ(on_gpu, 300);
+      for (int64_t v : hottest) EXPECT_TRUE(bf.on_gpu(v));
+      const engine::BatchFeatures::RowReader read = [&](const int64_t* ids, int64_t k, float* out) {
+        host.read_rows(ids, k, out);
+      };
+      const uint64_t before = budget.in_use();
+      int64_t staged_total = 0, rows_total = 0;
+      std::vector<int64_t> prev;
+      auto expect_rows = [&](const engine::Tensor& x, const std::vector<int64_t>& nodes, const char* how) {
+        const std::vector<float> got = x.to_vector();
+        for (size_t i = 0; i < nodes.size(); ++i)
+          ASSERT_EQ(0, std::memcmp(got.data() + i * d, all.data() + nodes[i] * d, static_cast<size_t>(d) * 4))
+              << how << ": row " << i;
+      };
+      for (int b = 0; b < 6; ++b) {
+        std::vector<int64_t> nodes;
+        std::unordered_set<int64_t> seen;
+        for (int i = 0; i < 500; ++i) {
+          const int64_t v = (!prev.empty() && i % 2 == 0) ? prev[kernels::random_below(b, i, prev.size())]
+                                                          : static_cast<int64_t>(kernels::random_below(b + 200, i, n));
+          if (seen.insert(v).second) nodes.push_back(v);
+        }
+        const engine::StagedRows staged = bf.stage(nodes, read);
+        int64_t uncached = 0;
+        for (int64_t v : nodes) uncached += !bf.on_gpu(v);
+        EXPECT_EQ(staged.rows(), uncached);
+        staged_total += staged.rows();
+        rows_total += static_cast<int64_t>(nodes.size());
+        const engine::Tensor ids = engine::Tensor::from_host(nodes.data(), static_cast<int64_t>(nodes.size()), 1,
+                                                             DType::kI64, Device::cuda(0));
+        expect_rows(bf.load_async(ids, &staged).take(), nodes, "load_async");
+        prev = nodes;
+      }
+      EXPECT_GT(budget.in_use(), before) << "the pinned buffers are charged";
+      const engine::FeatureLoadStats s = bf.take_stats();
+      EXPECT_EQ(s.rows, rows_total);
+      EXPECT_EQ(s.previous + s.cache + s.host, rows_total);
+      EXPECT_EQ(s.device, 0);
+      if (match) EXPECT_LE(s.host, staged_total);
+      else EXPECT_EQ(s.host, staged_total);
+      EXPECT_GT(s.cache, 0);
+
+      // All of them at once, and through the layer-wise load (parts of kStageRows).
+      std::vector<int64_t> every(static_cast<size_t>(n));
+      for (int64_t v = 0; v < n; ++v) every[static_cast<size_t>(v)] = n - 1 - v;
+      const engine::StagedRows staged = bf.stage(every, read);
+      expect_rows(bf.load(every, &staged), every, "load");
+      expect_rows(bf.load(every, read), every, "load in parts");
+    }
+    EXPECT_EQ(budget.in_use(), 0u) << "everything charged is returned";
+  }
 }
 
 // A second GPU's tiers (here a second set on the same GPU) share the first one's pinned host copy,

@@ -441,6 +441,9 @@ TEST_F(GpuCora, FeaturesOnDiskTrainLikeTheGpuTiers) {
     o.epochs = 4;
     o.model.dropout = 0;
     o.gpu_sampler = gpu_sampler;
+    // A GPU cache of 500 of Cora's 2708 rows (1433 wide): the tiers read the rest from pinned host
+    // memory, the disk tier stages each batch's rest from its host cache and features.npy.
+    o.feature_gpu_bytes = 2708 * 4 + 500 * 1433 * 4;
     auto losses = [&](bool on_disk) {
       o.features_on_disk = on_disk;
       std::vector<double> out;
@@ -449,6 +452,8 @@ TEST_F(GpuCora, FeaturesOnDiskTrainLikeTheGpuTiers) {
       train(o, [&](const EpochMetrics& m) {
         out.push_back(m.loss);
         if (on_disk) EXPECT_GT(m.disk_bytes_read + static_cast<uint64_t>(m.host_cache_hits), 0u);
+        if (on_disk) EXPECT_GT(m.rows_host, 0) << "staged rows";
+        EXPECT_GT(m.rows_cache, 0);
       });
       EXPECT_EQ(placement.find("host cache") != std::string::npos, on_disk) << placement;
       return out;
