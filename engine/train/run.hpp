@@ -65,8 +65,6 @@ class TrainRun {
   bool seeds_by_partition() const { return world_ > 1 && !opt_.full_graph && store_.has_partition(); }
   // What must match between a checkpoint and the run resuming from it.
   const std::string& identity() const { return identity_; }
-  // The GPUs' budget (--gpu-mem-budget, or none) is leased for the run's life: a GPU another run
-  // of this process holds refuses the run (ResourceError, engine/devices.hpp).
   // --host-mem-budget, or what the process may really use (storage/host_memory.hpp); every byte
   // the run keeps in host memory on purpose is charged to it (charging is thread-safe).
   kernels::cuda::MemoryBudget& host_budget() const { return *host_budget_; }
@@ -75,8 +73,9 @@ class TrainRun {
   TrainOptions opt_;
   Processes* procs_;
   std::vector<Device> devices_;
-  // --gpu-mem-budget on this process's GPUs for the run's life: every other part is destroyed
-  // before it, so the run's GPU memory is freed before the devices are given back.
+  // --gpu-mem-budget (or none) on this process's GPUs for the run's life; a GPU another run of the
+  // process holds refuses the run (ResourceError, engine/devices.hpp). The other parts are built
+  // after TrainRun and destroyed before it, so the run's GPU memory is freed before the lease ends.
   DeviceBudgetLease gpu_budget_;
   int world_ = 1, first_rank_ = 0;
   std::optional<tbb::global_control> thread_limit_;
