@@ -161,11 +161,12 @@ int run_bench_train(const std::vector<std::string>& args) {
   engine::require(dev);
   engine::ops::ExecOptions exec{parse_spmm_kind(spmm), tf32, stack_operands};
   engine::ops::set_gemm_tuning(tune_gemm);
+  uint64_t budget_bytes = 0;  // none
   if (!budget.empty()) {
-    const uint64_t bytes = parse_size(budget, "--gpu-mem-budget");
-    if (bytes == 0) throw InputError("--gpu-mem-budget: expected a positive size such as 8G");
-    engine::set_gpu_budget(dev, bytes, budget);
+    budget_bytes = parse_size(budget, "--gpu-mem-budget");
+    if (budget_bytes == 0) throw InputError("--gpu-mem-budget: expected a positive size such as 8G");
   }
+  const engine::DeviceBudgetLease gpu_budget({dev}, budget_bytes, budget, "gale bench train");
 
   const BenchStore source(store_path, generate, "bench train");
   const storage::Store store = storage::Store::open(source.path());

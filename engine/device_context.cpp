@@ -14,7 +14,6 @@ namespace {
 
 struct Registry {
   std::mutex mutex;
-  std::map<int, std::pair<uint64_t, std::string>> budgets;
   std::map<int, std::unique_ptr<DeviceContext>> contexts;
   // Every op asks for its device's context: once created, a context is found here without the
   // lock (worker threads of several GPUs would otherwise contend for it thousands of times a step).
@@ -88,25 +87,36 @@ DeviceContext& DeviceContext::get(int ordinal) {
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.contexts.find(ordinal);
   if (it != r.contexts.end()) return *it->second;
-  uint64_t budget = kernels::cuda::MemoryBudget::kUnlimited;
-  std::string text;
-  if (auto b = r.budgets.find(ordinal); b != r.budgets.end()) std::tie(budget, text) = b->second;
-  auto ctx = std::make_unique<DeviceContext>(ordinal, budget, text);
+  // Unbudgeted until a run leases the device (begin_budget).
+  auto ctx = std::make_unique<DeviceContext>(ordinal, kernels::cuda::MemoryBudget::kUnlimited, std::string());
   DeviceContext& ref = *ctx;
   r.contexts[ordinal] = std::move(ctx);
   if (fast) r.fast[static_cast<size_t>(ordinal)].store(&ref, std::memory_order_release);
   return ref;
 }
 
-void DeviceContext::set_budget(int ordinal, uint64_t bytes, const std::string& budget_text) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  if (auto it = r.contexts.find(ordinal); it != r.contexts.end()) {
-    if (it->second->pool().budget().limit() == bytes) return;  // the same budget again: nothing to change
-    throw InternalError("DeviceContext::set_budget: device " + std::to_string(ordinal) +
-                        " is already in use with another budget");
+void DeviceContext::begin_budget(uint64_t bytes, const std::string& budget_text) {
+  kernels::cuda::MemoryPool& pool = *pool_;
+  const uint64_t live = pool.in_use();
+  if (live > bytes)
+    throw ResourceError("--gpu-mem-budget " + (budget_text.empty() ? kernels::cuda::format_bytes(bytes) : budget_text) +
+                        " exceeded: cuda:" + std::to_string(device_) + " holds " +
+                        kernels::cuda::format_bytes(live) +
+                        " before the run starts (cuBLAS's workspace and tensors still alive); give a larger budget");
+  pool.set_budget(bytes, budget_text);
+}
+
+void DeviceContext::end_budget() noexcept {
+  try {
+    // The run's frees are stream-ordered: once both streams have drained, its memory is unused and
+    // the trim hands it back (a later run, or another process, maps what it needs afresh).
+    io_stream_->synchronize();
+    stream_->synchronize();
+    pool_->set_budget(kernels::cuda::MemoryBudget::kUnlimited);
+    pool_->trim(0);
+  } catch (const std::exception&) {
+    // A sticky device error: the next checked call reports it. The budget may stay the run's.
   }
-  r.budgets[ordinal] = {bytes, budget_text};
 }
 
 }  // namespace gale::engine

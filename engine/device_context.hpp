@@ -3,8 +3,14 @@
 // the IO stream on which mini-batches are assembled (blocks, feature gathers) while the compute
 // stream trains the previous one.
 //
-// One context per device for the whole process (the pool's budget is the user's
-// --gpu-mem-budget), created on first use. Only built with GALE_WITH_CUDA.
+// One context per device for the whole process, created on first use; its budget belongs to a
+// run, not to the process. A run (train, predict, bench train) holds a DeviceBudgetLease
+// (engine/devices.hpp) on each GPU it uses: the lease charges the pool against the run's
+// --gpu-mem-budget (or nothing, without one) and gives the device back, unbudgeted, when the run
+// ends. One run holds a GPU at a time: a second run that overlaps it on the same GPU is refused
+// with a ResourceError naming the holder (sharing the device under the sum of both budgets would
+// let each run size itself by room the other is using). Work outside any run (tests, tools) uses
+// the device unbudgeted. Only built with GALE_WITH_CUDA.
 #pragma once
 
 #include <cstdint>
@@ -21,10 +27,14 @@ class DeviceContext {
   // The context of device `ordinal`, created on first use (throws DeviceError when the device is
   // missing).
   static DeviceContext& get(int ordinal);
-  // Sets the budget a device's pool will charge against; must precede the device's first use
-  // (setting the budget it already has is allowed).
-  // budget_text is what the user wrote ("8G"), for messages.
-  static void set_budget(int ordinal, uint64_t bytes, const std::string& budget_text);
+  // A run's budget: what the pool holds live now (cuBLAS's workspace, tensors of work outside any
+  // run) counts against it, and when that alone passes it the run is refused (ResourceError
+  // naming --gpu-mem-budget) with the budget unchanged. budget_text is what the user wrote ("8G"),
+  // for messages. DeviceBudgetLease calls these, one lease at a time per device.
+  void begin_budget(uint64_t bytes, const std::string& budget_text);
+  // Back to no budget once the run's work has finished, with the pool's unused memory returned to
+  // the driver. Never throws (a failure only leaves memory mapped).
+  void end_budget() noexcept;
 
   int device() const { return device_; }
   kernels::cuda::MemoryPool& pool() { return *pool_; }

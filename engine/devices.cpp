@@ -43,15 +43,87 @@ void require(const Device& device) {
 #endif
 }
 
-void set_gpu_budget(const Device& device, uint64_t bytes, const std::string& text) {
-  if (device.is_cpu()) return;
+void GpuHolders::claim(const std::vector<int>& ordinals, const std::string& holder) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int d : ordinals) {
+    if (auto it = holders_.find(d); it != holders_.end())
+      throw ResourceError("cuda:" + std::to_string(d) + " is in use by " + it->second +
+                          "; one run holds a GPU at a time: start this one when that run has ended, or on another GPU");
+  }
+  for (int d : ordinals) holders_[d] = holder;
+}
+
+void GpuHolders::release(const std::vector<int>& ordinals) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int d : ordinals) holders_.erase(d);
+}
+
+std::string GpuHolders::holder(int ordinal) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = holders_.find(ordinal);
+  return it == holders_.end() ? std::string() : it->second;
+}
+
+GpuHolders& gpu_holders() {
+  static GpuHolders* holders = new GpuHolders;  // never destroyed, as the device contexts
+  return *holders;
+}
+
+DeviceBudgetLease::DeviceBudgetLease(const std::vector<Device>& devices, uint64_t bytes, const std::string& text,
+                                     const std::string& holder) {
+  std::vector<int> ordinals;
+  for (const Device& d : devices)
+    if (d.is_cuda() && std::find(ordinals.begin(), ordinals.end(), d.ordinal) == ordinals.end())
+      ordinals.push_back(d.ordinal);
+  if (ordinals.empty()) return;
+  gpu_holders().claim(ordinals, holder + (bytes > 0 ? " under --gpu-mem-budget " + text : " (no --gpu-mem-budget)"));
 #if GALE_WITH_CUDA
-  DeviceContext::set_budget(device.ordinal, bytes == 0 ? kernels::cuda::MemoryBudget::kUnlimited : bytes,
-                            bytes == 0 ? std::string() : text);
+  std::vector<DeviceContext*> contexts;  // those reached, the failing one's included
+  try {
+    for (int d : ordinals) {
+      contexts.push_back(&DeviceContext::get(d));
+      contexts.back()->begin_budget(bytes == 0 ? kernels::cuda::MemoryBudget::kUnlimited : bytes,
+                                    bytes == 0 ? std::string() : text);
+    }
+  } catch (...) {
+    for (DeviceContext* ctx : contexts) ctx->end_budget();  // unbudgeted, as before the lease
+    gpu_holders().release(ordinals);
+    throw;
+  }
 #else
   (void)bytes;
   (void)text;
 #endif
+  ordinals_ = std::move(ordinals);
+}
+
+DeviceBudgetLease::~DeviceBudgetLease() { end(); }
+
+DeviceBudgetLease::DeviceBudgetLease(DeviceBudgetLease&& other) noexcept : ordinals_(std::move(other.ordinals_)) {
+  other.ordinals_.clear();
+}
+
+DeviceBudgetLease& DeviceBudgetLease::operator=(DeviceBudgetLease&& other) noexcept {
+  if (this != &other) {
+    end();
+    ordinals_ = std::move(other.ordinals_);
+    other.ordinals_.clear();
+  }
+  return *this;
+}
+
+void DeviceBudgetLease::end() noexcept {
+  if (ordinals_.empty()) return;
+#if GALE_WITH_CUDA
+  for (int d : ordinals_) {
+    try {
+      DeviceContext::get(d).end_budget();
+    } catch (...) {  // the context exists (the lease made it); get cannot fail here
+    }
+  }
+#endif
+  gpu_holders().release(ordinals_);
+  ordinals_.clear();
 }
 
 uint64_t gpu_room(const Device& device, uint64_t gpu_mem_budget) {

@@ -1,10 +1,14 @@
 // engine/devices.hpp — what the engine needs to know about devices, without CUDA headers: which
-// device `--device auto` means, the GPU memory budget, its peak, and waiting for a device.
+// device `--device auto` means, a run's lease of the GPU memory budget, its peak, and waiting for
+// a device.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "kernels/device.hpp"
 
@@ -18,9 +22,49 @@ Device default_device();
 int gpu_count();
 // Throws DeviceError unless `device` is the CPU or a present GPU (and the build has CUDA).
 void require(const Device& device);
-// Charges every allocation on `device` against `bytes` (0: unlimited); must precede its first use.
-// `text` is the budget as the user wrote it ("8G"), for messages naming --gpu-mem-budget.
-void set_gpu_budget(const Device& device, uint64_t bytes, const std::string& text);
+
+// Which run holds each GPU now (DeviceBudgetLease): one at a time. Thread-safe.
+class GpuHolders {
+ public:
+  // Records `holder` on every ordinal; when one of them is held already, records nothing and
+  // throws ResourceError naming the run that holds it.
+  void claim(const std::vector<int>& ordinals, const std::string& holder);
+  void release(const std::vector<int>& ordinals) noexcept;
+  // The run holding `ordinal`, or "" when none does.
+  std::string holder(int ordinal) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<int, std::string> holders_;
+};
+// The process's.
+GpuHolders& gpu_holders();
+
+// A run's GPU memory budget on the GPUs it uses, for the run's life (RAII): every allocation on
+// them is charged against `bytes` (0: no cap) until the lease ends, and the devices are then
+// unbudgeted again with their unused memory returned to the driver. Budgets belong to runs, not to
+// the process: one process may train under one budget, predict under another, then train without.
+// One run holds a GPU at a time: a lease on a GPU that another lease holds is refused with a
+// ResourceError (exit 4) naming `holder` of the other ("the training run on cora.gale") and its
+// budget; overlapping runs are not shared under the sum of their budgets, since each sizes its
+// caches and chunks by the room its budget leaves. What the GPU already holds live when the lease
+// starts (cuBLAS's workspace, tensors of work outside any run) counts against the budget
+// (engine/device_context.hpp). CPU devices are skipped: host budgets are per-run objects already
+// (storage::make_host_budget). `text` is the budget as the user wrote it ("8G").
+class DeviceBudgetLease {
+ public:
+  DeviceBudgetLease() = default;  // holds nothing
+  DeviceBudgetLease(const std::vector<Device>& devices, uint64_t bytes, const std::string& text, const std::string& holder);
+  ~DeviceBudgetLease();
+  DeviceBudgetLease(DeviceBudgetLease&& other) noexcept;
+  DeviceBudgetLease& operator=(DeviceBudgetLease&& other) noexcept;
+  DeviceBudgetLease(const DeviceBudgetLease&) = delete;
+  DeviceBudgetLease& operator=(const DeviceBudgetLease&) = delete;
+
+ private:
+  void end() noexcept;
+  std::vector<int> ordinals_;  // the GPUs held
+};
 // Bytes Gale holds allocated on `device` now (0 on the CPU).
 uint64_t gpu_in_use_bytes(const Device& device);
 // Peak bytes allocated on `device` since the last reset (0 on the CPU), and the reset.

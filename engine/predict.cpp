@@ -178,7 +178,6 @@ Tensor infer_logits(Model& model, const storage::Store& store, const PredictOpti
     budget->release(x_bytes);
     return logits;
   }
-  set_gpu_budget(o.device, o.gpu_mem_budget, o.gpu_mem_budget_text);
   const UseDevice use(o.device);
   reset_gpu_peak(o.device);
   model.to(o.device);
@@ -272,6 +271,10 @@ PredictReport predict(const PredictOptions& o) {
     if (!o.out.empty() && fs::weakly_canonical(o.out, ec) == fs::weakly_canonical(o.embeddings, ec))
       throw InputError("--embeddings " + o.embeddings + ": the same file as --out; give them different paths");
   }
+  // The GPU's budget for the prediction's life, declared before the model so that its weights on
+  // the GPU are freed before the device is given back.
+  const DeviceBudgetLease gpu_budget({o.device}, o.gpu_mem_budget, o.gpu_mem_budget_text,
+                                     "the prediction from " + file.string());
   const CheckpointState state = load_checkpoint(file);
   const storage::Store store = storage::Store::open(o.store);
   if (!store.has_features()) throw InputError(o.store + ": the store has no features.npy");

@@ -11,7 +11,6 @@ Replicas::Replicas(const TrainRun& run) : replicas_(static_cast<size_t>(run.work
   for (int w = 0; w < run.workers(); ++w) {
     Replica& r = replicas_[static_cast<size_t>(w)];
     r.dev = run.devices()[static_cast<size_t>(w)];
-    if (r.dev.is_cuda()) set_gpu_budget(r.dev, opt.gpu_mem_budget, opt.gpu_mem_budget_text);
     const UseDevice use(r.dev);
     r.model = std::make_unique<Model>(opt.model, opt.seed);
     r.model->to(r.dev);

@@ -31,8 +31,8 @@ struct Replica {
 
 class Replicas {
  public:
-  // A replica per worker of this process (each GPU's budget set first), and with several workers
-  // in the run their communicators.
+  // A replica per worker of this process (under the GPU budget the run leases), and with several
+  // workers in the run their communicators.
   explicit Replicas(const TrainRun& run);
 
   // Mini-batch training: where the batches' features come from, and on GPUs each replica's GPU

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/devices.hpp"
 #include "engine/processes.hpp"
 #include "kernels/cuda/budget.hpp"
 #include "engine/trainer.hpp"
@@ -72,6 +73,10 @@ class TrainRun {
   TrainOptions opt_;
   Processes* procs_;
   std::vector<Device> devices_;
+  // --gpu-mem-budget (or none) on this process's GPUs for the run's life; a GPU another run of the
+  // process holds refuses the run (ResourceError, engine/devices.hpp). The other parts are built
+  // after TrainRun and destroyed before it, so the run's GPU memory is freed before the lease ends.
+  DeviceBudgetLease gpu_budget_;
   int world_ = 1, first_rank_ = 0;
   std::optional<tbb::global_control> thread_limit_;
   storage::Store store_;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -52,23 +53,40 @@ class MemoryBudget {
   // Adds bytes to in_use, or throws ResourceError and changes nothing when that would pass the
   // limit. Safe to call from any thread: the check and the add are one compare-and-swap.
   void charge(uint64_t bytes) {
+    const uint64_t limit = limit_.load(std::memory_order_relaxed);
     uint64_t used = in_use_.load(std::memory_order_relaxed);
     do {
-      if (bytes > limit_ || used > limit_ - bytes) {
-        throw ResourceError(flag_ + " " + limit_text_ + " exceeded: allocating " +
+      if (bytes > limit || used > limit - bytes) {
+        throw ResourceError(flag_ + " " + limit_text() + " exceeded: allocating " +
                             format_bytes(bytes) + " with " + format_bytes(used) + " in use");
       }
     } while (!in_use_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
     raise_peak(used + bytes);
   }
 
+  // A new limit (and its text for messages; empty: the formatted limit) for what is charged from
+  // now on; bytes in use stay charged and count against it, so in_use may start above the new
+  // limit (every charge then fails until enough is released). A GPU's pool changes its budget so
+  // when a run leases the device (engine/device_context.hpp); charges racing the change see the
+  // old limit or the new one.
+  void set_limit(uint64_t limit, std::string limit_text = {}) {
+    std::lock_guard<std::mutex> lock(text_mutex_);
+    limit_text_ = limit_text.empty() ? format_bytes(limit) : std::move(limit_text);
+    limit_.store(limit, std::memory_order_relaxed);
+  }
+
   // Returns bytes charged earlier.
   void release(uint64_t bytes) noexcept { in_use_.fetch_sub(bytes, std::memory_order_relaxed); }
 
-  uint64_t limit() const noexcept { return limit_; }
+  uint64_t limit() const noexcept { return limit_.load(std::memory_order_relaxed); }
+  // The limit as the user gave it ("8G"), or formatted.
+  std::string limit_text() const {
+    std::lock_guard<std::mutex> lock(text_mutex_);
+    return limit_text_;
+  }
   uint64_t in_use() const noexcept { return in_use_.load(std::memory_order_relaxed); }
   uint64_t peak() const noexcept { return peak_.load(std::memory_order_relaxed); }
-  bool unlimited() const noexcept { return limit_ == kUnlimited; }
+  bool unlimited() const noexcept { return limit() == kUnlimited; }
 
   // Starts a new high-water mark from what is in use now (e.g. per epoch).
   void reset_peak() noexcept { peak_.store(in_use(), std::memory_order_relaxed); }
@@ -80,9 +98,10 @@ class MemoryBudget {
     }
   }
 
-  const uint64_t limit_;
+  std::atomic<uint64_t> limit_;
   const std::string flag_;
-  const std::string limit_text_;
+  mutable std::mutex text_mutex_;  // limit_text_ changes with set_limit; read only for messages
+  std::string limit_text_;
   std::atomic<uint64_t> in_use_{0};
   std::atomic<uint64_t> peak_{0};
 };

@@ -290,6 +290,11 @@ size_t size_class(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+// What a pool keeps of blocks freed on caching streams: a quarter of the budget, 2 GiB at most.
+uint64_t kept_limit(uint64_t budget_bytes) {
+  return std::min<uint64_t>(uint64_t{2} << 30, budget_bytes == MemoryBudget::kUnlimited ? ~uint64_t{0} : budget_bytes / 4);
+}
+
 }  // namespace
 
 MemoryPool::MemoryPool(int device, uint64_t budget_bytes, std::string budget_text)
@@ -298,7 +303,7 @@ MemoryPool::MemoryPool(int device, uint64_t budget_bytes, std::string budget_tex
       cache_(std::make_unique<Cache>()) {
   require_device(device);
   claim_pool_device(device);
-  cache_->limit = std::min<uint64_t>(uint64_t{2} << 30, budget_.unlimited() ? ~uint64_t{0} : budget_bytes / 4);
+  cache_->limit = kept_limit(budget_bytes);
   try {
     // A pool of our own rather than the device's default pool: its release threshold and trims
     // then cannot disturb other libraries that use cudaMallocAsync on the default pool.
@@ -419,6 +424,18 @@ void MemoryPool::deallocate(void* ptr, size_t bytes, cudaStream_t stream) noexce
   // sticky device error that the next checked call reports anyway.
   if (cudaFreeAsync(ptr, stream) != cudaSuccess) (void)cudaGetLastError();
   budget_.release(bytes);
+}
+
+void MemoryPool::set_budget(uint64_t budget_bytes, std::string budget_text) {
+  release_cached(nullptr);  // what was kept under the old budget may not fit the new one
+  {
+    std::lock_guard<std::mutex> lock(cache_->mutex);
+    cache_->limit = kept_limit(budget_bytes);
+  }
+  budget_.set_limit(budget_bytes, std::move(budget_text));
+  budget_.reset_peak();
+  uint64_t threshold = budget_bytes;  // as in the constructor: keep up to the budget mapped
+  GALE_CHECK_CUDA(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
 }
 
 void MemoryPool::cache_frees_on(cudaStream_t stream) {

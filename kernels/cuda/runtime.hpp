@@ -146,6 +146,13 @@ class MemoryPool {
   // Frees once `stream` reaches this point; `bytes` is what was allocated. Never throws.
   void deallocate(void* ptr, size_t bytes, cudaStream_t stream) noexcept;
 
+  // Charges what is allocated from now on against `budget_bytes` (kUnlimited: no cap): hands the
+  // kept blocks back, resizes what may be kept (a quarter of the budget) and the pool's release
+  // threshold, and starts a new peak. Bytes in use stay charged and count against the new budget.
+  // For a new run on a device whose pool outlives runs (engine/device_context.hpp); not meant to
+  // race allocations.
+  void set_budget(uint64_t budget_bytes, std::string budget_text = {});
+
   int device() const noexcept { return device_; }
   cudaMemPool_t get() const noexcept { return pool_; }
   const MemoryBudget& budget() const noexcept { return budget_; }

@@ -93,6 +93,32 @@ TEST(MemoryBudget, PeakIsTheHighWaterMark) {
   EXPECT_EQ(budget.peak(), 400u);
 }
 
+// A pool outlives runs, each with its budget (engine/device_context.hpp): a new limit and text
+// apply to what is charged from then on, and bytes still in use count against it.
+TEST(MemoryBudget, ANewLimitCountsWhatIsInUse) {
+  MemoryBudget budget;  // unlimited, as a device before any run leases it
+  budget.charge(3ULL << 20);
+  budget.set_limit(4ULL << 20, "4M");
+  EXPECT_EQ(budget.limit(), 4ULL << 20);
+  EXPECT_EQ(budget.limit_text(), "4M");
+  EXPECT_FALSE(budget.unlimited());
+  budget.charge(1ULL << 20);  // up to the new limit
+  try {
+    budget.charge(1);
+    FAIL() << "charge past the new limit did not throw";
+  } catch (const ResourceError& e) {
+    EXPECT_STREQ(e.what(), "--gpu-mem-budget 4M exceeded: allocating 1 B with 4 MiB in use");
+  }
+  budget.set_limit(2ULL << 20);  // below what is in use: every charge fails until enough is released
+  EXPECT_EQ(budget.limit_text(), "2 MiB");
+  EXPECT_THROW(budget.charge(1), ResourceError);
+  budget.release(3ULL << 20);
+  budget.charge(1ULL << 20);
+  budget.set_limit(MemoryBudget::kUnlimited);
+  EXPECT_TRUE(budget.unlimited());
+  budget.charge(1ULL << 40);
+}
+
 TEST(MemoryBudget, ConcurrentChargesNeverPassTheLimit) {
   constexpr uint64_t kLimit = 1000;
   MemoryBudget budget(kLimit);

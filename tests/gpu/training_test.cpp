@@ -594,8 +594,8 @@ TEST_F(GpuCora, SampledPredictionOnTheGpuMatchesItsCpuTwinAndKeepsAccuracy) {
 
 // A GPU budget too small for the whole graph's inference (Cora's 1433 features alone take 15.5 MB,
 // cuBLAS's workspace 32 MiB) makes predict run layer by layer, ~50 chunks of nodes a layer: the
-// logits of the CPU's whole-graph forward, within the budget. (Its own process: the budget is set
-// once per device.)
+// logits of the CPU's whole-graph forward, within the budget. (After the suite's unbudgeted runs on
+// the same device: the budget belongs to the prediction, not to the process.)
 TEST_F(GpuCora, PredictRunsLayerByLayerWhenTheWholeGraphDoesNotFit) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("gale_gpu_layerwise_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -633,20 +633,84 @@ TEST_F(GpuCora, PredictRunsLayerByLayerWhenTheWholeGraphDoesNotFit) {
   std::filesystem::remove_all(dir);
 }
 
+// Both ways past a budget name the flag: one that cuBLAS's workspace alone passes (the run is
+// refused as it starts), and one that Cora's features pass. Neither needs a process of its own.
 TEST_F(GpuCora, ExceededBudgetNamesTheFlag) {
-  TrainOptions o = pyg_options("gcn");
-  o.epochs = 1;
-  o.device = Device::cuda(0);
-  // The budget is set on a device's first use in this process; the earlier tests used device 0
-  // with no budget, so this test runs in its own process via ctest (one test per process).
-  o.gpu_mem_budget = 1 << 20;
-  o.gpu_mem_budget_text = "1M";
-  try {
-    train(o);
-    FAIL() << "a 1 MiB budget cannot hold Cora's features";
-  } catch (const ResourceError& e) {
-    EXPECT_NE(std::string(e.what()).find("--gpu-mem-budget"), std::string::npos) << e.what();
+  for (const auto& [bytes, text] : {std::pair<uint64_t, std::string>{1 << 20, "1M"}, {40ull << 20, "40M"}}) {
+    TrainOptions o = pyg_options("gcn");
+    o.epochs = 1;
+    o.gpu_mem_budget = bytes;
+    o.gpu_mem_budget_text = text;
+    try {
+      train(o);
+      ADD_FAILURE() << "a " << text << " budget cannot hold cuBLAS's 32 MiB workspace and Cora's 15.5 MB of features";
+    } catch (const ResourceError& e) {
+      EXPECT_NE(std::string(e.what()).find("--gpu-mem-budget " + text), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(gpu_holders().holder(0), "") << "the refused run gave the device back";
   }
+}
+
+// Budgets belong to runs, not to the process: in one process a budgeted training run, then a
+// prediction under another budget (small enough to go layer by layer), then a training run with
+// no budget at all each run under their own, and each gives the device back when it ends.
+TEST_F(GpuCora, EachRunInOneProcessHasItsOwnBudget) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("gale_gpu_run_budgets_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  TrainOptions budgeted = pyg_options("gcn");
+  budgeted.epochs = 50;
+  budgeted.gpu_mem_budget = 256ull << 20;
+  budgeted.gpu_mem_budget_text = "256M";
+  budgeted.checkpoint_dir = (dir / "budgeted").string();
+  uint64_t train_peak = 0;
+  const TrainResult first = train(budgeted, [&](const EpochMetrics& m) { train_peak = std::max(train_peak, m.gpu_peak_bytes); });
+  EXPECT_GT(train_peak, 0u);
+  EXPECT_LE(train_peak, 256ull << 20);
+  EXPECT_EQ(gpu_holders().holder(0), "");
+
+  PredictOptions p;
+  p.store = budgeted.store;
+  p.checkpoint = budgeted.checkpoint_dir;
+  p.device = Device::cuda(0);
+  p.gpu_mem_budget = 64ull << 20;
+  p.gpu_mem_budget_text = "64M";
+  p.out = "";
+  p.embeddings = (dir / "logits.npy").string();
+  const PredictReport predicted = predict(p);
+  EXPECT_GT(predicted.layerwise_chunks, 0) << "64M leaves no room for the whole graph's inference";
+  EXPECT_LE(predicted.gpu_peak_bytes, 64ull << 20);
+  EXPECT_GT(predicted.test_acc, 0.6);
+  EXPECT_EQ(gpu_holders().holder(0), "");
+
+  TrainOptions unbudgeted = pyg_options("gcn");
+  unbudgeted.epochs = 50;
+  const TrainResult last = train(unbudgeted);
+  EXPECT_EQ(last.epochs_run, 50);
+  EXPECT_GT(first.test_acc_at_best_valid, 0.6);
+  EXPECT_GT(last.test_acc_at_best_valid, 0.6);
+  EXPECT_EQ(gpu_holders().holder(0), "");
+  std::filesystem::remove_all(dir);
+}
+
+// Overlapping runs on one GPU do not share it: while one run holds the device, another is refused
+// with a ResourceError (exit 4) naming the run that holds it, and starts once that one has ended.
+TEST_F(GpuCora, ASecondRunOnAHeldGpuIsRefusedNamingTheHolder) {
+  TrainOptions o = pyg_options("gcn");
+  o.epochs = 2;
+  {
+    const DeviceBudgetLease held({Device::cuda(0)}, 512ull << 20, "512M", "the test's run");
+    try {
+      train(o);
+      ADD_FAILURE() << "trained on a GPU another run holds";
+    } catch (const ResourceError& e) {
+      EXPECT_EQ(e.code(), ExitCode::kResource);
+      EXPECT_NE(std::string(e.what()).find("cuda:0 is in use by the test's run under --gpu-mem-budget 512M"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(gpu_holders().holder(0), "the test's run under --gpu-mem-budget 512M");
+  }
+  EXPECT_EQ(train(o).epochs_run, 2);
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // run with its features on disk ends bit for bit where the same run with them in memory ends
 // (same losses, accuracies and weights), with io_uring and with the pread pool; a byte flipped
 // in features.npy stops the run with the page's offset; a budget below the run's minimum is a
-// ResourceError naming the flag.
+// ResourceError naming the flag; one process runs training and prediction each under its own budget.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/predict.hpp"
 #include "engine/trainer.hpp"
 #include "kernels/error.hpp"
 #include "storage/preprocess.hpp"
@@ -165,6 +166,30 @@ TEST(DiskTier, ABudgetBelowTheMinimumIsAResourceErrorNamingTheFlag) {
   } catch (const ResourceError& e) {
     EXPECT_NE(std::string(e.what()).find("--host-mem-budget"), std::string::npos) << e.what();
   }
+}
+
+// Host budgets belong to runs (storage::make_host_budget): in one process a training run under
+// --host-mem-budget (its features partly on disk), a prediction from its checkpoint under a larger
+// one (every feature in memory, the whole graph at once), then the same training with no budget
+// (every feature in memory), which ends bit for bit where the budgeted one ended.
+TEST(DiskTier, EachRunInOneProcessHasItsOwnHostBudget) {
+  const TrainedRun budgeted = run(on_disk("run_budgets", storage::IoEngine::kAuto));
+  EXPECT_GT(budgeted.epochs.back().disk_rows, 0);
+
+  PredictOptions p;
+  p.store = sbm_store();
+  p.checkpoint = (test_dir() / "run_budgets").string();
+  p.host_mem_budget = uint64_t{1} << 30;
+  p.host_mem_budget_text = "1G";
+  p.out = (test_dir() / "run_budgets_predictions.npy").string();
+  const PredictReport predicted = predict(p);
+  EXPECT_EQ(predicted.layerwise_chunks, 0) << predicted.features;
+  EXPECT_GT(predicted.test_acc, 2.0 / 6);
+
+  TrainOptions unbudgeted = options("run_budgets_none");
+  const TrainedRun none = run(unbudgeted);
+  EXPECT_EQ(none.epochs.back().disk_rows, 0);
+  expect_same_run(budgeted, none);
 }
 
 TEST(DiskTier, AFlippedByteInTheFeaturesStopsTheRunNamingItsOffset) {
