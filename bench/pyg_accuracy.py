@@ -6,10 +6,15 @@ same model shape and placement as Gale's: dropout on every layer's input, the co
 layers BatchNorm1d (with --norm batch) and ReLU; Adam with L2 weight decay; the loss over the
 training split; after each epoch the model in eval mode (BatchNorm's running statistics) scores the
 validation and test splits, and the test accuracy at the best validation accuracy (ties to the later
-epoch) is the run's. Prints one JSON object per seed and a last one with the mean.
+epoch) is the run's. Prints one JSON object per seed and a last one with the mean, each with
+"precision": "fp32" or "tf32" (what the GEMMs ran in; fp32 on the CPU).
 
 usage: bench/pyg_accuracy.py STORE [--model gcn|sage] [--layers 2] [--hidden 16] [--norm none|batch]
                              [--epochs 200] [--lr 0.01] [--weight-decay 5e-4] [--dropout 0.5] [--seeds 5]
+                             [--tf32]
+
+--tf32 lets cuBLAS and cuDNN use TF32 tensor cores on the GPU (torch.backends.cuda.matmul.allow_tf32
+and torch.backends.cudnn.allow_tf32), as gale train --tf32 does; without it the GEMMs run in fp32.
 """
 import argparse
 import json
@@ -21,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pyg_fullgraph import load_store  # noqa: E402
+from pyg_fullgraph import load_store, set_precision  # noqa: E402
 
 
 def split(path, name, y, device):
@@ -87,17 +92,20 @@ def main():
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--tf32", action="store_true", help="GPU GEMMs on TF32 tensor cores (default: fp32)")
     a = p.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # TF32 is a GPU format: on the CPU the switches change nothing and the run is fp32.
+    precision = set_precision(a.tf32) if dev.type == "cuda" else {"precision": "fp32"}
     adj_t, x, y, ncls = load_store(a.store, dev)
     train, valid, test = (split(a.store, name, y, dev) for name in ("train", "valid", "test"))
     accs = []
     for seed in range(a.seeds):
         best_valid, acc = run(a, adj_t, x, y, ncls, train, valid, test, seed)
         accs.append(acc)
-        print(json.dumps({"side": "pyg", "model": a.model, "norm": a.norm, "seed": seed,
+        print(json.dumps({"side": "pyg", "model": a.model, "norm": a.norm, "seed": seed, **precision,
                           "best_valid_acc": round(best_valid, 4), "test_acc_at_best_valid": round(acc, 4)}), flush=True)
-    print(json.dumps({"side": "pyg", "model": a.model, "norm": a.norm, "hidden": a.hidden, "layers": a.layers,
+    print(json.dumps({"side": "pyg", "model": a.model, "norm": a.norm, "hidden": a.hidden, "layers": a.layers, **precision,
                       "seeds": a.seeds, "mean_test_acc": round(sum(accs) / len(accs), 4)}), flush=True)
 
 

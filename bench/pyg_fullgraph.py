@@ -5,13 +5,16 @@ Reads the same store Gale trains on (graph/indptr.npy, graph/indices.npy, featur
 labels.npy) so both sides see identical graphs and features, builds PyG's fastest path (the
 adjacency as a torch sparse CSR tensor, rows = destinations, passed as adj_t), and times full-graph
 training epochs of GCN / SAGE / GIN / GAT with Adam, as ../shared/anchors/pyg_fullgraph_and_spmm.py
-does. Prints one JSON object per model: median ms per epoch and peak GPU memory.
+does. Prints one JSON object per model: median ms per epoch, peak GPU memory, and "precision"
+("fp32" or "tf32", what the GEMMs ran in).
 
 usage: bench/pyg_fullgraph.py STORE [--models gcn,sage,gin] [--layers 3] [--hidden 256]
-                              [--heads 4] [--epochs 5] [--warmup 2] [--norm none|batch]
+                              [--heads 4] [--epochs 5] [--warmup 2] [--norm none|batch] [--tf32]
 
 --norm batch puts torch.nn.BatchNorm1d after each hidden conv, before its activation (gale
---norm batch).
+--norm batch). --tf32 lets cuBLAS and cuDNN use TF32 tensor cores (torch.backends.cuda.matmul
+.allow_tf32 and torch.backends.cudnn.allow_tf32), as gale --tf32 does; without it both are off and
+the GEMMs run in fp32. The SpMM (cuSPARSE) stays fp32 either way.
 """
 import argparse
 import json
@@ -21,6 +24,20 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+
+def set_precision(tf32):
+    """Sets PyTorch's TF32 switches for this process and returns the row keys saying what the GEMMs
+    run in: {"precision": "fp32" | "tf32"}, plus "tf32_forced_by" when the environment turned TF32
+    on although --tf32 was not given (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 makes cuBLAS use TF32
+    whatever allow_tf32 says), so that a comparison never pairs fp32 with TF32 unknowingly."""
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    if torch.backends.cuda.matmul.allow_tf32:
+        return {"precision": "tf32"}
+    if os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") == "1":
+        return {"precision": "tf32", "tf32_forced_by": "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1"}
+    return {"precision": "fp32"}
 
 
 def load_store(path, device):
@@ -108,14 +125,16 @@ def main():
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--norm", default="none", choices=["none", "batch"])
+    p.add_argument("--tf32", action="store_true", help="GEMMs on TF32 tensor cores (default: fp32)")
     a = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("pyg_fullgraph.py: no CUDA device")
     dev = torch.device("cuda")
+    precision = set_precision(a.tf32)
     adj_t, x, y, ncls = load_store(a.store, dev)
     for kind in a.models.split(","):
         row = {"side": "pyg", "model": kind, "layers": a.layers, "hidden": a.hidden,
-               "device": torch.cuda.get_device_name()}
+               "device": torch.cuda.get_device_name(), **precision}
         try:
             ms, peak = time_model(kind, adj_t, x, y, ncls, a)
             row.update(ms_per_epoch=round(ms, 2), peak_gib=round(peak, 2))

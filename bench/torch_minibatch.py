@@ -20,8 +20,13 @@ the GPU. Pages come from the page cache or the disk, so the run's read_bytes are
 --batches N times N batches after --warmup-batches W (default 20) instead of whole epochs, going
 on into the next epoch's permutation as needed; the JSON then has s_per_batch for those N.
 
+--tf32 lets cuBLAS and cuDNN use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32 and
+torch.backends.cudnn.allow_tf32), as gale --tf32 does; without it both are off and the GEMMs run in
+fp32. The JSON says which in "precision" (see pyg_fullgraph.set_precision).
+
 Progress goes to stderr; stdout gets one JSON line:
-  {"model": "sage", "device": ..., "features": "gpu" or "mmap", "epoch_s": [timed epochs],
+  {"model": "sage", "device": ..., "features": "gpu" or "mmap", "precision": "fp32" or "tf32",
+   "epoch_s": [timed epochs],
    "s_per_epoch": median, "s_per_batch": median / batches, "ms_per_batch": ..., "batches": per epoch,
    "peak_gib": torch max_memory_allocated, "host_peak_rss_bytes": ru_maxrss,
    "disk_read_bytes": read_bytes of /proc/self/io (null where unreadable), "fanouts": [...],
@@ -29,12 +34,12 @@ Progress goes to stderr; stdout gets one JSON line:
 with --batches N: "timed_batches": N, "warmup_batches": W, "s_per_batch" and "timed_read_bytes" (the
 disk reads of the timed batches alone; disk_read_bytes also counts loading torch's libraries) in
 place of the epoch keys;
-or {"model": "sage", "error": "OOM", ...} (exit 0) when the GPU runs out of memory.
+or {"model": "sage", "error": "OOM", "precision": ..., ...} (exit 0) when the GPU runs out of memory.
 Exit 2 without a CUDA device.
 
 usage: bench/torch_minibatch.py STORE [--fanouts 15,10,5] [--batch-size 1024] [--hidden 256]
                                 [--layers 3] [--epochs 3] [--warmup 1] [--seed 0]
-                                [--features gpu|mmap] [--batches N [--warmup-batches 20]]
+                                [--features gpu|mmap] [--batches N [--warmup-batches 20]] [--tf32]
 """
 import argparse
 import json
@@ -47,6 +52,9 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pyg_fullgraph import set_precision  # noqa: E402
 
 
 def disk_read_bytes():
@@ -226,6 +234,7 @@ def main():
     p.add_argument("--features", choices=("gpu", "mmap"), default="gpu")
     p.add_argument("--batches", type=int, default=0, help="time N batches instead of whole epochs")
     p.add_argument("--warmup-batches", type=int, default=20)
+    p.add_argument("--tf32", action="store_true", help="GEMMs on TF32 tensor cores (default: fp32)")
     a = p.parse_args()
     try:
         a.fanouts = [int(v) for v in a.fanouts.split(",")]
@@ -241,12 +250,13 @@ def main():
         print("torch_minibatch.py: no CUDA device", file=sys.stderr)
         sys.exit(2)
     dev = torch.device("cuda")
-    row = {"model": "sage", "device": torch.cuda.get_device_name(), "features": a.features}
+    precision = set_precision(a.tf32)
+    row = {"model": "sage", "device": torch.cuda.get_device_name(), "features": a.features, **precision}
     try:
         row.update(run(a, dev))
         row.update(fanouts=a.fanouts, batch_size=a.batch_size)
     except torch.cuda.OutOfMemoryError as e:
-        row = {"model": "sage", "error": "OOM", "device": row["device"], "features": a.features,
+        row = {"model": "sage", "error": "OOM", "device": row["device"], "features": a.features, **precision,
                "detail": str(e)[:160]}
     # ru_maxrss is KiB on Linux.
     row.update(host_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
