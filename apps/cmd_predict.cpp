@@ -39,7 +39,9 @@ int run_predict(const std::vector<std::string>& args) {
       ("host-mem-budget", po::value(&host_budget), "cap on the host memory Gale keeps on purpose, e.g. 8G (default: "
                                                     "the smaller of MemAvailable and the cgroup's limit, less a reserve); "
                                                     "features beyond it are read from disk, layer by layer")
-      ("io-engine", po::value(&io_engine), "reads of features on disk: auto | io_uring | pread");
+      ("io-engine", po::value(&io_engine), "reads of features on disk: auto | io_uring | pread")
+      ("temp-dir", po::value(&o.temp_dir), "where layer outputs spill when they fit neither the GPU nor the host "
+                                          "budget (default: the store's directory)");
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;

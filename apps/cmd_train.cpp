@@ -177,6 +177,8 @@ int run_train(const std::vector<std::string>& args) {
                                                     "features beyond it are read from the store's features.npy on disk")
       ("io-engine", po::value(&io_engine), "reads of features on disk: auto (io_uring, else a pread thread pool) | "
                                            "io_uring | pread")
+      ("temp-dir", po::value(&o.temp_dir), "where layer-wise evaluation's outputs spill when they fit neither the GPU "
+                                          "nor the host budget (default: the store's directory)")
       ("read-ahead", po::value(&read_ahead), "features on disk: host memory for the windows of rows read ahead of "
                                              "the batches, taken from the host cache, e.g. 512M; auto (a third of "
                                              "the features' share) | 0 (each batch reads its own rows)")

@@ -1,6 +1,11 @@
 #include "engine/devices.hpp"
 
+#include <fcntl.h>
+#include <tbb/parallel_for.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <vector>
 
@@ -306,24 +311,73 @@ struct MappedHostTable::Impl {
 #if GALE_WITH_CUDA
   kernels::cuda::PinnedBuffer pinned;  // rows x cols floats
 #endif
+  int fd = -1;  // spilled: the unlinked scratch file
+  std::string spill_name;  // for messages
+
+  uint64_t row_bytes() const { return static_cast<uint64_t>(cols) * sizeof(float); }
+  // A whole pread / pwrite at `offset`, or a ResourceError naming the scratch file (no room left).
+  void io(bool write, char* data, uint64_t bytes, uint64_t offset) const {
+    while (bytes > 0) {
+      const ssize_t done = write ? ::pwrite(fd, data, bytes, static_cast<off_t>(offset))
+                                 : ::pread(fd, data, bytes, static_cast<off_t>(offset));
+      if (done < 0 && errno == EINTR) continue;
+      if (done <= 0)
+        throw ResourceError(spill_name + ": " + (write ? "writing" : "reading") + " layer outputs failed at byte " +
+                            std::to_string(offset) + ": " + (done < 0 ? std::strerror(errno) : "end of file"));
+      data += done;
+      bytes -= static_cast<uint64_t>(done);
+      offset += static_cast<uint64_t>(done);
+    }
+  }
+  ~Impl() {
+    if (fd >= 0) ::close(fd);
+  }
 };
 
-MappedHostTable::MappedHostTable(const Device& device, int64_t rows, int64_t cols) : impl_(std::make_unique<Impl>()) {
+MappedHostTable::MappedHostTable(const Device& device, int64_t rows, int64_t cols, kernels::cuda::MemoryBudget* host_budget,
+                                 const std::filesystem::path& spill_dir)
+    : impl_(std::make_unique<Impl>()) {
   GALE_ASSERT(device.is_cuda());
   impl_->device = device;
   impl_->rows = rows;
   impl_->cols = cols;
+  const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(1, rows * cols)) * sizeof(float);
 #if GALE_WITH_CUDA
-  impl_->pinned = kernels::cuda::PinnedBuffer(static_cast<size_t>(std::max<int64_t>(1, rows * cols)) * sizeof(float),
-                                              nullptr, "a layer's outputs in pinned host memory");
+  try {
+    impl_->pinned = kernels::cuda::PinnedBuffer(bytes, host_budget, "a layer's outputs in pinned host memory");
+    return;
+  } catch (const ResourceError&) {
+    if (spill_dir.empty()) throw;
+  }
+#else
+  (void)host_budget;
 #endif
+  // Beyond the host budget: a scratch file, unlinked at once.
+  std::string pattern = (spill_dir / "gale-layer-outputs-XXXXXX").string();
+  impl_->fd = ::mkstemp(pattern.data());
+  if (impl_->fd < 0)
+    throw InputError(spill_dir.string() + ": cannot create a scratch file for layer outputs (" + std::strerror(errno) +
+                     "); give --temp-dir a writable directory");
+  ::unlink(pattern.c_str());
+  impl_->spill_name = pattern + " (unlinked)";
+  if (::ftruncate(impl_->fd, static_cast<off_t>(bytes)) != 0)
+    throw ResourceError(spill_dir.string() + ": no room for " + kernels::cuda::format_bytes(bytes) +
+                        " of layer outputs (" + std::strerror(errno) + "); give --temp-dir a larger file system");
 }
 
 MappedHostTable::~MappedHostTable() = default;
 
+bool MappedHostTable::spilled() const { return impl_->fd >= 0; }
+
 void MappedHostTable::write_rows(int64_t begin, const Tensor& t) {
   GALE_ASSERT(t.dtype() == DType::kF32 && t.cols() == impl_->cols && begin >= 0 && begin + t.rows() <= impl_->rows);
   GALE_ASSERT(t.device() == impl_->device);
+  if (spilled()) {
+    std::vector<float> host = t.to_vector();
+    impl_->io(true, reinterpret_cast<char*>(host.data()), host.size() * sizeof(float),
+              static_cast<uint64_t>(begin) * impl_->row_bytes());
+    return;
+  }
 #if GALE_WITH_CUDA
   const cudaStream_t s = DeviceContext::get(impl_->device.ordinal).stream().get();
   float* dst = static_cast<float*>(impl_->pinned.host()) + begin * impl_->cols;
@@ -333,6 +387,16 @@ void MappedHostTable::write_rows(int64_t begin, const Tensor& t) {
 
 Tensor MappedHostTable::gather(const Tensor& ids) const {
   GALE_ASSERT(ids.dtype() == DType::kI64 && ids.device() == impl_->device);
+  if (spilled()) {  // the host reads the rows (in parallel), and they go to the device
+    const Tensor at = ids.to(Device::cpu());
+    Tensor rows = Tensor::empty(ids.rows(), impl_->cols);
+    const Impl& s = *impl_;
+    tbb::parallel_for(int64_t{0}, ids.rows(), [&](int64_t i) {
+      s.io(false, reinterpret_cast<char*>(rows.f32() + i * s.cols), s.row_bytes(),
+           static_cast<uint64_t>(at.data<int64_t>()[i]) * s.row_bytes());
+    });
+    return rows.to(impl_->device);
+  }
   Tensor out = Tensor::empty(ids.rows(), impl_->cols, DType::kF32, impl_->device);
 #if GALE_WITH_CUDA
   const kernels::ConstMatrixView table{static_cast<const float*>(impl_->pinned.device()), impl_->rows, impl_->cols,
@@ -345,6 +409,10 @@ Tensor MappedHostTable::gather(const Tensor& ids) const {
 
 Tensor MappedHostTable::to_host() const {
   Tensor out = Tensor::empty(impl_->rows, impl_->cols);
+  if (spilled()) {
+    impl_->io(false, reinterpret_cast<char*>(out.f32()), out.nbytes(), 0);
+    return out;
+  }
 #if GALE_WITH_CUDA
   synchronize(impl_->device);  // the writes queued on the compute stream
   std::memcpy(out.f32(), impl_->pinned.host(), out.nbytes());

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/budget.hpp"
 #include "kernels/device.hpp"
 
 namespace gale::engine {
@@ -143,9 +145,17 @@ class LaggedReads {
 // what layer-wise inference keeps there when a layer's outputs do not fit on the GPU, so a chunk's
 // rows are gathered by the GPU itself (only those rows cross the bus, with no staging copy). For a
 // GPU only.
+//
+// Charged to `host_budget` when given. When the budget cannot hold it and `spill_dir` is given,
+// the table lives in a scratch file there instead (created and unlinked at once, so nothing is
+// left behind however the process ends): rows are written to it and a chunk's rows read back by
+// the host, through the page cache, which the kernel may reclaim under a memory limit.
 class MappedHostTable {
  public:
-  MappedHostTable(const Device& device, int64_t rows, int64_t cols);
+  MappedHostTable(const Device& device, int64_t rows, int64_t cols, kernels::cuda::MemoryBudget* host_budget = nullptr,
+                  const std::filesystem::path& spill_dir = {});
+  // Whether the table lives in a scratch file.
+  bool spilled() const;
   ~MappedHostTable();
   MappedHostTable(const MappedHostTable&) = delete;
   MappedHostTable& operator=(const MappedHostTable&) = delete;

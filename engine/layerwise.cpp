@@ -116,6 +116,7 @@ Tensor layerwise_logits(Model& model, const storage::Store& store, const InputRo
   // they fit there), or, on a GPU, pinned host memory that its kernels gather from.
   Tensor previous;
   std::unique_ptr<MappedHostTable> previous_mapped;
+  std::unique_ptr<kernels::cuda::BudgetCharge> previous_charge;
   for (size_t l = 0; l < model.num_layers(); ++l) {
     const int64_t width = model.layer_out_dim(l);
     const uint64_t read_bytes = device.is_cuda() && previous.defined() ? previous.nbytes() : 0;
@@ -123,9 +124,13 @@ Tensor layerwise_logits(Model& model, const storage::Store& store, const InputRo
                                                 options.device_table_bytes;
     Tensor next;
     std::unique_ptr<MappedHostTable> next_mapped;
+    std::unique_ptr<kernels::cuda::BudgetCharge> next_charge;
     if (mapped) {
-      next_mapped = std::make_unique<MappedHostTable>(device, n, width);
+      next_mapped = std::make_unique<MappedHostTable>(device, n, width, options.host_budget, options.spill_dir);
     } else {
+      if (device.is_cpu() && options.host_budget != nullptr) {  // this layer's table while the next is written
+        next_charge = std::make_unique<kernels::cuda::BudgetCharge>(options.host_budget, static_cast<uint64_t>(n * width) * sizeof(float));
+      }
       next = Tensor::empty(n, width, DType::kF32, device);
     }
     auto prepare = [&](size_t c) {
@@ -163,8 +168,40 @@ Tensor layerwise_logits(Model& model, const storage::Store& store, const InputRo
     }
     previous = std::move(next);
     previous_mapped = std::move(next_mapped);
+    previous_charge = std::move(next_charge);
   }
   return previous_mapped ? previous_mapped->to_host() : previous.to(Device::cpu());
+}
+
+InputRows host_input_rows(HostRowReader read, int64_t dim, const Device& device,
+                          kernels::cuda::MemoryBudget* host_budget) {
+  return [read = std::move(read), dim, device, host_budget](const std::vector<int64_t>& ids) {
+    const int64_t n = static_cast<int64_t>(ids.size());
+    if (device.is_cpu() && n <= kHostPartRows) {
+      Tensor rows = Tensor::empty(n, dim);
+      const kernels::cuda::BudgetCharge charge(host_budget, static_cast<uint64_t>(rows.nbytes()));
+      read(ids.data(), n, rows.f32());
+      return rows;
+    }
+    Tensor out = Tensor::empty(n, dim, DType::kF32, device);
+    const kernels::cuda::BudgetCharge charge(host_budget,
+                                              static_cast<uint64_t>(std::min(n, kHostPartRows) * dim) * sizeof(float));
+    Tensor part = Tensor::empty(std::min(n, kHostPartRows), dim);
+    for (int64_t first = 0; first < n; first += kHostPartRows) {
+      const int64_t len = std::min(kHostPartRows, n - first);
+      Tensor host = part.rows_slice(0, len);
+      read(ids.data() + first, len, host.f32());
+      Tensor rows = out.rows_slice(first, first + len);
+      ops::copy(device.is_cpu() ? host : host.to(device), &rows);
+    }
+    return out;
+  };
+}
+
+std::filesystem::path spill_dir_for(const std::string& temp_dir, const storage::Store& store) {
+  if (!temp_dir.empty()) return temp_dir;
+  const std::filesystem::path parent = std::filesystem::absolute(store.path()).parent_path();
+  return parent.empty() ? std::filesystem::path(".") : parent;
 }
 
 }  // namespace gale::engine

@@ -12,11 +12,14 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "engine/model.hpp"
 #include "engine/tensor.hpp"
+#include "kernels/cuda/budget.hpp"
 #include "storage/store.hpp"
 
 namespace gale::engine {
@@ -31,6 +34,11 @@ struct LayerwiseOptions {
   // read and the layer written) fit in this many bytes, and each chunk's rows are gathered there;
   // else they live in pinned host memory, and the GPU gathers a chunk's rows from there over UVA.
   uint64_t device_table_bytes = 0;
+  // --host-mem-budget: the host tables are charged to it (nullptr: not charged). On a GPU a table
+  // it cannot hold goes to a scratch file in spill_dir when one is given (MappedHostTable), else
+  // the run stops with its ResourceError; on the CPU it stops.
+  kernels::cuda::MemoryBudget* host_budget = nullptr;
+  std::filesystem::path spill_dir;
 };
 
 // The input features of the given global node ids (in that order), on the model's device.
@@ -63,6 +71,18 @@ uint64_t whole_graph_inference_bytes(int64_t nodes, int64_t entries, int64_t in_
 // The chunks' boundaries: node ids [bounds[i], bounds[i + 1]) of a destination-major CSR,
 // consecutive, each with at most max_rows entries plus nodes unless it is one node.
 std::vector<int64_t> layerwise_chunks(const int64_t* indptr, int64_t num_nodes, int64_t max_rows);
+
+// Input rows read on the host by read(ids, count, out) (from memory or the disk tier) into `device`
+// tensors, at most kHostPartRows at a time, each part's host memory charged to `host_budget`
+// (nullable) while it is read and copied.
+using HostRowReader = std::function<void(const int64_t* ids, int64_t count, float* out)>;
+constexpr int64_t kHostPartRows = int64_t{1} << 16;
+InputRows host_input_rows(HostRowReader read, int64_t dim, const Device& device,
+                          kernels::cuda::MemoryBudget* host_budget);
+
+// Where layer outputs beyond the GPU and the host budget spill: `temp_dir`, else the directory
+// the store is in.
+std::filesystem::path spill_dir_for(const std::string& temp_dir, const storage::Store& store);
 
 
 }  // namespace gale::engine

@@ -155,14 +155,13 @@ Tensor infer_logits(Model& model, const storage::Store& store, const PredictOpti
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
   const bool attention = config.model == "gat";
-  const InputRows host_rows = [&](const std::vector<int64_t>& ids) {
-    Tensor rows = Tensor::empty(static_cast<int64_t>(ids.size()), store.feature_dim());
-    host.read_rows(ids.data(), rows.rows(), rows.f32());
-    return rows.to(o.device);
-  };
+  const InputRows host_rows = host_input_rows(
+      [&](const int64_t* ids, int64_t count, float* out) { host.read_rows(ids, count, out); }, store.feature_dim(),
+      o.device, budget.get());
   if (o.device.is_cpu()) {
     if (!x_fits) {
-      const LayerwiseOptions lo;
+      LayerwiseOptions lo;
+      lo.host_budget = budget.get();
       Tensor logits = layerwise_logits(model, store, host_rows, lo);
       report->layerwise_chunks = static_cast<int64_t>(layerwise_chunks(store.indptr(), n, lo.max_rows).size()) - 1;
       report->forward_seconds = seconds_since(start);
@@ -187,7 +186,9 @@ Tensor infer_logits(Model& model, const storage::Store& store, const PredictOpti
                                              attention ? config.heads : 0) +
                          kLibraryReserveBytes >
                      free) {
-    const LayerwiseOptions lo = layerwise_options_for(free, model.widest_dim(), attention);
+    LayerwiseOptions lo = layerwise_options_for(free, model.widest_dim(), attention);
+    lo.host_budget = budget.get();  // the layers' host tables; beyond it they spill to --temp-dir
+    lo.spill_dir = spill_dir_for(o.temp_dir, store);
     logits = layerwise_logits(model, store, host_rows, lo);
     report->layerwise_chunks = static_cast<int64_t>(layerwise_chunks(store.indptr(), n, lo.max_rows).size()) - 1;
     report->forward_seconds = seconds_since(start);

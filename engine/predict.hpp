@@ -30,6 +30,9 @@ struct PredictOptions {
   uint64_t host_mem_budget = 0;
   std::string host_mem_budget_text;
   storage::IoEngine io_engine = storage::IoEngine::kAuto;
+  // Where layer outputs that fit neither the GPU nor the host budget spill (a scratch file,
+  // unlinked at once); "" : the directory the store is in.
+  std::string temp_dir;
 };
 
 struct PredictReport {

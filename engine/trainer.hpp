@@ -111,6 +111,9 @@ struct TrainOptions {
   // (engine/train/read_ahead.hpp), taken from the host cache's share. kAutoReadAhead: a third of
   // that share; 0: no read-ahead (each batch reads its own misses).
   uint64_t read_ahead_bytes = storage::HostFeatures::kAutoReadAhead;
+  // Where layer-wise evaluation's outputs that fit neither the GPU nor the host budget spill (a
+  // scratch file, unlinked at once); "": the directory the store is in.
+  std::string temp_dir;
   // Mini-batch on a GPU: sample there (FastGL's fused-map sampler, engine/gpu_batches.hpp) rather
   // than on the CPU. Both draw the same neighbours.
   bool gpu_sampler = true;

@@ -83,13 +83,6 @@ struct Extent {
 
 }  // namespace
 
-DiskFeatures::Charge::Charge(MemoryBudget* budget, uint64_t bytes) : budget_(budget), bytes_(bytes) {
-  if (budget_) budget_->charge(bytes_);
-}
-DiskFeatures::Charge::~Charge() {
-  if (budget_) budget_->release(bytes_);
-}
-
 DiskFeatures::DiskFeatures(const Store& store, const std::vector<int64_t>& priority,
                            const DiskFeatureOptions& options)
     : file_(store.path() / "features.npy"), options_(options) {
@@ -235,7 +228,7 @@ void DiskFeatures::fill_cache(const std::vector<int64_t>& priority, int64_t capa
   std::sort(chosen.begin(), chosen.end());
 
   const uint64_t cache_bytes = chosen.size() * static_cast<uint64_t>(dim_) * sizeof(float);
-  cache_charge_ = std::make_unique<Charge>(options_.budget,
+  cache_charge_ = std::make_unique<kernels::cuda::BudgetCharge>(options_.budget,
                                           cache_bytes + static_cast<uint64_t>(num_nodes_) * sizeof(int32_t));
   std::vector<int32_t> slots(static_cast<size_t>(num_nodes_), -1);
   cache_.resize(chosen.size() * static_cast<size_t>(dim_));

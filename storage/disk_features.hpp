@@ -134,19 +134,6 @@ class DiskFeatures {
   const DiskReader& reader() const { return *reader_; }
 
  private:
-  // Bytes charged to the budget, returned when destroyed.
-  class Charge {
-   public:
-    Charge(kernels::cuda::MemoryBudget* budget, uint64_t bytes);
-    ~Charge();
-    Charge(const Charge&) = delete;
-    Charge& operator=(const Charge&) = delete;
-
-   private:
-    kernels::cuda::MemoryBudget* budget_;
-    uint64_t bytes_;
-  };
-
   // Bytes, requests and wall time of the reads one read_from_disk issued, and the bytes of the
   // distinct pages the rows lie on.
   struct ReadTotals {
@@ -182,7 +169,7 @@ class DiskFeatures {
   // so concurrent read_rows need no lock. What changes batch by batch lives in the read-ahead
   // windows instead.
   int64_t cached_rows_ = 0;
-  std::unique_ptr<Charge> cache_charge_;
+  std::unique_ptr<kernels::cuda::BudgetCharge> cache_charge_;
   std::vector<float> cache_;
   std::vector<int32_t> slots_;
 

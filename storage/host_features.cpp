@@ -1,6 +1,7 @@
 #include "storage/host_features.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "kernels/error.hpp"
@@ -46,6 +47,9 @@ HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(
   DiskFeatureOptions d;
   d.engine = options.engine;
   d.max_gap_pages = options.max_gap_pages;
+  // GALE_READ_GAP_PAGES overrides the read-ahead windows' coalescing gap, for measuring it.
+  if (const char* gap = std::getenv("GALE_READ_GAP_PAGES"); gap != nullptr && std::atoi(gap) >= 0)
+    d.window_gap_pages = std::atoi(gap);
   d.budget = budget_;
   read_ahead_bytes_ = options.read_ahead_bytes != kAutoReadAhead ? options.read_ahead_bytes
                      : budget_ == nullptr                            ? uint64_t{256} << 20

@@ -71,15 +71,16 @@ Tensor Evaluation::layerwise_logits_on_host() {
   lo.attention = run_.attention();
   if (r.dev.is_cuda())
     lo = layerwise_options_for(gpu_room_left(r.dev, run_.opt().gpu_mem_budget), r.model->widest_dim(), run_.attention());
+  // The layers' host tables are charged to the host budget; beyond it they spill to --temp-dir.
+  lo.host_budget = &run_.host_budget();
+  lo.spill_dir = spill_dir_for(run_.opt().temp_dir, store);
+  const HostRowReader read = [&](const int64_t* rows, int64_t count, float* out) {
+    if (host_features_ != nullptr) host_features_->read_rows(rows, count, out);
+    else store.read_feature_rows(rows, count, out);
+  };
+  const InputRows from_host = host_input_rows(read, store.feature_dim(), r.dev, &run_.host_budget());
   const InputRows input_rows = [&](const std::vector<int64_t>& ids) {
-    if (r.batch_features)
-      return r.batch_features->load(ids, [&](const int64_t* rows, int64_t count, float* out) {
-        host_features_->read_rows(rows, count, out);
-      });
-    Tensor host = Tensor::empty(static_cast<int64_t>(ids.size()), store.feature_dim());
-    if (host_features_ != nullptr) host_features_->read_rows(ids.data(), host.rows(), host.f32());
-    else store.read_feature_rows(ids.data(), host.rows(), host.f32());
-    return host.to(r.dev);
+    return r.batch_features ? r.batch_features->load(ids, read) : from_host(ids);
   };
   return layerwise_logits(*r.model, store, input_rows, lo);
 }

@@ -440,6 +440,8 @@ MiniBatchEpochs::MiniBatchEpochs(const TrainRun& run, Replicas& replicas) : run_
   sampler_ = std::make_unique<sampler::NeighborSampler>(run.store().csr(), opt.fanouts, opt.sampling,
                                                          opt.model.edge_weights);
   replicas.place_batch_sources(run);
+  // The reads that filled the caches are not the first epoch's.
+  if (storage::HostFeatures* host = replicas.host_features(); host != nullptr) host->take_stats();
   if (opt.model.edge_weights) full_degree_ = kernels::weighted_in_degree(run.store().csr());
   if (run.seeds_by_partition())
     seed_pools_ = scheduler::balance_seed_pools(run.train_ids(), run.store().partition(), run.world());

@@ -106,4 +106,21 @@ class MemoryBudget {
   std::atomic<uint64_t> peak_{0};
 };
 
+// Bytes charged to a budget (nullptr: none) for as long as this lives.
+class BudgetCharge {
+ public:
+  BudgetCharge(MemoryBudget* budget, uint64_t bytes) : budget_(budget), bytes_(bytes) {
+    if (budget_) budget_->charge(bytes_);
+  }
+  ~BudgetCharge() {
+    if (budget_) budget_->release(bytes_);
+  }
+  BudgetCharge(const BudgetCharge&) = delete;
+  BudgetCharge& operator=(const BudgetCharge&) = delete;
+
+ private:
+  MemoryBudget* budget_;
+  uint64_t bytes_;
+};
+
 }  // namespace gale::kernels::cuda

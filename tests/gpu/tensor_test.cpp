@@ -2,6 +2,10 @@
 // from the host, cloned, filled and sliced.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "engine/device_context.hpp"
@@ -72,6 +76,42 @@ TEST_F(GpuTensor, LaggedReadsReturnEachSlotsValuesAsCopied) {
   }
   t.fill(-1.0f);
   EXPECT_EQ(values(6 % 3), std::vector<float>(2, 6.0f));
+}
+
+// Layer outputs beyond the host budget (issue 36): a MappedHostTable charged to the budget when it
+// fits, else in an unlinked scratch file of the spill directory; either way the rows written are
+// the rows gathered and read back, and nothing is left in the directory or charged afterwards.
+TEST_F(GpuTensor, HostTablesAreChargedOrSpillToAScratchFile) {
+  const int64_t rows = 3001, cols = 70;
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = kernels::random_uniform(9, i) - 0.5f;
+  const Tensor all = Tensor::from_vector(values, rows, cols).to(Device::cuda(0));
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 777; ++i) ids.push_back((i * 37) % rows);
+  const Tensor at = Tensor::from_host(ids.data(), static_cast<int64_t>(ids.size()), 1, DType::kI64, Device::cuda(0));
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("gale-spill-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const bool small : {false, true}) {
+    SCOPED_TRACE(small ? "spilled" : "pinned");
+    kernels::cuda::MemoryBudget budget(small ? 4096 : uint64_t{64} << 20, "--host-mem-budget");
+    {
+      MappedHostTable table(Device::cuda(0), rows, cols, &budget, dir);
+      EXPECT_EQ(table.spilled(), small);
+      EXPECT_EQ(budget.in_use(), small ? 0u : values.size() * sizeof(float));
+      table.write_rows(0, all.rows_slice(0, 1000));
+      table.write_rows(1000, all.rows_slice(1000, rows));
+      EXPECT_EQ(table.to_host().to_vector(), values);
+      const std::vector<float> got = table.gather(at).to_vector();
+      for (size_t i = 0; i < ids.size(); ++i)
+        ASSERT_EQ(0, std::memcmp(got.data() + i * cols, values.data() + ids[i] * cols, cols * sizeof(float))) << i;
+      EXPECT_TRUE(std::filesystem::is_empty(dir)) << "the scratch file is unlinked at once";
+    }
+    EXPECT_EQ(budget.in_use(), 0u);
+  }
+  // No spill directory: the budget's refusal stands.
+  kernels::cuda::MemoryBudget tiny(4096, "--host-mem-budget");
+  EXPECT_THROW(MappedHostTable(Device::cuda(0), rows, cols, &tiny), ResourceError);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
