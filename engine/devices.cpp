@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "engine/tensor.hpp"
@@ -387,14 +388,37 @@ void MappedHostTable::write_rows(int64_t begin, const Tensor& t) {
 
 Tensor MappedHostTable::gather(const Tensor& ids) const {
   GALE_ASSERT(ids.dtype() == DType::kI64 && ids.device() == impl_->device);
-  if (spilled()) {  // the host reads the rows (in parallel), and they go to the device
+  if (spilled()) {  // the host reads the rows, and they go to the device
     const Tensor at = ids.to(Device::cpu());
-    Tensor rows = Tensor::empty(ids.rows(), impl_->cols);
+    const int64_t* id = at.data<int64_t>();
+    const int64_t n = ids.rows();
+    Tensor rows = Tensor::empty(n, impl_->cols);
     const Impl& s = *impl_;
-    tbb::parallel_for(int64_t{0}, ids.rows(), [&](int64_t i) {
-      s.io(false, reinterpret_cast<char*>(rows.f32() + i * s.cols), s.row_bytes(),
-           static_cast<uint64_t>(at.data<int64_t>()[i]) * s.row_bytes());
-    });
+    const uint64_t rb = s.row_bytes();
+    if (static_cast<uint64_t>(n) * 16 < static_cast<uint64_t>(s.rows)) {  // few rows: one read each, in parallel
+      tbb::parallel_for(int64_t{0}, n, [&](int64_t i) {
+        s.io(false, reinterpret_cast<char*>(rows.f32() + i * s.cols), rb, static_cast<uint64_t>(id[i]) * rb);
+      });
+      return rows.to(impl_->device);
+    }
+    // Many (a layer-wise chunk's sources): one pass over the file in ascending order, blocks of
+    // up to 32 MiB spanning the rows needed, each block's rows copied out in parallel.
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return id[a] < id[b]; });
+    const int64_t block_rows = std::max<int64_t>(1, (int64_t{32} << 20) / static_cast<int64_t>(rb));
+    std::vector<char> block(static_cast<size_t>(block_rows) * rb);
+    for (size_t k = 0; k < order.size();) {
+      const int64_t first = id[order[k]];
+      size_t end = k;
+      while (end < order.size() && id[order[end]] < first + block_rows) ++end;
+      const int64_t last = id[order[end - 1]];
+      s.io(false, block.data(), static_cast<uint64_t>(last - first + 1) * rb, static_cast<uint64_t>(first) * rb);
+      tbb::parallel_for(k, end, [&](size_t j) {
+        std::memcpy(rows.f32() + order[j] * s.cols, block.data() + static_cast<uint64_t>(id[order[j]] - first) * rb, rb);
+      });
+      k = end;
+    }
     return rows.to(impl_->device);
   }
   Tensor out = Tensor::empty(ids.rows(), impl_->cols, DType::kF32, impl_->device);

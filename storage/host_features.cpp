@@ -24,8 +24,7 @@ HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(
     // The topology is read whole (sampling, aggregation), and batches need staging: both come first.
     const uint64_t fixed = topology_bytes(store) + kStagingReserve;
     if (fixed > budget_->limit())
-      throw ResourceError("--host-mem-budget " + kernels::cuda::format_bytes(budget_->limit()) +
-                          ": below this run's minimum of " + kernels::cuda::format_bytes(fixed) + " (the graph's " +
+      throw ResourceError("--host-mem-budget " + budget_->limit_text() + ": below this run's minimum of " + kernels::cuda::format_bytes(fixed) + " (the graph's " +
                           kernels::cuda::format_bytes(topology_bytes(store)) + " and " +
                           kernels::cuda::format_bytes(kStagingReserve) + " of IO staging) for " +
                           store.path().string());

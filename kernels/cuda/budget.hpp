@@ -79,7 +79,7 @@ class MemoryBudget {
   void release(uint64_t bytes) noexcept { in_use_.fetch_sub(bytes, std::memory_order_relaxed); }
 
   uint64_t limit() const noexcept { return limit_.load(std::memory_order_relaxed); }
-  // The limit as the user gave it ("8G"), or formatted.
+  // The limit as the user gave it ("8G"), or how a default was derived, or formatted.
   std::string limit_text() const {
     std::lock_guard<std::mutex> lock(text_mutex_);
     return limit_text_;
