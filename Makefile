@@ -11,7 +11,10 @@ ifneq ($(CUDA_ARCH),)
 CMAKE_FLAGS += -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH)
 endif
 
-.PHONY: all deps configure build test test-all demo clean
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+
+.PHONY: all deps configure build test test-all demo clean fuzz fuzz-ci fuzz-configure
 
 all: build
 
@@ -33,6 +36,20 @@ test: build
 # Everything, GPU suites included (on a machine with a GPU).
 test-all: build
 	cd $(BUILD) && ctest --output-on-failure
+
+# libFuzzer harnesses (tests/fuzz, clang + ASan + UBSan, no CUDA): `make fuzz` runs each for
+# FUZZ_SECONDS on a working copy of its corpus (two at a time on two cores); `make fuzz-ci` runs
+# each for 25 s on the committed corpus, then the committed regressions.
+fuzz-configure: deps
+	@scripts/install-deps.sh fuzz
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGALE_WITH_CUDA=OFF \
+	    -DGALE_BUILD_TESTS=OFF -DGALE_FUZZ=ON -DGALE_FUZZ_SECONDS=$(FUZZ_SECONDS)
+
+fuzz: fuzz-configure
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz
+
+fuzz-ci: fuzz-configure
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz-ci
 
 # A learnable planted-partition graph, generated, then trained on (GPU when present, else CPU).
 demo: build

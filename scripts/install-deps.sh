@@ -4,6 +4,8 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config libtbb-dev liburing-dev libboost-program-options-dev libspdlog-dev libfmt-dev
       nlohmann-json3-dev libxxhash-dev zlib1g-dev libopenblas-dev libmetis-dev libgtest-dev python3-numpy
       libopenmpi-dev openmpi-bin)
+# `install-deps.sh fuzz`: clang and its libFuzzer runtime too (make fuzz, make fuzz-ci).
+[ "${1:-}" = fuzz ] && pkgs+=(clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -61,6 +62,9 @@ bool dtype_of(const std::string& descr, DType* out) {
   }
   return false;
 }
+
+// NumPy writes headers of a few hundred bytes; far beyond that is damage, not an array.
+constexpr size_t kMaxNpyHeaderBytes = size_t{1} << 20;
 
 // Value text of `key` in a NumPy header dict ("{'descr': '<f4', 'fortran_order': False, ...}").
 std::string dict_value(const std::string& dict, const std::string& key, const std::string& path) {
@@ -117,6 +121,16 @@ NpyHeader read_npy_header(const std::string& path, bool page_sums) {
   } else {
     throw InputError(path + ": unsupported npy format version " + std::to_string(major));
   }
+  // The length comes from the file: check it against the file's size (and NumPy's own headers, a
+  // few hundred bytes) before allocating it, so a damaged length is an error, not gigabytes.
+  std::error_code size_error;
+  const uint64_t file_size = std::filesystem::file_size(path, size_error);
+  if (size_error || prefix + header_len > file_size)
+    throw InputError(path + ": truncated npy header (it says " + std::to_string(header_len) + " bytes, the file has " +
+                     std::to_string(size_error ? 0 : file_size) + ")");
+  if (header_len > kMaxNpyHeaderBytes)
+    throw InputError(path + ": npy header of " + std::to_string(header_len) + " bytes; expected at most " +
+                     std::to_string(kMaxNpyHeaderBytes));
   std::string dict(header_len, '\0');
   if (!in.read(dict.data(), static_cast<std::streamsize>(header_len))) throw InputError(path + ": truncated npy header");
 

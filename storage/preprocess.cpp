@@ -210,8 +210,8 @@ void read_text_labels(const std::string& path, NodeData* nd) {
     if (parse_int64(fields[0], &y)) {
     } else if (fields[0] == "nan" || fields[0] == "NaN") {
       y = -1;
-    } else if (parse_double(fields[0], &d) && d == std::floor(d)) {
-      y = static_cast<int64_t>(d);
+    } else if (parse_double(fields[0], &d) && d == std::floor(d) && d >= -1 && d <= INT32_MAX) {
+      y = static_cast<int64_t>(d);  // in range before the cast: a cast of inf or 1e300 is undefined
     } else {
       throw InputError(in.where() + "expected an integer class label, found '" + quote_token(fields[0]) + "'");
     }
