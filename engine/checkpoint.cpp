@@ -28,16 +28,21 @@ void append(std::string* buf, const void* data, size_t n) {
   buf->append(static_cast<const char*>(data), n);
 }
 
+// A failed system call on a checkpoint's file: no room (a full disk, a quota, a file-size limit;
+// fsync reports it too on file systems that allocate late) is exit 4, anything else exit 2.
+[[noreturn]] void throw_io(const std::filesystem::path& file, const char* what, int err) {
+  const std::string why = std::strerror(err);
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG)
+    throw ResourceError(file.string() + ": no room left writing the checkpoint: " + why);
+  throw InputError(file.string() + ": " + what + ": " + why);
+}
+
 void write_all(int fd, const char* data, size_t n, const std::filesystem::path& file) {
   while (n > 0) {
     const ssize_t w = ::write(fd, data, n);
     if (w < 0) {
-      const int err = errno;
-      if (err == EINTR) continue;
-      const std::string why = std::strerror(err);
-      if (err == ENOSPC || err == EDQUOT || err == EFBIG)  // out of room: exit 4
-        throw ResourceError(file.string() + ": no room left writing the checkpoint: " + why);
-      throw InputError(file.string() + ": cannot write checkpoint: " + why);
+      if (errno == EINTR) continue;
+      throw_io(file, "cannot write checkpoint", errno);
     }
     data += w;
     n -= static_cast<size_t>(w);
@@ -107,10 +112,10 @@ void save_checkpoint(const std::filesystem::path& file, const CheckpointState& s
   storage::remove_stale_temps(dir, prefix);
   const std::filesystem::path tmp = dir / storage::temp_name(prefix);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw InputError(tmp.string() + ": cannot create checkpoint: " + std::strerror(errno));
+  if (fd < 0) throw_io(tmp, "cannot create checkpoint", errno);
   try {
     write_all(fd, buf.data(), buf.size(), tmp);
-    if (::fsync(fd) != 0) throw InputError(tmp.string() + ": fsync failed: " + std::strerror(errno));
+    if (::fsync(fd) != 0) throw_io(tmp, "fsync failed", errno);
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());

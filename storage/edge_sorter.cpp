@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <queue>
@@ -82,10 +83,17 @@ void EdgeSorter::spill() {
   tbb::parallel_sort(buffer_.begin(), buffer_.end(), edge_less);
   const fs::path file = run_dir() / ("run-" + std::to_string(runs_.size()) + ".bin");
   FILE* f = std::fopen(file.c_str(), "wb");
-  if (!f) throw InputError(file.string() + ": cannot create sorted run: " + std::strerror(errno));
-  const size_t n = std::fwrite(buffer_.data(), sizeof(Edge), buffer_.size(), f);
-  const bool ok = n == buffer_.size() && std::fclose(f) == 0;
-  if (!ok) throw ResourceError(file.string() + ": cannot write sorted run (disk full?)");
+  if (!f) {
+    const int err = errno;
+    const std::string msg = file.string() + ": cannot create sorted run: " + std::strerror(err);
+    if (err == ENOSPC || err == EDQUOT) throw ResourceError(msg);  // out of room (or inodes): exit 4
+    throw InputError(msg);
+  }
+  const bool written = std::fwrite(buffer_.data(), sizeof(Edge), buffer_.size(), f) == buffer_.size();
+  int err = written ? 0 : errno;
+  if (std::fclose(f) != 0 && err == 0) err = errno;
+  if (!written || err != 0)
+    throw ResourceError(file.string() + ": cannot write sorted run: " + (err != 0 ? std::strerror(err) : "short write"));
   runs_.push_back(file);
   buffer_.clear();
 }

@@ -38,6 +38,12 @@ struct FileCloser {
 };
 using File = std::unique_ptr<FILE, FileCloser>;
 
+// A temporary file that could not be written, named with the reason (no room is the usual one;
+// errno 0 when a short fwrite left none).
+[[noreturn]] void throw_write_failed(const fs::path& path, int err) {
+  throw ResourceError(path.string() + ": cannot write temporary file: " + (err != 0 ? std::strerror(err) : "short write"));
+}
+
 File open_temp(const fs::path& path, const char* mode) {
   File f(std::fopen(path.c_str(), mode));
   if (!f) throw ResourceError(path.string() + ": cannot open temporary file: " + std::strerror(errno));
@@ -46,7 +52,7 @@ File open_temp(const fs::path& path, const char* mode) {
 
 // Closes a file that was written, so a full disk is reported rather than a short store.
 void close_written(File f, const fs::path& path) {
-  if (std::fclose(f.release()) != 0) throw ResourceError(path.string() + ": cannot write temporary file (disk full?)");
+  if (std::fclose(f.release()) != 0) throw_write_failed(path, errno);
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -162,7 +168,7 @@ void read_text_features(const std::string& path, const fs::path& scratch, NodeDa
   std::vector<float> buf;
   auto flush = [&] {
     if (std::fwrite(buf.data(), sizeof(float), buf.size(), out.get()) != buf.size())
-      throw ResourceError(nd->text_file.string() + ": cannot write temporary file (disk full?)");
+      throw_write_failed(nd->text_file, errno);
     buf.clear();
   };
   while (in.next_fields(&fields)) {
@@ -417,9 +423,10 @@ CsrSpill drain(EdgeSorter* sorter, int64_t n, bool dedup, bool drop_self, bool w
   std::vector<int64_t> ib;
   std::vector<float> wb;
   auto flush = [&] {
-    if (std::fwrite(ib.data(), sizeof(int64_t), ib.size(), fi.get()) != ib.size() ||
-        (fw && std::fwrite(wb.data(), sizeof(float), wb.size(), fw.get()) != wb.size()))
-      throw ResourceError(dir.string() + ": cannot write temporary files (disk full?)");
+    if (std::fwrite(ib.data(), sizeof(int64_t), ib.size(), fi.get()) != ib.size())
+      throw_write_failed(c.indices_file, errno);
+    if (fw && std::fwrite(wb.data(), sizeof(float), wb.size(), fw.get()) != wb.size())
+      throw_write_failed(c.weights_file, errno);
     ib.clear();
     wb.clear();
   };

@@ -71,6 +71,9 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
+// The hidden temporary names of a store being written beside `store`: ".NAME.tmp-HOST-PID-...".
+std::string temp_prefix_of(const fs::path& store) { return "." + store.filename().string() + ".tmp-"; }
+
 // A failed system call on `path`; a full disk or quota is ResourceError, as in npy.cpp.
 [[noreturn]] void throw_io(const fs::path& path, const char* what, int err) {
   const std::string msg = path.string() + ": " + what + ": " + std::strerror(err);
@@ -295,8 +298,8 @@ StoreWriter::StoreWriter(fs::path path, bool overwrite) : path_(std::move(path))
     throw InputError(path_.string() + ": parent directory " + parent.string() + " does not exist");
   if (::access(parent.c_str(), W_OK | X_OK) != 0)
     throw InputError(path_.string() + ": parent directory " + parent.string() + " is not writable: " + std::strerror(errno));
-  const std::string prefix = "." + path_.filename().string() + ".tmp-";
-  remove_stale_temps(parent, prefix);  // what a killed run of this store left
+  const std::string prefix = temp_prefix_of(path_);
+  remove_stale_temps(parent, prefix, path_);  // what a killed run of this store left
   temp_ = parent / temp_name(prefix);
   const auto lock = lock_temps();
   if (!fs::create_directory(temp_, ec) || ec)
@@ -412,6 +415,7 @@ void StoreWriter::commit() {
       committed_ = true;
       fs::remove_all(temp_, ec);
       fsync_path(parent, true);
+      remove_stale_temps(parent, temp_prefix_of(path_), path_);
       return;
     }
     if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) throw_io(path_, "cannot replace", errno);
@@ -436,6 +440,9 @@ void StoreWriter::commit() {
   }
   committed_ = true;
   fsync_path(parent, true);
+  // A killed run's finished store (or the old one it moved aside) was kept while NAME held no
+  // store; now that it does, they are leftovers.
+  remove_stale_temps(parent, temp_prefix_of(path_), path_);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -72,9 +72,10 @@ std::string temp_name(const std::string& prefix) {
   return prefix + host_tag() + "-" + std::to_string(::getpid()) + "-" + rnd;
 }
 
-void remove_stale_temps(const fs::path& dir, const std::string& prefix) {
+void remove_stale_temps(const fs::path& dir, const std::string& prefix, const fs::path& store) {
   const std::string mine = prefix + host_tag() + "-";
   std::error_code ec;
+  const bool store_in_place = !store.empty() && fs::exists(store / "manifest.json", ec);
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.compare(0, mine.size(), mine) != 0) continue;
@@ -87,8 +88,10 @@ void remove_stale_temps(const fs::path& dir, const std::string& prefix) {
       pid = pid * 10 + (name[i] - '0');
     }
     if (!digits || pid <= 0 || pid == ::getpid()) continue;
-    if (name.size() >= 4 && name.compare(name.size() - 4, 4, ".old") == 0) continue;
-    if (fs::exists(it->path() / "manifest.json", ec)) continue;
+    if (!store_in_place) {
+      if (name.size() >= 4 && name.compare(name.size() - 4, 4, ".old") == 0) continue;
+      if (fs::exists(it->path() / "manifest.json", ec)) continue;
+    }
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
     std::error_code ignore;
     fs::remove_all(it->path(), ignore);

@@ -28,9 +28,12 @@ int remove_registered_temps(std::unique_lock<std::recursive_mutex>& held);
 std::string temp_name(const std::string& prefix);
 
 // Removes the entries of `dir` named "<prefix>HOST-PID-..." for this host whose PID is no longer a
-// live process: what a killed or crashed run left. Kept: names ending in ".old" and directories
-// holding a manifest.json (a store that a crash caught between its renames: the old one moved
-// aside, or the finished new one). Errors are ignored (best effort).
-void remove_stale_temps(const std::filesystem::path& dir, const std::string& prefix);
+// live process: what a killed or crashed run left. Kept while `store` (when given) holds no
+// manifest.json: names ending in ".old" and directories holding a manifest.json (a store that a
+// crash caught between its renames: the old one moved aside, or the finished new one, perhaps the
+// only copy). Once `store` is a store they are only the one it replaced or a run's that never
+// finished, and go too. Errors are ignored (best effort).
+void remove_stale_temps(const std::filesystem::path& dir, const std::string& prefix,
+                        const std::filesystem::path& store = {});
 
 }  // namespace gale::storage

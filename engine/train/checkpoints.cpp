@@ -53,12 +53,27 @@ ResumePoint CheckpointPolicy::start(Replicas& replicas, TrainResult* result) {
   ResumePoint point;
   if (!opt.resume) return point;
   const auto file = dir_ / "latest.ckpt";
-  if (!std::filesystem::exists(file)) throw InputError("--resume: no checkpoint at " + file.string());
+  const auto check_identity = [&](const CheckpointState& s, const std::filesystem::path& from) {
+    if (s.config_json != run_.identity())
+      throw CorruptStoreError(from.string() + ": checkpoint of another model, store or batch setup (" +
+                              identity_difference(s.config_json, run_.identity()) +
+                              "); resume with the options it was written with, or use another --checkpoint-dir");
+  };
+  if (!std::filesystem::exists(file)) {
+    // best.ckpt is written before latest.ckpt (so that a run killed between them trains that
+    // epoch again and rewrites it): a run killed between its first two leaves best.ckpt of the
+    // first epoch alone. There is nothing to resume, so this run starts over.
+    const auto best = dir_ / "best.ckpt";
+    if (!std::filesystem::exists(best)) throw InputError("--resume: no checkpoint at " + file.string());
+    const CheckpointState first = load_checkpoint(best);
+    check_identity(first, best);
+    if (first.epoch != 0)
+      throw InputError("--resume: no checkpoint at " + file.string() + " (only best.ckpt, of epoch " +
+                       std::to_string(first.epoch + 1) + ")");
+    return point;
+  }
   CheckpointState s = load_checkpoint(file);
-  if (s.config_json != run_.identity())
-    throw CorruptStoreError(file.string() + ": checkpoint of another model, store or batch setup (" +
-                            identity_difference(s.config_json, run_.identity()) +
-                            "); resume with the options it was written with, or use another --checkpoint-dir");
+  check_identity(s, file);
   for (Replica& r : replicas) {
     const UseDevice use(r.dev);
     // Tensor::to keeps a tensor already on the device: every replica after the first takes its
