@@ -126,6 +126,12 @@ class StopSignals {
   struct sigaction old_term_ {};
 };
 
+// The whole file as text ("" when it cannot be read).
+std::string read_text(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 // ":LINE" of the INI line an option error is about, or "" when none matches: Boost names the key
 // ("section.key" under a [section]), or for a line without '=' gives the line itself.
 std::string config_line(const std::string& file, const po::error_with_option_name& e) {
@@ -258,9 +264,10 @@ int run_train(const std::vector<std::string>& args) {
           throw InputError("--config " + file + ": sets 'config' itself; one config file is read, not a chain");
       po::store(parsed, vm);
     } catch (const po::error_with_option_name& e) {
-      throw InputError("--config " + file + config_line(file, e) + ": " + e.what());
+      const std::vector<std::string> text = {read_text(file)};
+      throw InputError("--config " + file + config_line(file, e) + ": " + option_error_text(e, text));
     } catch (const po::error& e) {
-      throw InputError("--config " + file + ": " + e.what());
+      throw InputError("--config " + file + ": " + option_error_text(e, {read_text(file)}));
     }
   }
   po::notify(vm);

@@ -17,6 +17,12 @@ namespace gale::apps {
 int run_preprocess(const std::vector<std::string>& args);
 int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
+
+// What a Boost.Program_options error says. Its what() fills %placeholders% into a template until
+// none is left, and never ends when the user's own text (an option's name or value, from the
+// command line or a --config file) holds one (found by fuzzing the --config reader): `texts` are
+// those words; when one holds a '%', the message is Gale's own, with the option's name quoted.
+std::string option_error_text(const boost::program_options::error& e, const std::vector<std::string>& texts);
 int run_predict(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
 int run_bench_train(const std::vector<std::string>& args);  // `gale bench train`

@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   } catch (const gale::Error& e) {
     return report("gale: error: ", e.what(), e.code());
   } catch (const boost::program_options::error& e) {
-    return report("gale " + command + ": error: ", e.what(), gale::ExitCode::kInput);
+    return report("gale " + command + ": error: ", gale::apps::option_error_text(e, args), gale::ExitCode::kInput);
   } catch (const std::bad_alloc&) {
     return report("gale: error: ", "out of host memory", gale::ExitCode::kResource);
   } catch (const std::exception& e) {

@@ -7,6 +7,7 @@
 #include "apps/commands.hpp"
 #include "engine/devices.hpp"
 #include "kernels/error.hpp"
+#include "storage/text_reader.hpp"
 
 namespace gale::apps {
 
@@ -40,6 +41,16 @@ uint64_t parse_size(const std::string& text, const std::string& flag) {
   else if (suffix == "T" || suffix == "TB" || suffix == "TIB") scale = 1ULL << 40;
   else throw InputError(flag + ": unknown size suffix '" + suffix + "' in '" + text + "' (expected K, M, G or T)");
   return value * scale;
+}
+
+std::string option_error_text(const boost::program_options::error& e, const std::vector<std::string>& texts) {
+  const auto* named = dynamic_cast<const boost::program_options::error_with_option_name*>(&e);
+  const bool risky =
+      named != nullptr && std::any_of(texts.begin(), texts.end(), [](const std::string& t) { return t.find('%') != std::string::npos; });
+  if (!risky) return e.what();
+  std::string name = named->get_option_name();
+  std::replace(name.begin(), name.end(), '%', '?');
+  return "option '" + storage::quote_token(name) + "' or its value is invalid (a '%' in the text keeps the details out)";
 }
 
 storage::IoEngine parse_io_engine(const std::string& text) {

@@ -90,6 +90,12 @@ GeneratorSpec parse_generator(const std::string& spec) {
     kv.erase(it);
     return v;
   };
+  // Counts, checked before the cast (a double beyond int64 does not convert).
+  auto take_count = [&](const char* key, bool required, double fallback) {
+    const double v = take(key, required, fallback);
+    if (v > 4.0e18) throw InputError("--generate " + g.kind + ": '" + key + "' is too large");
+    return static_cast<int64_t>(v);
+  };
   // Seeds are whole 64-bit numbers; a double would round those above 2^53.
   if (auto it = kv.find("seed"); it != kv.end()) {
     const std::string& v = it->second;
@@ -100,21 +106,22 @@ GeneratorSpec parse_generator(const std::string& spec) {
     kv.erase(it);
   }
   if (g.kind == "rmat") {
-    g.scale = static_cast<int>(take("scale", true, 0));
-    if (g.scale < 1 || g.scale > 40) throw InputError("--generate rmat: 'scale' must be between 1 and 40");
+    const double scale = take("scale", true, 0);  // checked before the cast: 6e9 does not fit an int
+    if (!(scale >= 1 && scale <= 40)) throw InputError("--generate rmat: 'scale' must be between 1 and 40");
+    g.scale = static_cast<int>(scale);
     g.edge_factor = take("edge-factor", false, 16);
     g.a = take("a", false, 0.57);
     g.b = take("b", false, 0.19);
     g.c = take("c", false, 0.19);
     if (g.a + g.b + g.c >= 1.0) throw InputError("--generate rmat: a + b + c must be below 1");
     // 'feature-dim' as for sbm; 'features' is kept as its older spelling.
-    g.feature_dim = static_cast<int64_t>(take("feature-dim", false, take("features", false, 0)));
-    g.classes = static_cast<int64_t>(take("classes", false, 0));
+    g.feature_dim = take_count("feature-dim", false, take("features", false, 0));
+    g.classes = take_count("classes", false, 0);
   } else {
-    g.nodes = static_cast<int64_t>(take("nodes", true, 0));
-    g.classes = static_cast<int64_t>(take("classes", true, 0));
+    g.nodes = take_count("nodes", true, 0);
+    g.classes = take_count("classes", true, 0);
     g.avg_degree = take("avg-degree", false, 10);
-    g.feature_dim = static_cast<int64_t>(take("feature-dim", false, 32));
+    g.feature_dim = take_count("feature-dim", false, 32);
     g.homophily = take("homophily", false, 0.8);
     if (g.nodes < 2) throw InputError("--generate sbm: 'nodes' must be at least 2");
     if (g.classes < 1 || g.classes > g.nodes) throw InputError("--generate sbm: 'classes' must be between 1 and nodes");
