@@ -22,6 +22,7 @@
 
 #include "kernels/error.hpp"
 #include "storage/temp_paths.hpp"
+#include "storage/text_reader.hpp"
 
 namespace gale::storage {
 
@@ -206,6 +207,24 @@ std::string manifest_to_json(const Manifest& m) {
   return j.dump(2) + "\n";
 }
 
+namespace {
+
+// The first floating-point number in `j`, by its path, or "" when there is none. A manifest holds
+// counts, shapes and sizes only, and nlohmann converts a JSON float to an integer with a plain
+// cast, undefined beyond the integer's range (1e300: found by fuzzing), so floats are refused.
+std::string first_float(const nlohmann::json& j, const std::string& path) {
+  if (j.is_number_float()) return path.empty() ? "the top level" : path;
+  if (j.is_object() || j.is_array()) {
+    for (const auto& [key, value] : j.items()) {
+      const std::string found = first_float(value, path.empty() ? key : path + "." + key);
+      if (!found.empty()) return found;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 Manifest manifest_from_json(const std::string& text, const std::string& source) {
   Manifest m;
   nlohmann::json j;
@@ -214,6 +233,8 @@ Manifest manifest_from_json(const std::string& text, const std::string& source) 
   } catch (const nlohmann::json::exception& e) {
     throw CorruptStoreError(source + ": not valid JSON (" + std::string(e.what()) + ")");
   }
+  if (const std::string at = first_float(j, ""); !at.empty())
+    throw CorruptStoreError(source + ": expected whole numbers, found a fraction or exponent at '" + quote_token(at) + "'");
   auto get = [&](const char* key, auto* out) {
     if (!j.contains(key)) throw CorruptStoreError(source + ": missing key '" + key + "'");
     try {
