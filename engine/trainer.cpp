@@ -187,7 +187,7 @@ TrainResult train(const TrainOptions& options, const EpochCallback& on_epoch) {
     const auto t_epoch = Clock::now();
     GpuAllocationCounts allocations_before;
     EpochMetrics m = begin_epoch(opt, epoch, result, replicas, &allocations_before);
-    const uint64_t epoch_key = kernels::derive_key(opt.seed, static_cast<uint64_t>(epoch));
+    const uint64_t epoch_key = run.epoch_key(epoch);
     int stop_signal = 0;  // agreed by every worker after a mini-batch epoch with several of them
     if (opt.full_graph) {
       train_full_graph_epoch(replicas.lead(), whole, epoch_key, &m);

@@ -186,10 +186,10 @@ struct EpochMetrics {
   double disk_read_s = 0;
   // With read-ahead: rows served from its windows, windows read, the bytes of the distinct 4 KiB
   // pages the reads needed (the plan's lower bound reads these at random or passes over them),
-  // and the seconds batches waited for a window.
+  // the seconds batches waited for a window, and the seconds the read-ahead spent sampling ahead.
   int64_t read_ahead_hits = 0, read_ahead_windows = 0;
   uint64_t needed_disk_bytes = 0;
-  double read_ahead_wait_s = 0;
+  double read_ahead_wait_s = 0, read_ahead_sample_s = 0;
   // Mini-batch: input nodes over the epoch, and how many of them the previous batch held, in the
   // trained order and had the sampled order been kept (the match-reorder's gain is the difference).
   int64_t input_nodes = 0, reused_nodes = 0, reused_nodes_sampled_order = 0;

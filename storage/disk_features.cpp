@@ -374,6 +374,7 @@ DiskFeatureStats DiskFeatures::take_stats() {
   s.read_ahead_rows = read_ahead_rows_.exchange(0, std::memory_order_relaxed);
   s.windows = windows_.exchange(0, std::memory_order_relaxed);
   s.read_ahead_wait_s = static_cast<double>(wait_nanoseconds_.exchange(0, std::memory_order_relaxed)) * 1e-9;
+  s.read_ahead_sample_s = static_cast<double>(sampling_nanoseconds_.exchange(0, std::memory_order_relaxed)) * 1e-9;
   return s;
 }
 

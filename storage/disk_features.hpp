@@ -90,6 +90,7 @@ struct DiskFeatureStats {
   int64_t read_ahead_rows = 0;     // rows read into windows (from disk or the previous window)
   int64_t windows = 0;             // windows read
   double read_ahead_wait_s = 0;    // time callers waited for a window to be read (add_wait)
+  double read_ahead_sample_s = 0;  // time the read-ahead sampled ahead (add_sampling)
 };
 
 class DiskFeatures {
@@ -120,6 +121,8 @@ class DiskFeatures {
 
   // Time a caller waited for a window (reported by take_stats as read_ahead_wait_s).
   void add_wait(int64_t nanoseconds) { wait_nanoseconds_.fetch_add(nanoseconds, std::memory_order_relaxed); }
+  // Time the read-ahead spent sampling batches and collecting their misses (read_ahead_sample_s).
+  void add_sampling(int64_t nanoseconds) { sampling_nanoseconds_.fetch_add(nanoseconds, std::memory_order_relaxed); }
 
   // Returns the counters and starts them again from zero.
   DiskFeatureStats take_stats();
@@ -178,7 +181,8 @@ class DiskFeatures {
   std::atomic<int64_t> read_calls_{0};
   std::atomic<int64_t> read_nanoseconds_{0};
   std::atomic<uint64_t> needed_bytes_{0};
-  std::atomic<int64_t> read_ahead_hits_{0}, read_ahead_rows_{0}, windows_{0}, wait_nanoseconds_{0};
+  std::atomic<int64_t> read_ahead_hits_{0}, read_ahead_rows_{0}, windows_{0}, wait_nanoseconds_{0},
+      sampling_nanoseconds_{0};
 };
 
 }  // namespace gale::storage

@@ -21,13 +21,15 @@ HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(
   if (!store.has_features()) throw InputError(store.path().string() + ": the store has no features.npy");
   const uint64_t feature_bytes = store.manifest().files.at("features.npy").size;
   if (budget_ != nullptr) {
-    // The topology is read whole (sampling, aggregation), and batches need staging: both come first.
-    const uint64_t fixed = topology_bytes(store) + kStagingReserve;
+    // The topology is read whole (sampling, aggregation) unless the GPUs hold it, and batches need
+    // staging: both come first.
+    const uint64_t topology = options.topology_on_host ? topology_bytes(store) : 0;
+    const uint64_t fixed = topology + kStagingReserve;
     if (fixed > budget_->limit())
-      throw ResourceError("--host-mem-budget " + budget_->limit_text() + ": below this run's minimum of " + kernels::cuda::format_bytes(fixed) + " (the graph's " +
-                          kernels::cuda::format_bytes(topology_bytes(store)) + " and " +
-                          kernels::cuda::format_bytes(kStagingReserve) + " of IO staging) for " +
-                          store.path().string());
+      throw ResourceError("--host-mem-budget " + budget_->limit_text() + ": below this run's minimum of " +
+                          kernels::cuda::format_bytes(fixed) + " (" +
+                          (topology > 0 ? "the graph's " + kernels::cuda::format_bytes(topology) + " and " : std::string()) +
+                          kernels::cuda::format_bytes(kStagingReserve) + " of IO staging) for " + store.path().string());
     budget_->charge(fixed);
     charged_ = fixed;
   }

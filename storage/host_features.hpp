@@ -40,6 +40,9 @@ class HostFeatures {
     // buffers the batches' staged rows take.
     int64_t skip_hottest = 0;
     uint64_t keep_free = 0;
+    // False when the GPUs hold the topology (their samplers read it there): the host keeps no copy,
+    // so none is charged, and its share goes to the cache and the read-ahead windows.
+    bool topology_on_host = true;
   };
   static constexpr uint64_t kAutoReadAhead = ~uint64_t{0};
 
@@ -47,7 +50,7 @@ class HostFeatures {
   // staged in at most 32 MiB at a time, several calls at once).
   static constexpr uint64_t kStagingReserve = uint64_t{128} << 20;
 
-  // Charges the topology and the staging reserve to the budget (ResourceError naming the flag
+  // Charges the topology (unless the GPUs hold it) and the staging reserve to the budget (ResourceError naming the flag
   // when they do not fit), then the features' bytes when they fit beside them (memory: checked
   // page by page now, in parallel, CorruptStoreError on a mismatch), else opens the disk tier
   // with a cache of what is left, hottest nodes (in-degree) first.

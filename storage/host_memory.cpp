@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -147,9 +148,30 @@ fs::path cgroup_dir(const Mount& m, const std::string& path) {
 
 // Walks from `dir` up to the mount point: the tightest limit of the cgroup and its ancestors,
 // with the usage of the cgroup that sets it (or of `dir` when none does).
+// The page cache of a cgroup: memory.stat's active_file + inactive_file (v1: the total_ ones,
+// which count the cgroup's descendants as usage_in_bytes does), never more than `usage`.
+uint64_t read_page_cache(const fs::path& dir, bool v1, uint64_t usage) {
+  const auto text = read_text(dir / "memory.stat");
+  if (!text) return 0;
+  const std::string active = v1 ? "total_active_file" : "active_file";
+  const std::string inactive = v1 ? "total_inactive_file" : "inactive_file";
+  uint64_t bytes = 0;
+  std::istringstream in(*text);
+  std::string key, value;
+  while (in >> key >> value) {
+    if (key != active && key != inactive) continue;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
+    if (end != nullptr && *end == '\0') bytes += v;
+  }
+  return std::min(bytes, usage);
+}
+
 void read_limits(const Mount& m, const fs::path& dir, const char* limit_file, const char* usage_file,
                  HostMemory* out) {
+  const bool v1 = std::string(usage_file) == "memory.usage_in_bytes";
   out->cgroup_usage = read_u64(dir / usage_file).value_or(0);
+  out->cgroup_page_cache = read_page_cache(dir, v1, out->cgroup_usage);
   fs::path d = dir;
   const size_t top = m.point.native().size();
   for (int depth = 0; depth < 64; ++depth) {
@@ -157,6 +179,7 @@ void read_limits(const Mount& m, const fs::path& dir, const char* limit_file, co
     if (limit > 0 && (out->cgroup_limit == 0 || limit < out->cgroup_limit)) {
       out->cgroup_limit = limit;
       out->cgroup_usage = read_u64(d / usage_file).value_or(0);
+      out->cgroup_page_cache = read_page_cache(d, v1, out->cgroup_usage);
     }
     if (d.native().size() <= top || !d.has_parent_path()) break;
     d = d.parent_path();
@@ -216,7 +239,8 @@ HostMemory detect_host_memory(const fs::path& root) {
 uint64_t default_host_budget(const HostMemory& m) {
   uint64_t figure = m.mem_available;
   if (m.cgroup_limit > 0) {
-    const uint64_t headroom = m.cgroup_limit > m.cgroup_usage ? m.cgroup_limit - m.cgroup_usage : 0;
+    const uint64_t used = m.cgroup_usage - std::min(m.cgroup_page_cache, m.cgroup_usage);
+    const uint64_t headroom = m.cgroup_limit > used ? m.cgroup_limit - used : 0;
     figure = figure == 0 ? headroom : std::min(figure, headroom);
   }
   const uint64_t reserve = std::max(kHostReserveMin, figure / kHostReserveDivisor);
@@ -229,7 +253,8 @@ std::string describe(const HostMemory& m) {
   if (m.cgroup_version == 0) return s + ", no cgroup memory controller found";
   s += ", cgroup v" + std::to_string(m.cgroup_version);
   if (m.cgroup_limit == 0) return s + " no limit";
-  return s + " limit " + format_bytes(m.cgroup_limit) + " (" + format_bytes(m.cgroup_usage) + " used)";
+  return s + " limit " + format_bytes(m.cgroup_limit) + " (" + format_bytes(m.cgroup_usage) + " used" +
+         (m.cgroup_page_cache > 0 ? ", " + format_bytes(m.cgroup_page_cache) + " of it page cache)" : ")");
 }
 
 std::unique_ptr<kernels::cuda::MemoryBudget> make_host_budget(uint64_t bytes, const std::string& text) {

@@ -22,6 +22,8 @@ struct HostMemory {
   uint64_t cgroup_limit = 0;   // the tightest memory limit of this cgroup and its ancestors; 0 = none
   uint64_t cgroup_usage = 0;   // memory.current (v2) / memory.usage_in_bytes (v1) of the cgroup
                                // that sets cgroup_limit, or of this process's cgroup without one
+  uint64_t cgroup_page_cache = 0;  // of cgroup_usage, the page cache the kernel reclaims under the
+                                   // limit (memory.stat active_file + inactive_file, v1: total_*)
   int cgroup_version = 0;      // 0: no memory controller found; 1 or 2
   std::string cgroup_path;     // this process's cgroup as /proc/self/cgroup names it ("/a/b")
 };
@@ -43,10 +45,12 @@ inline constexpr uint64_t kHostReserveMin = uint64_t{256} << 20;
 inline constexpr uint64_t kHostReserveDivisor = 10;
 
 // The default --host-mem-budget: the smaller of MemAvailable and the cgroup headroom
-// (cgroup_limit - cgroup_usage), less a reserve of max(256 MiB, 10 %) of that figure; 0 when the
-// figure is no larger than its reserve, or when neither MemAvailable nor a cgroup limit is known
-// (then the caller has nothing to go on and should leave the budget unlimited or ask for one).
-// cgroup usage counts reclaimable page cache, so the headroom errs on the small side.
+// (cgroup_limit - (cgroup_usage - cgroup_page_cache)), less a reserve of max(256 MiB, 10 %) of that
+// figure; 0 when the figure is no larger than its reserve, or when neither MemAvailable nor a
+// cgroup limit is known (then the caller has nothing to go on and should leave the budget
+// unlimited or ask for one). The cgroup's page cache is not counted as used: the kernel reclaims
+// it before it kills (a store whose files were just read, e.g. the topology copied to a GPU, would
+// otherwise leave a budget smaller by their size, depending on what the process happened to read).
 uint64_t default_host_budget(const HostMemory& m);
 
 // A run's --host-mem-budget: `bytes` as the user gave them (`text` for messages), or, for 0, the

@@ -75,6 +75,7 @@ void MetricsLog::epoch(const EpochMetrics& m, const FeaturePlacement& placement)
     j["read_ahead_hits"] = m.read_ahead_hits;
     j["read_ahead_windows"] = m.read_ahead_windows;
     j["read_ahead_wait_s"] = m.read_ahead_wait_s;
+    j["read_ahead_sample_s"] = m.read_ahead_sample_s;
   }
   write(j.dump());
 }

@@ -110,6 +110,26 @@ int64_t vote_lag() {
   return lag;
 }
 
+// Batch b's input nodes that the host will read, sampled as the pipeline's prepare samples them
+// (for the read-ahead's sampling thread): all of them, or behind a GPU cache those it lacks.
+std::vector<int64_t> read_ahead_inputs(const Replica& r, const sampler::NeighborSampler& sampler,
+                                       const scheduler::EpochPlan& plan, uint64_t epoch_key, int64_t b) {
+  const int64_t len = plan.batch_length(b);
+  if (len == 0) return {};
+  const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
+  std::vector<int64_t> inputs;
+  if (r.gpu_batches) {
+    const UseDevice use_here(r.dev);
+    inputs = r.gpu_batches->sample(plan.batch(b), len, key, /*input_nodes_on_host=*/true).input_nodes_host();
+  } else {
+    inputs = sampler.sample(plan.batch(b), len, key).input_nodes();
+  }
+  if (r.batch_features && r.batch_features->staged())
+    inputs.erase(std::remove_if(inputs.begin(), inputs.end(), [&](int64_t id) { return r.batch_features->on_gpu(id); }),
+                 inputs.end());
+  return inputs;
+}
+
 }  // namespace
 
 // One worker's mini-batch epoch: its share of the epoch's steps through its own pipeline; the
@@ -130,6 +150,9 @@ struct MiniBatchEpochs::Worker {
   const int64_t epoch, first_batch;
   const uint64_t epoch_key;
   const scheduler::EpochPlan plan;
+  // Features on disk: the windows of rows read ahead of this worker's batches (its share of the
+  // read-ahead memory), which run on across epochs (MiniBatchEpochs::read_ahead_for).
+  ReadAhead* const read_ahead;
   WorkerEpoch out;
   IoTimer io_timer;
   Tensor batch_rows;  // 0, 1, ..., batch_size - 1: every logits row of a batch is a seed
@@ -145,12 +168,9 @@ struct MiniBatchEpochs::Worker {
   std::optional<LaggedReads> vote_reads;
   std::vector<Tensor> vote_sums;
   Tensor vote_values[4];  // [stop, checkpoint] for index stop + 2 * checkpoint, copied on the device
-  // Features on disk: the windows of rows read ahead of this worker's batches (its share of the
-  // read-ahead memory); the thread starts with the epoch and ends with it.
-  std::unique_ptr<ReadAhead> read_ahead;
 
   Worker(const MiniBatchEpochs& e, int local_, int64_t epoch_, uint64_t key, int64_t first, double loss_sum,
-         CheckpointPolicy& ckpt)
+         CheckpointPolicy& ckpt, ReadAhead* ahead)
       : run(e.run_),
         opt(e.run_.opt()),
         r(e.replicas_[local_]),
@@ -165,6 +185,7 @@ struct MiniBatchEpochs::Worker {
         first_batch(first),
         epoch_key(key),
         plan(e.plan(epoch_, e.run_.first_rank() + local_)),
+        read_ahead(ahead),
         io_timer(r.dev),
         step_losses(Tensor::empty(std::max<int64_t>(1, plan.num_batches()) * 16, 1, DType::kU8, r.dev)),
         by_layer(r.model->parameters_by_layer()),
@@ -234,38 +255,19 @@ struct MiniBatchEpochs::Worker {
   // through the disk tier.
   void read_features(PreparedBatch* p, int64_t b, const std::vector<int64_t>& inputs) const {
     p->features = Tensor::empty(static_cast<int64_t>(inputs.size()), run.store().feature_dim());
-    const std::shared_ptr<const storage::WindowRows> window = read_ahead ? read_ahead->window_of(b) : nullptr;
+    const std::shared_ptr<const storage::WindowRows> window = read_ahead ? read_ahead->window_of(epoch, b) : nullptr;
     host_features->read_rows(inputs.data(), p->features.rows(), p->features.f32(), window.get());
-    if (read_ahead) read_ahead->done(b);
+    if (read_ahead) read_ahead->done(epoch, b);
   }
 
   // Behind a GPU cache: the rows of `inputs` it lacks, staged from the host's source (its
   // cache, the batch's read-ahead window, or disk) for the gather.
   void stage_features(PreparedBatch* p, int64_t b, const std::vector<int64_t>& inputs) const {
-    const std::shared_ptr<const storage::WindowRows> window = read_ahead ? read_ahead->window_of(b) : nullptr;
+    const std::shared_ptr<const storage::WindowRows> window = read_ahead ? read_ahead->window_of(epoch, b) : nullptr;
     p->staged = r.batch_features->stage(inputs, [&](const int64_t* ids, int64_t n, float* out) {
       host_features->read_rows(ids, n, out, window.get());
     });
-    if (read_ahead) read_ahead->done(b);
-  }
-
-  // Batch b's input nodes that the host will read, sampled as prepare samples them (for the
-  // read-ahead thread): all of them, or behind a GPU cache those it lacks.
-  std::vector<int64_t> sample_inputs(int64_t b) const {
-    const int64_t len = plan.batch_length(b);
-    if (len == 0) return {};
-    const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
-    std::vector<int64_t> inputs;
-    if (r.gpu_batches) {
-      const UseDevice use_here(r.dev);
-      inputs = r.gpu_batches->sample(plan.batch(b), len, key, /*input_nodes_on_host=*/true).input_nodes_host();
-    } else {
-      inputs = sampler->sample(plan.batch(b), len, key).input_nodes();
-    }
-    if (r.batch_features && r.batch_features->staged())
-      inputs.erase(std::remove_if(inputs.begin(), inputs.end(), [&](int64_t id) { return r.batch_features->on_gpu(id); }),
-                   inputs.end());
-    return inputs;
+    if (read_ahead) read_ahead->done(epoch, b);
   }
 
   std::unique_ptr<PreparedBatch> prepare(int64_t b) const {
@@ -273,7 +275,7 @@ struct MiniBatchEpochs::Worker {
     auto p = std::make_unique<PreparedBatch>();
     const int64_t len = plan.batch_length(b);
     if (len == 0) {  // a worker without seeds in the last step only joins the sums
-      if (read_ahead) read_ahead->done(b);
+      if (read_ahead) read_ahead->done(epoch, b);
       return p;
     }
     const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
@@ -394,10 +396,6 @@ struct MiniBatchEpochs::Worker {
   }
 
   WorkerEpoch run_epoch() {
-    if (host_features != nullptr && host_features->on_disk() && host_features->read_ahead_bytes() > 0)
-      read_ahead = std::make_unique<ReadAhead>(*host_features->disk(), host_features->read_ahead_bytes() / replicas,
-                                               first_batch, plan.num_batches(),
-                                               [this](int64_t b) { return sample_inputs(b); });
     out.times = scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
         plan.num_batches(), opt.prefetch,
         static_cast<int>(std::min<int64_t>(opt.reorder_window, std::max<int64_t>(1, plan.num_batches()))),  // a window past the epoch is the epoch
@@ -406,7 +404,6 @@ struct MiniBatchEpochs::Worker {
         [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { load(b, p); },
         [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { consume(b, p); },
         scheduler::PipelineRange{first_batch, !run.step_stops() ? nullptr : votes ? &agreed : opt.stop});
-    read_ahead.reset();  // the pipeline has ended: so does the read-ahead thread
     out.loss_sum = add_losses(out.loss_sum, first_batch, out.times.consumed_end);
     if (r.batch_features) out.features = r.batch_features->take_stats();
     out.io_s = io_timer.take_seconds();
@@ -435,7 +432,8 @@ struct MiniBatchEpochs::Worker {
   }
 };
 
-MiniBatchEpochs::MiniBatchEpochs(const TrainRun& run, Replicas& replicas) : run_(run), replicas_(replicas) {
+MiniBatchEpochs::MiniBatchEpochs(const TrainRun& run, Replicas& replicas)
+    : run_(run), replicas_(replicas), read_aheads_(static_cast<size_t>(run.workers())) {
   const TrainOptions& opt = run.opt();
   sampler_ = std::make_unique<sampler::NeighborSampler>(run.store().csr(), opt.fanouts, opt.sampling,
                                                          opt.model.edge_weights);
@@ -455,6 +453,36 @@ scheduler::EpochPlan MiniBatchEpochs::plan(int64_t epoch, int rank) const {
                                    : scheduler::EpochPlan(run_.train_ids(), opt.batch_size, opt.seed, epoch, run_.world(), rank);
 }
 
+ReadAhead* MiniBatchEpochs::read_ahead_for(int local, int64_t epoch, int64_t first) {
+  storage::HostFeatures* host = replicas_.host_features();
+  if (host == nullptr || !host->on_disk() || host->read_ahead_bytes() == 0) return nullptr;
+  ReadAheadAt& at = read_aheads_[static_cast<size_t>(local)];
+  if (at.ahead && at.epoch == epoch && at.first == first) {
+    at.epoch = epoch + 1, at.first = 0;  // where the worker's next epoch begins, if this one ends whole
+    return at.ahead.get();
+  }
+  at.ahead.reset();
+  const int rank = run_.first_rank() + local;
+  const TrainOptions& opt = run_.opt();
+  const auto segment = [this, rank, local, &opt](int64_t e, int64_t from) {
+    auto epoch_plan = std::make_shared<const scheduler::EpochPlan>(plan(e, rank));
+    const uint64_t key = run_.epoch_key(e);
+    const Replica& r = replicas_[local];
+    const sampler::NeighborSampler& cpu = *sampler_;
+    return ReadAhead::Segment{e, from, epoch_plan->num_batches(), [&r, &cpu, epoch_plan, key](int64_t b) {
+                                return read_ahead_inputs(r, cpu, *epoch_plan, key, b);
+                              }};
+  };
+  at.ahead = std::make_unique<ReadAhead>(
+      *host->disk(), host->read_ahead_bytes() / static_cast<uint64_t>(replicas_.size()), segment(epoch, first),
+      [segment, &opt](int64_t e) -> std::optional<ReadAhead::Segment> {
+        if (e + 1 >= opt.epochs) return std::nullopt;
+        return segment(e + 1, 0);
+      });
+  at.epoch = epoch + 1, at.first = 0;
+  return at.ahead.get();
+}
+
 void MiniBatchEpochs::take_disk_stats(EpochMetrics* m) {
   storage::HostFeatures* host = replicas_.host_features();
   if (host == nullptr || !host->on_disk()) return;
@@ -468,6 +496,7 @@ void MiniBatchEpochs::take_disk_stats(EpochMetrics* m) {
   m->read_ahead_hits = d.read_ahead_hits;
   m->read_ahead_windows = d.windows;
   m->read_ahead_wait_s = d.read_ahead_wait_s;
+  m->read_ahead_sample_s = d.read_ahead_sample_s;
 }
 
 FeaturePlacement MiniBatchEpochs::placement() const {
@@ -602,8 +631,11 @@ MiniBatchEpochEnd MiniBatchEpochs::train_epoch(int64_t epoch, uint64_t epoch_key
   for (;;) {
     run_workers(run_, replicas_, [&](int w) {
       Worker worker(*this, w, epoch, epoch_key, segment_first, priors[static_cast<size_t>(run_.first_rank() + w)],
-                    checkpoints);
+                    checkpoints, read_ahead_for(w, epoch, segment_first));
       done[static_cast<size_t>(w)] = worker.run_epoch();
+      // A pipeline that ended inside the epoch read some batches after its last step: their
+      // windows may be gone, so the read-ahead starts again from where the next one begins.
+      if (done[static_cast<size_t>(w)].times.consumed_end < worker.plan.num_batches()) read_aheads_[static_cast<size_t>(w)].ahead.reset();
     });
     const WorkerEpoch& w0 = done[0];
     tally.add(w0, world, m);

@@ -12,6 +12,7 @@
 
 #include "engine/train/checkpoints.hpp"
 #include "engine/train/metrics_log.hpp"
+#include "engine/train/read_ahead.hpp"
 #include "engine/train/replicas.hpp"
 #include "engine/train/run.hpp"
 #include "engine/trainer.hpp"
@@ -53,12 +54,21 @@ class MiniBatchEpochs {
  private:
   // The disk tier's counters of the epoch into m (nothing unless the features are on disk).
   void take_disk_stats(EpochMetrics* m);
+  // Worker `local`'s read-ahead for its pipeline from batch `first` of `epoch` (nullptr when the
+  // features are not on disk or --read-ahead is 0): the one running since an earlier epoch when it
+  // has come exactly there, else a new one from there to the run's last epoch.
+  ReadAhead* read_ahead_for(int local, int64_t epoch, int64_t first);
 
   const TrainRun& run_;
   Replicas& replicas_;
   std::unique_ptr<sampler::NeighborSampler> sampler_;
   std::vector<std::vector<int64_t>> seed_pools_;
   std::vector<float> full_degree_;
+  struct ReadAheadAt {
+    std::unique_ptr<ReadAhead> ahead;
+    int64_t epoch = 0, first = 0;  // where the worker's next pipeline must begin to go on with it
+  };
+  std::vector<ReadAheadAt> read_aheads_;  // per worker; last: its threads sample through the members above
 };
 
 }  // namespace gale::engine::train_parts

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <utility>
 
 #include <tbb/parallel_for.h>
@@ -13,19 +14,29 @@ namespace gale::engine::train_parts {
 namespace {
 
 // Batches sampled at once, in parallel (the GPU sampler takes concurrent calls on streams of its
-// own; the CPU sampler is const).
-constexpr int64_t kSampleChunk = 4;
+// own; the CPU sampler is const). GALE_READ_AHEAD_CHUNK overrides it, for measuring.
+int64_t sample_chunk() {
+  static const int64_t chunk = [] {
+    const char* env = std::getenv("GALE_READ_AHEAD_CHUNK");
+    return env != nullptr && std::atoll(env) > 0 ? static_cast<int64_t>(std::atoll(env)) : int64_t{8};
+  }();
+  return chunk;
+}
+// The first window's share of the full window's rows (each next window twice the last).
+constexpr int64_t kFirstWindowShare = 16;
+
+int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
 
 }  // namespace
 
-ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t first, int64_t end, SampleInputs sample)
+ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, Segment first, NextSegment next)
     : disk_(disk),
       limit_rows_(std::max<int64_t>(
           1, static_cast<int64_t>(bytes / 2 / (sizeof(int64_t) + static_cast<uint64_t>(disk.feature_dim()) * sizeof(float))))),
-      first_(first),
-      end_(end),
-      sample_(std::move(sample)),
-      thread_([this] { run(); }) {}
+      sampling_([this, first = std::move(first), next = std::move(next)]() mutable { sample_windows(std::move(first), next); }),
+      reading_([this] { read_windows(); }) {}
 
 ReadAhead::~ReadAhead() {
   {
@@ -33,106 +44,186 @@ ReadAhead::~ReadAhead() {
     stop_ = true;
   }
   changed_.notify_all();
-  thread_.join();
+  sampling_.join();
+  reading_.join();
 }
 
-bool ReadAhead::stopped() {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  return stop_;
+void ReadAhead::fail(std::exception_ptr e) {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_) error_ = std::move(e);
+  }
+  changed_.notify_all();
 }
 
-bool ReadAhead::wait_for_room() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return stop_ || windows_.size() < 2; });
-  return !stop_;
-}
-
-void ReadAhead::run() {
+void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
   try {
     // Each batch's distinct misses, sampled a chunk at a time ahead of the window being grown.
     std::deque<std::vector<int64_t>> sampled;
-    int64_t next_sample = first_;
+    int64_t next_sample = segment.first;
+    int64_t position = 0;  // of the segment's batch b: position + b - segment.first
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      placed_.push_back(Placed{segment.epoch, segment.first, segment.end, 0});
+    }
+    changed_.notify_all();
     std::vector<uint64_t> seen(static_cast<size_t>(disk_.num_nodes() / 64 + 1), 0);
-    std::shared_ptr<const storage::WindowRows> previous;  // the newest window read
-    for (int64_t b = first_; b < end_;) {
-      const int64_t window_first = b;
-      std::vector<int64_t> ids;
-      while (b < end_) {
+    int64_t limit = std::max<int64_t>(1, limit_rows_ / kFirstWindowShare);
+    int64_t b = segment.first;
+    bool more = true;
+    while (more) {
+      Planned window;
+      window.first = position + b - segment.first;
+      while (more) {
+        if (b == segment.end) {  // on into the next epoch
+          std::optional<Segment> after = next(segment.epoch);
+          if (!after) {
+            more = false;
+            break;
+          }
+          position += segment.end - segment.first;
+          segment = std::move(*after);
+          b = next_sample = segment.first;
+          sampled.clear();
+          {
+            const std::lock_guard<std::mutex> lock(mutex_);
+            placed_.push_back(Placed{segment.epoch, segment.first, segment.end, position});
+          }
+          changed_.notify_all();
+          continue;
+        }
         if (sampled.empty()) {
-          if (stopped()) return;
-          const int64_t n = std::min(kSampleChunk, end_ - next_sample);
+          {
+            const std::lock_guard<std::mutex> lock(mutex_);
+            if (stop_ || error_) return;
+          }
+          const auto t0 = std::chrono::steady_clock::now();
+          const int64_t n = std::min(sample_chunk(), segment.end - next_sample);
           std::vector<std::vector<int64_t>> chunk(static_cast<size_t>(n));
           tbb::parallel_for(int64_t{0}, n, [&](int64_t i) {
-            const std::vector<int64_t> inputs = sample_(next_sample + i);
+            const std::vector<int64_t> inputs = segment.sample(next_sample + i);
             disk_.collect_misses(inputs.data(), static_cast<int64_t>(inputs.size()), &chunk[static_cast<size_t>(i)]);
           });
           for (auto& misses : chunk) sampled.push_back(std::move(misses));
           next_sample += n;
+          disk_.add_sampling(nanoseconds_since(t0));
         }
         // The batch joins the window unless its new rows would overfill it (a window has at
         // least one batch, however many rows that is).
         const std::vector<int64_t>& misses = sampled.front();
         int64_t fresh = 0;
         for (int64_t id : misses) fresh += (seen[static_cast<size_t>(id) >> 6] >> (id & 63) & 1) == 0;
-        if (b > window_first && static_cast<int64_t>(ids.size()) + fresh > limit_rows_) break;
+        if (position + b - segment.first > window.first && static_cast<int64_t>(window.ids.size()) + fresh > limit) break;
         for (int64_t id : misses) {
           uint64_t& word = seen[static_cast<size_t>(id) >> 6];
           if ((word >> (id & 63) & 1) == 0) {
             word |= uint64_t{1} << (id & 63);
-            ids.push_back(id);
+            window.ids.push_back(id);
           }
         }
         sampled.pop_front();
         ++b;
       }
-      for (int64_t id : ids) seen[static_cast<size_t>(id) >> 6] = 0;
-      std::sort(ids.begin(), ids.end());
+      window.end = position + b - segment.first;
+      if (window.end == window.first) break;
+      for (int64_t id : window.ids) seen[static_cast<size_t>(id) >> 6] = 0;
+      std::sort(window.ids.begin(), window.ids.end());
+      limit = std::min(limit_rows_, limit * 2);
+      // Hand it to the reading thread once it has taken the one before.
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait(lock, [&] { return stop_ || error_ || planned_.empty(); });
+      if (stop_ || error_) return;
+      planned_.push_back(std::move(window));
+      lock.unlock();
+      changed_.notify_all();
+    }
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      placed_all_ = planned_all_ = true;
+    }
+    changed_.notify_all();
+  } catch (...) {
+    fail(std::current_exception());
+  }
+}
 
-      if (!wait_for_room()) return;
+void ReadAhead::read_windows() {
+  try {
+    std::shared_ptr<const storage::WindowRows> previous;  // the newest window read
+    for (;;) {
+      Planned window;
+      {
+        // The next window sampled, once at most one window is alive.
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return stop_ || error_ || (windows_.size() < 2 && (!planned_.empty() || planned_all_)); });
+        if (stop_ || error_ || planned_.empty()) return;
+        window = std::move(planned_.front());
+        planned_.pop_front();
+      }
+      changed_.notify_all();
       std::shared_ptr<const storage::WindowRows> rows;
       try {
-        rows = disk_.read_window(std::move(ids), previous.get());
+        rows = disk_.read_window(std::move(window.ids), previous.get());
       } catch (const ResourceError&) {
         rows = nullptr;  // the budget refused it: its batches read their own misses
       }
       if (rows) previous = rows;
       {
         const std::lock_guard<std::mutex> lock(mutex_);
-        windows_.push_back(Window{window_first, b, std::move(rows), b - window_first});
+        windows_.push_back(Window{window.first, window.end, std::move(rows), window.end - window.first});
       }
       changed_.notify_all();
     }
   } catch (...) {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    error_ = std::current_exception();
-    changed_.notify_all();
+    fail(std::current_exception());
   }
 }
 
-std::shared_ptr<const storage::WindowRows> ReadAhead::window_of(int64_t b) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mutex_);
-  std::shared_ptr<const storage::WindowRows> rows;
+int64_t ReadAhead::position(std::unique_lock<std::mutex>& lock, int64_t epoch, int64_t b) {
+  const Placed* found = nullptr;
   changed_.wait(lock, [&] {
     if (error_) return true;
-    for (const Window& w : windows_) {
-      if (w.first <= b && b < w.end) {
-        rows = w.rows;
+    for (const Placed& p : placed_) {
+      if (p.epoch == epoch) {
+        found = &p;
         return true;
       }
     }
-    return false;
+    return placed_all_;
   });
   if (error_) std::rethrow_exception(error_);
-  disk_.add_wait(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  if (found == nullptr || b < found->first || b >= found->end)
+    throw InternalError("read-ahead: batch " + std::to_string(b) + " of epoch " + std::to_string(epoch + 1) +
+                        " is not in the batches read ahead");
+  return found->offset + b - found->first;
+}
+
+std::deque<ReadAhead::Window>::iterator ReadAhead::window_at(std::unique_lock<std::mutex>& lock, int64_t epoch, int64_t b) {
+  const int64_t at = position(lock, epoch, b);
+  std::deque<Window>::iterator found;
+  changed_.wait(lock, [&] {
+    if (error_) return true;
+    found = std::find_if(windows_.begin(), windows_.end(), [&](const Window& w) { return w.first <= at && at < w.end; });
+    return found != windows_.end();
+  });
+  if (error_) std::rethrow_exception(error_);
+  return found;
+}
+
+std::shared_ptr<const storage::WindowRows> ReadAhead::window_of(int64_t epoch, int64_t b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  std::shared_ptr<const storage::WindowRows> rows = window_at(lock, epoch, b)->rows;
+  lock.unlock();
+  disk_.add_wait(nanoseconds_since(t0));
   return rows;
 }
 
-void ReadAhead::done(int64_t b) {
+void ReadAhead::done(int64_t epoch, int64_t b) {
   {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = std::find_if(windows_.begin(), windows_.end(), [&](const Window& w) { return w.first <= b && b < w.end; });
-    if (it == windows_.end() || --it->pending > 0) return;
+    std::unique_lock<std::mutex> lock(mutex_);
+    const auto it = window_at(lock, epoch, b);
+    if (--it->pending > 0) return;
     windows_.erase(it);
   }
   changed_.notify_all();

@@ -1,13 +1,21 @@
-// engine/train/read_ahead.hpp — the disk tier's look-ahead over one worker's epoch (DESIGN.md,
-// "Out of core"; Ginex's superbatch, with a sorted pass in place of per-row reads).
+// engine/train/read_ahead.hpp — the disk tier's look-ahead over one worker's batches, epoch after
+// epoch (DESIGN.md, "Out of core"; Ginex's superbatch, with a sorted pass in place of per-row
+// reads).
 //
-// A thread of its own samples the batches ahead of training, with the keys training will use (so
-// it finds exactly the node sets the pipeline will), collects the rows they miss in the host
-// cache, and reads each window's distinct misses in one pass sorted by offset and coalesced
-// (storage::DiskFeatures::read_window), while the batches before it train. A cold page that
-// several batches of a window need is read once; rows the window before still holds are copied
-// from it. A window grows batch by batch until its distinct misses fill half of the read-ahead
-// memory: two windows are alive at once, the one batches read from and the next, being read.
+// Two threads of its own run ahead of training. The sampling thread samples the batches ahead,
+// with the keys training will use (so it finds exactly the node sets the pipeline will), and
+// collects the rows they miss in the host cache into windows; the reading thread reads each
+// window's distinct misses in one pass sorted by offset and coalesced
+// (storage::DiskFeatures::read_window) while the batches before it train, and the next window is
+// sampled meanwhile. A cold page that several batches of a window need is read once; rows the
+// window before still holds are copied from it.
+//
+// A window grows batch by batch until its distinct misses fill half of the read-ahead memory: two
+// windows are alive at once, the one batches read from and the next, being read. The first window
+// of a read-ahead is a sixteenth of that, and each next one twice the last, so training starts
+// after a short read. The batches run on across epochs: the next epoch's first window is sampled
+// and read while this epoch's last one trains, so an epoch does not begin by waiting for a pass
+// over the disk.
 //
 // Sampling twice costs GPU (or CPU) time that keeping the sampled batches would not; keeping W
 // sampled batches would cost their blocks' memory instead, which is what a run beyond memory has
@@ -21,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -31,47 +40,68 @@ namespace gale::engine::train_parts {
 class ReadAhead {
  public:
   // Batch b's input node ids (an empty batch: none), sampled as the pipeline will sample it.
-  // Called from the read-ahead thread, for several batches at once.
+  // Called from the sampling thread, for several batches at once.
   using SampleInputs = std::function<std::vector<int64_t>(int64_t b)>;
+  // One epoch's batches [first, end), in the order training takes them.
+  struct Segment {
+    int64_t epoch = 0, first = 0, end = 0;
+    SampleInputs sample;
+  };
+  // The segment of the epoch after `epoch` (its batches from 0), or none when the run has no more.
+  // Called from the sampling thread.
+  using NextSegment = std::function<std::optional<Segment>(int64_t epoch)>;
 
-  // Starts reading ahead over batches [first, end) of the plan; `bytes`: what the two live
-  // windows may hold together.
-  ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t first, int64_t end, SampleInputs sample);
-  // Stops the thread (after the read under way) and frees the windows.
+  // Starts reading ahead from `first`; `bytes`: what the two live windows may hold together.
+  ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, Segment first, NextSegment next);
+  // Stops the threads (after the read under way) and frees the windows.
   ~ReadAhead();
   ReadAhead(const ReadAhead&) = delete;
   ReadAhead& operator=(const ReadAhead&) = delete;
 
-  // The window holding batch b's misses, once read (waits for it; the wait is counted in the
-  // disk tier's read_ahead_wait_s). nullptr when the budget refused that window: b reads its own
-  // misses. Rethrows the thread's error.
-  std::shared_ptr<const storage::WindowRows> window_of(int64_t b);
-  // Batch b has its rows: a window all of whose batches do is freed.
-  void done(int64_t b);
+  // The window holding batch b of `epoch`'s misses, once read (waits for it; the wait is counted
+  // in the disk tier's read_ahead_wait_s). nullptr when the budget refused that window: b reads
+  // its own misses. Rethrows the threads' error.
+  std::shared_ptr<const storage::WindowRows> window_of(int64_t epoch, int64_t b);
+  // Batch b of `epoch` has its rows (or is empty: then it waits for its window): a window all of
+  // whose batches do is freed.
+  void done(int64_t epoch, int64_t b);
 
  private:
   struct Window {
-    int64_t first = 0, end = 0;  // batches [first, end)
+    int64_t first = 0, end = 0;  // positions [first, end) in the sequence of batches
     std::shared_ptr<const storage::WindowRows> rows;
     int64_t pending = 0;  // batches not yet done
   };
+  struct Planned {  // a window sampled, not yet read
+    int64_t first = 0, end = 0;
+    std::vector<int64_t> ids;  // its distinct misses, ascending
+  };
+  struct Placed {  // a segment's place in the sequence
+    int64_t epoch = 0, first = 0, end = 0, offset = 0;  // batch b is at offset + b - first
+  };
 
-  void run();
-  bool stopped();
-  // Waits until at most one window is alive; false when stopped.
-  bool wait_for_room();
+  void sample_windows(Segment first, const NextSegment& next);
+  void read_windows();
+  // Batch b of epoch's position; waits until the sampling thread has placed that epoch. -1: the
+  // sequence ended before it.
+  int64_t position(std::unique_lock<std::mutex>& lock, int64_t epoch, int64_t b);
+  // The window holding batch b of epoch, once read (waits for it).
+  std::deque<Window>::iterator window_at(std::unique_lock<std::mutex>& lock, int64_t epoch, int64_t b);
+  void fail(std::exception_ptr e);
 
   storage::DiskFeatures& disk_;
   const int64_t limit_rows_;  // distinct rows per window
-  const int64_t first_, end_;
-  const SampleInputs sample_;
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::deque<Window> windows_;  // alive, oldest first
+  std::vector<Placed> placed_;
+  bool placed_all_ = false;       // the sampling thread has placed every segment
+  std::deque<Planned> planned_;   // sampled, waiting for the reading thread (at most one)
+  bool planned_all_ = false;      // the sampling thread has ended
+  std::deque<Window> windows_;    // read and alive, oldest first
   bool stop_ = false;
   std::exception_ptr error_;
-  std::thread thread_;  // last: started once everything above exists
+  std::thread sampling_, reading_;  // last: started once everything above exists
 };
 
 }  // namespace gale::engine::train_parts

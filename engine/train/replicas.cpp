@@ -1,5 +1,7 @@
 #include "engine/train/replicas.hpp"
 
+#include <algorithm>
+
 #include <xxhash.h>
 
 #include "engine/devices.hpp"
@@ -33,7 +35,7 @@ void Replicas::place_batch_sources(const TrainRun& run) {
   // Features may take half of what the GPU budget (or 90% of the card) allows, the topology a
   // quarter (else the GPU sampler reads it from pinned host memory); the rest is for the model,
   // its activations and the batches' blocks.
-  const auto feature_room = [&](const Device& dev) {
+  const auto feature_room_default = [&](const Device& dev) {
     return opt.feature_gpu_bytes > 0 ? opt.feature_gpu_bytes : gpu_room(dev, opt.gpu_mem_budget) / 2;
   };
   // GPUs gather from their feature tiers: every row on the GPU, or a cache there and every row in
@@ -41,10 +43,27 @@ void Replicas::place_batch_sources(const TrainRun& run) {
   // (and on the CPU) the rows come from the host's source, in memory or on disk.
   const Device& lead = replicas_[0].dev;
   const bool tiers = lead.is_cuda() && !opt.features_on_disk &&
-                     (feature_room(lead) >= f32_bytes ||
+                     (feature_room_default(lead) >= f32_bytes ||
                       run.host_budget().in_use() + f32_bytes + storage::topology_bytes(store) +
                               storage::HostFeatures::kStagingReserve <=
                           run.host_budget().limit());
+  // Beyond the host's memory (the host's source holds the features) the GPU sampler's topology
+  // goes to the GPU when half its room holds it: the host's budget is then all the cache's and the
+  // read-ahead windows', where a feature row missed costs a disk read, and sampling on the GPU
+  // outruns sampling over UVA. The features' GPU cache takes what is left of three quarters.
+  const uint64_t topology = storage::topology_bytes(store);
+  const bool topology_on_gpus =
+      !tiers && opt.gpu_sampler && std::all_of(replicas_.begin(), replicas_.end(), [&](const Replica& r) {
+        return r.dev.is_cuda() && topology <= gpu_room(r.dev, opt.gpu_mem_budget) / 2;
+      });
+  const auto feature_room = [&](const Device& dev) {
+    if (opt.feature_gpu_bytes > 0 || !topology_on_gpus) return feature_room_default(dev);
+    const uint64_t room = gpu_room(dev, opt.gpu_mem_budget);
+    return std::min(room / 2, room - room / 4 - topology);
+  };
+  const auto topology_room = [&](const Device& dev) {
+    return topology_on_gpus ? gpu_room(dev, opt.gpu_mem_budget) / 2 : GpuBatches::topology_room(dev, opt.gpu_mem_budget);
+  };
   if (!tiers) {
     // The host's source: in memory, or the disk tier. Behind GPUs its cache skips the rows their
     // caches hold, and leaves room for the pinned buffers of the batches' staged rows.
@@ -53,6 +72,7 @@ void Replicas::place_batch_sources(const TrainRun& run) {
     host.engine = opt.io_engine;
     host.force_disk = opt.features_on_disk;
     host.read_ahead_bytes = opt.read_ahead_bytes;
+    host.topology_on_host = !topology_on_gpus;
     if (lead.is_cuda()) {
       host.skip_hottest = storage::cache_rows_within(store, feature_room(lead));
       host.keep_free = BatchFeatures::kStagedReserve * static_cast<uint64_t>(replicas_.size());
@@ -64,7 +84,7 @@ void Replicas::place_batch_sources(const TrainRun& run) {
     const UseDevice use(r.dev);
     if (opt.gpu_sampler)
       r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts,
-                                                   GpuBatches::topology_room(r.dev, opt.gpu_mem_budget), opt.sampling,
+                                                   topology_room(r.dev), opt.sampling,
                                                    opt.model.edge_weights);
     if (!tiers) {  // a GPU cache, each batch's other rows staged from the host's source
       r.batch_features = std::make_unique<BatchFeatures>(store, r.dev, feature_room(r.dev), opt.match, *host_features_,

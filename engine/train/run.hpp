@@ -26,6 +26,7 @@
 #include "kernels/cuda/budget.hpp"
 #include "engine/trainer.hpp"
 #include "kernels/device.hpp"
+#include "kernels/random.hpp"
 #include "storage/store.hpp"
 
 namespace gale::engine::train_parts {
@@ -61,6 +62,8 @@ class TrainRun {
   bool attention() const { return opt_.model.model == "gat"; }
   // Mini-batch training without a match-reorder window stops (and checkpoints) between steps.
   bool step_stops() const { return !opt_.full_graph && opt_.reorder_window <= 1; }
+  // The key of every random draw of epoch `epoch` (dropout, sampling), derived from --seed.
+  uint64_t epoch_key(int64_t epoch) const { return kernels::derive_key(opt_.seed, static_cast<uint64_t>(epoch)); }
   // Several workers on a partitioned store draw their seeds from their own parts.
   bool seeds_by_partition() const { return world_ > 1 && !opt_.full_graph && store_.has_partition(); }
   // What must match between a checkpoint and the run resuming from it.

@@ -58,6 +58,35 @@ TEST(HostMemory, CgroupV2LimitAndUsageAreRead) {
   EXPECT_EQ(describe(m), "MemAvailable 20 GiB, cgroup v2 limit 8 GiB (1.2 GiB used)");
 }
 
+// Page cache charged to the cgroup is reclaimed before the OOM killer comes: it is not counted as
+// used (a store's topology just copied to a GPU through the page cache must not shrink the budget).
+TEST(HostMemory, CgroupPageCacheIsNotCountedAsUsed) {
+  TempDir root;
+  write_meminfo(root, "20971520");
+  write_v2(root, std::to_string(8 * kGiB), std::to_string(5 * kGiB));
+  write_text(root / "sys/fs/cgroup/user.slice/job/memory.stat",
+             "anon 1073741824\nfile 4294967296\nactive_file 1073741824\ninactive_file 3221225472\nshmem 0\n");
+  const HostMemory m = detect_host_memory(root.path());
+  EXPECT_EQ(m.cgroup_usage, 5 * kGiB);
+  EXPECT_EQ(m.cgroup_page_cache, 4 * kGiB);
+  EXPECT_EQ(describe(m), "MemAvailable 20 GiB, cgroup v2 limit 8 GiB (5 GiB used, 4 GiB of it page cache)");
+  // 8 GiB less the 1 GiB not page cache, less a tenth.
+  EXPECT_EQ(default_host_budget(m), 7 * kGiB - 7 * kGiB / 10);
+  // A malformed or larger-than-usage figure never makes the usage negative.
+  write_text(root / "sys/fs/cgroup/user.slice/job/memory.stat", "active_file 99999999999999\ninactive_file x\n");
+  EXPECT_EQ(detect_host_memory(root.path()).cgroup_page_cache, 5 * kGiB);
+
+  TempDir v1;
+  write_meminfo(v1, "20971520");
+  write_v1(v1, std::to_string(6 * kGiB), std::to_string(3 * kGiB));
+  write_text(v1 / "sys/fs/cgroup/memory/docker/abc/memory.stat",
+             "cache 2147483648\nactive_file 1\ninactive_file 1\ntotal_active_file 1073741824\ntotal_inactive_file 1073741824\n");
+  const HostMemory m1 = detect_host_memory(v1.path());
+  EXPECT_EQ(m1.cgroup_page_cache, 2 * kGiB);
+  EXPECT_EQ(default_host_budget(m1), 5 * kGiB - 5 * kGiB / 10);
+
+}
+
 TEST(HostMemory, CgroupV2MaxMeansNoLimit) {
   TempDir root;
   write_meminfo(root, "20971520");
