@@ -202,40 +202,30 @@ std::vector<CpuList> cpu_worker_cpus(int host_workers) {
   return share_cpus(std::vector<CpuList>(static_cast<size_t>(std::max(0, host_workers))), allowed_cpus(), physical_core);
 }
 
-// Pins each TBB thread to the arena's CPUs when it joins the arena and gives it back its own
-// affinity when it leaves (a thread is in one arena at a time, so one saved mask per thread). The
-// thread calling execute() is pinned there instead, around the call.
+// Pins each TBB thread to the arena's CPUs when it joins the arena, and gives it the affinity of
+// the thread that made the arena (the process's) when it leaves: not the mask it came with, which
+// may be another arena's, since a TBB thread starts with the mask of the thread that woke it (a
+// pinned worker's). The thread calling execute() is pinned there instead, around the call.
 class WorkerArena::Pinning : public tbb::task_scheduler_observer {
  public:
   Pinning(tbb::task_arena& arena, const CpuList& cpus) : tbb::task_scheduler_observer(arena), set_(to_set(cpus)) {
+    CPU_ZERO(&leave_);
+    leave_valid_ = sched_getaffinity(0, sizeof leave_, &leave_) == 0;
     observe(true);
   }
   ~Pinning() override { observe(false); }
 
   void on_scheduler_entry(bool is_worker) override {
-    if (!is_worker) return;
-    Saved& s = saved();
-    s.valid = sched_getaffinity(0, sizeof s.mask, &s.mask) == 0;
-    (void)sched_setaffinity(0, sizeof set_, &set_);
+    if (is_worker) (void)sched_setaffinity(0, sizeof set_, &set_);
   }
   void on_scheduler_exit(bool is_worker) override {
-    if (!is_worker) return;
-    Saved& s = saved();
-    if (s.valid) (void)sched_setaffinity(0, sizeof s.mask, &s.mask);
-    s.valid = false;
+    if (is_worker && leave_valid_) (void)sched_setaffinity(0, sizeof leave_, &leave_);
   }
   const cpu_set_t& set() const { return set_; }
 
  private:
-  struct Saved {
-    cpu_set_t mask;
-    bool valid = false;
-  };
-  static Saved& saved() {
-    thread_local Saved s;
-    return s;
-  }
-  cpu_set_t set_;
+  cpu_set_t set_, leave_;
+  bool leave_valid_ = false;
 };
 
 WorkerArena::WorkerArena(CpuList cpus, bool pin)
