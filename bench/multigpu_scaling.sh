@@ -7,8 +7,8 @@
 # usage: bench/multigpu_scaling.sh DIST|GALE STORE [-- GALE_TRAIN_OPTIONS...]
 #
 #   DIST   a bundle of scripts/gpu-bundle.sh (bin/gale, lib/), or a gale binary
-#   STORE  a Gale store; generated when missing (R-MAT scale MGS_SCALE, default 23, edge factor 16,
-#          47 classes, 100-d features: the store of gpu-checks.sh multigpu)
+#   STORE  a Gale store, or a path where none exists yet: the store is generated there (R-MAT scale
+#          MGS_SCALE, default 23, edge factor 16, 47 classes, 100-d features: gpu-checks.sh multigpu's)
 #
 # Environment (every one optional):
 #   MGS_GPUS="1 2 4"            worker counts; counts above the machine's GPUs are skipped, 1 always runs
@@ -51,6 +51,10 @@ else
   hostprof_lib=$(dirname "$gale")/../lib/libgale_hostprof.so
 fi
 [ -x "$gale" ] || { echo "$0: $gale: not an executable gale binary" >&2; exit 2; }
+if [ -e "$store" ] && [ ! -f "$store/manifest.json" ]; then
+  echo "$0: $store exists but is not a Gale store (no manifest.json); give a store, or a path to generate one at" >&2
+  exit 2
+fi
 
 gpus_wanted=${MGS_GPUS:-1 2 4}
 layouts=${MGS_LAYOUTS:-threads procs}
@@ -93,7 +97,7 @@ if [[ " $layouts " == *" procs "* ]] && ! command -v mpirun > /dev/null; then
   layouts=${layouts//procs/}
 fi
 
-if [ ! -f "$store/manifest.json" ]; then
+if [ ! -e "$store" ]; then
   spec=rmat:scale=${MGS_SCALE:-23},edge-factor=16,classes=47,feature-dim=100
   echo "generating $spec into $store"
   if [ "$dry" = 1 ]; then echo "+ $gale preprocess --generate $spec -o $store --force"

@@ -20,6 +20,8 @@ MGS_GPUS="1 two" expect_exit 2 "MGS_GPUS: .*'two'" "$fake" "$tmp/store"
 MGS_LAYOUTS=nodes expect_exit 2 "MGS_LAYOUTS: .*'nodes'" "$fake" "$tmp/store"
 MGS_POLICIES=numa expect_exit 2 "MGS_POLICIES: .*'numa'" "$fake" "$tmp/store"
 MGS_EPOCHS=1 expect_exit 2 "MGS_EPOCHS: .*'1'" "$fake" "$tmp/store"
+mkdir -p "$tmp/notastore"
+expect_exit 2 'is not a Gale store' "$fake" "$tmp/notastore"
 
 # The dry run: every run's command, each policy, one process and mpirun, the store generated first.
 MGS_DRY_RUN=1 MGS_CPU=1 MGS_GPUS="1 2" expect_exit 0 \
