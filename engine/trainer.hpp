@@ -157,6 +157,23 @@ struct TrainOptions {
   std::function<void(int64_t epochs_done, int64_t batches_done)> on_resume;
 };
 
+// One worker's seconds in each part of a mini-batch epoch (engine/train/minibatch_epoch.cpp): the
+// pipeline's stages (scheduler/batch_pipeline.hpp) on its host, its IO stream's and gradient
+// sums' GPU time, and the epoch's wall time. Overlapping parts overlap: prepare runs on several
+// threads beside compute, io and allreduce on streams beside it.
+struct WorkerStageSeconds {
+  double prepare_s = 0;        // sampling and host feature reads, summed over the batches
+  double host_features_s = 0;  // of prepare: reading or staging the batches' features on the host
+  double load_s = 0;           // the load stage's host time (enqueueing operands and gathers)
+  double io_s = 0;             // GPU time of the IO stream's work (operands, feature gathers)
+  double compute_s = 0;        // the steps' host time: forward, backward, Adam, and the two below
+  double wait_s = 0;           // the step waiting for a prepared batch
+  double reorder_s = 0;        // the match-reorder stage
+  double allreduce_s = 0;      // GPU time of the gradient sums (NCCL), 0 on the CPU or alone
+  double allreduce_host_s = 0, vote_wait_s = 0;  // of compute: enqueueing the sums, reading the votes
+  double wall_s = 0;
+};
+
 struct EpochMetrics {
   int64_t epoch = 0;                // 0-based
   int64_t epochs = 0;               // total planned
@@ -202,6 +219,8 @@ struct EpochMetrics {
   // Worker 0's host seconds enqueueing the sums and waiting for the lagged stop votes.
   double allreduce_host_s = 0, vote_wait_s = 0;
   uint64_t replica_checksum = 0;
+  // Mini-batch: every worker's seconds by stage, in rank order (the lead process gathers them).
+  std::vector<WorkerStageSeconds> worker_stages;
 };
 
 struct TrainResult {

@@ -11,6 +11,10 @@
 #                                      with 1, 2, ... GPUs (MG_GPUS="1 2 4"): seeds per second and speedup
 #   scripts/gpu-checks.sh DIST mpi     the mpirun tests on GPUs, then the multigpu R-MAT runs (MG_GPUS) and
 #                                      MG_PROCS="2 4" processes of one GPU each under mpirun
+#   scripts/gpu-checks.sh DIST scaling  bench/multigpu_scaling.sh on /tmp/rmat-mg.gale (the multigpu store,
+#                                      generated when missing): 1, 2, 4 GPUs (MGS_GPUS) in one process and
+#                                      as processes, per GALE_WORKER_THREADS policy (MGS_POLICIES), with
+#                                      every worker's stage seconds
 #   scripts/gpu-checks.sh DIST sbm-mg  accuracy on the 1M-node SBM (one part per GPU) at one global batch
 #                                      (1024 x N GPUs): 1 GPU, G GPUs of one process for each G in SBM_GPUS
 #                                      (default N), N processes (SBM_EPOCHS, SBM_SEEDS)
@@ -214,6 +218,10 @@ for g in sys.argv[2:]:
           f"{' '.join(f'{x:.0f}' for x in per):>30}")
 PY
   ;;
+scaling)
+  OUT=$logs "$here/bench/multigpu_scaling.sh" "$dist" /tmp/rmat-mg.gale 2>&1 | tee "$logs/scaling.log"
+  summary+=("scaling: exit ${PIPESTATUS[0]}; the tables are above and in $logs/scaling.log")
+  ;;
 sbm-mg)
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   start=$SECONDS
@@ -299,7 +307,7 @@ scale25)
     --epochs ${R25_EPOCHS:-2} --eval none --device cuda --gpu-mem-budget 10G --lr 0.003 --dropout 0 -q --metrics "$logs/r25.jsonl"
   summary+=("$(cat "$logs/r25.jsonl")")
   ;;
-*) echo "gpu-checks.sh: expected tests, bench, cora, sbm, minibatch, multigpu, mpi, identity, outofcore or scale25, found '$what'" >&2; exit 2 ;;
+*) echo "gpu-checks.sh: expected tests, bench, cora, sbm, minibatch, multigpu, mpi, sbm-mg, scaling, identity, outofcore or scale25, found '$what'" >&2; exit 2 ;;
 esac
 printf '\n== summary (%s) ==\n' "$what"
 printf '%s\n' "${summary[@]}"

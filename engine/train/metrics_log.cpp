@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "kernels/error.hpp"
 
@@ -14,6 +15,24 @@ namespace {
 template <typename T>
 nlohmann::json accuracy(const TrainOptions& opt, T value) {
   return opt.eval != TrainOptions::Eval::kNone ? nlohmann::json(value) : nlohmann::json(nullptr);
+}
+
+// Every worker's seconds by stage: one list per stage, in rank order (as worker_seeds_per_s).
+nlohmann::json worker_stages(const std::vector<WorkerStageSeconds>& workers) {
+  const std::pair<const char*, double WorkerStageSeconds::*> stages[] = {
+      {"prepare", &WorkerStageSeconds::prepare_s},     {"host_features", &WorkerStageSeconds::host_features_s},
+      {"load", &WorkerStageSeconds::load_s},           {"io", &WorkerStageSeconds::io_s},
+      {"compute", &WorkerStageSeconds::compute_s},     {"wait", &WorkerStageSeconds::wait_s},
+      {"reorder", &WorkerStageSeconds::reorder_s},     {"allreduce", &WorkerStageSeconds::allreduce_s},
+      {"allreduce_host", &WorkerStageSeconds::allreduce_host_s}, {"vote_wait", &WorkerStageSeconds::vote_wait_s},
+      {"wall", &WorkerStageSeconds::wall_s}};
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, field] : stages) {
+    nlohmann::json values = nlohmann::json::array();
+    for (const WorkerStageSeconds& w : workers) values.push_back(w.*field);
+    j[name] = std::move(values);
+  }
+  return j;
 }
 
 }  // namespace
@@ -46,6 +65,9 @@ void MetricsLog::epoch(const EpochMetrics& m, const FeaturePlacement& placement)
     j["reused_nodes_sampled_order"] = m.reused_nodes_sampled_order;
     j["reorder_s"] = m.reorder_s;
     j["worker_seeds_per_s"] = m.worker_seeds_per_s;
+    j["worker_stage_s"] = worker_stages(m.worker_stages);
+    j["worker_threads"] = placement.worker_threads;
+    if (!placement.worker_cpus.empty()) j["worker_cpus"] = placement.worker_cpus;
   }
   if (run_.world() > 1) {
     j["workers"] = run_.world();

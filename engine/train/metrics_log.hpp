@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "engine/train/run.hpp"
 #include "engine/trainer.hpp"
@@ -18,6 +19,10 @@ struct FeaturePlacement {
   bool tiers = false;        // the lead replica gathers features from tiers
   bool disk = false;         // the host reads them from the disk tier (storage/host_features.hpp)
   std::string description;   // BatchFeatures::describe() or HostFeatures::describe(), and the sampler's
+  // And where the workers' host threads run: GALE_WORKER_THREADS as applied, and this process's
+  // workers' arenas (Replicas::describe_worker_threads; empty with "shared").
+  std::string worker_threads = "shared";
+  std::vector<std::string> worker_cpus;
 };
 
 class MetricsLog {

@@ -27,6 +27,19 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Adds the nanoseconds of its scope to a counter (threads of the prepare stage add at once).
+class FeatureTime {
+ public:
+  explicit FeatureTime(std::atomic<int64_t>& ns) : ns_(ns) {}
+  ~FeatureTime() { ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0_).count(); }
+  FeatureTime(const FeatureTime&) = delete;
+  FeatureTime& operator=(const FeatureTime&) = delete;
+
+ private:
+  std::atomic<int64_t>& ns_;
+  const Clock::time_point t0_ = Clock::now();
+};
+
 uint64_t double_word(double v) {
   uint64_t u;
   std::memcpy(&u, &v, sizeof u);
@@ -65,6 +78,9 @@ struct WorkerEpoch {
   // Host seconds the steps spent enqueueing the gradient sums, and waiting for the lagged read of
   // the stop votes (worker 0's are reported: where a worker's host, not its GPU, holds it up).
   double allreduce_host_s = 0, vote_wait_s = 0;
+  // Host seconds the prepare stage spent reading or staging the batches' features (summed over
+  // the batches prepared concurrently, like times.prepare_s, which includes them).
+  double host_features_s = 0;
   FeatureLoadStats features;
   uint64_t checksum = 0;
   int stop = 0;  // TrainOptions::stop as this worker saw it after the epoch
@@ -90,7 +106,16 @@ struct WorkerEpoch {
             static_cast<uint64_t>(times.reuse.reused),
             static_cast<uint64_t>(times.reuse.reused_sampled_order),
             double_word(allreduce_s),
-            static_cast<uint64_t>(stop)};
+            static_cast<uint64_t>(stop),
+            double_word(times.prepare_s),
+            double_word(host_features_s),
+            double_word(times.load_s),
+            double_word(io_s),
+            double_word(times.consume_s),
+            double_word(times.wait_s),
+            double_word(times.reorder_s),
+            double_word(allreduce_host_s),
+            double_word(vote_wait_s)};
   }
 };
 
@@ -155,6 +180,7 @@ struct MiniBatchEpochs::Worker {
   ReadAhead* const read_ahead;
   WorkerEpoch out;
   IoTimer io_timer;
+  mutable std::atomic<int64_t> host_feature_ns{0};  // out.host_features_s as the prepare stage adds to it
   Tensor batch_rows;  // 0, 1, ..., batch_size - 1: every logits row of a batch is a seed
   // Each step's mean loss and hit count (16 bytes per step), read once after the epoch: a step
   // never waits for the device, so the host queues the next while the GPU runs this one.
@@ -254,6 +280,7 @@ struct MiniBatchEpochs::Worker {
   // The host reads a batch's input features here, in parallel with training: from memory, or
   // through the disk tier.
   void read_features(PreparedBatch* p, int64_t b, const std::vector<int64_t>& inputs) const {
+    const FeatureTime timed(host_feature_ns);
     p->features = Tensor::empty(static_cast<int64_t>(inputs.size()), run.store().feature_dim());
     const std::shared_ptr<const storage::WindowRows> window = read_ahead ? read_ahead->window_of(epoch, b) : nullptr;
     host_features->read_rows(inputs.data(), p->features.rows(), p->features.f32(), window.get());
@@ -263,6 +290,7 @@ struct MiniBatchEpochs::Worker {
   // Behind a GPU cache: the rows of `inputs` it lacks, staged from the host's source (its
   // cache, the batch's read-ahead window, or disk) for the gather.
   void stage_features(PreparedBatch* p, int64_t b, const std::vector<int64_t>& inputs) const {
+    const FeatureTime timed(host_feature_ns);
     const std::shared_ptr<const storage::WindowRows> window = read_ahead ? read_ahead->window_of(epoch, b) : nullptr;
     p->staged = r.batch_features->stage(inputs, [&](const int64_t* ids, int64_t n, float* out) {
       host_features->read_rows(ids, n, out, window.get());
@@ -407,6 +435,7 @@ struct MiniBatchEpochs::Worker {
     out.loss_sum = add_losses(out.loss_sum, first_batch, out.times.consumed_end);
     if (r.batch_features) out.features = r.batch_features->take_stats();
     out.io_s = io_timer.take_seconds();
+    out.host_features_s = static_cast<double>(host_feature_ns.load()) * 1e-9;
     if (r.comm) out.allreduce_s = r.comm->take_seconds();
     synchronize(r.dev);
     out.wall_s = since(t0);
@@ -502,6 +531,8 @@ void MiniBatchEpochs::take_disk_stats(EpochMetrics* m) {
 FeaturePlacement MiniBatchEpochs::placement() const {
   const Replica& lead = replicas_.lead();
   FeaturePlacement p;
+  p.worker_threads = worker_threads_name(replicas_.worker_threads());
+  p.worker_cpus = replicas_.describe_worker_threads();
   p.tiers = lead.batch_features != nullptr;
   if (p.tiers)
     p.description = lead.batch_features->describe() + (lead.gpu_batches ? "; " + lead.gpu_batches->describe() : "; CPU sampler");
@@ -526,7 +557,8 @@ void run_workers(const TrainRun& run, Replicas& replicas, const RunWorker& run_w
   auto guarded = [&](int w) {
     Replica& r = replicas[w];
     try {
-      run_worker(w);
+      if (r.arena) r.arena->execute([&] { run_worker(w); });  // its share of the cores (engine/worker_arena.hpp)
+      else run_worker(w);
     } catch (const std::exception& e) {
       failed[static_cast<size_t>(w)] = std::current_exception();
       int none = -1;
@@ -558,9 +590,13 @@ struct EpochTally {
   std::vector<double> loss_sums;  // by rank, over the epoch so far
   std::vector<int64_t> seeds;
   std::vector<double> wall, allreduce;
+  std::vector<WorkerStageSeconds> stages;
   int stop_signal = 0;
   explicit EpochTally(int world)
-      : seeds(static_cast<size_t>(world), 0), wall(static_cast<size_t>(world), 0.0), allreduce(static_cast<size_t>(world), 0.0) {}
+      : seeds(static_cast<size_t>(world), 0),
+        wall(static_cast<size_t>(world), 0.0),
+        allreduce(static_cast<size_t>(world), 0.0),
+        stages(static_cast<size_t>(world)) {}
 
   // Adds a segment of the epoch (worker 0's view of it: every worker's records, or its own).
   void add(const WorkerEpoch& w0, int world, EpochMetrics* m) {
@@ -583,6 +619,18 @@ struct EpochTally {
       m->reused_nodes_sampled_order += static_cast<int64_t>(rec[11]);
       allreduce[static_cast<size_t>(w)] += word_double(rec[12]);
       stop_signal = std::max(stop_signal, static_cast<int>(rec[13]));
+      WorkerStageSeconds& st = stages[static_cast<size_t>(w)];
+      st.prepare_s += word_double(rec[14]);
+      st.host_features_s += word_double(rec[15]);
+      st.load_s += word_double(rec[16]);
+      st.io_s += word_double(rec[17]);
+      st.compute_s += word_double(rec[18]);
+      st.wait_s += word_double(rec[19]);
+      st.reorder_s += word_double(rec[20]);
+      st.allreduce_s += word_double(rec[12]);
+      st.allreduce_host_s += word_double(rec[21]);
+      st.vote_wait_s += word_double(rec[22]);
+      st.wall_s += word_double(rec[2]);
     }
     m->sample_s += w0.times.prepare_s;
     m->io_s += w0.io_s;
@@ -604,6 +652,7 @@ struct EpochTally {
       m->worker_seeds_per_s.push_back(t > 0 ? static_cast<double>(seeds[static_cast<size_t>(w)]) / t : 0.0);
       m->worker_allreduce_s.push_back(allreduce[static_cast<size_t>(w)]);
     }
+    m->worker_stages = stages;
     m->loss = loss_sum / static_cast<double>(train_seeds);
     if (m->input_nodes == 0) {  // GPU-sampled without a window: the node sets never left the GPU
       m->input_nodes = m->feature_rows;

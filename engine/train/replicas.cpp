@@ -4,7 +4,10 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+
 #include "engine/devices.hpp"
+#include "kernels/error.hpp"
 
 namespace gale::engine::train_parts {
 
@@ -26,6 +29,53 @@ Replicas::Replicas(const TrainRun& run) : replicas_(static_cast<size_t>(run.work
                                             : make_nccl_group(run.devices(), &run.procs());
     for (int w = 0; w < run.workers(); ++w) replicas_[static_cast<size_t>(w)].comm = std::move(comms[static_cast<size_t>(w)]);
   }
+  if (!opt.full_graph) place_worker_threads(run);
+}
+
+void Replicas::place_worker_threads(const TrainRun& run) {
+  const bool gpus = replicas_[0].dev.is_cuda();
+  const WorkerThreads policy = worker_threads_from_env(gpus);
+  const int host_cpu_workers = run.procs().local_size() * run.workers();
+  if (policy == WorkerThreads::kShared || (!gpus && host_cpu_workers == 1)) return;
+  std::vector<CpuList> shares;
+  if (gpus) {
+    // The run's GPUs on this host, in rank order: the --gpus list that the processes here slice
+    // (engine/processes.hpp's place_devices).
+    std::vector<int> host_gpus;
+    for (const Device& d : run.opt().devices.empty() ? run.devices() : run.opt().devices) host_gpus.push_back(d.ordinal);
+    const std::vector<CpuList> host_shares = gpu_worker_cpus(host_gpus);
+    for (const Replica& r : replicas_) {
+      const auto at = std::find(host_gpus.begin(), host_gpus.end(), r.dev.ordinal);
+      if (at == host_gpus.end()) throw InternalError("Replicas: " + r.dev.name() + " is not among the run's GPUs");
+      shares.push_back(host_shares[static_cast<size_t>(at - host_gpus.begin())]);
+    }
+  } else {
+    const std::vector<CpuList> host_shares = cpu_worker_cpus(host_cpu_workers);
+    const size_t first = static_cast<size_t>(run.procs().local_rank() * run.workers());
+    shares.assign(host_shares.begin() + static_cast<std::ptrdiff_t>(first),
+                  host_shares.begin() + static_cast<std::ptrdiff_t>(first + replicas_.size()));
+  }
+  // CPU workers are never pinned and by default keep TBB's arenas: they have no GPU to be near,
+  // their kernels are TBB loops that use the cores another worker leaves idle while it waits for
+  // the sums, and two CPU workers pinned to a core each of 2 ran slower (workers_test's batch-norm
+  // and partition runs: 6.4 s against 5.6-6.1 s, 2.4x the system time, in sched_yield and futex).
+  const bool pin = policy == WorkerThreads::kPinned && gpus;
+  worker_threads_ = pin ? WorkerThreads::kPinned : WorkerThreads::kArenas;
+  for (size_t w = 0; w < replicas_.size(); ++w) replicas_[w].arena = std::make_unique<WorkerArena>(shares[w], pin);
+}
+
+std::vector<std::string> Replicas::describe_worker_threads() const {
+  std::vector<std::string> out;
+  for (const Replica& r : replicas_) {
+    if (!r.arena) continue;
+    std::string where = r.dev.name();
+    if (r.dev.is_cuda()) {
+      const int node = gpu_numa_node(r.dev.ordinal);
+      if (node >= 0) where += " (NUMA node " + std::to_string(node) + ")";
+    }
+    out.push_back(where + ": " + r.arena->describe());
+  }
+  return out;
 }
 
 void Replicas::place_batch_sources(const TrainRun& run) {

@@ -15,6 +15,7 @@
 #include "engine/model.hpp"
 #include "engine/tensor.hpp"
 #include "engine/train/run.hpp"
+#include "engine/worker_arena.hpp"
 #include "storage/host_features.hpp"
 
 namespace gale::engine::train_parts {
@@ -27,12 +28,16 @@ struct Replica {
   std::unique_ptr<BatchFeatures> batch_features;  // mini-batch on a GPU: the feature tiers
   std::unique_ptr<Communicator> comm;
   Tensor labels_all;  // every node's label on dev (the GPU path gathers a batch's from it)
+  // Mini-batch: where the worker's host threads run (engine/worker_arena.hpp); none with
+  // GALE_WORKER_THREADS=shared, for CPU workers unless it asks for arenas, and for a lone CPU
+  // worker (it has every core to itself).
+  std::unique_ptr<WorkerArena> arena;
 };
 
 class Replicas {
  public:
   // A replica per worker of this process (under the GPU budget the run leases), and with several
-  // workers in the run their communicators.
+  // workers in the run their communicators; for mini-batch training each worker's arena.
   explicit Replicas(const TrainRun& run);
 
   // Mini-batch training: where the batches' features come from, and on GPUs each replica's GPU
@@ -45,6 +50,11 @@ class Replicas {
   // The host's feature source, shared by every replica; null when every replica's feature tiers
   // serve its batches (and full-graph runs).
   storage::HostFeatures* host_features() const { return host_features_.get(); }
+  // GALE_WORKER_THREADS as this run applies it (CPU workers: arenas at most), and per worker of
+  // this process where its threads run ("cuda:1 (NUMA node 0): cpus 16-31 pinned"); empty
+  // without arenas.
+  WorkerThreads worker_threads() const { return worker_threads_; }
+  std::vector<std::string> describe_worker_threads() const;
 
   Replica& operator[](int w) { return replicas_[static_cast<size_t>(w)]; }
   const Replica& operator[](int w) const { return replicas_[static_cast<size_t>(w)]; }
@@ -57,8 +67,15 @@ class Replicas {
   std::vector<Replica>::const_iterator end() const { return replicas_.end(); }
 
  private:
+  // Each worker's share of the host's cores and its arena (engine/worker_arena.hpp): the GPUs'
+  // shares split the cores near each GPU among the run's GPUs of this host (processes on one host
+  // compute the same shares and take their own), pinned unless GALE_WORKER_THREADS says arenas;
+  // CPU workers, given GALE_WORKER_THREADS=arenas or pinned, split the allowed cores, unpinned.
+  void place_worker_threads(const TrainRun& run);
+
   std::vector<Replica> replicas_;
   std::unique_ptr<storage::HostFeatures> host_features_;
+  WorkerThreads worker_threads_ = WorkerThreads::kShared;
 };
 
 // xxHash64 over a model's parameter values, in order (copied to the host).

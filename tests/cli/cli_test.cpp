@@ -210,6 +210,9 @@ TEST_F(Cli, TwoCpuWorkersTrainAndReportEachOnesThroughput) {
   const nlohmann::json j = nlohmann::json::parse(line);
   EXPECT_EQ(j["workers"], 2);
   EXPECT_EQ(j["worker_seeds_per_s"].size(), 2u);
+  EXPECT_EQ(j["worker_stage_s"]["compute"].size(), 2u);  // every stage, every worker
+  EXPECT_EQ(j["worker_stage_s"]["wall"].size(), 2u);
+  EXPECT_EQ(j["worker_threads"], "shared");  // CPU workers keep TBB's arenas unless asked
   EXPECT_TRUE(j.contains("allreduce_s"));
   EXPECT_TRUE(j.contains("replica_checksum"));
 }

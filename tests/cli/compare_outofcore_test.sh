@@ -7,24 +7,8 @@ script=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/store" && echo '{}' > "$tmp/store/manifest.json"
-failures=0
-fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-
-# expect_exit CODE PATTERN ARGS...: the script exits CODE and, for 2, prints one stderr line
-# matching PATTERN (for 0, stdout matches it).
-expect_exit() {
-  local code=$1 pattern=$2 rc
-  shift 2
-  bash "$script" "$@" > "$tmp/stdout" 2> "$tmp/stderr"
-  rc=$?
-  [ "$rc" = "$code" ] || { fail "$* exited $rc, expected $code: $(cat "$tmp/stderr")"; return; }
-  if [ "$code" = 2 ]; then
-    [ "$(wc -l < "$tmp/stderr")" = 1 ] || fail "$*: expected one line on stderr, got: $(cat "$tmp/stderr")"
-    grep -qE -- "$pattern" "$tmp/stderr" || fail "$*: stderr does not match '$pattern': $(cat "$tmp/stderr")"
-  else
-    grep -qE -- "$pattern" "$tmp/stdout" || fail "$*: stdout does not match '$pattern': $(cat "$tmp/stdout")"
-  fi
-}
+# shellcheck source-path=SCRIPTDIR source=expect_exit.sh
+. "$(dirname "$0")/expect_exit.sh"
 
 store=$tmp/store
 # --dry-run: both sides, capped at the limit in bytes, Gale's options after -- passed on.

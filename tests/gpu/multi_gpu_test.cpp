@@ -1,14 +1,15 @@
 // Data-parallel training on several GPUs of one process (NCCL): the replicas stay identical
 // epoch after epoch, two GPUs end where one GPU on the combined batches ends (to float
 // tolerance), the model still learns Cora, and two GPUs stop, checkpoint and resume inside an
-// epoch bit for bit (their votes travel with the step's NCCL sums). Skips with a reason below two
-// GPUs.
+// epoch bit for bit (their votes travel with the step's NCCL sums); under every thread policy
+// each worker reports its stages. Skips with a reason below two GPUs.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 
 #include "engine/devices.hpp"
@@ -55,6 +56,30 @@ TEST_F(MultiGpu, ReplicasStayIdenticalAcrossThreeEpochs) {
   ASSERT_EQ(sums.size(), 3u);
   EXPECT_NE(sums[0], sums[1]);
   EXPECT_NE(sums[1], sums[2]);
+}
+
+// Under every placement of the workers' threads (GALE_WORKER_THREADS, engine/worker_arena.hpp)
+// the replicas stay identical, and every worker reports its stages: IO-stream and NCCL time on
+// its GPU, the steps on its host.
+TEST_F(MultiGpu, EveryThreadPolicyKeepsReplicasIdenticalAndReportsEachWorkersStages) {
+  for (const char* policy : {"pinned", "arenas", "shared"}) {
+    ::setenv("GALE_WORKER_THREADS", policy, 1);
+    TrainOptions o = options(2, 32, std::string("threads-") + policy);
+    o.epochs = 2;
+    o.check_replicas = true;
+    o.eval = TrainOptions::Eval::kNone;
+    train(o, [&](const EpochMetrics& m) {
+      EXPECT_NE(m.replica_checksum, 0u) << policy;
+      ASSERT_EQ(m.worker_stages.size(), 2u) << policy;
+      for (const WorkerStageSeconds& w : m.worker_stages) {
+        EXPECT_GT(w.io_s, 0.0) << policy;
+        EXPECT_GT(w.allreduce_s, 0.0) << policy;
+        EXPECT_GT(w.compute_s, 0.0) << policy;
+        EXPECT_LE(w.compute_s + w.wait_s, w.wall_s * 1.01) << policy;
+      }
+    });
+  }
+  ::unsetenv("GALE_WORKER_THREADS");
 }
 
 TEST_F(MultiGpu, TwoGpusEndWhereOneGpuOnTheCombinedBatchEnds) {

@@ -109,6 +109,42 @@ TEST(Workers, ReplicasStayIdentical) {
   });
 }
 
+// Every worker reports its own seconds by stage, in rank order; the parts fit inside its epoch.
+TEST(Workers, EveryWorkerReportsItsStageSeconds) {
+  const TrainOptions o = options(2, 16, 2, "stages");
+  int epochs = 0;
+  train(o, [&](const EpochMetrics& m) {
+    ++epochs;
+    ASSERT_EQ(m.worker_stages.size(), 2u);
+    for (const WorkerStageSeconds& w : m.worker_stages) {
+      EXPECT_GT(w.wall_s, 0.0);
+      EXPECT_GT(w.prepare_s, 0.0);
+      EXPECT_GT(w.compute_s, 0.0);
+      EXPECT_LE(w.compute_s + w.wait_s, w.wall_s * 1.01);
+      EXPECT_LE(w.host_features_s, w.prepare_s);
+      EXPECT_EQ(w.io_s, 0.0);  // no IO stream on the CPU
+    }
+    EXPECT_EQ(m.worker_stages[0].compute_s, m.compute_s);  // worker 0's are the epoch's time split
+  });
+  EXPECT_EQ(epochs, 2);
+}
+
+// Where the workers' threads run (GALE_WORKER_THREADS, engine/worker_arena.hpp) changes nothing
+// they compute: each policy ends on the same bits.
+TEST(Workers, ThreadPoliciesTrainTheSameWeights) {
+  std::vector<std::vector<std::vector<float>>> weights;
+  for (const char* policy : {"shared", "arenas", "pinned"}) {
+    ::setenv("GALE_WORKER_THREADS", policy, 1);
+    TrainOptions o = options(2, 16, 2, std::string("policy-") + policy);
+    o.check_replicas = true;
+    train(o);
+    weights.push_back(final_weights(o));
+  }
+  ::unsetenv("GALE_WORKER_THREADS");
+  EXPECT_EQ(weights[1], weights[0]);
+  EXPECT_EQ(weights[2], weights[0]);
+}
+
 // Batch normalisation: each replica normalises its own slice and keeps its own running
 // statistics, but gamma's and beta's gradients are summed like every parameter's, so the replicas'
 // weights stay identical; the run evaluates (worker 0's statistics) far above chance.
