@@ -16,6 +16,7 @@
 
 #include "engine/model.hpp"
 #include "engine/ops.hpp"
+#include "engine/spmm_auto.hpp"
 #include "kernels/device.hpp"
 #include "sampler/neighbor_sampler.hpp"
 #include "storage/disk_reader.hpp"
@@ -202,6 +203,9 @@ struct EpochMetrics {
   // Worker 0's host seconds enqueueing the sums and waiting for the lagged stop votes.
   double allreduce_host_s = 0, vote_wait_s = 0;
   uint64_t replica_checksum = 0;
+  // `--spmm auto` over the whole graph on a GPU: the kernel measured for each direction and width
+  // so far (engine/spmm_auto.hpp), in the order chosen; empty otherwise.
+  std::vector<SpmmAutoChoice> spmm_choices;
 };
 
 struct TrainResult {

@@ -76,6 +76,11 @@ void MetricsLog::epoch(const EpochMetrics& m, const FeaturePlacement& placement)
     j["read_ahead_windows"] = m.read_ahead_windows;
     j["read_ahead_wait_s"] = m.read_ahead_wait_s;
   }
+  if (!m.spmm_choices.empty()) {
+    nlohmann::json choice = nlohmann::json::object();
+    for (const SpmmAutoChoice& c : m.spmm_choices) choice[c.key()] = kernels::spmm_kind_name(c.kind);
+    j["spmm_choice"] = choice;
+  }
   write(j.dump());
 }
 
