@@ -170,10 +170,14 @@ void spmm_auto(const GraphOperand& g, bool csc, kernels::SpmmArgs a, const ops::
     // Half of what is left: the plan stays for the run, and the step's later tensors need room too.
     const uint64_t room = room_left(device);
     uint64_t bytes = 0;
-    a.tc = g.tc_plan_within(csc, room / 2, &bytes);
-    if (a.tc.item_window == nullptr)
-      rules.tc_cannot = "its plan (" + kernels::cuda::format_bytes(bytes) + ") is over half of the " +
-                        kernels::cuda::format_bytes(room) + " the GPU budget leaves";
+    try {
+      a.tc = g.tc_plan_within(csc, room / 2, &bytes);
+      if (a.tc.item_window == nullptr)
+        rules.tc_cannot = "its plan (" + kernels::cuda::format_bytes(bytes) + ") is over half of the " +
+                          kernels::cuda::format_bytes(room) + " the GPU budget leaves";
+    } catch (const InputError& e) {  // a graph the plan's 32-bit ids cannot hold: the others still compete
+      rules.tc_cannot = e.what();
+    }
   }
   std::vector<SpmmCandidate> candidates = spmm_auto_candidates(rules);
   for (SpmmCandidate& c : candidates)
