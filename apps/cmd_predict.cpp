@@ -19,7 +19,7 @@ int run_predict(const std::vector<std::string>& args) {
   engine::PredictOptions o;
   o.out = "predictions.npy";
   std::string device = "cpu", gpu_budget, spmm = "auto", host_budget, io_engine = "auto";
-  bool tf32 = false;
+  bool tf32 = false, verbose = false;
   po::options_description desc("usage: gale predict STORE --checkpoint DIR|FILE [options]\n\noptions");
   desc.add_options()
       ("help,h", "show this help")
@@ -31,8 +31,9 @@ int run_predict(const std::vector<std::string>& args) {
       ("device", po::value(&device), "where the forward pass runs: cpu (default) | cuda | cuda:N | auto "
                                      "(a GPU holds the model, the whole graph and every layer's output)")
       ("gpu-mem-budget", po::value(&gpu_budget), "cap on the GPU memory Gale allocates, e.g. 8G (default: no cap)")
-      ("spmm", po::value(&spmm), "aggregation kernel: auto | fused-gar | fused-gas | memory-aware | tc (GPU; tc is "
-                                 "TC-GNN's tensor-core SpMM in TF32), or "
+      ("spmm", po::value(&spmm), "aggregation kernel: auto (on the whole graph: the fastest of gar, gas and, with "
+                                 "--tf32, tc, timed once per width; layer by layer: memory-aware) | fused-gar | "
+                                 "fused-gas | memory-aware | tc (GPU; tc is TC-GNN's tensor-core SpMM in TF32), or "
                                  "sampled:S[:fastrand|:bucket], ES-SpMM's estimate from at most S entries a row "
                                  "(GCN, SAGE, GIN; CPU or GPU)")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
@@ -41,7 +42,8 @@ int run_predict(const std::vector<std::string>& args) {
                                                     "features beyond it are read from disk, layer by layer")
       ("io-engine", po::value(&io_engine), "reads of features on disk: auto | io_uring | pread")
       ("temp-dir", po::value(&o.temp_dir), "where layer outputs spill when they fit neither the GPU nor the host "
-                                          "budget (default: the store's directory)");
+                                          "budget (default: the store's directory)")
+      ("verbose,v", po::bool_switch(&verbose), "also say which kernel --spmm auto chose, and what each measured");
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
@@ -69,6 +71,8 @@ int run_predict(const std::vector<std::string>& args) {
     throw InputError("--gpu-mem-budget, --tf32 and --spmm other than sampled:S apply to a GPU: add --device cuda");
   const StopCleanup stop_cleanup;  // a stop signal removes the half-written outputs
   const engine::PredictReport r = engine::predict(o);
+  if (verbose)
+    for (const engine::SpmmAutoChoice& c : r.spmm_choices) std::fprintf(stderr, "%s\n", c.text().c_str());
   std::printf("predicted %lld nodes -> %s", static_cast<long long>(r.num_nodes), o.out.c_str());
   if (!o.embeddings.empty()) std::printf(", logits -> %s", o.embeddings.c_str());
   if (r.test_acc >= 0) std::printf(" (test_acc %.4f)", r.test_acc);

@@ -170,7 +170,7 @@ int run_train(const std::vector<std::string>& args) {
   int64_t hidden = 16, epochs = 200;
   int heads = 8;
   float dropout = -1, attn_dropout = 0.6f, lr = -1;
-  bool full_graph = false, quiet = false;
+  bool full_graph = false, quiet = false, verbose = false;
   po::options_description desc("usage: gale train STORE [options]\n\noptions");
   desc.add_options()
       ("help,h", "show this help")
@@ -188,8 +188,9 @@ int run_train(const std::vector<std::string>& args) {
       ("read-ahead", po::value(&read_ahead), "features on disk: host memory for the windows of rows read ahead of "
                                              "the batches, taken from the host cache, e.g. 512M; auto (a third of "
                                              "the features' share) | 0 (each batch reads its own rows)")
-      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware | tc (TC-GNN's "
-       "tensor-core SpMM in TF32, full-graph only)")
+      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto (on the whole graph: the fastest of gar, gas and, with "
+       "--tf32, tc, timed once per width; sampled blocks: memory-aware) | fused-gar | fused-gas | memory-aware | tc "
+       "(TC-GNN's tensor-core SpMM in TF32, full-graph only)")
       ("tf32", po::bool_switch(&tf32), "GPU GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)")
       ("tune-gemm", po::bool_switch(&tune_gemm), "GPU GEMMs: time cuBLASLt's candidates once per large repeated shape "
                                                  "and keep the fastest (faster; runs may then differ in the last bits)")
@@ -247,7 +248,8 @@ int run_train(const std::vector<std::string>& args) {
       ("overwrite-checkpoints", po::bool_switch(&o.overwrite_checkpoints),
        "start over in a --checkpoint-dir that holds an earlier run's checkpoints, replacing them")
       ("metrics", po::value(&o.metrics_path), "write one JSON object per epoch to this file")
-      ("quiet,q", po::bool_switch(&quiet), "no per-epoch progress");
+      ("quiet,q", po::bool_switch(&quiet), "no per-epoch progress")
+      ("verbose,v", po::bool_switch(&verbose), "also say which kernel --spmm auto chose, and what each measured");
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
@@ -388,7 +390,10 @@ int run_train(const std::vector<std::string>& args) {
   engine::TrainResult r;
   {
     const StopSignals signals;
+    size_t choices_shown = 0;
     r = engine::train(o, [&](const engine::EpochMetrics& m) {
+      for (; verbose && choices_shown < m.spmm_choices.size(); ++choices_shown)
+        std::fprintf(stderr, "%s%s\n", ::isatty(STDERR_FILENO) ? "\r\x1b[K" : "", m.spmm_choices[choices_shown].text().c_str());
       if (show) progress.epoch(m);
     });
   }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kernels/error.hpp"
 #include "kernels/gather.hpp"
@@ -248,20 +249,34 @@ kernels::GarLongRows GraphOperand::gar_long_rows(bool csc) const {
 }
 
 kernels::SpmmTcPlan GraphOperand::tc_plan(bool csc) const {
+  return tc_plan_within(csc, std::numeric_limits<uint64_t>::max(), nullptr);
+}
+
+kernels::SpmmTcPlan GraphOperand::tc_plan_within(bool csc, uint64_t max_bytes, uint64_t* bytes) const {
   if (device_.is_cpu() || !whole_graph_) return {};
   const int which = csc && !symmetric_ ? 1 : 0;  // a symmetric graph's CSC is its CSR
-  if (tc_arrays_[which].empty()) {
-    const Tensor indptr = (which == 1 ? csc_indptr_ : indptr_).to(Device::cpu());
-    const Tensor indices = (which == 1 ? csc_indices_ : indices_).to(Device::cpu());
-    const kernels::CsrView& g = which == 1 ? csc_ : csr_;
-    const kernels::SpmmTcTranslation t =
-        kernels::spmm_tc_translate({g.rows, g.cols, indptr.data<int64_t>(), indices.data<int32_t>(), nullptr});
-    tc_plans_[which] = t.placed([&](const std::vector<int32_t>& v) {
-      tc_arrays_[which].push_back(Tensor::from_host(v.data(), static_cast<int64_t>(v.size()), 1, DType::kI32, device_));
-      return static_cast<const int32_t*>(tc_arrays_[which].back().data<int32_t>());
-    });
-  }
+  if (bytes != nullptr) *bytes = tc_bytes_[which];
+  if (!tc_arrays_[which].empty()) return tc_plans_[which];  // on the device already: nothing more to fit
+  if (tc_bytes_[which] > max_bytes) return {};  // found too large before: not translated again
+  const Tensor indptr = (which == 1 ? csc_indptr_ : indptr_).to(Device::cpu());
+  const Tensor indices = (which == 1 ? csc_indices_ : indices_).to(Device::cpu());
+  const kernels::CsrView& g = which == 1 ? csc_ : csr_;
+  const kernels::SpmmTcTranslation t =
+      kernels::spmm_tc_translate({g.rows, g.cols, indptr.data<int64_t>(), indices.data<int32_t>(), nullptr});
+  tc_bytes_[which] = std::max<uint64_t>(t.bytes(), 1);
+  if (bytes != nullptr) *bytes = tc_bytes_[which];
+  if (tc_bytes_[which] > max_bytes) return {};
+  tc_plans_[which] = t.placed([&](const std::vector<int32_t>& v) {
+    tc_arrays_[which].push_back(Tensor::from_host(v.data(), static_cast<int64_t>(v.size()), 1, DType::kI32, device_));
+    return static_cast<const int32_t*>(tc_arrays_[which].back().data<int32_t>());
+  });
   return tc_plans_[which];
+}
+
+void GraphOperand::release_tc_plan(bool csc) const {
+  const int which = csc && !symmetric_ ? 1 : 0;
+  tc_arrays_[which].clear();
+  tc_plans_[which] = {};
 }
 
 kernels::SspmmHubsView GraphOperand::sspmm_hubs(int64_t k) const {

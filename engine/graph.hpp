@@ -112,6 +112,13 @@ class GraphOperand {
   // translated there (kernels::spmm_tc_translate, as TC-GNN preprocesses) and go up again, charged
   // to the device's budget. Empty on the CPU and for sampled blocks.
   kernels::SpmmTcPlan tc_plan(bool csc) const;
+  // The same when the plan's arrays take at most max_bytes or are on the device already (else an
+  // empty plan, nothing uploaded), with their bytes in *bytes either way: what `--spmm auto` asks
+  // before letting tc compete. A plan found too large is remembered by its size and not translated
+  // again for a room no larger.
+  kernels::SpmmTcPlan tc_plan_within(bool csc, uint64_t max_bytes, uint64_t* bytes) const;
+  // Frees the plan's device arrays (auto measured tc, and it lost); tc_plan builds them again.
+  void release_tc_plan(bool csc) const;
 
  private:
   GraphOperand() = default;
@@ -134,6 +141,7 @@ class GraphOperand {
   mutable Tensor entry_scales_[3];
   mutable std::vector<Tensor> tc_arrays_[2];  // of the CSR, of the CSC
   mutable kernels::SpmmTcPlan tc_plans_[2];
+  mutable uint64_t tc_bytes_[2] = {0, 0};  // the translation's bytes, once known (0: not yet)
   bool whole_graph_ = false;
   int64_t gar_chunk_rows_[2] = {0, 0};  // of the CSR, of the CSC
   uint64_t id_ = 0;

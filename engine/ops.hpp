@@ -31,6 +31,8 @@ struct ExecOptions {
   // strategy for the whole-graph aggregations of GCN, SAGE and GIN (CPU and GPU).
   int64_t spmm_sample_width = 0;
   kernels::SpmmSampling spmm_sampling = kernels::SpmmSampling::kFastRand;
+  // --deterministic: spmm == kAuto lets only deterministic kernels compete (engine/spmm_auto.hpp).
+  bool deterministic = false;
 };
 
 // ---- per-op-kind timing (gale bench train) ----------------------------------------------------

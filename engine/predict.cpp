@@ -207,6 +207,7 @@ Tensor infer_logits(Model& model, const storage::Store& store, const PredictOpti
     const Tensor on_device = model.forward(graphs, x_device, /*training=*/false, 0);
     logits = on_device.to(Device::cpu());
     report->forward_seconds = seconds_since(ready);
+    report->spmm_choices = spmm_auto_choices(graph.id());
   }
   report->gpu_peak_bytes = gpu_peak_bytes(o.device);
   return logits;

@@ -4,8 +4,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/ops.hpp"
+#include "engine/spmm_auto.hpp"
 #include "kernels/device.hpp"
 #include "storage/disk_reader.hpp"
 
@@ -43,6 +45,9 @@ struct PredictReport {
   uint64_t gpu_peak_bytes = 0;   // on a GPU
   int64_t layerwise_chunks = 0;  // layer by layer: the chunks of nodes a layer took (else 0)
   std::string features;          // where the input features came from (HostFeatures::describe)
+  // `--spmm auto` over the whole graph on a GPU: the kernel measured for each width
+  // (engine/spmm_auto.hpp); empty otherwise.
+  std::vector<SpmmAutoChoice> spmm_choices;
 };
 
 // Throws InputError for a missing checkpoint or unwritable output, CorruptStoreError for a

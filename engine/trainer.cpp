@@ -203,6 +203,7 @@ TrainResult train(const TrainOptions& options, const EpochCallback& on_epoch) {
     const auto t_eval = Clock::now();
     evaluation.evaluate(&m);
     m.eval_s = since(t_eval);
+    m.spmm_choices = whole.spmm_choices();
     end_epoch_counters(replicas, allocations_before, &m);
     if (select_model(run, epoch, m, &result)) checkpoints.save_best(epoch);
     m.epoch_s = since(t_epoch);

@@ -16,6 +16,7 @@
 
 #include "engine/model.hpp"
 #include "engine/ops.hpp"
+#include "engine/spmm_auto.hpp"
 #include "kernels/device.hpp"
 #include "sampler/neighbor_sampler.hpp"
 #include "storage/disk_reader.hpp"
@@ -221,6 +222,9 @@ struct EpochMetrics {
   uint64_t replica_checksum = 0;
   // Mini-batch: every worker's seconds by stage, in rank order (the lead process gathers them).
   std::vector<WorkerStageSeconds> worker_stages;
+  // `--spmm auto` over the whole graph on a GPU: the kernel measured for each direction and width
+  // so far (engine/spmm_auto.hpp), in the order chosen; empty otherwise.
+  std::vector<SpmmAutoChoice> spmm_choices;
 };
 
 struct TrainResult {

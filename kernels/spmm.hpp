@@ -161,7 +161,9 @@ void spmm_entry_scale(const CsrView& graph, const float* col_scale, float* out);
 // average degree nnz / rows is at least kSpmmGarMinDegree, else GAS (see spmm.cu for why).
 // kSampled is ES-SpMM's cache-first edge-sampled SpMM (spmm_sampled.cu): an estimate of the
 // product for inference, never picked by kAuto. kTensorCore is TC-GNN's tensor-core SpMM
-// (spmm_tc.cu) over a translated graph (SpmmArgs::tc), in TF32: never picked by kAuto either.
+// (spmm_tc.cu) over a translated graph (SpmmArgs::tc), in TF32: never picked by kAuto either. This
+// rule is kAuto for a caller that has only the arguments; the engine's `--spmm auto` times GAR, GAS
+// and kTensorCore on a whole graph instead and keeps the fastest (engine/spmm_auto.hpp).
 enum class SpmmKind { kAuto, kGar, kGas, kCusparse, kMemoryAware, kSampled, kTensorCore };
 
 constexpr double kSpmmGarMinDegree = 4.0;

@@ -11,6 +11,7 @@
 #include "engine/layers/layers.hpp"
 #include "engine/layers/linear.hpp"
 #include "engine/ops.hpp"
+#include "engine/spmm_auto.hpp"
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
 #include "kernels/spmm.hpp"
@@ -57,6 +58,14 @@ void set_col_scale(const GraphOperand& g, GraphOperand::EntryScale which, const 
   }
 }
 
+// The aggregation `a` over g's CSR (csc: its CSC) with the kernel exec asks for: auto measures on
+// a whole graph on a GPU (engine/spmm_auto.hpp), tc takes the graph's translation.
+void run_spmm(const GraphOperand& g, bool csc, kernels::SpmmArgs a, const ops::ExecOptions& exec) {
+  if (exec.spmm == kernels::SpmmKind::kAuto && spmm_auto_measures(g)) return spmm_auto(g, csc, a, exec);
+  if (exec.spmm == kernels::SpmmKind::kTensorCore) a.tc = g.tc_plan(csc);
+  ops::spmm(a, g.device(), exec.spmm);
+}
+
 // out = A_norm x (+ epilogue), out preallocated (num_dst x width); x a view (a column block of a
 // wider tensor allowed) on the graph's device.
 void aggregate(const GraphOperand& g, Norm norm, float self_scale, kernels::ConstMatrixView x, Tensor* out,
@@ -83,8 +92,7 @@ void aggregate(const GraphOperand& g, Norm norm, float self_scale, kernels::Cons
   a.accumulate = ep.accumulate;
   a.sample_width = exec.spmm_sample_width;
   a.sampling = exec.spmm_sampling;
-  if (exec.spmm == kernels::SpmmKind::kTensorCore) a.tc = g.tc_plan(/*csc=*/false);
-  ops::spmm(a, g.device(), exec.spmm);
+  run_spmm(g, /*csc=*/false, a, exec);
 }
 void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor& x, Tensor* out,
                const ops::ExecOptions& exec, const Epilogue& ep = {}) {
@@ -167,8 +175,7 @@ void aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, kern
     case Norm::kMean: set_col_scale(g, GraphOperand::EntryScale::kMeanCsc, g.inv_degree(), /*csc=*/true, &a); break;
     case Norm::kSum: a.self_scale = self_scale; break;
   }
-  if (exec.spmm == kernels::SpmmKind::kTensorCore) a.tc = g.tc_plan(/*csc=*/true);
-  ops::spmm(a, g.device(), exec.spmm);
+  run_spmm(g, /*csc=*/true, a, exec);
 }
 
 Tensor aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, const Tensor& grad,

@@ -99,6 +99,11 @@ void MetricsLog::epoch(const EpochMetrics& m, const FeaturePlacement& placement)
     j["read_ahead_wait_s"] = m.read_ahead_wait_s;
     j["read_ahead_sample_s"] = m.read_ahead_sample_s;
   }
+  if (!m.spmm_choices.empty()) {
+    nlohmann::json choice = nlohmann::json::object();
+    for (const SpmmAutoChoice& c : m.spmm_choices) choice[c.key()] = kernels::spmm_kind_name(c.kind);
+    j["spmm_choice"] = choice;
+  }
   write(j.dump());
 }
 

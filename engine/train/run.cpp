@@ -94,6 +94,7 @@ std::string identity_json(const TrainOptions& o, const storage::Store& store) {
 }  // namespace
 
 TrainRun::TrainRun(const TrainOptions& options) : opt_(options), procs_(&Processes::get()) {
+  opt_.exec.deterministic = opt_.deterministic;  // auto's kernels compete only if deterministic
   procs_->set_timeout(opt_.comm_timeout_s);
   devices_ = place_devices(opt_.devices.empty() ? std::vector<Device>{opt_.device} : opt_.devices,
                            procs_->local_rank(), procs_->local_size(), procs_->host());

@@ -15,6 +15,10 @@ WholeGraph::WholeGraph(const TrainRun& run, const Device& device)
       valid_rows_(ids_tensor(run.valid_ids(), device)),
       test_rows_(ids_tensor(run.test_ids(), device)) {}
 
+std::vector<SpmmAutoChoice> WholeGraph::spmm_choices() const {
+  return graph_ ? spmm_auto_choices(graph_->id()) : std::vector<SpmmAutoChoice>();
+}
+
 std::vector<const GraphOperand*> WholeGraph::graphs() {
   if (!graph_)
     graph_.emplace(GraphOperand(aggregation_csr(run_.store(), run_.opt().model)).to(device_, run_.attention()));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/graph.hpp"
+#include "engine/spmm_auto.hpp"
 #include "engine/tensor.hpp"
 #include "engine/train/run.hpp"
 
@@ -30,6 +31,8 @@ class WholeGraph {
   const Tensor& train_rows() const { return train_rows_; }
   const Tensor& valid_rows() const { return valid_rows_; }
   const Tensor& test_rows() const { return test_rows_; }
+  // `--spmm auto`'s choices over the operand so far (none before graphs() builds it).
+  std::vector<SpmmAutoChoice> spmm_choices() const;
 
  private:
   const TrainRun& run_;

@@ -1,0 +1,231 @@
+#include "engine/spmm_auto.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
+
+#include "kernels/error.hpp"
+#if GALE_WITH_CUDA
+#include "engine/device_context.hpp"
+#include "engine/devices.hpp"
+#include "kernels/cuda/runtime.hpp"
+#endif
+
+namespace gale::engine {
+
+using kernels::SpmmKind;
+
+std::vector<SpmmCandidate> spmm_auto_candidates(const SpmmAutoRules& rules) {
+  std::vector<SpmmCandidate> c(3);
+  c[0].kind = SpmmKind::kGar;
+  c[1].kind = SpmmKind::kGas;
+  c[2].kind = SpmmKind::kTensorCore;
+  if (rules.deterministic) {
+    c[1].excluded = "--deterministic (its atomic additions land in a varying order)";
+    c[2].excluded = "--deterministic (a long window's items meet by atomics)";
+  } else if (!rules.tf32) {
+    c[2].excluded = "computes in TF32: competes with --tf32";
+  } else if (!rules.tc_cannot.empty()) {
+    c[2].excluded = rules.tc_cannot;
+  }
+  return c;
+}
+
+double spmm_median_ms(std::vector<float> ms) {
+  if (ms.empty()) return 0;
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  return n % 2 == 1 ? ms[n / 2] : (static_cast<double>(ms[n / 2 - 1]) + ms[n / 2]) / 2;
+}
+
+SpmmKind spmm_auto_pick(const std::vector<SpmmCandidate>& candidates) {
+  const SpmmCandidate* best = nullptr;
+  double best_ms = 0;
+  for (const SpmmCandidate& c : candidates) {
+    if (!c.excluded.empty()) continue;
+    if (c.ms.empty()) throw InternalError(std::string("spmm auto: ") + kernels::spmm_kind_name(c.kind) + " competes untimed");
+    const double ms = spmm_median_ms(c.ms);
+    if (best == nullptr || ms < best_ms) {
+      best = &c;
+      best_ms = ms;
+    }
+  }
+  if (best == nullptr) throw InternalError("spmm auto: no kernel competes");
+  return best->kind;
+}
+
+SpmmKind spmm_auto_measure(std::vector<SpmmCandidate>* candidates, const std::function<void(SpmmKind)>& run,
+                           const std::function<float(SpmmKind)>& time) {
+  SpmmKind last = SpmmKind::kAuto;
+  for (SpmmCandidate& c : *candidates) {
+    if (!c.excluded.empty()) continue;
+    // The first call pays for what a kernel does once (its code's load, the pool's first blocks).
+    run(c.kind);
+    c.ms.clear();
+    for (int i = 0; i < kSpmmAutoRuns; ++i) c.ms.push_back(time(c.kind));
+    last = c.kind;
+  }
+  const SpmmKind winner = spmm_auto_pick(*candidates);
+  if (winner != last) run(winner);
+  return winner;
+}
+
+std::string SpmmAutoChoice::key() const { return std::string(transpose ? "csc:" : "csr:") + std::to_string(width); }
+
+std::string SpmmAutoChoice::text() const {
+  std::string timed, left_out;
+  for (const SpmmCandidate& c : candidates) {
+    const std::string name = kernels::spmm_kind_name(c.kind);
+    if (!c.excluded.empty()) {
+      left_out += (left_out.empty() ? "" : "; ") + name + ": " + c.excluded;
+      continue;
+    }
+    char ms[32];
+    std::snprintf(ms, sizeof ms, "%.3f", spmm_median_ms(c.ms));
+    timed += (timed.empty() ? "" : ", ") + name + " " + ms + " ms";
+  }
+  std::string s = "spmm auto: " + key() + ": " + timed + " -> " + kernels::spmm_kind_name(kind);
+  if (!left_out.empty()) s += " (not timed: " + left_out + ")";
+  return s;
+}
+
+bool spmm_auto_measures(const GraphOperand& g) { return g.whole_graph() && g.device().is_cuda(); }
+
+namespace {
+
+// Every choice made in the process, and where to find one by operand, direction and width.
+class ChoiceRegistry {
+ public:
+  using Key = std::tuple<uint64_t, bool, int64_t>;
+
+  bool find(const Key& key, SpmmKind* kind) const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = index_.find(key);
+    if (it == index_.end()) return false;
+    *kind = choices_[it->second].kind;
+    return true;
+  }
+  void add(SpmmAutoChoice choice) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const Key key{choice.operand, choice.transpose, choice.width};
+    if (index_.count(key) > 0) return;  // another thread measured it first: keep that one
+    index_[key] = choices_.size();
+    choices_.push_back(std::move(choice));
+  }
+  std::vector<SpmmAutoChoice> of(uint64_t operand) const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<SpmmAutoChoice> out;
+    for (const SpmmAutoChoice& c : choices_)
+      if (c.operand == operand) out.push_back(c);
+    return out;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<SpmmAutoChoice> choices_;
+  std::map<Key, size_t> index_;
+};
+
+ChoiceRegistry& registry() {
+  static ChoiceRegistry r;
+  return r;
+}
+
+#if GALE_WITH_CUDA
+// Whether any choice over g's CSR or CSC that shares the plan of direction `csc` went to tc.
+bool tc_chosen(const GraphOperand& g, bool csc) {
+  for (const SpmmAutoChoice& c : registry().of(g.id()))
+    if (c.kind == SpmmKind::kTensorCore && (g.symmetric() || c.transpose == csc)) return true;
+  return false;
+}
+
+// What the GPU budget (or, without one, 90% of the card) leaves on g's device now.
+uint64_t room_left(const Device& device) {
+  const kernels::cuda::MemoryBudget& budget = DeviceContext::get(device.ordinal).pool().budget();
+  return gpu_room_left(device, budget.unlimited() ? 0 : budget.limit());
+}
+#endif
+
+}  // namespace
+
+std::vector<SpmmAutoChoice> spmm_auto_choices(uint64_t operand) { return registry().of(operand); }
+
+void spmm_auto(const GraphOperand& g, bool csc, kernels::SpmmArgs a, const ops::ExecOptions& exec) {
+  if (!spmm_auto_measures(g)) return ops::spmm(a, g.device(), SpmmKind::kAuto);
+#if GALE_WITH_CUDA
+  const Device& device = g.device();
+  const ChoiceRegistry::Key key{g.id(), csc, a.out.cols};
+  SpmmKind kind = SpmmKind::kAuto;
+  if (registry().find(key, &kind)) {
+    if (kind == SpmmKind::kTensorCore) a.tc = g.tc_plan(csc);
+    return ops::spmm(a, device, kind);
+  }
+  SpmmAutoRules rules;
+  rules.deterministic = exec.deterministic;
+  rules.tf32 = exec.tf32;
+  if (!rules.deterministic && rules.tf32) {
+    // Half of what is left: the plan stays for the run, and the step's later tensors need room too.
+    const uint64_t room = room_left(device);
+    uint64_t bytes = 0;
+    try {
+      a.tc = g.tc_plan_within(csc, room / 2, &bytes);
+      if (a.tc.item_window == nullptr)
+        rules.tc_cannot = "its plan (" + kernels::cuda::format_bytes(bytes) + ") is over half of the " +
+                          kernels::cuda::format_bytes(room) + " the GPU budget leaves";
+    } catch (const InputError& e) {  // a graph the plan's 32-bit ids cannot hold: the others still compete
+      rules.tc_cannot = e.what();
+    }
+  }
+  std::vector<SpmmCandidate> candidates = spmm_auto_candidates(rules);
+  for (SpmmCandidate& c : candidates)
+    if (c.excluded.empty()) c.excluded = kernels::spmm_cannot(c.kind, a);
+
+  // Every call must see the output as the caller left it: with accumulate, a copy puts it back
+  // before each call (outside the timed span).
+  const cudaStream_t stream = DeviceContext::get(device.ordinal).stream();
+  const size_t row_bytes = static_cast<size_t>(a.out.cols) * sizeof(float);
+  const size_t out_pitch = static_cast<size_t>(a.out.ld) * sizeof(float);
+  Tensor before;
+  if (a.accumulate) {
+    before = Tensor::empty(a.out.rows, a.out.cols, DType::kF32, device);
+    kernels::cuda::copy_rows_on_device(before.f32(), row_bytes, a.out.data, out_pitch, row_bytes,
+                                       static_cast<size_t>(a.out.rows), stream);
+  }
+  const auto restore = [&] {
+    if (before.defined())
+      kernels::cuda::copy_rows_on_device(a.out.data, out_pitch, before.f32(), row_bytes, row_bytes,
+                                         static_cast<size_t>(a.out.rows), stream);
+  };
+  const auto run = [&](SpmmKind k) {
+    restore();
+    ops::spmm(a, device, k);
+  };
+  kernels::cuda::Event start(device.ordinal, kernels::cuda::Event::Timing::kEnabled);
+  kernels::cuda::Event end(device.ordinal, kernels::cuda::Event::Timing::kEnabled);
+  const auto time = [&](SpmmKind k) {
+    restore();
+    start.record(stream);
+    ops::spmm(a, device, k);
+    end.record(stream);
+    return kernels::cuda::elapsed_ms(start, end);
+  };
+  SpmmAutoChoice choice;
+  choice.operand = g.id();
+  choice.transpose = csc;
+  choice.width = a.out.cols;
+  choice.kind = spmm_auto_measure(&candidates, run, time);
+  choice.candidates = std::move(candidates);
+  const bool tc_lost = a.tc.item_window != nullptr && choice.kind != SpmmKind::kTensorCore;
+  registry().add(std::move(choice));
+  if (tc_lost && !tc_chosen(g, csc)) g.release_tc_plan(csc);  // its device arrays are of no more use
+#else
+  (void)csc;
+  (void)exec;
+  ops::spmm(a, g.device(), SpmmKind::kAuto);
+#endif
+}
+
+}  // namespace gale::engine
