@@ -20,7 +20,9 @@ namespace gale::engine {
 
 WorkerThreads worker_threads_from_env(bool gpu_workers) {
   const char* env = std::getenv("GALE_WORKER_THREADS");
-  if (env == nullptr || *env == '\0') return gpu_workers ? WorkerThreads::kPinned : WorkerThreads::kShared;
+  // Unset: shared for every worker until pinning is measured on several GPUs (issue 38).
+  (void)gpu_workers;
+  if (env == nullptr || *env == '\0') return WorkerThreads::kShared;
   const std::string v = env;
   if (v == "shared") return WorkerThreads::kShared;
   if (v == "arenas") return WorkerThreads::kArenas;
