@@ -212,7 +212,7 @@ int run_train(const std::vector<std::string>& args) {
       ("reorder-window", po::value(&o.reorder_window), "mini-batch: reorder each window of this many batches for reuse (0: off)")
       ("feature-gpu-mem", po::value(&feature_gpu), "mini-batch on a GPU: room for features there, e.g. 2G (default: half the budget); "
                                                     "too small for all of them keeps a cache of hot nodes and the rest in pinned host memory")
-      ("eval", po::value(&eval), "auto | full (whole-graph inference) | batched (the same, layer by layer over chunks of nodes) | none")
+      ("eval", po::value(&eval), "auto | full (whole-graph inference) | batched (the same, layer by layer over chunks of nodes) | sampled (mini-batch inference with the training fanouts over at most 2^17 nodes a split; auto's choice beyond memory) | none")
       ("model", po::value(&model), "gcn | sage | gin | gat (default sage)")
       ("layers", po::value(&layers), "number of GNN layers (default 2)")
       ("hidden", po::value(&hidden), "hidden width (GAT: per head; default 16)")
@@ -345,11 +345,12 @@ int run_train(const std::vector<std::string>& args) {
   if (eval == "auto") o.eval = engine::TrainOptions::Eval::kAuto;
   else if (eval == "full") o.eval = engine::TrainOptions::Eval::kFull;
   else if (eval == "batched") o.eval = engine::TrainOptions::Eval::kBatched;
+  else if (eval == "sampled") o.eval = engine::TrainOptions::Eval::kSampled;
   else if (eval == "none") o.eval = engine::TrainOptions::Eval::kNone;
-  else throw InputError("--eval: expected auto, full, batched or none, found '" + eval + "'");
+  else throw InputError("--eval: expected auto, full, batched, sampled or none, found '" + eval + "'");
   // (A library caller's full-graph run evaluates the whole graph whatever it asks.)
-  if (o.eval == engine::TrainOptions::Eval::kBatched && fanouts.empty())
-    throw InputError("--eval batched: needs --fanouts (mini-batch training)");
+  if ((o.eval == engine::TrainOptions::Eval::kBatched || o.eval == engine::TrainOptions::Eval::kSampled) && fanouts.empty())
+    throw InputError(std::string("--eval ") + eval + ": needs --fanouts (mini-batch training)");
   o.exec.tf32 = tf32;
   o.exec.stack_operands = stack_operands;
   if (tune_gemm && o.deterministic)

@@ -177,7 +177,7 @@ TrainResult train(const TrainOptions& options, const EpochCallback& on_epoch) {
   if (!opt.full_graph) minibatch.emplace(run, replicas);
   if (minibatch && opt.on_placement && run.lead_process()) opt.on_placement(minibatch->placement().description);
   WholeGraph whole(run, run.lead_device());
-  Evaluation evaluation(run, replicas.lead(), replicas.host_features(), whole);
+  Evaluation evaluation(run, replicas.lead(), replicas.host_features(), whole, minibatch ? &*minibatch : nullptr);
 
   result.epochs_done = resume.epochs_done;
   // A resumed run that had already stopped early (after a whole epoch) trains no more.

@@ -126,13 +126,15 @@ struct TrainOptions {
   // Mini-batch on a GPU: what the input features may occupy there (all rows when they fit, else a
   // cache of the hottest nodes with every row in pinned host memory). 0: half of the GPU budget.
   uint64_t feature_gpu_bytes = 0;
-  // Evaluation, always full-neighbourhood inference: kFull over the whole graph at once (needs the
-  // graph and every feature on the device); kBatched layer by layer over chunks of nodes
-  // (engine/layerwise.hpp: the same function, bounded device memory, each layer's outputs on the
-  // host); kAuto = full when the features are all on the GPU (or on the CPU) and the whole graph's
-  // inference fits in half of what the GPU may hold, else batched; kNone skips it (timing runs;
-  // no accuracy is reported).
-  enum class Eval { kAuto, kFull, kBatched, kNone };
+  // Evaluation: kFull, full-neighbourhood inference over the whole graph at once (needs the graph
+  // and every feature on the device); kBatched, the same layer by layer over chunks of nodes
+  // (engine/layerwise.hpp: bounded device memory, each layer's outputs on the host); kSampled,
+  // mini-batch inference with the training fanouts over at most 2^17 nodes of each split (an
+  // estimate, through training's batch sources; mini-batch runs only); kAuto = full when the
+  // features are all on the GPU (or on the CPU) and the whole graph's inference fits in half of
+  // what the GPU may hold, sampled when the features are on disk (beyond memory), else batched;
+  // kNone skips it (timing runs; no accuracy is reported).
+  enum class Eval { kAuto, kFull, kBatched, kSampled, kNone };
   Eval eval = Eval::kAuto;
   // Stop early once *stop is non-zero (gale train sets it to the number of a SIGINT or SIGTERM):
   // mini-batch training without a match-reorder window stops before its next step and checkpoints

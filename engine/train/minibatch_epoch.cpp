@@ -170,7 +170,7 @@ struct MiniBatchEpochs::Worker {
   const sampler::NeighborSampler* sampler;
   storage::HostFeatures* host_features;  // the rows' source when r has no feature tiers
   const std::vector<float>& full_degree;
-  CheckpointPolicy& checkpoints;
+  CheckpointPolicy* const checkpoints;  // null when evaluating
   const int local, replicas;  // this worker's index in the process, and the process's workers
   const int64_t epoch, first_batch;
   const uint64_t epoch_key;
@@ -195,8 +195,9 @@ struct MiniBatchEpochs::Worker {
   std::vector<Tensor> vote_sums;
   Tensor vote_values[4];  // [stop, checkpoint] for index stop + 2 * checkpoint, copied on the device
 
-  Worker(const MiniBatchEpochs& e, int local_, int64_t epoch_, uint64_t key, int64_t first, double loss_sum,
-         CheckpointPolicy& ckpt, ReadAhead* ahead)
+  // Training (ckpt given) or, with ckpt null, sampled evaluation of `plan_`'s batches.
+  Worker(const MiniBatchEpochs& e, int local_, int64_t epoch_, uint64_t key, scheduler::EpochPlan plan_, int64_t first,
+         double loss_sum, CheckpointPolicy* ckpt, ReadAhead* ahead)
       : run(e.run_),
         opt(e.run_.opt()),
         r(e.replicas_[local_]),
@@ -210,12 +211,12 @@ struct MiniBatchEpochs::Worker {
         epoch(epoch_),
         first_batch(first),
         epoch_key(key),
-        plan(e.plan(epoch_, e.run_.first_rank() + local_)),
+        plan(std::move(plan_)),
         read_ahead(ahead),
         io_timer(r.dev),
         step_losses(Tensor::empty(std::max<int64_t>(1, plan.num_batches()) * 16, 1, DType::kU8, r.dev)),
         by_layer(r.model->parameters_by_layer()),
-        votes(r.comm != nullptr && run.step_stops()),
+        votes(ckpt != nullptr && r.comm != nullptr && run.step_stops()),
         votes_checkpoints(votes && run.lead_process() && local_ == 0 && opt.checkpoint_interval_s > 0) {
     out.loss_sum = loss_sum;
     if (votes) {
@@ -337,9 +338,9 @@ struct MiniBatchEpochs::Worker {
     io_timer.end();
   }
 
-  // Training forward of a prepared batch on the replica's device (blocks copied there in order, on
-  // the compute stream, or, sampled on the GPU, built there).
-  Tensor forward(PreparedBatch* p, uint64_t key) {
+  // Forward of a prepared batch on the replica's device (blocks copied there in order, on the
+  // compute stream, or, sampled on the GPU, built there), training or evaluating.
+  Tensor forward(PreparedBatch* p, uint64_t key, bool training = true) {
     p->on_device.clear();
     if (r.gpu_batches && p->batch.blocks.empty()) {  // built by the load stage on the IO stream
       // The compute stream waits for all of the gather here (or copies the rows the host read).
@@ -349,13 +350,23 @@ struct MiniBatchEpochs::Worker {
       p->ops.reset();
       std::vector<const GraphOperand*> graphs;
       for (const auto& g : p->on_device) graphs.push_back(&g);
-      return r.model->forward(graphs, x, /*training=*/true, key);
+      return r.model->forward(graphs, x, training, key);
     }
     for (const auto& g : p->graphs) p->on_device.push_back(g->to(r.dev, run.attention()));
     std::vector<const GraphOperand*> graphs;
     for (const auto& g : p->on_device) graphs.push_back(&g);
     const Tensor x = r.batch_features ? r.batch_features->load(p->batch.input_nodes(), &p->staged) : p->features.to(r.dev);
-    return r.model->forward(graphs, x, /*training=*/true, key);
+    return r.model->forward(graphs, x, training, key);
+  }
+
+  // Rows 0 .. len - 1 of a batch's logits: every one is a seed.
+  Tensor seed_rows(int64_t len) {
+    if (!batch_rows.defined() || batch_rows.rows() < len) {
+      std::vector<int64_t> rows(static_cast<size_t>(std::max(len, opt.batch_size)));
+      for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+      batch_rows = ids_tensor(rows, r.dev);
+    }
+    return batch_rows.rows_slice(0, len);
   }
 
   // Forward and backward of step b (this worker's share of it), its loss queued into step_losses.
@@ -366,15 +377,10 @@ struct MiniBatchEpochs::Worker {
       return;
     }
     Tensor logits = forward(p.get(), kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)));
-    if (!batch_rows.defined() || batch_rows.rows() < len) {
-      std::vector<int64_t> rows(static_cast<size_t>(std::max(len, opt.batch_size)));
-      for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
-      batch_rows = ids_tensor(rows, r.dev);
-    }
     Tensor grad = Tensor::empty(len, logits.cols(), DType::kF32, r.dev);
     const Tensor batch_labels = p->seeds.defined() ? ops::gather_rows(r.labels_all, p->seeds)
                                                    : Tensor::from_host(p->labels.data(), len, 1, DType::kI32, r.dev);
-    ops::softmax_cross_entropy_async(logits, batch_labels, batch_rows.rows_slice(0, len), &grad, &step_losses, b);
+    ops::softmax_cross_entropy_async(logits, batch_labels, seed_rows(len), &grad, &step_losses, b);
     out.seeds += len;
     logits = Tensor();
     // The loss of a step is the mean over every worker's seeds: weigh this worker's mean.
@@ -389,7 +395,7 @@ struct MiniBatchEpochs::Worker {
   // any worker voted, the pipeline ends after this step (agreed).
   void vote(int slot) {
     const bool stop = opt.stop != nullptr && opt.stop->load() != 0;
-    const bool due = votes_checkpoints && checkpoints.interval_due();
+    const bool due = votes_checkpoints && checkpoints->interval_due();
     ops::copy(vote_values[(stop ? 1 : 0) + (due ? 2 : 0)], &vote_sums[static_cast<size_t>(slot)]);
     bucket.push_back(&vote_sums[static_cast<size_t>(slot)]);
   }
@@ -419,8 +425,8 @@ struct MiniBatchEpochs::Worker {
     if (votes) read_votes(b, slot);
     r.adam->step();
     if (local == 0 && opt.on_step) opt.on_step(epoch, b, plan.num_batches());
-    if (opt.checkpoint_interval_s > 0 && !r.comm && b + 1 < plan.num_batches() && checkpoints.interval_due())
-      checkpoints.save_latest(epoch - 1, b + 1, {add_losses(out.loss_sum, first_batch, b + 1)});
+    if (opt.checkpoint_interval_s > 0 && !r.comm && b + 1 < plan.num_batches() && checkpoints->interval_due())
+      checkpoints->save_latest(epoch - 1, b + 1, {add_losses(out.loss_sum, first_batch, b + 1)});
   }
 
   WorkerEpoch run_epoch() {
@@ -441,6 +447,29 @@ struct MiniBatchEpochs::Worker {
     out.wall_s = since(t0);
     if (r.comm) gather_records();
     return out;
+  }
+
+  // Sampled evaluation (no checkpoints given): the plan's batches through the same pipeline, each
+  // forward in evaluation mode; returns how many seeds' argmax is their label.
+  int64_t run_evaluation() {
+    int64_t correct = 0;
+    scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
+        plan.num_batches(), opt.prefetch, /*window=*/1, [&](int64_t b) { return prepare(b); },
+        [&](const std::unique_ptr<PreparedBatch>& p) -> const std::vector<int64_t>& { return node_set(p); },
+        [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { load(b, p); },
+        [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { correct += evaluate_batch(b, p); },
+        scheduler::PipelineRange{0, nullptr});
+    return correct;
+  }
+
+  int64_t evaluate_batch(int64_t b, std::unique_ptr<PreparedBatch>& p) {
+    const UseDevice use_here(r.dev);
+    const int64_t len = plan.batch_length(b);
+    if (len == 0) return 0;
+    const Tensor logits = forward(p.get(), 0, /*training=*/false);
+    const Tensor labels = p->seeds.defined() ? ops::gather_rows(r.labels_all, p->seeds)
+                                             : Tensor::from_host(p->labels.data(), len, 1, DType::kI32, r.dev);
+    return ops::softmax_cross_entropy(logits, labels, seed_rows(len), nullptr).correct;
   }
 
   // Every worker's counts to every worker (rank 0 reports them), and with --check-replicas each
@@ -510,6 +539,20 @@ ReadAhead* MiniBatchEpochs::read_ahead_for(int local, int64_t epoch, int64_t fir
       });
   at.epoch = epoch + 1, at.first = 0;
   return at.ahead.get();
+}
+
+double MiniBatchEpochs::sampled_accuracy(const std::vector<int64_t>& nodes, int64_t epoch) {
+  if (nodes.empty()) return 0;
+  const TrainOptions& opt = run_.opt();
+  // The lead replica's pipeline over batches of `nodes` (in an order drawn from the seed and a
+  // key of the evaluation's own), its draws keyed apart from training's.
+  const uint64_t key = kernels::derive_key(run_.epoch_key(epoch), 0xe7a1ULL);
+  Worker worker(*this, 0, epoch, key, scheduler::EpochPlan(nodes, opt.batch_size, key, epoch), 0, 0.0, nullptr, nullptr);
+  const int64_t correct = worker.run_evaluation();
+  // Evaluation's reads are not the epoch's.
+  if (Replica& lead = replicas_.lead(); lead.batch_features) lead.batch_features->take_stats();
+  if (storage::HostFeatures* host = replicas_.host_features(); host != nullptr) host->take_stats();
+  return static_cast<double>(correct) / static_cast<double>(nodes.size());
 }
 
 void MiniBatchEpochs::take_disk_stats(EpochMetrics* m) {
@@ -679,8 +722,8 @@ MiniBatchEpochEnd MiniBatchEpochs::train_epoch(int64_t epoch, uint64_t epoch_key
   MiniBatchEpochEnd end;
   for (;;) {
     run_workers(run_, replicas_, [&](int w) {
-      Worker worker(*this, w, epoch, epoch_key, segment_first, priors[static_cast<size_t>(run_.first_rank() + w)],
-                    checkpoints, read_ahead_for(w, epoch, segment_first));
+      Worker worker(*this, w, epoch, epoch_key, plan(epoch, run_.first_rank() + w), segment_first,
+                    priors[static_cast<size_t>(run_.first_rank() + w)], &checkpoints, read_ahead_for(w, epoch, segment_first));
       done[static_cast<size_t>(w)] = worker.run_epoch();
       // A pipeline that ended inside the epoch read some batches after its last step: their
       // windows may be gone, so the read-ahead starts again from where the next one begins.

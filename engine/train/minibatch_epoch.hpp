@@ -46,6 +46,11 @@ class MiniBatchEpochs {
   MiniBatchEpochEnd train_epoch(int64_t epoch, uint64_t epoch_key, const ResumePoint* start,
                                 CheckpointPolicy& checkpoints, EpochMetrics* m);
 
+  // Sampled evaluation (--eval sampled): the share of `nodes` whose argmax is their label, from
+  // mini-batch inference with the training fanouts on the lead replica, through the same batch
+  // sources as training (GPU or CPU sampler, feature tiers, staged rows, the disk tier).
+  double sampled_accuracy(const std::vector<int64_t>& nodes, int64_t epoch);
+
   // Where the lead replica's batches come from, for the metrics.
   FeaturePlacement placement() const;
 

@@ -924,6 +924,23 @@ TEST_F(Cli, PatienceFlagsAreNamed) {
   }
 }
 
+// --eval sampled: mini-batch inference with the training fanouts; a full-graph run has none.
+TEST_F(Cli, SampledEvaluationNeedsFanoutsAndReportsAccuracy) {
+  const std::string store = sbm_store();
+  const std::pair<std::string, std::string> bad[] = {
+      {"--eval sampled", "--eval sampled: needs --fanouts"},
+      {"--fanouts 5,5 --eval sample", "expected auto, full, batched, sampled or none, found 'sample'"}};
+  for (const auto& [args, why] : bad) {
+    const CliRun b = gale("train " + store + " -q --device cpu --epochs 1 " + args);
+    EXPECT_EQ(b.code, 2) << args << ": " << b.out;
+    EXPECT_EQ(lines(b.out), 1) << b.out;
+    EXPECT_NE(b.out.find(why), std::string::npos) << b.out;
+  }
+  const CliRun r = gale("train " + store + " -q --device cpu --model sage --hidden 16 --fanouts 5,5 --epochs 2 --eval sampled");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("best valid_acc"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, SbmDemoLearnsFarAboveChance) {
   const std::string store = sbm_store();
   const std::string metrics = path("m.jsonl");
