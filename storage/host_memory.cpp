@@ -167,9 +167,9 @@ uint64_t read_page_cache(const fs::path& dir, bool v1, uint64_t usage) {
   return std::min(bytes, usage);
 }
 
-void read_limits(const Mount& m, const fs::path& dir, const char* limit_file, const char* usage_file,
-                 HostMemory* out) {
-  const bool v1 = std::string(usage_file) == "memory.usage_in_bytes";
+void read_limits(const Mount& m, const fs::path& dir, bool v1, HostMemory* out) {
+  const char* limit_file = v1 ? "memory.limit_in_bytes" : "memory.max";
+  const char* usage_file = v1 ? "memory.usage_in_bytes" : "memory.current";
   out->cgroup_usage = read_u64(dir / usage_file).value_or(0);
   out->cgroup_page_cache = read_page_cache(dir, v1, out->cgroup_usage);
   fs::path d = dir;
@@ -221,7 +221,7 @@ HostMemory detect_host_memory(const fs::path& root) {
     if (fs::exists(dir / "memory.max", ec) || (controllers && has_token(*controllers, "memory", ' '))) {
       m.cgroup_version = 2;
       m.cgroup_path = v2_path;
-      read_limits(*mounts.v2, dir, "memory.max", "memory.current", &m);
+      read_limits(*mounts.v2, dir, /*v1=*/false, &m);
       return m;
     }
   }
@@ -230,7 +230,7 @@ HostMemory detect_host_memory(const fs::path& root) {
     if (fs::exists(dir / "memory.limit_in_bytes", ec)) {
       m.cgroup_version = 1;
       m.cgroup_path = v1_path;
-      read_limits(*mounts.v1_memory, dir, "memory.limit_in_bytes", "memory.usage_in_bytes", &m);
+      read_limits(*mounts.v1_memory, dir, /*v1=*/true, &m);
     }
   }
   return m;

@@ -82,13 +82,13 @@ void Evaluation::evaluate(EpochMetrics* m) {
     m->train_acc = minibatch_->sampled_accuracy(evaluated_nodes(run_.train_ids(), key), m->epoch);
     m->valid_acc = minibatch_->sampled_accuracy(evaluated_nodes(run_.valid_ids(), key + 1), m->epoch);
     m->test_acc = minibatch_->sampled_accuracy(evaluated_nodes(run_.test_ids(), key + 2), m->epoch);
-    return;
+  } else {
+    const Tensor logits = layerwise_logits_on_host();
+    const Tensor labels = Tensor::from_host(run_.labels(), run_.num_nodes(), 1, DType::kI32, Device::cpu());
+    m->train_acc = accuracy(logits, labels, ids_tensor(run_.train_ids(), Device::cpu()));
+    m->valid_acc = accuracy(logits, labels, ids_tensor(run_.valid_ids(), Device::cpu()));
+    m->test_acc = accuracy(logits, labels, ids_tensor(run_.test_ids(), Device::cpu()));
   }
-  const Tensor logits = layerwise_logits_on_host();
-  const Tensor labels = Tensor::from_host(run_.labels(), run_.num_nodes(), 1, DType::kI32, Device::cpu());
-  m->train_acc = accuracy(logits, labels, ids_tensor(run_.train_ids(), Device::cpu()));
-  m->valid_acc = accuracy(logits, labels, ids_tensor(run_.valid_ids(), Device::cpu()));
-  m->test_acc = accuracy(logits, labels, ids_tensor(run_.test_ids(), Device::cpu()));
   // Evaluation's reads are not the epoch's.
   if (lead_.batch_features) lead_.batch_features->take_stats();
   if (host_features_ != nullptr) host_features_->take_stats();

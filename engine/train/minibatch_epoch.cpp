@@ -515,11 +515,15 @@ ReadAhead* MiniBatchEpochs::read_ahead_for(int local, int64_t epoch, int64_t fir
   storage::HostFeatures* host = replicas_.host_features();
   if (host == nullptr || !host->on_disk() || host->read_ahead_bytes() == 0) return nullptr;
   ReadAheadAt& at = read_aheads_[static_cast<size_t>(local)];
-  if (at.ahead && at.epoch == epoch && at.first == first) {
-    at.epoch = epoch + 1, at.first = 0;  // where the worker's next epoch begins, if this one ends whole
-    return at.ahead.get();
-  }
-  at.ahead.reset();
+  if (!at.ahead || at.epoch != epoch || at.first != first) start_read_ahead(local, epoch, first);
+  at.epoch = epoch + 1, at.first = 0;  // where the worker's next epoch begins, if this one ends whole
+  return at.ahead.get();
+}
+
+void MiniBatchEpochs::start_read_ahead(int local, int64_t epoch, int64_t first) {
+  storage::HostFeatures* host = replicas_.host_features();
+  ReadAheadAt& at = read_aheads_[static_cast<size_t>(local)];
+  at.ahead.reset();  // its threads stop before the new one's start
   const int rank = run_.first_rank() + local;
   const TrainOptions& opt = run_.opt();
   const auto segment = [this, rank, local, &opt](int64_t e, int64_t from) {
@@ -537,8 +541,6 @@ ReadAhead* MiniBatchEpochs::read_ahead_for(int local, int64_t epoch, int64_t fir
         if (e + 1 >= opt.epochs) return std::nullopt;
         return segment(e + 1, 0);
       });
-  at.epoch = epoch + 1, at.first = 0;
-  return at.ahead.get();
 }
 
 double MiniBatchEpochs::sampled_accuracy(const std::vector<int64_t>& nodes, int64_t epoch) {
@@ -549,9 +551,6 @@ double MiniBatchEpochs::sampled_accuracy(const std::vector<int64_t>& nodes, int6
   const uint64_t key = kernels::derive_key(run_.epoch_key(epoch), 0xe7a1ULL);
   Worker worker(*this, 0, epoch, key, scheduler::EpochPlan(nodes, opt.batch_size, key, epoch), 0, 0.0, nullptr, nullptr);
   const int64_t correct = worker.run_evaluation();
-  // Evaluation's reads are not the epoch's.
-  if (Replica& lead = replicas_.lead(); lead.batch_features) lead.batch_features->take_stats();
-  if (storage::HostFeatures* host = replicas_.host_features(); host != nullptr) host->take_stats();
   return static_cast<double>(correct) / static_cast<double>(nodes.size());
 }
 

@@ -63,6 +63,8 @@ class MiniBatchEpochs {
   // features are not on disk or --read-ahead is 0): the one running since an earlier epoch when it
   // has come exactly there, else a new one from there to the run's last epoch.
   ReadAhead* read_ahead_for(int local, int64_t epoch, int64_t first);
+  // A new read-ahead for worker `local` from batch `first` of `epoch` (the old one stopped first).
+  void start_read_ahead(int local, int64_t epoch, int64_t first);
 
   const TrainRun& run_;
   Replicas& replicas_;

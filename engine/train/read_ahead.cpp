@@ -139,7 +139,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
     }
     {
       const std::lock_guard<std::mutex> lock(mutex_);
-      placed_all_ = planned_all_ = true;
+      sampled_all_ = true;
     }
     changed_.notify_all();
   } catch (...) {
@@ -155,7 +155,7 @@ void ReadAhead::read_windows() {
       {
         // The next window sampled, once at most one window is alive.
         std::unique_lock<std::mutex> lock(mutex_);
-        changed_.wait(lock, [&] { return stop_ || error_ || (windows_.size() < 2 && (!planned_.empty() || planned_all_)); });
+        changed_.wait(lock, [&] { return stop_ || error_ || (windows_.size() < 2 && (!planned_.empty() || sampled_all_)); });
         if (stop_ || error_ || planned_.empty()) return;
         window = std::move(planned_.front());
         planned_.pop_front();
@@ -189,7 +189,7 @@ int64_t ReadAhead::position(std::unique_lock<std::mutex>& lock, int64_t epoch, i
         return true;
       }
     }
-    return placed_all_;
+    return sampled_all_;
   });
   if (error_) std::rethrow_exception(error_);
   if (found == nullptr || b < found->first || b >= found->end)

@@ -95,9 +95,8 @@ class ReadAhead {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<Placed> placed_;
-  bool placed_all_ = false;       // the sampling thread has placed every segment
   std::deque<Planned> planned_;   // sampled, waiting for the reading thread (at most one)
-  bool planned_all_ = false;      // the sampling thread has ended
+  bool sampled_all_ = false;      // the sampling thread has placed every segment and planned every window
   std::deque<Window> windows_;    // read and alive, oldest first
   bool stop_ = false;
   std::exception_ptr error_;

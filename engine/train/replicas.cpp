@@ -4,8 +4,6 @@
 
 #include <xxhash.h>
 
-#include <algorithm>
-
 #include "engine/devices.hpp"
 #include "kernels/error.hpp"
 
@@ -92,16 +90,16 @@ void Replicas::place_batch_sources(const TrainRun& run) {
   // pinned host memory, which must fit the host budget beside the topology and some staging. Else
   // (and on the CPU) the rows come from the host's source, in memory or on disk.
   const Device& lead = replicas_[0].dev;
+  const uint64_t topology = storage::topology_bytes(store);
   const bool tiers = lead.is_cuda() && !opt.features_on_disk &&
                      (feature_room_default(lead) >= f32_bytes ||
-                      run.host_budget().in_use() + f32_bytes + storage::topology_bytes(store) +
+                      run.host_budget().in_use() + f32_bytes + topology +
                               storage::HostFeatures::kStagingReserve <=
                           run.host_budget().limit());
   // Beyond the host's memory (the host's source holds the features) the GPU sampler's topology
   // goes to the GPU when half its room holds it: the host's budget is then all the cache's and the
   // read-ahead windows', where a feature row missed costs a disk read, and sampling on the GPU
   // outruns sampling over UVA. The features' GPU cache takes what is left of three quarters.
-  const uint64_t topology = storage::topology_bytes(store);
   const bool topology_on_gpus =
       !tiers && opt.gpu_sampler && std::all_of(replicas_.begin(), replicas_.end(), [&](const Replica& r) {
         return r.dev.is_cuda() && topology <= gpu_room(r.dev, opt.gpu_mem_budget) / 2;
