@@ -27,9 +27,9 @@ namespace gale::engine {
 
 // GALE_WORKER_THREADS: "shared" (TBB's default arenas, the layout before per-worker arenas),
 // "arenas" (one arena per worker, as wide as its share, threads unpinned) or "pinned" (the same
-// arenas, a GPU worker's threads pinned to its share; CPU workers' stay unpinned). Unset: shared,
-// the layout measured so far, until the pinning is measured on several GPUs (issue 38); the
-// argument is kept for when a kind of worker gets a default of its own. InputError on another value.
+// arenas, a GPU worker's threads pinned to its share; CPU workers' stay unpinned). Unset: pinned
+// for GPU workers (the fastest measured on 2 and 4 GPUs), shared for CPU workers. InputError on
+// another value.
 enum class WorkerThreads { kShared, kArenas, kPinned };
 WorkerThreads worker_threads_from_env(bool gpu_workers);
 const char* worker_threads_name(WorkerThreads policy);
