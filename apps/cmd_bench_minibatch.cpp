@@ -465,7 +465,8 @@ int bench_pipeline(const std::vector<std::string>& args) {
       ("gpu-mem-budget", po::value(&budget), "cap on the GPU memory Gale allocates, e.g. 8G")
       ("feature-gpu-mem", po::value(&feature_gpu), "room for features on the GPU, e.g. 2G (default: half the budget)")
       ("reorder-window", po::value(&o.reorder_window), "reorder each window of this many batches for reuse (0: off)")
-      ("prefetch", po::value(&o.prefetch), "mini-batches prepared ahead (default 2)")
+      ("prefetch", po::value(&o.prefetch), "mini-batches prepared ahead per worker (default 2; 8 when a GPU's "
+                                           "batches are staged from disk)")
       ("no-match", po::bool_switch(&no_match), "do not reuse the previous batch's features on the GPU")
       ("sampler", po::value(&sampler_text), "auto (the GPU's when training there) | gpu | cpu")
       ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
@@ -488,7 +489,8 @@ int bench_pipeline(const std::vector<std::string>& args) {
   if (o.batch_size < 1) throw InputError("--batch-size: expected at least 1, found " + std::to_string(o.batch_size));
   if (epochs < 1) throw InputError("--epochs: expected at least 1, found " + std::to_string(epochs));
   if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
-  if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1, found " + std::to_string(o.prefetch));
+  if (vm.count("prefetch") && o.prefetch < 1)
+    throw InputError("--prefetch: expected at least 1, found " + std::to_string(o.prefetch));
   if (o.reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
   o.device = parse_device(device_text);
   o.devices = parse_workers(gpus_text, cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o.device);
@@ -535,10 +537,10 @@ int bench_pipeline(const std::vector<std::string>& args) {
   if (!json && lead) {
     std::printf("device: %s\ngraph: %s\n", device.c_str(), source.label().c_str());
     std::printf("%s, %d layers, hidden %lld, fanouts %s, batch size %lld, %s sampler, match %s, reorder window %d, "
-                "prefetch %d, %s; %d epochs after %d warm-up\n",
+                "prefetch %s, %s; %d epochs after %d warm-up\n",
                 model.c_str(), layers, static_cast<long long>(hidden), fanouts_text.c_str(),
                 static_cast<long long>(o.batch_size), sampler_used, o.match ? "on" : "off", o.reorder_window,
-                o.prefetch, o.exec.tf32 ? "tf32" : "fp32", epochs, warmup);
+                o.prefetch > 0 ? std::to_string(o.prefetch).c_str() : "auto", o.exec.tf32 ? "tf32" : "fp32", epochs, warmup);
     std::printf("feature rows by tier: previous batch, GPU-resident, GPU cache, pinned host\n");
     std::printf("%-6s %7s %8s %8s %8s %9s %8s %8s %11s %11s %11s %11s %8s\n", "epoch", "batches", "epoch_s", "sample_s",
                 "io_s", "compute_s", "wait_s", "h2d_GB", "rows_prev", "rows_device", "rows_cache", "rows_host",

@@ -236,7 +236,8 @@ int run_train(const std::vector<std::string>& args) {
       ("full-graph", po::bool_switch(&full_graph), "train on the whole graph (the default without --fanouts)")
       ("fanouts", po::value(&fanouts), "mini-batch neighbour fanouts per hop, seeds' hop first: 10,10")
       ("batch-size", po::value(&o.batch_size), "training seeds per mini-batch (default 1024)")
-      ("prefetch", po::value(&o.prefetch), "mini-batches prepared ahead (default 2)")
+      ("prefetch", po::value(&o.prefetch), "mini-batches prepared ahead per worker (default 2; 8 when a GPU's "
+                                           "batches are staged from disk)")
       ("seed", po::value(&o.seed), "seed for initialisation, dropout, sampling and shuffling (default 0)")
       ("deterministic", po::bool_switch(&o.deterministic), "bit-identical reruns (one CPU thread)")
       ("threads", po::value(&o.threads), "CPU threads (0: all cores)")
@@ -280,6 +281,8 @@ int run_train(const std::vector<std::string>& args) {
       throw InputError(std::string("--") + flag + ": expected a path, found an empty one");
   if (model != "gcn" && model != "sage" && model != "gin" && model != "gat")
     throw InputError("--model: expected gcn, sage, gin or gat, found '" + model + "'");
+  if (vm.count("prefetch") && o.prefetch < 1)
+    throw InputError("--prefetch: expected at least 1, found " + std::to_string(o.prefetch));
   const bool gat = model == "gat";
   o.model.model = model;
   o.model.layers = layers;

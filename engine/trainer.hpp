@@ -64,7 +64,7 @@ struct TrainOptions {
   uint64_t seed = 0;
   bool deterministic = false;       // pin thread counts for bit-identical reruns anywhere
   int threads = 0;                  // 0: all cores
-  int prefetch = 2;                 // mini-batch batches in flight
+  int prefetch = 0;                 // mini-batches in flight per worker; 0: MiniBatchEpochs::prefetch_depth's default
   std::string checkpoint_dir;       // "" disables checkpoints
   bool resume = false;
   // Without resume, a checkpoint_dir that already holds checkpoints is refused (they are an earlier

@@ -54,6 +54,11 @@ class MiniBatchEpochs {
   // Where the lead replica's batches come from, for the metrics.
   FeaturePlacement placement() const;
 
+  // Batches in flight per worker: --prefetch, else 2, or 8 when a GPU's batches are staged from
+  // the disk tier (their prepare stage, GPU sampling and the host's pick and read of the rows its
+  // GPU cache lacks, takes longer than a step, so several batches are prepared at once).
+  int prefetch_depth() const;
+
   struct Worker;  // one worker's epoch (minibatch_epoch.cpp)
 
  private:

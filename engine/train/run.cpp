@@ -53,7 +53,7 @@ void check_train_options(const TrainOptions& o) {
   if (!o.full_graph && o.batch_size < 1)
     throw InputError("--batch-size: expected at least 1, found " + std::to_string(o.batch_size));
   if (o.reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
-  if (o.prefetch < 1) throw InputError("--prefetch: expected at least 1");
+  if (o.prefetch < 0) throw InputError("--prefetch: expected at least 1");
   if (o.threads < 0) throw InputError("--threads: expected 0 (all cores) or more");
   if (o.exec.spmm == kernels::SpmmKind::kTensorCore) {
     if (!o.full_graph)
