@@ -7,15 +7,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <string>
 
 #include "engine/comm.hpp"
 #include "engine/comm_group.hpp"
 #include "engine/device_context.hpp"
 #include "engine/processes.hpp"
-#include "kernels/cuda/buffer.hpp"
-#include "kernels/cuda/check.hpp"
 #include "kernels/error.hpp"
 
 namespace gale::engine {
@@ -95,18 +91,14 @@ class NcclCommunicator final : public Communicator {
                           kernels::cuda::Event(device_.ordinal, kernels::cuda::Event::Timing::kEnabled));
     auto& span = spans_[used_++];
     span.first.record(stream_);
-    for (Tensor* t : tensors)
+    GALE_CHECK_NCCL(ncclGroupStart());
+    for (Tensor* t : tensors) {
       if (t->device() != device_ || t->dtype() != DType::kF32)
         throw InternalError("NCCL all-reduce: f32 tensors on the worker's GPU only");
-    if (tensors.size() > 1 && packed_sums()) {
-      sum_packed(tensors);
-    } else {
-      GALE_CHECK_NCCL(ncclGroupStart());
-      for (Tensor* t : tensors)
-        GALE_CHECK_NCCL(ncclAllReduce(t->f32(), t->f32(), static_cast<size_t>(t->numel()), ncclFloat, ncclSum,
-                                      group_->comms[static_cast<size_t>(local_)], stream_));
-      GALE_CHECK_NCCL(ncclGroupEnd());
+      GALE_CHECK_NCCL(ncclAllReduce(t->f32(), t->f32(), static_cast<size_t>(t->numel()), ncclFloat, ncclSum,
+                                    group_->comms[static_cast<size_t>(local_)], stream_));
     }
+    GALE_CHECK_NCCL(ncclGroupEnd());
     span.second.record(stream_);
     group_->sent[static_cast<size_t>(local_)].record(stream_);
     group_->issued_ns[static_cast<size_t>(local_)].store(now_ns());
@@ -142,45 +134,6 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // A bucket of several tensors goes as one sum over one contiguous buffer: copied in, summed,
-  // copied back, each copy one batched call on the communication stream. NCCL runs grouped sums
-  // one after the other, each paying its own latency, and a step's gradients are a handful of
-  // small tensors (SAGE 3x256: ten, 0.8 MB in all). Every worker packs the same tensors in the
-  // same order, so the sums are the same bits on every replica.
-  // GALE_PACKED_SUMS=0 sums the tensors one by one in a NCCL group instead (for measuring).
-  static bool packed_sums() {
-    static const bool on = [] {
-      const char* env = std::getenv("GALE_PACKED_SUMS");
-      return env == nullptr || std::string(env) != "0";
-    }();
-    return on;
-  }
-  void sum_packed(const std::vector<Tensor*>& tensors) {
-    size_t total = 0;
-    for (const Tensor* t : tensors) total += static_cast<size_t>(t->numel());
-    if (packed_.size() < total)
-      packed_ = kernels::cuda::DeviceBuffer<float>(DeviceContext::get(device_.ordinal).pool(), total, stream_);
-    std::vector<void*> to, from;
-    std::vector<size_t> bytes;
-    size_t offset = 0;
-    for (Tensor* t : tensors) {
-      to.push_back(packed_.data() + offset);
-      from.push_back(t->f32());
-      bytes.push_back(t->nbytes());
-      offset += static_cast<size_t>(t->numel());
-    }
-    copy_batch(to, from, bytes);
-    GALE_CHECK_NCCL(ncclAllReduce(packed_.data(), packed_.data(), total, ncclFloat, ncclSum,
-                                  group_->comms[static_cast<size_t>(local_)], stream_));
-    copy_batch(from, to, bytes);
-  }
-  void copy_batch(const std::vector<void*>& to, const std::vector<void*>& from, const std::vector<size_t>& bytes) {
-    cudaMemcpyAttributes attr{};
-    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    size_t first = 0;
-    GALE_CHECK_CUDA(cudaMemcpyBatchAsync(to.data(), from.data(), bytes.data(), to.size(), &attr, &first, 1, stream_));
-  }
-
   std::shared_ptr<Group> group_;
   int local_;
   Device device_;
@@ -188,7 +141,6 @@ class NcclCommunicator final : public Communicator {
   kernels::cuda::Event ready_, done_;  // compute -> communication and back; one worker thread uses them
   std::vector<std::pair<kernels::cuda::Event, kernels::cuda::Event>> spans_;  // each sum's, timed
   size_t used_ = 0;                                                            // this epoch's
-  kernels::cuda::DeviceBuffer<float> packed_;  // sum_packed's buffer, grown to the largest bucket
 };
 
 }  // namespace
