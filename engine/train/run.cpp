@@ -110,7 +110,8 @@ TrainRun::TrainRun(const TrainOptions& options) : opt_(options), procs_(&Process
   if (world_ > 1 && opt_.full_graph)
     throw InputError(std::string(procs_->distributed() ? "mpirun" : devices_[0].is_cpu() ? "--workers" : "--gpus") +
                      ": several workers train mini-batches; give --fanouts");
-  gpu_budget_ = DeviceBudgetLease(devices_, opt_.gpu_mem_budget, opt_.gpu_mem_budget_text, "the training run on " + opt_.store);
+  gpu_budget_ = DeviceBudgetLease(devices_, opt_.gpu_mem_budget, opt_.gpu_mem_budget_text,
+                                  (opt_.inference ? "the sampled prediction on " : "the training run on ") + opt_.store);
 
   // Bound both thread pools: --threads, or one thread with --deterministic so results do not
   // depend on the machine's core count.

@@ -592,6 +592,41 @@ TEST_F(GpuCora, SampledPredictionOnTheGpuMatchesItsCpuTwinAndKeepsAccuracy) {
   std::filesystem::remove_all(dir);
 }
 
+// `gale predict --fanouts` on a GPU (the GPU sampler, which draws the CPU sampler's neighbours, and
+// the GPU's feature tiers): the CPU's sampled logits up to float summation order, and with every
+// neighbour (-1) the whole graph's.
+TEST_F(GpuCora, SampledInferenceOnTheGpuPredictsAsOnTheCpu) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("gale_gpu_sampled_predict_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  TrainOptions o = pyg_options("sage");
+  o.checkpoint_dir = (dir / "sage").string();
+  train(o);
+  auto run = [&](const Device& device, int fanout, const std::string& name) {
+    PredictOptions p;
+    p.store = o.store;
+    p.checkpoint = o.checkpoint_dir;
+    p.device = device;
+    p.out = "";
+    p.embeddings = (dir / (name + ".npy")).string();
+    if (fanout != 0) p.fanouts.assign(static_cast<size_t>(o.model.layers), fanout);
+    p.batch_size = 1000;
+    const PredictReport r = predict(p);
+    EXPECT_EQ(r.sampled, fanout != 0) << name;
+    if (fanout != 0) EXPECT_EQ(r.sampled_batches, 3) << name;
+    return read_f32_npy(p.embeddings);
+  };
+  auto far = [](const std::vector<float>& a, const std::vector<float>& b) {
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += !(std::fabs(a[i] - b[i]) <= 1e-3f + 1e-3f * std::fabs(b[i]));
+    return n;
+  };
+  const std::vector<float> gpu5 = run(Device::cuda(0), 5, "gpu5"), cpu5 = run(Device::cpu(), 5, "cpu5");
+  EXPECT_EQ(far(gpu5, cpu5), 0u) << "fanouts 5: GPU against CPU";
+  const std::vector<float> every = run(Device::cuda(0), -1, "gpu_every"), whole = run(Device::cuda(0), 0, "whole");
+  EXPECT_EQ(far(every, whole), 0u) << "every neighbour against the whole graph";
+  std::filesystem::remove_all(dir);
+}
+
 // A GPU budget too small for the whole graph's inference (Cora's 1433 features alone take 15.5 MB,
 // cuBLAS's workspace 32 MiB) makes predict run layer by layer, ~50 chunks of nodes a layer: the
 // logits of the CPU's whole-graph forward, within the budget. (After the suite's unbudgeted runs on
