@@ -145,8 +145,9 @@ Tensor infer_logits(Model& model, const storage::Store& store, const PredictOpti
   storage::HostFeatures host(store, ho);  // checks the rows it keeps in memory, page by page
   report->features = host.describe();
   if (host.on_disk() && o.on_advice)
-    o.on_advice("the features are on disk, so every layer reads all of them: --fanouts (e.g. 15,10,5) predicts by "
-                "sampled mini-batch inference instead, much faster, an estimate like gale train's --eval sampled");
+    o.on_advice("the features are on disk and every layer reads all of them: --fanouts (e.g. 15,10,5) predicts by "
+                "sampled mini-batch inference instead, the fast way beyond memory (an estimate, like gale train's "
+                "--eval sampled)");
   const uint64_t x_bytes = static_cast<uint64_t>(n) * static_cast<uint64_t>(store.feature_dim()) * sizeof(float);
   const bool x_fits = !host.on_disk() && budget->in_use() + x_bytes <= budget->limit();
   const auto start = std::chrono::steady_clock::now();
