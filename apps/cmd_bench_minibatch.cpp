@@ -86,13 +86,7 @@ std::string join(const std::vector<int>& v) {
   return s;
 }
 
-// --fanouts, --batch-size, --batches, --warmup: the checks the three benchmarks share.
-std::vector<int> parse_fanouts(const std::string& text) {
-  std::vector<int> fanouts = parse_int_list(text, "--fanouts");
-  sampler::validate_fanouts(fanouts);
-  return fanouts;
-}
-
+// --batch-size, --batches, --warmup: the checks the three benchmarks share (--fanouts: parse_fanouts).
 void check_counts(int64_t batch_size, int batches, int warmup) {
   if (batch_size < 1) throw InputError("--batch-size: expected at least 1, found " + std::to_string(batch_size));
   if (batches < 1) throw InputError("--batches: expected at least 1, found " + std::to_string(batches));

@@ -1,6 +1,6 @@
 // `gale predict STORE --checkpoint D [--out predictions.npy] [--embeddings logits.npy]
 //  [--device cpu|cuda[:N]|auto] [--gpu-mem-budget 8G] [--spmm K] [--tf32] [--host-mem-budget 8G]
-//  [--io-engine auto|io_uring|pread]`.
+//  [--io-engine auto|io_uring|pread] [--fanouts 15,10,5 [--batch-size 4096]]`.
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
@@ -18,7 +18,7 @@ namespace po = boost::program_options;
 int run_predict(const std::vector<std::string>& args) {
   engine::PredictOptions o;
   o.out = "predictions.npy";
-  std::string device = "cpu", gpu_budget, spmm = "auto", host_budget, io_engine = "auto";
+  std::string device = "cpu", gpu_budget, spmm = "auto", host_budget, io_engine = "auto", fanouts;
   bool tf32 = false, verbose = false;
   po::options_description desc("usage: gale predict STORE --checkpoint DIR|FILE [options]\n\noptions");
   desc.add_options()
@@ -43,6 +43,11 @@ int run_predict(const std::vector<std::string>& args) {
       ("io-engine", po::value(&io_engine), "reads of features on disk: auto | io_uring | pread")
       ("temp-dir", po::value(&o.temp_dir), "where layer outputs spill when they fit neither the GPU nor the host "
                                           "budget (default: the store's directory)")
+      ("fanouts", po::value(&fanouts), "sampled inference: every node's prediction from mini-batches with these "
+                                       "neighbour fanouts per hop, seeds' hop first (e.g. 15,10,5; -1: every "
+                                       "neighbour), an estimate of the full neighbourhood's; fast when the "
+                                       "features are on disk")
+      ("batch-size", po::value(&o.batch_size), "sampled inference: nodes per mini-batch (default 4096)")
       ("verbose,v", po::bool_switch(&verbose), "also say which kernel --spmm auto chose, and what each measured");
   po::positional_options_description pos;
   pos.add("store", 1);
@@ -58,6 +63,9 @@ int run_predict(const std::vector<std::string>& args) {
     o.host_mem_budget_text = host_budget;
   }
   o.io_engine = parse_io_engine(io_engine);
+  if (vm.count("fanouts")) o.fanouts = parse_fanouts(fanouts);
+  if (vm.count("batch-size") && o.fanouts.empty()) throw InputError("--batch-size: sets sampled inference's batches; add --fanouts");
+  if (o.batch_size < 1) throw InputError("--batch-size: expected at least 1, found " + std::to_string(o.batch_size));
   o.device = parse_device(device);
   if (!gpu_budget.empty()) {
     o.gpu_mem_budget = parse_size(gpu_budget, "--gpu-mem-budget");
@@ -69,6 +77,7 @@ int run_predict(const std::vector<std::string>& args) {
   const bool sampled = o.exec.spmm == kernels::SpmmKind::kSampled;
   if (o.device.is_cpu() && (vm.count("gpu-mem-budget") || (vm.count("spmm") && !sampled) || tf32))
     throw InputError("--gpu-mem-budget, --tf32 and --spmm other than sampled:S apply to a GPU: add --device cuda");
+  o.on_advice = [](const std::string& line) { std::fprintf(stderr, "gale predict: %s\n", line.c_str()); };
   const StopCleanup stop_cleanup;  // a stop signal removes the half-written outputs
   const engine::PredictReport r = engine::predict(o);
   if (verbose)
@@ -77,7 +86,11 @@ int run_predict(const std::vector<std::string>& args) {
   if (!o.embeddings.empty()) std::printf(", logits -> %s", o.embeddings.c_str());
   if (r.test_acc >= 0) std::printf(" (test_acc %.4f)", r.test_acc);
   std::printf("; forward %.3f s on %s", r.forward_seconds, engine::device_name(o.device).c_str());
-  if (r.layerwise_chunks > 0) {
+  if (r.sampled) {
+    std::printf(" (sampled inference with fanouts %s over %lld nodes in %lld batch%s; %s)", fanouts.c_str(),
+                static_cast<long long>(r.num_nodes), static_cast<long long>(r.sampled_batches),
+                r.sampled_batches == 1 ? "" : "es", r.features.c_str());
+  } else if (r.layerwise_chunks > 0) {
     std::printf(" (layer by layer, %lld chunks of nodes a layer: the whole graph would not fit; %s)",
                 static_cast<long long>(r.layerwise_chunks), r.features.c_str());
   } else if (!o.device.is_cpu()) {

@@ -300,7 +300,7 @@ int run_train(const std::vector<std::string>& args) {
   if (!fanouts.empty()) {
     if (full_graph) throw InputError("--fanouts and --full-graph: choose one");
     o.full_graph = false;
-    o.fanouts = parse_int_list(fanouts, "--fanouts");
+    o.fanouts = parse_fanouts(fanouts);
   }
   o.device = parse_device(device);
   if (!checkpoint_interval.empty()) o.checkpoint_interval_s = parse_duration(checkpoint_interval, "--checkpoint-interval");

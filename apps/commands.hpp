@@ -48,6 +48,8 @@ double parse_duration(const std::string& text, const std::string& flag);
 std::vector<std::string> split_list(const std::string& text, char separator = ',');
 // "15,10,5" -> {15, 10, 5}; throws InputError naming `flag`.
 std::vector<int> parse_int_list(const std::string& text, const std::string& flag);
+// --fanouts 15,10,5: one per hop, each positive or -1 (every neighbour); InputError naming the flag.
+std::vector<int> parse_fanouts(const std::string& text);
 // --device: "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (the first GPU when present, else the CPU).
 Device parse_device(const std::string& text);
 // --gpus all|0,1,... and --workers N (CPU): the data-parallel workers' devices, or {} for one worker.

@@ -7,6 +7,7 @@
 #include "apps/commands.hpp"
 #include "engine/devices.hpp"
 #include "kernels/error.hpp"
+#include "sampler/neighbor_sampler.hpp"
 #include "storage/text_reader.hpp"
 
 namespace gale::apps {
@@ -101,6 +102,12 @@ std::vector<int> parse_int_list(const std::string& text, const std::string& flag
     pos = comma + 1;
   }
   return out;
+}
+
+std::vector<int> parse_fanouts(const std::string& text) {
+  std::vector<int> fanouts = parse_int_list(text, "--fanouts");
+  sampler::validate_fanouts(fanouts);
+  return fanouts;
 }
 
 Device parse_device(const std::string& text) {

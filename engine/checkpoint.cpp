@@ -219,6 +219,18 @@ void restore_buffers(const CheckpointState& state, Model* model, const std::file
   }
 }
 
+void restore_weights(const CheckpointState& state, Model* model, const std::filesystem::path& file) {
+  auto params = model->parameters();
+  if (params.size() != state.names.size()) throw CorruptStoreError(file.string() + ": parameter count differs");
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i]->name != state.names[i] || params[i]->value.rows() != state.params[i].rows() ||
+        params[i]->value.cols() != state.params[i].cols())
+      throw CorruptStoreError(file.string() + ": parameter " + state.names[i] + " does not match the model");
+    params[i]->value = model->device().is_cpu() ? state.params[i].clone() : state.params[i].to(model->device());
+  }
+  restore_buffers(state, model, file);
+}
+
 struct CheckpointWriter::Impl {
   std::mutex mutex;
   std::condition_variable changed;

@@ -58,6 +58,9 @@ CheckpointState load_checkpoint(const std::filesystem::path& file);
 // The model's buffers (Model::buffers) set from the checkpoint's, copied onto the model's device;
 // CorruptStoreError naming `file` when their names or shapes differ.
 void restore_buffers(const CheckpointState& state, Model* model, const std::filesystem::path& file);
+// The model's parameters (a copy of their own, on the model's device) and then its buffers set
+// from the checkpoint's, for inference; CorruptStoreError naming `file` when they do not match.
+void restore_weights(const CheckpointState& state, Model* model, const std::filesystem::path& file);
 
 // Writes checkpoints on a thread of its own, in the order submitted, so training does not wait for
 // the disk (an fsync per epoch cost a full-graph GPU run ~9 ms an epoch). The states handed over

@@ -16,6 +16,7 @@
 #include "engine/layerwise.hpp"
 #include "engine/model.hpp"
 #include "engine/ops.hpp"
+#include "engine/sampled_inference.hpp"
 #include "kernels/error.hpp"
 #include "kernels/threads.hpp"
 #include "storage/host_features.hpp"
@@ -89,10 +90,9 @@ std::string write_npy_beside(const std::string& path, DType dtype, std::vector<i
   return tmp.string();
 }
 
-// The model a checkpoint holds, its weights and buffers restored, checked against the store and
-// the kernels asked for.
-Model checkpoint_model(const CheckpointState& state, const std::filesystem::path& file, const storage::Store& store,
-                       const PredictOptions& o) {
+// The model a checkpoint describes, checked against the store and the kernels asked for.
+ModelConfig checkpoint_config(const CheckpointState& state, const std::filesystem::path& file,
+                              const storage::Store& store, const PredictOptions& o) {
   nlohmann::json id;
   ModelConfig config;
   try {
@@ -122,17 +122,13 @@ Model checkpoint_model(const CheckpointState& state, const std::filesystem::path
   if (o.exec.spmm == kernels::SpmmKind::kSampled && (config.model == "gat" || config.activation == Activation::kMaxK))
     throw InputError("--spmm sampled: samples the aggregations of gcn, sage and gin with relu; " + file.string() +
                      " holds a " + config.model + (config.activation == Activation::kMaxK ? " with maxk" : "") + " model");
-  Model model(config, 0);
-  model.set_exec(o.exec);
-  auto params = model.parameters();
-  if (params.size() != state.names.size()) throw CorruptStoreError(file.string() + ": parameter count differs");
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (params[i]->name != state.names[i] || params[i]->value.numel() != state.params[i].numel())
-      throw CorruptStoreError(file.string() + ": parameter " + state.names[i] + " does not match the model");
-    std::copy(state.params[i].f32(), state.params[i].f32() + state.params[i].numel(), params[i]->value.f32());
-  }
-  restore_buffers(state, &model, file);
-  return model;
+  if (!o.fanouts.empty() && o.exec.spmm == kernels::SpmmKind::kTensorCore)
+    throw InputError("--spmm tc: aggregates a whole graph translated once; sampled inference (--fanouts) aggregates "
+                     "blocks that change every batch");
+  if (!o.fanouts.empty() && static_cast<int>(o.fanouts.size()) != config.layers)
+    throw InputError("--fanouts: expected one fanout per layer of " + file.string() + " (" +
+                     std::to_string(config.layers) + "), found " + std::to_string(o.fanouts.size()));
+  return config;
 }
 
 // Every node's logits on the host. Over the whole graph at once (on a GPU when its inference fits
@@ -148,6 +144,10 @@ Tensor infer_logits(Model& model, const storage::Store& store, const PredictOpti
   ho.engine = o.io_engine;
   storage::HostFeatures host(store, ho);  // checks the rows it keeps in memory, page by page
   report->features = host.describe();
+  if (host.on_disk() && o.on_advice)
+    o.on_advice("the features are on disk and every layer reads all of them: --fanouts (e.g. 15,10,5) predicts by "
+                "sampled mini-batch inference instead, the fast way beyond memory (an estimate, like gale train's "
+                "--eval sampled)");
   const uint64_t x_bytes = static_cast<uint64_t>(n) * static_cast<uint64_t>(store.feature_dim()) * sizeof(float);
   const bool x_fits = !host.on_disk() && budget->in_use() + x_bytes <= budget->limit();
   const auto start = std::chrono::steady_clock::now();
@@ -213,6 +213,20 @@ Tensor infer_logits(Model& model, const storage::Store& store, const PredictOpti
   return logits;
 }
 
+// Every node's logits from its full neighbourhood (infer_logits), by the checkpoint's model.
+Tensor full_neighbourhood_logits(const CheckpointState& state, const std::filesystem::path& file,
+                                 const ModelConfig& config, const storage::Store& store, const PredictOptions& o,
+                                 PredictReport* report) {
+  // The GPU's budget for the prediction's life, declared before the model so that its weights on
+  // the GPU are freed before the device is given back.
+  const DeviceBudgetLease gpu_budget({o.device}, o.gpu_mem_budget, o.gpu_mem_budget_text,
+                                     "the prediction from " + file.string());
+  Model model(config, 0);
+  model.set_exec(o.exec);
+  restore_weights(state, &model, file);
+  return infer_logits(model, store, o, report);
+}
+
 // Writes --out and --embeddings beside their paths first and renames them only when both are
 // whole: a failure leaves neither (and the files they replace as they were). A symlink is written
 // through: its target is the file replaced.
@@ -273,16 +287,13 @@ PredictReport predict(const PredictOptions& o) {
     if (!o.out.empty() && fs::weakly_canonical(o.out, ec) == fs::weakly_canonical(o.embeddings, ec))
       throw InputError("--embeddings " + o.embeddings + ": the same file as --out; give them different paths");
   }
-  // The GPU's budget for the prediction's life, declared before the model so that its weights on
-  // the GPU are freed before the device is given back.
-  const DeviceBudgetLease gpu_budget({o.device}, o.gpu_mem_budget, o.gpu_mem_budget_text,
-                                     "the prediction from " + file.string());
   const CheckpointState state = load_checkpoint(file);
   const storage::Store store = storage::Store::open(o.store);
   if (!store.has_features()) throw InputError(o.store + ": the store has no features.npy");
-  Model model = checkpoint_model(state, file, store, o);
+  const ModelConfig config = checkpoint_config(state, file, store, o);
   PredictReport report;
-  const Tensor logits = infer_logits(model, store, o, &report);
+  const Tensor logits = o.fanouts.empty() ? full_neighbourhood_logits(state, file, config, store, o, &report)
+                                          : sampled_logits(state, file, config, o, &report);
 
   const int64_t n = store.num_nodes();
   std::vector<int32_t> pred(static_cast<size_t>(n));

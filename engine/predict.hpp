@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,15 @@ struct PredictOptions {
   // Where layer outputs that fit neither the GPU nor the host budget spill (a scratch file,
   // unlinked at once); "" : the directory the store is in.
   std::string temp_dir;
+  // Sampled inference (engine/sampled_inference.hpp): with fanouts (one per layer, -1 for every
+  // neighbour), every node's logits come from mini-batch inference through training's pipeline,
+  // over batches of `batch_size` consecutive nodes, instead of its full neighbourhood: an estimate,
+  // like gale train's --eval sampled, and the fast way when the features are on disk.
+  std::vector<int> fanouts;
+  int64_t batch_size = 4096;
+  // Called once with a line of advice before a pass that sampled inference would shorten (layer by
+  // layer with the features on disk); the CLI prints it on stderr.
+  std::function<void(const std::string&)> on_advice;
 };
 
 struct PredictReport {
@@ -44,7 +54,9 @@ struct PredictReport {
   double forward_seconds = 0;    // the forward pass (on a GPU: and the logits back to the host)
   uint64_t gpu_peak_bytes = 0;   // on a GPU
   int64_t layerwise_chunks = 0;  // layer by layer: the chunks of nodes a layer took (else 0)
-  std::string features;          // where the input features came from (HostFeatures::describe)
+  bool sampled = false;          // sampled inference (PredictOptions::fanouts)
+  int64_t sampled_batches = 0;   // its mini-batches
+  std::string features;          // where the input features came from (HostFeatures::describe, or the batches' placement)
   // `--spmm auto` over the whole graph on a GPU: the kernel measured for each width
   // (engine/spmm_auto.hpp); empty otherwise.
   std::vector<SpmmAutoChoice> spmm_choices;

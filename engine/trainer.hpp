@@ -158,6 +158,11 @@ struct TrainOptions {
   // Called once with resume, after the checkpoint is read and checked: the epochs it completed,
   // and the batches it trained of the next one (0: none).
   std::function<void(int64_t epochs_done, int64_t batches_done)> on_resume;
+  // The run trains nothing: gale predict's sampled inference (engine/sampled_inference.hpp) builds
+  // it for its replica and batch sources only. The store then needs no labels or splits, the
+  // model's in_dim and out_dim are the caller's (a checkpoint's), and the batch size is bounded by
+  // the store's nodes instead of the training split.
+  bool inference = false;
 };
 
 // One worker's seconds in each part of a mini-batch epoch (engine/train/minibatch_epoch.cpp): the

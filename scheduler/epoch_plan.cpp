@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
@@ -48,6 +49,16 @@ EpochPlan::EpochPlan(const std::vector<std::vector<int64_t>>& pools, int64_t bat
     pool_sizes_.push_back(static_cast<int64_t>(p.size()));
     num_batches_ = std::max(num_batches_, (static_cast<int64_t>(p.size()) + batch_size - 1) / batch_size);
   }
+}
+
+EpochPlan::EpochPlan(std::vector<int64_t> order, int64_t batch_size)
+    : order_(std::move(order)), batch_size_(batch_size), workers_(1), rank_(0) {
+  check_batch_size(batch_size);
+  num_batches_ = (static_cast<int64_t>(order_.size()) + batch_size - 1) / batch_size;
+}
+
+EpochPlan EpochPlan::in_order(std::vector<int64_t> seeds, int64_t batch_size) {
+  return EpochPlan(std::move(seeds), batch_size);
 }
 
 int64_t EpochPlan::begin(int64_t b, int r) const {

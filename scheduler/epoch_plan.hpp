@@ -26,6 +26,9 @@ class EpochPlan {
             int rank = 0);
   // Partition-aware: worker `rank` trains on pools[rank].
   EpochPlan(const std::vector<std::vector<int64_t>>& pools, int64_t batch_size, uint64_t seed, int64_t epoch, int rank);
+  // One worker, the seeds unshuffled: batch b is seeds[b * batch_size, (b + 1) * batch_size)
+  // (inference over every node in id order).
+  static EpochPlan in_order(std::vector<int64_t> seeds, int64_t batch_size);
 
   int64_t num_batches() const { return num_batches_; }
   // This worker's seeds of step b (batch_length may be 0).
@@ -39,6 +42,7 @@ class EpochPlan {
   // Offset in order_ of slice r of step b (sliced), or of this worker's batch b (pools; r is
   // rank_ or rank_ + 1 for its end).
   int64_t begin(int64_t b, int r) const;
+  EpochPlan(std::vector<int64_t> order, int64_t batch_size);  // in_order's
 
   std::vector<int64_t> order_;
   int64_t batch_size_;

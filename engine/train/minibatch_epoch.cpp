@@ -318,6 +318,7 @@ struct MiniBatchEpochs::Worker {
       return p;
     }
     prepare_blocks(p.get(), b, plan.batch(b), len, key);
+    if (opt.inference) return p;  // the store may have no labels
     p->labels.resize(static_cast<size_t>(len));
     for (int64_t i = 0; i < len; ++i) p->labels[i] = run.labels()[plan.batch(b)[i]];
     return p;
@@ -451,27 +452,32 @@ struct MiniBatchEpochs::Worker {
     return out;
   }
 
-  // Sampled evaluation (no checkpoints given): the plan's batches through the same pipeline, each
-  // forward in evaluation mode; returns how many seeds' argmax is their label.
-  int64_t run_evaluation() {
-    int64_t correct = 0;
+  // Sampled inference (no checkpoints given): the plan's batches through the same pipeline, each
+  // forward in evaluation mode; `per_batch(b, p, logits)` takes each batch's logits, in plan order.
+  template <typename PerBatch>
+  void run_inference(const PerBatch& per_batch) {
     scheduler::run_batch_pipeline<std::unique_ptr<PreparedBatch>>(
         plan.num_batches(), prefetch, /*window=*/1, [&](int64_t b) { return prepare(b); },
         [&](const std::unique_ptr<PreparedBatch>& p) -> const std::vector<int64_t>& { return node_set(p); },
         [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { load(b, p); },
-        [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { correct += evaluate_batch(b, p); },
+        [&](int64_t b, std::unique_ptr<PreparedBatch>& p) {
+          if (plan.batch_length(b) == 0) return;
+          const UseDevice use_here(r.dev);
+          per_batch(b, *p, forward(p.get(), 0, /*training=*/false));
+        },
         scheduler::PipelineRange{0, nullptr});
-    return correct;
   }
 
-  int64_t evaluate_batch(int64_t b, std::unique_ptr<PreparedBatch>& p) {
-    const UseDevice use_here(r.dev);
-    const int64_t len = plan.batch_length(b);
-    if (len == 0) return 0;
-    const Tensor logits = forward(p.get(), 0, /*training=*/false);
-    const Tensor labels = p->seeds.defined() ? ops::gather_rows(r.labels_all, p->seeds)
-                                             : Tensor::from_host(p->labels.data(), len, 1, DType::kI32, r.dev);
-    return ops::softmax_cross_entropy(logits, labels, seed_rows(len), nullptr).correct;
+  // Sampled evaluation: how many seeds' argmax is their label.
+  int64_t run_evaluation() {
+    int64_t correct = 0;
+    run_inference([&](int64_t b, const PreparedBatch& p, const Tensor& logits) {
+      const int64_t len = plan.batch_length(b);
+      const Tensor labels = p.seeds.defined() ? ops::gather_rows(r.labels_all, p.seeds)
+                                              : Tensor::from_host(p.labels.data(), len, 1, DType::kI32, r.dev);
+      correct += ops::softmax_cross_entropy(logits, labels, seed_rows(len), nullptr).correct;
+    });
+    return correct;
   }
 
   // Every worker's counts to every worker (rank 0 reports them), and with --check-replicas each
@@ -554,6 +560,16 @@ double MiniBatchEpochs::sampled_accuracy(const std::vector<int64_t>& nodes, int6
   Worker worker(*this, 0, epoch, key, scheduler::EpochPlan(nodes, opt.batch_size, key, epoch), 0, 0.0, nullptr, nullptr);
   const int64_t correct = worker.run_evaluation();
   return static_cast<double>(correct) / static_cast<double>(nodes.size());
+}
+
+int64_t MiniBatchEpochs::sampled_logits(std::vector<int64_t> nodes, uint64_t key, const LogitsSink& sink) {
+  Worker worker(*this, 0, 0, key, scheduler::EpochPlan::in_order(std::move(nodes), run_.opt().batch_size), 0, 0.0,
+                nullptr, nullptr);
+  worker.run_inference([&](int64_t b, const PreparedBatch&, const Tensor& logits) {
+    const int64_t len = worker.plan.batch_length(b);
+    sink(worker.plan.batch(b), len, logits.rows_slice(0, len).to(Device::cpu()));
+  });
+  return worker.plan.num_batches();
 }
 
 void MiniBatchEpochs::take_disk_stats(EpochMetrics* m) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -50,6 +51,13 @@ class MiniBatchEpochs {
   // mini-batch inference with the training fanouts on the lead replica, through the same batch
   // sources as training (GPU or CPU sampler, feature tiers, staged rows, the disk tier).
   double sampled_accuracy(const std::vector<int64_t>& nodes, int64_t epoch);
+
+  // Sampled inference (gale predict --fanouts, engine/sampled_inference.hpp): `nodes` through the
+  // lead replica's pipeline in batches of consecutive entries (the run's batch size), each forward
+  // in evaluation mode with every draw keyed on `key` and the batch's number only. `sink` takes
+  // each batch's seeds and their logits (one host row per seed), in order. Returns the batches.
+  using LogitsSink = std::function<void(const int64_t* seeds, int64_t count, const Tensor& logits)>;
+  int64_t sampled_logits(std::vector<int64_t> nodes, uint64_t key, const LogitsSink& sink);
 
   // Where the lead replica's batches come from, for the metrics.
   FeaturePlacement placement() const;

@@ -20,7 +20,7 @@ Replicas::Replicas(const TrainRun& run) : replicas_(static_cast<size_t>(run.work
     r.model->set_exec(opt.exec);
     r.model->set_constant_input(opt.full_graph);  // the resident features(), unchanged all run
     r.adam = std::make_unique<Adam>(r.model->parameters(), opt.lr, opt.weight_decay);
-    r.labels_all = Tensor::from_host(run.labels(), run.num_nodes(), 1, DType::kI32, r.dev);
+    if (!opt.inference) r.labels_all = Tensor::from_host(run.labels(), run.num_nodes(), 1, DType::kI32, r.dev);
   }
   if (run.world() > 1) {
     auto comms = run.lead_device().is_cpu() ? make_in_process_group(run.workers(), &run.procs())

@@ -27,7 +27,7 @@ struct Replica {
   std::unique_ptr<GpuBatches> gpu_batches;        // mini-batch with the GPU sampler
   std::unique_ptr<BatchFeatures> batch_features;  // mini-batch on a GPU: the feature tiers
   std::unique_ptr<Communicator> comm;
-  Tensor labels_all;  // every node's label on dev (the GPU path gathers a batch's from it)
+  Tensor labels_all;  // every node's label on dev (the GPU path gathers a batch's from it); none for inference
   // Mini-batch: where the worker's host threads run (engine/worker_arena.hpp); none with
   // GALE_WORKER_THREADS=shared, for CPU workers unless it asks for arenas, and for a lone CPU
   // worker (it has every core to itself).

@@ -110,7 +110,8 @@ TrainRun::TrainRun(const TrainOptions& options) : opt_(options), procs_(&Process
   if (world_ > 1 && opt_.full_graph)
     throw InputError(std::string(procs_->distributed() ? "mpirun" : devices_[0].is_cpu() ? "--workers" : "--gpus") +
                      ": several workers train mini-batches; give --fanouts");
-  gpu_budget_ = DeviceBudgetLease(devices_, opt_.gpu_mem_budget, opt_.gpu_mem_budget_text, "the training run on " + opt_.store);
+  gpu_budget_ = DeviceBudgetLease(devices_, opt_.gpu_mem_budget, opt_.gpu_mem_budget_text,
+                                  (opt_.inference ? "the sampled prediction on " : "the training run on ") + opt_.store);
 
   // Bound both thread pools: --threads, or one thread with --deterministic so results do not
   // depend on the machine's core count.
@@ -125,6 +126,11 @@ TrainRun::TrainRun(const TrainOptions& options) : opt_(options), procs_(&Process
 
   store_ = storage::Store::open(opt_.store);
   if (!store_.has_features()) throw InputError(opt_.store + ": the store has no features.npy; training needs node features");
+  if (opt_.inference) {
+    opt_.batch_size = std::min<int64_t>(opt_.batch_size, std::max<int64_t>(1, store_.num_nodes()));
+    opt_.model.edge_weights = uses_edge_weights(opt_.edge_weights, store_, opt_.model.model);
+    return;
+  }
   if (!store_.has_labels()) throw InputError(opt_.store + ": the store has no labels.npy; training needs node labels");
   if (store_.num_classes() < 1)
     throw InputError(opt_.store + ": labels.npy labels no node (every label is -1); training needs labelled nodes");

@@ -1379,6 +1379,8 @@ TEST_F(Cli, PredictBeyondTheHostBudgetReadsFeaturesFromDiskLayerByLayer) {
   ASSERT_EQ(disk.code, 0) << disk.out;
   EXPECT_NE(disk.out.find("layer by layer"), std::string::npos) << disk.out;
   EXPECT_NE(disk.out.find("read from features.npy with pread"), std::string::npos) << disk.out;
+  EXPECT_NE(disk.out.find("gale predict: the features are on disk"), std::string::npos) << disk.out;  // the hint
+  EXPECT_EQ(memory.out.find("--fanouts"), std::string::npos) << memory.out;
   const std::string a = slurp(path("memory.npy")), b = slurp(path("disk.npy"));
   ASSERT_EQ(a.size(), b.size());
   size_t differ = 0;
@@ -1388,6 +1390,37 @@ TEST_F(Cli, PredictBeyondTheHostBudgetReadsFeaturesFromDiskLayerByLayer) {
   EXPECT_EQ(tiny.code, 4) << tiny.out;
   EXPECT_NE(tiny.out.find("--host-mem-budget"), std::string::npos) << tiny.out;
   EXPECT_FALSE(fs::exists(path("x.npy")));
+}
+
+// gale predict --fanouts: sampled inference over every node, in batches of --batch-size; bad
+// values are refused naming the flag (exit 2) before any output is written.
+TEST_F(Cli, PredictWithFanoutsSamplesEveryNodeAndNamesBadFlags) {
+  const std::string store = sbm_store();
+  ASSERT_EQ(gale("train " + store + " -q --model sage --hidden 16 --epochs 2 --device cpu --checkpoint-dir " + path("ck")).code, 0);
+  const std::string predict = "predict " + store + " --checkpoint " + path("ck") + " --out " + path("p.npy");
+  const std::pair<std::string, std::string> cases[] = {
+      {" --fanouts 5,x", "--fanouts: expected comma-separated integers"},
+      {" --fanouts ''", "--fanouts: expected comma-separated integers"},
+      {" --fanouts 5,0", "--fanouts: expected positive fanouts (or -1 for all), found 0"},
+      {" --fanouts 5,5,5", "--fanouts: expected one fanout per layer"},
+      {" --fanouts 5,5 --batch-size=0", "--batch-size: expected at least 1, found 0"},
+      {" --fanouts 5,5 --batch-size x", "--batch-size"},
+      {" --batch-size 100", "--batch-size: sets sampled inference's batches; add --fanouts"},
+  };
+  for (const auto& [flags, expect] : cases) {
+    const CliRun r = gale(predict + flags);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.out;
+    EXPECT_NE(r.out.find(expect), std::string::npos) << flags << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+    EXPECT_FALSE(fs::exists(path("p.npy"))) << flags;
+  }
+  const CliRun ok = gale(predict + " --fanouts 5,5 --batch-size 300");
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("sampled inference with fanouts 5,5 over 2000 nodes in 7 batches"), std::string::npos) << ok.out;
+  const CliRun again = gale("predict " + store + " --checkpoint " + path("ck") + " --out " + path("q.npy") +
+                            " --fanouts 5,5 --batch-size 300");
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_EQ(slurp(path("q.npy")), slurp(path("p.npy")));  // the same draws, the same predictions
 }
 
 }  // namespace

@@ -506,6 +506,24 @@ std::vector<float> read_f32_npy(const std::string& path) {
   return v;
 }
 
+// How many of a's entries lie farther than float summation order (1e-3, absolute and relative) from b's.
+size_t far_from(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += !(std::fabs(a[i] - b[i]) <= 1e-3f + 1e-3f * std::fabs(b[i]));
+  return n;
+}
+
+// A prediction of logits only (no classes file) on `device` from the checkpoints `o` wrote.
+PredictOptions logits_prediction(const TrainOptions& o, const Device& device, const std::string& embeddings) {
+  PredictOptions p;
+  p.store = o.store;
+  p.checkpoint = o.checkpoint_dir;
+  p.device = device;
+  p.out = "";
+  p.embeddings = embeddings;
+  return p;
+}
+
 // `gale predict --device cuda`: a checkpoint trained on the GPU predicts the same classes and
 // logits on the GPU as on the CPU (up to float summation order), for each model family, MaxK too.
 TEST_F(GpuCora, PredictOnTheGpuMatchesTheCpu) {
@@ -537,9 +555,7 @@ TEST_F(GpuCora, PredictOnTheGpuMatchesTheCpu) {
     EXPECT_NEAR(gpu.test_acc, trained.test_acc_at_best_valid, 0.003) << model << ": the best checkpoint's test accuracy";
     const std::vector<float> lc = read_f32_npy(dir / (model + "_cpu_logits.npy")), lg = read_f32_npy(dir / (model + "_gpu_logits.npy"));
     ASSERT_EQ(lc.size(), lg.size());
-    size_t far = 0;
-    for (size_t i = 0; i < lc.size(); ++i) far += !(std::fabs(lc[i] - lg[i]) <= 1e-3f + 1e-3f * std::fabs(lc[i]));
-    EXPECT_EQ(far, 0u) << model << ": GPU logits far from the CPU's";
+    EXPECT_EQ(far_from(lg, lc), 0u) << model << ": GPU logits far from the CPU's";
     if (model == "gcn" || model == "sage") {  // and through the tensor-core SpMM (TF32)
       p.exec.spmm = kernels::SpmmKind::kTensorCore;
       p.out = (dir / (model + "_tc_pred.npy")).string();
@@ -562,12 +578,7 @@ TEST_F(GpuCora, SampledPredictionOnTheGpuMatchesItsCpuTwinAndKeepsAccuracy) {
     o.checkpoint_dir = (dir / model).string();
     train(o);
     auto run = [&](const Device& device, int64_t s, const std::string& name) {
-      PredictOptions p;
-      p.store = o.store;
-      p.checkpoint = o.checkpoint_dir;
-      p.device = device;
-      p.out = "";
-      p.embeddings = (dir / (model + "_" + name + ".npy")).string();
+      PredictOptions p = logits_prediction(o, device, (dir / (model + "_" + name + ".npy")).string());
       if (s > 0) {
         p.exec.spmm = kernels::SpmmKind::kSampled;
         p.exec.spmm_sample_width = s;
@@ -578,17 +589,37 @@ TEST_F(GpuCora, SampledPredictionOnTheGpuMatchesItsCpuTwinAndKeepsAccuracy) {
     };
     const auto exact = run(Device::cuda(0), 0, "exact"), all = run(Device::cuda(0), 256, "s256");
     const auto gpu4 = run(Device::cuda(0), 4, "gpu4"), cpu4 = run(Device::cpu(), 4, "cpu4");
-    auto far = [](const std::vector<float>& a, const std::vector<float>& b) {
-      size_t n = 0;
-      for (size_t i = 0; i < a.size(); ++i) n += !(std::fabs(a[i] - b[i]) <= 1e-3f + 1e-3f * std::fabs(b[i]));
-      return n;
-    };
-    EXPECT_EQ(far(all.second, exact.second), 0u) << model << ": S above every degree";
-    EXPECT_EQ(far(gpu4.second, cpu4.second), 0u) << model << ": GPU against CPU at S = 4";
-    EXPECT_GT(far(gpu4.second, exact.second), 0u) << model << ": S = 4 samples some rows";
+    EXPECT_EQ(far_from(all.second, exact.second), 0u) << model << ": S above every degree";
+    EXPECT_EQ(far_from(gpu4.second, cpu4.second), 0u) << model << ": GPU against CPU at S = 4";
+    EXPECT_GT(far_from(gpu4.second, exact.second), 0u) << model << ": S = 4 samples some rows";
     std::printf("  %s: exact %.4f, sampled:4 %.4f (gpu) %.4f (cpu)\n", model.c_str(), exact.first, gpu4.first, cpu4.first);
     EXPECT_GE(gpu4.first, exact.first - 0.03) << model;
   }
+  std::filesystem::remove_all(dir);
+}
+
+// `gale predict --fanouts` on a GPU (the GPU sampler, which draws the CPU sampler's neighbours, and
+// the GPU's feature tiers): the CPU's sampled logits up to float summation order, and with every
+// neighbour (-1) the whole graph's.
+TEST_F(GpuCora, SampledInferenceOnTheGpuPredictsAsOnTheCpu) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("gale_gpu_sampled_predict_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  TrainOptions o = pyg_options("sage");
+  o.checkpoint_dir = (dir / "sage").string();
+  train(o);
+  auto run = [&](const Device& device, int fanout, const std::string& name) {
+    PredictOptions p = logits_prediction(o, device, (dir / (name + ".npy")).string());
+    if (fanout != 0) p.fanouts.assign(static_cast<size_t>(o.model.layers), fanout);
+    p.batch_size = 1000;
+    const PredictReport r = predict(p);
+    EXPECT_EQ(r.sampled, fanout != 0) << name;
+    if (fanout != 0) EXPECT_EQ(r.sampled_batches, 3) << name;
+    return read_f32_npy(p.embeddings);
+  };
+  const std::vector<float> gpu5 = run(Device::cuda(0), 5, "gpu5"), cpu5 = run(Device::cpu(), 5, "cpu5");
+  EXPECT_EQ(far_from(gpu5, cpu5), 0u) << "fanouts 5: GPU against CPU";
+  const std::vector<float> every = run(Device::cuda(0), -1, "gpu_every"), whole = run(Device::cuda(0), 0, "whole");
+  EXPECT_EQ(far_from(every, whole), 0u) << "every neighbour against the whole graph";
   std::filesystem::remove_all(dir);
 }
 

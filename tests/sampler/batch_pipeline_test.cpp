@@ -23,6 +23,19 @@ TEST(EpochPlan, EveryEpochIsAPermutationThatDependsOnlyOnSeedAndEpoch) {
   EXPECT_EQ(a.batch_length(15), 1000 - 15 * 64);
 }
 
+TEST(EpochPlan, InOrderBatchesAreConsecutiveSeedsAsGiven) {
+  std::vector<int64_t> ids(1000);
+  std::iota(ids.begin(), ids.end(), 0);
+  const EpochPlan plan = EpochPlan::in_order(ids, 300);
+  EXPECT_EQ(plan.order(), ids);
+  ASSERT_EQ(plan.num_batches(), 4);
+  for (int64_t b = 0; b < 4; ++b) {
+    EXPECT_EQ(plan.batch(b)[0], b * 300);
+    EXPECT_EQ(plan.batch_length(b), b < 3 ? 300 : 100);
+    EXPECT_EQ(plan.step_length(b), plan.batch_length(b));
+  }
+}
+
 TEST(BatchPipeline, DeliversEverySeedExactlyOnceInPlanOrderForAnyPrefetch) {
   std::vector<int64_t> ids(777);
   std::iota(ids.begin(), ids.end(), 0);

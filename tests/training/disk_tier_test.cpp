@@ -4,21 +4,29 @@
 // (same losses, accuracies and weights), with io_uring and with the pread pool; a byte flipped
 // in features.npy stops the run with the page's offset; a budget below the run's minimum is a
 // ResourceError naming the flag; one process runs training and prediction each under its own budget.
+// gale predict --fanouts (sampled inference) writes the same files beyond memory as in memory, and
+// with fanouts covering every neighbour predicts what the whole graph predicts.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <csignal>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "engine/predict.hpp"
 #include "engine/trainer.hpp"
 #include "kernels/error.hpp"
+#include "storage/npy.hpp"
 #include "storage/preprocess.hpp"
+#include "storage/store.hpp"
 #include "tests/training/checkpoint_weights.hpp"
 
 namespace gale::engine {
@@ -302,6 +310,129 @@ TEST(DiskTier, AFlippedByteInTheFeaturesStopsTheRunNamingItsOffset) {
       EXPECT_NE(what.find(std::to_string(4096 + 3 * 4096)), std::string::npos) << what;
     }
   }
+}
+
+// Sampled inference (gale predict --fanouts): every node's prediction from mini-batches through
+// training's batch sources, over the checkpoint of a model trained for two epochs.
+const std::string& trained_checkpoint() {
+  static const std::string dir = [] {
+    const TrainOptions o = options("predict-model");
+    train(o);
+    return o.checkpoint_dir;
+  }();
+  return dir;
+}
+
+PredictOptions prediction(const std::string& name) {
+  PredictOptions p;
+  p.store = sbm_store();
+  p.checkpoint = trained_checkpoint();
+  p.out = (test_dir() / (name + "_predictions.npy")).string();
+  p.embeddings = (test_dir() / (name + "_logits.npy")).string();
+  return p;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// An .npy file's data as floats (the logits) or ints (the predictions), both 4 bytes wide.
+template <typename T>
+std::vector<T> npy_values(const std::string& path) {
+  const storage::NpyHeader h = storage::read_npy_header(path);
+  const std::string bytes = file_bytes(path);
+  std::vector<T> v(static_cast<size_t>(h.count()));
+  std::memcpy(v.data(), bytes.data() + h.data_offset, v.size() * sizeof(T));
+  return v;
+}
+
+// With a fanout of at least the graph's largest in-degree at every hop, each seed's sampled
+// neighbourhood is its whole neighbourhood: the full graph's predictions, and its logits to
+// float rounding (other summation orders).
+TEST(SampledPredict, FanoutsCoveringEveryNeighbourPredictAsTheWholeGraph) {
+  const PredictOptions whole = prediction("whole");
+  const PredictReport full = predict(whole);
+  EXPECT_FALSE(full.sampled);
+
+  PredictOptions o = prediction("every-neighbour");
+  const storage::Store store = storage::Store::open(sbm_store());
+  int64_t max_degree = 0;
+  for (int64_t v = 0; v < store.num_nodes(); ++v)
+    max_degree = std::max(max_degree, store.indptr()[v + 1] - store.indptr()[v]);
+  o.fanouts = {static_cast<int>(max_degree), -1};  // -1: every neighbour
+  o.batch_size = 4096;
+  const PredictReport sampled = predict(o);
+  EXPECT_TRUE(sampled.sampled);
+  EXPECT_EQ(sampled.num_nodes, 30000);
+  EXPECT_EQ(sampled.sampled_batches, (30000 + 4095) / 4096);
+  EXPECT_EQ(npy_values<int32_t>(o.out), npy_values<int32_t>(whole.out));
+  EXPECT_EQ(sampled.test_acc, full.test_acc);
+  const std::vector<float> a = npy_values<float>(o.embeddings), b = npy_values<float>(whole.embeddings);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4f * (1.0f + std::fabs(b[i]))) << "logit " << i;
+}
+
+// Features beyond --host-mem-budget are read through the disk tier; the same neighbourhoods are
+// drawn, so the files are the in-memory run's, bit for bit. Two runs write the same files.
+TEST(SampledPredict, BeyondMemoryWritesTheInMemoryFilesBitForBit) {
+  PredictOptions memory = prediction("sampled-memory");
+  memory.fanouts = {5, 5};
+  memory.batch_size = 1000;
+  const PredictReport in_memory = predict(memory);
+  EXPECT_EQ(in_memory.sampled_batches, 30);
+  EXPECT_EQ(in_memory.features.find("rest read from"), std::string::npos) << in_memory.features;
+
+  PredictOptions again = memory;
+  again.out = (test_dir() / "sampled-again_predictions.npy").string();
+  again.embeddings = (test_dir() / "sampled-again_logits.npy").string();
+  predict(again);
+  EXPECT_EQ(file_bytes(again.out), file_bytes(memory.out));
+  EXPECT_EQ(file_bytes(again.embeddings), file_bytes(memory.embeddings));
+
+  PredictOptions disk = memory;
+  disk.out = (test_dir() / "sampled-disk_predictions.npy").string();
+  disk.embeddings = (test_dir() / "sampled-disk_logits.npy").string();
+  disk.host_mem_budget = (uint64_t{128} << 20) + (uint64_t{5} << 20);
+  disk.host_mem_budget_text = "133M";
+  const PredictReport beyond = predict(disk);
+  EXPECT_NE(beyond.features.find("rest read from features.npy"), std::string::npos) << beyond.features;
+  EXPECT_EQ(file_bytes(disk.out), file_bytes(memory.out));
+  EXPECT_EQ(file_bytes(disk.embeddings), file_bytes(memory.embeddings));
+  // An estimate of the full neighbourhood's prediction: well above chance (1/6) all the same.
+  EXPECT_GT(beyond.test_acc, 2.0 / 6);
+}
+
+// Without --fanouts, features on disk keep the layer-wise pass, and the caller hears once that
+// sampled inference is the fast way.
+TEST(SampledPredict, LayerByLayerOnDiskAdvisesFanouts) {
+  PredictOptions o = prediction("advice");
+  o.host_mem_budget = (uint64_t{128} << 20) + (uint64_t{5} << 20);
+  o.host_mem_budget_text = "133M";
+  std::vector<std::string> advice;
+  o.on_advice = [&](const std::string& line) { advice.push_back(line); };
+  const PredictReport r = predict(o);
+  EXPECT_FALSE(r.sampled);
+  EXPECT_GT(r.layerwise_chunks, 0);
+  ASSERT_EQ(advice.size(), 1u);
+  EXPECT_NE(advice[0].find("--fanouts"), std::string::npos) << advice[0];
+
+  o.host_mem_budget = 0;  // in memory: nothing to advise
+  advice.clear();
+  predict(o);
+  EXPECT_TRUE(advice.empty());
+}
+
+TEST(SampledPredict, FanoutsForAnotherDepthAreRefusedNamingTheFlag) {
+  PredictOptions o = prediction("depth");
+  o.fanouts = {5, 5, 5};
+  try {
+    predict(o);
+    FAIL() << "predicted with 3 fanouts for a 2-layer model";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--fanouts"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(o.out));
 }
 
 }  // namespace

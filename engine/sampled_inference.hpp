@@ -1,0 +1,25 @@
+// engine/sampled_inference.hpp — gale predict's sampled inference: every node's logits from
+// mini-batch inference with given fanouts, through the training pipeline's batch sources (the
+// CPU or GPU sampler, the GPU feature tiers, the host's features in memory or on the disk tier;
+// engine/train/minibatch_epoch.hpp), over batches of consecutive node ids. Each draw is keyed on a
+// fixed key and the batch's number, so two runs sample the same neighbourhoods, and a run with its
+// features on disk predicts exactly what one with them in memory predicts. An estimate of the
+// full-neighbourhood prediction (exact when each fanout covers every neighbour).
+#pragma once
+
+#include <filesystem>
+
+#include "engine/checkpoint.hpp"
+#include "engine/model.hpp"
+#include "engine/predict.hpp"
+#include "engine/tensor.hpp"
+
+namespace gale::engine {
+
+// Every node's logits on the host (N x classes, row v for stored node v) from the checkpoint's
+// model `config` and weights, with o.fanouts, o.batch_size and o's device and budgets; fills
+// report's sampled, sampled_batches, features, forward_seconds and gpu_peak_bytes.
+Tensor sampled_logits(const CheckpointState& state, const std::filesystem::path& file, const ModelConfig& config,
+                      const PredictOptions& o, PredictReport* report);
+
+}  // namespace gale::engine
