@@ -227,6 +227,16 @@ Tensor full_neighbourhood_logits(const CheckpointState& state, const std::filesy
   return infer_logits(model, store, o, report);
 }
 
+// Each row's argmax (the first of equal maxima).
+std::vector<int32_t> argmax_rows(const Tensor& logits) {
+  std::vector<int32_t> out(static_cast<size_t>(logits.rows()));
+  for (int64_t v = 0; v < logits.rows(); ++v) {
+    const float* row = logits.f32() + v * logits.cols();
+    out[static_cast<size_t>(v)] = static_cast<int32_t>(std::max_element(row, row + logits.cols()) - row);
+  }
+  return out;
+}
+
 // Writes --out and --embeddings beside their paths first and renames them only when both are
 // whole: a failure leaves neither (and the files they replace as they were). A symlink is written
 // through: its target is the file replaced.
@@ -292,18 +302,16 @@ PredictReport predict(const PredictOptions& o) {
   if (!store.has_features()) throw InputError(o.store + ": the store has no features.npy");
   const ModelConfig config = checkpoint_config(state, file, store, o);
   PredictReport report;
-  const Tensor logits = o.fanouts.empty() ? full_neighbourhood_logits(state, file, config, store, o, &report)
-                                          : sampled_logits(state, file, config, o, &report);
-
   const int64_t n = store.num_nodes();
-  std::vector<int32_t> pred(static_cast<size_t>(n));
-  for (int64_t v = 0; v < n; ++v) {
-    const float* row = logits.f32() + v * logits.cols();
-    int32_t best = 0;
-    for (int32_t k = 1; k < logits.cols(); ++k) {
-      if (row[k] > row[best]) best = k;
-    }
-    pred[v] = best;
+  std::vector<int32_t> pred;
+  Tensor logits;  // with --embeddings, or from the full neighbourhood's forward
+  if (o.fanouts.empty()) {
+    logits = full_neighbourhood_logits(state, file, config, store, o, &report);
+    pred = argmax_rows(logits);
+  } else {
+    SampledPredictions sampled = sampled_predictions(state, file, config, o, /*keep_logits=*/!o.embeddings.empty(), &report);
+    pred = std::move(sampled.classes);
+    logits = std::move(sampled.logits);
   }
   report.num_nodes = n;
   if (store.has_labels() && store.has_split("test")) {
@@ -317,17 +325,20 @@ PredictReport predict(const PredictOptions& o) {
   }
   // Outputs are indexed by the user's original node ids, also when the store reordered nodes.
   const int64_t* original = store.relabel();
-  Tensor out_logits = logits;
+  const bool write_logits = !o.embeddings.empty();
+  Tensor out_logits = write_logits ? logits : Tensor();
   if (original) {
     std::vector<int32_t> by_original(pred.size());
-    out_logits = Tensor::empty(n, logits.cols());
-    for (int64_t s = 0; s < n; ++s) {
-      by_original[original[s]] = pred[s];
-      std::copy(logits.f32() + s * logits.cols(), logits.f32() + (s + 1) * logits.cols(),
-                out_logits.f32() + original[s] * logits.cols());
-    }
+    for (int64_t s = 0; s < n; ++s) by_original[original[s]] = pred[s];
     pred.swap(by_original);
+    if (write_logits) {
+      out_logits = Tensor::empty(n, logits.cols());
+      for (int64_t s = 0; s < n; ++s)
+        std::copy(logits.f32() + s * logits.cols(), logits.f32() + (s + 1) * logits.cols(),
+                  out_logits.f32() + original[s] * logits.cols());
+    }
   }
+  logits = Tensor();
   write_outputs(o, pred, out_logits);
   return report;
 }

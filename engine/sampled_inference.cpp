@@ -39,15 +39,15 @@ TrainOptions inference_options(const ModelConfig& config, const PredictOptions& 
   t.host_mem_budget = o.host_mem_budget;
   t.host_mem_budget_text = o.host_mem_budget_text;
   t.io_engine = o.io_engine;
-  t.read_ahead_bytes = 0;  // each batch reads its own misses: the read-ahead follows training's plans
   t.temp_dir = o.temp_dir;
   return t;
 }
 
 }  // namespace
 
-Tensor sampled_logits(const CheckpointState& state, const std::filesystem::path& file, const ModelConfig& config,
-                      const PredictOptions& o, PredictReport* report) {
+SampledPredictions sampled_predictions(const CheckpointState& state, const std::filesystem::path& file,
+                                       const ModelConfig& config, const PredictOptions& o, bool keep_logits,
+                                       PredictReport* report) {
   using namespace train_parts;
   const TrainRun run(inference_options(config, o));
   Replicas replicas(run);
@@ -59,18 +59,23 @@ Tensor sampled_logits(const CheckpointState& state, const std::filesystem::path&
   report->features = batches.placement().description;
   const auto start = std::chrono::steady_clock::now();
   const int64_t n = run.num_nodes();
-  Tensor logits = Tensor::empty(n, config.out_dim);
+  SampledPredictions out;
+  out.classes.resize(static_cast<size_t>(n));
+  if (keep_logits) out.logits = Tensor::empty(n, config.out_dim);
   std::vector<int64_t> nodes(static_cast<size_t>(n));
   std::iota(nodes.begin(), nodes.end(), int64_t{0});
   report->sampled_batches =
       batches.sampled_logits(std::move(nodes), kInferenceKey, [&](const int64_t* seeds, int64_t count, const Tensor& rows) {
         const int64_t width = rows.cols();
-        for (int64_t i = 0; i < count; ++i)
-          std::copy(rows.f32() + i * width, rows.f32() + (i + 1) * width, logits.f32() + seeds[i] * width);
+        for (int64_t i = 0; i < count; ++i) {
+          const float* row = rows.f32() + i * width;
+          out.classes[static_cast<size_t>(seeds[i])] = static_cast<int32_t>(std::max_element(row, row + width) - row);
+          if (keep_logits) std::copy(row, row + width, out.logits.f32() + seeds[i] * width);
+        }
       });
   report->forward_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report->gpu_peak_bytes = gpu_peak_bytes(run.lead_device());
-  return logits;
+  return out;
 }
 
 }  // namespace gale::engine

@@ -7,7 +7,9 @@
 // full-neighbourhood prediction (exact when each fanout covers every neighbour).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <vector>
 
 #include "engine/checkpoint.hpp"
 #include "engine/model.hpp"
@@ -16,10 +18,17 @@
 
 namespace gale::engine {
 
-// Every node's logits on the host (N x classes, row v for stored node v) from the checkpoint's
-// model `config` and weights, with o.fanouts, o.batch_size and o's device and budgets; fills
-// report's sampled, sampled_batches, features, forward_seconds and gpu_peak_bytes.
-Tensor sampled_logits(const CheckpointState& state, const std::filesystem::path& file, const ModelConfig& config,
-                      const PredictOptions& o, PredictReport* report);
+// Every node's class (argmax; entry v for stored node v) and, when `keep_logits`, its logits on the
+// host (N x classes), from the checkpoint's model `config` and weights, with o.fanouts,
+// o.batch_size and o's device and budgets; fills report's sampled, sampled_batches, features,
+// forward_seconds and gpu_peak_bytes. Without keep_logits no N x classes matrix is held: a
+// 33.5M-node graph's 47 classes are 6.3 GB of f32, more than a run beyond memory may have.
+struct SampledPredictions {
+  std::vector<int32_t> classes;
+  Tensor logits;  // undefined unless keep_logits
+};
+SampledPredictions sampled_predictions(const CheckpointState& state, const std::filesystem::path& file,
+                                       const ModelConfig& config, const PredictOptions& o, bool keep_logits,
+                                       PredictReport* report);
 
 }  // namespace gale::engine

@@ -177,7 +177,7 @@ struct MiniBatchEpochs::Worker {
   const scheduler::EpochPlan plan;
   // Features on disk: the windows of rows read ahead of this worker's batches (its share of the
   // read-ahead memory), which run on across epochs (MiniBatchEpochs::read_ahead_for).
-  ReadAhead* const read_ahead;
+  ReadAhead* read_ahead;  // set after construction by sampled inference, whose read-ahead samples this plan
   WorkerEpoch out;
   IoTimer io_timer;
   mutable std::atomic<int64_t> host_feature_ns{0};  // out.host_features_s as the prepare stage adds to it
@@ -565,11 +565,25 @@ double MiniBatchEpochs::sampled_accuracy(const std::vector<int64_t>& nodes, int6
 int64_t MiniBatchEpochs::sampled_logits(std::vector<int64_t> nodes, uint64_t key, const LogitsSink& sink) {
   Worker worker(*this, 0, 0, key, scheduler::EpochPlan::in_order(std::move(nodes), run_.opt().batch_size), 0, 0.0,
                 nullptr, nullptr);
+  const std::unique_ptr<ReadAhead> ahead = inference_read_ahead(worker.plan, key);  // gone before the worker
+  worker.read_ahead = ahead.get();
   worker.run_inference([&](int64_t b, const PreparedBatch&, const Tensor& logits) {
     const int64_t len = worker.plan.batch_length(b);
     sink(worker.plan.batch(b), len, logits.rows_slice(0, len).to(Device::cpu()));
   });
   return worker.plan.num_batches();
+}
+
+std::unique_ptr<ReadAhead> MiniBatchEpochs::inference_read_ahead(const scheduler::EpochPlan& plan, uint64_t key) {
+  storage::HostFeatures* host = replicas_.host_features();
+  if (host == nullptr || !host->on_disk() || host->read_ahead_bytes() == 0) return nullptr;
+  const Replica& r = replicas_.lead();
+  const sampler::NeighborSampler& cpu = *sampler_;
+  return std::make_unique<ReadAhead>(
+      *host->disk(), host->read_ahead_bytes(),
+      ReadAhead::Segment{0, 0, plan.num_batches(),
+                         [&r, &cpu, &plan, key](int64_t b) { return read_ahead_inputs(r, cpu, plan, key, b); }},
+      [](int64_t) -> std::optional<ReadAhead::Segment> { return std::nullopt; });
 }
 
 void MiniBatchEpochs::take_disk_stats(EpochMetrics* m) {

@@ -56,6 +56,8 @@ class MiniBatchEpochs {
   // lead replica's pipeline in batches of consecutive entries (the run's batch size), each forward
   // in evaluation mode with every draw keyed on `key` and the batch's number only. `sink` takes
   // each batch's seeds and their logits (one host row per seed), in order. Returns the batches.
+  // Features on disk: a read-ahead samples these batches ahead and reads their misses in sorted
+  // passes, window by window, as training's does.
   using LogitsSink = std::function<void(const int64_t* seeds, int64_t count, const Tensor& logits)>;
   int64_t sampled_logits(std::vector<int64_t> nodes, uint64_t key, const LogitsSink& sink);
 
@@ -76,6 +78,9 @@ class MiniBatchEpochs {
   // features are not on disk or --read-ahead is 0): the one running since an earlier epoch when it
   // has come exactly there, else a new one from there to the run's last epoch.
   ReadAhead* read_ahead_for(int local, int64_t epoch, int64_t first);
+  // Features on disk: a read-ahead over `plan`'s batches alone (sampled inference; epoch 0, keyed
+  // like the worker that runs them), or nullptr.
+  std::unique_ptr<ReadAhead> inference_read_ahead(const scheduler::EpochPlan& plan, uint64_t key);
   // A new read-ahead for worker `local` from batch `first` of `epoch` (the old one stopped first).
   void start_read_ahead(int local, int64_t epoch, int64_t first);
 
