@@ -1,6 +1,6 @@
 // `gale predict STORE --checkpoint D [--out predictions.npy] [--embeddings logits.npy]
 //  [--device cpu|cuda[:N]|auto] [--gpu-mem-budget 8G] [--spmm K] [--tf32] [--host-mem-budget 8G]
-//  [--io-engine auto|io_uring|pread] [--fanouts 15,10,5 [--batch-size 4096]]`.
+//  [--io-engine auto|io_uring|pread] [--fanouts 15,10,5 [--batch-size 1024]]`.
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
@@ -47,7 +47,7 @@ int run_predict(const std::vector<std::string>& args) {
                                        "neighbour fanouts per hop, seeds' hop first (e.g. 15,10,5; -1: every "
                                        "neighbour), an estimate of the full neighbourhood's; fast when the "
                                        "features are on disk")
-      ("batch-size", po::value(&o.batch_size), "sampled inference: nodes per mini-batch (default 4096)")
+      ("batch-size", po::value(&o.batch_size), "sampled inference: nodes per mini-batch (default 1024)")
       ("verbose,v", po::bool_switch(&verbose), "also say which kernel --spmm auto chose, and what each measured");
   po::positional_options_description pos;
   pos.add("store", 1);

@@ -41,7 +41,9 @@ struct PredictOptions {
   // over batches of `batch_size` consecutive nodes, instead of its full neighbourhood: an estimate,
   // like gale train's --eval sampled, and the fast way when the features are on disk.
   std::vector<int> fanouts;
-  int64_t batch_size = 4096;
+  // Training's default: the GPU's room for batches in flight is sized for training's batches (with
+  // 4096, R-MAT 25 under a 10 GB GPU budget ran out of it).
+  int64_t batch_size = 1024;
   // Called once with a line of advice before a pass that sampled inference would shorten (layer by
   // layer with the features on disk); the CLI prints it on stderr.
   std::function<void(const std::string&)> on_advice;

@@ -123,7 +123,11 @@ void Replicas::place_batch_sources(const TrainRun& run) {
     host.topology_on_host = !topology_on_gpus;
     if (lead.is_cuda()) {
       host.skip_hottest = storage::cache_rows_within(store, feature_room(lead));
-      host.keep_free = BatchFeatures::kStagedReserve * static_cast<uint64_t>(replicas_.size());
+      // Each GPU beyond the first also keeps kExtraGpuHostReserve of the budget unused: R-MAT 25
+      // on 2 GPUs in an 8 GB cgroup was killed by the OOM killer with the budget one GPU leaves
+      // the cache (peer mappings, NCCL, a second worker's pipeline: not yet broken down).
+      host.keep_free = BatchFeatures::kStagedReserve * static_cast<uint64_t>(replicas_.size()) +
+                       Replicas::kExtraGpuHostReserve * static_cast<uint64_t>(replicas_.size() - 1);
     }
     host_features_ = std::make_unique<storage::HostFeatures>(store, host);
   }

@@ -40,6 +40,9 @@ class Replicas {
   // workers in the run their communicators; for mini-batch training each worker's arena.
   explicit Replicas(const TrainRun& run);
 
+  // Host memory each GPU worker beyond the first keeps out of the disk tier's host cache.
+  static constexpr uint64_t kExtraGpuHostReserve = uint64_t{512} << 20;
+
   // Mini-batch training: where the batches' features come from, and on GPUs each replica's GPU
   // sampler (unless --sampler cpu). On a GPU the feature tiers take what --feature-gpu-mem says or
   // half of the GPU's room (the topology a quarter); beyond it, every row in pinned host memory
