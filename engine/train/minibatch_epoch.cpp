@@ -135,6 +135,16 @@ int64_t vote_lag() {
   return lag;
 }
 
+// The gradient buckets' size (Worker::sum_layer): kBucketBytes, or GALE_BUCKET_BYTES.
+constexpr size_t kBucketBytes = size_t{4} << 20;
+size_t bucket_bytes_limit() {
+  static const size_t bytes = [] {
+    const char* env = std::getenv("GALE_BUCKET_BYTES");
+    return env != nullptr && std::atoll(env) > 0 ? static_cast<size_t>(std::atoll(env)) : kBucketBytes;
+  }();
+  return bytes;
+}
+
 // Batch b's input nodes that the host will read, sampled as the pipeline's prepare samples them
 // (for the read-ahead's sampling thread): all of them, or behind a GPU cache those it lacks.
 std::vector<int64_t> read_ahead_inputs(const Replica& r, const sampler::NeighborSampler& sampler,
@@ -251,7 +261,8 @@ struct MiniBatchEpochs::Worker {
   // buckets (they depend only on the parameters' sizes), so the calls match. A bucket is one
   // NCCL group call: fewer, larger sums wait for the other workers fewer times per step
   // (measured on 2 H200s, R-MAT 23: one sum per layer spent 0.19 s per epoch in NCCL).
-  static constexpr size_t kBucketBytes = size_t{4} << 20;
+  // GALE_BUCKET_BYTES overrides the size, for measuring (every process of a run must see the same).
+  const size_t bucket_limit = bucket_bytes_limit();
   void flush() {
     if (bucket.empty()) return;
     const auto t_sum = Clock::now();
@@ -265,7 +276,7 @@ struct MiniBatchEpochs::Worker {
       bucket.push_back(&p->grad);
       bucket_bytes += p->grad.nbytes();
     }
-    if (bucket_bytes >= kBucketBytes) flush();
+    if (bucket_bytes >= bucket_limit) flush();
   }
 
   // Sampled blocks of a batch of seeds as graph operands (each outer source's GCN norm from its
