@@ -17,6 +17,7 @@
 #include "engine/model.hpp"
 #include "engine/ops.hpp"
 #include "engine/sampled_inference.hpp"
+#include "kernels/cuda/budget.hpp"
 #include "kernels/error.hpp"
 #include "kernels/threads.hpp"
 #include "storage/host_features.hpp"
@@ -144,10 +145,18 @@ Tensor infer_logits(Model& model, const storage::Store& store, const PredictOpti
   ho.engine = o.io_engine;
   storage::HostFeatures host(store, ho);  // checks the rows it keeps in memory, page by page
   report->features = host.describe();
-  if (host.on_disk() && o.on_advice)
-    o.on_advice("the features are on disk and every layer reads all of them: --fanouts (e.g. 15,10,5) predicts by "
-                "sampled mini-batch inference instead, the fast way beyond memory (an estimate, like gale train's "
-                "--eval sampled)");
+  // Layer by layer, a layer's output table that the budget cannot hold spills to a scratch file and
+  // is read back at random (R-MAT 21 in 2 GB: 337 s an evaluation); sampled inference spills
+  // nothing but samples a neighbourhood per node (a 200K-node SBM on 2 busy CPU cores, nothing
+  // spilled: 195 s sampled against 12 s layer by layer), so it is advised only when tables spill.
+  const auto advise = [&] {  // just before a layer-wise pass
+    const uint64_t table_bytes = static_cast<uint64_t>(n) * static_cast<uint64_t>(model.widest_dim()) * sizeof(float);
+    const uint64_t used = budget->in_use() + storage::HostFeatures::kStagingReserve;  // the reads' staging to come
+    if (host.on_disk() && o.on_advice && used + table_bytes > budget->limit())
+      o.on_advice("the features are on disk and the layers' tables (" + kernels::cuda::format_bytes(table_bytes) +
+                  " each) exceed --host-mem-budget, so they spill to disk: --fanouts (e.g. 15,10,5) predicts by sampled "
+                  "mini-batch inference instead, which spills nothing (an estimate, like gale train's --eval sampled)");
+  };
   const uint64_t x_bytes = static_cast<uint64_t>(n) * static_cast<uint64_t>(store.feature_dim()) * sizeof(float);
   const bool x_fits = !host.on_disk() && budget->in_use() + x_bytes <= budget->limit();
   const auto start = std::chrono::steady_clock::now();
@@ -162,6 +171,7 @@ Tensor infer_logits(Model& model, const storage::Store& store, const PredictOpti
     if (!x_fits) {
       LayerwiseOptions lo;
       lo.host_budget = budget.get();
+      advise();
       Tensor logits = layerwise_logits(model, store, host_rows, lo);
       report->layerwise_chunks = static_cast<int64_t>(layerwise_chunks(store.indptr(), n, lo.max_rows).size()) - 1;
       report->forward_seconds = seconds_since(start);
@@ -189,6 +199,7 @@ Tensor infer_logits(Model& model, const storage::Store& store, const PredictOpti
     LayerwiseOptions lo = layerwise_options_for(free, model.widest_dim(), attention);
     lo.host_budget = budget.get();  // the layers' host tables; beyond it they spill to --temp-dir
     lo.spill_dir = spill_dir_for(o.temp_dir, store);
+    advise();
     logits = layerwise_logits(model, store, host_rows, lo);
     report->layerwise_chunks = static_cast<int64_t>(layerwise_chunks(store.indptr(), n, lo.max_rows).size()) - 1;
     report->forward_seconds = seconds_since(start);

@@ -39,13 +39,13 @@ struct PredictOptions {
   // Sampled inference (engine/sampled_inference.hpp): with fanouts (one per layer, -1 for every
   // neighbour), every node's logits come from mini-batch inference through training's pipeline,
   // over batches of `batch_size` consecutive nodes, instead of its full neighbourhood: an estimate,
-  // like gale train's --eval sampled, and the fast way when the features are on disk.
+  // like gale train's --eval sampled, which pays when the layer-wise pass would spill its tables.
   std::vector<int> fanouts;
   // Training's default: the GPU's room for batches in flight is sized for training's batches (with
   // 4096, R-MAT 25 under a 10 GB GPU budget ran out of it).
   int64_t batch_size = 1024;
-  // Called once with a line of advice before a pass that sampled inference would shorten (layer by
-  // layer with the features on disk); the CLI prints it on stderr.
+  // Called once with a line of advice before a pass that sampled inference may shorten (layer by
+  // layer with the features on disk and tables that spill); the CLI prints it on stderr.
   std::function<void(const std::string&)> on_advice;
 };
 

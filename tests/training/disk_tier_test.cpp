@@ -403,8 +403,8 @@ TEST(SampledPredict, BeyondMemoryWritesTheInMemoryFilesBitForBit) {
   EXPECT_GT(beyond.test_acc, 2.0 / 6);
 }
 
-// Without --fanouts, features on disk keep the layer-wise pass, and the caller hears once that
-// sampled inference is the fast way.
+// Without --fanouts, features on disk keep the layer-wise pass, and when its tables will not fit
+// the budget beside the reads' staging the caller hears once that sampled inference spills nothing.
 TEST(SampledPredict, LayerByLayerOnDiskAdvisesFanouts) {
   PredictOptions o = prediction("advice");
   o.host_mem_budget = (uint64_t{128} << 20) + (uint64_t{5} << 20);
