@@ -44,7 +44,6 @@ struct Result {
   double peak_gib = 0;
   bool has_bound = false;  // on a GPU
   engine::RooflineBound bound;
-  double hbm_gbps = 0;     // the copy bandwidth the bound's other ops took
   std::string error;
   std::vector<engine::ops::OpProfile::Entry> ops;  // per op, summed over the timed epochs
 };
@@ -98,12 +97,13 @@ Result time_model(const engine::ModelConfig& cfg, const Workload& w, const Devic
   return r;
 }
 
-// The roofline of r's epoch on a GPU, with the rates measured now that the model's memory is free.
-void add_bound(Result* r, const Device& dev, bool tf32, const kernels::CsrView& graph, int epochs) {
+// The roofline of r's epoch on a GPU, with the rates `rates` lacks measured now that the model's
+// memory is free (kept for the next model: each shape is measured once a run).
+void add_bound(Result* r, const Device& dev, bool tf32, const kernels::CsrView& graph, int epochs,
+               engine::RooflineRates* rates) {
   if (!dev.is_cuda()) return;
-  const engine::RooflineRates rates = engine::measure_roofline_rates(r->ops, dev, tf32, graph);
-  r->bound = engine::roofline_bound(r->ops, rates, epochs);
-  r->hbm_gbps = rates.hbm_bytes_per_s / 1e9;
+  engine::measure_roofline_rates(r->ops, dev, tf32, graph, rates);
+  r->bound = engine::roofline_bound(r->ops, *rates, epochs);
   r->has_bound = true;
 }
 
@@ -236,7 +236,7 @@ int run_bench_train(const std::vector<std::string>& args) {
     std::printf("%-6s %10s %9s %9s %9s %9s%s\n", "model", "ms/epoch", "agg_ms", "gemm_ms", "other_ms", "peak_GiB",
                 dev.is_cuda() ? "  bound_ms    eff" : "");
   }
-  double hbm_gbps = 0;
+  engine::RooflineRates rates;  // the roofline's, measured as the models need them
   for (const std::string& m : models) {
     engine::ModelConfig cfg;
     cfg.model = m;
@@ -253,8 +253,7 @@ int run_bench_train(const std::vector<std::string>& args) {
     Result r;
     try {
       r = time_model(cfg, w, dev, exec, warmup, epochs, seed);
-      add_bound(&r, dev, tf32, csr, epochs);
-      hbm_gbps = std::max(hbm_gbps, r.hbm_gbps);
+      add_bound(&r, dev, tf32, csr, epochs, &rates);
     } catch (const ResourceError& e) {
       r.model = m;
       r.error = e.what();
@@ -290,7 +289,7 @@ int run_bench_train(const std::vector<std::string>& args) {
     }
     std::fflush(stdout);
   }
-  if (!json) print_bound_note(dev, tf32, hbm_gbps);
+  if (!json) print_bound_note(dev, tf32, rates.hbm_bytes_per_s / 1e9);
   return 0;
 }
 

@@ -133,10 +133,10 @@ double unless_out_of_memory(const std::function<double()>& measure) {
 
 }  // namespace
 
-RooflineRates measure_roofline_rates(const std::vector<ops::OpProfile::Entry>& ops, const Device& device, bool tf32,
-                                     const kernels::CsrView& graph) {
+void measure_roofline_rates(const std::vector<ops::OpProfile::Entry>& ops, const Device& device, bool tf32,
+                            const kernels::CsrView& graph, RooflineRates* rates) {
   if (!device.is_cuda()) throw DeviceError("the roofline's rates are measured on a GPU, not on " + device.name());
-  RooflineRates r;
+  RooflineRates& r = *rates;
   for (const ops::OpProfile::Entry& e : ops) {
     const ops::OpShape& s = e.shape;
     const bool gemm_new = std::none_of(r.gemm.begin(), r.gemm.end(), [&](const auto& g) { return same_gemm(g, s); });
@@ -148,8 +148,7 @@ RooflineRates measure_roofline_rates(const std::vector<ops::OpProfile::Entry>& o
     if (e.kind == ops::OpKind::kAggregation && s.width > 0 && width_new)
       r.gather.emplace_back(s.width, unless_out_of_memory([&] { return gather_bytes_per_s(s.width, graph, device); }));
   }
-  r.hbm_bytes_per_s = unless_out_of_memory([&] { return copy_bytes_per_s(device); });
-  return r;
+  if (r.hbm_bytes_per_s == 0) r.hbm_bytes_per_s = unless_out_of_memory([&] { return copy_bytes_per_s(device); });
 }
 
 }  // namespace gale::engine

@@ -56,15 +56,16 @@ RooflineBound roofline_bound(const std::vector<ops::OpProfile::Entry>& ops, cons
 // bound / measured epoch, as a fraction; 0 when the epoch was not measured (epoch_ms <= 0).
 double roofline_efficiency(const RooflineBound& bound, double epoch_ms);
 
-// Measures on `device` (a GPU) the rates the bound of `ops` needs: each distinct GEMM shape through
-// ops::gemm in the given precision, a gather per distinct aggregation width over the host graph's
-// column indices (at most kRooflineGatherBytes gathered), and a kRooflineCopyBytes copy; three
-// warm-up calls, then the median of seven, each timed on the device by an OpProfile of its own
-// (so no other OpProfile may be alive on this thread). A shape that does not fit in the device's
-// memory is left unmeasured. Throws DeviceError on the CPU.
+// Adds to `rates` what the bound of `ops` needs and it lacks, measured on `device` (a GPU): each
+// distinct GEMM shape through ops::gemm in the given precision, a gather per distinct aggregation
+// width over the host graph's column indices (at most kRooflineGatherBytes gathered), and a
+// kRooflineCopyBytes copy; three warm-up calls, then the median of seven, each timed on the device
+// by an OpProfile of its own (so no other OpProfile may be alive on this thread). A shape whose
+// operands do not fit in the device's memory (or budget) gets a rate of 0. Keeping `rates` from one
+// model to the next measures each shape once per run. Throws DeviceError on the CPU.
 constexpr int64_t kRooflineGatherBytes = int64_t{256} << 20;
 constexpr int64_t kRooflineCopyBytes = int64_t{256} << 20;
-RooflineRates measure_roofline_rates(const std::vector<ops::OpProfile::Entry>& ops, const Device& device, bool tf32,
-                                     const kernels::CsrView& graph);
+void measure_roofline_rates(const std::vector<ops::OpProfile::Entry>& ops, const Device& device, bool tf32,
+                            const kernels::CsrView& graph, RooflineRates* rates);
 
 }  // namespace gale::engine
