@@ -108,15 +108,20 @@ void add_bound(Result* r, const Device& dev, bool tf32, const kernels::CsrView& 
 }
 
 // What bound_ms is, under the table: once, as the rates are the run's.
-void print_bound_note(const Device& dev, bool tf32, double hbm_gbps) {
+void print_bound_note(const Device& dev, bool tf32, const engine::RooflineRates& rates) {
   if (!dev.is_cuda()) {
     std::printf("no roofline on the CPU\n");
     return;
   }
   std::printf("bound_ms: the epoch's lower bound on this GPU: each GEMM's FLOPs at the %s FLOP/s cuBLAS reached for "
-              "its shape, each aggregation's minimum bytes at the gather bandwidth measured over this graph's "
-              "indices, other ops' bytes at the copy bandwidth (%.0f GB/s); eff = bound_ms / ms/epoch\n",
-              tf32 ? "TF32" : "fp32", hbm_gbps);
+              "its shape (%zu shapes timed), each aggregation's minimum bytes at the gather bandwidth measured over "
+              "this graph's indices (",
+              tf32 ? "TF32" : "fp32", rates.gemm.size());
+  for (size_t i = 0; i < rates.gather.size(); ++i)
+    std::printf("%swidth %lld: %.0f GB/s", i ? ", " : "", static_cast<long long>(rates.gather[i].first),
+                rates.gather[i].second / 1e9);
+  std::printf("), other ops' bytes at the copy bandwidth (%.0f GB/s); eff = bound_ms / ms/epoch\n",
+              rates.hbm_bytes_per_s / 1e9);
 }
 
 }  // namespace
@@ -289,7 +294,7 @@ int run_bench_train(const std::vector<std::string>& args) {
     }
     std::fflush(stdout);
   }
-  if (!json) print_bound_note(dev, tf32, rates.hbm_bytes_per_s / 1e9);
+  if (!json) print_bound_note(dev, tf32, rates);
   return 0;
 }
 
