@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "engine/roofline.hpp"
 #include "kernels/cuda/buffer.hpp"
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/cuda/tc_plan.hpp"
@@ -224,9 +225,9 @@ int bench_spmm(const std::vector<std::string>& args) {
     const auto x = kernels::cuda::to_device(
         pool, random_floats(kernels::derive_key(2, static_cast<uint64_t>(w)), static_cast<size_t>(cols * w), -1.0f, 1.0f),
         stream);
-    // Bytes the product must move at least once: the CSR, the gathered source rows, the output.
-    const double bytes = static_cast<double>(rows + 1) * 8 + static_cast<double>(nnz) * (4 + 4) +
-                         static_cast<double>(nnz) * w * 4 + static_cast<double>(rows) * w * 4;
+    // Bytes the product must move at least once: the CSR with its weights, the gathered source
+    // rows, the output (the model `gale bench train`'s roofline takes for aggregations).
+    const double bytes = engine::spmm_min_bytes(rows, nnz, w, 4);
     std::vector<Row> results;
     std::vector<DeviceBuffer<float>> outputs;
     for (const Kernel& kernel : kinds) {

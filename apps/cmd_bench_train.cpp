@@ -7,7 +7,10 @@
 // the device at the end of each), the GPU time per op kind (aggregation, GEMM, other) averaged
 // over the timed epochs, and the peak of the device's memory pool over the timed epochs (graph,
 // features, parameters and activations: everything Gale allocates, as torch's
-// max_memory_allocated counts for PyG). Benchmarks are programs, never assertions on time.
+// max_memory_allocated counts for PyG). On a GPU, beside each epoch its roofline
+// (engine/roofline.hpp): the epoch's lower bound from its ops' shapes at rates measured on this
+// GPU after the model's epochs, and the epoch's efficiency against it. Benchmarks are programs,
+// never assertions on time.
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 #include <algorithm>
@@ -23,6 +26,7 @@
 #include "engine/graph.hpp"
 #include "engine/model.hpp"
 #include "engine/ops.hpp"
+#include "engine/roofline.hpp"
 #include "kernels/error.hpp"
 #include "storage/store.hpp"
 
@@ -38,6 +42,8 @@ struct Result {
   std::string model;
   double ms = 0, agg_ms = 0, gemm_ms = 0, other_ms = 0;
   double peak_gib = 0;
+  bool has_bound = false;  // on a GPU
+  engine::RooflineBound bound;
   std::string error;
   std::vector<engine::ops::OpProfile::Entry> ops;  // per op, summed over the timed epochs
 };
@@ -89,6 +95,33 @@ Result time_model(const engine::ModelConfig& cfg, const Workload& w, const Devic
   r.ops = profile.table();
   r.peak_gib = static_cast<double>(engine::gpu_peak_bytes(dev)) / static_cast<double>(1ULL << 30);
   return r;
+}
+
+// The roofline of r's epoch on a GPU, with the rates `rates` lacks measured now that the model's
+// memory is free (kept for the next model: each shape is measured once a run).
+void add_bound(Result* r, const Device& dev, bool tf32, const kernels::CsrView& graph, int epochs,
+               engine::RooflineRates* rates) {
+  if (!dev.is_cuda()) return;
+  engine::measure_roofline_rates(r->ops, dev, tf32, graph, rates);
+  r->bound = engine::roofline_bound(r->ops, *rates, epochs);
+  r->has_bound = true;
+}
+
+// What bound_ms is, under the table: once, as the rates are the run's.
+void print_bound_note(const Device& dev, bool tf32, const engine::RooflineRates& rates) {
+  if (!dev.is_cuda()) {
+    std::printf("no roofline on the CPU\n");
+    return;
+  }
+  std::printf("bound_ms: the epoch's lower bound on this GPU: each GEMM's FLOPs at the %s FLOP/s cuBLAS reached for "
+              "its shape (%zu shapes timed), each aggregation's minimum bytes at the gather bandwidth measured over "
+              "this graph's indices (",
+              tf32 ? "TF32" : "fp32", rates.gemm.size());
+  for (size_t i = 0; i < rates.gather.size(); ++i)
+    std::printf("%swidth %lld: %.0f GB/s", i ? ", " : "", static_cast<long long>(rates.gather[i].first),
+                rates.gather[i].second / 1e9);
+  std::printf("), other ops' bytes at the copy bandwidth (%.0f GB/s); eff = bound_ms / ms/epoch\n",
+              rates.hbm_bytes_per_s / 1e9);
 }
 
 }  // namespace
@@ -205,8 +238,10 @@ int run_bench_train(const std::vector<std::string>& args) {
                 tune_gemm ? (tf32 ? "tf32, tuned GEMMs" : "fp32, tuned GEMMs") : (tf32 ? "tf32" : "fp32"),
                 stack_operands ? ", stacked operands" : "", epochs, warmup);
     if (norm_kind != engine::Norm::kNone) std::printf("batch normalisation after each hidden layer\n");
-    std::printf("%-6s %10s %9s %9s %9s %9s\n", "model", "ms/epoch", "agg_ms", "gemm_ms", "other_ms", "peak_GiB");
+    std::printf("%-6s %10s %9s %9s %9s %9s%s\n", "model", "ms/epoch", "agg_ms", "gemm_ms", "other_ms", "peak_GiB",
+                dev.is_cuda() ? "  bound_ms    eff" : "");
   }
+  engine::RooflineRates rates;  // the roofline's, measured as the models need them
   for (const std::string& m : models) {
     engine::ModelConfig cfg;
     cfg.model = m;
@@ -223,6 +258,7 @@ int run_bench_train(const std::vector<std::string>& args) {
     Result r;
     try {
       r = time_model(cfg, w, dev, exec, warmup, epochs, seed);
+      add_bound(&r, dev, tf32, csr, epochs, &rates);
     } catch (const ResourceError& e) {
       r.model = m;
       r.error = e.what();
@@ -236,13 +272,18 @@ int run_bench_train(const std::vector<std::string>& args) {
       if (r.error.empty()) {
         row.update({{"ms_per_epoch", r.ms}, {"agg_ms", r.agg_ms}, {"gemm_ms", r.gemm_ms}, {"other_ms", r.other_ms},
                     {"peak_gib", r.peak_gib}});
+        if (r.has_bound)
+          row.update({{"bound_ms", r.bound.ms()}, {"bound_gemm_ms", r.bound.gemm_ms}, {"bound_agg_ms", r.bound.agg_ms},
+                      {"bound_other_ms", r.bound.other_ms}, {"efficiency", engine::roofline_efficiency(r.bound, r.ms)}});
       } else {
         row.update({{"error", "out of memory"}, {"detail", r.error}});
       }
       std::printf("%s\n", row.dump().c_str());
     } else if (r.error.empty()) {
-      std::printf("%-6s %10.2f %9.2f %9.2f %9.2f %9.2f\n", m.c_str(), r.ms, r.agg_ms, r.gemm_ms, r.other_ms,
-                  r.peak_gib);
+      std::printf("%-6s %10.2f %9.2f %9.2f %9.2f %9.2f", m.c_str(), r.ms, r.agg_ms, r.gemm_ms, r.other_ms, r.peak_gib);
+      if (r.has_bound)
+        std::printf(" %9.2f %5.1f%%", r.bound.ms(), 100.0 * engine::roofline_efficiency(r.bound, r.ms));
+      std::printf("\n");
       if (op_table) {
         for (const auto& e : r.ops)
           std::printf("         %-40s %6.2f calls %9.3f ms per epoch\n", e.name.c_str(),
@@ -253,6 +294,7 @@ int run_bench_train(const std::vector<std::string>& args) {
     }
     std::fflush(stdout);
   }
+  if (!json) print_bound_note(dev, tf32, rates);
   return 0;
 }
 

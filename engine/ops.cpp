@@ -37,6 +37,32 @@ cudaStream_t stream(const Tensor& t) { return context(t).stream(); }
 
 [[noreturn]] void no_cuda() { throw DeviceError("this build has no CUDA backend"); }
 
+thread_local OpProfile::Impl* active_profile = nullptr;
+
+// OpShape for the roofline: a GEMM's product, an op's bytes read and written (`passes` times each
+// tensor's bytes), an aggregation's gather.
+OpShape gemm_shape(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b) {
+  OpShape s;
+  s.m = m, s.n = n, s.k = k, s.trans_a = trans_a, s.trans_b = trans_b;
+  return s;
+}
+OpShape traffic(double bytes) {
+  OpShape s;
+  s.bytes = bytes;
+  return s;
+}
+OpShape traffic(const Tensor& t, int passes) { return traffic(static_cast<double>(t.nbytes()) * passes); }
+OpShape gather_shape(int64_t rows, int64_t nnz, int64_t width, int64_t value_bytes) {
+  OpShape s;
+  s.rows = rows, s.nnz = std::max<int64_t>(nnz, 0), s.width = width, s.value_bytes = value_bytes;
+  return s;
+}
+std::string gemm_name(const char* op, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b) {
+  if (active_profile == nullptr) return "";
+  return std::string(op) + " " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+         (trans_a ? " a^T" : "") + (trans_b ? " b^T" : "");
+}
+
 }  // namespace
 
 // ---- OpProfile ---------------------------------------------------------------------------------
@@ -45,6 +71,7 @@ struct OpProfile::Impl {
   struct Mark {
     OpKind kind;
     std::string name;
+    OpShape shape;
     std::chrono::steady_clock::time_point cpu_start;
     double cpu_ms = -1;  // CPU ops: measured at the end; CUDA ops: -1 until collected
 #if GALE_WITH_CUDA
@@ -55,14 +82,22 @@ struct OpProfile::Impl {
   double totals[kOpKinds] = {};
   std::vector<OpProfile::Entry> by_name;
 
+  // One table row: the same GEMM product or aggregation (an elementwise op's bytes may differ).
+  static bool same_work(const OpShape& a, const OpShape& b) {
+    return a.m == b.m && a.n == b.n && a.k == b.k && a.trans_a == b.trans_a && a.trans_b == b.trans_b &&
+           a.rows == b.rows && a.nnz == b.nnz && a.width == b.width && a.value_bytes == b.value_bytes;
+  }
+
   void collect() {
     for (Mark& m : marks) {
 #if GALE_WITH_CUDA
       if (m.start) m.cpu_ms = kernels::cuda::elapsed_ms(*m.start, *m.end);
 #endif
       totals[static_cast<int>(m.kind)] += m.cpu_ms;
-      auto it = std::find_if(by_name.begin(), by_name.end(), [&](const OpProfile::Entry& e) { return e.name == m.name; });
-      if (it == by_name.end()) it = by_name.insert(by_name.end(), OpProfile::Entry{m.name, m.kind, 0, 0});
+      auto it = std::find_if(by_name.begin(), by_name.end(),
+                             [&](const OpProfile::Entry& e) { return e.name == m.name && same_work(e.shape, m.shape); });
+      if (it == by_name.end()) it = by_name.insert(by_name.end(), OpProfile::Entry{m.name, m.kind, 0, 0, m.shape});
+      it->shape.bytes += (m.shape.bytes - it->shape.bytes) / static_cast<double>(it->calls + 1);  // the running mean
       it->ms += m.cpu_ms;
       ++it->calls;
     }
@@ -70,9 +105,6 @@ struct OpProfile::Impl {
   }
 };
 
-namespace {
-thread_local OpProfile::Impl* active_profile = nullptr;
-}  // namespace
 
 OpProfile::OpProfile() : impl_(std::make_unique<Impl>()) { active_profile = impl_.get(); }
 OpProfile::~OpProfile() {
@@ -94,12 +126,14 @@ void OpProfile::reset() {
   impl_->by_name.clear();
 }
 
-OpTimer::OpTimer(OpKind kind, const Device& device, std::string name) : profile_(active_profile) {
+OpTimer::OpTimer(OpKind kind, const Device& device, std::string name, const OpShape& shape)
+    : profile_(active_profile) {
   if (profile_ == nullptr) return;
   slot_ = profile_->marks.size();
   OpProfile::Impl::Mark m;
   m.kind = kind;
   m.name = std::move(name);
+  m.shape = shape;
   if (device.is_cuda()) {
 #if GALE_WITH_CUDA
     DeviceContext& ctx = DeviceContext::get(device.ordinal);
@@ -139,8 +173,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float be
   const int64_t kb = trans_b ? b.cols() : b.rows();
   const int64_t n = trans_b ? b.rows() : b.cols();
   GALE_ASSERT(k == kb && c->rows() == m && c->cols() == n);
-  const OpTimer timer(OpKind::kGemm, a.device(),
-                      active_profile ? "gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) : "");
+  const OpTimer timer(OpKind::kGemm, a.device(), gemm_name("gemm", m, n, k, trans_a, trans_b),
+                      gemm_shape(m, n, k, trans_a, trans_b));
   if (a.device().is_cpu()) {
     kernels::gemm(trans_a, trans_b, m, n, k, 1.0f, a.f32(), a.cols(), b.f32(), b.cols(), beta, c->f32(), n);
     return;
@@ -192,9 +226,8 @@ void gemm_bias(const Tensor& a, const Tensor& b, float beta, Tensor* c, const Te
   GALE_ASSERT(b.rows() == k && c->rows() == m && c->cols() == n && bias.numel() == n);
 #if GALE_WITH_CUDA
   if (a.device().is_cuda()) {
-    const OpTimer timer(OpKind::kGemm, a.device(),
-                        active_profile ? "gemm+bias " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k)
-                                       : "");
+    const OpTimer timer(OpKind::kGemm, a.device(), gemm_name("gemm+bias", m, n, k, false, false),
+                        gemm_shape(m, n, k, false, false));
     kernels::cuda::CublasHandle& blas = context(a).blas();
     if (kernels::gemm_bias_cuda(blas, blas.workspace(), blas.workspace_bytes(), false, false, m, n, k, a.f32(), k,
                                 b.f32(), n, beta, c->f32(), n, bias.f32(), relu, tf32))
@@ -214,7 +247,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool tf32) {
 void add_bias(Tensor* y, const Tensor& bias, bool relu) {
   same_device(*y, bias, "add_bias");
   GALE_ASSERT(bias.numel() == y->cols());
-  const OpTimer timer(OpKind::kOther, y->device(), relu ? "add_bias_relu" : "add_bias");
+  const OpTimer timer(OpKind::kOther, y->device(), relu ? "add_bias_relu" : "add_bias", traffic(*y, 2));
   if (y->device().is_cpu()) {
     return relu ? kernels::add_bias_relu(y->view(), bias.f32()) : kernels::add_bias(y->view(), bias.f32());
   }
@@ -234,7 +267,7 @@ void add_column_sums(const Tensor& x, const Tensor* sums, Tensor* out) {
 void column_sum(const Tensor& x, Tensor* out, bool accumulate) {
   same_device(x, *out, "column_sum");
   GALE_ASSERT(out->numel() == x.cols());
-  const OpTimer timer(OpKind::kOther, x.device(), "column_sum");
+  const OpTimer timer(OpKind::kOther, x.device(), "column_sum", traffic(x, 1));
   if (x.device().is_cpu()) return kernels::column_sum(x.view(), out->f32(), accumulate);
 #if GALE_WITH_CUDA
   const size_t bytes = kernels::column_sum_workspace_bytes(x.rows(), x.cols());
@@ -267,7 +300,7 @@ Tensor norm_workspace(const Tensor& x, size_t* bytes) {
 void batch_norm_stats(const Tensor& x, Tensor* mean, Tensor* var) {
   check_norm_columns(x, {mean, var}, "batch_norm_stats");
   GALE_ASSERT(x.rows() >= 1);
-  const OpTimer timer(OpKind::kOther, x.device(), "batch_norm_stats");
+  const OpTimer timer(OpKind::kOther, x.device(), "batch_norm_stats", traffic(x, 1));
   if (x.device().is_cpu()) return kernels::batch_norm_stats(x.view(), mean->f32(), var->f32());
 #if GALE_WITH_CUDA
   size_t bytes = 0;
@@ -283,7 +316,8 @@ void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& var, fl
   check_norm_columns(x, {&mean, &var, &gamma, &beta}, "batch_norm_apply");
   same_device(x, *y, "batch_norm_apply");
   same_shape(x, *y, "batch_norm_apply");
-  const OpTimer timer(OpKind::kOther, x.device(), relu ? "batch_norm_apply_relu" : "batch_norm_apply");
+  const OpTimer timer(OpKind::kOther, x.device(), relu ? "batch_norm_apply_relu" : "batch_norm_apply",
+                      traffic(x, 2));
   if (x.device().is_cpu())
     return kernels::batch_norm_apply(x.view(), mean.f32(), var.f32(), eps, gamma.f32(), beta.f32(), relu, y->view());
 #if GALE_WITH_CUDA
@@ -311,7 +345,8 @@ void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
     GALE_ASSERT(relu_mask->rows() == x.rows() && relu_mask->cols() == kernels::relu_mask_words(x.cols()));
     bits = relu_mask->data<uint32_t>();
   }
-  const OpTimer timer(OpKind::kOther, x.device(), bits != nullptr ? "batch_norm_relu_backward" : "batch_norm_backward");
+  const OpTimer timer(OpKind::kOther, x.device(), bits != nullptr ? "batch_norm_relu_backward" : "batch_norm_backward",
+                      traffic(x, 3));
   if (x.device().is_cpu())
     return kernels::batch_norm_backward(grad_out.view(), x.view(), mean.f32(), var.f32(), eps, gamma.f32(), bits,
                                         grad_gamma->f32(), grad_beta->f32(), grad_x->view());
@@ -344,7 +379,7 @@ void batch_norm_update_running(const Tensor& mean, const Tensor& var, int64_t ro
 void axpy(const Tensor& x, float alpha, Tensor* y) {
   same_device(x, *y, "axpy");
   same_shape(x, *y, "axpy");
-  const OpTimer timer(OpKind::kOther, x.device(), "axpy");
+  const OpTimer timer(OpKind::kOther, x.device(), "axpy", traffic(*y, 3));
   if (x.device().is_cpu()) return kernels::axpy(x.view(), alpha, y->view());
 #if GALE_WITH_CUDA
   kernels::axpy_cuda(x.view(), alpha, y->view(), stream(x));
@@ -355,7 +390,7 @@ void axpy(const Tensor& x, float alpha, Tensor* y) {
 
 void zero(Tensor* t) {
   if (t->nbytes() == 0) return;
-  const OpTimer timer(OpKind::kOther, t->device(), "zero");
+  const OpTimer timer(OpKind::kOther, t->device(), "zero", traffic(*t, 1));
   if (t->device().is_cpu()) return t->fill(0.0f);
 #if GALE_WITH_CUDA
   GALE_CHECK_CUDA(cudaMemsetAsync(t->data<unsigned char>(), 0, t->nbytes(), stream(*t)));
@@ -376,7 +411,9 @@ void zero_many(const std::vector<Tensor*>& tensors) {
     for (Tensor* t : tensors) zero(t);
     return;
   }
-  const OpTimer timer(OpKind::kOther, device, "zero");
+  double bytes = 0;
+  for (const Tensor* t : tensors) bytes += static_cast<double>(t->nbytes());
+  const OpTimer timer(OpKind::kOther, device, "zero", traffic(bytes));
 #if GALE_WITH_CUDA
   std::vector<float*> data;
   std::vector<int64_t> counts;
@@ -396,7 +433,7 @@ void copy_into_columns(const Tensor& src, Tensor* dst, int64_t col) {
   GALE_ASSERT(src.dtype() == DType::kF32 && dst->dtype() == DType::kF32);
   GALE_ASSERT(src.rows() <= dst->rows() && col >= 0 && col + src.cols() <= dst->cols());
   if (src.nbytes() == 0) return;
-  const OpTimer timer(OpKind::kOther, src.device(), "copy_into_columns");
+  const OpTimer timer(OpKind::kOther, src.device(), "copy_into_columns", traffic(src, 2));
   float* to = dst->f32() + col;
   if (src.device().is_cpu()) {
     for (int64_t r = 0; r < src.rows(); ++r)
@@ -417,7 +454,8 @@ void zero_block(Tensor* t, int64_t row0, int64_t row1, int64_t col0, int64_t col
   GALE_ASSERT(t->dtype() == DType::kF32);
   GALE_ASSERT(0 <= row0 && row0 <= row1 && row1 <= t->rows() && 0 <= col0 && col0 <= col1 && col1 <= t->cols());
   if (row0 == row1 || col0 == col1) return;
-  const OpTimer timer(OpKind::kOther, t->device(), "zero_block");
+  const OpTimer timer(OpKind::kOther, t->device(), "zero_block",
+                      traffic(static_cast<double>((row1 - row0) * (col1 - col0)) * sizeof(float)));
   const kernels::MatrixView block{t->f32() + row0 * t->cols() + col0, row1 - row0, col1 - col0, t->cols()};
   if (t->device().is_cpu()) return kernels::fill_block(block, 0.0f);
 #if GALE_WITH_CUDA
@@ -433,7 +471,7 @@ void axpy_columns(const Tensor& x, int64_t col, float alpha, Tensor* y) {
   kernels::ConstMatrixView block = x.view();
   block.data += col;
   block.cols = y->cols();
-  const OpTimer timer(OpKind::kOther, x.device(), "axpy");
+  const OpTimer timer(OpKind::kOther, x.device(), "axpy", traffic(*y, 3));
   if (x.device().is_cpu()) return kernels::axpy(block, alpha, y->view());
 #if GALE_WITH_CUDA
   kernels::axpy_cuda(block, alpha, y->view(), stream(x));
@@ -447,7 +485,7 @@ void copy(const Tensor& src, Tensor* dst) {
   same_shape(src, *dst, "copy");
   GALE_ASSERT(src.dtype() == dst->dtype());
   if (src.nbytes() == 0) return;
-  const OpTimer timer(OpKind::kOther, src.device(), "copy");
+  const OpTimer timer(OpKind::kOther, src.device(), "copy", traffic(src, 2));
   if (src.device().is_cpu()) {
     std::memcpy(dst->data<unsigned char>(), src.data<unsigned char>(), src.nbytes());
     return;
@@ -464,7 +502,8 @@ Tensor gather_rows(const Tensor& src, const Tensor& ids) {
   GALE_ASSERT(ids.dtype() == DType::kI64 && ids.cols() == 1 && dtype_size(src.dtype()) == 4);
   Tensor out = Tensor::empty(ids.rows(), src.cols(), src.dtype(), src.device());
   if (out.nbytes() == 0) return out;
-  const OpTimer timer(OpKind::kOther, src.device(), "gather_rows");
+  const OpTimer timer(OpKind::kOther, src.device(), "gather_rows",
+                      traffic(static_cast<double>(ids.nbytes() + 2 * out.nbytes())));
   // A bit-exact row copy: 4-byte elements of any type travel as floats.
   const kernels::ConstMatrixView from{reinterpret_cast<const float*>(src.data<int32_t>()), src.rows(), src.cols(),
                                       src.cols()};
@@ -484,7 +523,7 @@ Tensor gather_rows(const Tensor& src, const Tensor& ids) {
 void relu(const Tensor& x, Tensor* out) {
   same_device(x, *out, "relu");
   same_shape(x, *out, "relu");
-  const OpTimer timer(OpKind::kOther, x.device(), "relu");
+  const OpTimer timer(OpKind::kOther, x.device(), "relu", traffic(x, 2));
   if (x.device().is_cpu()) return kernels::relu_forward(x.view(), out->view());
 #if GALE_WITH_CUDA
   kernels::relu_forward_cuda(x.view(), out->view(), stream(x));
@@ -496,7 +535,7 @@ void relu(const Tensor& x, Tensor* out) {
 void relu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in) {
   same_device(grad_out, y, "relu_backward");
   same_shape(grad_out, y, "relu_backward");
-  const OpTimer timer(OpKind::kOther, y.device(), "relu_backward");
+  const OpTimer timer(OpKind::kOther, y.device(), "relu_backward", traffic(y, 3));
   if (y.device().is_cpu()) return kernels::relu_backward(grad_out.view(), y.view(), grad_in->view());
 #if GALE_WITH_CUDA
   kernels::relu_backward_cuda(grad_out.view(), y.view(), grad_in->view(), stream(y));
@@ -507,7 +546,7 @@ void relu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in) {
 
 Tensor relu_mask(const Tensor& y) {
   Tensor mask = Tensor::empty(y.rows(), kernels::relu_mask_words(y.cols()), DType::kI32, y.device());
-  const OpTimer timer(OpKind::kOther, y.device(), "relu_mask");
+  const OpTimer timer(OpKind::kOther, y.device(), "relu_mask", traffic(static_cast<double>(y.nbytes() + mask.nbytes())));
   auto* bits = mask.data<uint32_t>();
   if (y.device().is_cpu()) {
     kernels::relu_mask(y.view(), bits);
@@ -526,7 +565,8 @@ void relu_backward_mask(const Tensor& grad_out, const Tensor& mask, Tensor* grad
   same_shape(grad_out, *grad_in, "relu_backward_mask");
   GALE_ASSERT(mask.rows() == grad_out.rows() && mask.cols() == kernels::relu_mask_words(grad_out.cols()));
   GALE_ASSERT(column_sums == nullptr || column_sums->numel() == grad_out.cols());
-  const OpTimer timer(OpKind::kOther, grad_out.device(), "relu_backward_mask");
+  const OpTimer timer(OpKind::kOther, grad_out.device(), "relu_backward_mask",
+                      traffic(static_cast<double>(2 * grad_out.nbytes() + mask.nbytes())));
   const auto* bits = mask.data<uint32_t>();
   if (grad_out.device().is_cpu()) {
     kernels::relu_backward_mask(grad_out.view(), bits, grad_in->view());
@@ -550,7 +590,7 @@ void relu_backward_mask(const Tensor& grad_out, const Tensor& mask, Tensor* grad
 void elu(const Tensor& x, Tensor* out) {
   same_device(x, *out, "elu");
   same_shape(x, *out, "elu");
-  const OpTimer timer(OpKind::kOther, x.device(), "elu");
+  const OpTimer timer(OpKind::kOther, x.device(), "elu", traffic(x, 2));
   if (x.device().is_cpu()) return kernels::elu_forward(x.view(), out->view());
 #if GALE_WITH_CUDA
   kernels::elu_forward_cuda(x.view(), out->view(), stream(x));
@@ -562,7 +602,7 @@ void elu(const Tensor& x, Tensor* out) {
 void elu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in) {
   same_device(grad_out, y, "elu_backward");
   same_shape(grad_out, y, "elu_backward");
-  const OpTimer timer(OpKind::kOther, y.device(), "elu_backward");
+  const OpTimer timer(OpKind::kOther, y.device(), "elu_backward", traffic(y, 3));
   if (y.device().is_cpu()) return kernels::elu_backward(grad_out.view(), y.view(), grad_in->view());
 #if GALE_WITH_CUDA
   kernels::elu_backward_cuda(grad_out.view(), y.view(), grad_in->view(), stream(y));
@@ -574,7 +614,7 @@ void elu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in) {
 void dropout(const Tensor& x, Tensor* out, float p, uint64_t key) {
   same_device(x, *out, "dropout");
   same_shape(x, *out, "dropout");
-  const OpTimer timer(OpKind::kOther, x.device(), "dropout");
+  const OpTimer timer(OpKind::kOther, x.device(), "dropout", traffic(x, 2));
   if (x.device().is_cpu()) return kernels::dropout_forward(x.view(), out->view(), p, key);
 #if GALE_WITH_CUDA
   kernels::dropout_forward_cuda(x.view(), out->view(), p, key, stream(x));
@@ -586,7 +626,7 @@ void dropout(const Tensor& x, Tensor* out, float p, uint64_t key) {
 void dropout_backward(const Tensor& grad_out, Tensor* grad_in, float p, uint64_t key) {
   same_device(grad_out, *grad_in, "dropout_backward");
   same_shape(grad_out, *grad_in, "dropout_backward");
-  const OpTimer timer(OpKind::kOther, grad_out.device(), "dropout_backward");
+  const OpTimer timer(OpKind::kOther, grad_out.device(), "dropout_backward", traffic(grad_out, 2));
   if (grad_out.device().is_cpu()) return kernels::dropout_backward(grad_out.view(), grad_in->view(), p, key);
 #if GALE_WITH_CUDA
   kernels::dropout_backward_cuda(grad_out.view(), grad_in->view(), p, key, stream(grad_out));
@@ -599,7 +639,9 @@ void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind ki
   const OpTimer timer(OpKind::kAggregation, device,
                       active_profile ? std::string("spmm ") + kernels::spmm_kind_name(kind) + " w" + std::to_string(a.out.cols) +
                                            (a.bias || a.relu ? " fused" : "")
-                                     : "");
+                                     : "",
+                      gather_shape(a.out.rows, device.is_cpu() ? a.graph.nnz() : a.nnz, a.out.cols,
+                                   a.edge_weight || a.graph.weights ? 4 : 0));
   if (device.is_cpu()) {
     if (kind == kernels::SpmmKind::kSampled) return kernels::spmm_sampled_cpu(a);
     if (kind == kernels::SpmmKind::kTensorCore) return kernels::spmm_tc_cpu(a);  // the TF32 twin
@@ -625,10 +667,13 @@ void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind ki
 #endif
 }
 
+// Adam reads w, g, m and v and writes w, m and v.
+constexpr int kAdamPasses = 7;
+
 void adam_update(Tensor* w, const Tensor& g, Tensor* m, Tensor* v, const kernels::AdamParams& p) {
   same_device(*w, g, "adam_update");
   same_shape(*w, g, "adam_update");
-  const OpTimer timer(OpKind::kOther, w->device(), "adam");
+  const OpTimer timer(OpKind::kOther, w->device(), "adam", traffic(*w, kAdamPasses));
   if (w->device().is_cpu()) return kernels::adam_update(w->f32(), g.f32(), m->f32(), v->f32(), w->numel(), p);
 #if GALE_WITH_CUDA
   kernels::adam_update_cuda(w->f32(), g.f32(), m->f32(), v->f32(), w->numel(), p, stream(*w));
@@ -649,7 +694,9 @@ void adam_update_many(const std::vector<AdamSlot>& slots, const kernels::AdamPar
     for (const AdamSlot& s : slots) adam_update(s.w, *s.g, s.m, s.v, p);
     return;
   }
-  const OpTimer timer(OpKind::kOther, device, "adam");
+  double bytes = 0;
+  for (const AdamSlot& s : slots) bytes += static_cast<double>(s.w->nbytes()) * kAdamPasses;
+  const OpTimer timer(OpKind::kOther, device, "adam", traffic(bytes));
 #if GALE_WITH_CUDA
   std::vector<kernels::AdamTensor> tensors;
   for (const AdamSlot& s : slots)
@@ -673,13 +720,18 @@ void check_loss_args(const Tensor& logits, const Tensor& labels, const Tensor& r
   }
 }
 
+// The loss reads the logits and the listed rows' ids and writes the gradient.
+OpShape loss_traffic(const Tensor& logits, const Tensor& rows, const Tensor* grad) {
+  return traffic(static_cast<double>(logits.nbytes() * (grad ? 2 : 1) + rows.nbytes()));
+}
+
 }  // namespace
 
 LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad) {
   LossResult r;
   if (logits.device().is_cpu()) {
     check_loss_args(logits, labels, rows, grad);
-    const OpTimer timer(OpKind::kOther, logits.device(), "softmax_cross_entropy");
+    const OpTimer timer(OpKind::kOther, logits.device(), "softmax_cross_entropy", loss_traffic(logits, rows, grad));
     const int64_t n = rows.numel();
     const int64_t* ids = rows.data<int64_t>();
     const int32_t* y = labels.data<int32_t>();
@@ -713,7 +765,7 @@ void softmax_cross_entropy_async(const Tensor& logits, const Tensor& labels, con
   }
 #if GALE_WITH_CUDA
   check_loss_args(logits, labels, rows, grad);
-  const OpTimer timer(OpKind::kOther, logits.device(), "softmax_cross_entropy");
+  const OpTimer timer(OpKind::kOther, logits.device(), "softmax_cross_entropy", loss_traffic(logits, rows, grad));
   const int64_t n = rows.numel();
   const size_t ws = kernels::softmax_cross_entropy_workspace_bytes(logits.rows(), n);
   Tensor scratch = Tensor::empty(static_cast<int64_t>(ws), 1, DType::kU8, logits.device());
@@ -749,7 +801,8 @@ Cbsr maxk(const Tensor& y, int64_t k, Tensor* dense, int64_t col_offset) {
   c.width = y.cols();
   c.values = Tensor::empty(y.rows(), k, DType::kF32, y.device());
   c.index = Tensor::empty(y.rows(), k * kernels::cbsr_index_bytes(y.cols()), DType::kU8, y.device());
-  const OpTimer timer(OpKind::kOther, y.device(), "maxk");
+  const OpTimer timer(OpKind::kOther, y.device(), "maxk",
+                      traffic(static_cast<double>(y.nbytes() * (dense ? 2 : 1) + c.values.nbytes() + c.index.nbytes())));
   if (y.device().is_cpu()) {
     kernels::maxk_forward_cpu(y.view(), c.view());
     if (dense) kernels::cbsr_to_dense_cpu(c.view(), block);
@@ -769,7 +822,9 @@ void cbsr_to_dense(const Cbsr& c, Tensor* out, int64_t col_offset) {
   kernels::MatrixView block = out->view();  // the column block, rows out->cols() apart
   block.data += col_offset;
   block.cols = c.width;
-  const OpTimer timer(OpKind::kOther, out->device(), "cbsr_to_dense");
+  const OpTimer timer(OpKind::kOther, out->device(), "cbsr_to_dense",
+                      traffic(static_cast<double>(c.values.nbytes() + c.index.nbytes()) +
+                              static_cast<double>(c.rows() * c.width) * sizeof(float)));
   if (out->device().is_cpu()) return kernels::cbsr_to_dense_cpu(c.view(), block);
 #if GALE_WITH_CUDA
   kernels::cbsr_to_dense_cuda(c.view(), block, stream(*out));
@@ -779,7 +834,7 @@ void cbsr_to_dense(const Cbsr& c, Tensor* out, int64_t col_offset) {
 }
 
 void cbsr_dropout(Cbsr* c, float p, uint64_t key) {
-  const OpTimer timer(OpKind::kOther, c->device(), "cbsr_dropout");
+  const OpTimer timer(OpKind::kOther, c->device(), "cbsr_dropout", traffic(c->values, 2));
   if (c->device().is_cpu()) return kernels::cbsr_dropout_cpu(c->view(), p, key);
 #if GALE_WITH_CUDA
   kernels::cbsr_dropout_cuda(c->view(), p, key, stream(c->values));
@@ -800,7 +855,7 @@ void maxk_backward(const Cbsr& pattern, const float* gv, kernels::ConstMatrixVie
   GALE_ASSERT(column_sums == nullptr || column_sums->numel() == pattern.width);
   Tensor partial;  // the kernel's per-warp rows of column sums (kernels/maxk.hpp), when it makes them
   {
-    const OpTimer timer(OpKind::kOther, grad_in->device(), "maxk_backward");
+    const OpTimer timer(OpKind::kOther, grad_in->device(), "maxk_backward", traffic(*grad_in, 1));
     if (grad_in->device().is_cpu()) {
       kernels::maxk_backward_cpu(pattern.view(), gv, gd, grad_in->view());
     } else {
@@ -850,7 +905,8 @@ void cbsr_gemm(const Cbsr& x, const Tensor& w, float beta, Tensor* out, const Te
                       active_profile ? "cbsr_gemm k" + std::to_string(x.k()) + " " + std::to_string(x.width) + "x" +
                                            std::to_string(w.cols()) +
                                            (w2 != nullptr ? " and x" + std::to_string(w2->cols()) : std::string())
-                                     : "");
+                                     : "",
+                      gemm_shape(x.rows(), w.cols(), x.k(), false, false));  // w2's term left out: a lower bound
   if (out->device().is_cpu()) return kernels::cbsr_gemm_cpu(a);
 #if GALE_WITH_CUDA
   kernels::cbsr_gemm_cuda(a, stream(*out));
@@ -871,12 +927,15 @@ void cbsr_gemm_grad(const Cbsr& pattern, const std::vector<std::pair<Tensor, Ten
     a.w[t] = terms[t].second.view();
   }
   a.grad_in = grad_in->view();
+  int64_t grad_cols = 0;  // the terms side by side: one product over the kept positions
+  for (const auto& t : terms) grad_cols += t.first.cols();
   Tensor partial;
   {
     const OpTimer timer(OpKind::kGemm, grad_in->device(),
                         active_profile ? "cbsr_gemm_grad k" + std::to_string(pattern.k()) + " x" +
                                              std::to_string(terms.size())
-                                       : "");
+                                       : "",
+                        gemm_shape(pattern.rows(), pattern.k(), grad_cols, false, true));
     if (grad_in->device().is_cpu()) {
       kernels::cbsr_gemm_grad_cpu(a);
     } else {
@@ -896,9 +955,20 @@ void cbsr_gemm_grad(const Cbsr& pattern, const std::vector<std::pair<Tensor, Ten
   if (column_sums != nullptr) column_sum(partial.defined() ? partial : *grad_in, column_sums, /*accumulate=*/false);
 }
 
+namespace {
+
+// A CBSR aggregation gathers k kept values a row. Its graph lives in device memory on a GPU, where
+// the entry count is not known here: the bound then counts only its output rows.
+OpShape cbsr_gather_shape(const kernels::CsrView& graph, int64_t rows, int64_t k, const Device& device) {
+  return gather_shape(rows, device.is_cpu() ? graph.nnz() : 0, k, graph.weights ? 4 : 0);
+}
+
+}  // namespace
+
 void spgemm(const kernels::SpgemmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups) {
   const OpTimer timer(OpKind::kAggregation, device,
-                      active_profile ? "spgemm k" + std::to_string(a.x.k) + " w" + std::to_string(a.out.cols) : "");
+                      active_profile ? "spgemm k" + std::to_string(a.x.k) + " w" + std::to_string(a.out.cols) : "",
+                      cbsr_gather_shape(a.graph, a.out.rows, a.x.k, device));
   if (device.is_cpu()) return kernels::spgemm_cbsr_cpu(a);
 #if GALE_WITH_CUDA
   kernels::spgemm_cbsr_cuda(a, groups, DeviceContext::get(device.ordinal).stream());
@@ -911,7 +981,8 @@ void spgemm(const kernels::SpgemmCbsrArgs& a, const Device& device, const kernel
 void sspmm(const kernels::SspmmCbsrArgs& a, const Device& device, const kernels::EdgeGroupsView& groups) {
   const OpTimer timer(OpKind::kAggregation, device,
                       active_profile ? "sspmm k" + std::to_string(a.pattern.k) + " w" + std::to_string(a.grad_out.cols)
-                                     : "");
+                                     : "",
+                      cbsr_gather_shape(a.graph, a.pattern.rows, a.pattern.k, device));
   if (device.is_cpu()) return kernels::sspmm_cbsr_cpu(a);
 #if GALE_WITH_CUDA
   kernels::sspmm_cbsr_cuda(a, groups, DeviceContext::get(device.ordinal).stream());

@@ -40,6 +40,17 @@ struct ExecOptions {
 enum class OpKind { kAggregation, kGemm, kOther };
 constexpr int kOpKinds = 3;
 
+// What an op must do, for the epoch's lower bound (engine/roofline.hpp): the fields of its kind,
+// the rest zero. A GEMM's product (op(a) m x k, op(b) k x n); an aggregation's destination rows,
+// graph entries, feature width and edge-value bytes (4 with edge weights, else 0); another op's
+// bytes read and written at least once. An op left all zero counts nothing in the bound.
+struct OpShape {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  int64_t rows = 0, nnz = 0, width = 0, value_bytes = 0;
+  double bytes = 0;
+};
+
 // While alive, collects the time of every op the calling thread issues, by kind: on a CUDA device
 // the GPU time between events recorded around the op on the compute stream (ops run in stream
 // order, so the kinds add up to the stream's busy time), on the CPU the wall time. Costs two
@@ -52,12 +63,14 @@ class OpProfile {
   OpProfile& operator=(const OpProfile&) = delete;
   // Milliseconds per kind of the ops finished so far; waits for the device.
   double ms(OpKind kind);
-  // Per op name: total milliseconds and calls, largest first; waits for the device.
+  // Per op name and shape (a GEMM's or an aggregation's; other ops by name alone): total
+  // milliseconds and calls, largest first; waits for the device.
   struct Entry {
     std::string name;
     OpKind kind;
     double ms = 0;
     int64_t calls = 0;
+    OpShape shape;  // one call's; `bytes` the mean of the calls'
   };
   std::vector<Entry> table();
   void reset();
@@ -67,11 +80,12 @@ class OpProfile {
   std::unique_ptr<Impl> impl_;
 };
 
-// Marks one op for the live OpProfile, if any (RAII: from construction to destruction). `name` is a
-// names the op (and its shape, where it matters) in OpProfile::table.
+// Marks one op for the live OpProfile, if any (RAII: from construction to destruction). `name`
+// names the op (and its shape, where it matters) in OpProfile::table; `shape` is what the
+// roofline counts for it.
 class OpTimer {
  public:
-  OpTimer(OpKind kind, const Device& device, std::string name);
+  OpTimer(OpKind kind, const Device& device, std::string name, const OpShape& shape = {});
   ~OpTimer();
   OpTimer(const OpTimer&) = delete;
   OpTimer& operator=(const OpTimer&) = delete;

@@ -81,11 +81,18 @@ class GatLayer : public Layer {
   }
 
  private:
+  // For the roofline: a gather of z's rows over the graph, with one attention value per head an entry.
+  ops::OpShape attention_shape(const GraphOperand& g, const Tensor& z) const {
+    ops::OpShape s;
+    s.rows = g.num_dst(), s.nnz = g.nnz(), s.width = z.cols(), s.value_bytes = 4 * shape_.heads;
+    return s;
+  }
+
   // Scores, softmax and weighted sum: y (num_dst x H*F) from z, keeping el / er / alpha for backward.
   void attend(const GraphOperand& g, const Tensor& z, float p, uint64_t key, Tensor* el, Tensor* er, Tensor* alpha,
               Tensor* alpha_self, Tensor* y) const {
     const Device& dev = z.device();
-    const ops::OpTimer timer(ops::OpKind::kAggregation, dev, "gat_forward");
+    const ops::OpTimer timer(ops::OpKind::kAggregation, dev, "gat_forward", attention_shape(g, z));
     if (dev.is_cpu()) {
       kernels::gat_scores_cpu(z.view(), shape_, att_src_.value.f32(), z.rows(), el->f32());
       kernels::gat_scores_cpu(z.view(), shape_, att_dst_.value.f32(), g.num_dst(), er->f32());
@@ -107,7 +114,7 @@ class GatLayer : public Layer {
   // att_src / att_dst's gradients. Scores are el[j,h] = z[j,h,:] . att_src[h,:] (er with att_dst).
   void attend_backward(const GraphOperand& g, const Tensor& grad, Tensor* gz, Tensor* gel, Tensor* ger) {
     const Device& dev = grad.device();
-    const ops::OpTimer timer(ops::OpKind::kAggregation, dev, "gat_backward");
+    const ops::OpTimer timer(ops::OpKind::kAggregation, dev, "gat_backward", attention_shape(g, z_));
     if (dev.is_cpu()) {
       kernels::gat_backward_cpu(g.csr(), g.csc(), g.csc_edge(), shape_, el_.f32(), er_.f32(), alpha_.f32(),
                                 alpha_self_.f32(), p_, key_, z_.view(), grad.view(), gz->view(), gel->f32(), ger->f32());

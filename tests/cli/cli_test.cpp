@@ -1179,6 +1179,29 @@ TEST_F(Cli, BenchPipelineTrainsOnTheCpu) {
   EXPECT_EQ(rows[1]["median"], true);
 }
 
+// The roofline is a GPU's: on the CPU the table keeps its columns and says so once under it, and
+// the JSON rows have no bound fields.
+TEST_F(Cli, BenchTrainOnTheCpuHasNoRoofline) {
+  const std::string run = "bench train --generate rmat:scale=8,edge-factor=4,classes=4,feature-dim=16 --device cpu "
+                          "--epochs 1 --warmup 0 --layers 2 --hidden 16 --models gcn,sage";
+  const CliRun table = gale(run);
+  ASSERT_EQ(table.code, 0) << table.out;
+  EXPECT_EQ(table.out.find("bound_ms"), std::string::npos) << table.out;
+  const size_t note = table.out.find("no roofline on the CPU");
+  ASSERT_NE(note, std::string::npos) << table.out;
+  EXPECT_EQ(table.out.find("no roofline on the CPU", note + 1), std::string::npos) << table.out;
+  const CliRun json = gale(run + " --json");
+  ASSERT_EQ(json.code, 0) << json.out;
+  const auto rows = json_rows(json.out);
+  ASSERT_EQ(rows.size(), 2u) << json.out;
+  for (const auto& row : rows) {
+    EXPECT_TRUE(row.contains("ms_per_epoch")) << json.out;
+    for (const char* key : {"bound_ms", "bound_gemm_ms", "bound_agg_ms", "bound_other_ms", "efficiency"})
+      EXPECT_FALSE(row.contains(key)) << key << ": " << json.out;
+  }
+  EXPECT_EQ(json.out.find("roofline"), std::string::npos) << json.out;
+}
+
 TEST_F(Cli, BenchBadFlagsAreNamed) {
   const std::string graph = kBenchGraph;
   for (const std::string& bad :
