@@ -99,10 +99,9 @@ Result time_model(const engine::ModelConfig& cfg, const Workload& w, const Devic
 
 // The roofline of r's epoch on a GPU, with the rates `rates` lacks measured now that the model's
 // memory is free (kept for the next model: each shape is measured once a run).
-void add_bound(Result* r, const Device& dev, bool tf32, const kernels::CsrView& graph, int epochs,
-               engine::RooflineRates* rates) {
+void add_bound(Result* r, const Device& dev, bool tf32, int epochs, engine::RooflineRates* rates) {
   if (!dev.is_cuda()) return;
-  engine::measure_roofline_rates(r->ops, dev, tf32, graph, rates);
+  engine::measure_roofline_rates(r->ops, dev, tf32, rates);
   r->bound = engine::roofline_bound(r->ops, *rates, epochs);
   r->has_bound = true;
 }
@@ -114,13 +113,15 @@ void print_bound_note(const Device& dev, bool tf32, const engine::RooflineRates&
     return;
   }
   std::printf("bound_ms: the epoch's lower bound on this GPU: each GEMM's FLOPs at the %s FLOP/s cuBLAS reached for "
-              "its shape (%zu shapes timed), each aggregation's minimum bytes at the gather bandwidth measured over "
-              "this graph's indices (",
+              "its shape (%zu shapes timed), each aggregation's gathered rows at the rate GAR gathers rows that all "
+              "hit the L2 (",
               tf32 ? "TF32" : "fp32", rates.gemm.size());
   for (size_t i = 0; i < rates.gather.size(); ++i)
     std::printf("%swidth %lld: %.0f GB/s", i ? ", " : "", static_cast<long long>(rates.gather[i].first),
                 rates.gather[i].second / 1e9);
-  std::printf("), other ops' bytes at the copy bandwidth (%.0f GB/s); eff = bound_ms / ms/epoch\n",
+  std::printf(") or its indices, values and output at the copy bandwidth if that takes longer, other ops' bytes at "
+              "the copy bandwidth (%.0f GB/s); eff = bound_ms / ms/epoch (reuse inside an SM, as the tensor-core "
+              "SpMM's, can beat the aggregation floor)\n",
               rates.hbm_bytes_per_s / 1e9);
 }
 
@@ -258,7 +259,7 @@ int run_bench_train(const std::vector<std::string>& args) {
     Result r;
     try {
       r = time_model(cfg, w, dev, exec, warmup, epochs, seed);
-      add_bound(&r, dev, tf32, csr, epochs, &rates);
+      add_bound(&r, dev, tf32, epochs, &rates);
     } catch (const ResourceError& e) {
       r.model = m;
       r.error = e.what();

@@ -194,6 +194,14 @@ uint64_t device_memory(const Device& device) {
   return 0;
 }
 
+int64_t device_l2_bytes(const Device& device) {
+#if GALE_WITH_CUDA
+  if (device.is_cuda()) return kernels::cuda::device_info(device.ordinal).l2_cache_bytes;
+#endif
+  (void)device;
+  return 0;
+}
+
 std::string device_name(const Device& device) {
 #if GALE_WITH_CUDA
   if (device.is_cuda()) return kernels::cuda::device_info(device.ordinal).name;

@@ -87,6 +87,8 @@ uint64_t device_memory(const Device& device);
 uint64_t gpu_room(const Device& device, uint64_t gpu_mem_budget);
 // What of that is not allocated now: the room an inference may size itself by.
 uint64_t gpu_room_left(const Device& device, uint64_t gpu_mem_budget);
+// A GPU's L2 cache in bytes (0 on the CPU).
+int64_t device_l2_bytes(const Device& device);
 // "NVIDIA H100 80GB HBM3" or "cpu".
 std::string device_name(const Device& device);
 

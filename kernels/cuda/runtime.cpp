@@ -42,6 +42,7 @@ DeviceInfo device_info(int ordinal) {
   info.multiprocessors = prop.multiProcessorCount;
   info.compute_major = prop.major;
   info.compute_minor = prop.minor;
+  info.l2_cache_bytes = prop.l2CacheSize;
   return info;
 }
 

@@ -37,6 +37,7 @@ struct DeviceInfo {
   int multiprocessors = 0;      // SM count, for sizing persistent grids
   int compute_major = 0;        // 9 on Hopper
   int compute_minor = 0;
+  int64_t l2_cache_bytes = 0;   // 50 MiB on an H100
 };
 DeviceInfo device_info(int ordinal);
 

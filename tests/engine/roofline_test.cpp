@@ -37,7 +37,7 @@ RooflineRates rates() {
   RooflineRates r;
   r.gemm.push_back({1000, 100, 50, false, false, 1e12});  // 1 TFLOP/s
   r.gemm.push_back({1000, 100, 50, false, true, 5e11});   // the same product with b transposed: half
-  r.gather.emplace_back(64, 1e11);                        // 100 GB/s
+  r.gather.emplace_back(64, 1e11);                        // 100 GB/s of gathered rows
   r.hbm_bytes_per_s = 2e12;                               // 2 TB/s
   return r;
 }
@@ -48,6 +48,18 @@ TEST(Roofline, SpmmBytesAreIndexValueGatheredRowsAndOutput) {
   EXPECT_DOUBLE_EQ(spmm_min_bytes(10, 40, 8, 4), 11 * 8 + 40 * 8 + 40 * 8 * 4 + 10 * 8 * 4);
   EXPECT_DOUBLE_EQ(spmm_min_bytes(10, 40, 8, 0), 11 * 8 + 40 * 4 + 40 * 8 * 4 + 10 * 8 * 4);
   EXPECT_DOUBLE_EQ(spmm_min_bytes(0, 0, 8, 4), 8);
+  // Split into what crosses HBM whatever the cache holds and the gathered rows.
+  EXPECT_DOUBLE_EQ(spmm_dram_bytes(10, 40, 8, 4), 11 * 8 + 40 * 8 + 10 * 8 * 4);
+  EXPECT_DOUBLE_EQ(spmm_gathered_bytes(40, 8), 40 * 8 * 4);
+  EXPECT_DOUBLE_EQ(spmm_min_bytes(10, 40, 8, 4), spmm_dram_bytes(10, 40, 8, 4) + spmm_gathered_bytes(40, 8));
+}
+
+TEST(Roofline, AnAggregationTakesTheLongerOfItsGatherAndItsDramFloor) {
+  RooflineRates r = rates();  // gathers at 100 GB/s, HBM at 2 TB/s: the gathers bound
+  const std::vector<OpProfile::Entry> ops = {aggregation(1000, 5000, 64, 1)};
+  EXPECT_NEAR(roofline_bound(ops, r, 1).agg_ms, spmm_gathered_bytes(5000, 64) / 1e11 * 1e3, 1e-12);
+  r.gather[0].second = 1e15;  // gathers all but free: the indices and the output bound
+  EXPECT_NEAR(roofline_bound(ops, r, 1).agg_ms, spmm_dram_bytes(1000, 5000, 64, 0) / 2e12 * 1e3, 1e-12);
 }
 
 TEST(Roofline, EachTermIsItsWorkAtItsRatePerEpoch) {
@@ -57,7 +69,7 @@ TEST(Roofline, EachTermIsItsWorkAtItsRatePerEpoch) {
                                              aggregation(1000, 5000, 64, 4), other(1e6, 8)};
   const RooflineBound b = roofline_bound(ops, rates(), 2);
   EXPECT_NEAR(b.gemm_ms, 3 * 0.01 + 0.02, 1e-12);
-  EXPECT_NEAR(b.agg_ms, 2 * spmm_min_bytes(1000, 5000, 64, 0) / 1e11 * 1e3, 1e-12);
+  EXPECT_NEAR(b.agg_ms, 2 * spmm_gathered_bytes(5000, 64) / 1e11 * 1e3, 1e-12);
   EXPECT_NEAR(b.other_ms, 4 * 1e6 / 2e12 * 1e3, 1e-12);
   EXPECT_DOUBLE_EQ(b.ms(), b.gemm_ms + b.agg_ms + b.other_ms);
   EXPECT_NEAR(roofline_efficiency(b, 2 * b.ms()), 0.5, 1e-12);
