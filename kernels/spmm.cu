@@ -127,11 +127,10 @@ struct Params {
   const float* bias = nullptr;
   bool accumulate = false;
   bool relu = false;
-  // SpmmArgs::out_mask (GAR only): bit mask_col0 + c of row r's words masks output column c (a
-  // launch over a column range starts its bits at that range's first column, a multiple of 32).
+  // SpmmArgs::out_mask (GAR only). A launch over a column range starts the rows' words at the
+  // range's first column, a multiple of 32 (launch_gar_columns).
   const uint32_t* out_mask = nullptr;
   int64_t mask_words = 0;
-  int64_t mask_col0 = 0;
   const int64_t* long_list = nullptr;  // GAR's long rows, listed (SpmmArgs::long_rows), or null
   const int64_t* long_count = nullptr;
   int64_t long_capacity = 0;
@@ -270,8 +269,7 @@ __device__ __forceinline__ void scale_and_add_self(const Params& p, int64_t r, i
 // without a mask. A float4's four columns start at a multiple of 4, so they sit in one word.
 __device__ __forceinline__ uint32_t mask_bits(const Params& p, int64_t r, int64_t col) {
   if (p.out_mask == nullptr) return ~0u;
-  const int64_t c = p.mask_col0 + col;
-  return __ldg(p.out_mask + r * p.mask_words + c / 32) >> (c % 32);
+  return __ldg(p.out_mask + r * p.mask_words + col / 32) >> (col % 32);
 }
 // ReLU's backward by the mask's bits: a selection, not a product, so a cleared bit gives 0 whatever
 // the value (as relu_backward_mask does).
@@ -1084,8 +1082,8 @@ void launch_gar_columns(const SpmmArgs& a, int64_t col0, int64_t width, cudaStre
   part.out.data += col0;
   part.out.cols = width;
   if (part.bias) part.bias += col0;
-  Params p = make_params(part);
-  p.mask_col0 = col0;  // a multiple of 32 (run_gar): a float4's bits stay in one word
+  if (part.out_mask) part.out_mask += col0 / 32;  // col0 is a multiple of 32 (run_gar)
+  const Params p = make_params(part);
   const bool vec = vector_loads(part);
   const bool vec_out = vec && vector_stores(part);
   // One 48-float tile for widths of 41-48 (Float6).
