@@ -210,9 +210,10 @@ void Model::backward(Tensor grad_logits, const GradHook& on_layer_grads) {
     }
     if (g_sums.defined()) layers_[l]->give_output_grad_sums(std::move(g_sums));
     // ReLU's backward below this layer, folded into the kernel that writes its input gradient when
-    // the layer can; not under input dropout, whose backward comes between the two.
+    // the layer can. Under input dropout its backward then comes after ReLU's instead of before:
+    // both select (kept values scaled, the rest +0), so the order changes no bit.
     relu_folded = false;
-    if (l > 0 && fold_relu_ && config_.activation == Activation::kRelu && norms_.empty() && !s.dropped) {
+    if (l > 0 && fold_relu_ && config_.activation == Activation::kRelu && norms_.empty()) {
       relu_folded = layers_[l]->fold_input_relu(saved_[l - 1]->relu_mask);
       if (relu_folded) saved_[l - 1]->relu_mask = Tensor();  // the layer holds it until its backward is done
     }

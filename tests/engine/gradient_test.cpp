@@ -872,8 +872,8 @@ TEST(Layers, AggregateFirstLayersFoldTheInputRelu) {
 // Full-graph training with ReLU between the layers gives the same logits, gradients and weights,
 // bit for bit, with ReLU's backward folded into the next layer's and as a pass of its own
 // (Model::set_fold_relu): four layers (a widening first one, hidden ones of 33 columns, a
-// narrowing last one), GIN with one and two MLP layers, dropout off (where the fold applies) and on
-// (where it does not), several Adam steps.
+// narrowing last one), GIN with one and two MLP layers, dropout off and on (whose backward then
+// follows ReLU's instead of preceding it), several Adam steps.
 TEST(Model, FoldedReluBackwardTrainsTheSameBitsAsItsOwnPass) {
   const TestGraph g = random_graph(300, 300, 23);
   const GraphOperand op(g.view());
