@@ -186,15 +186,17 @@ void Model::backward(Tensor grad_logits, const GradHook& on_layer_grads) {
   GALE_ASSERT(saved_.size() == layers_.size());
   Tensor g = std::move(grad_logits);
   Tensor g_sums;  // g's column sums, when the backward that wrote g made them (Layer::take_input_grad_sums)
+  bool relu_folded = false;  // the backward that wrote g applied ReLU's backward too (Layer::fold_input_relu)
   for (size_t l = layers_.size(); l-- > 0;) {
     Saved& s = *saved_[l];
     if (l + 1 < layers_.size()) {
       // In place: the gradient of the activation's output is not needed again. MaxK's backward
-      // was folded into the next layer's (ForwardContext::maxk_input).
-      if (config_.activation != Activation::kMaxK) g_sums = Tensor();  // the sums of g before this backward
+      // was folded into the next layer's (ForwardContext::maxk_input), and so may ReLU's be.
+      const bool folded = config_.activation == Activation::kMaxK || relu_folded;
+      if (!folded) g_sums = Tensor();  // the sums of g before this backward
       if (config_.activation == Activation::kElu) {
         ops::elu_backward(g, s.activated, &g);
-      } else if (config_.activation == Activation::kRelu && norms_.empty()) {
+      } else if (config_.activation == Activation::kRelu && norms_.empty() && !relu_folded) {
         if (layers_[l]->takes_output_grad_sums()) g_sums = Tensor::empty(1, g.cols(), DType::kF32, g.device());
         ops::relu_backward_mask(g, s.relu_mask, &g, g_sums.defined() ? &g_sums : nullptr);
       }
@@ -207,6 +209,14 @@ void Model::backward(Tensor grad_logits, const GradHook& on_layer_grads) {
       s.activated = s.relu_mask = Tensor();  // released as soon as it has served, to bound peak memory
     }
     if (g_sums.defined()) layers_[l]->give_output_grad_sums(std::move(g_sums));
+    // ReLU's backward below this layer, folded into the kernel that writes its input gradient when
+    // the layer can. Under input dropout its backward then comes after ReLU's instead of before:
+    // both select (kept values scaled, the rest +0), so the order changes no bit.
+    relu_folded = false;
+    if (l > 0 && fold_relu_ && config_.activation == Activation::kRelu && norms_.empty()) {
+      relu_folded = layers_[l]->fold_input_relu(saved_[l - 1]->relu_mask);
+      if (relu_folded) saved_[l - 1]->relu_mask = Tensor();  // the layer holds it until its backward is done
+    }
     // The gradient is handed over, so the layer frees it as soon as it is done with it.
     g = layers_[l]->backward(*graphs_[l], std::move(g), /*need_input_grad=*/l > 0);
     g_sums = layers_[l]->take_input_grad_sums();

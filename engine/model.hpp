@@ -71,6 +71,10 @@ class Model {
   // its aggregation A x on a whole graph instead of computing it twice per step (forward, and
   // again in backward); it holds one num_nodes x in_dim tensor for that.
   void set_constant_input(bool constant) { constant_input_ = constant; }
+  // ReLU's backward (without a normalisation) folded into the kernel of the next layer's backward
+  // that writes the gradient it masks, where that layer can (Layer::fold_input_relu; the default).
+  // Off: always a pass of its own, the same values (tests compare the two).
+  void set_fold_relu(bool fold) { fold_relu_ = fold; }
 
   // One graph per layer (the same full graph for all, or the sampled blocks outermost first).
   // x: graphs[0]->num_src x in_dim. Returns graphs.back()->num_dst x out_dim logits.
@@ -109,6 +113,7 @@ class Model {
   Device device_ = Device::cpu();
   ops::ExecOptions exec_;
   bool constant_input_ = false;
+  bool fold_relu_ = true;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::unique_ptr<BatchNorm>> norms_;  // one per hidden layer with Norm::kBatch, else none
   std::vector<Parameter*> layer_parameters(size_t l);

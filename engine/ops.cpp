@@ -636,9 +636,26 @@ void dropout_backward(const Tensor& grad_out, Tensor* grad_in, float p, uint64_t
 }
 
 void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind kind) {
+#if GALE_WITH_CUDA
+  // An output mask that the CUDA kernel cannot apply (only GAR does, kernels/spmm.hpp): the product
+  // without it, then ReLU's backward as a pass of its own, as before the fold. The CPU twins all
+  // apply it.
+  if (a.out_mask != nullptr && device.is_cuda() && kernels::spmm_resolve(kind, a) != kernels::SpmmKind::kGar) {
+    GALE_ASSERT(a.out_mask_words == kernels::relu_mask_words(a.out.cols));
+    kernels::SpmmArgs unmasked = a;
+    unmasked.out_mask = nullptr;
+    unmasked.out_mask_words = 0;
+    spmm(unmasked, device, kind);
+    const OpTimer timer(OpKind::kOther, device, "relu_backward_mask",
+                        traffic(static_cast<double>(a.out.rows) * (8.0 * static_cast<double>(a.out.cols) +
+                                                                   4.0 * static_cast<double>(a.out_mask_words))));
+    kernels::relu_backward_mask_cuda(a.out, a.out_mask, a.out, DeviceContext::get(device.ordinal).stream());
+    return;
+  }
+#endif
   const OpTimer timer(OpKind::kAggregation, device,
                       active_profile ? std::string("spmm ") + kernels::spmm_kind_name(kind) + " w" + std::to_string(a.out.cols) +
-                                           (a.bias || a.relu ? " fused" : "")
+                                           (a.bias || a.relu ? " fused" : "") + (a.out_mask ? " masked" : "")
                                      : "",
                       gather_shape(a.out.rows, device.is_cpu() ? a.graph.nnz() : a.nnz, a.out.cols,
                                    a.edge_weight || a.graph.weights ? 4 : 0));

@@ -168,7 +168,9 @@ void dropout_backward(const Tensor& grad_out, Tensor* grad_in, float p, uint64_t
 // picks the kernel family (a.nnz must be set for kAuto). When it comes to GAR and x's rows do not
 // suit its gathers (kernels::spmm_gar_padded_ld: a width of 100 or 47 in a dense tensor), x is
 // first copied into padded rows (a temporary, charged to the budget): the copy costs far less
-// than gathers that straddle cache lines or cannot be 16 bytes wide.
+// than gathers that straddle cache lines or cannot be 16 bytes wide. An output mask (a.out_mask,
+// relu_mask_words(width) words a row) is applied by every kind: by GAR and the CPU twins in the
+// kernel, by the other CUDA kinds in a pass of their own after it.
 void spmm(const kernels::SpmmArgs& a, const Device& device, kernels::SpmmKind kind);
 
 void adam_update(Tensor* w, const Tensor& g, Tensor* m, Tensor* v, const kernels::AdamParams& p);

@@ -180,8 +180,13 @@ void spmm_auto(const GraphOperand& g, bool csc, kernels::SpmmArgs a, const ops::
     }
   }
   std::vector<SpmmCandidate> candidates = spmm_auto_candidates(rules);
+  // An output mask (ReLU's backward, folded in) does not decide who competes: GAR applies it, the
+  // others pay a pass of their own for it (ops::spmm), and the timings include that pass.
+  kernels::SpmmArgs unmasked = a;
+  unmasked.out_mask = nullptr;
+  unmasked.out_mask_words = 0;
   for (SpmmCandidate& c : candidates)
-    if (c.excluded.empty()) c.excluded = kernels::spmm_cannot(c.kind, a);
+    if (c.excluded.empty()) c.excluded = kernels::spmm_cannot(c.kind, unmasked);
 
   // Every call must see the output as the caller left it: with accumulate, a copy puts it back
   // before each call (outside the timed span).

@@ -15,6 +15,10 @@
 //        leaves at that moment (the rest of the step's tensors are still to come). A plan that
 //        lost is freed again.
 //
+// An output mask (SpmmArgs::out_mask, ReLU's backward folded in) does not change who competes: GAR
+// applies it in its epilogue, the others in a pass of their own (ops::spmm), and that pass is timed
+// with them.
+//
 // Sampled blocks (and layer-wise inference's chunks, which are blocks) keep kernels::spmm_resolve's
 // rule, the memory-aware kernel: they change every step, so a measurement would not be reused. On
 // the CPU there is one kernel. The choice is reported by spmm_auto_choices (metrics

@@ -127,6 +127,10 @@ struct Params {
   const float* bias = nullptr;
   bool accumulate = false;
   bool relu = false;
+  // SpmmArgs::out_mask (GAR only). A launch over a column range starts the rows' words at the
+  // range's first column, a multiple of 32 (launch_gar_columns).
+  const uint32_t* out_mask = nullptr;
+  int64_t mask_words = 0;
   const int64_t* long_list = nullptr;  // GAR's long rows, listed (SpmmArgs::long_rows), or null
   const int64_t* long_count = nullptr;
   int64_t long_capacity = 0;
@@ -261,8 +265,24 @@ __device__ __forceinline__ void scale_and_add_self(const Params& p, int64_t r, i
   }
 }
 
+// The output mask's bits of row r from column col up, bit 0 first (SpmmArgs::out_mask): all set
+// without a mask. A float4's four columns start at a multiple of 4, so they sit in one word.
+__device__ __forceinline__ uint32_t mask_bits(const Params& p, int64_t r, int64_t col) {
+  if (p.out_mask == nullptr) return ~0u;
+  return __ldg(p.out_mask + r * p.mask_words + col / 32) >> (col % 32);
+}
+// ReLU's backward by the mask's bits: a selection, not a product, so a cleared bit gives 0 whatever
+// the value (as relu_backward_mask does).
+__device__ __forceinline__ void apply_mask(float& a, uint32_t bits) { a = bits & 1u ? a : 0.0f; }
+__device__ __forceinline__ void apply_mask(float4& a, uint32_t bits) {
+  a.x = bits & 1u ? a.x : 0.0f;
+  a.y = bits & 2u ? a.y : 0.0f;
+  a.z = bits & 4u ? a.z : 0.0f;
+  a.w = bits & 8u ? a.w : 0.0f;
+}
+
 // The epilogue of spmm.hpp for one element (or four): out = relu?(rs * sum + self * x[r] +
-// (accumulate ? out : 0) + bias), in the CPU reference's order of additions.
+// (accumulate ? out : 0) + bias), in the CPU reference's order of additions, then the output mask.
 template <typename T>
 __device__ __forceinline__ void finish(const Params& p, int64_t r, int64_t col, T v) {
   scale_and_add_self(p, r, col, v);
@@ -278,6 +298,7 @@ __device__ __forceinline__ void finish(const Params& p, int64_t r, int64_t col, 
     add_to(v, b);
   }
   if (p.relu) relu_in_place(v);
+  if (p.out_mask) apply_mask(v, mask_bits(p, r, col));
   store_streaming(o, v);
 }
 
@@ -289,6 +310,7 @@ __device__ __forceinline__ void finish_scalar_stores(const Params& p, int64_t r,
   scale_and_add_self(p, r, col, v);
   float* o = p.out + r * p.out_ld + col;
   const float e[4] = {v.x, v.y, v.z, v.w};
+  const uint32_t bits = mask_bits(p, r, col);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     if (col + j >= p.width) break;
@@ -296,6 +318,7 @@ __device__ __forceinline__ void finish_scalar_stores(const Params& p, int64_t r,
     if (p.accumulate) a += o[j];
     if (p.bias) a += __ldg(p.bias + col + j);
     if (p.relu) a = fmaxf(a, 0.0f);
+    apply_mask(a, bits >> j);
     store_streaming(o + j, a);
   }
 }
@@ -936,6 +959,8 @@ Params make_params(const SpmmArgs& a) {
   p.bias = a.bias;
   p.accumulate = a.accumulate;
   p.relu = a.relu;
+  p.out_mask = a.out_mask;
+  p.mask_words = a.out_mask_words;
   p.long_list = a.long_rows.rows;
   p.long_count = a.long_rows.count;
   p.long_capacity = a.long_rows.capacity;
@@ -1057,6 +1082,7 @@ void launch_gar_columns(const SpmmArgs& a, int64_t col0, int64_t width, cudaStre
   part.out.data += col0;
   part.out.cols = width;
   if (part.bias) part.bias += col0;
+  if (part.out_mask) part.out_mask += col0 / 32;  // col0 is a multiple of 32 (run_gar)
   const Params p = make_params(part);
   const bool vec = vector_loads(part);
   const bool vec_out = vec && vector_stores(part);
@@ -1264,6 +1290,14 @@ std::string spmm_cannot(SpmmKind kind, const SpmmArgs& a) {
     return "long_rows lists rows without a count or with a negative capacity";
   if (a.gar_chunk_rows != 0 && a.gar_chunk_rows != 16 && a.gar_chunk_rows != 256)
     return "GAR's chunks are 16 or 256 rows, not " + std::to_string(a.gar_chunk_rows);
+  if (a.out_mask != nullptr) {
+    if (a.out_mask_words < (a.out.cols + 31) / 32)
+      return "out_mask has " + std::to_string(a.out_mask_words) + " words a row, " +
+             std::to_string(a.out.cols) + " columns need " + std::to_string((a.out.cols + 31) / 32);
+    const SpmmKind k = spmm_resolve(kind, a);
+    if (k != SpmmKind::kGar)
+      return std::string("only GAR applies an output mask (SpmmArgs::out_mask), not ") + spmm_kind_name(k);
+  }
   if (kind == SpmmKind::kSampled) return spmm_sample_width_cannot(a.sample_width);
   if (kind == SpmmKind::kTensorCore) {
     if (a.tc.item_window == nullptr) return "the tensor-core SpMM needs the graph's translation (SpmmArgs::tc)";

@@ -13,6 +13,10 @@
 //
 //   out[r] = relu?( (accumulate ? out[r] : 0) + <the sum above> + bias )
 //
+// and, last, an optional output mask that zeroes the elements whose bit is clear: ReLU's backward
+// (kernels/dense.hpp, relu_backward_mask) folded into the kernel that writes the gradient it
+// masks, so that gradient makes one trip through memory instead of three.
+//
 // The CUDA family (spmm.cu) offers fuseGNN's two aggregation models over the same arguments:
 // GAR (gather-apply-reduce, row-parallel, register reduction, deterministic) and GAS
 // (gather-apply-scatter, edge-parallel, atomics); FastGL's memory-aware aggregation for sampled
@@ -86,6 +90,12 @@ struct SpmmArgs {
   // max(0, .) applied last, to the accumulated value when accumulate is set.
   const float* bias = nullptr;
   bool relu = false;
+  // Output mask, applied after everything above: out[r][c] = 0 where bit c % 32 of
+  // out_mask[r * out_mask_words + c / 32] is clear (ops::relu_mask's layout, relu_mask_words(
+  // out.cols) words a row at least), the value kept where it is set: exactly relu_backward_mask
+  // after the unmasked product. Null = none. GAR and the CPU twins only (spmm_cannot).
+  const uint32_t* out_mask = nullptr;
+  int64_t out_mask_words = 0;
   // GAR only: this graph's long rows, listed (device pointers); none = GAR scans for them. The list
   // must be of this very graph: a row missing from it is left unwritten.
   GarLongRows long_rows;

@@ -57,12 +57,14 @@ void spmm_rows(const SpmmArgs& a, int64_t cap, Stride stride, Round round) {
       float self = 0.0f;
       if (r < self_rows) self = a.self_scale + (a.self_coefs ? a.self_coefs[r] : 0.0f);
       const float* xs = self != 0.0f ? a.x.row(r) : nullptr;
+      const uint32_t* mask = a.out_mask ? a.out_mask + r * a.out_mask_words : nullptr;
       for (int64_t k = 0; k < width; ++k) {
         float v = rs * acc[k];
         if (xs) v += self * xs[k];
         if (a.accumulate) v += o[k];
         if (a.bias) v += a.bias[k];
-        o[k] = a.relu ? std::max(v, 0.0f) : v;
+        if (a.relu) v = std::max(v, 0.0f);
+        o[k] = mask && !((mask[k / 32] >> (k % 32)) & 1u) ? 0.0f : v;
       }
     }
   });

@@ -151,9 +151,11 @@ Tensor aggregate_cbsr_backward(const GraphOperand& g, Norm norm, float self_scal
 }
 
 // The transpose of `aggregate`: gradient of the sources (num_src x width) from the destinations'
-// gradient (num_dst x width), both views (column blocks of wider tensors allowed).
+// gradient (num_dst x width), both views (column blocks of wider tensors allowed); with out_mask
+// (ops::relu_mask of the sources' values) ReLU's backward applied to it, in the same kernel where
+// that kernel can (kernels::SpmmArgs::out_mask).
 void aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, kernels::ConstMatrixView grad,
-                        kernels::MatrixView out, const ops::ExecOptions& exec) {
+                        kernels::MatrixView out, const ops::ExecOptions& exec, const Tensor* out_mask = nullptr) {
   // The sampled product is an estimate for inference: its gradient would need the transpose of
   // the sample, not a sample of the transpose.
   if (exec.spmm == kernels::SpmmKind::kSampled)
@@ -175,13 +177,19 @@ void aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, kern
     case Norm::kMean: set_col_scale(g, GraphOperand::EntryScale::kMeanCsc, g.inv_degree(), /*csc=*/true, &a); break;
     case Norm::kSum: a.self_scale = self_scale; break;
   }
+  if (out_mask != nullptr) {
+    GALE_ASSERT(out_mask->rows() == out.rows && out_mask->cols() == kernels::relu_mask_words(out.cols));
+    GALE_ASSERT(out_mask->device() == g.device());
+    a.out_mask = out_mask->data<uint32_t>();
+    a.out_mask_words = out_mask->cols();
+  }
   run_spmm(g, /*csc=*/true, a, exec);
 }
 
 Tensor aggregate_backward(const GraphOperand& g, Norm norm, float self_scale, const Tensor& grad,
-                          const ops::ExecOptions& exec) {
+                          const ops::ExecOptions& exec, const Tensor* out_mask = nullptr) {
   Tensor out = Tensor::empty(g.num_src(), grad.cols(), DType::kF32, grad.device());
-  aggregate_backward(g, norm, self_scale, grad.view(), out.view(), exec);
+  aggregate_backward(g, norm, self_scale, grad.view(), out.view(), exec, out_mask);
   return out;
 }
 
@@ -304,6 +312,8 @@ class AggregateLinear {
     ops::add_column_sums(grad, out_grad_sums_.defined() ? &out_grad_sums_ : nullptr, &bias_.grad);
     out_grad_sums_ = Tensor();
     in_grad_sums_ = Tensor();
+    const Tensor input_relu_mask = std::move(input_relu_mask_);  // fold_input_relu: only on the last path below
+    input_relu_mask_ = Tensor();
     if (sparse_input_) return backward_maxk(g, std::move(grad), need_input_grad);
     if (stacked_input_) {  // [dW; dW_root] = [A x | x]^T grad, one GEMM; a first layer: no input gradient
       accumulate_stacked_grads(kept_.s, grad);
@@ -342,7 +352,7 @@ class AggregateLinear {
     if (!need_input_grad) return Tensor();
     Tensor ga = lin_.input_grad(grad, exec_.tf32);
     if (!root_) grad = Tensor();
-    gx = aggregate_backward(g, norm_, self_scale_, ga, exec_);
+    gx = aggregate_backward(g, norm_, self_scale_, ga, exec_, input_relu_mask.defined() ? &input_relu_mask : nullptr);
     ga = Tensor();
     if (root_) {
       Tensor gx_dst = gx.rows_slice(0, g.num_dst());
@@ -563,6 +573,15 @@ class AggregateLinear {
     *col_offset = lin_.in();
     return staged_;
   }
+  // Layer::fold_input_relu: an aggregate-first backward without a root term ends in the aggregation
+  // that writes the input gradient, which applies the mask as its output mask (the other orders
+  // end in a GEMM, or a root term's GEMM adds into the aggregation's output afterwards).
+  bool fold_input_relu(Tensor mask) {
+    input_relu_mask_ = Tensor();
+    if (!aggregates_first() || root_ || stacked_input_) return false;
+    input_relu_mask_ = std::move(mask);
+    return true;
+  }
   // Layer::take_input_grad_sums and Layer::give_output_grad_sums.
   Tensor take_input_grad_sums() { return std::move(in_grad_sums_); }
   void give_output_grad_sums(Tensor sums) { out_grad_sums_ = std::move(sums); }
@@ -599,6 +618,7 @@ class AggregateLinear {
   Tensor staged_;         // stage_maxk_input's operand, until the forward takes it
   Tensor out_grad_sums_;  // column sums of the next backward's grad, when given (the bias gradient)
   Tensor in_grad_sums_;   // column sums of the input gradient the last backward returned, when made
+  Tensor input_relu_mask_;  // fold_input_relu's mask, for the next backward
 };
 
 // A layer that is one AggregateLinear: GCN (PyG GCNConv) and SAGE (PyG SAGEConv, mean:
@@ -628,6 +648,7 @@ class ConvLayer : public Layer {
   Tensor take_input_grad_sums() override { return conv_.take_input_grad_sums(); }
   void give_output_grad_sums(Tensor sums) override { conv_.give_output_grad_sums(std::move(sums)); }
   bool takes_output_grad_sums() const override { return true; }
+  bool fold_input_relu(Tensor mask) override { return conv_.fold_input_relu(std::move(mask)); }
 
  private:
   std::string kind_;
@@ -685,6 +706,8 @@ class GinLayer : public Layer {
   Tensor take_input_grad_sums() override { return first_.take_input_grad_sums(); }
   void give_output_grad_sums(Tensor sums) override { out_grad_sums_ = std::move(sums); }
   bool takes_output_grad_sums() const override { return true; }
+  // The MLP's first Linear and the aggregation write the input gradient, last (first_'s backward).
+  bool fold_input_relu(Tensor mask) override { return first_.fold_input_relu(std::move(mask)); }
 
  private:
   AggregateLinear first_;

@@ -824,6 +824,100 @@ TEST(Model, ConstantInputKeepsTheFirstAggregationWithoutChangingABit) {
   }
 }
 
+// ReLU's backward folded into the next layer's (Layer::fold_input_relu): a layer whose backward
+// ends in the aggregation that writes its input gradient (GCN and GIN aggregating first, at equal
+// widths) takes the mask, and returns exactly the gradient it returns without it, masked by
+// relu_backward_mask afterwards; a layer whose input gradient comes from a GEMM (SAGE, and any
+// narrowing layer) declines, and is unchanged.
+TEST(Layers, AggregateFirstLayersFoldTheInputRelu) {
+  const TestGraph g = random_graph(40, 40, 31);
+  const GraphOperand op(g.view());
+  for (const std::string kind : {"gcn", "sage", "gin"}) {
+    for (const int64_t out : {int64_t{33}, int64_t{5}}) {
+      SCOPED_TRACE(kind + " out " + std::to_string(out));
+      const int64_t in = 33;
+      const auto make = [&]() {
+        if (kind == "gcn") return make_gcn_layer("l", in, out, 5);
+        if (kind == "sage") return make_sage_layer("l", in, out, 5);
+        return make_gin_layer("l", in, out, 0.1f, 2, 5);
+      };
+      const auto xv = random_vector(static_cast<size_t>(g.src * in), 41);
+      const Tensor x = Tensor::from_vector(std::vector<float>(xv.begin(), xv.end()), g.src, in);
+      // The mask of a ReLU output below: the positive entries of another random matrix.
+      const auto hv = random_vector(static_cast<size_t>(g.src * in), 42);
+      const Tensor mask = ops::relu_mask(Tensor::from_vector(std::vector<float>(hv.begin(), hv.end()), g.src, in));
+      const auto rv = random_vector(static_cast<size_t>(g.dst * out), 43);
+      // A tensor each: GIN's backward writes its input gradient over the gradient it is given.
+      const auto r = [&] { return Tensor::from_vector(std::vector<float>(rv.begin(), rv.end()), g.dst, out); };
+      ForwardContext ctx{true, kLayerKey};
+      auto folding = make(), plain = make();
+      folding->forward(op, x, ctx);
+      plain->forward(op, x, ctx);
+      const bool folds = folding->fold_input_relu(mask);
+      EXPECT_EQ(folds, kind != "sage" && out == in);
+      const Tensor got = folding->backward(op, r(), true);
+      Tensor want = plain->backward(op, r(), true);
+      if (folds) ops::relu_backward_mask(want, mask, &want);
+      ASSERT_EQ(got.numel(), want.numel());
+      EXPECT_EQ(0, std::memcmp(got.f32(), want.f32(), static_cast<size_t>(got.numel()) * sizeof(float)));
+      const auto pf = folding->parameters(), pp = plain->parameters();
+      for (size_t q = 0; q < pf.size(); ++q) {
+        const auto a = pf[q]->grad.to_vector(), b = pp[q]->grad.to_vector();
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << pf[q]->name;
+      }
+    }
+  }
+}
+
+// Full-graph training with ReLU between the layers gives the same logits, gradients and weights,
+// bit for bit, with ReLU's backward folded into the next layer's and as a pass of its own
+// (Model::set_fold_relu): four layers (a widening first one, hidden ones of 33 columns, a
+// narrowing last one), GIN with one and two MLP layers, dropout off and on (whose backward then
+// follows ReLU's instead of preceding it), several Adam steps.
+TEST(Model, FoldedReluBackwardTrainsTheSameBitsAsItsOwnPass) {
+  const TestGraph g = random_graph(300, 300, 23);
+  const GraphOperand op(g.view());
+  const auto xv = random_vector(300 * 19, 73);
+  const Tensor x = Tensor::from_vector(std::vector<float>(xv.begin(), xv.end()), 300, 19);
+  for (const std::string kind : {"gcn", "sage", "gin"}) {
+    for (const int mlp : {1, 2}) {
+      if (kind != "gin" && mlp == 1) continue;
+      for (const float dropout : {0.0f, 0.3f}) {
+        ModelConfig cfg = small_config(kind, dropout);
+        cfg.layers = 4;
+        cfg.in_dim = 19;
+        cfg.hidden = 33;
+        cfg.out_dim = 5;
+        cfg.gin_mlp_layers = mlp;
+        cfg.activation = Activation::kRelu;
+        auto run = [&](bool fold) {
+          Model model(cfg, 6);
+          model.set_fold_relu(fold);
+          model.set_constant_input(true);
+          Adam adam(model.parameters(), 0.01f, 0.0f);
+          std::vector<std::vector<float>> out;
+          const std::vector<const GraphOperand*> graphs(4, &op);
+          for (int step = 0; step < 3; ++step) {
+            model.zero_grad();
+            const Tensor y = model.forward(graphs, x, true, 9 + static_cast<uint64_t>(step));
+            out.push_back(y.to_vector());
+            model.backward(y);
+            for (Parameter* p : model.parameters()) out.push_back(p->grad.to_vector());
+            adam.step();
+          }
+          for (Parameter* p : model.parameters()) out.push_back(p->value.to_vector());
+          return out;
+        };
+        const auto own = run(false), folded = run(true);
+        ASSERT_EQ(own.size(), folded.size());
+        for (size_t i = 0; i < own.size(); ++i)
+          EXPECT_EQ(0, std::memcmp(own[i].data(), folded[i].data(), own[i].size() * sizeof(float)))
+              << kind << " mlp " << mlp << " dropout " << dropout << " item " << i;
+      }
+    }
+  }
+}
+
 // The transpose, GCN norms (full-graph degree for sources that are not destinations) and SAGE's
 // mean factors of a block.
 TEST(GraphOperand, TransposeAndNormsFollowTheBlock) {

@@ -5,8 +5,9 @@
 // widths 1, 3, 32, 33, 64, 100, 128, 256, 257 (scalar and float4 paths, partial groups, several
 // column tiles; 40 and 47 on the skewed graph, 41-48 in GAR's 48-float tile), padded leading
 // dimensions, and every combination of row scale, column scale, edge weight, self term,
-// accumulate, bias and ReLU. Outputs are poisoned with NaN first, so an element a kernel forgets
-// to write fails. Tests skip with a reason when no CUDA device is present.
+// accumulate, bias and ReLU; GAR's output mask (ReLU's backward folded in) against the CPU product
+// masked afterwards. Outputs are poisoned with NaN first, so an element a kernel forgets to write
+// fails. Tests skip with a reason when no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -112,6 +113,16 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
     } else {
       spmm_cpu(c);
     }
+    // An output mask (mask_words_ > 0): random bits, and the reference is the unmasked product with
+    // ReLU's backward applied afterwards (a cleared bit gives 0, a set one keeps the value).
+    std::vector<uint32_t> mask;
+    if (mask_words_ > 0) {
+      mask.resize(static_cast<size_t>(g.rows * mask_words_));
+      for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<uint32_t>(random_bits(derive_key(key, 8), i));
+      for (int64_t r = 0; r < g.rows; ++r)
+        for (int64_t k = 0; k < width; ++k)
+          if (!((mask[static_cast<size_t>(r * mask_words_ + k / 32)] >> (k % 32)) & 1u)) cpu[r * out_ld + k] = 0.0f;
+    }
 
     auto d_indptr = upload(g.indptr);
     auto d_indices = upload(g.indices);
@@ -121,6 +132,11 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
     auto d_weight = upload(weight);
     auto d_self = upload(self_coefs);
     auto d_bias = upload(bias);
+    auto d_mask = upload(mask.empty() ? std::vector<uint32_t>{0} : mask);
+    if (mask_words_ > 0) {
+      a.out_mask = d_mask.data();
+      a.out_mask_words = mask_words_;
+    }
     DeviceBuffer<float> d_out(*pool_, previous.size(), *stream_);
     if (o.accumulate) {
       cuda::copy_to_device(d_out.data(), previous.data(), previous.size(), *stream_);
@@ -161,10 +177,12 @@ class SpmmCudaTest : public gale::testing::CudaFixture<> {
     expect_close(gpu_m, cpu_m, kind == SpmmKind::kTensorCore ? 1e-3f : 1e-4f,
                  std::string(spmm_kind_name(kind)) + " width " + std::to_string(width) + " ld " +
                      std::to_string(x_ld) + " / " + std::to_string(out_ld) + " " + o.describe() +
-                     (listed_ ? " (long rows listed)" : "") + " chunks " + std::to_string(chunk_rows_));
+                     (listed_ ? " (long rows listed)" : "") + " chunks " + std::to_string(chunk_rows_) +
+                     (mask_words_ > 0 ? " masked, " + std::to_string(mask_words_) + " words a row" : ""));
   }
 
   int64_t chunk_rows_ = 0;  // check() passes GAR these chunk rows (0: 16)
+  int64_t mask_words_ = 0;  // check() passes an output mask of this many words a row (0: none)
   bool listed_ = false;  // check() passes GAR the graph's long-row list, built on the device
   int64_t sample_width_ = 0;  // kSampled's S and strategy (the reference is then spmm_sampled_cpu)
   SpmmSampling sampling_ = SpmmSampling::kFastRand;
@@ -381,6 +399,40 @@ TEST_F(SpmmCudaTest, GarFortyEightColumnTileMatchesCpu) {
   listed_ = false;
 }
 
+// GAR's output mask (SpmmArgs::out_mask: ReLU's backward folded into the aggregation that writes the
+// gradient) is the unmasked product masked afterwards, at the widths of full-graph training (1, 47
+// classes, 96, 100, 256 hidden): a small graph and the skewed one (long rows, rows across group
+// ranges), x's rows dense and padded (47 dense: whole tiles and a tail in two launches, whose bits
+// start at column 32; 47 in rows of 48: float4 gathers and float stores; 100 in rows of 103: scalar),
+// with and without the long-row list, under rotating options (accumulate, self term, bias, ReLU),
+// rows of the exact number of words and of one more.
+TEST_F(SpmmCudaTest, GarOutputMaskIsReluBackwardAfterTheProduct) {
+  const Graph small = random_graph(101, 400, 450, 1800);
+  const Graph skewed = skewed_graph(102, 20011, 15000);
+  int combo = 3;
+  for (int64_t width : {int64_t{1}, int64_t{47}, int64_t{96}, int64_t{100}, int64_t{256}}) {
+    for (int64_t pad : {int64_t{0}, width == 47 ? int64_t{1} : int64_t{3}}) {
+      for (const Graph* g : {&small, &skewed}) {
+        combo = (combo + 37) % Options::kCombos;
+        listed_ = combo % 2;
+        mask_words_ = (width + 31) / 32 + (combo % 3 == 0 ? 1 : 0);
+        check(SpmmKind::kGar, *g, width, Options::from(combo),
+              derive_key(103, static_cast<uint64_t>(width * 11 + pad * 3 + combo)), pad,
+              width == 47 && pad == 1 ? 0 : -1);
+      }
+    }
+  }
+  // What the engine's backward passes: x dense, no epilogue but the mask (GCN's row and column
+  // scales and self coefficients; GIN's self scale).
+  for (int64_t width : {int64_t{96}, int64_t{256}}) {
+    mask_words_ = (width + 31) / 32;
+    check(SpmmKind::kGar, skewed, width, Options::from(1 + 2 + 4 + 16), derive_key(104, static_cast<uint64_t>(width)));
+    check(SpmmKind::kGar, skewed, width, Options::from(8), derive_key(105, static_cast<uint64_t>(width)));
+  }
+  mask_words_ = 0;
+  listed_ = false;
+}
+
 // spmm_entry_scale copies col_scale into entry order, and an aggregation given it as edge weights
 // equals the one given the column scale.
 TEST_F(SpmmCudaTest, EntryScaleMatchesCpuAndStandsForTheColumnScale) {
@@ -588,6 +640,21 @@ TEST(SpmmCannot, NamesWhatAKindCannotTake) {
   a.out = matrix(out, 1, 4);
   EXPECT_NE(spmm_cannot(SpmmKind::kGar, a).find("rows"), std::string::npos);
   EXPECT_THROW(spmm_cuda(SpmmKind::kGar, a, nullptr), InputError);
+  // An output mask: GAR only (auto when it resolves to GAR), with a whole word a row at least.
+  a.out = matrix(out, 2, 4);
+  a.edge_weight = nullptr;
+  const uint32_t mask[4] = {5, 5, 5, 5};
+  a.out_mask = mask;
+  a.out_mask_words = 1;
+  EXPECT_EQ(spmm_cannot(SpmmKind::kGar, a), "");
+  for (SpmmKind kind : {SpmmKind::kGas, SpmmKind::kMemoryAware, SpmmKind::kCusparse, SpmmKind::kSampled})
+    EXPECT_NE(spmm_cannot(kind, a).find("only GAR applies an output mask"), std::string::npos) << spmm_kind_name(kind);
+  a.nnz = 8;  // average degree 4: auto resolves to GAR
+  EXPECT_EQ(spmm_cannot(SpmmKind::kAuto, a), "");
+  a.nnz = 2;  // degree 1: GAS
+  EXPECT_NE(spmm_cannot(SpmmKind::kAuto, a).find("not gas"), std::string::npos);
+  a.out_mask_words = 0;
+  EXPECT_NE(spmm_cannot(SpmmKind::kGar, a).find("words a row"), std::string::npos);
 }
 
 }  // namespace

@@ -85,6 +85,47 @@ TEST(Spmm, MatchesNaiveLoopsWithScalesWeightsAndSelfTerms) {
   }
 }
 
+// The output mask (SpmmArgs::out_mask, ReLU's backward folded into the aggregation that writes the
+// gradient) gives exactly the product followed by relu_backward_mask: the same floats where a bit
+// is set, +0 where it is clear (NaN and negative values included), under accumulate, self terms,
+// bias and ReLU, at widths that are and are not multiples of 32; bits past the width are ignored.
+TEST(Spmm, OutputMaskIsReluBackwardAfterTheProduct) {
+  for (int64_t width : {1, 7, 31, 32, 33, 47, 64, 100}) {
+    const Graph g = random_graph(37, 53, static_cast<uint64_t>(100 + width));
+    const auto x = random_floats(static_cast<size_t>(53 * width), 11);
+    const auto rs = random_floats(37, 12), w = random_floats(g.indices.size(), 13), self = random_floats(37, 14);
+    const auto bias = random_floats(static_cast<size_t>(width), 15);
+    const int64_t words = relu_mask_words(width);
+    std::vector<uint32_t> mask(static_cast<size_t>(37 * words));
+    for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<uint32_t>(random_bits(16, i));
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool accumulate = variant & 1, epilogue = variant & 2;
+      std::vector<float> start = random_floats(static_cast<size_t>(37 * width), 17);
+      start[0] = std::numeric_limits<float>::quiet_NaN();  // accumulated into row 0, column 0
+      SpmmArgs a;
+      a.graph = g.view();
+      a.x = matrix(x.data(), 53, width);
+      a.row_scale = rs.data();
+      a.edge_weight = w.data();
+      a.self_coefs = self.data();
+      a.self_scale = 0.5f;
+      a.accumulate = accumulate;
+      a.bias = epilogue ? bias.data() : nullptr;
+      a.relu = epilogue;
+      std::vector<float> want = start, got = start;
+      a.out = matrix(want.data(), 37, width);
+      spmm_cpu(a);
+      relu_backward_mask(matrix(want.data(), 37, width), mask.data(), matrix(want.data(), 37, width));
+      a.out = matrix(got.data(), 37, width);
+      a.out_mask = mask.data();
+      a.out_mask_words = words;
+      spmm_cpu(a);
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << "width " << width << " accumulate " << accumulate << " bias and relu " << epilogue;
+    }
+  }
+}
+
 // ES-SpMM's sampled estimate (spmm_sampled_cpu): with S at least every row's length it is the
 // product, bit for bit; Bucket is the product over each row's first S entries, scaled by n / S;
 // FastRand's S entries are distinct and spread over the row; widths outside 1..kSpmmMaxSample throw.
