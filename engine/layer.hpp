@@ -82,12 +82,14 @@ class Layer {
   virtual bool takes_output_grad_sums() const { return false; }
   // ReLU's backward folded into this layer's, as MaxK's is (ForwardContext::maxk_input): mask is
   // ops::relu_mask of the last training forward's input (the ReLU output of the layer below), for
-  // the coming backward only. Returns whether that backward will return its input gradient already
-  // masked, by the kernel that writes it (an SpMM's output mask, kernels/spmm.hpp): the model then
-  // applies no mask of its own. Such a gradient comes without column sums (take_input_grad_sums),
-  // so the layer below sums its gradient itself. false: the layer keeps nothing and the model
-  // applies ReLU's backward as a pass of its own.
-  virtual bool fold_input_relu(Tensor mask) {
+  // the coming backward on g only. Returns whether that backward will return its input gradient
+  // already masked, by the kernel that writes it (an SpMM's output mask, kernels/spmm.hpp): the
+  // model then applies no mask of its own. Such a gradient comes without column sums
+  // (take_input_grad_sums), so the layer below sums its gradient itself. false: the layer keeps
+  // nothing and the model applies ReLU's backward as a pass of its own, which also sums the
+  // columns; so a layer declines where its kernel could not apply the mask itself.
+  virtual bool fold_input_relu(const GraphOperand& g, Tensor mask) {
+    (void)g;
     (void)mask;
     return false;
   }

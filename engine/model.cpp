@@ -214,7 +214,7 @@ void Model::backward(Tensor grad_logits, const GradHook& on_layer_grads) {
     // both select (kept values scaled, the rest +0), so the order changes no bit.
     relu_folded = false;
     if (l > 0 && fold_relu_ && config_.activation == Activation::kRelu && norms_.empty()) {
-      relu_folded = layers_[l]->fold_input_relu(saved_[l - 1]->relu_mask);
+      relu_folded = layers_[l]->fold_input_relu(*graphs_[l], saved_[l - 1]->relu_mask);
       if (relu_folded) saved_[l - 1]->relu_mask = Tensor();  // the layer holds it until its backward is done
     }
     // The gradient is handed over, so the layer frees it as soon as it is done with it.

@@ -105,7 +105,6 @@ struct OpProfile::Impl {
   }
 };
 
-
 OpProfile::OpProfile() : impl_(std::make_unique<Impl>()) { active_profile = impl_.get(); }
 OpProfile::~OpProfile() {
   if (active_profile == impl_.get()) active_profile = nullptr;

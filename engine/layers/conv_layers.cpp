@@ -66,6 +66,16 @@ void run_spmm(const GraphOperand& g, bool csc, kernels::SpmmArgs a, const ops::E
   ops::spmm(a, g.device(), exec.spmm);
 }
 
+// Whether run_spmm over g applies an output mask inside its kernel: on the CPU every kernel does;
+// on a GPU GAR does, forced, or under auto on a whole graph (where GAR competes and wins on every
+// graph measured but a community-ordered one). Elsewhere (a sampled block under auto gets the
+// memory-aware kernel; GAS, tc) ops::spmm masks in a pass of its own, which costs what the model's
+// own relu_backward_mask costs without its column sums.
+bool aggregation_masks_in_kernel(const GraphOperand& g, const ops::ExecOptions& exec) {
+  if (g.device().is_cpu()) return true;
+  return exec.spmm == kernels::SpmmKind::kGar || (exec.spmm == kernels::SpmmKind::kAuto && spmm_auto_measures(g));
+}
+
 // out = A_norm x (+ epilogue), out preallocated (num_dst x width); x a view (a column block of a
 // wider tensor allowed) on the graph's device.
 void aggregate(const GraphOperand& g, Norm norm, float self_scale, kernels::ConstMatrixView x, Tensor* out,
@@ -575,10 +585,11 @@ class AggregateLinear {
   }
   // Layer::fold_input_relu: an aggregate-first backward without a root term ends in the aggregation
   // that writes the input gradient, which applies the mask as its output mask (the other orders
-  // end in a GEMM, or a root term's GEMM adds into the aggregation's output afterwards).
-  bool fold_input_relu(Tensor mask) {
+  // end in a GEMM, or a root term's GEMM adds into the aggregation's output afterwards), where its
+  // kernel applies it in place (aggregation_masks_in_kernel).
+  bool fold_input_relu(const GraphOperand& g, Tensor mask) {
     input_relu_mask_ = Tensor();
-    if (!aggregates_first() || root_ || stacked_input_) return false;
+    if (!aggregates_first() || root_ || stacked_input_ || !aggregation_masks_in_kernel(g, exec_)) return false;
     input_relu_mask_ = std::move(mask);
     return true;
   }
@@ -648,7 +659,7 @@ class ConvLayer : public Layer {
   Tensor take_input_grad_sums() override { return conv_.take_input_grad_sums(); }
   void give_output_grad_sums(Tensor sums) override { conv_.give_output_grad_sums(std::move(sums)); }
   bool takes_output_grad_sums() const override { return true; }
-  bool fold_input_relu(Tensor mask) override { return conv_.fold_input_relu(std::move(mask)); }
+  bool fold_input_relu(const GraphOperand& g, Tensor mask) override { return conv_.fold_input_relu(g, std::move(mask)); }
 
  private:
   std::string kind_;
@@ -707,7 +718,9 @@ class GinLayer : public Layer {
   void give_output_grad_sums(Tensor sums) override { out_grad_sums_ = std::move(sums); }
   bool takes_output_grad_sums() const override { return true; }
   // The MLP's first Linear and the aggregation write the input gradient, last (first_'s backward).
-  bool fold_input_relu(Tensor mask) override { return first_.fold_input_relu(std::move(mask)); }
+  bool fold_input_relu(const GraphOperand& g, Tensor mask) override {
+    return first_.fold_input_relu(g, std::move(mask));
+  }
 
  private:
   AggregateLinear first_;

@@ -853,7 +853,7 @@ TEST(Layers, AggregateFirstLayersFoldTheInputRelu) {
       auto folding = make(), plain = make();
       folding->forward(op, x, ctx);
       plain->forward(op, x, ctx);
-      const bool folds = folding->fold_input_relu(mask);
+      const bool folds = folding->fold_input_relu(op, mask);
       EXPECT_EQ(folds, kind != "sage" && out == in);
       const Tensor got = folding->backward(op, r(), true);
       Tensor want = plain->backward(op, r(), true);
