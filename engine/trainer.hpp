@@ -172,6 +172,7 @@ struct TrainOptions {
 struct WorkerStageSeconds {
   double prepare_s = 0;        // sampling and host feature reads, summed over the batches
   double host_features_s = 0;  // of prepare: reading or staging the batches' features on the host
+  double gpu_sample_s = 0;     // of prepare: sampling on the GPU, with its waits for the device
   double load_s = 0;           // the load stage's host time (enqueueing operands and gathers)
   double io_s = 0;             // GPU time of the IO stream's work (operands, feature gathers)
   double compute_s = 0;        // the steps' host time: forward, backward, Adam, and the two below

@@ -21,6 +21,7 @@ nlohmann::json accuracy(const TrainOptions& opt, T value) {
 nlohmann::json worker_stages(const std::vector<WorkerStageSeconds>& workers) {
   const std::pair<const char*, double WorkerStageSeconds::*> stages[] = {
       {"prepare", &WorkerStageSeconds::prepare_s},     {"host_features", &WorkerStageSeconds::host_features_s},
+      {"gpu_sample", &WorkerStageSeconds::gpu_sample_s},
       {"load", &WorkerStageSeconds::load_s},           {"io", &WorkerStageSeconds::io_s},
       {"compute", &WorkerStageSeconds::compute_s},     {"wait", &WorkerStageSeconds::wait_s},
       {"reorder", &WorkerStageSeconds::reorder_s},     {"allreduce", &WorkerStageSeconds::allreduce_s},

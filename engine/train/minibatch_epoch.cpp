@@ -28,12 +28,12 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Adds the nanoseconds of its scope to a counter (threads of the prepare stage add at once).
-class FeatureTime {
+class ScopeTime {
  public:
-  explicit FeatureTime(std::atomic<int64_t>& ns) : ns_(ns) {}
-  ~FeatureTime() { ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0_).count(); }
-  FeatureTime(const FeatureTime&) = delete;
-  FeatureTime& operator=(const FeatureTime&) = delete;
+  explicit ScopeTime(std::atomic<int64_t>& ns) : ns_(ns) {}
+  ~ScopeTime() { ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0_).count(); }
+  ScopeTime(const ScopeTime&) = delete;
+  ScopeTime& operator=(const ScopeTime&) = delete;
 
  private:
   std::atomic<int64_t>& ns_;
@@ -81,6 +81,7 @@ struct WorkerEpoch {
   // Host seconds the prepare stage spent reading or staging the batches' features (summed over
   // the batches prepared concurrently, like times.prepare_s, which includes them).
   double host_features_s = 0;
+  double gpu_sample_s = 0;  // of prepare_s: GPU sampling, with its waits for the device
   FeatureLoadStats features;
   uint64_t checksum = 0;
   int stop = 0;  // TrainOptions::stop as this worker saw it after the epoch
@@ -115,7 +116,8 @@ struct WorkerEpoch {
             double_word(times.wait_s),
             double_word(times.reorder_s),
             double_word(allreduce_host_s),
-            double_word(vote_wait_s)};
+            double_word(vote_wait_s),
+            double_word(gpu_sample_s)};
   }
 };
 
@@ -191,6 +193,7 @@ struct MiniBatchEpochs::Worker {
   WorkerEpoch out;
   IoTimer io_timer;
   mutable std::atomic<int64_t> host_feature_ns{0};  // out.host_features_s as the prepare stage adds to it
+  mutable std::atomic<int64_t> gpu_sample_ns{0};    // out.gpu_sample_s likewise
   Tensor batch_rows;  // 0, 1, ..., batch_size - 1: every logits row of a batch is a seed
   // Each step's mean loss and hit count (16 bytes per step), read once after the epoch: a step
   // never waits for the device, so the host queues the next while the GPU runs this one.
@@ -294,7 +297,7 @@ struct MiniBatchEpochs::Worker {
   // The host reads a batch's input features here, in parallel with training: from memory, or
   // through the disk tier.
   void read_features(PreparedBatch* p, int64_t b, const std::vector<int64_t>& inputs) const {
-    const FeatureTime timed(host_feature_ns);
+    const ScopeTime timed(host_feature_ns);
     p->features = Tensor::empty(static_cast<int64_t>(inputs.size()), run.store().feature_dim());
     const std::shared_ptr<const storage::WindowRows> window = read_ahead ? read_ahead->window_of(epoch, b) : nullptr;
     host_features->read_rows(inputs.data(), p->features.rows(), p->features.f32(), window.get());
@@ -304,7 +307,7 @@ struct MiniBatchEpochs::Worker {
   // Behind a GPU cache: the rows of `inputs` it lacks, staged from the host's source (its
   // cache, the batch's read-ahead window, or disk) for the gather.
   void stage_features(PreparedBatch* p, int64_t b, const std::vector<int64_t>& inputs) const {
-    const FeatureTime timed(host_feature_ns);
+    const ScopeTime timed(host_feature_ns);
     const std::shared_ptr<const storage::WindowRows> window = read_ahead ? read_ahead->window_of(epoch, b) : nullptr;
     p->staged = r.batch_features->stage(inputs, [&](const int64_t* ids, int64_t n, float* out) {
       host_features->read_rows(ids, n, out, window.get());
@@ -323,7 +326,10 @@ struct MiniBatchEpochs::Worker {
     const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
     if (r.gpu_batches) {  // the node sets leave the GPU only for the match-reorder window or the host's reads
       const bool staged = r.batch_features && r.batch_features->staged();
-      p->gpu = r.gpu_batches->sample(plan.batch(b), len, key, opt.reorder_window > 1 || !r.batch_features || staged);
+      {
+        const ScopeTime timed(gpu_sample_ns);
+        p->gpu = r.gpu_batches->sample(plan.batch(b), len, key, opt.reorder_window > 1 || !r.batch_features || staged);
+      }
       if (!r.batch_features) read_features(p.get(), b, p->gpu.input_nodes_host());
       else if (staged) stage_features(p.get(), b, p->gpu.input_nodes_host());
       return p;
@@ -335,9 +341,13 @@ struct MiniBatchEpochs::Worker {
     return p;
   }
 
+  // The batch's nodes for the match-reorder window. GPU-sampled without a window, none: the
+  // pipeline would sort each batch's ~160K input nodes (10-15 ms of a prepare thread) only to count
+  // the reuse the feature tiers count anyway (rows from the previous batch), as the node sets never
+  // leave the GPU in memory; staged from the disk tier they are on the host for the staging alone.
   const std::vector<int64_t>& node_set(const std::unique_ptr<PreparedBatch>& p) const {
     static const std::vector<int64_t> none;  // a worker's empty slice
-    if (r.gpu_batches) return p->gpu.input_nodes_host();
+    if (r.gpu_batches) return opt.reorder_window > 1 ? p->gpu.input_nodes_host() : none;
     return p->batch.blocks.empty() ? none : p->batch.input_nodes();
   }
 
@@ -456,6 +466,7 @@ struct MiniBatchEpochs::Worker {
     if (r.batch_features) out.features = r.batch_features->take_stats();
     out.io_s = io_timer.take_seconds();
     out.host_features_s = static_cast<double>(host_feature_ns.load()) * 1e-9;
+    out.gpu_sample_s = static_cast<double>(gpu_sample_ns.load()) * 1e-9;
     if (r.comm) out.allreduce_s = r.comm->take_seconds();
     synchronize(r.dev);
     out.wall_s = since(t0);
@@ -722,6 +733,7 @@ struct EpochTally {
       st.allreduce_s += word_double(rec[12]);
       st.allreduce_host_s += word_double(rec[21]);
       st.vote_wait_s += word_double(rec[22]);
+      st.gpu_sample_s += word_double(rec[23]);
       st.wall_s += word_double(rec[2]);
     }
     m->sample_s += w0.times.prepare_s;
