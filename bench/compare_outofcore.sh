@@ -27,7 +27,8 @@
 # --dry-run checks the arguments and prints the commands without running them (no GPU, root or
 # gale binary needed). GALE=path/to/gale overrides the binary (default build/bin/gale), PYTHON the
 # interpreter (default python3), TORCH_JSON=FILE takes the anchor's JSON line from FILE instead of
-# running it, and CGROUP_ROOT the cgroup v2 mount (default /sys/fs/cgroup).
+# running it, CGROUP_ROOT the cgroup v2 mount (default /sys/fs/cgroup), and KEEP=DIR keeps each
+# side's output, log and Gale's metrics in DIR (made if missing).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 gale=${GALE:-$here/../build/bin/gale}
@@ -156,6 +157,7 @@ cleanup() {
     for ((i = 0; i < 100; i++)); do rmdir "$cg" 2>/dev/null && break; sleep 0.1; done
     [ ! -d "$cg" ] || echo "$0: could not remove $cg (still in use); rmdir it later" >&2
   done
+  [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP" && cp -r "$out"/. "$KEEP"/; }
   rm -rf "$out"
 }
 trap cleanup EXIT

@@ -98,12 +98,22 @@ class MmapFeatures:
         return x[torch.from_numpy(inv.reshape(-1)).to(self.device, non_blocking=True)]
 
 
+def to_device_int64(array, device, chunk=1 << 26):
+    out = torch.empty(array.shape[0], dtype=torch.int64, device=device)
+    for first in range(0, array.shape[0], chunk):
+        part = np.ascontiguousarray(array[first:first + chunk]).astype(np.int64)
+        out[first:first + part.shape[0]].copy_(torch.from_numpy(part))
+    return out
+
+
 def load_store(path, device, features="gpu"):
     with open(os.path.join(path, "manifest.json")) as f:
         manifest = json.load(f)
-    # int64 on the host first, so the GPU never holds an int32 and an int64 copy at once.
-    rowptr = torch.from_numpy(np.load(os.path.join(path, "graph/indptr.npy")).astype(np.int64)).to(device)
-    col = torch.from_numpy(np.load(os.path.join(path, "graph/indices.npy")).astype(np.int64)).to(device)
+    # Memory-mapped and widened to int64 a chunk at a time on its way to the device, so the host
+    # never holds the topology (R-MAT 25's 4.2 GB of int32 indices would be 8.4 GB as int64: more
+    # than an 8 GB cgroup) and the GPU never an int32 and an int64 copy at once.
+    rowptr = to_device_int64(np.load(os.path.join(path, "graph/indptr.npy"), mmap_mode="r"), device)
+    col = to_device_int64(np.load(os.path.join(path, "graph/indices.npy"), mmap_mode="r"), device)
     dtype = manifest.get("feature_dtype", "f32")
     if dtype not in ("f32", "f16", "bf16"):
         sys.exit(f"{path}: feature_dtype '{dtype}': expected f32, f16 or bf16")
