@@ -162,7 +162,7 @@ int run_train(const std::vector<std::string>& args) {
   std::string model = "sage", activation, device = "auto", fanouts, config, spmm = "auto", gpu_budget;
   bool tf32 = false, tune_gemm = false, stack_operands = false, no_match = false;
   std::string eval = "auto", feature_gpu, sampler = "auto", gpus, checkpoint_interval, host_budget, io_engine = "auto",
-              read_ahead = "auto";
+              read_ahead = "auto", cache_rank = "degree";
   std::string edge_weights = "auto", neighbor_sampling = "uniform", norm = "none", lr_schedule = "constant";
   float min_lr = 0.0f;
   int cpu_workers = 0;
@@ -188,6 +188,9 @@ int run_train(const std::vector<std::string>& args) {
       ("read-ahead", po::value(&read_ahead), "features on disk: host memory for the windows of rows read ahead of "
                                              "the batches, taken from the host cache, e.g. 512M; auto (a third of "
                                              "the features' share) | 0 (each batch reads its own rows)")
+      ("cache-rank", po::value(&cache_rank), "features on disk: what ranks the rows the GPU and host caches hold: "
+                                             "degree (in-degree, the default) | sampled (how often one pre-sampled "
+                                             "epoch's batches read each node)")
       ("spmm", po::value(&spmm), "GPU aggregation kernel: auto (on the whole graph: the fastest of gar, gas and, with "
        "--tf32, tc, timed once per width; sampled blocks: memory-aware) | fused-gar | fused-gas | memory-aware | tc "
        "(TC-GNN's tensor-core SpMM in TF32, full-graph only)")
@@ -315,6 +318,8 @@ int run_train(const std::vector<std::string>& args) {
   }
   o.io_engine = parse_io_engine(io_engine);
   if (read_ahead != "auto") o.read_ahead_bytes = parse_size(read_ahead, "--read-ahead");
+  if (cache_rank == "sampled") o.cache_rank = engine::TrainOptions::CacheRank::kSampled;
+  else if (cache_rank != "degree") throw InputError("--cache-rank: expected degree or sampled, found '" + cache_rank + "'");
   o.exec.spmm = parse_spmm_kind(spmm);
   o.match = !no_match;
   o.devices = parse_workers(gpus, cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o.device);

@@ -136,7 +136,8 @@ BatchFeatures::BatchFeatures(const storage::Store& store, const Device& device, 
 }
 
 BatchFeatures::BatchFeatures(const storage::Store& store, const Device& device, uint64_t gpu_bytes, bool match,
-                             const storage::HostFeatures& source, kernels::cuda::MemoryBudget* host_budget)
+                             const storage::HostFeatures& source, kernels::cuda::MemoryBudget* host_budget,
+                             const std::vector<uint32_t>* reads)
     : impl_(std::make_unique<Impl>(store, device)) {
   if (!store.has_features()) throw InputError(store.path().string() + ": the store has no features.npy");
   impl_->stats.row_bytes = store.feature_dim() * static_cast<int64_t>(sizeof(float));
@@ -144,10 +145,10 @@ BatchFeatures::BatchFeatures(const storage::Store& store, const Device& device, 
   if (!device.is_cuda()) throw InternalError("BatchFeatures: staged rows are for a GPU");
 #if GALE_WITH_CUDA
   DeviceContext& ctx = DeviceContext::get(device.ordinal);
-  impl_->tiers = std::make_unique<storage::FeatureTiers>(store, ctx.pool(), ctx.io_stream(), gpu_bytes, source);
+  impl_->tiers = std::make_unique<storage::FeatureTiers>(store, ctx.pool(), ctx.io_stream(), gpu_bytes, source, reads);
   impl_->set_match(match);
 #else
-  (void)gpu_bytes, (void)match, (void)source;
+  (void)gpu_bytes, (void)match, (void)source, (void)reads;
   throw DeviceError("this build has no CUDA backend");
 #endif
 }

@@ -87,10 +87,12 @@ class BatchFeatures {
   BatchFeatures(const storage::Store& store, const Device& device, uint64_t gpu_bytes, bool match,
                 const BatchFeatures* share_host_with = nullptr, const std::vector<uint8_t>* preferred = nullptr,
                 kernels::cuda::MemoryBudget* host_budget = nullptr);
-  // Features on disk: a GPU cache of the hottest rows gpu_bytes holds (filled through `source`),
-  // every other row staged per batch. The pinned buffers are charged to host_budget.
+  // Features on disk: a GPU cache of the hottest rows gpu_bytes holds (filled through `source`;
+  // ranked by `reads` when given, storage::hottest_nodes), every other row staged per batch. The
+  // pinned buffers are charged to host_budget.
   BatchFeatures(const storage::Store& store, const Device& device, uint64_t gpu_bytes, bool match,
-                const storage::HostFeatures& source, kernels::cuda::MemoryBudget* host_budget);
+                const storage::HostFeatures& source, kernels::cuda::MemoryBudget* host_budget,
+                const std::vector<uint32_t>* reads = nullptr);
   ~BatchFeatures();
   BatchFeatures(const BatchFeatures&) = delete;
   BatchFeatures& operator=(const BatchFeatures&) = delete;

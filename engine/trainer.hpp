@@ -112,6 +112,10 @@ struct TrainOptions {
   // (engine/train/read_ahead.hpp), taken from the host cache's share. kAutoReadAhead: a third of
   // that share; 0: no read-ahead (each batch reads its own misses).
   uint64_t read_ahead_bytes = storage::HostFeatures::kAutoReadAhead;
+  // With the features on disk, what ranks the rows the GPU cache and the host cache hold: in-degree,
+  // or how often one pre-sampled epoch's batches read each node (engine/train/presample.hpp).
+  enum class CacheRank { kDegree, kSampled };
+  CacheRank cache_rank = CacheRank::kDegree;
   // Where layer-wise evaluation's outputs that fit neither the GPU nor the host budget spill (a
   // scratch file, unlinked at once); "": the directory the store is in.
   std::string temp_dir;

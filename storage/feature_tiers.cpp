@@ -68,7 +68,7 @@ FeatureTiers::FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, 
 }
 
 FeatureTiers::FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, cudaStream_t stream, uint64_t gpu_bytes,
-                           const HostFeatures& source)
+                           const HostFeatures& source, const std::vector<uint32_t>* reads)
     : num_nodes_(store.num_nodes()), dim_(store.feature_dim()), placement_(Placement::kCacheAndStaged) {
   if (!store.has_features()) throw InputError(store.path().string() + ": the store has no features.npy");
   counters_ = kernels::cuda::DeviceBuffer<int64_t>(pool, kernels::kFeatureTiers, stream);
@@ -78,7 +78,7 @@ FeatureTiers::FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, 
   if (cached_rows_ == 0) return;
   // The hottest rows, read in file order (long reads through the disk tier), a slot each in that
   // order.
-  std::vector<int64_t> order = hottest_nodes(store, cached_rows_);
+  std::vector<int64_t> order = hottest_nodes(store, cached_rows_, nullptr, reads);
   std::sort(order.begin(), order.end());
   std::vector<int32_t> slot(static_cast<size_t>(num_nodes_), -1);
   for (int64_t i = 0; i < cached_rows_; ++i) {

@@ -49,9 +49,10 @@ class FeatureTiers {
   // Features beyond the host budget: a GPU cache of the hottest rows gpu_bytes holds, filled
   // through `source` (pages checked as it reads them), and no host copy: each batch's other rows
   // are staged by the host (gather's `staged`). The cache's rows are the cache_rows_within(store,
-  // gpu_bytes) first of hottest_nodes, so a host cache behind it can start after them.
+  // gpu_bytes) first of hottest_nodes (ranked by `reads` when given), so a host cache behind it,
+  // ranked alike, can start after them.
   FeatureTiers(const Store& store, kernels::cuda::MemoryPool& pool, cudaStream_t stream, uint64_t gpu_bytes,
-               const HostFeatures& source);
+               const HostFeatures& source, const std::vector<uint32_t>* reads = nullptr);
   ~FeatureTiers();
   FeatureTiers(const FeatureTiers&) = delete;
   FeatureTiers& operator=(const FeatureTiers&) = delete;

@@ -45,6 +45,8 @@ HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(
     return;
   }
   placement_ = Placement::kDisk;
+  const std::vector<uint32_t>* reads = options.reads ? options.reads() : nullptr;
+  ranked_by_reads_ = reads != nullptr;
   DiskFeatureOptions d;
   d.engine = options.engine;
   d.max_gap_pages = options.max_gap_pages;
@@ -75,7 +77,7 @@ HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(
   // many as it holds.
   const int64_t cache_rows = static_cast<int64_t>(d.cache_bytes / (static_cast<uint64_t>(store.feature_dim()) * sizeof(float)));
   const int64_t skip = std::clamp<int64_t>(options.skip_hottest, 0, store.num_nodes());
-  std::vector<int64_t> priority = hottest_nodes(store, std::min(store.num_nodes(), skip + cache_rows));
+  std::vector<int64_t> priority = hottest_nodes(store, std::min(store.num_nodes(), skip + cache_rows), nullptr, reads);
   priority.erase(priority.begin(), priority.begin() + std::min<int64_t>(skip, static_cast<int64_t>(priority.size())));
   disk_ = std::make_unique<DiskFeatures>(store, priority, d);
 }
@@ -93,7 +95,7 @@ void HostFeatures::read_rows(const int64_t* ids, int64_t n, float* out, const Wi
 DiskFeatureStats HostFeatures::take_stats() { return disk_ ? disk_->take_stats() : DiskFeatureStats(); }
 
 std::string HostFeatures::describe() const {
-  if (disk_) return disk_->describe();
+  if (disk_) return disk_->describe() + (ranked_by_reads_ ? "; caches ranked by one pre-sampled epoch" : "");
   const uint64_t bytes = store_.manifest().files.at("features.npy").size;
   return "features in host memory (" + kernels::cuda::format_bytes(bytes) +
          (budget_ != nullptr ? " of a " + kernels::cuda::format_bytes(budget_->limit()) + " --host-mem-budget)" : ")");

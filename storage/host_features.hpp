@@ -11,8 +11,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/budget.hpp"
 #include "storage/disk_features.hpp"
@@ -43,6 +45,11 @@ class HostFeatures {
     // False when the GPUs hold the topology (their samplers read it there): the host keeps no copy,
     // so none is charged, and its share goes to the cache and the read-ahead windows.
     bool topology_on_host = true;
+    // On disk: how often pre-sampled batches read each node (one count per node; hottest_nodes),
+    // asked for once the features go to disk and before the cache is sized (the caller charges the
+    // counts to the budget meanwhile); the cache (and the GPUs' skipped rows) is then ranked by
+    // them before in-degree. Empty, or returning nullptr: by in-degree.
+    std::function<const std::vector<uint32_t>*()> reads;
   };
   static constexpr uint64_t kAutoReadAhead = ~uint64_t{0};
 
@@ -78,6 +85,7 @@ class HostFeatures {
   kernels::cuda::MemoryBudget* budget_ = nullptr;
   uint64_t charged_ = 0;  // returned to the budget when destroyed
   uint64_t read_ahead_bytes_ = 0;
+  bool ranked_by_reads_ = false;  // the cache ranked by Options::reads
   std::unique_ptr<DiskFeatures> disk_;
 };
 

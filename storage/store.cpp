@@ -840,16 +840,20 @@ std::vector<int64_t> Store::split(const std::string& name) const {
   return std::vector<int64_t>(p, p + it->second.count());
 }
 
-std::vector<int64_t> hottest_nodes(const Store& store, int64_t count, const std::vector<uint8_t>* preferred) {
+std::vector<int64_t> hottest_nodes(const Store& store, int64_t count, const std::vector<uint8_t>* preferred,
+                                   const std::vector<uint32_t>* reads) {
   const int64_t n = store.num_nodes();
   count = std::clamp<int64_t>(count, 0, n);
   if (preferred && static_cast<int64_t>(preferred->size()) != n)
     throw InternalError("hottest_nodes: the preferred flags do not cover every node");
+  if (reads && static_cast<int64_t>(reads->size()) != n)
+    throw InternalError("hottest_nodes: the read counts do not cover every node");
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   const int64_t* indptr = store.indptr();
   std::partial_sort(order.begin(), order.begin() + count, order.end(), [&](int64_t a, int64_t b) {
     if (preferred && (*preferred)[a] != (*preferred)[b]) return (*preferred)[a] > (*preferred)[b];
+    if (reads && (*reads)[a] != (*reads)[b]) return (*reads)[a] > (*reads)[b];
     const int64_t da = indptr[a + 1] - indptr[a], db = indptr[b + 1] - indptr[b];
     return da != db ? da > db : a < b;
   });

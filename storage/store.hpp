@@ -227,10 +227,12 @@ class Store {
 size_t add_page_sums(const std::filesystem::path& path);
 
 // The `count` hottest nodes for a feature cache, hottest first: the nodes flagged in `preferred`
-// (one flag per node, e.g. a worker's own parts) ahead of the rest, then by in-degree (how often a
-// sampler reaches a node), ties by id, so a cache is a pure function of the graph. Sorts only as
-// far as `count`.
-std::vector<int64_t> hottest_nodes(const Store& store, int64_t count, const std::vector<uint8_t>* preferred = nullptr);
+// (one flag per node, e.g. a worker's own parts) ahead of the rest, then by `reads` when given
+// (how often pre-sampled batches read each node: GNNLab's pre-sampling, one count per node), then
+// by in-degree (how often a sampler reaches a node), ties by id, so a cache is a pure function of
+// the graph and the counts. Sorts only as far as `count`.
+std::vector<int64_t> hottest_nodes(const Store& store, int64_t count, const std::vector<uint8_t>* preferred = nullptr,
+                                   const std::vector<uint32_t>* reads = nullptr);
 
 // The f32 feature rows a cache of `bytes` holds once its slot table (4 bytes per node) is paid
 // for: 0 when it is not, never more than every row.

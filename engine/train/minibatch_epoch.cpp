@@ -525,7 +525,7 @@ MiniBatchEpochs::MiniBatchEpochs(const TrainRun& run, Replicas& replicas)
   const TrainOptions& opt = run.opt();
   sampler_ = std::make_unique<sampler::NeighborSampler>(run.store().csr(), opt.fanouts, opt.sampling,
                                                          opt.model.edge_weights);
-  replicas.place_batch_sources(run);
+  replicas.place_batch_sources(run, *sampler_);
   // The reads that filled the caches are not the first epoch's.
   if (storage::HostFeatures* host = replicas.host_features(); host != nullptr) host->take_stats();
   if (opt.model.edge_weights) full_degree_ = kernels::weighted_in_degree(run.store().csr());

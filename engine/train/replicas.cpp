@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include "engine/devices.hpp"
+#include "engine/train/presample.hpp"
 #include "kernels/error.hpp"
 
 namespace gale::engine::train_parts {
@@ -76,7 +77,7 @@ std::vector<std::string> Replicas::describe_worker_threads() const {
   return out;
 }
 
-void Replicas::place_batch_sources(const TrainRun& run) {
+void Replicas::place_batch_sources(const TrainRun& run, const sampler::NeighborSampler& cpu_sampler) {
   const TrainOptions& opt = run.opt();
   const storage::Store& store = run.store();
   const uint64_t f32_bytes = static_cast<uint64_t>(run.num_nodes()) * static_cast<uint64_t>(store.feature_dim()) * sizeof(float);
@@ -116,10 +117,36 @@ void Replicas::place_batch_sources(const TrainRun& run) {
   const auto topology_room = [&](const Device& dev) {
     return topology_on_gpus ? gpu_room(dev, opt.gpu_mem_budget) / 2 : GpuBatches::topology_room(dev, opt.gpu_mem_budget);
   };
+  for (Replica& r : replicas_) {
+    if (!r.dev.is_cuda() || !opt.gpu_sampler) continue;
+    const UseDevice use(r.dev);
+    r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts, topology_room(r.dev), opt.sampling,
+                                                 opt.model.edge_weights);
+  }
+  // --cache-rank sampled: the counts of one pre-sampled epoch, charged to the host budget while the
+  // caches are filled; made only once the host's source goes to disk.
+  std::vector<uint32_t> reads;
+  std::unique_ptr<kernels::cuda::BudgetCharge> reads_charge;
+  const std::vector<uint32_t>* cache_reads = nullptr;
   if (!tiers) {
     // The host's source: in memory, or the disk tier. Behind GPUs its cache skips the rows their
     // caches hold, and leaves room for the pinned buffers of the batches' staged rows.
     storage::HostFeatures::Options host;
+    if (opt.cache_rank == TrainOptions::CacheRank::kSampled) {
+      host.reads = [&]() -> const std::vector<uint32_t>* {
+        reads_charge = std::make_unique<kernels::cuda::BudgetCharge>(
+            &run.host_budget(), static_cast<uint64_t>(run.num_nodes()) * sizeof(uint32_t));
+        const Replica& lead_replica = replicas_[0];
+        reads = presample_reads(run.num_nodes(), run.train_ids(), opt.batch_size, opt.seed,
+                                [&](const int64_t* seeds, int64_t n, uint64_t key) {
+                                  if (!lead_replica.gpu_batches) return cpu_sampler.sample(seeds, n, key).input_nodes();
+                                  const UseDevice use(lead_replica.dev);
+                                  return lead_replica.gpu_batches->sample(seeds, n, key, /*input_nodes_on_host=*/true)
+                                      .input_nodes_host();
+                                });
+        return cache_reads = &reads;
+      };
+    }
     host.budget = &run.host_budget();
     host.engine = opt.io_engine;
     host.force_disk = opt.features_on_disk;
@@ -138,13 +165,9 @@ void Replicas::place_batch_sources(const TrainRun& run) {
   for (Replica& r : replicas_) {
     if (!r.dev.is_cuda()) continue;
     const UseDevice use(r.dev);
-    if (opt.gpu_sampler)
-      r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts,
-                                                   topology_room(r.dev), opt.sampling,
-                                                   opt.model.edge_weights);
     if (!tiers) {  // a GPU cache, each batch's other rows staged from the host's source
       r.batch_features = std::make_unique<BatchFeatures>(store, r.dev, feature_room(r.dev), opt.match, *host_features_,
-                                                         &run.host_budget());
+                                                         &run.host_budget(), cache_reads);
       continue;
     }
     // Workers share one pinned host copy of the features; on a partitioned store each GPU's cache

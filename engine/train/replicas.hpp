@@ -16,6 +16,7 @@
 #include "engine/tensor.hpp"
 #include "engine/train/run.hpp"
 #include "engine/worker_arena.hpp"
+#include "sampler/neighbor_sampler.hpp"
 #include "storage/host_features.hpp"
 
 namespace gale::engine::train_parts {
@@ -50,7 +51,9 @@ class Replicas {
   // (charged to the host budget; the workers of one process share it, and on a partitioned store
   // each GPU caches its own parts' hot nodes first). The CPU, and a GPU whose features fit neither,
   // read them on the host (host_features(): in memory, or the disk tier beyond the host budget).
-  void place_batch_sources(const TrainRun& run);
+  // With the features on disk and --cache-rank sampled, both caches are ranked by one pre-sampled
+  // epoch (engine/train/presample.hpp), drawn by the GPU sampler or else by `cpu_sampler`.
+  void place_batch_sources(const TrainRun& run, const sampler::NeighborSampler& cpu_sampler);
   // The host's feature source, shared by every replica; null when every replica's feature tiers
   // serve its batches (and full-graph runs).
   storage::HostFeatures* host_features() const { return host_features_.get(); }

@@ -150,7 +150,7 @@ TEST_F(Cli, BadFlagValuesAreNamed) {
            "--weight-decay nan", "--weight-decay -1", "--model gin --gin-eps nan", "--model gat --attn-dropout nan",
            "--checkpoint-dir ''", "--metrics ''", "--config " + path("conf.d"), "--hidden 99999999999",
            "--model gat --hidden 64 --heads 99999", "--device cpu --tf32", "--device cpu --gpu-mem-budget 8G",
-           "--device cpu --fanouts 5,5 --feature-gpu-mem 1G", "--fanouts 5,5 --prefetch 0"}) {
+           "--device cpu --fanouts 5,5 --feature-gpu-mem 1G", "--fanouts 5,5 --prefetch 0", "--cache-rank hot"}) {
     const CliRun r = gale("train " + store + " -q " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     const std::string flag = bad.substr(bad.rfind("--"), bad.find(' ', bad.rfind("--")) - bad.rfind("--"));

@@ -4,6 +4,8 @@
 // (same losses, accuracies and weights), with io_uring and with the pread pool; a byte flipped
 // in features.npy stops the run with the page's offset; a budget below the run's minimum is a
 // ResourceError naming the flag; one process runs training and prediction each under its own budget.
+// Caches ranked by a pre-sampled epoch (--cache-rank sampled) count each training seed once and
+// change nothing but where rows come from either.
 // gale predict --fanouts (sampled inference) writes the same files beyond memory as in memory, and
 // with fanouts covering every neighbour predicts what the whole graph predicts.
 #include <gtest/gtest.h>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "engine/predict.hpp"
+#include "engine/train/presample.hpp"
 #include "engine/trainer.hpp"
 #include "kernels/error.hpp"
 #include "storage/npy.hpp"
@@ -156,6 +159,52 @@ TEST(DiskTier, ReadAheadWindowsTrainBitForBitAsInMemory) {
   // A window reads each of its rows once, however many of its batches need it.
   const EpochMetrics& m = ahead.epochs.back();
   EXPECT_LT(static_cast<int64_t>(m.useful_disk_bytes / (64 * sizeof(float))), m.read_ahead_hits);
+}
+
+// One pre-sampled epoch reads each training seed once (the identity "sampler" below returns the
+// seeds); the caches it ranks take the most-read nodes first, then the highest in-degree.
+TEST(CacheRank, APresampledEpochCountsEachSeedOnceAndRanksTheCaches) {
+  const storage::Store store = storage::Store::open(sbm_store());
+  const std::vector<int64_t> train_ids = store.split("train");
+  ASSERT_FALSE(train_ids.empty());
+  const std::vector<uint32_t> reads = train_parts::presample_reads(
+      store.num_nodes(), train_ids, 100, /*seed=*/3,
+      [](const int64_t* seeds, int64_t n, uint64_t) { return std::vector<int64_t>(seeds, seeds + n); });
+  ASSERT_EQ(static_cast<int64_t>(reads.size()), store.num_nodes());
+  std::vector<uint32_t> expected(reads.size(), 0);
+  for (int64_t v : train_ids) expected[static_cast<size_t>(v)] = 1;
+  EXPECT_EQ(reads, expected);
+
+  // Ranked by those counts, the training nodes come first, each group by in-degree; without them,
+  // in-degree alone.
+  const int64_t count = static_cast<int64_t>(train_ids.size()) + 50;
+  const std::vector<int64_t> ranked = storage::hottest_nodes(store, count, nullptr, &reads);
+  const std::vector<int64_t> by_degree = storage::hottest_nodes(store, count);
+  ASSERT_EQ(static_cast<int64_t>(ranked.size()), count);
+  const auto degree = [&](int64_t v) { return store.indptr()[v + 1] - store.indptr()[v]; };
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    EXPECT_EQ(reads[static_cast<size_t>(ranked[i])], i < train_ids.size() ? 1u : 0u) << "rank " << i;
+    if (i > 0 && reads[static_cast<size_t>(ranked[i])] == reads[static_cast<size_t>(ranked[i - 1])])
+      EXPECT_LE(degree(ranked[i]), degree(ranked[i - 1])) << "rank " << i;
+  }
+  EXPECT_NE(ranked, by_degree);
+  // A sampler's input that is not a node is an internal error, not a count out of bounds.
+  EXPECT_THROW(train_parts::presample_reads(store.num_nodes(), train_ids, 100, 3,
+                                            [&](const int64_t*, int64_t, uint64_t) {
+                                              return std::vector<int64_t>{store.num_nodes()};
+                                            }),
+               InternalError);
+}
+
+TEST(DiskTier, CachesRankedByAPresampledEpochTrainBitForBitAsInMemory) {
+  const TrainedRun memory = run(options("memory-rank"));
+  TrainOptions o = on_disk("rank-sampled", storage::IoEngine::kAuto);
+  o.cache_rank = TrainOptions::CacheRank::kSampled;
+  const TrainedRun sampled = run(o);
+  expect_same_run(memory, sampled);
+  const EpochMetrics& m = sampled.epochs.back();
+  EXPECT_GT(m.host_cache_hits, 0);
+  EXPECT_GT(m.disk_bytes_read, 0u);
 }
 
 // The read-ahead runs on across epochs (the next epoch's first window is read while this one's
