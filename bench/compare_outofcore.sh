@@ -230,6 +230,19 @@ def lines(name):
     except (OSError, ValueError):
         return []
 t = (lines("torch.json") or [{}])[-1]
+if not t.get("s_per_batch"):
+    # Stopped before its JSON (a timeout): its rate from the last progress line on stderr, the timed
+    # batches' when it reached them, else the warm-up's (which include the first, coldest batches).
+    try:
+        progress = [l.split() for l in open(os.path.join(out, "torch.log")) if l.startswith("progress ")]
+    except OSError:
+        progress = []
+    timed = [p for p in progress if p[1] == "timed"]
+    last = (timed or progress or [None])[-1]
+    if last is not None:
+        done, seconds = int(last[2]), float(last[3])
+        t = dict(t, s_per_batch=seconds / done,
+                 partial=f"stopped after {done} {last[1]} batches in {seconds:.1f} s; their rate")
 epochs = [r for r in lines("gale.jsonl") if not r.get("final")]
 timed = epochs[1:] if len(epochs) > 1 else epochs  # the first epoch warms caches and the allocator
 gale_batches = sum(r.get("batches", 0) for r in timed)
@@ -243,7 +256,8 @@ print(f"device: {t.get('device', '?')}; cgroup memory.max {limit_text} ({limit} 
 timed_read = t.get("timed_read_bytes")
 print(f"torch: features mmap, {t.get('timed_batches', '?')} batches after {t.get('warmup_batches', '?')} warmup"
       + (f", {timed_read / 1e9:.3f} GB read from disk in the timed batches" if timed_read is not None else "")
-      + (f" ({t['error']})" if t.get("error") else ""))
+      + (f" ({t['error']})" if t.get("error") else "")
+      + (f" ({t['partial']})" if t.get("partial") else ""))
 print(f"gale: {gale_batches} batches in {len(timed)} timed epochs after {len(epochs) - len(timed)} warmup")
 print(f"{'side':<6} {'s/batch':>9} {'disk GB read':>12} {'peak GiB':>9} {'oom kills':>9} {'exit':>5}")
 for name, s, read in (("torch", torch_s, torch_read), ("gale", gale_s, text("gale.read"))):
@@ -251,6 +265,7 @@ for name, s, read in (("torch", torch_s, torch_read), ("gale", gale_s, text("gal
           f"{text(name + '.ooms'):>9} {text(name + '.rc'):>5}")
 if "124" in (text("torch.rc"), text("gale.rc")):
     print("exit 124: killed at --timeout")
-print(f"speedup (torch s/batch / gale s/batch): {torch_s / gale_s:.2f}x" if torch_s and gale_s else "speedup: -")
+print(f"speedup (torch s/batch / gale s/batch): {torch_s / gale_s:.2f}x"
+      + (" (the anchor's rate before it was stopped)" if t.get("partial") else "") if torch_s and gale_s else "speedup: -")
 PY
 [ "$(cat "$out/torch.rc")" = 0 ] && [ "$(cat "$out/gale.rc")" = 0 ] || exit 1

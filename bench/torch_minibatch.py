@@ -194,13 +194,23 @@ def run(a, dev):
                     yield p[i * bsz:(i + 1) * bsz]
 
         batches = seed_batches()
-        for _ in range(a.warmup_batches):
+        # Every 10 batches a progress line on stderr ("progress warmup|timed DONE SECONDS", seconds
+        # since that phase began): a run stopped by a timeout (an mmap'd store thrashing under a
+        # memory limit) still tells its rate.
+        t = time.time()
+        for i in range(a.warmup_batches):
             step(next(batches))
+            if (i + 1) % 10 == 0:
+                torch.cuda.synchronize()
+                print(f"progress warmup {i + 1} {time.time() - t:.3f}", file=sys.stderr, flush=True)
         torch.cuda.synchronize()
         read0 = disk_read_bytes()
         t = time.time()
-        for _ in range(a.batches):
+        for i in range(a.batches):
             step(next(batches))
+            if (i + 1) % 10 == 0 and i + 1 < a.batches:
+                torch.cuda.synchronize()
+                print(f"progress timed {i + 1} {time.time() - t:.3f}", file=sys.stderr, flush=True)
         torch.cuda.synchronize()
         dt = time.time() - t
         read1 = disk_read_bytes()
