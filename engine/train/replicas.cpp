@@ -117,12 +117,15 @@ void Replicas::place_batch_sources(const TrainRun& run, const sampler::NeighborS
   const auto topology_room = [&](const Device& dev) {
     return topology_on_gpus ? gpu_room(dev, opt.gpu_mem_budget) / 2 : GpuBatches::topology_room(dev, opt.gpu_mem_budget);
   };
-  for (Replica& r : replicas_) {
-    if (!r.dev.is_cuda() || !opt.gpu_sampler) continue;
+  // A GPU sampler per GPU replica. Made after the host's source has charged the topology it may pin
+  // (so a budget too small for it is exit 4, never the OOM killer), except the lead's when
+  // pre-sampling needs it first, which is then past that charge too.
+  const auto make_gpu_sampler = [&](Replica& r) {
+    if (r.gpu_batches || !r.dev.is_cuda() || !opt.gpu_sampler) return;
     const UseDevice use(r.dev);
     r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts, topology_room(r.dev), opt.sampling,
                                                  opt.model.edge_weights);
-  }
+  };
   // --cache-rank sampled: the counts of one pre-sampled epoch, charged to the host budget while the
   // caches are filled; made only once the host's source goes to disk.
   std::vector<uint32_t> reads;
@@ -136,7 +139,8 @@ void Replicas::place_batch_sources(const TrainRun& run, const sampler::NeighborS
       host.reads = [&]() -> const std::vector<uint32_t>* {
         reads_charge = std::make_unique<kernels::cuda::BudgetCharge>(
             &run.host_budget(), static_cast<uint64_t>(run.num_nodes()) * sizeof(uint32_t));
-        const Replica& lead_replica = replicas_[0];
+        Replica& lead_replica = replicas_[0];
+        make_gpu_sampler(lead_replica);
         reads = presample_reads(run.num_nodes(), run.train_ids(), opt.batch_size, opt.seed,
                                 [&](const int64_t* seeds, int64_t n, uint64_t key) {
                                   if (!lead_replica.gpu_batches) return cpu_sampler.sample(seeds, n, key).input_nodes();
@@ -164,6 +168,7 @@ void Replicas::place_batch_sources(const TrainRun& run, const sampler::NeighborS
   }
   for (Replica& r : replicas_) {
     if (!r.dev.is_cuda()) continue;
+    make_gpu_sampler(r);
     const UseDevice use(r.dev);
     if (!tiers) {  // a GPU cache, each batch's other rows staged from the host's source
       r.batch_features = std::make_unique<BatchFeatures>(store, r.dev, feature_room(r.dev), opt.match, *host_features_,
