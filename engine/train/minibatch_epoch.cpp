@@ -153,14 +153,8 @@ std::vector<int64_t> read_ahead_inputs(const Replica& r, const sampler::Neighbor
                                        const scheduler::EpochPlan& plan, uint64_t epoch_key, int64_t b) {
   const int64_t len = plan.batch_length(b);
   if (len == 0) return {};
-  const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
-  std::vector<int64_t> inputs;
-  if (r.gpu_batches) {
-    const UseDevice use_here(r.dev);
-    inputs = r.gpu_batches->sample(plan.batch(b), len, key, /*input_nodes_on_host=*/true).input_nodes_host();
-  } else {
-    inputs = sampler.sample(plan.batch(b), len, key).input_nodes();
-  }
+  std::vector<int64_t> inputs =
+      sample_input_nodes(r, sampler, plan.batch(b), len, kernels::derive_key(epoch_key, static_cast<uint64_t>(b)));
   if (r.batch_features && r.batch_features->staged())
     inputs.erase(std::remove_if(inputs.begin(), inputs.end(), [&](int64_t id) { return r.batch_features->on_gpu(id); }),
                  inputs.end());

@@ -14,8 +14,8 @@
 
 namespace gale::engine::train_parts {
 
-// A batch's input nodes (repeats allowed) for `n` seeds, sampled with `key`. Called from several
-// threads at once.
+// A batch's distinct input nodes for `n` seeds, sampled with `key` (sample_input_nodes). Called from
+// several threads at once.
 using SampleInputs = std::function<std::vector<int64_t>(const int64_t* seeds, int64_t n, uint64_t key)>;
 
 // Per node of `num_nodes`, how many of the batches its row is an input of: the batches of

@@ -143,10 +143,7 @@ void Replicas::place_batch_sources(const TrainRun& run, const sampler::NeighborS
         make_gpu_sampler(lead_replica);
         reads = presample_reads(run.num_nodes(), run.train_ids(), opt.batch_size, opt.seed,
                                 [&](const int64_t* seeds, int64_t n, uint64_t key) {
-                                  if (!lead_replica.gpu_batches) return cpu_sampler.sample(seeds, n, key).input_nodes();
-                                  const UseDevice use(lead_replica.dev);
-                                  return lead_replica.gpu_batches->sample(seeds, n, key, /*input_nodes_on_host=*/true)
-                                      .input_nodes_host();
+                                  return sample_input_nodes(lead_replica, cpu_sampler, seeds, n, key);
                                 });
         return cache_reads = &reads;
       };
@@ -187,6 +184,13 @@ void Replicas::place_batch_sources(const TrainRun& run, const sampler::NeighborS
                                                        &r == &replicas_[0] ? nullptr : replicas_[0].batch_features.get(),
                                                        own.empty() ? nullptr : &own, &run.host_budget());
   }
+}
+
+std::vector<int64_t> sample_input_nodes(const Replica& r, const sampler::NeighborSampler& cpu, const int64_t* seeds,
+                                        int64_t n, uint64_t key) {
+  if (!r.gpu_batches) return cpu.sample(seeds, n, key).input_nodes();
+  const UseDevice use(r.dev);
+  return r.gpu_batches->sample(seeds, n, key, /*input_nodes_on_host=*/true).input_nodes_host();
 }
 
 uint64_t parameter_checksum(Model& model) {

@@ -85,6 +85,12 @@ class Replicas {
   WorkerThreads worker_threads_ = WorkerThreads::kShared;
 };
 
+// The distinct input nodes, on the host, of a batch of `n` seeds sampled with `key` as r's batches
+// are: by its GPU sampler when it has one, else by `cpu`. For sampling ahead of the pipeline (the
+// read-ahead, pre-sampling); callable from several threads at once.
+std::vector<int64_t> sample_input_nodes(const Replica& r, const sampler::NeighborSampler& cpu, const int64_t* seeds,
+                                        int64_t n, uint64_t key);
+
 // xxHash64 over a model's parameter values, in order (copied to the host).
 uint64_t parameter_checksum(Model& model);
 

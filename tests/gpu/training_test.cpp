@@ -206,8 +206,8 @@ TEST_P(GpuModelStep, MatchesTheCpuStepWithMaxK) {
 
 // ReLU's backward folded into the next layer's (Model::set_fold_relu, on in every step above): GCN's
 // and GIN's 48 -> 48 hidden layer masks its input gradient in GAR's epilogue (under GAS the layer
-// declines, and the model's own pass masks it). Without dropout and with it, the GPU step matches the CPU's, and with GAR (deterministic) it
-// is the unfolded GPU step bit for bit.
+// declines, and the model's own pass masks it). Without dropout and with it, the GPU step matches
+// the CPU's, and with GAR (deterministic) it is the unfolded GPU step bit for bit.
 TEST_P(GpuModelStep, MatchesTheCpuStepWithReluFoldedIntoTheNextLayer) {
   const auto [model, symmetric, kind] = GetParam();
   if (model == "gat") GTEST_SKIP() << "GAT takes no ReLU";
