@@ -560,7 +560,8 @@ void MiniBatchEpochs::start_read_ahead(int local, int64_t epoch, int64_t first) 
                               }};
   };
   at.ahead = std::make_unique<ReadAhead>(
-      *host->disk(), host->read_ahead_bytes() / static_cast<uint64_t>(replicas_.size()), segment(epoch, first),
+      *host->disk(), host->read_ahead_bytes() / static_cast<uint64_t>(replicas_.size()),
+      window_growth(replicas_[local].gpu_batches != nullptr), segment(epoch, first),
       [segment, &opt](int64_t e) -> std::optional<ReadAhead::Segment> {
         if (e + 1 >= opt.epochs) return std::nullopt;
         return segment(e + 1, 0);
@@ -596,7 +597,7 @@ std::unique_ptr<ReadAhead> MiniBatchEpochs::inference_read_ahead(const scheduler
   const Replica& r = replicas_.lead();
   const sampler::NeighborSampler& cpu = *sampler_;
   return std::make_unique<ReadAhead>(
-      *host->disk(), host->read_ahead_bytes(),
+      *host->disk(), host->read_ahead_bytes(), window_growth(r.gpu_batches != nullptr),
       ReadAhead::Segment{0, 0, plan.num_batches(),
                          [&r, &cpu, &plan, key](int64_t b) { return read_ahead_inputs(r, cpu, plan, key, b); }},
       [](int64_t) -> std::optional<ReadAhead::Segment> { return std::nullopt; });

@@ -22,19 +22,8 @@ int64_t sample_chunk() {
   }();
   return chunk;
 }
-// The first window's share of the full window's rows (each next window twice the last).
+// The first window's share of the full window's rows (each next one window_growth times the last).
 constexpr int64_t kFirstWindowShare = 16;
-// How much larger each window may grow than the last, up to the full window: 2, or
-// GALE_READ_AHEAD_GROWTH (>= 2), for measuring. Larger grows the first epoch's windows sooner, so
-// fewer of them read the pages of rows an earlier one had already dropped, but leaves the disk idle
-// longer while a larger window is sampled.
-int64_t window_growth() {
-  static const int64_t growth = [] {
-    const char* env = std::getenv("GALE_READ_AHEAD_GROWTH");
-    return env != nullptr && std::atoll(env) >= 2 ? static_cast<int64_t>(std::atoll(env)) : int64_t{2};
-  }();
-  return growth;
-}
 
 int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -42,8 +31,17 @@ int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, Segment first, NextSegment next)
+int64_t window_growth(bool gpu_sampled) {
+  static const int64_t forced = [] {
+    const char* env = std::getenv("GALE_READ_AHEAD_GROWTH");
+    return env != nullptr && std::atoll(env) >= 2 ? static_cast<int64_t>(std::atoll(env)) : int64_t{0};
+  }();
+  return forced > 0 ? forced : gpu_sampled ? 16 : 2;
+}
+
+ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next)
     : disk_(disk),
+      growth_(std::max<int64_t>(2, growth)),
       limit_rows_(std::max<int64_t>(
           1, static_cast<int64_t>(bytes / 2 / (sizeof(int64_t) + static_cast<uint64_t>(disk.feature_dim()) * sizeof(float))))),
       sampling_([this, first = std::move(first), next = std::move(next)]() mutable { sample_windows(std::move(first), next); }),
@@ -139,7 +137,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
       if (window.end == window.first) break;
       for (int64_t id : window.ids) seen[static_cast<size_t>(id) >> 6] = 0;
       std::sort(window.ids.begin(), window.ids.end());
-      limit = std::min(limit_rows_, limit * window_growth());
+      limit = std::min(limit_rows_, limit * growth_);
       // Hand it to the reading thread once it has taken the one before.
       std::unique_lock<std::mutex> lock(mutex_);
       changed_.wait(lock, [&] { return stop_ || error_ || planned_.empty(); });

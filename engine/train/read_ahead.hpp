@@ -12,8 +12,8 @@
 //
 // A window grows batch by batch until its distinct misses fill half of the read-ahead memory: two
 // windows are alive at once, the one batches read from and the next, being read. The first window
-// of a read-ahead is a sixteenth of that, and each next one twice the last, so training starts
-// after a short read. The batches run on across epochs: the next epoch's first window is sampled
+// of a read-ahead is a sixteenth of that, and each next one `growth` times the last (up to the
+// full window), so training starts after a short read. The batches run on across epochs: the next epoch's first window is sampled
 // and read while this epoch's last one trains, so an epoch does not begin by waiting for a pass
 // over the disk.
 //
@@ -37,6 +37,16 @@
 
 namespace gale::engine::train_parts {
 
+// How many times larger each window may grow than the last, up to the full window. Faster growth
+// reaches the full window sooner, so fewer of the first epoch's windows read again the pages of
+// rows an earlier, smaller one had already dropped, but leaves the disk idle longer while the larger
+// window is sampled. Measured on R-MAT 25 in 8 GB (one H200, GPU sampler; docs/performance.md):
+// growth 16 read 13.9 GB in the first epoch against 24.4 GB at 2, and took 18.0 s against 22.7;
+// on the CPU sampler (R-MAT 20) 16 read 22% fewer bytes but batches waited 4.5x as long for the
+// larger windows. So 16 when the GPU samples, 2 when the CPU does; GALE_READ_AHEAD_GROWTH (>= 2)
+// overrides both, for measuring.
+int64_t window_growth(bool gpu_sampled);
+
 class ReadAhead {
  public:
   // Batch b's input node ids (an empty batch: none), sampled as the pipeline will sample it.
@@ -51,8 +61,9 @@ class ReadAhead {
   // Called from the sampling thread.
   using NextSegment = std::function<std::optional<Segment>(int64_t epoch)>;
 
-  // Starts reading ahead from `first`; `bytes`: what the two live windows may hold together.
-  ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, Segment first, NextSegment next);
+  // Starts reading ahead from `first`; `bytes`: what the two live windows may hold together;
+  // `growth`: how many times larger each window may be than the last (window_growth).
+  ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next);
   // Stops the threads (after the read under way) and frees the windows.
   ~ReadAhead();
   ReadAhead(const ReadAhead&) = delete;
@@ -91,6 +102,7 @@ class ReadAhead {
 
   storage::DiskFeatures& disk_;
   const int64_t limit_rows_;  // distinct rows per window
+  const int64_t growth_;
 
   std::mutex mutex_;
   std::condition_variable changed_;
