@@ -110,6 +110,9 @@ if [ ! -e "$store" ]; then
 fi
 
 # shellcheck disable=SC2054  # the fanouts' commas are gale's
+# Every GALE_ and NCCL_ setting of this shell (GALE_UPDATE_OVERLAP, NCCL_MAX_NCHANNELS, ...) reaches each rank.
+forwarded=()
+for v in $(compgen -e | grep -E '^(GALE|NCCL)_' | grep -v '^GALE_WORKER_THREADS$'); do forwarded+=(-x "$v"); done
 common=(train "$store" --model sage --layers 3 --hidden 256 --fanouts 15,10,5 --batch-size 1024 --epochs "$epochs"
         --eval none --lr 0.003 --dropout 0 -q)
 [ "${MGS_CHECK_REPLICAS:-1}" = 1 ] && common+=(--check-replicas)
@@ -155,10 +158,10 @@ for policy in $policies; do
         fi
         run "$name" "$policy" "${prof[@]}" "$gale" "${common[@]}" "${workers[@]}" "${extra[@]}"
       elif [ "$cpu" = 1 ]; then
-        run "$name" "$policy" mpirun -np "$n" --bind-to none -x GALE_WORKER_THREADS "$gale" "${common[@]}" "${one[@]}" "${extra[@]}"
+        run "$name" "$policy" mpirun -np "$n" --bind-to none -x GALE_WORKER_THREADS "${forwarded[@]}" "$gale" "${common[@]}" "${one[@]}" "${extra[@]}"
       else
         run "$name" "$policy" env CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))" mpirun -np "$n" --bind-to none \
-          -x GALE_WORKER_THREADS -x CUDA_VISIBLE_DEVICES "$gale" "${common[@]}" "${one[@]}" "${extra[@]}"
+          -x GALE_WORKER_THREADS -x CUDA_VISIBLE_DEVICES "${forwarded[@]}" "$gale" "${common[@]}" "${one[@]}" "${extra[@]}"
       fi
     done
   done

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,10 @@ struct ForwardContext {
   // The model's first layer: x is the model's input (which the caller holds), not a previous
   // layer's activation (which nothing else keeps once the forward has moved on).
   bool first_layer = false;
+  // Given to a first layer that takes it (Layer::takes_before_weights): called exactly once, after
+  // the layer has enqueued its work that reads no parameter (an aggregate-first layer's A x) and
+  // before anything that does. The caller finishes the previous step's update there (Model::forward).
+  const std::function<void()>* before_weights = nullptr;
 };
 
 class Layer {
@@ -55,6 +60,9 @@ class Layer {
   // grad_out is taken by value so a layer can release it as soon as it is done with it.
   virtual Tensor backward(const GraphOperand& g, Tensor grad_out, bool need_input_grad) = 0;
   virtual std::vector<Parameter*> parameters() = 0;
+  // Whether forward calls ForwardContext::before_weights itself (after its parameter-free work);
+  // otherwise the model calls it before the layer's forward.
+  virtual bool takes_before_weights() const { return false; }
   // Whether forward, given a MaxK input (ForwardContext::maxk_input), also reads its dense form
   // x. When it does not, the model writes only the CBSR form (top-k without its dense pass) and
   // hands the layer an undefined x.

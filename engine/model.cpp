@@ -94,7 +94,7 @@ void Model::to(const Device& device) {
 }
 
 Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tensor& x, bool training,
-                      uint64_t rng_key) {
+                      uint64_t rng_key, const std::function<void()>& before_weights) {
   GALE_ASSERT(graphs.size() == layers_.size());
   // Blocks chain outermost first: layer l's destinations are layer l+1's sources.
   GALE_ASSERT(x.rows() == graphs[0]->num_src() && x.cols() == config_.in_dim);
@@ -105,6 +105,13 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
   saved_.clear();
   Tensor h = x;
   ops::Cbsr sparse;  // the CBSR form of h while h is MaxK's output
+  bool weights_ready = !before_weights;
+  const std::function<void()> ready = [&] {
+    GALE_ASSERT(!weights_ready);  // once
+    weights_ready = true;
+    before_weights();
+  };
+  if (!weights_ready && !layers_[0]->takes_before_weights()) ready();
   for (size_t l = 0; l < layers_.size(); ++l) {
     auto saved = std::make_shared<Saved>();
     if (training && config_.dropout > 0.0f) {
@@ -128,7 +135,9 @@ Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tens
     ctx.maxk_input = sparse.values.defined() ? &sparse : nullptr;
     ctx.constant_input = constant_input_ && l == 0 && !saved->dropped;
     ctx.first_layer = l == 0;
+    if (!weights_ready) ctx.before_weights = &ready;
     h = layers_[l]->forward(*graphs[l], std::move(h), ctx);  // h's last owner: the layer frees it when it can
+    GALE_ASSERT(weights_ready);  // the layer called it before reading a parameter
     if (hidden) normalize(l, &h, training);
     sparse = ops::Cbsr();
     if (hidden && config_.activation == Activation::kMaxK) {

@@ -78,8 +78,12 @@ class Model {
 
   // One graph per layer (the same full graph for all, or the sampled blocks outermost first).
   // x: graphs[0]->num_src x in_dim. Returns graphs.back()->num_dst x out_dim logits.
+  // before_weights, when given, is called once, before the forward first reads a parameter, and
+  // after the work that reads none (the first layer's aggregation A x where it aggregates first):
+  // a data-parallel worker finishes the previous step's update there (waits for the gradient sums,
+  // Adam), so that work overlaps the sums. The parameters may change inside the call.
   Tensor forward(const std::vector<const GraphOperand*>& graphs, const Tensor& x, bool training,
-                 uint64_t rng_key);
+                 uint64_t rng_key, const std::function<void()>& before_weights = {});
   // Inference through layer l alone (no dropout, nothing kept for backward): x is the previous
   // layer's activated output (the model's input for l = 0) over g's sources; returns g's
   // destinations' output, activated unless l is the last layer. A MaxK output is returned dense

@@ -252,8 +252,9 @@ class AggregateLinear {
                                                              ctx.maxk_input->device());
       staged_ = Tensor();
       aggregate_cbsr(g, norm_, self_scale_, *ctx.maxk_input, &a);
+      if (root_ && !staged) ops::cbsr_to_dense(ops::cbsr_rows(*ctx.maxk_input, g.num_dst()), &a, /*col_offset=*/in);
+      weights_now(ctx);
       if (root_) {
-        if (!staged) ops::cbsr_to_dense(ops::cbsr_rows(*ctx.maxk_input, g.num_dst()), &a, /*col_offset=*/in);
         y = Tensor::empty(g.num_dst(), lin_.out(), DType::kF32, a.device());
         ops::gemm_bias(a, stacked_weights(), 0.0f, &y, bias_.value, ctx.relu, exec_.tf32);
       } else {
@@ -264,6 +265,7 @@ class AggregateLinear {
     }
     const Tensor x_dst = root_ ? x.rows_slice(0, g.num_dst()) : Tensor();  // the root term's rows
     if (transform_first_) {
+      weights_now(ctx);
       // A narrowing layer on a MaxK input multiplies its CBSR form (k values a row) while W fits
       // the CBSR kernels; its backward then forms the input gradient at the kept positions only,
       // with a root term from the side-by-side pair's weights (backward_pair).
@@ -295,12 +297,14 @@ class AggregateLinear {
       // [A x | x] (kept) times [W; W_root]: one GEMM with the bias (and ReLU) epilogue.
       stacked_input_ = true;
       const Tensor s = stacked_input(g, x);
+      weights_now(ctx);
       y = Tensor::empty(g.num_dst(), lin_.out(), DType::kF32, s.device());
       ops::gemm_bias(s, stacked_weights(), 0.0f, &y, bias_.value, ctx.relu, exec_.tf32);
       if (ctx.training) saved_ = x;
       return y;
     } else {
       Tensor a = aggregated_input(g, x, ctx.training && ctx.constant_input);
+      weights_now(ctx);
       if (!ctx.first_layer && !root_) x = Tensor();  // a previous activation, needed no more
       y = transform_with_bias(a, x_dst, ctx.relu);
       // The first layer's input is the model's input, which its caller holds anyway: backward
@@ -314,6 +318,11 @@ class AggregateLinear {
     }
     if (ctx.training && root_) x_dst_ = x_dst;
     return y;
+  }
+
+  // ForwardContext::before_weights, where forward reaches its first parameter.
+  static void weights_now(const ForwardContext& ctx) {
+    if (ctx.before_weights) (*ctx.before_weights)();
   }
 
   // Frees each tensor as soon as it has served: the peak is the saved input, the incoming gradient
@@ -652,6 +661,7 @@ class ConvLayer : public Layer {
     conv_.add_parameters(&p);
     return p;
   }
+  bool takes_before_weights() const override { return true; }
   bool reads_dense_maxk_input() const override { return conv_.reads_dense_maxk_input(); }
   Tensor stage_maxk_input(const GraphOperand& g, int64_t* col_offset) override {
     return conv_.stage_maxk_input(g, col_offset);
@@ -713,6 +723,7 @@ class GinLayer : public Layer {
     if (second_) second_->add_parameters(&p);
     return p;
   }
+  bool takes_before_weights() const override { return true; }  // first_ calls it (the MLP comes after)
   bool reads_dense_maxk_input() const override { return first_.reads_dense_maxk_input(); }
   Tensor take_input_grad_sums() override { return first_.take_input_grad_sums(); }
   void give_output_grad_sums(Tensor sums) override { out_grad_sums_ = std::move(sums); }

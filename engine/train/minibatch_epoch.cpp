@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "engine/devices.hpp"
@@ -137,6 +139,12 @@ int64_t vote_lag() {
   return lag;
 }
 
+// Worker::overlap_update, unless GALE_UPDATE_OVERLAP=0 (read per worker, so tests can compare).
+bool update_overlap() {
+  const char* env = std::getenv("GALE_UPDATE_OVERLAP");
+  return env == nullptr || std::string(env) != "0";
+}
+
 // The gradient buckets' size (Worker::sum_layer): kBucketBytes, or GALE_BUCKET_BYTES.
 constexpr size_t kBucketBytes = size_t{4} << 20;
 size_t bucket_bytes_limit() {
@@ -202,6 +210,14 @@ struct MiniBatchEpochs::Worker {
   std::optional<LaggedReads> vote_reads;
   std::vector<Tensor> vote_sums;
   Tensor vote_values[4];  // [stop, checkpoint] for index stop + 2 * checkpoint, copied on the device
+  // With other workers, step b's update (the wait for its gradient sums, its votes' copy, Adam) is
+  // finished inside step b + 1's forward, once that step's first work that reads no parameter (an
+  // aggregate-first layer's A x) is enqueued (Model::forward's before_weights): the compute stream
+  // aggregates while NCCL sums and waits for the slowest worker, where it sat idle before. The
+  // same ops on the same data: the same bits (tests/training/workers_test.cpp).
+  // GALE_UPDATE_OVERLAP=0 finishes each update in its own step, for measuring.
+  const bool overlap_update;
+  int64_t pending_update = -1;  // the step whose update is still to finish
 
   // Training (ckpt given) or, with ckpt null, sampled evaluation of `plan_`'s batches.
   Worker(const MiniBatchEpochs& e, int local_, int64_t epoch_, uint64_t key, scheduler::EpochPlan plan_, int64_t first,
@@ -226,7 +242,8 @@ struct MiniBatchEpochs::Worker {
         by_layer(r.model->parameters_by_layer()),
         prefetch(e.prefetch_depth()),
         votes(ckpt != nullptr && r.comm != nullptr && run.step_stops()),
-        votes_checkpoints(votes && run.lead_process() && local_ == 0 && opt.checkpoint_interval_s > 0) {
+        votes_checkpoints(votes && run.lead_process() && local_ == 0 && opt.checkpoint_interval_s > 0),
+        overlap_update(r.comm != nullptr && update_overlap()) {
     out.loss_sum = loss_sum;
     if (votes) {
       vote_reads.emplace(r.dev, static_cast<int>(lag + 1), 2);
@@ -357,8 +374,9 @@ struct MiniBatchEpochs::Worker {
   }
 
   // Forward of a prepared batch on the replica's device (blocks copied there in order, on the
-  // compute stream, or, sampled on the GPU, built there), training or evaluating.
-  Tensor forward(PreparedBatch* p, uint64_t key, bool training = true) {
+  // compute stream, or, sampled on the GPU, built there), training or evaluating; before_weights:
+  // Model::forward's.
+  Tensor forward(PreparedBatch* p, uint64_t key, bool training = true, const std::function<void()>& before_weights = {}) {
     p->on_device.clear();
     if (r.gpu_batches && p->batch.blocks.empty()) {  // built by the load stage on the IO stream
       // The compute stream waits for all of the gather here (or copies the rows the host read).
@@ -368,13 +386,13 @@ struct MiniBatchEpochs::Worker {
       p->ops.reset();
       std::vector<const GraphOperand*> graphs;
       for (const auto& g : p->on_device) graphs.push_back(&g);
-      return r.model->forward(graphs, x, training, key);
+      return r.model->forward(graphs, x, training, key, before_weights);
     }
     for (const auto& g : p->graphs) p->on_device.push_back(g->to(r.dev, run.attention()));
     std::vector<const GraphOperand*> graphs;
     for (const auto& g : p->on_device) graphs.push_back(&g);
     const Tensor x = r.batch_features ? r.batch_features->load(p->batch.input_nodes(), &p->staged) : p->features.to(r.dev);
-    return r.model->forward(graphs, x, training, key);
+    return r.model->forward(graphs, x, training, key, before_weights);
   }
 
   // Rows 0 .. len - 1 of a batch's logits: every one is a seed.
@@ -387,14 +405,17 @@ struct MiniBatchEpochs::Worker {
     return batch_rows.rows_slice(0, len);
   }
 
-  // Forward and backward of step b (this worker's share of it), its loss queued into step_losses.
-  void step_gradients(int64_t b, std::unique_ptr<PreparedBatch>& p) {
+  // Forward and backward of step b (this worker's share of it), its loss queued into step_losses;
+  // before_weights: Model::forward's (called first for a worker without seeds in the step).
+  void step_gradients(int64_t b, std::unique_ptr<PreparedBatch>& p, const std::function<void()>& before_weights) {
     const int64_t len = plan.batch_length(b);
     if (len == 0) {
+      if (before_weights) before_weights();
       for (size_t l = by_layer.size(); l-- > 0;) sum_layer(by_layer[l]);  // the same sums, of zeros
       return;
     }
-    Tensor logits = forward(p.get(), kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)));
+    Tensor logits = forward(p.get(), kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)),
+                            /*training=*/true, before_weights);
     Tensor grad = Tensor::empty(len, logits.cols(), DType::kF32, r.dev);
     const Tensor batch_labels = p->seeds.defined() ? ops::gather_rows(r.labels_all, p->seeds)
                                                    : Tensor::from_host(p->labels.data(), len, 1, DType::kI32, r.dev);
@@ -409,16 +430,19 @@ struct MiniBatchEpochs::Worker {
                              : Model::GradHook());
   }
 
-  // Adds this worker's votes to the step's sums, and reads the sums of the step `lag` back: when
-  // any worker voted, the pipeline ends after this step (agreed).
-  void vote(int slot) {
+  // Adds this worker's votes to the step's sums; once summed (after the wait for them) they are
+  // copied to the host, and read `lag` steps later: when any worker voted, the pipeline ends after
+  // the step that reads them (agreed).
+  int vote_slot(int64_t b) const { return static_cast<int>(b % (lag + 1)); }
+  void vote(int64_t b) {
     const bool stop = opt.stop != nullptr && opt.stop->load() != 0;
     const bool due = votes_checkpoints && checkpoints->interval_due();
-    ops::copy(vote_values[(stop ? 1 : 0) + (due ? 2 : 0)], &vote_sums[static_cast<size_t>(slot)]);
-    bucket.push_back(&vote_sums[static_cast<size_t>(slot)]);
+    Tensor& sums = vote_sums[static_cast<size_t>(vote_slot(b))];
+    ops::copy(vote_values[(stop ? 1 : 0) + (due ? 2 : 0)], &sums);
+    bucket.push_back(&sums);
   }
-  void read_votes(int64_t b, int slot) {
-    vote_reads->copy(slot, vote_sums[static_cast<size_t>(slot)]);
+  void copy_votes(int64_t b) { vote_reads->copy(vote_slot(b), vote_sums[static_cast<size_t>(vote_slot(b))]); }
+  void read_votes(int64_t b) {
     if (b - lag >= first_batch && b + 1 < plan.num_batches()) {
       const auto t_read = Clock::now();
       const float* sums = vote_reads->read(static_cast<int>((b - lag) % (lag + 1)));
@@ -432,16 +456,44 @@ struct MiniBatchEpochs::Worker {
 
   void consume(int64_t b, std::unique_ptr<PreparedBatch>& p) {
     const UseDevice use_here(r.dev);
+    if (overlap_update) {  // step b - 1's update finishes inside this forward
+      step_gradients(b, p, [this] {
+        finish_update();
+        r.model->zero_grad();
+      });
+      if (votes) vote(b);
+      flush();
+      pending_update = b;
+      if (votes) read_votes(b);  // step b - lag's, copied by the update of step b - lag (finished by now)
+      return;
+    }
     r.model->zero_grad();
-    step_gradients(b, p);
-    const int slot = static_cast<int>(b % (lag + 1));
-    if (votes) vote(slot);
+    step_gradients(b, p, {});
+    if (votes) vote(b);
     if (r.comm) {
       flush();
       r.comm->wait();
     }
-    if (votes) read_votes(b, slot);
+    if (votes) {
+      copy_votes(b);
+      read_votes(b);
+    }
     r.adam->step();
+    stepped(b);
+  }
+  // The update of the pending step (overlap_update): after its sums, Adam.
+  void finish_update() {
+    const int64_t b = pending_update;
+    if (b < 0) return;
+    pending_update = -1;
+    const UseDevice use_here(r.dev);
+    r.comm->wait();
+    if (votes) copy_votes(b);
+    r.adam->step();
+    stepped(b);
+  }
+  // Step b's update is enqueued.
+  void stepped(int64_t b) {
     if (local == 0 && opt.on_step) opt.on_step(epoch, b, plan.num_batches());
     if (opt.checkpoint_interval_s > 0 && !r.comm && b + 1 < plan.num_batches() && checkpoints->interval_due())
       checkpoints->save_latest(epoch - 1, b + 1, {add_losses(out.loss_sum, first_batch, b + 1)});
@@ -456,6 +508,7 @@ struct MiniBatchEpochs::Worker {
         [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { load(b, p); },
         [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { consume(b, p); },
         scheduler::PipelineRange{first_batch, !run.step_stops() ? nullptr : votes ? &agreed : opt.stop});
+    finish_update();  // the last step's
     out.loss_sum = add_losses(out.loss_sum, first_batch, out.times.consumed_end);
     if (r.batch_features) out.features = r.batch_features->take_stats();
     out.io_s = io_timer.take_seconds();
