@@ -46,18 +46,13 @@ int run_info(const std::vector<std::string>& args) {
     // whose room holds them all keeps them there instead).
     const storage::HostMemory memory = storage::detect_host_memory();
     const uint64_t budget = budget_flag > 0 ? budget_flag : storage::default_host_budget(memory);
-    const uint64_t needed = storage::topology_bytes(store) + storage::HostFeatures::kStagingReserve +
-                            store.manifest().files.at("features.npy").size;
+    const uint64_t needed = storage::in_memory_feature_need(store);
     std::printf("placement  features %s the %s--host-mem-budget %s (%s)\n",
                 needed <= budget ? "in host memory under" : "read from disk (the disk tier) beyond",
                 budget_flag > 0 ? "" : "default ", kernels::cuda::format_bytes(budget).c_str(),
                 budget_flag > 0 ? "as given" : storage::describe(memory).c_str());
-    // Rows in node-id order scatter the disk tier's misses over more pages than rows ordered
-    // hottest first (measured on R-MAT 20 in the CPU's 4 GB-like regime: 36% fewer bytes read an
-    // epoch; docs/performance.md).
-    if (needed > budget && !store.manifest().relabelled)
-      std::printf("placement  rows in node-id order: a store written with --relabel degree keeps the hot rows "
-                  "together, so the disk tier reads fewer pages\n");
+    if (needed > budget && !storage::row_order_advice(store).empty())
+      std::printf("placement  %s\n", storage::row_order_advice(store).c_str());
   }
   if (verify) {
     const uint64_t pages = store.verify();

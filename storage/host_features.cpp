@@ -17,6 +17,16 @@ uint64_t topology_bytes(const Store& store) {
   return bytes;
 }
 
+uint64_t in_memory_feature_need(const Store& store) {
+  return topology_bytes(store) + HostFeatures::kStagingReserve + store.manifest().files.at("features.npy").size;
+}
+
+std::string row_order_advice(const Store& store) {
+  if (store.manifest().relabelled) return "";
+  return "rows in node-id order: a store written with --relabel degree keeps the hot rows together, so the disk "
+         "tier reads fewer pages";
+}
+
 HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(store), budget_(options.budget) {
   if (!store.has_features()) throw InputError(store.path().string() + ": the store has no features.npy");
   const uint64_t feature_bytes = store.manifest().files.at("features.npy").size;

@@ -91,5 +91,12 @@ class HostFeatures {
 
 // Bytes of the graph's topology files (indptr, indices, weights) as the store holds them.
 uint64_t topology_bytes(const Store& store);
+// Host bytes a training run needs to keep the store's features in memory: the topology, the IO
+// staging reserve and features.npy. Beyond the host budget the features go to the disk tier.
+uint64_t in_memory_feature_need(const Store& store);
+// The `placement` advice for a store whose features would go to disk: rows in node-id order
+// scatter the disk tier's misses over more pages than rows ordered hottest first (R-MAT 20:
+// 33-40% more bytes read; docs/performance.md). Empty for a relabelled store.
+std::string row_order_advice(const Store& store);
 
 }  // namespace gale::storage

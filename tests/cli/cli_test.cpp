@@ -345,6 +345,7 @@ TEST_F(Cli, InfoSaysWhereTheFeaturesLiveUnderAGivenBudget) {
   const CliRun relabel = gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,feature-dim=16,seed=3 "
                               "--relabel degree -o " + ordered);
   ASSERT_EQ(relabel.code, 0) << relabel.out;
+  EXPECT_EQ(relabel.out.find("note:"), std::string::npos) << "a store that fits the host needs no advice";
   const CliRun hot_first = gale("info " + ordered + " --host-mem-budget 64K");
   EXPECT_EQ(hot_first.code, 0) << hot_first.out;
   EXPECT_NE(hot_first.out.find("read from disk"), std::string::npos) << hot_first.out;
