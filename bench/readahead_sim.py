@@ -13,10 +13,15 @@ the rows read from disk by
            live windows) that holds every batch's misses while it trains and, when full, keeps the
            rows whose next use comes soonest (the future is known: the batches are sampled ahead).
 
+  carry    (--carry-fill F) windows whose own misses fill at most F of their rows, the rest holding
+           rows of the window before, those used again soonest first, among the rows needed within
+           --carry-horizon windows ahead (Belady at a window's grain).
+
 Rows, not pages: read amplification (rows per 4 KiB page) multiplies both alike.
 
 usage: readahead_sim.py STORE --cache-rows N --window-rows L [--belady-rows C] [--epochs 2]
                         [--batch-size 1024] [--fanouts 15,10,5] [--seed 0]
+                        [--carry-fill F [--carry-horizon W]]
 """
 import argparse
 import collections
@@ -36,6 +41,10 @@ def main():
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--fanouts", default="15,10,5")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--carry-horizon", type=int, default=0,
+                   help="carry only rows needed within this many windows ahead (0: the whole future)")
+    p.add_argument("--carry-fill", type=float, default=0.0,
+                   help="also simulate windows whose own misses fill at most this share, the rest carried by next use")
     a = p.parse_args()
     if a.cache_rows < 0 or a.window_rows < 16 or a.epochs < 1 or a.batch_size < 1:
         sys.exit("readahead_sim.py: expected --cache-rows >= 0, --window-rows >= 16, --epochs >= 1, --batch-size >= 1")
@@ -77,6 +86,39 @@ def main():
         read += len(rows - carried)
         carried, windows, limit = rows, windows + 1, min(a.window_rows, limit * 2)
 
+    # Windows that carry: each window's own misses fill at most --carry-fill of its limit, and the
+    # rest holds rows of the previous window it does not need, those used again soonest first
+    # (Belady at a window's grain; the future is the batches sampled ahead).
+    next_use = {}
+    carry_read, carry_windows = 0, 0
+    if a.carry_fill:
+        plan, b, limit = [], 0, max(1, a.window_rows // 16)
+        while b < len(batches):
+            rows, first = set(), b
+            while b < len(batches):
+                fresh = set(batches[b]) - rows
+                if b > first and len(rows) + len(fresh) > a.carry_fill * limit:
+                    break
+                rows |= fresh
+                b += 1
+            plan.append((first, b, rows, limit))
+            limit = min(a.window_rows, limit * 2)
+        # Per row, the windows that need it, in order.
+        needed_in = collections.defaultdict(collections.deque)
+        for k, (_, _, rows, _) in enumerate(plan):
+            for r in rows:
+                needed_in[r].append(k)
+        held = set()
+        for k, (_, _, rows, limit) in enumerate(plan):
+            carry_read += len(rows - held)
+            for r in rows:
+                needed_in[r].popleft()
+            # Rows whose next use falls within the windows sampled ahead (--carry-horizon; 0: all).
+            spare = [r for r in held - rows if needed_in[r] and (a.carry_horizon == 0 or needed_in[r][0] <= k + a.carry_horizon)]
+            spare.sort(key=lambda r: needed_in[r][0])
+            held = rows | set(spare[:max(0, limit - len(rows))])
+        carry_windows = len(plan)
+
     # Belady: the next use of every row, batch by batch.
     capacity = a.belady_rows or 2 * a.window_rows
     uses = collections.defaultdict(collections.deque)
@@ -96,6 +138,10 @@ def main():
     print(f"{len(batches)} batches, {np.mean([len(r) for r in batches]):.0f} misses a batch, {distinct} distinct rows")
     print(f"windows of {a.window_rows} rows: {read} rows read in {windows} windows")
     print(f"belady, {capacity} rows: {belady} rows read ({belady / read:.2f}x the windows')")
+    if a.carry_fill:
+        horizon = f"the next {a.carry_horizon} windows" if a.carry_horizon else "the whole future"
+        print(f"windows that carry (own misses <= {a.carry_fill} of a window, next uses known over {horizon}): {carry_read} rows read in "
+              f"{carry_windows} windows ({carry_read / read:.2f}x the windows')")
 
 
 if __name__ == "__main__":
