@@ -48,6 +48,8 @@ def main():
     a = p.parse_args()
     if a.cache_rows < 0 or a.window_rows < 16 or a.epochs < 1 or a.batch_size < 1:
         sys.exit("readahead_sim.py: expected --cache-rows >= 0, --window-rows >= 16, --epochs >= 1, --batch-size >= 1")
+    if not 0 <= a.carry_fill <= 1 or a.carry_horizon < 0:
+        sys.exit("readahead_sim.py: expected --carry-fill in [0, 1] (0: no carrying) and --carry-horizon >= 0")
     fanouts = [int(f) for f in a.fanouts.split(",")]
     indptr = np.load(os.path.join(a.store, "graph/indptr.npy"))
     indices = np.load(os.path.join(a.store, "graph/indices.npy"), mmap_mode="r")
