@@ -2,6 +2,7 @@
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
+#include <string>
 
 #include "apps/commands.hpp"
 #include "kernels/error.hpp"
@@ -51,8 +52,8 @@ int run_info(const std::vector<std::string>& args) {
                 needed <= budget ? "in host memory under" : "read from disk (the disk tier) beyond",
                 budget_flag > 0 ? "" : "default ", kernels::cuda::format_bytes(budget).c_str(),
                 budget_flag > 0 ? "as given" : storage::describe(memory).c_str());
-    if (needed > budget && !storage::row_order_advice(store).empty())
-      std::printf("placement  %s\n", storage::row_order_advice(store).c_str());
+    if (const std::string advice = storage::row_order_advice(store); needed > budget && !advice.empty())
+      std::printf("placement  %s\n", advice.c_str());
   }
   if (verify) {
     const uint64_t pages = store.verify();

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "apps/commands.hpp"
 #include "apps/stop_cleanup.hpp"
@@ -126,11 +127,10 @@ int run_preprocess(const std::vector<std::string>& args) {
   // A store whose features will not fit this machine's default host budget trains from disk: say
   // then that hottest-first rows read fewer pages (gale info says it for any budget).
   const storage::Store written = storage::Store::open(o.output);
-  if (written.has_features() &&
-      storage::in_memory_feature_need(written) > storage::default_host_budget(storage::detect_host_memory()) &&
-      !storage::row_order_advice(written).empty())
-    std::printf("note: the features exceed this machine's default --host-mem-budget; %s\n",
-                storage::row_order_advice(written).c_str());
+  const std::string advice = storage::row_order_advice(written);
+  if (written.has_features() && !advice.empty() &&
+      storage::in_memory_feature_need(written) > storage::default_host_budget(storage::detect_host_memory()))
+    std::printf("note: the features exceed this machine's default --host-mem-budget; %s\n", advice.c_str());
   return 0;
 }
 

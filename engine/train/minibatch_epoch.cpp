@@ -445,7 +445,7 @@ struct MiniBatchEpochs::Worker {
   void read_votes(int64_t b) {
     if (b - lag >= first_batch && b + 1 < plan.num_batches()) {
       const auto t_read = Clock::now();
-      const float* sums = vote_reads->read(static_cast<int>((b - lag) % (lag + 1)));
+      const float* sums = vote_reads->read(vote_slot(b - lag));
       out.vote_wait_s += since(t_read);
       if (sums[0] > 0.0f || sums[1] > 0.0f) {
         out.checkpoint_break = sums[0] == 0.0f;
@@ -454,40 +454,32 @@ struct MiniBatchEpochs::Worker {
     }
   }
 
+  // Forward and backward of step b, then its sums; its update (finish_update) follows at once, or,
+  // with overlap_update, inside step b + 1's forward.
   void consume(int64_t b, std::unique_ptr<PreparedBatch>& p) {
     const UseDevice use_here(r.dev);
-    if (overlap_update) {  // step b - 1's update finishes inside this forward
+    if (overlap_update) {
       step_gradients(b, p, [this] {
         finish_update();
         r.model->zero_grad();
       });
-      if (votes) vote(b);
-      flush();
-      pending_update = b;
-      if (votes) read_votes(b);  // step b - lag's, copied by the update of step b - lag (finished by now)
-      return;
+    } else {
+      r.model->zero_grad();
+      step_gradients(b, p, {});
     }
-    r.model->zero_grad();
-    step_gradients(b, p, {});
     if (votes) vote(b);
-    if (r.comm) {
-      flush();
-      r.comm->wait();
-    }
-    if (votes) {
-      copy_votes(b);
-      read_votes(b);
-    }
-    r.adam->step();
-    stepped(b);
+    if (r.comm) flush();
+    pending_update = b;
+    if (!overlap_update) finish_update();
+    if (votes) read_votes(b);  // step b - lag's, copied by the update of step b - lag (finished by now)
   }
-  // The update of the pending step (overlap_update): after its sums, Adam.
+  // The pending step's update: after its sums, Adam.
   void finish_update() {
     const int64_t b = pending_update;
     if (b < 0) return;
     pending_update = -1;
     const UseDevice use_here(r.dev);
-    r.comm->wait();
+    if (r.comm) r.comm->wait();
     if (votes) copy_votes(b);
     r.adam->step();
     stepped(b);

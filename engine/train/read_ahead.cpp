@@ -58,9 +58,9 @@ int64_t window_growth(bool gpu_sampled) {
 
 ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next)
     : disk_(disk),
-      growth_(std::max<int64_t>(2, growth)),
       limit_rows_(std::max<int64_t>(
           1, static_cast<int64_t>(bytes / 2 / (sizeof(int64_t) + static_cast<uint64_t>(disk.feature_dim()) * sizeof(float))))),
+      growth_(std::max<int64_t>(2, growth)),
       sampling_([this, first = std::move(first), next = std::move(next)]() mutable { sample_windows(std::move(first), next); }),
       reading_([this] { read_windows(); }) {}
 

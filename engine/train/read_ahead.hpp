@@ -11,20 +11,22 @@
 // window before still holds are copied from it.
 //
 // A window's rows fill at most half of the read-ahead memory: two windows are alive at once, the
-// one batches read from and the next, being read. A window grows batch by batch until its own
-// distinct misses fill its rows. Once a full window turns out shorter than an epoch (a window that
-// holds an epoch's misses carries them all into the next epoch), own misses fill half of a window
-// and the other half carries rows of the window before it that
-// later windows need, the soonest needed first (Belady's choice at a window's grain), so a row
-// needed every few windows is read once, not once per window. The sampling thread plans up to 8
-// windows past the one it hands to the reading thread next, so their misses rank the carry; it
-// hands the next one over early whenever the reading thread has nothing queued. Simulated on
-// R-MAT 20 (bench/readahead_sim.py), carrying over 8 windows reads 0.72x the rows of windows
-// without it where windows are shorter than an epoch, and 1.09x when only the next window is known;
-// measured there (CPU, --host-mem-budget 400M), 0.63-0.61x the bytes. GALE_READ_AHEAD_CARRY=0 turns
-// carrying off, for measuring. The first window
-// of a read-ahead is a sixteenth of that, and each next one `growth` times the last (up to the
-// full window), so training starts after a short read. The batches run on across epochs: the next epoch's first window is sampled
+// one batches read from and the next, being read. The first window of a read-ahead is a sixteenth
+// of that, and each next one up to `growth` times the last, so training starts after a short read.
+// A window grows batch by batch until its own distinct misses fill its rows.
+//
+// Once a full window turns out shorter than an epoch (a window that holds an epoch's misses
+// already carries them all into the next epoch), a window's own misses fill half of it and the
+// other half carries rows of the window before it that later windows need, the soonest needed
+// first (Belady's choice at a window's grain): a row needed every few windows is read once, not
+// once per window. The sampling thread plans up to 8 windows past the one it hands to the reading
+// thread next, so their misses rank the carry, and hands the next one over early whenever the
+// reading thread has nothing queued. Simulated on R-MAT 20 (bench/readahead_sim.py), carrying over
+// 8 windows reads 0.72x the rows of windows without it where windows are shorter than an epoch,
+// 1.09x when only the next window is known; measured there (CPU, --host-mem-budget 400M), 0.65x and
+// 0.60x the bytes of two epochs. GALE_READ_AHEAD_CARRY=0 turns carrying off, for measuring.
+//
+// The batches run on across epochs: the next epoch's first window is sampled
 // and read while this epoch's last one trains, so an epoch does not begin by waiting for a pass
 // over the disk.
 //
