@@ -81,24 +81,27 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
+// Loads element i of an array of T that may sit at any byte address (a user's .npy may pad its
+// header to any length, so its data need not be aligned to its element size).
+template <typename T>
+T load_unaligned(const void* src, size_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const char*>(src) + i * sizeof(T), sizeof(T));
+  return v;
+}
+
 void convert_to_f32(DType from, const void* src, float* dst, size_t n) {
   switch (from) {
     case DType::kF32: std::memcpy(dst, src, n * 4); return;
-    case DType::kF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load_unaligned<uint16_t>(src, i));
       return;
-    }
-    case DType::kBF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load_unaligned<uint16_t>(src, i));
       return;
-    }
-    case DType::kF64: {
-      const auto* s = static_cast<const double*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+    case DType::kF64:
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load_unaligned<double>(src, i));
       return;
-    }
     default: throw InternalError("convert_to_f32: unsupported source dtype " + dtype_name(from));
   }
 }

@@ -554,6 +554,9 @@ Store Store::open(const fs::path& path) {
       throw CorruptStoreError(file.string() + ": expected " + e.dtype + " " + shape_text(e.shape) +
                               " as the manifest says, found " + h.descr + " " + shape_text(h.shape) +
                               (h.fortran_order ? " in Fortran order" : "") + " in the npy header");
+    if (h.data_offset % dtype_size(h.dtype) != 0)  // Gale pads every header to 64 bytes
+      throw CorruptStoreError(file.string() + ": data starts at byte " + std::to_string(h.data_offset) +
+                              ", not a multiple of its " + std::to_string(dtype_size(h.dtype)) + "-byte elements");
     const uint64_t data_bytes = static_cast<uint64_t>(h.count()) * dtype_size(h.dtype);
     if (h.data_offset + data_bytes != size)
       throw CorruptStoreError(file.string() + ": expected " + std::to_string(h.data_offset + data_bytes) +

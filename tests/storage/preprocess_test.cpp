@@ -399,6 +399,34 @@ TEST(Preprocess, TwoByTwoEdgeArrayIsPygEdgeIndex) {
   EXPECT_EQ(std::vector<int32_t>(s.indices32(), s.indices32() + 2), (std::vector<int32_t>{0, 2}));
 }
 
+// numpy pads headers to 64 bytes, but any length is valid .npy: the data may start at an odd byte.
+// The reader must take such arrays (edges i4, features f16) as they are, not load them misaligned.
+TEST(Preprocess, NpyWhoseDataStartsAtAnOddByteReadsTheSame) {
+  TempDir dir;
+  auto odd_npy = [&](const std::string& name, const char* descr, const std::string& shape, const void* bytes, size_t n) {
+    std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+    dict += std::string(119 - 1 - dict.size(), ' ') + "\n";  // 10 + 119 = 129: odd
+    std::string file = std::string("\x93NUMPY\x01\x00", 8) + std::string(1, static_cast<char>(119)) + std::string(1, '\0') + dict;
+    file.append(static_cast<const char*>(bytes), n);
+    testing::write_text(dir / name, file);
+  };
+  const std::vector<int32_t> edges{0, 1, 1, 2, 2, 3, 3, 0};
+  odd_npy("e.npy", "<i4", "(4, 2)", edges.data(), edges.size() * 4);
+  const std::vector<uint16_t> half{0x3C00, 0xC000, 0x3800, 0x0000, 0x4200, 0x3C00, 0xBC00, 0x4000};  // 1,-2,.5,0,3,1,-1,2
+  odd_npy("x.npy", "<f2", "(4, 2)", half.data(), half.size() * 2);
+  PreprocessOptions o;
+  o.edges_npy = dir / "e.npy";
+  o.features_npy = dir / "x.npy";
+  o.output = dir / "s.gale";
+  preprocess(o);
+  const Store s = Store::open(dir / "s.gale");
+  ASSERT_EQ(s.num_nodes(), 4);
+  EXPECT_EQ(std::vector<int32_t>(s.indices32(), s.indices32() + s.num_edges()), (std::vector<int32_t>{3, 0, 1, 2}));
+  std::vector<float> x(8);
+  s.read_features(0, 4, x.data());
+  EXPECT_EQ(x, (std::vector<float>{1, -2, 0.5f, 0, 3, 1, -1, 2}));
+}
+
 TEST(Preprocess, MatrixMarketSymmetricAddsBothDirections) {
   TempDir dir;
   testing::write_text(dir / "s.mtx",
