@@ -135,6 +135,8 @@ class DiskFeatures {
   int64_t cached_rows() const { return cached_rows_; }
   bool is_cached(int64_t id) const { return !slots_.empty() && slots_[static_cast<size_t>(id)] >= 0; }
   const DiskReader& reader() const { return *reader_; }
+  // What the cache, staging buffers and windows are charged to (nullptr: none).
+  kernels::cuda::MemoryBudget* budget() const { return options_.budget; }
 
  private:
   // Bytes, requests and wall time of the reads one read_from_disk issued, and the bytes of the

@@ -32,9 +32,18 @@ constexpr int64_t kFirstWindowShare = 16;
 // without carrying (R-MAT 20, windows shorter than an epoch), 4 0.85x, 1 1.09x.
 constexpr size_t kCarryHorizon = 8;
 
-// Whether windows carry (GALE_READ_AHEAD_CARRY=0: each window holds its own misses alone, for
-// measuring).
-bool carry_rows() {
+// Ids kept per row a full window may hold (ReadAhead::shape): the windows planned ahead (half a
+// window each while carrying; one whole window before), the window handed over, and hand_over's
+// lists (the candidates, the rest after each planned window, the kept rows, the merged ids).
+constexpr uint64_t kIdsPerWindowRow = (kCarryHorizon + 1) / 2 + 1 + 4;
+
+int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+bool read_ahead_carries() {
   static const bool carry = [] {
     const char* env = std::getenv("GALE_READ_AHEAD_CARRY");
     return env == nullptr || std::string(env) != "0";
@@ -42,11 +51,15 @@ bool carry_rows() {
   return carry;
 }
 
-int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+ReadAhead::Shape ReadAhead::shape(uint64_t bytes, int64_t num_nodes, int64_t dim) {
+  Shape s;
+  const uint64_t seen = (static_cast<uint64_t>(num_nodes) / 64 + 1) * sizeof(uint64_t);
+  const uint64_t per_row =
+      2 * (sizeof(int64_t) + static_cast<uint64_t>(dim) * sizeof(float)) + kIdsPerWindowRow * sizeof(int64_t);
+  s.window_rows = std::max<int64_t>(1, static_cast<int64_t>(bytes > seen ? (bytes - seen) / per_row : 0));
+  s.bookkeeping_bytes = seen + static_cast<uint64_t>(s.window_rows) * kIdsPerWindowRow * sizeof(int64_t);
+  return s;
 }
-
-}  // namespace
 
 int64_t window_growth(bool gpu_sampled) {
   static const int64_t forced = [] {
@@ -56,11 +69,14 @@ int64_t window_growth(bool gpu_sampled) {
   return forced > 0 ? forced : gpu_sampled ? 16 : 2;
 }
 
-ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next)
+ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
+                     bool carry)
     : disk_(disk),
-      limit_rows_(std::max<int64_t>(
-          1, static_cast<int64_t>(bytes / 2 / (sizeof(int64_t) + static_cast<uint64_t>(disk.feature_dim()) * sizeof(float))))),
+      shape_(shape(bytes, disk.num_nodes(), disk.feature_dim())),
+      limit_rows_(shape_.window_rows),
       growth_(std::max<int64_t>(2, growth)),
+      carry_(carry),
+      bookkeeping_(disk.budget(), shape_.bookkeeping_bytes),
       sampling_([this, first = std::move(first), next = std::move(next)]() mutable { sample_windows(std::move(first), next); }),
       reading_([this] { read_windows(); }) {}
 
@@ -209,7 +225,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
       for (int64_t id : window.ids) seen[static_cast<size_t>(id) >> 6] = 0;
       std::sort(window.ids.begin(), window.ids.end());
       if (filled && !carrying && window.limit == limit_rows_ && window.end - window.first < segment.end - segment.first)
-        carrying = carry_rows();
+        carrying = carry_;
       limit = std::min(limit_rows_, limit * growth_);
       ahead.push_back(std::move(window));
       // The first window (it has nothing to carry) goes at once, and so does the oldest when the

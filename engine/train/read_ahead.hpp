@@ -26,6 +26,11 @@
 // 1.09x when only the next window is known; measured there (CPU, --host-mem-budget 400M), 0.65x and
 // 0.60x the bytes of two epochs. GALE_READ_AHEAD_CARRY=0 turns carrying off, for measuring.
 //
+// The read-ahead's memory is `bytes`, charged to the disk tier's budget: the two live windows'
+// rows, and its own bookkeeping, charged at the start (bookkeeping_bytes): a bit per node for the
+// window being grown, and per row a window may hold, the ids of the windows planned ahead, of the
+// window handed over and of the lists that choose its carry.
+//
 // The batches run on across epochs: the next epoch's first window is sampled
 // and read while this epoch's last one trains, so an epoch does not begin by waiting for a pass
 // over the disk.
@@ -46,6 +51,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cuda/budget.hpp"
 #include "storage/disk_features.hpp"
 
 namespace gale::engine::train_parts {
@@ -59,6 +65,9 @@ namespace gale::engine::train_parts {
 // larger windows. So 16 when the GPU samples, 2 when the CPU does; GALE_READ_AHEAD_GROWTH (>= 2)
 // overrides both, for measuring.
 int64_t window_growth(bool gpu_sampled);
+
+// Whether windows carry rows (the header); false where GALE_READ_AHEAD_CARRY=0.
+bool read_ahead_carries();
 
 class ReadAhead {
  public:
@@ -74,9 +83,12 @@ class ReadAhead {
   // Called from the sampling thread.
   using NextSegment = std::function<std::optional<Segment>(int64_t epoch)>;
 
-  // Starts reading ahead from `first`; `bytes`: what the two live windows may hold together;
-  // `growth`: how many times larger each window may be than the last (window_growth).
-  ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next);
+  // Starts reading ahead from `first`; `bytes`: what the two live windows and the bookkeeping may
+  // hold together; `growth`: how many times larger each window may be than the last
+  // (window_growth); `carry`: whether windows carry rows (read_ahead_carries). Throws
+  // ResourceError when the disk tier's budget refuses the bookkeeping.
+  ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
+            bool carry = read_ahead_carries());
   // Stops the threads (after the read under way) and frees the windows.
   ~ReadAhead();
   ReadAhead(const ReadAhead&) = delete;
@@ -89,6 +101,14 @@ class ReadAhead {
   // Batch b of `epoch` has its rows (or is empty: then it waits for its window): a window all of
   // whose batches do is freed.
   void done(int64_t epoch, int64_t b);
+
+  // The rows a full window may hold, and the bookkeeping charged for `bytes` of read-ahead over
+  // `num_nodes` rows of `dim` features: 2 x rows x (8 + 4 dim) + bookkeeping <= bytes.
+  struct Shape {
+    int64_t window_rows = 0;
+    uint64_t bookkeeping_bytes = 0;
+  };
+  static Shape shape(uint64_t bytes, int64_t num_nodes, int64_t dim);
 
  private:
   struct Window {
@@ -115,8 +135,11 @@ class ReadAhead {
   void fail(std::exception_ptr e);
 
   storage::DiskFeatures& disk_;
+  const Shape shape_;
   const int64_t limit_rows_;  // distinct rows per window
   const int64_t growth_;
+  const bool carry_;
+  const kernels::cuda::BudgetCharge bookkeeping_;
 
   std::mutex mutex_;
   std::condition_variable changed_;

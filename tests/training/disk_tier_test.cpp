@@ -21,14 +21,18 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "engine/predict.hpp"
 #include "engine/train/presample.hpp"
 #include "engine/train/read_ahead.hpp"
+#include "kernels/cuda/budget.hpp"
 #include "engine/trainer.hpp"
 #include "kernels/error.hpp"
+#include "storage/disk_features.hpp"
 #include "storage/npy.hpp"
 #include "storage/preprocess.hpp"
 #include "storage/store.hpp"
@@ -175,6 +179,65 @@ TEST(DiskTier, ReadAheadWindowsGrowFasterWhenTheGpuSamples) {
   if (std::getenv("GALE_READ_AHEAD_GROWTH") != nullptr) GTEST_SKIP() << "GALE_READ_AHEAD_GROWTH overrides the rule";
   EXPECT_EQ(train_parts::window_growth(/*gpu_sampled=*/true), 16);
   EXPECT_EQ(train_parts::window_growth(/*gpu_sampled=*/false), 2);
+}
+
+// Windows shorter than an epoch carry the rows of the window before that later windows need (the
+// soonest needed first): a warm row needed every few windows is read once, not again by each window
+// that needs it after one that did not. Every batch still finds its rows in its window, with the
+// store's bits. The read-ahead's bookkeeping is charged to the disk tier's budget while it runs.
+TEST(ReadAhead, WindowsShorterThanAnEpochCarryWhatLaterWindowsNeed) {
+  const storage::Store store = storage::Store::open(sbm_store());
+  const int64_t n = store.num_nodes(), dim = store.feature_dim();
+  // Batch b: 100 draws, a third from 600 warm rows, the rest from every row (a pure function of b:
+  // the read-ahead samples batches in parallel).
+  const auto inputs = [n](int64_t b) {
+    std::mt19937_64 rng(static_cast<uint64_t>(b) * 0x9E3779B97F4A7C15ULL + 1);
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 100; ++i)
+      ids.push_back(i % 3 == 0 ? static_cast<int64_t>(rng() % 600) * 37 % n : static_cast<int64_t>(rng() % static_cast<uint64_t>(n)));
+    return ids;
+  };
+  const int64_t batches = 150;
+  // Full windows of ~1,000 rows: about 11 batches each, 14 an epoch; carrying, half of that.
+  const uint64_t bytes = uint64_t{1100} * 2 * (8 + 4 * static_cast<uint64_t>(dim));
+  const train_parts::ReadAhead::Shape shape = train_parts::ReadAhead::shape(bytes, n, dim);
+  ASSERT_GT(shape.window_rows, 900);
+  ASSERT_LT(shape.window_rows, 1100) << "the bookkeeping comes out of the read-ahead's bytes";
+  EXPECT_LE(2 * static_cast<uint64_t>(shape.window_rows) * (8 + 4 * static_cast<uint64_t>(dim)) + shape.bookkeeping_bytes, bytes);
+
+  const auto read_epoch = [&](bool carry) {
+    kernels::cuda::MemoryBudget budget(uint64_t{256} << 20, "--host-mem-budget");
+    storage::DiskFeatureOptions o;  // no host cache: every row is a miss
+    o.budget = &budget;
+    storage::DiskFeatures disk(store, {}, o);
+    const uint64_t fixed = budget.in_use();
+    int64_t read = 0;
+    {
+      train_parts::ReadAhead ahead(disk, bytes, /*growth=*/2, {0, 0, batches, inputs},
+                                   [](int64_t) -> std::optional<train_parts::ReadAhead::Segment> { return std::nullopt; },
+                                   carry);
+      EXPECT_GE(budget.in_use(), fixed + shape.bookkeeping_bytes);
+      for (int64_t b = 0; b < batches; ++b) {
+        const std::vector<int64_t> ids = inputs(b);
+        const std::shared_ptr<const storage::WindowRows> window = ahead.window_of(0, b);
+        EXPECT_NE(window, nullptr) << "batch " << b;
+        std::vector<float> got(ids.size() * static_cast<size_t>(dim)), want(got.size());
+        disk.read_rows(ids.data(), static_cast<int64_t>(ids.size()), got.data(), window.get());
+        store.read_feature_rows(ids.data(), static_cast<int64_t>(ids.size()), want.data());
+        EXPECT_EQ(got, want) << "batch " << b;
+        ahead.done(0, b);
+      }
+      const storage::DiskFeatureStats st = disk.take_stats();
+      EXPECT_EQ(st.disk_rows, 0) << "every row was read ahead";
+      EXPECT_GT(st.windows, 8);
+      read = st.distinct_disk_rows;
+    }
+    EXPECT_EQ(budget.in_use(), fixed) << "the read-ahead gives back what it charged";
+    return read;
+  };
+  const int64_t alone = read_epoch(false), carrying = read_epoch(true);
+  EXPECT_LT(static_cast<double>(carrying), 0.9 * static_cast<double>(alone))
+      << "carrying read " << carrying << " rows, windows alone " << alone;
 }
 
 // One pre-sampled epoch reads each training seed once (the identity "sampler" below returns the
