@@ -39,7 +39,7 @@ test-all: build
 
 # libFuzzer harnesses (tests/fuzz, clang + ASan + UBSan, no CUDA): `make fuzz` runs each for
 # FUZZ_SECONDS on a working copy of its corpus (two at a time on two cores); `make fuzz-ci` runs
-# each for 25 s on the committed corpus, then the committed regressions.
+# each for 25 s on the committed corpus from a fixed seed (reproducible), then the committed regressions.
 fuzz-configure: deps
 	@scripts/install-deps.sh fuzz
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGALE_WITH_CUDA=OFF \
