@@ -17,11 +17,17 @@ the rows read from disk by
            rows of the window before, those used again soonest first, among the rows needed within
            --carry-horizon windows ahead (Belady at a window's grain).
 
+  pool     (--pool S [--pool-horizon H]) Gale's read-ahead since the seventh session: windows whose
+           own rows fill at most S of a pool of --belady-rows slots that they share; a row stays in
+           the pool while it has room, and to read a window's new rows the pool drops rows neither
+           live window needs, those no window within H ahead needs first (least recently needed
+           first), then those needed latest.
+
 Rows, not pages: read amplification (rows per 4 KiB page) multiplies both alike.
 
 usage: readahead_sim.py STORE --cache-rows N --window-rows L [--belady-rows C] [--epochs 2]
                         [--batch-size 1024] [--fanouts 15,10,5] [--seed 0]
-                        [--carry-fill F [--carry-horizon W]]
+                        [--carry-fill F [--carry-horizon W]] [--pool S [--pool-horizon H]]
 """
 import argparse
 import collections
@@ -45,6 +51,10 @@ def main():
                    help="carry only rows needed within this many windows ahead (0: the whole future)")
     p.add_argument("--carry-fill", type=float, default=0.0,
                    help="also simulate windows whose own misses fill at most this share, the rest carried by next use")
+    p.add_argument("--pool", type=float, default=0.0,
+                   help="also simulate windows sharing one pool of --belady-rows slots, a window's own rows at most this share")
+    p.add_argument("--pool-horizon", type=int, default=0,
+                   help="with --pool: next uses known over this many windows ahead (0: the whole future)")
     a = p.parse_args()
     if a.cache_rows < 0 or a.window_rows < 16 or a.epochs < 1 or a.batch_size < 1:
         sys.exit("readahead_sim.py: expected --cache-rows >= 0, --window-rows >= 16, --epochs >= 1, --batch-size >= 1")
@@ -121,6 +131,51 @@ def main():
             held = rows | set(spare[:max(0, limit - len(rows))])
         carry_windows = len(plan)
 
+    # A pool of --belady-rows slots shared by the windows (--pool A): a window's rows that the pool
+    # already holds are not read again, whichever window brought them in; window k + 1 grows while
+    # the rows of windows k and k + 1 fit the pool together and its own rows stay within A of it;
+    # to read its new rows, the pool drops rows neither window needs, those used again latest first
+    # (Belady among the rows outside the two live windows).
+    pool_read, pool_windows = 0, 0
+    if a.pool:
+        capacity = a.belady_rows or 2 * a.window_rows
+        plan, b, current, limit = [], 0, set(), max(1, a.window_rows // 16)
+        while b < len(batches):
+            rows, first = set(), b
+            while b < len(batches):
+                fresh = set(batches[b]) - rows
+                if b > first and (len(rows) + len(fresh) > min(limit, a.pool * capacity) or
+                                  len(current | rows | fresh) > capacity):
+                    break
+                rows |= fresh
+                b += 1
+            plan.append(rows)
+            current, limit = rows, min(2 * a.window_rows, limit * 2)
+        needed_in = collections.defaultdict(collections.deque)
+        for k, rows in enumerate(plan):
+            for r in rows:
+                needed_in[r].append(k)
+        pool, previous, last_used = set(), set(), {}
+
+        def farthest_first_key(r, k):  # larger: dropped first
+            if needed_in[r] and (a.pool_horizon == 0 or needed_in[r][0] <= k + a.pool_horizon):
+                return needed_in[r][0]
+            return (1 << 40) + k - last_used[r]  # not needed within the horizon: least recently used first
+
+        for k, rows in enumerate(plan):
+            new = rows - pool
+            pool_read += len(new)
+            spare = len(pool) + len(new) - capacity
+            if spare > 0:
+                evictable = sorted(pool - rows - previous, key=lambda r: farthest_first_key(r, k))
+                pool -= set(evictable[len(evictable) - spare:])
+            pool |= new
+            for r in rows:
+                needed_in[r].popleft()
+                last_used[r] = k
+            previous = rows
+        pool_windows = len(plan)
+
     # Belady: the next use of every row, batch by batch.
     capacity = a.belady_rows or 2 * a.window_rows
     uses = collections.defaultdict(collections.deque)
@@ -140,6 +195,10 @@ def main():
     print(f"{len(batches)} batches, {np.mean([len(r) for r in batches]):.0f} misses a batch, {distinct} distinct rows")
     print(f"windows of {a.window_rows} rows: {read} rows read in {windows} windows")
     print(f"belady, {capacity} rows: {belady} rows read ({belady / read:.2f}x the windows')")
+    if a.pool:
+        horizon = f"{a.pool_horizon} windows" if a.pool_horizon else "the whole future"
+        print(f"windows sharing a pool of {capacity} rows (own rows <= {a.pool} of it, next uses over {horizon}): {pool_read} rows read in "
+              f"{pool_windows} windows ({pool_read / read:.2f}x the windows')")
     if a.carry_fill:
         horizon = f"the next {a.carry_horizon} windows" if a.carry_horizon else "the whole future"
         print(f"windows that carry (own misses <= {a.carry_fill} of a window, next uses known over {horizon}): {carry_read} rows read in "

@@ -307,56 +307,71 @@ void DiskFeatures::count(const ReadTotals& totals, int64_t distinct_rows) {
   read_nanoseconds_.fetch_add(totals.nanoseconds, std::memory_order_relaxed);
 }
 
-std::shared_ptr<const WindowRows> DiskFeatures::read_window(std::vector<int64_t> ids, const WindowRows* previous) {
+std::shared_ptr<const WindowRows> DiskFeatures::read_window(const std::shared_ptr<RowPool>& pool,
+                                                            std::vector<int64_t> ids, std::vector<int32_t> slots) {
+  if (pool == nullptr || pool->dim_ != dim_) throw InternalError("read_window: a pool of this store's rows expected");
+  if (slots.size() != ids.size())
+    throw InputError("read_window: " + std::to_string(ids.size()) + " ids but " + std::to_string(slots.size()) + " slots");
+  std::vector<bool> taken(static_cast<size_t>(pool->slots_), false);
   for (size_t k = 0; k < ids.size(); ++k) {
     if (ids[k] < 0 || ids[k] >= num_nodes_ || (k > 0 && ids[k] <= ids[k - 1]))
       throw InputError("read_window: ids must be distinct node ids in [0, " + std::to_string(num_nodes_) +
                        "), ascending; position " + std::to_string(k) + " holds " + std::to_string(ids[k]));
+    if (slots[k] < 0 || slots[k] >= pool->slots_ || taken[static_cast<size_t>(slots[k])])
+      throw InputError("read_window: slots must be distinct in [0, " + std::to_string(pool->slots_) + "); position " +
+                       std::to_string(k) + " holds " + std::to_string(slots[k]));
+    taken[static_cast<size_t>(slots[k])] = true;
   }
-  auto window = std::make_shared<WindowRows>(options_.budget, std::move(ids), dim_);
-  const size_t d = static_cast<size_t>(dim_);
-  // What the previous window holds is copied; the rest (positions in the window) is read.
+  // What a slot already holds stays; the rest is read into its slot (which holds nothing until the
+  // read succeeds).
   std::vector<int64_t> from_disk;
-  std::vector<size_t> position;
-  for (size_t k = 0; k < window->ids_.size(); ++k) {
-    const float* row = previous != nullptr ? previous->find(window->ids_[k]) : nullptr;
-    if (row != nullptr) {
-      std::memcpy(window->rows_.data() + k * d, row, d * sizeof(float));
-    } else {
-      from_disk.push_back(window->ids_[k]);
-      position.push_back(k);
-    }
+  std::vector<int32_t> into;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    if (pool->holds_[static_cast<size_t>(slots[k])] == ids[k]) continue;
+    pool->holds_[static_cast<size_t>(slots[k])] = -1;
+    from_disk.push_back(ids[k]);
+    into.push_back(slots[k]);
   }
+  const size_t d = static_cast<size_t>(dim_);
   const ReadTotals totals = read_from_disk(from_disk, options_.window_gap_pages, kMaxReadBytes, kMaxStagingBytes,
                                            [&](size_t k, const char* bytes) {
-    convert_to_f32(dtype_, bytes, window->rows_.data() + position[k] * d, d);
+    convert_to_f32(dtype_, bytes, pool->rows_.data() + static_cast<size_t>(into[k]) * d, d);
   });
+  for (size_t k = 0; k < from_disk.size(); ++k) pool->holds_[static_cast<size_t>(into[k])] = from_disk[k];
   count(totals, static_cast<int64_t>(from_disk.size()));
-  read_ahead_rows_.fetch_add(window->rows(), std::memory_order_relaxed);
+  read_ahead_rows_.fetch_add(static_cast<int64_t>(ids.size()), std::memory_order_relaxed);
   windows_.fetch_add(1, std::memory_order_relaxed);
-  return window;
+  return std::make_shared<WindowRows>(pool, std::move(ids), std::move(slots));
 }
 
-WindowRows::WindowRows(MemoryBudget* budget, std::vector<int64_t> ids, int64_t dim)
-    : budget_(budget), dim_(dim), ids_(std::move(ids)) {
-  bytes_ = ids_.size() * (sizeof(int64_t) + static_cast<uint64_t>(dim_) * sizeof(float));
+RowPool::RowPool(MemoryBudget* budget, int64_t slots, int64_t dim)
+    : budget_(budget), slots_(slots), dim_(dim) {
+  if (slots < 1 || slots > INT32_MAX || dim < 1)
+    throw InternalError("RowPool: expected 1 to 2^31 - 1 slots of dim >= 1, found " + std::to_string(slots) + " x " +
+                        std::to_string(dim));
+  bytes_ = static_cast<uint64_t>(slots) * (static_cast<uint64_t>(dim) * sizeof(float) + sizeof(int64_t));
   if (budget_) budget_->charge(bytes_);
   try {
-    rows_.resize(ids_.size() * static_cast<size_t>(dim_));
+    rows_.resize(static_cast<size_t>(slots) * static_cast<size_t>(dim));
+    holds_.assign(static_cast<size_t>(slots), -1);
   } catch (...) {
     if (budget_) budget_->release(bytes_);
     throw;
   }
 }
 
-WindowRows::~WindowRows() {
+RowPool::~RowPool() {
   if (budget_) budget_->release(bytes_);
 }
+
+WindowRows::WindowRows(std::shared_ptr<const RowPool> pool, std::vector<int64_t> ids, std::vector<int32_t> slots)
+    : pool_(std::move(pool)), ids_(std::move(ids)), slots_(std::move(slots)) {}
 
 const float* WindowRows::find(int64_t id) const {
   const auto it = std::lower_bound(ids_.begin(), ids_.end(), id);
   if (it == ids_.end() || *it != id) return nullptr;
-  return rows_.data() + static_cast<size_t>(it - ids_.begin()) * static_cast<size_t>(dim_);
+  return pool_->rows_.data() + static_cast<size_t>(slots_[static_cast<size_t>(it - ids_.begin())]) *
+                                   static_cast<size_t>(pool_->dim_);
 }
 
 DiskFeatureStats DiskFeatures::take_stats() {

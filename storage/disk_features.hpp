@@ -12,9 +12,10 @@
 // Read-ahead (engine/train/read_ahead.hpp): the rows a window of future batches will miss in the
 // cache are known once those batches are sampled; read_window reads them all in one pass, sorted
 // by offset and coalesced across small gaps (so a cold page that several batches of the window
-// need is read once, and dense runs of needed pages become long sequential reads), into a
-// WindowRows that read_rows then serves them from. Rows still held by the previous window are
-// copied from it instead of read again.
+// need is read once, and dense runs of needed pages become long sequential reads), into slots of
+// a RowPool that the read-ahead's windows share: a window whose rows the pool still holds from an
+// earlier window finds them there instead of reading them again. read_rows serves a batch's rows
+// from its WindowRows.
 #pragma once
 
 #include <atomic>
@@ -52,27 +53,51 @@ struct DiskFeatureOptions {
   int window_gap_pages = 4;
 };
 
-// Rows read ahead for a window of batches: their ids (ascending) and f32 rows, charged to the
-// budget while alive. Immutable once read, so any number of threads may read it.
+// The read-ahead's rows, in slots its windows share (engine/train/read_ahead.hpp): a row stays in
+// its slot while the read-ahead keeps it, so a later window that needs it finds it there. Its rows
+// and its record of what each slot holds are charged to the budget for its life. Which slot holds
+// which row is the read-ahead's plan; the pool records what each slot really holds (read_window
+// writes it), so a row whose read failed is read again by the next window that needs it.
+class RowPool {
+ public:
+  // Throws ResourceError when the budget (nullable) refuses it.
+  RowPool(kernels::cuda::MemoryBudget* budget, int64_t slots, int64_t dim);
+  ~RowPool();
+  RowPool(const RowPool&) = delete;
+  RowPool& operator=(const RowPool&) = delete;
+
+  int64_t slots() const { return slots_; }
+  uint64_t bytes() const { return bytes_; }
+  // The row slot s holds, or -1 (none yet, or its read failed).
+  int64_t holds(int64_t slot) const { return holds_[static_cast<size_t>(slot)]; }
+
+ private:
+  friend class DiskFeatures;
+  friend class WindowRows;
+  kernels::cuda::MemoryBudget* budget_;
+  uint64_t bytes_ = 0;
+  int64_t slots_ = 0;
+  int64_t dim_ = 0;
+  std::vector<float> rows_;
+  std::vector<int64_t> holds_;
+};
+
+// The rows read ahead for a window of batches: their ids (ascending) and the pool slots holding
+// them. Immutable once read, so any number of threads may read it; the read-ahead overwrites none
+// of its slots while the window is alive. Its lists are the read-ahead's bookkeeping (charged
+// there).
 class WindowRows {
  public:
-  WindowRows(kernels::cuda::MemoryBudget* budget, std::vector<int64_t> ids, int64_t dim);
-  ~WindowRows();
-  WindowRows(const WindowRows&) = delete;
-  WindowRows& operator=(const WindowRows&) = delete;
+  WindowRows(std::shared_ptr<const RowPool> pool, std::vector<int64_t> ids, std::vector<int32_t> slots);
 
   // The row of `id`, or nullptr when the window does not hold it.
   const float* find(int64_t id) const;
   int64_t rows() const { return static_cast<int64_t>(ids_.size()); }
-  uint64_t bytes() const { return bytes_; }
 
  private:
-  friend class DiskFeatures;
-  kernels::cuda::MemoryBudget* budget_;
-  uint64_t bytes_ = 0;
-  int64_t dim_ = 0;
+  std::shared_ptr<const RowPool> pool_;
   std::vector<int64_t> ids_;
-  std::vector<float> rows_;
+  std::vector<int32_t> slots_;
 };
 
 // Counters since the last take_stats().
@@ -87,7 +112,7 @@ struct DiskFeatureStats {
   double read_seconds = 0;         // wall time inside DiskReader::read, summed over calls
   uint64_t needed_bytes = 0;       // 4 KiB pages holding the distinct rows read, x 4 KiB
   int64_t read_ahead_hits = 0;     // requested rows served from a read-ahead window
-  int64_t read_ahead_rows = 0;     // rows read into windows (from disk or the previous window)
+  int64_t read_ahead_rows = 0;     // rows of the windows read (from disk, or already in the pool)
   int64_t windows = 0;             // windows read
   double read_ahead_wait_s = 0;    // time callers waited for a window to be read (add_wait)
   double read_ahead_sample_s = 0;  // time the read-ahead sampled ahead (add_sampling)
@@ -114,10 +139,13 @@ class DiskFeatures {
   // kept). Throws InputError for an id that is not a node.
   void collect_misses(const int64_t* ids, int64_t n, std::vector<int64_t>* out) const;
 
-  // The rows of `ids` (ascending, distinct) in a window charged to the budget: those `previous`
-  // holds are copied from it, the rest read in one pass sorted by offset, coalescing gaps up to
-  // window_gap_pages. Throws as read_rows does; ResourceError when the budget refuses the window.
-  std::shared_ptr<const WindowRows> read_window(std::vector<int64_t> ids, const WindowRows* previous);
+  // The window of `ids` (ascending, distinct) whose rows lie in `pool`'s slots `slots` (ids[k] in
+  // slots[k]; distinct slots): rows their slot already holds stay, the rest are read into their
+  // slots in one pass sorted by offset, coalescing gaps up to window_gap_pages. The caller
+  // guarantees that no live window uses a slot it gives another row. Throws as read_rows does
+  // (then the slots being read hold nothing); InputError for ids or slots out of order or range.
+  std::shared_ptr<const WindowRows> read_window(const std::shared_ptr<RowPool>& pool, std::vector<int64_t> ids,
+                                                std::vector<int32_t> slots);
 
   // Time a caller waited for a window (reported by take_stats as read_ahead_wait_s).
   void add_wait(int64_t nanoseconds) { wait_nanoseconds_.fetch_add(nanoseconds, std::memory_order_relaxed); }

@@ -26,16 +26,127 @@ int64_t sample_chunk() {
 }
 // The first window's share of the full window's rows (each next one window_growth times the last).
 constexpr int64_t kFirstWindowShare = 16;
+// A full window's own rows: a quarter of the pool's slots (the header). bench/readahead_sim.py
+// --pool on R-MAT 20 (4 GB-like memory): a quarter read 0.50x the rows of windows that keep
+// nothing, a half 0.61x, three quarters 0.71x.
+constexpr int64_t kDefaultWindowShare = 4;
+int64_t window_share() {  // GALE_READ_AHEAD_SHARE (>= 2) overrides it, for measuring
+  static const int64_t share = [] {
+    const char* env = std::getenv("GALE_READ_AHEAD_SHARE");
+    return env != nullptr && std::atoll(env) >= 2 ? static_cast<int64_t>(std::atoll(env)) : kDefaultWindowShare;
+  }();
+  return share;
+}
+// The windows planned ahead of the one handed to the reading thread, whose misses rank what the
+// pool keeps (bench/readahead_sim.py --pool-horizon: 8 read 0.56x, 4 0.65x, the whole future 0.50x).
+constexpr size_t kHorizon = 8;
 
-// Carrying (the header): the windows planned ahead of the one handed to the reading thread, whose
-// misses rank the rows it carries. bench/readahead_sim.py: 8 reads 0.72x the rows of windows
-// without carrying (R-MAT 20, windows shorter than an epoch), 4 0.85x, 1 1.09x.
-constexpr size_t kCarryHorizon = 8;
+// Bookkeeping per pool slot (ReadAhead::shape): the plan's row and slot (16), free-slot entry (4)
+// and last use (8), and what choosing the rows to drop holds (the candidates' index, next use and
+// order: 24).
+constexpr uint64_t kPlanBytesPerSlot = 16 + 4 + 8 + 24;
+// The windows whose ids and slots (12 bytes a row) are held at once: those planned ahead, the one
+// being grown, the one handed over, its copy as the live window, the two read and alive.
+constexpr uint64_t kWindowLists = kHorizon + 5;
+constexpr uint64_t kWindowBytesPerRow = sizeof(int64_t) + sizeof(int32_t);
 
-// Ids kept per row a full window may hold (ReadAhead::shape): the windows planned ahead (half a
-// window each while carrying; one whole window before), the window handed over, and hand_over's
-// lists (the candidates, the rest after each planned window, the kept rows, the merged ids).
-constexpr uint64_t kIdsPerWindowRow = (kCarryHorizon + 1) / 2 + 1 + 4;
+// The sampling thread's plan of the pool: which row each slot holds once the windows handed over
+// so far are read, and the last window that needed it.
+class PoolPlan {
+ public:
+  PoolPlan(int64_t slots, bool keep) : keep_(keep), last_needed_(static_cast<size_t>(slots), -1) {
+    free_.resize(static_cast<size_t>(slots));
+    for (size_t i = 0; i < free_.size(); ++i) free_[i] = static_cast<int32_t>(free_.size() - 1 - i);  // 0 first
+  }
+
+  // Slots for window `index`'s rows `w` (ascending), read while the window `live` (ascending ids)
+  // trains: rows the pool holds keep their slots; the rest take free slots, then those of rows
+  // neither window needs (the header's order; all of them without keep). Empty, and nothing
+  // changed, when w and live do not fit the pool together. `later`: the ids of the windows planned
+  // after w, in order.
+  std::vector<int32_t> place(const std::vector<int64_t>& w, const std::vector<int64_t>& live,
+                             const std::vector<const std::vector<int64_t>*>& later, int64_t index) {
+    std::vector<int32_t> slots(w.size(), -1);
+    size_t fresh = 0;
+    for (size_t k = 0, h = 0; k < w.size(); ++k) {
+      while (h < held_.size() && held_[h].first < w[k]) ++h;
+      if (h < held_.size() && held_[h].first == w[k]) slots[k] = held_[h].second;
+      else ++fresh;
+    }
+    // Rows neither window needs may give up their slots (indices into held_, ascending rows).
+    std::vector<size_t> spare;
+    for (size_t h = 0, a = 0, b = 0; h < held_.size(); ++h) {
+      const int64_t id = held_[h].first;
+      while (a < w.size() && w[a] < id) ++a;
+      while (b < live.size() && live[b] < id) ++b;
+      if ((a < w.size() && w[a] == id) || (b < live.size() && live[b] == id)) continue;
+      spare.push_back(h);
+    }
+    if (fresh > free_.size() + spare.size()) return {};
+    const size_t drop = !keep_ ? spare.size() : fresh > free_.size() ? fresh - free_.size() : 0;
+    if (drop < spare.size()) spare = choose_drops(spare, drop, later);
+    for (size_t h : spare) {
+      free_.push_back(held_[h].second);
+      held_[h].first = -1;
+    }
+    held_.erase(std::remove_if(held_.begin(), held_.end(), [](const auto& e) { return e.first < 0; }), held_.end());
+    std::vector<std::pair<int64_t, int32_t>> added;
+    for (size_t k = 0; k < w.size(); ++k) {
+      if (slots[k] < 0) {
+        slots[k] = free_.back();
+        free_.pop_back();
+        added.emplace_back(w[k], slots[k]);
+      }
+      last_needed_[static_cast<size_t>(slots[k])] = index;
+    }
+    std::vector<std::pair<int64_t, int32_t>> merged;
+    merged.reserve(held_.size() + added.size());
+    std::merge(held_.begin(), held_.end(), added.begin(), added.end(), std::back_inserter(merged));
+    held_ = std::move(merged);
+    return slots;
+  }
+
+ private:
+  // The `drop` of `spare` to drop: rows no later window needs, least recently needed first, then
+  // those the later windows need latest. Ascending, as spare.
+  std::vector<size_t> choose_drops(const std::vector<size_t>& spare, size_t drop,
+                                   const std::vector<const std::vector<int64_t>*>& later) const {
+    if (drop == 0) return {};
+    constexpr int64_t kNever = INT64_MAX;
+    std::vector<int64_t> next(spare.size(), kNever);  // the first later window that needs each
+    for (size_t j = 0; j < later.size(); ++j) {
+      const std::vector<int64_t>& ids = *later[j];
+      for (size_t i = 0, x = 0; i < spare.size(); ++i) {
+        const int64_t id = held_[spare[i]].first;
+        while (x < ids.size() && ids[x] < id) ++x;
+        if (x < ids.size() && ids[x] == id && next[i] == kNever) next[i] = static_cast<int64_t>(j);
+      }
+    }
+    // Dropped first: not needed ahead (then the oldest last use), then the latest next use.
+    const auto key = [&](size_t i) {
+      return next[i] == kNever ? std::pair<int, int64_t>{0, last_needed_[static_cast<size_t>(held_[spare[i]].second)]}
+                               : std::pair<int, int64_t>{1, -next[i]};
+    };
+    std::vector<size_t> order(spare.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(drop - 1), order.end(),
+                     [&](size_t x, size_t y) { return key(x) < key(y); });
+    std::vector<size_t> chosen;
+    chosen.reserve(drop);
+    const auto cut = key(order[drop - 1]);
+    for (size_t i = 0; i < spare.size() && chosen.size() < drop; ++i)
+      if (key(i) < cut) chosen.push_back(spare[i]);
+    for (size_t i = 0; i < spare.size() && chosen.size() < drop; ++i)
+      if (key(i) == cut) chosen.push_back(spare[i]);
+    std::sort(chosen.begin(), chosen.end());
+    return chosen;
+  }
+
+  const bool keep_;
+  std::vector<std::pair<int64_t, int32_t>> held_;  // (row, slot), ascending rows
+  std::vector<int32_t> free_;
+  std::vector<int64_t> last_needed_;  // per slot
+};
 
 int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -43,21 +154,25 @@ int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-bool read_ahead_carries() {
-  static const bool carry = [] {
-    const char* env = std::getenv("GALE_READ_AHEAD_CARRY");
+bool read_ahead_keeps() {
+  static const bool keep = [] {
+    const char* env = std::getenv("GALE_READ_AHEAD_KEEP");
     return env == nullptr || std::string(env) != "0";
   }();
-  return carry;
+  return keep;
 }
 
 ReadAhead::Shape ReadAhead::shape(uint64_t bytes, int64_t num_nodes, int64_t dim) {
   Shape s;
   const uint64_t seen = (static_cast<uint64_t>(num_nodes) / 64 + 1) * sizeof(uint64_t);
-  const uint64_t per_row =
-      2 * (sizeof(int64_t) + static_cast<uint64_t>(dim) * sizeof(float)) + kIdsPerWindowRow * sizeof(int64_t);
-  s.window_rows = std::max<int64_t>(1, static_cast<int64_t>(bytes > seen ? (bytes - seen) / per_row : 0));
-  s.bookkeeping_bytes = seen + static_cast<uint64_t>(s.window_rows) * kIdsPerWindowRow * sizeof(int64_t);
+  const uint64_t row = static_cast<uint64_t>(dim) * sizeof(float) + sizeof(int64_t);  // a pool slot (RowPool)
+  const uint64_t per_slot = row + kPlanBytesPerSlot + kWindowLists * kWindowBytesPerRow / static_cast<uint64_t>(window_share());
+  s.slots = std::clamp<int64_t>(static_cast<int64_t>(bytes > seen ? (bytes - seen) / per_slot : 0), window_share(),
+                                INT32_MAX);
+  s.window_rows = s.slots / window_share();
+  s.pool_bytes = static_cast<uint64_t>(s.slots) * row;
+  s.bookkeeping_bytes = seen + static_cast<uint64_t>(s.slots) * kPlanBytesPerSlot +
+                        kWindowLists * static_cast<uint64_t>(s.window_rows) * kWindowBytesPerRow;
   return s;
 }
 
@@ -70,13 +185,13 @@ int64_t window_growth(bool gpu_sampled) {
 }
 
 ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
-                     bool carry)
+                     bool keep)
     : disk_(disk),
       shape_(shape(bytes, disk.num_nodes(), disk.feature_dim())),
-      limit_rows_(shape_.window_rows),
       growth_(std::max<int64_t>(2, growth)),
-      carry_(carry),
+      keep_(keep),
       bookkeeping_(disk.budget(), shape_.bookkeeping_bytes),
+      pool_(std::make_shared<storage::RowPool>(disk.budget(), shape_.slots, disk.feature_dim())),
       sampling_([this, first = std::move(first), next = std::move(next)]() mutable { sample_windows(std::move(first), next); }),
       reading_([this] { read_windows(); }) {}
 
@@ -110,42 +225,29 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
     }
     changed_.notify_all();
     std::vector<uint64_t> seen(static_cast<size_t>(disk_.num_nodes() / 64 + 1), 0);
-    int64_t limit = std::max<int64_t>(1, limit_rows_ / kFirstWindowShare);
-    // Windows carry once a full window turns out shorter than an epoch: where one holds an epoch's
-    // misses, it carries them into the next epoch whole, and halving its own rows would lose that.
-    bool carrying = false;
-    // Windows planned, not yet handed over (their own misses); `before`: the rows of the last one
-    // handed over, which the reading thread will hold while it reads the next.
+    const int64_t full = std::max<int64_t>(1, shape_.window_rows);
+    int64_t limit = std::max<int64_t>(1, full / kFirstWindowShare);
+    // Windows planned, not yet handed over; `live`: the rows of the last one handed over, which the
+    // batches will read from while the reading thread reads the next.
+    PoolPlan plan(shape_.slots, keep_);
     std::deque<Planned> ahead;
-    std::vector<int64_t> before;
-    bool handed_any = false;
-    // Hands the oldest planned window over with its carry: the rows of `before` it does not need
-    // itself that the windows planned after it need, the soonest needed first, up to its limit.
-    // Waits until the reading thread has taken the one before. false: stopped.
+    std::vector<int64_t> live;
+    int64_t handed = 0;
+    // Hands the oldest planned window over with its slots in the pool. Waits until the reading
+    // thread has taken the one before. false: stopped.
     const auto hand_over = [&] {
       Planned w = std::move(ahead.front());
       ahead.pop_front();
-      std::vector<int64_t> candidates, keep;
-      std::set_difference(before.begin(), before.end(), w.ids.begin(), w.ids.end(), std::back_inserter(candidates));
-      const size_t room = static_cast<size_t>(std::max<int64_t>(0, w.limit - static_cast<int64_t>(w.ids.size())));
-      for (size_t j = 0; j < ahead.size() && keep.size() < room && !candidates.empty(); ++j) {
-        std::vector<int64_t> needed, rest;
-        std::set_intersection(candidates.begin(), candidates.end(), ahead[j].ids.begin(), ahead[j].ids.end(),
-                              std::back_inserter(needed));
-        if (needed.size() > room - keep.size()) needed.resize(room - keep.size());
-        std::set_difference(candidates.begin(), candidates.end(), needed.begin(), needed.end(), std::back_inserter(rest));
-        candidates = std::move(rest);
-        keep.insert(keep.end(), needed.begin(), needed.end());
+      std::vector<const std::vector<int64_t>*> later;
+      for (const Planned& p : ahead) later.push_back(&p.ids);
+      w.slots = plan.place(w.ids, live, later, handed);
+      if (w.slots.empty() && !live.empty()) {  // too large beside the live window: read once it is done
+        w.slots = plan.place(w.ids, {}, later, handed);
+        w.alone = !w.slots.empty();
       }
-      if (!keep.empty()) {
-        std::sort(keep.begin(), keep.end());
-        std::vector<int64_t> ids;
-        ids.reserve(w.ids.size() + keep.size());
-        std::merge(w.ids.begin(), w.ids.end(), keep.begin(), keep.end(), std::back_inserter(ids));
-        w.ids = std::move(ids);
-      }
-      before = w.ids;
-      handed_any = true;
+      ++handed;
+      if (w.slots.empty()) live.clear();  // larger than the pool: its batches read their own rows
+      else live = w.ids;
       std::unique_lock<std::mutex> lock(mutex_);
       changed_.wait(lock, [&] { return stop_ || error_ || planned_.empty(); });
       if (stop_ || error_) return false;
@@ -163,9 +265,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
     bool more = true;
     while (more) {
       Planned window;
-      window.limit = limit;
       window.first = position + b - segment.first;
-      bool filled = false;  // it ended at its limit (not at the run's end)
       while (more) {
         if (b == segment.end) {  // on into the next epoch
           std::optional<Segment> after = next(segment.epoch);
@@ -205,11 +305,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
         const std::vector<int64_t>& misses = sampled.front();
         int64_t fresh = 0;
         for (int64_t id : misses) fresh += (seen[static_cast<size_t>(id) >> 6] >> (id & 63) & 1) == 0;
-        const int64_t own = carrying ? std::max<int64_t>(1, limit / 2) : limit;  // the rest of a window carries
-        if (position + b - segment.first > window.first && static_cast<int64_t>(window.ids.size()) + fresh > own) {
-          filled = true;
-          break;
-        }
+        if (position + b - segment.first > window.first && static_cast<int64_t>(window.ids.size()) + fresh > limit) break;
         for (int64_t id : misses) {
           uint64_t& word = seen[static_cast<size_t>(id) >> 6];
           if ((word >> (id & 63) & 1) == 0) {
@@ -224,14 +320,12 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
       if (window.end == window.first) break;
       for (int64_t id : window.ids) seen[static_cast<size_t>(id) >> 6] = 0;
       std::sort(window.ids.begin(), window.ids.end());
-      if (filled && !carrying && window.limit == limit_rows_ && window.end - window.first < segment.end - segment.first)
-        carrying = carry_;
-      limit = std::min(limit_rows_, limit * growth_);
+      limit = std::min(full, limit * growth_);
       ahead.push_back(std::move(window));
-      // The first window (it has nothing to carry) goes at once, and so does the oldest when the
-      // reading thread has nothing queued: planning further ahead never makes it wait. Otherwise
-      // up to kCarryHorizon windows are planned past the one handed over next.
-      while (!ahead.empty() && (!carrying || !handed_any || ahead.size() > kCarryHorizon || (ahead.size() > 1 && reader_waits())))
+      // The first window goes at once, and so does the oldest when the reading thread has nothing
+      // queued: planning further ahead never makes it wait. Otherwise up to kHorizon windows are
+      // planned past the one handed over next.
+      while (!ahead.empty() && (handed == 0 || ahead.size() > kHorizon || (ahead.size() > 1 && reader_waits())))
         if (!hand_over()) return;
     }
     while (!ahead.empty())
@@ -248,25 +342,35 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
 
 void ReadAhead::read_windows() {
   try {
-    std::shared_ptr<const storage::WindowRows> previous;  // the newest window read
+    int64_t newest = -1;  // the first position of the last window read
     for (;;) {
       Planned window;
       {
-        // The next window sampled, once at most one window is alive.
+        // The next window sampled, once no window is alive but the last one read (whose rows the
+        // plan kept in place: the slots the next takes over belong to no live window then; windows
+        // may finish out of order, as batches are prepared in parallel), or none at all for a window
+        // planned alone.
         std::unique_lock<std::mutex> lock(mutex_);
-        changed_.wait(lock, [&] { return stop_ || error_ || (windows_.size() < 2 && (!planned_.empty() || sampled_all_)); });
+        changed_.wait(lock, [&] {
+          if (stop_ || error_) return true;
+          if (planned_.empty()) return sampled_all_;
+          return windows_.empty() ||
+                 (!planned_.front().alone && windows_.size() == 1 && windows_.front().first == newest);
+        });
         if (stop_ || error_ || planned_.empty()) return;
         window = std::move(planned_.front());
         planned_.pop_front();
       }
       changed_.notify_all();
       std::shared_ptr<const storage::WindowRows> rows;
-      try {
-        rows = disk_.read_window(std::move(window.ids), previous.get());
-      } catch (const ResourceError&) {
-        rows = nullptr;  // the budget refused it: its batches read their own misses
+      if (!window.slots.empty()) {
+        try {
+          rows = disk_.read_window(pool_, std::move(window.ids), std::move(window.slots));
+        } catch (const ResourceError&) {
+          rows = nullptr;  // the budget refused its staging: its batches read their own misses
+        }
       }
-      if (rows) previous = rows;
+      newest = window.first;
       {
         const std::lock_guard<std::mutex> lock(mutex_);
         windows_.push_back(Window{window.first, window.end, std::move(rows), window.end - window.first});

@@ -7,29 +7,32 @@
 // collects the rows they miss in the host cache into windows; the reading thread reads each
 // window's distinct misses in one pass sorted by offset and coalesced
 // (storage::DiskFeatures::read_window) while the batches before it train, and the next window is
-// sampled meanwhile. A cold page that several batches of a window need is read once; rows the
-// window before still holds are copied from it.
+// sampled meanwhile. A cold page that several batches of a window need is read once.
 //
-// A window's rows fill at most half of the read-ahead memory: two windows are alive at once, the
-// one batches read from and the next, being read. The first window of a read-ahead is a sixteenth
-// of that, and each next one up to `growth` times the last, so training starts after a short read.
-// A window grows batch by batch until its own distinct misses fill its rows.
+// The windows' rows live in one pool of slots (storage::RowPool) that all windows share: a row
+// stays in its slot after its window is done, while the pool has room, so a later window that needs
+// it finds it there instead of reading it again. A window's own distinct misses fill at most a
+// quarter of the pool; two windows are alive at once (the one batches read from and the next, being
+// read), and the rest of the pool keeps rows for later windows. To make room for a window's new
+// rows, the pool drops rows neither live window needs: first those that no window planned ahead
+// needs, least recently needed first, then those needed latest (Belady's choice, over what the
+// sampling thread knows of the future). The sampling thread plans up to 8 windows past the one it
+// hands to the reading thread next, so their misses rank what the pool keeps, and hands the next
+// one over early whenever the reading thread has nothing queued. The first window of a read-ahead
+// is a sixteenth of a full one, and each next one up to `growth` times the last, so training starts
+// after a short read.
 //
-// Once a full window turns out shorter than an epoch (a window that holds an epoch's misses
-// already carries them all into the next epoch), a window's own misses fill half of it and the
-// other half carries rows of the window before it that later windows need, the soonest needed
-// first (Belady's choice at a window's grain): a row needed every few windows is read once, not
-// once per window. The sampling thread plans up to 8 windows past the one it hands to the reading
-// thread next, so their misses rank the carry, and hands the next one over early whenever the
-// reading thread has nothing queued. Simulated on R-MAT 20 (bench/readahead_sim.py), carrying over
-// 8 windows reads 0.72x the rows of windows without it where windows are shorter than an epoch,
-// 1.09x when only the next window is known; measured there (CPU, --host-mem-budget 400M), 0.65x and
-// 0.60x the bytes of two epochs. GALE_READ_AHEAD_CARRY=0 turns carrying off, for measuring.
+// Simulated on R-MAT 20 with the memory of a 4 GB run (bench/readahead_sim.py --pool 0.25
+// --pool-horizon 8), the pool reads 0.56x the rows of two windows that keep nothing, against 0.72x
+// for windows that carried half their rows from the window before (this design's predecessor) and
+// 0.46x for Belady over single batches; with the memory of an 8 GB run it reads only the compulsory
+// misses (0.79x), where carrying never started. GALE_READ_AHEAD_KEEP=0 keeps only the live windows'
+// rows, for measuring.
 //
-// The read-ahead's memory is `bytes`, charged to the disk tier's budget: the two live windows'
-// rows, and its own bookkeeping, charged at the start (bookkeeping_bytes): a bit per node for the
-// window being grown, and per row a window may hold, the ids of the windows planned ahead, of the
-// window handed over and of the lists that choose its carry.
+// The read-ahead's memory is `bytes`, charged to the disk tier's budget: the pool's rows, and its
+// bookkeeping, charged at the start (shape): a bit per node for the window being grown, the plan
+// of the pool (each slot's row and when it was last needed, the free slots, the lists that choose
+// what it drops), and the ids and slots of the windows planned ahead and alive.
 //
 // The batches run on across epochs: the next epoch's first window is sampled
 // and read while this epoch's last one trains, so an epoch does not begin by waiting for a pass
@@ -66,8 +69,8 @@ namespace gale::engine::train_parts {
 // overrides both, for measuring.
 int64_t window_growth(bool gpu_sampled);
 
-// Whether windows carry rows (the header); false where GALE_READ_AHEAD_CARRY=0.
-bool read_ahead_carries();
+// Whether the pool keeps rows for later windows (the header); false where GALE_READ_AHEAD_KEEP=0.
+bool read_ahead_keeps();
 
 class ReadAhead {
  public:
@@ -83,12 +86,12 @@ class ReadAhead {
   // Called from the sampling thread.
   using NextSegment = std::function<std::optional<Segment>(int64_t epoch)>;
 
-  // Starts reading ahead from `first`; `bytes`: what the two live windows and the bookkeeping may
-  // hold together; `growth`: how many times larger each window may be than the last
-  // (window_growth); `carry`: whether windows carry rows (read_ahead_carries). Throws
-  // ResourceError when the disk tier's budget refuses the bookkeeping.
+  // Starts reading ahead from `first`; `bytes`: what the pool and the bookkeeping may hold
+  // together; `growth`: how many times larger each window may be than the last (window_growth);
+  // `keep`: whether the pool keeps rows for later windows (read_ahead_keeps). Throws ResourceError
+  // when the disk tier's budget refuses the pool or the bookkeeping.
   ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
-            bool carry = read_ahead_carries());
+            bool keep = read_ahead_keeps());
   // Stops the threads (after the read under way) and frees the windows.
   ~ReadAhead();
   ReadAhead(const ReadAhead&) = delete;
@@ -102,10 +105,13 @@ class ReadAhead {
   // whose batches do is freed.
   void done(int64_t epoch, int64_t b);
 
-  // The rows a full window may hold, and the bookkeeping charged for `bytes` of read-ahead over
-  // `num_nodes` rows of `dim` features: 2 x rows x (8 + 4 dim) + bookkeeping <= bytes.
+  // The pool's slots, the rows a full window may hold (a quarter of them), and the bytes charged
+  // for `bytes` of read-ahead over `num_nodes` rows of `dim` features:
+  // pool_bytes + bookkeeping_bytes <= bytes.
   struct Shape {
+    int64_t slots = 0;
     int64_t window_rows = 0;
+    uint64_t pool_bytes = 0;  // charged by the pool (storage::RowPool)
     uint64_t bookkeeping_bytes = 0;
   };
   static Shape shape(uint64_t bytes, int64_t num_nodes, int64_t dim);
@@ -118,8 +124,9 @@ class ReadAhead {
   };
   struct Planned {  // a window sampled, not yet read
     int64_t first = 0, end = 0;
-    int64_t limit = 0;  // the rows it may hold: its own misses, and the rows it carries
-    std::vector<int64_t> ids;  // its distinct misses, ascending
+    std::vector<int64_t> ids;    // its distinct misses, ascending
+    std::vector<int32_t> slots;  // the pool slot of each; empty: it did not fit (its batches read their own)
+    bool alone = false;          // placed as if no window were alive: read once none is
   };
   struct Placed {  // a segment's place in the sequence
     int64_t epoch = 0, first = 0, end = 0, offset = 0;  // batch b is at offset + b - first
@@ -136,10 +143,10 @@ class ReadAhead {
 
   storage::DiskFeatures& disk_;
   const Shape shape_;
-  const int64_t limit_rows_;  // distinct rows per window
   const int64_t growth_;
-  const bool carry_;
+  const bool keep_;
   const kernels::cuda::BudgetCharge bookkeeping_;
+  const std::shared_ptr<storage::RowPool> pool_;
 
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -553,6 +553,13 @@ std::vector<int64_t> window_ids(const DiskFeatures& disk, const std::vector<int6
   return misses;
 }
 
+// Slots 0, 1, ... for `ids`.
+std::vector<int32_t> first_slots(const std::vector<int64_t>& ids) {
+  std::vector<int32_t> slots(ids.size());
+  std::iota(slots.begin(), slots.end(), 0);
+  return slots;
+}
+
 TEST(DiskFeatures, ReadAheadWindowsServeTheSameRowsWithoutReadingAgain) {
   TempDir dir;
   const int64_t n = 6000, dim = 100;
@@ -565,6 +572,8 @@ TEST(DiskFeatures, ReadAheadWindowsServeTheSameRowsWithoutReadingAgain) {
   DiskFeatures disk(store, priority_of(n, 9), o);
   const uint64_t fixed = budget.in_use();
   disk.take_stats();
+  auto pool = std::make_shared<RowPool>(&budget, n, dim);
+  EXPECT_EQ(budget.in_use(), fixed + pool->bytes()) << "the pool is charged while alive";
 
   // Two batches of a window, and a third batch in the next window.
   const std::vector<int64_t> a = random_ids(n, 700, 31), b = random_ids(n, 700, 32), c = random_ids(n, 900, 33);
@@ -572,9 +581,9 @@ TEST(DiskFeatures, ReadAheadWindowsServeTheSameRowsWithoutReadingAgain) {
   both.insert(both.end(), b.begin(), b.end());
   const std::vector<int64_t> first_ids = window_ids(disk, both);
   for (int64_t id : first_ids) EXPECT_FALSE(disk.is_cached(id));
-  const auto first = disk.read_window(first_ids, nullptr);
+  const auto first = disk.read_window(pool, first_ids, first_slots(first_ids));
   EXPECT_EQ(first->rows(), static_cast<int64_t>(first_ids.size()));
-  EXPECT_EQ(budget.in_use(), fixed + first->bytes()) << "the window is charged while alive";
+  for (size_t k = 0; k < first_ids.size(); ++k) EXPECT_EQ(pool->holds(static_cast<int64_t>(k)), first_ids[k]);
   DiskFeatureStats s = disk.take_stats();
   EXPECT_EQ(s.windows, 1);
   EXPECT_EQ(s.read_ahead_rows, first->rows());
@@ -596,25 +605,44 @@ TEST(DiskFeatures, ReadAheadWindowsServeTheSameRowsWithoutReadingAgain) {
   EXPECT_EQ(s.cache_hits + s.read_ahead_hits, s.rows_requested);
   EXPECT_GT(s.read_ahead_hits, 0);
 
-  // The next window copies what the first still holds and reads only the rest.
+  // The next window keeps the slots of the rows the pool holds (not read again) and reads the rest
+  // into free slots.
   const std::vector<int64_t> next_ids = window_ids(disk, c);
+  std::vector<int32_t> next_slots;
+  int32_t free_slot = static_cast<int32_t>(first_ids.size());
   int64_t shared = 0;
-  for (int64_t id : next_ids) shared += first->find(id) != nullptr;
+  for (int64_t id : next_ids) {
+    const auto it = std::lower_bound(first_ids.begin(), first_ids.end(), id);
+    const bool held = it != first_ids.end() && *it == id;
+    shared += held;
+    next_slots.push_back(held ? static_cast<int32_t>(it - first_ids.begin()) : free_slot++);
+  }
   ASSERT_GT(shared, 0);
-  const auto next = disk.read_window(next_ids, first.get());
+  const auto next = disk.read_window(pool, next_ids, next_slots);
   s = disk.take_stats();
   EXPECT_EQ(s.distinct_disk_rows, next->rows() - shared);
+  EXPECT_EQ(s.read_ahead_rows, next->rows());
   std::vector<float> got(c.size() * d), want(c.size() * d);
   disk.read_rows(c.data(), static_cast<int64_t>(c.size()), got.data(), next.get());
   store.read_feature_rows(c.data(), static_cast<int64_t>(c.size()), want.data());
   EXPECT_EQ(got, want);
 
+  // A slot given another row is read again: the first window's slots, once it is gone, hold the
+  // rows of c in reverse order.
+  std::vector<int32_t> reused(next_ids.size());
+  for (size_t k = 0; k < reused.size(); ++k) reused[k] = static_cast<int32_t>(reused.size() - 1 - k);
+  const auto again = disk.read_window(pool, next_ids, reused);
+  s = disk.take_stats();
+  EXPECT_GT(s.distinct_disk_rows, 0);
+  disk.read_rows(c.data(), static_cast<int64_t>(c.size()), got.data(), again.get());
+  EXPECT_EQ(got, want);
+
   // A row no window holds is still read from disk.
   std::vector<float> one(d);
   int64_t outside = 0;
-  while (disk.is_cached(outside) || next->find(outside) != nullptr) ++outside;
+  while (disk.is_cached(outside) || again->find(outside) != nullptr) ++outside;
   disk.take_stats();
-  disk.read_rows(&outside, 1, one.data(), next.get());
+  disk.read_rows(&outside, 1, one.data(), again.get());
   EXPECT_EQ(disk.take_stats().disk_rows, 1);
 }
 
@@ -627,16 +655,19 @@ TEST(DiskFeatures, ReadAheadWindowsAreCheckedAndChargedAndRefused) {
   MemoryBudget small(64 * 1024, "--host-mem-budget");
   o.budget = &small;
   DiskFeatures disk(store, {}, o);
-  std::vector<int64_t> many(1000);
-  std::iota(many.begin(), many.end(), 0);
   // 1000 rows of 256 bytes do not fit 64 KiB: refused, nothing left charged.
-  EXPECT_THROW(disk.read_window(many, nullptr), ResourceError);
+  EXPECT_THROW(RowPool(&small, 1000, dim), ResourceError);
   EXPECT_EQ(small.in_use(), 0u);
-  EXPECT_THROW(disk.read_window({5, 5}, nullptr), InputError) << "repeats";
-  EXPECT_THROW(disk.read_window({7, 3}, nullptr), InputError) << "not ascending";
-  EXPECT_THROW(disk.read_window({3, n}, nullptr), InputError) << "not a node";
+  auto pool = std::make_shared<RowPool>(nullptr, 16, dim);
+  EXPECT_THROW(disk.read_window(pool, {5, 5}, {0, 1}), InputError) << "repeats";
+  EXPECT_THROW(disk.read_window(pool, {7, 3}, {0, 1}), InputError) << "not ascending";
+  EXPECT_THROW(disk.read_window(pool, {3, n}, {0, 1}), InputError) << "not a node";
+  EXPECT_THROW(disk.read_window(pool, {3, 4}, {1, 1}), InputError) << "one slot for two rows";
+  EXPECT_THROW(disk.read_window(pool, {3, 4}, {0, 16}), InputError) << "not a slot";
+  EXPECT_THROW(disk.read_window(pool, {3, 4}, {0}), InputError) << "a slot for each row";
 
-  // A flipped byte in a page a window reads is named with its offset.
+  // A flipped byte in a page a window reads is named with its offset, and the slots it was read
+  // into hold nothing.
   const std::string file = dir / "s.gale/features.npy";
   const std::vector<uint32_t> sums = sums_of(file);
   {
@@ -648,13 +679,14 @@ TEST(DiskFeatures, ReadAheadWindowsAreCheckedAndChargedAndRefused) {
   checked.page_sums = sums.data();
   DiskFeatures flipped(store, {}, checked);
   try {
-    flipped.read_window({1, 2, 40, 2000}, nullptr);
+    flipped.read_window(pool, {1, 2, 40, 2000}, {0, 1, 2, 3});
     FAIL() << "a flipped byte was read";
   } catch (const CorruptStoreError& e) {
     EXPECT_NE(std::string(e.what()).find("byte offset " + std::to_string(4096 + 40 * 256 / 4096 * 4096)),
               std::string::npos)
         << e.what();
   }
+  for (int64_t slot = 0; slot < 4; ++slot) EXPECT_EQ(pool->holds(slot), -1) << "slot " << slot;
 }
 
 }  // namespace

@@ -181,11 +181,12 @@ TEST(DiskTier, ReadAheadWindowsGrowFasterWhenTheGpuSamples) {
   EXPECT_EQ(train_parts::window_growth(/*gpu_sampled=*/false), 2);
 }
 
-// Windows shorter than an epoch carry the rows of the window before that later windows need (the
-// soonest needed first): a warm row needed every few windows is read once, not again by each window
-// that needs it after one that did not. Every batch still finds its rows in its window, with the
-// store's bits. The read-ahead's bookkeeping is charged to the disk tier's budget while it runs.
-TEST(ReadAhead, WindowsShorterThanAnEpochCarryWhatLaterWindowsNeed) {
+// The read-ahead's windows share one pool of rows: a warm row that windows every so often need
+// stays in the pool while later windows need it, instead of being read again by each window that
+// needs it after one that did not. Every batch still finds its rows in its window, with the store's
+// bits. The pool and the bookkeeping are charged to the disk tier's budget while the read-ahead
+// runs, within its bytes.
+TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
   const storage::Store store = storage::Store::open(sbm_store());
   const int64_t n = store.num_nodes(), dim = store.feature_dim();
   // Batch b: 100 draws, a third from 600 warm rows, the rest from every row (a pure function of b:
@@ -198,14 +199,16 @@ TEST(ReadAhead, WindowsShorterThanAnEpochCarryWhatLaterWindowsNeed) {
     return ids;
   };
   const int64_t batches = 150;
-  // Full windows of ~1,000 rows: about 11 batches each, 14 an epoch; carrying, half of that.
-  const uint64_t bytes = uint64_t{1100} * 2 * (8 + 4 * static_cast<uint64_t>(dim));
+  // The bytes of 4,400 rows: a pool of ~3,300 (the rest is bookkeeping), full windows of ~800
+  // rows, about 9 batches each, 17 an epoch.
+  const uint64_t bytes = uint64_t{4400} * (8 + 4 * static_cast<uint64_t>(dim));
   const train_parts::ReadAhead::Shape shape = train_parts::ReadAhead::shape(bytes, n, dim);
-  ASSERT_GT(shape.window_rows, 900);
-  ASSERT_LT(shape.window_rows, 1100) << "the bookkeeping comes out of the read-ahead's bytes";
-  EXPECT_LE(2 * static_cast<uint64_t>(shape.window_rows) * (8 + 4 * static_cast<uint64_t>(dim)) + shape.bookkeeping_bytes, bytes);
+  ASSERT_GT(shape.slots, 3000);
+  ASSERT_LT(shape.slots, 4400) << "the bookkeeping comes out of the read-ahead's bytes";
+  EXPECT_EQ(shape.window_rows, shape.slots / 4);
+  EXPECT_LE(shape.pool_bytes + shape.bookkeeping_bytes, bytes);
 
-  const auto read_epoch = [&](bool carry) {
+  const auto read_epoch = [&](bool keep) {
     kernels::cuda::MemoryBudget budget(uint64_t{256} << 20, "--host-mem-budget");
     storage::DiskFeatureOptions o;  // no host cache: every row is a miss
     o.budget = &budget;
@@ -215,8 +218,8 @@ TEST(ReadAhead, WindowsShorterThanAnEpochCarryWhatLaterWindowsNeed) {
     {
       train_parts::ReadAhead ahead(disk, bytes, /*growth=*/2, {0, 0, batches, inputs},
                                    [](int64_t) -> std::optional<train_parts::ReadAhead::Segment> { return std::nullopt; },
-                                   carry);
-      EXPECT_GE(budget.in_use(), fixed + shape.bookkeeping_bytes);
+                                   keep);
+      EXPECT_GE(budget.in_use(), fixed + shape.pool_bytes + shape.bookkeeping_bytes);
       for (int64_t b = 0; b < batches; ++b) {
         const std::vector<int64_t> ids = inputs(b);
         const std::shared_ptr<const storage::WindowRows> window = ahead.window_of(0, b);
@@ -235,9 +238,9 @@ TEST(ReadAhead, WindowsShorterThanAnEpochCarryWhatLaterWindowsNeed) {
     EXPECT_EQ(budget.in_use(), fixed) << "the read-ahead gives back what it charged";
     return read;
   };
-  const int64_t alone = read_epoch(false), carrying = read_epoch(true);
-  EXPECT_LT(static_cast<double>(carrying), 0.9 * static_cast<double>(alone))
-      << "carrying read " << carrying << " rows, windows alone " << alone;
+  const int64_t alone = read_epoch(false), kept = read_epoch(true);
+  EXPECT_LT(static_cast<double>(kept), 0.9 * static_cast<double>(alone))
+      << "the pool read " << kept << " rows, windows alone " << alone;
 }
 
 // One pre-sampled epoch reads each training seed once (the identity "sampler" below returns the
