@@ -118,6 +118,8 @@ DiskFeatures::DiskFeatures(const Store& store, const std::vector<int64_t>& prior
 
 DiskFeatures::~DiskFeatures() = default;
 
+uint64_t DiskFeatures::max_staging_bytes() { return kMaxStagingBytes; }
+
 template <typename Sink>
 DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages,
                                                       uint64_t max_read_bytes, uint64_t max_staging_bytes,

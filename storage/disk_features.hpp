@@ -165,6 +165,8 @@ class DiskFeatures {
   const DiskReader& reader() const { return *reader_; }
   // What the cache, staging buffers and windows are charged to (nullptr: none).
   kernels::cuda::MemoryBudget* budget() const { return options_.budget; }
+  // The most one read_rows or read_window call stages at once (charged to the budget meanwhile).
+  static uint64_t max_staging_bytes();
 
  private:
   // Bytes, requests and wall time of the reads one read_from_disk issued, and the bytes of the

@@ -148,6 +148,17 @@ class PoolPlan {
   std::vector<int64_t> last_needed_;  // per slot
 };
 
+// `bytes`, or less where the budget has less room now (other charges may have taken part of what
+// the host tier set aside), keeping room for a window's read to stage: a smaller pool, not a run
+// that stops.
+uint64_t usable_bytes(const storage::DiskFeatures& disk, uint64_t bytes) {
+  const kernels::cuda::MemoryBudget* budget = disk.budget();
+  if (budget == nullptr || budget->unlimited()) return bytes;
+  const uint64_t room = budget->limit() > budget->in_use() ? budget->limit() - budget->in_use() : 0;
+  const uint64_t staging = storage::DiskFeatures::max_staging_bytes();
+  return std::min(bytes, room > staging ? room - staging : 0);
+}
+
 int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -187,7 +198,7 @@ int64_t window_growth(bool gpu_sampled) {
 ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
                      bool keep)
     : disk_(disk),
-      shape_(shape(bytes, disk.num_nodes(), disk.feature_dim())),
+      shape_(shape(usable_bytes(disk, bytes), disk.num_nodes(), disk.feature_dim())),
       growth_(std::max<int64_t>(2, growth)),
       keep_(keep),
       bookkeeping_(disk.budget(), shape_.bookkeeping_bytes),

@@ -88,8 +88,9 @@ class ReadAhead {
 
   // Starts reading ahead from `first`; `bytes`: what the pool and the bookkeeping may hold
   // together; `growth`: how many times larger each window may be than the last (window_growth);
-  // `keep`: whether the pool keeps rows for later windows (read_ahead_keeps). Throws ResourceError
-  // when the disk tier's budget refuses the pool or the bookkeeping.
+  // `keep`: whether the pool keeps rows for later windows (read_ahead_keeps). Where the disk tier's
+  // budget has less room than `bytes` (and a window's staging), the pool is smaller. Throws
+  // ResourceError when the budget refuses even the smallest pool.
   ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
             bool keep = read_ahead_keeps());
   // Stops the threads (after the read under way) and frees the windows.
