@@ -210,9 +210,11 @@ struct EpochMetrics {
   int64_t host_to_gpu_bytes = 0;
   // Mini-batch with the features on disk (storage/host_features.hpp): rows served by the host
   // cache and from disk, the bytes the reads moved and the rows' own bytes among them (their ratio
-  // is the read amplification), and the seconds spent reading.
+  // is the read amplification), the read requests issued (runs of pages merged: against
+  // disk_read_s, the rate to set beside `gale bench io`'s), and the seconds spent reading.
   int64_t host_cache_hits = 0, disk_rows = 0;
   uint64_t disk_bytes_read = 0, useful_disk_bytes = 0;
+  int64_t disk_read_requests = 0;
   double disk_read_s = 0;
   // With read-ahead: rows served from its windows, windows read, the bytes of the distinct 4 KiB
   // pages the reads needed (the plan's lower bound reads these at random or passes over them),

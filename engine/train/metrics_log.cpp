@@ -94,6 +94,7 @@ void MetricsLog::epoch(const EpochMetrics& m, const FeaturePlacement& placement)
     j["disk_bytes_read"] = m.disk_bytes_read;
     j["useful_disk_bytes"] = m.useful_disk_bytes;
     j["disk_read_s"] = m.disk_read_s;
+    j["disk_read_requests"] = m.disk_read_requests;
     j["needed_disk_bytes"] = m.needed_disk_bytes;
     j["read_ahead_hits"] = m.read_ahead_hits;
     j["read_ahead_windows"] = m.read_ahead_windows;

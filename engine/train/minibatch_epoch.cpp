@@ -657,6 +657,7 @@ void MiniBatchEpochs::take_disk_stats(EpochMetrics* m) {
   m->disk_bytes_read = d.disk_bytes;
   m->useful_disk_bytes = d.useful_bytes;
   m->disk_read_s = d.read_seconds;
+  m->disk_read_requests = d.read_calls;
   m->needed_disk_bytes = d.needed_bytes;
   m->read_ahead_hits = d.read_ahead_hits;
   m->read_ahead_windows = d.windows;

@@ -157,6 +157,8 @@ TEST(DiskTier, ReadAheadWindowsTrainBitForBitAsInMemory) {
     EXPECT_GE(m.disk_bytes_read, m.needed_disk_bytes);
     EXPECT_GE(m.needed_disk_bytes, m.useful_disk_bytes);
     EXPECT_GE(m.read_ahead_wait_s, 0.0);
+    EXPECT_GT(m.disk_read_requests, 0);
+    EXPECT_LE(static_cast<uint64_t>(m.disk_read_requests) * 4096, m.disk_bytes_read) << "a request reads whole pages";
   }
   EXPECT_LE(windows, batches) << "a window holds at least one batch";
 
