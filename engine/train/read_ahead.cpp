@@ -41,10 +41,10 @@ int64_t window_share() {  // GALE_READ_AHEAD_SHARE (>= 2) overrides it, for meas
 // pool keeps (bench/readahead_sim.py --pool-horizon: 8 read 0.56x, 4 0.65x, the whole future 0.50x).
 constexpr size_t kHorizon = 8;
 
-// Bookkeeping per pool slot (ReadAhead::shape): the plan's row and slot (16), free-slot entry (4)
-// and last use (8), and what choosing the rows to drop holds (the candidates' index, next use and
-// order: 24).
-constexpr uint64_t kPlanBytesPerSlot = 16 + 4 + 8 + 24;
+// Bookkeeping per pool slot (ReadAhead::shape): the plan's row and slot (16; twice while a
+// window's new rows are merged in), free-slot entry (4) and last use (8), and what choosing the
+// rows to drop holds (the candidates' index, next use and order: 24).
+constexpr uint64_t kPlanBytesPerSlot = 2 * 16 + 4 + 8 + 24;
 // The windows whose ids and slots (12 bytes a row) are held at once: those planned ahead, the one
 // being grown, the one handed over, its copy as the live window, the two read and alive.
 constexpr uint64_t kWindowLists = kHorizon + 5;
