@@ -27,7 +27,7 @@ void check_batch_size(int64_t batch_size) {
 }  // namespace
 
 EpochPlan::EpochPlan(const std::vector<int64_t>& seeds, int64_t batch_size, uint64_t seed, int64_t epoch, int workers,
-                     int rank)
+                     int rank, const int64_t* indptr)
     : order_(seeds), batch_size_(batch_size), workers_(workers), rank_(rank) {
   check_batch_size(batch_size);
   if (workers < 1 || rank < 0 || rank >= workers)
@@ -35,6 +35,46 @@ EpochPlan::EpochPlan(const std::vector<int64_t>& seeds, int64_t batch_size, uint
   shuffle(&order_, kernels::derive_key(seed ^ 0x5eed5eedULL, static_cast<uint64_t>(epoch)));
   const int64_t step = batch_size * workers;
   num_batches_ = (static_cast<int64_t>(order_.size()) + step - 1) / step;
+  if (workers > 1 && indptr != nullptr) balance_steps(indptr);
+}
+
+void EpochPlan::balance_steps(const int64_t* indptr) {
+  const auto degree = [indptr](int64_t v) { return indptr[v + 1] - indptr[v]; };
+  std::vector<int64_t> by_degree, step_seeds;
+  std::vector<std::vector<int64_t>> slices(static_cast<size_t>(workers_));
+  std::vector<int64_t> room(static_cast<size_t>(workers_));
+  for (int64_t b = 0; b < num_batches_; ++b) {
+    const int64_t first = begin(b, 0), len = step_length(b);
+    step_seeds.assign(order_.begin() + first, order_.begin() + first + len);
+    // Positions in the step, largest in-degree first (ties: shuffled order).
+    by_degree.resize(static_cast<size_t>(len));
+    for (int64_t i = 0; i < len; ++i) by_degree[static_cast<size_t>(i)] = i;
+    std::stable_sort(by_degree.begin(), by_degree.end(), [&](int64_t x, int64_t y) {
+      return degree(step_seeds[static_cast<size_t>(x)]) > degree(step_seeds[static_cast<size_t>(y)]);
+    });
+    for (int r = 0; r < workers_; ++r) {
+      slices[static_cast<size_t>(r)].clear();
+      room[static_cast<size_t>(r)] = begin(b, r + 1) - begin(b, r);
+    }
+    // Snake order over the slices with room left (a full slice is passed over).
+    int r = 0, direction = 1;
+    const auto advance = [&] {
+      r += direction;
+      if (r == workers_) r = workers_ - 1, direction = -1;
+      if (r < 0) r = 0, direction = 1;
+    };
+    for (int64_t i : by_degree) {
+      while (room[static_cast<size_t>(r)] == 0) advance();
+      slices[static_cast<size_t>(r)].push_back(i);
+      --room[static_cast<size_t>(r)];
+      advance();
+    }
+    int64_t at = first;
+    for (std::vector<int64_t>& slice : slices) {
+      std::sort(slice.begin(), slice.end());  // the shuffled order within a slice
+      for (int64_t i : slice) order_[static_cast<size_t>(at++)] = step_seeds[static_cast<size_t>(i)];
+    }
+  }
 }
 
 EpochPlan::EpochPlan(const std::vector<std::vector<int64_t>>& pools, int64_t batch_size, uint64_t seed, int64_t epoch,

@@ -7,7 +7,13 @@
 //   - sliced (no partitions): the shuffled ids are cut into steps of batch_size x workers, and
 //     worker `rank` trains on the rank-th of `workers` near-equal slices of each step (sizes differ
 //     by at most one), so every worker takes the same number of steps, and step b's slices together
-//     are exactly the batch b of a single worker with batch_size x workers;
+//     are exactly the seeds of batch b of a single worker with batch_size x workers. Given the
+//     graph's row offsets, each step's seeds are dealt to the slices by in-degree, largest first,
+//     in snake order (0, 1, .., W-1, W-1, .., 0, 0, ..): a seed's sampled subtree grows with its
+//     in-degree and a step waits for its slowest worker, so slices of like degrees finish
+//     together. Simulated on R-MAT 20 (15,10,5, 1024 a worker), the largest slice's sampled nodes
+//     over the mean fell from 1.011 to 1.002 on 2 workers and from 1.025 to 1.005 on 4. A slice
+//     keeps its seeds' shuffled order; the step's seeds, and so what it sums, do not change;
 //   - partition-aware (a store with partition.npy): each worker owns a pool of seeds drawn from its
 //     own parts (balance_seed_pools), shuffled per epoch and worker, so its batches share
 //     neighbours; every worker takes as many steps as the largest pool needs, a worker that has run
@@ -21,9 +27,10 @@ namespace gale::scheduler {
 
 class EpochPlan {
  public:
-  // One worker, or the sliced split for worker `rank` of `workers`.
+  // One worker, or the sliced split for worker `rank` of `workers`; `indptr` (the graph's row
+  // offsets by destination, nullable): the slices balanced by in-degree.
   EpochPlan(const std::vector<int64_t>& seeds, int64_t batch_size, uint64_t seed, int64_t epoch, int workers = 1,
-            int rank = 0);
+            int rank = 0, const int64_t* indptr = nullptr);
   // Partition-aware: worker `rank` trains on pools[rank].
   EpochPlan(const std::vector<std::vector<int64_t>>& pools, int64_t batch_size, uint64_t seed, int64_t epoch, int rank);
   // One worker, the seeds unshuffled: batch b is seeds[b * batch_size, (b + 1) * batch_size)
@@ -43,6 +50,8 @@ class EpochPlan {
   // rank_ or rank_ + 1 for its end).
   int64_t begin(int64_t b, int r) const;
   EpochPlan(std::vector<int64_t> order, int64_t batch_size);  // in_order's
+  // Deals each step's seeds to the slices by in-degree (the header).
+  void balance_steps(const int64_t* indptr);
 
   std::vector<int64_t> order_;
   int64_t batch_size_;

@@ -574,10 +574,25 @@ MiniBatchEpochs::MiniBatchEpochs(const TrainRun& run, Replicas& replicas)
 
 MiniBatchEpochs::~MiniBatchEpochs() = default;
 
+namespace {
+
+// Whether several workers' slices of a step are balanced by in-degree (scheduler/epoch_plan.hpp);
+// GALE_BALANCE_STEPS=0 cuts them as shuffled, for measuring.
+bool balance_steps() {
+  static const bool balance = [] {
+    const char* env = std::getenv("GALE_BALANCE_STEPS");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return balance;
+}
+
+}  // namespace
+
 scheduler::EpochPlan MiniBatchEpochs::plan(int64_t epoch, int rank) const {
   const TrainOptions& opt = run_.opt();
   return run_.seeds_by_partition() ? scheduler::EpochPlan(seed_pools_, opt.batch_size, opt.seed, epoch, rank)
-                                   : scheduler::EpochPlan(run_.train_ids(), opt.batch_size, opt.seed, epoch, run_.world(), rank);
+                                   : scheduler::EpochPlan(run_.train_ids(), opt.batch_size, opt.seed, epoch, run_.world(),
+                                                          rank, balance_steps() ? run_.store().indptr() : nullptr);
 }
 
 ReadAhead* MiniBatchEpochs::read_ahead_for(int local, int64_t epoch, int64_t first) {

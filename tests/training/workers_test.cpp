@@ -75,6 +75,58 @@ TEST(Workers, StepSlicesPartitionTheCombinedBatch) {
   }
 }
 
+// Given the graph's row offsets, each step's seeds are dealt to the workers by in-degree (snake
+// order): the same seeds a step, the same slice sizes, each slice in its shuffled order, and the
+// slices' degree sums far closer than cut as shuffled.
+TEST(Workers, StepSlicesBalancedByInDegreeKeepEachStepsSeeds) {
+  const int64_t n = 5000;
+  std::vector<int64_t> indptr(static_cast<size_t>(n) + 1, 0);
+  for (int64_t v = 0; v < n; ++v)  // heavy-tailed in-degrees: a few hubs, most nodes small
+    indptr[static_cast<size_t>(v) + 1] = indptr[static_cast<size_t>(v)] + (v % 97 == 0 ? 400 + v % 300 : 1 + v % 7);
+  std::vector<int64_t> ids(1003);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 4 + 1;
+  const auto degree = [&](int64_t v) { return indptr[static_cast<size_t>(v) + 1] - indptr[static_cast<size_t>(v)]; };
+  for (const int workers : {2, 3, 4}) {
+    std::vector<scheduler::EpochPlan> cut, balanced;
+    for (int r = 0; r < workers; ++r) {
+      cut.emplace_back(ids, 100, 7, 2, workers, r);
+      balanced.emplace_back(ids, 100, 7, 2, workers, r, indptr.data());
+    }
+    double spread_cut = 0, spread_balanced = 0;
+    for (int64_t b = 0; b < cut[0].num_batches(); ++b) {
+      std::vector<int64_t> step_cut, step_balanced;
+      std::vector<int64_t> sums_cut, sums_balanced;
+      for (int r = 0; r < workers; ++r) {
+        const scheduler::EpochPlan &c = cut[static_cast<size_t>(r)], &p = balanced[static_cast<size_t>(r)];
+        ASSERT_EQ(p.batch_length(b), c.batch_length(b));
+        step_cut.insert(step_cut.end(), c.batch(b), c.batch(b) + c.batch_length(b));
+        step_balanced.insert(step_balanced.end(), p.batch(b), p.batch(b) + p.batch_length(b));
+        int64_t sum_c = 0, sum_p = 0;
+        for (int64_t i = 0; i < c.batch_length(b); ++i) sum_c += degree(c.batch(b)[i]), sum_p += degree(p.batch(b)[i]);
+        sums_cut.push_back(sum_c);
+        sums_balanced.push_back(sum_p);
+      }
+      const std::vector<int64_t> shuffled = step_cut;
+      std::sort(step_cut.begin(), step_cut.end());
+      std::vector<int64_t> sorted_balanced = step_balanced;
+      std::sort(sorted_balanced.begin(), sorted_balanced.end());
+      EXPECT_EQ(sorted_balanced, step_cut) << workers << " workers, step " << b;
+      for (const scheduler::EpochPlan& p : balanced) {  // each slice in the step's shuffled order
+        std::vector<int64_t> positions;
+        for (int64_t i = 0; i < p.batch_length(b); ++i)
+          positions.push_back(std::find(shuffled.begin(), shuffled.end(), p.batch(b)[i]) - shuffled.begin());
+        EXPECT_TRUE(std::is_sorted(positions.begin(), positions.end())) << workers << " workers, step " << b;
+      }
+      const auto spread = [](const std::vector<int64_t>& sums) {
+        return static_cast<double>(*std::max_element(sums.begin(), sums.end()) - *std::min_element(sums.begin(), sums.end()));
+      };
+      spread_cut += spread(sums_cut);
+      spread_balanced += spread(sums_balanced);
+    }
+    EXPECT_LT(spread_balanced, 0.5 * spread_cut) << workers << " workers";
+  }
+}
+
 TEST(Workers, TwoWorkersEndWhereOneWorkerOnTheCombinedBatchEnds) {
   std::vector<double> one_loss, two_loss;
   const TrainOptions one = options(1, 32, 3, "one");
