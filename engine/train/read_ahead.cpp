@@ -43,8 +43,8 @@ constexpr size_t kHorizon = 8;
 
 // Bookkeeping per pool slot (ReadAhead::shape): the plan's row and slot (16; twice while a
 // window's new rows are merged in), free-slot entry (4) and last use (8), and what choosing the
-// rows to drop holds (the candidates' index, next use and order: 24).
-constexpr uint64_t kPlanBytesPerSlot = 2 * 16 + 4 + 8 + 24;
+// rows to drop holds (the candidates' index 8, id 8, first later use 8, and key with index 16: 40).
+constexpr uint64_t kPlanBytesPerSlot = 2 * 16 + 4 + 8 + 40;
 // The windows whose ids and slots (12 bytes a row) are held at once: those planned ahead, the one
 // being grown, the one handed over, its copy as the live window, the two read and alive.
 constexpr uint64_t kWindowLists = kHorizon + 5;
@@ -113,31 +113,27 @@ class PoolPlan {
                                    const std::vector<const std::vector<int64_t>*>& later) const {
     if (drop == 0) return {};
     constexpr int64_t kNever = INT64_MAX;
-    std::vector<int64_t> next(spare.size(), kNever);  // the first later window that needs each
-    for (size_t j = 0; j < later.size(); ++j) {
+    std::vector<int64_t> next(spare.size());  // the spare rows' ids, then the first later window that needs each
+    for (size_t i = 0; i < spare.size(); ++i) next[i] = held_[spare[i]].first;
+    std::vector<int64_t> first_use(spare.size(), kNever);
+    for (size_t j = later.size(); j-- > 0;) {  // the latest first: the soonest writes last
       const std::vector<int64_t>& ids = *later[j];
-      for (size_t i = 0, x = 0; i < spare.size(); ++i) {
-        const int64_t id = held_[spare[i]].first;
-        while (x < ids.size() && ids[x] < id) ++x;
-        if (x < ids.size() && ids[x] == id && next[i] == kNever) next[i] = static_cast<int64_t>(j);
+      for (size_t i = 0, x = 0; i < spare.size() && x < ids.size(); ++i) {
+        while (x < ids.size() && ids[x] < next[i]) ++x;
+        if (x < ids.size() && ids[x] == next[i]) first_use[i] = static_cast<int64_t>(j);
       }
     }
-    // Dropped first: not needed ahead (then the oldest last use), then the latest next use.
-    const auto key = [&](size_t i) {
-      return next[i] == kNever ? std::pair<int, int64_t>{0, last_needed_[static_cast<size_t>(held_[spare[i]].second)]}
-                               : std::pair<int, int64_t>{1, -next[i]};
-    };
-    std::vector<size_t> order(spare.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(drop - 1), order.end(),
-                     [&](size_t x, size_t y) { return key(x) < key(y); });
+    next = std::move(first_use);
+    // Dropped first: not needed ahead (then the oldest last use), then the latest next use; one
+    // key each, computed once.
+    constexpr int64_t kNeeded = int64_t{1} << 62;
+    std::vector<std::pair<int64_t, size_t>> keyed(spare.size());
+    for (size_t i = 0; i < spare.size(); ++i)
+      keyed[i] = {next[i] == kNever ? last_needed_[static_cast<size_t>(held_[spare[i]].second)] : kNeeded - next[i], i};
+    std::nth_element(keyed.begin(), keyed.begin() + static_cast<std::ptrdiff_t>(drop - 1), keyed.end());
     std::vector<size_t> chosen;
     chosen.reserve(drop);
-    const auto cut = key(order[drop - 1]);
-    for (size_t i = 0; i < spare.size() && chosen.size() < drop; ++i)
-      if (key(i) < cut) chosen.push_back(spare[i]);
-    for (size_t i = 0; i < spare.size() && chosen.size() < drop; ++i)
-      if (key(i) == cut) chosen.push_back(spare[i]);
+    for (size_t i = 0; i < drop; ++i) chosen.push_back(spare[keyed[i].second]);
     std::sort(chosen.begin(), chosen.end());
     return chosen;
   }
