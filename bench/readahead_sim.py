@@ -37,6 +37,30 @@ import sys
 import numpy as np
 
 
+class Graph:
+    """A store's topology and training seeds, and Gale's sampling over them (uniform neighbours per
+    hop, here with replacement). bench/step_balance_sim.py uses it too."""
+
+    def __init__(self, store, fanouts, seed):
+        self.fanouts = [int(f) for f in fanouts.split(",")]
+        self.indptr = np.load(os.path.join(store, "graph/indptr.npy"))
+        self.indices = np.load(os.path.join(store, "graph/indices.npy"), mmap_mode="r")
+        self.train = np.load(os.path.join(store, "splits/train.npy"))
+        self.deg = np.diff(self.indptr)
+        self.rng = np.random.default_rng(seed)
+
+    def hops(self, seeds):
+        """The node sets of the seeds and each hop after (each includes the one before)."""
+        nodes, out = seeds, [seeds]
+        for k in self.fanouts:
+            has = self.deg[nodes] > 0
+            src, d = nodes[has], self.deg[nodes][has]
+            offsets = (self.indptr[src][:, None] + (self.rng.random((len(src), k)) * d[:, None]).astype(np.int64)).ravel()
+            nodes = np.unique(np.concatenate([nodes, self.indices[offsets]]))
+            out.append(nodes)
+        return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("store")
@@ -60,21 +84,11 @@ def main():
         sys.exit("readahead_sim.py: expected --cache-rows >= 0, --window-rows >= 16, --epochs >= 1, --batch-size >= 1")
     if not 0 <= a.carry_fill <= 1 or a.carry_horizon < 0:
         sys.exit("readahead_sim.py: expected --carry-fill in [0, 1] (0: no carrying) and --carry-horizon >= 0")
-    fanouts = [int(f) for f in a.fanouts.split(",")]
-    indptr = np.load(os.path.join(a.store, "graph/indptr.npy"))
-    indices = np.load(os.path.join(a.store, "graph/indices.npy"), mmap_mode="r")
-    train = np.load(os.path.join(a.store, "splits/train.npy"))
-    deg = np.diff(indptr)
-    rng = np.random.default_rng(a.seed)
+    graph = Graph(a.store, a.fanouts, a.seed)
+    train, deg, rng = graph.train, graph.deg, graph.rng
 
     def inputs(seeds):
-        nodes = seeds
-        for k in fanouts:
-            has = deg[nodes] > 0
-            src, d = nodes[has], deg[nodes][has]
-            picks = indices[(indptr[src][:, None] + (rng.random((len(src), k)) * d[:, None]).astype(np.int64)).ravel()]
-            nodes = np.unique(np.concatenate([nodes, picks]))
-        return nodes
+        return graph.hops(seeds)[-1]
 
     cached = np.zeros(len(deg), dtype=bool)
     cached[np.argsort(-deg, kind="stable")[:a.cache_rows]] = True

@@ -15,8 +15,12 @@ usage: step_balance_sim.py STORE WORKERS [--batch-size 1024] [--fanouts 15,10,5]
 """
 import argparse
 import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from readahead_sim import Graph  # noqa: E402
 
 
 def main():
@@ -30,22 +34,11 @@ def main():
     a = p.parse_args()
     if a.workers < 2 or a.batch_size < 1 or a.steps < 1:
         raise SystemExit("step_balance_sim.py: expected WORKERS >= 2, --batch-size >= 1, --steps >= 1")
-    fanouts = [int(f) for f in a.fanouts.split(",")]
-    indptr = np.load(os.path.join(a.store, "graph/indptr.npy"))
-    indices = np.load(os.path.join(a.store, "graph/indices.npy"), mmap_mode="r")
-    train = np.load(os.path.join(a.store, "splits/train.npy"))
-    deg = np.diff(indptr)
-    rng = np.random.default_rng(a.seed)
+    graph = Graph(a.store, a.fanouts, a.seed)
+    deg = graph.deg
 
     def sampled_nodes(seeds):
-        nodes, total = seeds, len(seeds)
-        for k in fanouts:
-            has = deg[nodes] > 0
-            src, d = nodes[has], deg[nodes][has]
-            picks = indices[(indptr[src][:, None] + (rng.random((len(src), k)) * d[:, None]).astype(np.int64)).ravel()]
-            nodes = np.unique(np.concatenate([nodes, picks]))
-            total += len(nodes)
-        return total
+        return sum(len(nodes) for nodes in graph.hops(seeds))
 
     def snake(step):
         slices = [[] for _ in range(a.workers)]
@@ -54,7 +47,7 @@ def main():
             slices[pos if turn % 2 == 0 else a.workers - 1 - pos].append(v)
         return [np.array(s) for s in slices]
 
-    order = rng.permutation(train)
+    order = graph.rng.permutation(graph.train)
     width = a.batch_size * a.workers
     cut, dealt = [], []
     for s in range(min(a.steps, len(order) // width)):

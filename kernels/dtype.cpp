@@ -81,15 +81,6 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
-// Loads element i of an array of T that may sit at any byte address (a user's .npy may pad its
-// header to any length, so its data need not be aligned to its element size).
-template <typename T>
-T load_unaligned(const void* src, size_t i) {
-  T v;
-  std::memcpy(&v, static_cast<const char*>(src) + i * sizeof(T), sizeof(T));
-  return v;
-}
-
 void convert_to_f32(DType from, const void* src, float* dst, size_t n) {
   switch (from) {
     case DType::kF32: std::memcpy(dst, src, n * 4); return;

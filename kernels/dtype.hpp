@@ -42,7 +42,17 @@ inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 
-// Converts n values of type `from` at src into f32 at dst (from may be f32, f16, bf16, f64).
+// Element i of an array of T that may sit at any byte address (a user's .npy may pad its header to
+// any length, so its data need not be aligned to its element size).
+template <typename T>
+T load_unaligned(const void* src, size_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const char*>(src) + i * sizeof(T), sizeof(T));
+  return v;
+}
+
+// Converts n values of type `from` at src (at any address) into f32 at dst (from may be f32,
+// f16, bf16, f64).
 void convert_to_f32(DType from, const void* src, float* dst, size_t n);
 // Converts n f32 values into type `to` (f32, f16, bf16) at dst.
 void convert_from_f32(DType to, const float* src, void* dst, size_t n);

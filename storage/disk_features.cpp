@@ -351,7 +351,7 @@ RowPool::RowPool(MemoryBudget* budget, int64_t slots, int64_t dim)
   if (slots < 1 || slots > INT32_MAX || dim < 1)
     throw InternalError("RowPool: expected 1 to 2^31 - 1 slots of dim >= 1, found " + std::to_string(slots) + " x " +
                         std::to_string(dim));
-  bytes_ = static_cast<uint64_t>(slots) * (static_cast<uint64_t>(dim) * sizeof(float) + sizeof(int64_t));
+  bytes_ = static_cast<uint64_t>(slots) * bytes_per_slot(dim);
   if (budget_) budget_->charge(bytes_);
   try {
     rows_.resize(static_cast<size_t>(slots) * static_cast<size_t>(dim));

@@ -68,6 +68,8 @@ class RowPool {
 
   int64_t slots() const { return slots_; }
   uint64_t bytes() const { return bytes_; }
+  // What each slot charges: its f32 row of `dim` and the id it holds.
+  static uint64_t bytes_per_slot(int64_t dim) { return static_cast<uint64_t>(dim) * sizeof(float) + sizeof(int64_t); }
   // The row slot s holds, or -1 (none yet, or its read failed).
   int64_t holds(int64_t slot) const { return holds_[static_cast<size_t>(slot)]; }
 

@@ -77,17 +77,10 @@ struct UserArray {
     data = MappedArray(p, header);
   }
   bool is_int() const { return header.dtype == DType::kI32 || header.dtype == DType::kI64; }
-  // memcpy, not a cast: a header padded to any length leaves the data at any byte address.
+  // Not a cast: a header padded to any length leaves the data at any byte address.
   int64_t int_at(int64_t i) const {
-    const char* at = static_cast<const char*>(data.data());
-    if (header.dtype == DType::kI32) {
-      int32_t v;
-      std::memcpy(&v, at + static_cast<size_t>(i) * sizeof v, sizeof v);
-      return v;
-    }
-    int64_t v;
-    std::memcpy(&v, at + static_cast<size_t>(i) * sizeof v, sizeof v);
-    return v;
+    const auto k = static_cast<size_t>(i);
+    return header.dtype == DType::kI32 ? load_unaligned<int32_t>(data.data(), k) : load_unaligned<int64_t>(data.data(), k);
   }
 };
 

@@ -73,9 +73,11 @@ class PoolPlan {
       if (h < held_.size() && held_[h].first == w[k]) slots[k] = held_[h].second;
       else ++fresh;
     }
-    // Rows neither window needs may give up their slots (indices into held_, ascending rows).
+    // Rows neither window needs may give up their slots (indices into held_, ascending rows);
+    // looked for only where the free slots do not suffice, or nothing is kept.
     std::vector<size_t> spare;
-    for (size_t h = 0, a = 0, b = 0; h < held_.size(); ++h) {
+    const bool short_of_room = fresh > free_.size();
+    for (size_t h = 0, a = 0, b = 0; (short_of_room || !keep_) && h < held_.size(); ++h) {
       const int64_t id = held_[h].first;
       while (a < w.size() && w[a] < id) ++a;
       while (b < live.size() && live[b] < id) ++b;
@@ -83,7 +85,7 @@ class PoolPlan {
       spare.push_back(h);
     }
     if (fresh > free_.size() + spare.size()) return {};
-    const size_t drop = !keep_ ? spare.size() : fresh > free_.size() ? fresh - free_.size() : 0;
+    const size_t drop = !keep_ ? spare.size() : short_of_room ? fresh - free_.size() : 0;
     if (drop < spare.size()) spare = choose_drops(spare, drop, later);
     for (size_t h : spare) {
       free_.push_back(held_[h].second);
@@ -113,17 +115,15 @@ class PoolPlan {
                                    const std::vector<const std::vector<int64_t>*>& later) const {
     if (drop == 0) return {};
     constexpr int64_t kNever = INT64_MAX;
-    std::vector<int64_t> next(spare.size());  // the spare rows' ids, then the first later window that needs each
-    for (size_t i = 0; i < spare.size(); ++i) next[i] = held_[spare[i]].first;
-    std::vector<int64_t> first_use(spare.size(), kNever);
+    std::vector<int64_t> rows(spare.size()), next(spare.size(), kNever);  // next: the first later window needing it
+    for (size_t i = 0; i < spare.size(); ++i) rows[i] = held_[spare[i]].first;
     for (size_t j = later.size(); j-- > 0;) {  // the latest first: the soonest writes last
       const std::vector<int64_t>& ids = *later[j];
-      for (size_t i = 0, x = 0; i < spare.size() && x < ids.size(); ++i) {
-        while (x < ids.size() && ids[x] < next[i]) ++x;
-        if (x < ids.size() && ids[x] == next[i]) first_use[i] = static_cast<int64_t>(j);
+      for (size_t i = 0, x = 0; i < rows.size() && x < ids.size(); ++i) {
+        while (x < ids.size() && ids[x] < rows[i]) ++x;
+        if (x < ids.size() && ids[x] == rows[i]) next[i] = static_cast<int64_t>(j);
       }
     }
-    next = std::move(first_use);
     // Dropped first: not needed ahead (then the oldest last use), then the latest next use; one
     // key each, computed once.
     constexpr int64_t kNeeded = int64_t{1} << 62;
@@ -172,7 +172,7 @@ bool read_ahead_keeps() {
 ReadAhead::Shape ReadAhead::shape(uint64_t bytes, int64_t num_nodes, int64_t dim) {
   Shape s;
   const uint64_t seen = (static_cast<uint64_t>(num_nodes) / 64 + 1) * sizeof(uint64_t);
-  const uint64_t row = static_cast<uint64_t>(dim) * sizeof(float) + sizeof(int64_t);  // a pool slot (RowPool)
+  const uint64_t row = storage::RowPool::bytes_per_slot(dim);
   const uint64_t per_slot = row + kPlanBytesPerSlot + kWindowLists * kWindowBytesPerRow / static_cast<uint64_t>(window_share());
   s.slots = std::clamp<int64_t>(static_cast<int64_t>(bytes > seen ? (bytes - seen) / per_slot : 0), window_share(),
                                 INT32_MAX);
