@@ -1,18 +1,17 @@
-// `gale bench io STORE [--seconds 3] [--queue-depth 64] [--io-engine auto|io_uring|pread] [--json]`:
+// `gale bench io STORE [--seconds 3] [--queue-depth 64] [--io-engine auto|io_uring|pread] [--json] [--sweep]`:
 // this disk's ceilings for the disk tier, measured with the reader training uses
 // (storage/disk_reader.hpp: O_DIRECT, io_uring or the pread pool) on the store's features.npy:
-// random 4 KiB reads, random 64 KiB reads, and a sequential pass in 1 MiB reads. A user sees the
-// ceiling beside what training achieves (the metrics' disk_bytes_read / disk_read_s). Run it with
-// the page cache dropped for a cold disk (O_DIRECT bypasses the cache either way, but the device's
+// random 4 KiB reads, random 64 KiB reads, and a sequential pass in 1 MiB reads, then what a request
+// costs in pages read in bulk (storage::request_pages, which the disk tier's window reads are
+// planned with). A user sees the ceiling beside what training achieves (the metrics'
+// disk_bytes_read / disk_read_s). Run it with the page cache dropped for a cold disk (O_DIRECT bypasses the cache either way, but the device's
 // own cache may hold a file read just before).
 #include <boost/program_options.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -34,39 +33,15 @@ struct AlignedFree {
 
 struct Ceiling {
   std::string name;
-  uint64_t read_bytes = 0;
-  int64_t reads = 0;
-  double seconds = 0;
+  storage::ReadCeiling read;
 };
 
-// Reads of `size` bytes at random aligned offsets (or one after the other with `sequential`), `depth`
-// at a time, for about `seconds`.
 Ceiling measure(storage::DiskReader& reader, const std::string& name, uint32_t size, bool sequential, int depth,
                 double seconds, uint64_t seed) {
-  // A file smaller than the read size is read whole (in pages) each time.
-  size = static_cast<uint32_t>(std::min<uint64_t>(size, reader.file_size() / 4096 * 4096));
-  if (size == 0) throw InputError(reader.path().string() + ": smaller than one 4096-byte page");
-  const uint64_t slots = reader.file_size() / size;
-  std::unique_ptr<void, AlignedFree> buffer(std::aligned_alloc(4096, static_cast<size_t>(size) * depth));
-  if (!buffer) throw ResourceError("bench io: cannot allocate " + std::to_string(size * depth) + " bytes of staging");
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<uint64_t> pick(0, slots - 1);
-  std::vector<storage::ReadRequest> batch(static_cast<size_t>(depth));
-  Ceiling c;
-  c.name = name;
-  uint64_t next = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  do {
-    for (int i = 0; i < depth; ++i) {
-      const uint64_t slot = sequential ? next++ % slots : pick(rng);
-      batch[static_cast<size_t>(i)] = {slot * size, size, static_cast<char*>(buffer.get()) + static_cast<size_t>(i) * size};
-    }
-    reader.read(batch.data(), batch.size());
-    c.reads += depth;
-    c.read_bytes += static_cast<uint64_t>(size) * static_cast<uint64_t>(depth);
-    c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (c.seconds < seconds && !(sequential && next >= slots));
-  return c;
+  const size_t bytes = static_cast<size_t>(size) * static_cast<size_t>(depth);
+  std::unique_ptr<void, AlignedFree> buffer(std::aligned_alloc(storage::kDirectAlignment, bytes));
+  if (!buffer) throw ResourceError("bench io: cannot allocate " + std::to_string(bytes) + " bytes of staging");
+  return {name, storage::measure_reads(reader, size, sequential, depth, seconds, seed, buffer.get())};
 }
 
 }  // namespace
@@ -75,12 +50,13 @@ int run_bench_io(const std::vector<std::string>& args) {
   std::string store_path, engine = "auto";
   double seconds = 3;
   int depth = 64;
-  bool json = false;
+  bool json = false, sweep = false;
   po::options_description desc("usage: gale bench io STORE [options]\n\noptions");
   desc.add_options()("help,h", "show this help")("store", po::value(&store_path), "store directory")(
       "seconds", po::value(&seconds), "time per measurement (default 3)")(
       "queue-depth", po::value(&depth), "reads in flight (default 64)")(
-      "io-engine", po::value(&engine), "auto | io_uring | pread")("json", po::bool_switch(&json), "one JSON line per row");
+      "io-engine", po::value(&engine), "auto | io_uring | pread")("json", po::bool_switch(&json), "one JSON line per row")(
+      "sweep", po::bool_switch(&sweep), "also random reads of 8, 16, 32, 128 and 256 KiB");
   po::positional_options_description pos;
   pos.add("store", 1);
   po::variables_map vm;
@@ -96,18 +72,30 @@ int run_bench_io(const std::vector<std::string>& args) {
   rows.push_back(measure(*reader, "random 4 KiB", 4096, false, depth, seconds, 1));
   rows.push_back(measure(*reader, "random 64 KiB", 65536, false, depth, seconds, 2));
   rows.push_back(measure(*reader, "sequential 1 MiB", 1 << 20, true, std::min(depth, 16), seconds, 3));
+  if (sweep)  // the sizes between: where reads stop being bound by requests
+    for (const uint32_t kib : {8u, 16u, 32u, 128u, 256u})
+      rows.push_back(measure(*reader, "random " + std::to_string(kib) + " KiB", kib << 10, false, depth, seconds, 3 + kib));
   if (!json)
     std::printf("features.npy %s, %s%s, queue depth %d\n", kernels::cuda::format_bytes(reader->file_size()).c_str(),
                 reader->engine_name(), reader->direct() ? " (O_DIRECT)" : " (buffered: O_DIRECT refused)", depth);
   for (const Ceiling& c : rows) {
-    const double mbps = static_cast<double>(c.read_bytes) / c.seconds / 1e6, iops = static_cast<double>(c.reads) / c.seconds;
+    const double mbps = c.read.bytes_per_s() / 1e6, iops = c.read.reads_per_s();
     if (json)
       std::printf("{\"bench\":\"io\",\"read\":\"%s\",\"engine\":\"%s\",\"direct\":%s,\"queue_depth\":%d,\"reads_per_s\":%.0f,"
                   "\"mb_per_s\":%.1f,\"seconds\":%.3f}\n",
-                  c.name.c_str(), reader->engine_name(), reader->direct() ? "true" : "false", depth, iops, mbps, c.seconds);
+                  c.name.c_str(), reader->engine_name(), reader->direct() ? "true" : "false", depth, iops, mbps,
+                  c.read.seconds);
     else
       std::printf("  %-18s %10.0f reads/s %9.1f MB/s\n", c.name.c_str(), iops, mbps);
   }
+  // What the disk tier plans its window reads with (storage::request_pages; it measures its own
+  // at start, with shorter runs of the same reads).
+  const double pages = storage::request_pages(rows[0].read, rows[1].read.bytes_per_s() > rows[2].read.bytes_per_s()
+                                                                ? rows[1].read : rows[2].read);
+  if (json)
+    std::printf("{\"bench\":\"io\",\"request_pages\":%.2f}\n", pages);
+  else
+    std::printf("  a request costs the time of %.1f pages read in bulk (reads of fewer pages are bound by requests)\n", pages);
   return 0;
 }
 

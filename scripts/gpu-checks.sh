@@ -26,7 +26,9 @@
 #                                      run (BEFORE_GALE too, when given): epoch seconds, disk bytes, memory.peak;
 #                                      OOC_READ_AHEAD="0 auto 512M" runs the limited one per --read-ahead value,
 #                                      OOC_NOLIMIT=0 skips the run without a limit, OOC_REUSE=1 keeps a store
-#                                      generated before
+#                                      generated before, OOC_RELABEL=degree generates it hottest first,
+#                                      OOC_VARIANTS="NAME:VAR=VALUE,..." runs the limited one per variant
+#                                      with those environment variables (GALE_READ_GAP_PAGES=4, ...)
 #   scripts/gpu-checks.sh DIST scale25 R-MAT scale 25 (33M nodes, 1B entries, 17 GB of 128-d features)
 #                                      generated, then mini-batch SAGE under a 10 GB GPU budget
 # Each prints a short summary table last. Logs go to $OUT (or /tmp) when set.
@@ -255,14 +257,15 @@ identity)
   summary+=("identity exit $?:" "$(cat "$logs/identity.log")")
   ;;
 outofcore)
-  store=/tmp/ooc-${OOC_SCALE:-23}.gale
+  store=/tmp/ooc-${OOC_SCALE:-23}${OOC_RELABEL:+-$OOC_RELABEL}.gale
   start=$SECONDS
   if [ -z "${OOC_REUSE:-}" ] || [ ! -f $store/manifest.json ]; then  # OOC_REUSE=1: a store of that scale made before
     gale preprocess --generate rmat:scale=${OOC_SCALE:-23},edge-factor=16,classes=47,feature-dim=128 -o $store --force \
+      ${OOC_RELABEL:+--relabel $OOC_RELABEL} ${OOC_MEM_BUDGET:+--mem-budget $OOC_MEM_BUDGET} \
       > "$logs/ooc-gen.log" 2>&1 || { tail -5 "$logs/ooc-gen.log"; exit 1; }
     summary+=("generated in $((SECONDS - start)) s: $(du -sh $store/features.npy | cut -f1) of features")
     sync; echo 3 > /proc/sys/vm/drop_caches
-    gale bench io $store --seconds 2 > "$logs/ooc-io.log" 2>&1
+    gale bench io $store --seconds 1 --sweep > "$logs/ooc-io.log" 2>&1
     summary+=("$(cat "$logs/ooc-io.log")")
   fi
   fanouts=${OOC_FANOUTS:-15,10,5}
@@ -284,16 +287,25 @@ import json, sys
 for line in sys.stdin:
     j = json.loads(line)
     keys = ["epoch", "epoch_s", "features", "disk_rows", "host_cache_hits", "read_ahead_hits", "read_ahead_windows",
-            "disk_bytes_read", "needed_disk_bytes", "useful_disk_bytes", "disk_read_s", "read_ahead_wait_s", "host_to_gpu_bytes"]
+            "disk_bytes_read", "needed_disk_bytes", "useful_disk_bytes", "disk_read_requests", "disk_read_s", "read_ahead_wait_s", "host_to_gpu_bytes"]
     print("   ", {k: j[k] for k in keys if k in j})
 ')")
     rmdir $cg 2>/dev/null
   }
   [ "${OOC_NOLIMIT:-1}" = 1 ] && limited ooc-nolimit max "$dist/bin/gale" $train
-  # OOC_READ_AHEAD="0 auto 512M": one limited run per --read-ahead value (default: Gale's own).
+  # OOC_READ_AHEAD="0 auto 512M": one limited run per --read-ahead value (default: Gale's own);
+  # OOC_VARIANTS="cost gap4:GALE_READ_GAP_PAGES=4 keep0:GALE_READ_AHEAD_KEEP=0,GALE_READ_GAP_PAGES=2":
+  # one limited run per NAME[:VAR=VALUE[,VAR=VALUE...]], Gale started with those variables.
   for ra in ${OOC_READ_AHEAD:-default}; do
-    if [ "$ra" = default ]; then limited ooc-limit ${OOC_LIMIT:-3G} "$dist/bin/gale" $train
-    else limited ooc-limit-ra$ra ${OOC_LIMIT:-3G} "$dist/bin/gale" $train --read-ahead $ra; fi
+    for variant in ${OOC_VARIANTS:-default}; do
+      name=ooc-limit
+      [ "$ra" = default ] || name=$name-ra$ra
+      [ "$variant" = default ] || name=$name-${variant%%:*}
+      vars=
+      [[ $variant == *:* ]] && vars=$(echo "${variant#*:}" | tr ',' ' ')
+      if [ "$ra" = default ]; then limited $name ${OOC_LIMIT:-3G} "env $vars $dist/bin/gale" $train
+      else limited $name ${OOC_LIMIT:-3G} "env $vars $dist/bin/gale" $train --read-ahead $ra; fi
+    done
   done
   [ -n "${BEFORE_GALE:-}" ] && limited ooc-before ${OOC_LIMIT:-3G} "$BEFORE_GALE" $train
   ;;

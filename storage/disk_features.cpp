@@ -32,6 +32,9 @@ constexpr uint64_t kMaxStagingBytes = uint64_t{32} << 20;
 constexpr int kFillGapPages = 16;
 constexpr uint64_t kFillReadBytes = uint64_t{4} << 20;
 constexpr uint64_t kFillStagingBytes = uint64_t{16} << 20;
+// A features.npy this large has its request cost measured at open (smaller ones are read so little
+// that 0.2 s of probing would outweigh what it saves; they use kDefaultRequestPages).
+constexpr uint64_t kProbeFileBytes = uint64_t{1} << 30;
 
 // 4096-aligned memory for O_DIRECT reads, charged to the budget first.
 class Staging {
@@ -87,8 +90,9 @@ DiskFeatures::DiskFeatures(const Store& store, const std::vector<int64_t>& prior
                            const DiskFeatureOptions& options)
     : file_(store.path() / "features.npy"), options_(options) {
   if (!store.has_features()) throw InputError(store.path().string() + ": the store has no features");
-  if (options.max_gap_pages < 0)
-    throw InputError("max_gap_pages " + std::to_string(options.max_gap_pages) + ": expected >= 0");
+  if (!(options.request_pages >= 0 || options.request_pages == kMeasureRequestPages))
+    throw InputError("request_pages " + std::to_string(options.request_pages) +
+                     ": expected >= 0 (0: measured for large files), or kMeasureRequestPages");
   num_nodes_ = store.num_nodes();
   dim_ = store.feature_dim();
   dtype_ = store.feature_dtype();
@@ -109,6 +113,12 @@ DiskFeatures::DiskFeatures(const Store& store, const std::vector<int64_t>& prior
   if (reader_->file_size() != file_size_)
     throw CorruptStoreError(file_.string() + ": " + std::to_string(reader_->file_size()) +
                             " bytes on disk, the manifest says " + std::to_string(file_size_));
+  coalescing_.gap_pages = options.max_gap_pages;
+  const bool measure = options.max_gap_pages < 0 && (options.request_pages == kMeasureRequestPages ||
+                                                     (options.request_pages == 0 && file_size_ >= kProbeFileBytes));
+  coalescing_.request_pages = options.request_pages > 0 ? options.request_pages
+                              : measure                 ? measure_request_pages()
+                                                        : kDefaultRequestPages;
 
   const uint64_t cache_row_bytes = static_cast<uint64_t>(dim_) * sizeof(float);
   const int64_t capacity = static_cast<int64_t>(std::min<uint64_t>(
@@ -118,17 +128,28 @@ DiskFeatures::DiskFeatures(const Store& store, const std::vector<int64_t>& prior
 
 DiskFeatures::~DiskFeatures() = default;
 
+double DiskFeatures::measure_request_pages() {
+  // Random 4 KiB reads and random 256 KiB reads (bulk: past any NVMe drive's request-bound
+  // sizes), 0.1 s each, in one staging buffer charged to the budget.
+  constexpr uint32_t kBulk = 256 << 10;
+  const int depth = std::max(1, options_.queue_depth);
+  Staging staging(options_.budget, static_cast<uint64_t>(kBulk) * static_cast<uint64_t>(depth));
+  const ReadCeiling small = measure_reads(*reader_, static_cast<uint32_t>(kPage), false, depth, 0.1, 1, staging.data());
+  const ReadCeiling bulk = measure_reads(*reader_, kBulk, false, depth, 0.1, 2, staging.data());
+  return storage::request_pages(small, bulk);
+}
+
 uint64_t DiskFeatures::max_staging_bytes() { return kMaxStagingBytes; }
 
 template <typename Sink>
-DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages,
+DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>& sorted_ids, Coalescing coalescing,
                                                       uint64_t max_read_bytes, uint64_t max_staging_bytes,
                                                       const Sink& sink) {
-  // Plan: the pages [p, q] of each row, in ascending order, merged into one extent while the gap
-  // is <= gap_pages and the extent stays within max_read_bytes. A row never spans two extents; a
-  // page shared by two rows is read twice only where the size limit falls between them.
-  std::vector<Extent> extents;
-  std::vector<uint32_t> extent_of(sorted_ids.size());
+  // Plan, first the runs: the pages [p, q] of each row, in ascending order, merged with the run
+  // before where they touch or overlap it and the run stays within max_read_bytes. A row never spans
+  // two runs; a page shared by two rows is read twice only where the size limit falls between them.
+  std::vector<Extent> runs;
+  std::vector<uint32_t> extent_of(sorted_ids.size());  // the row's run, then its extent
   ReadTotals totals;
   uint64_t last_needed = UINT64_MAX;  // the last page counted in needed_bytes
   for (size_t k = 0; k < sorted_ids.size(); ++k) {
@@ -140,19 +161,38 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
       totals.needed_bytes += (q - new_from + 1) * kPage;
       last_needed = q;
     }
+    if (!runs.empty() && p <= runs.back().last_page + 1 &&
+        (std::max(runs.back().last_page, q) - runs.back().first_page + 1) * kPage <= max_read_bytes) {
+      runs.back().last_page = std::max(runs.back().last_page, q);
+    } else {
+      runs.push_back(Extent{p, q});
+    }
+    extent_of[k] = static_cast<uint32_t>(runs.size() - 1);
+  }
+  // Then the requests: each run joins the extent before it across the unneeded pages between them
+  // where the fixed gap allows it, or where one request costs less than two, a read of n pages
+  // costing max(n, request_pages) (ties stay apart: fewer bytes), within max_read_bytes.
+  const auto cost = [&](uint64_t pages) { return std::max(static_cast<double>(pages), coalescing.request_pages); };
+  std::vector<Extent> extents;
+  std::vector<uint32_t> extent_of_run(runs.size());
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const Extent& run = runs[r];
     if (!extents.empty()) {
       Extent& e = extents.back();
-      const uint64_t last = std::max(e.last_page, q);
-      if (p <= e.last_page + 1 + static_cast<uint64_t>(gap_pages) &&
-          (last - e.first_page + 1) * kPage <= max_read_bytes) {
-        e.last_page = last;
-        extent_of[k] = static_cast<uint32_t>(extents.size() - 1);
+      const uint64_t merged = run.last_page - e.first_page + 1;
+      const bool worth = coalescing.gap_pages >= 0
+                             ? run.first_page <= e.last_page + 1 + static_cast<uint64_t>(coalescing.gap_pages)
+                             : cost(merged) < cost(e.last_page - e.first_page + 1) + cost(run.last_page - run.first_page + 1);
+      if (worth && merged * kPage <= max_read_bytes) {
+        e.last_page = std::max(e.last_page, run.last_page);
+        extent_of_run[r] = static_cast<uint32_t>(extents.size() - 1);
         continue;
       }
     }
-    extents.push_back(Extent{p, q});
-    extent_of[k] = static_cast<uint32_t>(extents.size() - 1);
+    extents.push_back(run);
+    extent_of_run[r] = static_cast<uint32_t>(extents.size() - 1);
   }
+  for (uint32_t& e : extent_of) e = extent_of_run[e];
   if (extents.empty()) return totals;
 
   uint64_t total = 0, largest = 0;
@@ -237,7 +277,7 @@ void DiskFeatures::fill_cache(const std::vector<int64_t>& priority, int64_t capa
   for (size_t k = 0; k < chosen.size(); ++k) slots[static_cast<size_t>(chosen[k])] = static_cast<int32_t>(k);
 
   const size_t d = static_cast<size_t>(dim_);
-  read_from_disk(chosen, kFillGapPages, kFillReadBytes, kFillStagingBytes, [&](size_t k, const char* bytes) {
+  read_from_disk(chosen, Coalescing{kFillGapPages}, kFillReadBytes, kFillStagingBytes, [&](size_t k, const char* bytes) {
     convert_to_f32(dtype_, bytes, cache_.data() + k * d, d);
   });
   slots_ = std::move(slots);
@@ -291,7 +331,7 @@ void DiskFeatures::read_rows(const int64_t* ids, int64_t n, float* out, const Wi
   }
   first_miss.push_back(misses.size());
 
-  const ReadTotals totals = read_from_disk(distinct, options_.max_gap_pages, kMaxReadBytes, kMaxStagingBytes,
+  const ReadTotals totals = read_from_disk(distinct, coalescing_, kMaxReadBytes, kMaxStagingBytes,
                                            [&](size_t k, const char* bytes) {
     for (size_t m = first_miss[k]; m < first_miss[k + 1]; ++m)
       convert_to_f32(dtype_, bytes, out + static_cast<size_t>(misses[m].second) * d, d);
@@ -335,7 +375,7 @@ std::shared_ptr<const WindowRows> DiskFeatures::read_window(const std::shared_pt
     into.push_back(slots[k]);
   }
   const size_t d = static_cast<size_t>(dim_);
-  const ReadTotals totals = read_from_disk(from_disk, options_.window_gap_pages, kMaxReadBytes, kMaxStagingBytes,
+  const ReadTotals totals = read_from_disk(from_disk, coalescing_, kMaxReadBytes, kMaxStagingBytes,
                                            [&](size_t k, const char* bytes) {
     convert_to_f32(dtype_, bytes, pool->rows_.data() + static_cast<size_t>(into[k]) * d, d);
   });
@@ -395,6 +435,13 @@ DiskFeatureStats DiskFeatures::take_stats() {
   return s;
 }
 
+std::string DiskFeatures::coalescing_text() const {
+  if (coalescing_.gap_pages >= 0) return ", runs merged across gaps of up to " + std::to_string(coalescing_.gap_pages) + " pages";
+  char text[96];
+  std::snprintf(text, sizeof(text), ", a request costing %.1f pages", coalescing_.request_pages);
+  return text;
+}
+
 std::string DiskFeatures::describe() const {
   const uint64_t cache_bytes = static_cast<uint64_t>(cached_rows_) * static_cast<uint64_t>(dim_) * sizeof(float);
   std::string s = "host cache " + count_text(cached_rows_) + " of " + count_text(num_nodes_) + " rows (" +
@@ -403,7 +450,7 @@ std::string DiskFeatures::describe() const {
     return s + ": every row, read once from " + file_.filename().string() + " with " + reader_->engine_name();
   return s + ", the rest read from " + file_.filename().string() + " with " + reader_->engine_name() +
          (reader_->direct() ? " (O_DIRECT)" : " (buffered: no O_DIRECT on this filesystem)") +
-         (page_sums_ ? ", pages checked" : "");
+         (page_sums_ ? ", pages checked" : "") + coalescing_text();
 }
 
 }  // namespace gale::storage

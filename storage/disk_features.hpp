@@ -11,8 +11,9 @@
 //
 // Read-ahead (engine/train/read_ahead.hpp): the rows a window of future batches will miss in the
 // cache are known once those batches are sampled; read_window reads them all in one pass, sorted
-// by offset and coalesced across small gaps (so a cold page that several batches of the window
-// need is read once, and dense runs of needed pages become long sequential reads), into slots of
+// by offset and coalesced where one request costs less than two (so a cold page that several
+// batches of the window need is read once, and dense runs of needed pages become long sequential
+// reads), into slots of
 // a RowPool that the read-ahead's windows share: a window whose rows the pool still holds from an
 // earlier window finds them there instead of reading them again. read_rows serves a batch's rows
 // from its WindowRows.
@@ -31,13 +32,26 @@
 
 namespace gale::storage {
 
+// What a request costs, in pages read in bulk, where it is not measured: the H100 / H200 machines'
+// NVMe (70-80K random 4 KiB reads/s, 1.5-1.7 GB/s in random 64 KiB reads; `gale bench io`).
+constexpr double kDefaultRequestPages = 5;
+constexpr double kMeasureRequestPages = -1;
+
 struct DiskFeatureOptions {
   // Bytes of f32 rows the host cache may hold (the slot table, 4 bytes per node, is charged on
   // top of it when the cache is not empty). 0: every row comes from disk.
   uint64_t cache_bytes = 0;
-  // Two runs of needed pages are read as one when at most this many unneeded pages lie between
-  // them (reading a few more bytes beats another request on devices with few IOPS).
-  int max_gap_pages = 0;
+  // Two runs of needed pages are read in one request when that costs less than two requests: with
+  // many reads in flight a read of n pages costs about max(n, request_pages) pages' time, where
+  // request_pages is what one request costs on this disk in pages read in bulk
+  // (storage::request_pages). So short runs close together merge across a few unneeded pages, and
+  // long runs, which reach the disk's bandwidth alone, never drag unneeded pages in.
+  // 0: measured at open when features.npy is at least 1 GiB (0.2 s of random 4 KiB and 256 KiB
+  // reads), else kDefaultRequestPages; kMeasureRequestPages: measured whatever the file's size.
+  double request_pages = 0;
+  // >= 0: merge across gaps of at most this many unneeded pages instead, whatever the runs
+  // (for measuring; GALE_READ_GAP_PAGES sets it in training).
+  int max_gap_pages = -1;
   IoEngine engine = IoEngine::kAuto;
   int queue_depth = 64;
   // Charged with the cache, the slot table and the staging buffers of every call; nullptr: none.
@@ -47,10 +61,6 @@ struct DiskFeatureOptions {
   // the DiskFeatures), else the store's own (Store::page_sums) when it has them. false: unchecked.
   bool check_page_sums = true;
   const uint32_t* page_sums = nullptr;
-  // read_window merges two runs of needed pages when at most this many unneeded pages lie between
-  // them: reading a page costs ~3 us at this class of disk's sequential bandwidth (1.3-1.5 GB/s),
-  // a request of its own ~12 us at its 4 KiB random ceiling (75-86K reads/s; `gale bench io`).
-  int window_gap_pages = 4;
 };
 
 // The read-ahead's rows, in slots its windows share (engine/train/read_ahead.hpp): a row stays in
@@ -143,7 +153,7 @@ class DiskFeatures {
 
   // The window of `ids` (ascending, distinct) whose rows lie in `pool`'s slots `slots` (ids[k] in
   // slots[k]; distinct slots): rows their slot already holds stay, the rest are read into their
-  // slots in one pass sorted by offset, coalescing gaps up to window_gap_pages. The caller
+  // slots in one pass sorted by offset, coalesced as request_pages says. The caller
   // guarantees that no live window uses a slot it gives another row. Throws as read_rows does
   // (then the slots being read hold nothing); InputError for ids or slots out of order or range.
   std::shared_ptr<const WindowRows> read_window(const std::shared_ptr<RowPool>& pool, std::vector<int64_t> ids,
@@ -157,7 +167,8 @@ class DiskFeatures {
   // Returns the counters and starts them again from zero.
   DiskFeatureStats take_stats();
 
-  // "host cache 1.2M of 33M rows (600 MiB), the rest read from features.npy with io_uring (O_DIRECT)"
+  // "host cache 1.2M of 33M rows (600 MiB), the rest read from features.npy with io_uring (O_DIRECT),
+  // pages checked, a request costing 4.8 pages"
   std::string describe() const;
 
   int64_t num_nodes() const { return num_nodes_; }
@@ -165,6 +176,9 @@ class DiskFeatures {
   int64_t cached_rows() const { return cached_rows_; }
   bool is_cached(int64_t id) const { return !slots_.empty() && slots_[static_cast<size_t>(id)] >= 0; }
   const DiskReader& reader() const { return *reader_; }
+  // What a request costs in pages, as the reads are planned (DiskFeatureOptions::request_pages, or
+  // what was measured at open).
+  double request_pages() const { return coalescing_.request_pages; }
   // What the cache, staging buffers and windows are charged to (nullptr: none).
   kernels::cuda::MemoryBudget* budget() const { return options_.budget; }
   // The most one read_rows or read_window call stages at once (charged to the budget meanwhile).
@@ -179,17 +193,27 @@ class DiskFeatures {
     int64_t nanoseconds = 0;
     uint64_t needed_bytes = 0;
   };
+  // How read_from_disk merges runs of needed pages into requests: across gaps of at most
+  // gap_pages when that is >= 0, else where one request costs less than two (request_pages).
+  struct Coalescing {
+    int gap_pages = -1;
+    double request_pages = kDefaultRequestPages;
+  };
   // Adds one read's totals to the counters.
   void count(const ReadTotals& totals, int64_t distinct_rows);
 
   // Reads the distinct rows sorted_ids (ascending, no repeats) from disk and hands each row's raw
   // bytes to sink(k, bytes) with k its index in sorted_ids (in parallel: each k once). Extents are
-  // planned with gap_pages and max_read_bytes; a staging buffer of at most max_staging_bytes is
+  // planned with `coalescing` and max_read_bytes; a staging buffer of at most max_staging_bytes is
   // reused round by round, its pages checked in parallel.
   template <typename Sink>
-  ReadTotals read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages, uint64_t max_read_bytes,
-                      uint64_t max_staging_bytes, const Sink& sink);
+  ReadTotals read_from_disk(const std::vector<int64_t>& sorted_ids, Coalescing coalescing, uint64_t max_read_bytes,
+                            uint64_t max_staging_bytes, const Sink& sink);
   void fill_cache(const std::vector<int64_t>& priority, int64_t rows);
+  // request_pages of reader_'s disk, measured (storage::measure_reads).
+  double measure_request_pages();
+  // ", a request costing 4.8 pages" / ", runs merged across gaps of up to 4 pages": describe()'s tail.
+  std::string coalescing_text() const;
 
   std::filesystem::path file_;
   int64_t num_nodes_ = 0;
@@ -201,6 +225,7 @@ class DiskFeatures {
   DiskFeatureOptions options_;
   const uint32_t* page_sums_ = nullptr;  // nullptr: pages are not checked
   std::unique_ptr<DiskReader> reader_;
+  Coalescing coalescing_;
 
   // The cache: f32 rows, and per node its row in cache_ or -1. Filled once; read-only afterwards,
   // so concurrent read_rows need no lock. What changes batch by batch lives in the read-ahead

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -448,6 +450,38 @@ std::unique_ptr<DiskReader> open_disk_reader(const fs::path& file, IoEngine engi
   auto reader = std::make_unique<PreadReader>(file, fd, direct, size, threads);
   guard.fd = -1;
   return reader;
+}
+
+ReadCeiling measure_reads(DiskReader& reader, uint32_t size, bool sequential, int depth, double seconds,
+                          uint64_t seed, void* staging) {
+  // A file smaller than the read size is read whole (in pages) each time.
+  size = static_cast<uint32_t>(std::min<uint64_t>(size, reader.file_size() / kDirectAlignment * kDirectAlignment));
+  if (size == 0)
+    throw InputError(reader.path().string() + ": smaller than one " + std::to_string(kDirectAlignment) + "-byte page");
+  const uint64_t slots = reader.file_size() / size;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<uint64_t> pick(0, slots - 1);
+  std::vector<ReadRequest> batch(static_cast<size_t>(depth));
+  ReadCeiling c;
+  uint64_t next = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  do {
+    for (int i = 0; i < depth; ++i) {
+      const uint64_t slot = sequential ? next++ % slots : pick(rng);
+      batch[static_cast<size_t>(i)] = {slot * size, size, static_cast<char*>(staging) + static_cast<size_t>(i) * size};
+    }
+    reader.read(batch.data(), batch.size());
+    c.reads += depth;
+    c.read_bytes += static_cast<uint64_t>(size) * static_cast<uint64_t>(depth);
+    c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (c.seconds < seconds && !(sequential && next >= slots));
+  return c;
+}
+
+double request_pages(const ReadCeiling& random_4k, const ReadCeiling& large) {
+  if (random_4k.reads_per_s() <= 0) return 1;
+  const double pages = large.bytes_per_s() / static_cast<double>(kDirectAlignment) / random_4k.reads_per_s();
+  return std::max(1.0, pages);
 }
 
 }  // namespace gale::storage

@@ -74,6 +74,27 @@ class DiskReader {
   uint64_t file_size_;
 };
 
+// What `size`-byte reads cost on `reader`'s disk: at random `size`-aligned offsets (or one after
+// the other, `sequential`), `depth` in flight, for about `seconds`. `gale bench io` prints these; the
+// disk tier measures two of them to plan its reads (request_pages). `staging` is size x depth bytes,
+// 4096-aligned.
+struct ReadCeiling {
+  uint64_t read_bytes = 0;
+  int64_t reads = 0;
+  double seconds = 0;
+  double reads_per_s() const { return seconds > 0 ? static_cast<double>(reads) / seconds : 0; }
+  double bytes_per_s() const { return seconds > 0 ? static_cast<double>(read_bytes) / seconds : 0; }
+};
+ReadCeiling measure_reads(DiskReader& reader, uint32_t size, bool sequential, int depth, double seconds,
+                          uint64_t seed, void* staging);
+
+// How many 4 KiB pages the disk streams in the time one request costs: large reads' bytes per
+// second over 4096, divided by random 4 KiB reads per second. With many reads in flight a read of n
+// pages then costs about max(n, request_pages) pages' time: NVMe drives are bound by requests below
+// that size and by bandwidth above it (the H100 / H200 machines: 70-80K random 4 KiB reads/s and
+// 1.5-1.7 GB/s in random 64 KiB reads, so about 5; 1 for a device with no cost per request).
+double request_pages(const ReadCeiling& random_4k, const ReadCeiling& large);
+
 // Opens `file` for reading. Throws InputError naming the file when it cannot be opened, and
 // ResourceError when io_uring was asked for by name (engine or GALE_IO_ENGINE) and is refused.
 // queue_depth: reads in flight per calling thread (io_uring ring size; pread pool size, at most 64).

@@ -59,10 +59,12 @@ HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(
   ranked_by_reads_ = reads != nullptr;
   DiskFeatureOptions d;
   d.engine = options.engine;
-  d.max_gap_pages = options.max_gap_pages;
-  // GALE_READ_GAP_PAGES overrides the read-ahead windows' coalescing gap, for measuring it.
+  // For measuring: GALE_READ_GAP_PAGES=G merges runs across gaps of at most G pages instead of by
+  // cost, GALE_READ_REQUEST_PAGES=P plans by cost with P instead of the measured request cost.
   if (const char* gap = std::getenv("GALE_READ_GAP_PAGES"); gap != nullptr && std::atoi(gap) >= 0)
-    d.window_gap_pages = std::atoi(gap);
+    d.max_gap_pages = std::atoi(gap);
+  if (const char* pages = std::getenv("GALE_READ_REQUEST_PAGES"); pages != nullptr && std::atof(pages) > 0)
+    d.request_pages = std::atof(pages);
   d.budget = budget_;
   read_ahead_bytes_ = options.read_ahead_bytes != kAutoReadAhead ? options.read_ahead_bytes
                      : budget_ == nullptr                            ? uint64_t{256} << 20

@@ -31,7 +31,6 @@ class HostFeatures {
     // disk tier is used when features.npy's rows exceed it.
     kernels::cuda::MemoryBudget* budget = nullptr;  // nullptr: unlimited, features in memory
     IoEngine engine = IoEngine::kAuto;
-    int max_gap_pages = 0;
     bool force_disk = false;  // the disk tier even when the rows fit (tests, measurements)
     // On disk: what the read-ahead windows may hold (engine/train/read_ahead.hpp), kept out of the
     // cache. kAutoReadAhead: a third of the features' share (256 MiB without a budget); 0: none

@@ -1393,18 +1393,23 @@ TEST_F(Cli, TrainsInsideAMemoryLimitedCgroupWithTheDefaultBudget) {
 namespace gale {
 namespace {
 
-// gale bench io: the three ceilings with the reader training uses, as a table or JSON rows; a bad
-// queue depth or engine is exit 2 naming the flag.
+// gale bench io: the three ceilings with the reader training uses and what a request costs in pages,
+// as a table or JSON rows; a bad queue depth or engine is exit 2 naming the flag.
 TEST_F(Cli, BenchIoMeasuresTheDisksCeilingsWithTheTrainingReader) {
   const std::string store = sbm_store();
   const CliRun table = gale("bench io " + store + " --seconds 0.1");
   ASSERT_EQ(table.code, 0) << table.out;
-  for (const char* row : {"random 4 KiB", "random 64 KiB", "sequential 1 MiB", "reads/s", "MB/s"})
+  for (const char* row : {"random 4 KiB", "random 64 KiB", "sequential 1 MiB", "reads/s", "MB/s", "a request costs"})
     EXPECT_NE(table.out.find(row), std::string::npos) << row << ": " << table.out;
   const CliRun json = gale("bench io " + store + " --seconds 0.1 --json --io-engine pread");
   ASSERT_EQ(json.code, 0) << json.out;
-  EXPECT_EQ(lines(json.out), 3) << json.out;
+  EXPECT_EQ(lines(json.out), 4) << json.out;
   EXPECT_NE(json.out.find("\"engine\":\"pread\""), std::string::npos) << json.out;
+  EXPECT_NE(json.out.find("\"request_pages\":"), std::string::npos) << json.out;
+  const CliRun sweep = gale("bench io " + store + " --seconds 0.05 --json --sweep");
+  ASSERT_EQ(sweep.code, 0) << sweep.out;
+  EXPECT_EQ(lines(sweep.out), 9) << sweep.out;  // 4, 8, 16, 32, 64, 128, 256 KiB, the pass, request_pages
+  EXPECT_NE(sweep.out.find("\"read\":\"random 256 KiB\""), std::string::npos) << sweep.out;
   for (const std::string& bad : {"--queue-depth 0", "--io-engine aio", "--seconds 0"}) {
     const CliRun r = gale("bench io " + store + " " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;

@@ -110,6 +110,32 @@ TEST_P(DiskReaderTest, ReadsRandomExtentsOfKnownBytes) {
   read_and_check(*reader, bytes, 10, 200, 1);  // 200 requests per call: more than the queue depth of 16
 }
 
+// measure_reads: whole reads of the asked size, random or in order, counted; request_pages is bulk
+// bytes per second in pages over random 4 KiB reads per second, never below one.
+TEST_P(DiskReaderTest, MeasuresItsCeilings) {
+  TempDir dir;
+  const std::string bytes = known_bytes(64 * kPage, 9);
+  testing::write_text(dir / "data.bin", bytes);
+  OPEN_OR_SKIP(reader, dir / "data.bin", GetParam());
+  AlignedBytes staging(8 * 4 * kPage);
+  const ReadCeiling random = measure_reads(*reader, kPage, false, 8, 0.02, 1, staging.data);
+  EXPECT_GE(random.reads, 8);
+  EXPECT_EQ(random.reads % 8, 0);
+  EXPECT_EQ(random.read_bytes, static_cast<uint64_t>(random.reads) * kPage);
+  EXPECT_GT(random.reads_per_s(), 0.0);
+  // In order, the pass stops at the end of the file (16 reads of 4 pages), or at the time.
+  const ReadCeiling pass = measure_reads(*reader, 4 * kPage, true, 8, 10, 1, staging.data);
+  EXPECT_EQ(pass.reads, 16);
+  EXPECT_EQ(std::memcmp(staging.data, bytes.data() + 8 * 4 * kPage, 8 * 4 * kPage), 0) << "the second round's reads";
+  ReadCeiling small, bulk;
+  small.reads = 80000, small.seconds = 1;
+  bulk.read_bytes = 1600000000, bulk.seconds = 1;
+  EXPECT_NEAR(request_pages(small, bulk), 1.6e9 / 4096 / 80000, 1e-9);
+  bulk.read_bytes = 100000000;
+  EXPECT_EQ(request_pages(small, bulk), 1.0);
+  EXPECT_EQ(request_pages(ReadCeiling{}, bulk), 1.0);
+}
+
 TEST_P(DiskReaderTest, ReadsPastTheEndAsZeros) {
   TempDir dir;
   const std::string bytes = known_bytes(2 * kPage + 100, 3);
@@ -384,6 +410,7 @@ TEST(DiskFeatures, StatsAddUp) {
 
   // Coalescing: without gaps, every needed page is read exactly once.
   DiskFeatureOptions no_gap;
+  no_gap.max_gap_pages = 0;
   DiskFeatures plain(store, {}, no_gap);
   plain.read_rows(ids.data(), static_cast<int64_t>(ids.size()), out.data());
   std::vector<uint64_t> pages;
@@ -395,6 +422,55 @@ TEST(DiskFeatures, StatsAddUp) {
   pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
   EXPECT_EQ(plain.take_stats().disk_bytes, pages.size() * kPage);
   EXPECT_NE(plain.describe().find("host cache 0 of 5000 rows"), std::string::npos) << plain.describe();
+}
+
+// Requests: runs of needed pages merge where one request costs less than two (a read of n pages
+// costing max(n, request_pages)), so short runs close together merge across unneeded pages and long
+// runs stay apart; a fixed gap merges whatever the runs. The rows are the store's either way.
+TEST(DiskFeatures, RunsMergeWhereOneRequestCostsLessThanTwo) {
+  TempDir dir;
+  const int64_t n = 1000, dim = 128;  // 512-byte rows, 8 to a page; data page d holds rows 8d..8d+7
+  write_feature_store(dir / "s.gale", n, dim, DType::kF32, 3);
+  const Store store = Store::open(dir / "s.gale");
+  // One row on each of the data pages: two 10-page runs 4 pages apart (0-9, 14-23), three single
+  // pages 3 apart (40, 44, 48) and two 6 apart (60, 67).
+  std::vector<int64_t> ids;
+  std::vector<int> pages;
+  for (int d = 0; d <= 9; ++d) pages.push_back(d);
+  for (int d = 14; d <= 23; ++d) pages.push_back(d);
+  for (int d : {40, 44, 48, 60, 67}) pages.push_back(d);
+  for (int d : pages) ids.push_back(8 * d + d % 8);
+  struct Case {
+    const char* what;
+    double request_pages;
+    int gap;
+    int64_t requests;
+    uint64_t pages;
+  };
+  // By cost (5 pages a request): 0-9 and 14-23 apart (24 pages > 10 + 10), 40-48 one read (9 < 5 +
+  // 5 + 5), 60-67 one read (8 < 5 + 5). A fixed 4-page gap joins 0-23 and leaves 60 and 67 apart;
+  // no gap, or a request costing no more than a page, reads the runs alone.
+  for (const Case c : {Case{"cost 5", 5, -1, 4, 10 + 10 + 9 + 8}, Case{"gap 4", 0, 4, 4, 24 + 9 + 1 + 1},
+                       Case{"gap 0", 0, 0, 7, 25}, Case{"cost 1", 1, -1, 7, 25}}) {
+    DiskFeatureOptions o;
+    o.request_pages = c.request_pages;
+    o.max_gap_pages = c.gap;
+    DiskFeatures disk(store, {}, o);
+    expect_same_rows(disk, store, ids, c.what);
+    const DiskFeatureStats s = disk.take_stats();
+    EXPECT_EQ(s.read_calls, c.requests) << c.what;
+    EXPECT_EQ(s.disk_bytes, c.pages * kPage) << c.what;
+    EXPECT_EQ(s.needed_bytes, 25 * kPage) << c.what;
+  }
+  DiskFeatureOptions o;
+  EXPECT_EQ(DiskFeatures(store, {}, o).request_pages(), kDefaultRequestPages) << "a small file is not probed";
+  EXPECT_NE(DiskFeatures(store, {}, o).describe().find("a request costing 5.0 pages"), std::string::npos);
+  o.request_pages = kMeasureRequestPages;
+  DiskFeatures measured(store, {}, o);
+  EXPECT_GE(measured.request_pages(), 1.0);
+  expect_same_rows(measured, store, ids, "measured");
+  o.request_pages = -2;
+  EXPECT_THROW(DiskFeatures(store, {}, o), InputError);
 }
 
 TEST(DiskFeatures, ConcurrentCallsAgreeWithSerialOnes) {
