@@ -2,8 +2,8 @@
 // this disk's ceilings for the disk tier, measured with the reader training uses
 // (storage/disk_reader.hpp: O_DIRECT, io_uring or the pread pool) on the store's features.npy:
 // random 4 KiB reads, random 64 KiB reads, and a sequential pass in 1 MiB reads, then what a request
-// costs in pages read in bulk (storage::request_pages, which the disk tier's window reads are
-// planned with). A user sees the ceiling beside what training achieves (the metrics'
+// costs beyond its pages, in pages of the faster bulk reads (storage::request_pages, which the disk
+// tier's reads are coalesced by). A user sees the ceiling beside what training achieves (the metrics'
 // disk_bytes_read / disk_read_s). Run it with the page cache dropped for a cold disk (O_DIRECT bypasses the cache either way, but the device's
 // own cache may hold a file read just before).
 #include <boost/program_options.hpp>
@@ -95,7 +95,7 @@ int run_bench_io(const std::vector<std::string>& args) {
   if (json)
     std::printf("{\"bench\":\"io\",\"request_pages\":%.2f}\n", pages);
   else
-    std::printf("  a request costs the time of %.1f pages read in bulk (reads of fewer pages are bound by requests)\n", pages);
+    std::printf("  a request costs %.1f pages read in bulk beyond its own: the disk tier reads through gaps of fewer\n", pages);
   return 0;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -113,12 +114,15 @@ DiskFeatures::DiskFeatures(const Store& store, const std::vector<int64_t>& prior
   if (reader_->file_size() != file_size_)
     throw CorruptStoreError(file_.string() + ": " + std::to_string(reader_->file_size()) +
                             " bytes on disk, the manifest says " + std::to_string(file_size_));
-  coalescing_.gap_pages = options.max_gap_pages;
   const bool measure = options.max_gap_pages < 0 && (options.request_pages == kMeasureRequestPages ||
                                                      (options.request_pages == 0 && file_size_ >= kProbeFileBytes));
-  coalescing_.request_pages = options.request_pages > 0 ? options.request_pages
-                              : measure                 ? measure_request_pages()
-                                                        : kDefaultRequestPages;
+  request_pages_ = options.request_pages > 0 ? options.request_pages
+                   : measure                 ? measure_request_pages()
+                                             : kDefaultRequestPages;
+  // A gap of g unneeded pages costs g pages' time read through and saves a request: worth it
+  // while g < request_pages.
+  gap_pages_ = options.max_gap_pages >= 0 ? options.max_gap_pages
+                                          : std::max(0, static_cast<int>(std::ceil(request_pages_)) - 1);
 
   const uint64_t cache_row_bytes = static_cast<uint64_t>(dim_) * sizeof(float);
   const int64_t capacity = static_cast<int64_t>(std::min<uint64_t>(
@@ -142,14 +146,14 @@ double DiskFeatures::measure_request_pages() {
 uint64_t DiskFeatures::max_staging_bytes() { return kMaxStagingBytes; }
 
 template <typename Sink>
-DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>& sorted_ids, Coalescing coalescing,
+DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages,
                                                       uint64_t max_read_bytes, uint64_t max_staging_bytes,
                                                       const Sink& sink) {
-  // Plan, first the runs: the pages [p, q] of each row, in ascending order, merged with the run
-  // before where they touch or overlap it and the run stays within max_read_bytes. A row never spans
-  // two runs; a page shared by two rows is read twice only where the size limit falls between them.
-  std::vector<Extent> runs;
-  std::vector<uint32_t> extent_of(sorted_ids.size());  // the row's run, then its extent
+  // Plan: the pages [p, q] of each row, in ascending order, merged into one extent while the gap
+  // is <= gap_pages and the extent stays within max_read_bytes. A row never spans two extents; a
+  // page shared by two rows is read twice only where the size limit falls between them.
+  std::vector<Extent> extents;
+  std::vector<uint32_t> extent_of(sorted_ids.size());
   ReadTotals totals;
   uint64_t last_needed = UINT64_MAX;  // the last page counted in needed_bytes
   for (size_t k = 0; k < sorted_ids.size(); ++k) {
@@ -161,38 +165,19 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
       totals.needed_bytes += (q - new_from + 1) * kPage;
       last_needed = q;
     }
-    if (!runs.empty() && p <= runs.back().last_page + 1 &&
-        (std::max(runs.back().last_page, q) - runs.back().first_page + 1) * kPage <= max_read_bytes) {
-      runs.back().last_page = std::max(runs.back().last_page, q);
-    } else {
-      runs.push_back(Extent{p, q});
-    }
-    extent_of[k] = static_cast<uint32_t>(runs.size() - 1);
-  }
-  // Then the requests: each run joins the extent before it across the unneeded pages between them
-  // where the fixed gap allows it, or where one request costs less than two, a read of n pages
-  // costing max(n, request_pages) (ties stay apart: fewer bytes), within max_read_bytes.
-  const auto cost = [&](uint64_t pages) { return std::max(static_cast<double>(pages), coalescing.request_pages); };
-  std::vector<Extent> extents;
-  std::vector<uint32_t> extent_of_run(runs.size());
-  for (size_t r = 0; r < runs.size(); ++r) {
-    const Extent& run = runs[r];
     if (!extents.empty()) {
       Extent& e = extents.back();
-      const uint64_t merged = run.last_page - e.first_page + 1;
-      const bool worth = coalescing.gap_pages >= 0
-                             ? run.first_page <= e.last_page + 1 + static_cast<uint64_t>(coalescing.gap_pages)
-                             : cost(merged) < cost(e.last_page - e.first_page + 1) + cost(run.last_page - run.first_page + 1);
-      if (worth && merged * kPage <= max_read_bytes) {
-        e.last_page = std::max(e.last_page, run.last_page);
-        extent_of_run[r] = static_cast<uint32_t>(extents.size() - 1);
+      const uint64_t last = std::max(e.last_page, q);
+      if (p <= e.last_page + 1 + static_cast<uint64_t>(gap_pages) &&
+          (last - e.first_page + 1) * kPage <= max_read_bytes) {
+        e.last_page = last;
+        extent_of[k] = static_cast<uint32_t>(extents.size() - 1);
         continue;
       }
     }
-    extents.push_back(run);
-    extent_of_run[r] = static_cast<uint32_t>(extents.size() - 1);
+    extents.push_back(Extent{p, q});
+    extent_of[k] = static_cast<uint32_t>(extents.size() - 1);
   }
-  for (uint32_t& e : extent_of) e = extent_of_run[e];
   if (extents.empty()) return totals;
 
   uint64_t total = 0, largest = 0;
@@ -277,7 +262,7 @@ void DiskFeatures::fill_cache(const std::vector<int64_t>& priority, int64_t capa
   for (size_t k = 0; k < chosen.size(); ++k) slots[static_cast<size_t>(chosen[k])] = static_cast<int32_t>(k);
 
   const size_t d = static_cast<size_t>(dim_);
-  read_from_disk(chosen, Coalescing{kFillGapPages}, kFillReadBytes, kFillStagingBytes, [&](size_t k, const char* bytes) {
+  read_from_disk(chosen, kFillGapPages, kFillReadBytes, kFillStagingBytes, [&](size_t k, const char* bytes) {
     convert_to_f32(dtype_, bytes, cache_.data() + k * d, d);
   });
   slots_ = std::move(slots);
@@ -331,7 +316,7 @@ void DiskFeatures::read_rows(const int64_t* ids, int64_t n, float* out, const Wi
   }
   first_miss.push_back(misses.size());
 
-  const ReadTotals totals = read_from_disk(distinct, coalescing_, kMaxReadBytes, kMaxStagingBytes,
+  const ReadTotals totals = read_from_disk(distinct, gap_pages_, kMaxReadBytes, kMaxStagingBytes,
                                            [&](size_t k, const char* bytes) {
     for (size_t m = first_miss[k]; m < first_miss[k + 1]; ++m)
       convert_to_f32(dtype_, bytes, out + static_cast<size_t>(misses[m].second) * d, d);
@@ -350,32 +335,48 @@ void DiskFeatures::count(const ReadTotals& totals, int64_t distinct_rows) {
 }
 
 std::shared_ptr<const WindowRows> DiskFeatures::read_window(const std::shared_ptr<RowPool>& pool,
-                                                            std::vector<int64_t> ids, std::vector<int32_t> slots) {
+                                                            std::vector<int64_t> ids, std::vector<int32_t> slots,
+                                                            const std::vector<int64_t>& extra_ids,
+                                                            const std::vector<int32_t>& extra_slots) {
   if (pool == nullptr || pool->dim_ != dim_) throw InternalError("read_window: a pool of this store's rows expected");
-  if (slots.size() != ids.size())
-    throw InputError("read_window: " + std::to_string(ids.size()) + " ids but " + std::to_string(slots.size()) + " slots");
+  if (slots.size() != ids.size() || extra_slots.size() != extra_ids.size())
+    throw InputError("read_window: " + std::to_string(ids.size()) + " ids but " + std::to_string(slots.size()) +
+                     " slots, " + std::to_string(extra_ids.size()) + " extra ids but " +
+                     std::to_string(extra_slots.size()) + " slots");
   std::vector<bool> taken(static_cast<size_t>(pool->slots_), false);
-  for (size_t k = 0; k < ids.size(); ++k) {
-    if (ids[k] < 0 || ids[k] >= num_nodes_ || (k > 0 && ids[k] <= ids[k - 1]))
-      throw InputError("read_window: ids must be distinct node ids in [0, " + std::to_string(num_nodes_) +
-                       "), ascending; position " + std::to_string(k) + " holds " + std::to_string(ids[k]));
-    if (slots[k] < 0 || slots[k] >= pool->slots_ || taken[static_cast<size_t>(slots[k])])
-      throw InputError("read_window: slots must be distinct in [0, " + std::to_string(pool->slots_) + "); position " +
-                       std::to_string(k) + " holds " + std::to_string(slots[k]));
-    taken[static_cast<size_t>(slots[k])] = true;
-  }
+  const auto check = [&](const std::vector<int64_t>& rows, const std::vector<int32_t>& into, const char* what) {
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (rows[k] < 0 || rows[k] >= num_nodes_ || (k > 0 && rows[k] <= rows[k - 1]))
+        throw InputError(std::string("read_window: ") + what + " must be distinct node ids in [0, " +
+                         std::to_string(num_nodes_) + "), ascending; position " + std::to_string(k) + " holds " +
+                         std::to_string(rows[k]));
+      if (into[k] < 0 || into[k] >= pool->slots_ || taken[static_cast<size_t>(into[k])])
+        throw InputError(std::string("read_window: the slots of ") + what + " must be distinct in [0, " +
+                         std::to_string(pool->slots_) + "); position " + std::to_string(k) + " holds " +
+                         std::to_string(into[k]));
+      taken[static_cast<size_t>(into[k])] = true;
+    }
+  };
+  check(ids, slots, "ids");
+  check(extra_ids, extra_slots, "extra ids");
   // What a slot already holds stays; the rest is read into its slot (which holds nothing until the
-  // read succeeds).
+  // read succeeds), the window's rows and the extra ones in one pass, by id.
   std::vector<int64_t> from_disk;
   std::vector<int32_t> into;
-  for (size_t k = 0; k < ids.size(); ++k) {
-    if (pool->holds_[static_cast<size_t>(slots[k])] == ids[k]) continue;
-    pool->holds_[static_cast<size_t>(slots[k])] = -1;
-    from_disk.push_back(ids[k]);
-    into.push_back(slots[k]);
+  int64_t previous = -1;
+  for (size_t k = 0, x = 0; k < ids.size() || x < extra_ids.size();) {
+    const bool extra = k == ids.size() || (x < extra_ids.size() && extra_ids[x] < ids[k]);
+    const int64_t id = extra ? extra_ids[x] : ids[k];
+    const int32_t slot = extra ? extra_slots[x++] : slots[k++];
+    if (id == previous) throw InputError("read_window: row " + std::to_string(id) + " is both the window's and an extra one");
+    previous = id;
+    if (pool->holds_[static_cast<size_t>(slot)] == id) continue;
+    pool->holds_[static_cast<size_t>(slot)] = -1;
+    from_disk.push_back(id);
+    into.push_back(slot);
   }
   const size_t d = static_cast<size_t>(dim_);
-  const ReadTotals totals = read_from_disk(from_disk, coalescing_, kMaxReadBytes, kMaxStagingBytes,
+  const ReadTotals totals = read_from_disk(from_disk, gap_pages_, kMaxReadBytes, kMaxStagingBytes,
                                            [&](size_t k, const char* bytes) {
     convert_to_f32(dtype_, bytes, pool->rows_.data() + static_cast<size_t>(into[k]) * d, d);
   });
@@ -436,10 +437,11 @@ DiskFeatureStats DiskFeatures::take_stats() {
 }
 
 std::string DiskFeatures::coalescing_text() const {
-  if (coalescing_.gap_pages >= 0) return ", runs merged across gaps of up to " + std::to_string(coalescing_.gap_pages) + " pages";
-  char text[96];
-  std::snprintf(text, sizeof(text), ", a request costing %.1f pages", coalescing_.request_pages);
-  return text;
+  std::string s = ", runs of pages merged across gaps of up to " + std::to_string(gap_pages_);
+  if (options_.max_gap_pages >= 0) return s + " (fixed)";
+  char text[64];
+  std::snprintf(text, sizeof(text), " (a request costing %.1f pages)", request_pages_);
+  return s + text;
 }
 
 std::string DiskFeatures::describe() const {

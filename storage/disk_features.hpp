@@ -11,9 +11,9 @@
 //
 // Read-ahead (engine/train/read_ahead.hpp): the rows a window of future batches will miss in the
 // cache are known once those batches are sampled; read_window reads them all in one pass, sorted
-// by offset and coalesced where one request costs less than two (so a cold page that several
-// batches of the window need is read once, and dense runs of needed pages become long sequential
-// reads), into slots of
+// by offset and coalesced across gaps shorter than what a request costs (so a cold page that
+// several batches of the window need is read once, and dense runs of needed pages become long
+// sequential reads), into slots of
 // a RowPool that the read-ahead's windows share: a window whose rows the pool still holds from an
 // earlier window finds them there instead of reading them again. read_rows serves a batch's rows
 // from its WindowRows.
@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/budget.hpp"
@@ -32,25 +33,25 @@
 
 namespace gale::storage {
 
-// What a request costs, in pages read in bulk, where it is not measured: the H100 / H200 machines'
-// NVMe (70-80K random 4 KiB reads/s, 1.5-1.7 GB/s in random 64 KiB reads; `gale bench io`).
-constexpr double kDefaultRequestPages = 5;
+// What a request costs beyond its pages, in pages read in bulk, where it is not measured: the H200
+// machines' NVMe, fitted to the read-ahead's window reads of R-MAT 25 (10.7 us a request, 2.5 us a
+// page: docs/performance.md).
+constexpr double kDefaultRequestPages = 4;
 constexpr double kMeasureRequestPages = -1;
 
 struct DiskFeatureOptions {
   // Bytes of f32 rows the host cache may hold (the slot table, 4 bytes per node, is charged on
   // top of it when the cache is not empty). 0: every row comes from disk.
   uint64_t cache_bytes = 0;
-  // Two runs of needed pages are read in one request when that costs less than two requests: with
-  // many reads in flight a read of n pages costs about max(n, request_pages) pages' time, where
-  // request_pages is what one request costs on this disk in pages read in bulk
-  // (storage::request_pages). So short runs close together merge across a few unneeded pages, and
-  // long runs, which reach the disk's bandwidth alone, never drag unneeded pages in.
-  // 0: measured at open when features.npy is at least 1 GiB (0.2 s of random 4 KiB and 256 KiB
-  // reads), else kDefaultRequestPages; kMeasureRequestPages: measured whatever the file's size.
+  // Two runs of needed pages are read in one request, the unneeded pages between them read through,
+  // where that costs less than a request of its own: with many reads in flight a request costs
+  // about its pages plus request_pages more (storage::request_pages), so runs merge across gaps of
+  // fewer than request_pages pages. 0: measured at open when features.npy is at least 1 GiB (0.2 s
+  // of random 4 KiB and 256 KiB reads), else kDefaultRequestPages; kMeasureRequestPages: measured
+  // whatever the file's size.
   double request_pages = 0;
-  // >= 0: merge across gaps of at most this many unneeded pages instead, whatever the runs
-  // (for measuring; GALE_READ_GAP_PAGES sets it in training).
+  // >= 0: merge across gaps of at most this many pages instead (for measuring; GALE_READ_GAP_PAGES
+  // sets it in training).
   int max_gap_pages = -1;
   IoEngine engine = IoEngine::kAuto;
   int queue_depth = 64;
@@ -153,11 +154,20 @@ class DiskFeatures {
 
   // The window of `ids` (ascending, distinct) whose rows lie in `pool`'s slots `slots` (ids[k] in
   // slots[k]; distinct slots): rows their slot already holds stay, the rest are read into their
-  // slots in one pass sorted by offset, coalesced as request_pages says. The caller
+  // slots in one pass sorted by offset and coalesced (gap_pages). The caller
   // guarantees that no live window uses a slot it gives another row. Throws as read_rows does
   // (then the slots being read hold nothing); InputError for ids or slots out of order or range.
+  // `extra_ids` / `extra_slots` (ascending, distinct, slots apart from the window's): rows read
+  // into the pool with the window, which it does not serve (later windows' rows on the pages it
+  // reads anyway), unless their slot holds them already.
   std::shared_ptr<const WindowRows> read_window(const std::shared_ptr<RowPool>& pool, std::vector<int64_t> ids,
-                                                std::vector<int32_t> slots);
+                                                std::vector<int32_t> slots, const std::vector<int64_t>& extra_ids = {},
+                                                const std::vector<int32_t>& extra_slots = {});
+  // The first and last 4 KiB page of features.npy that hold row `id`.
+  std::pair<uint64_t, uint64_t> pages_of(int64_t id) const {
+    const uint64_t begin = data_offset_ + static_cast<uint64_t>(id) * row_bytes_;
+    return {begin / kDirectAlignment, (begin + row_bytes_ - 1) / kDirectAlignment};
+  }
 
   // Time a caller waited for a window (reported by take_stats as read_ahead_wait_s).
   void add_wait(int64_t nanoseconds) { wait_nanoseconds_.fetch_add(nanoseconds, std::memory_order_relaxed); }
@@ -168,7 +178,7 @@ class DiskFeatures {
   DiskFeatureStats take_stats();
 
   // "host cache 1.2M of 33M rows (600 MiB), the rest read from features.npy with io_uring (O_DIRECT),
-  // pages checked, a request costing 4.8 pages"
+  // pages checked, runs of pages merged across gaps of up to 3 (a request costing 3.2 pages)"
   std::string describe() const;
 
   int64_t num_nodes() const { return num_nodes_; }
@@ -178,7 +188,10 @@ class DiskFeatures {
   const DiskReader& reader() const { return *reader_; }
   // What a request costs in pages, as the reads are planned (DiskFeatureOptions::request_pages, or
   // what was measured at open).
-  double request_pages() const { return coalescing_.request_pages; }
+  double request_pages() const { return request_pages_; }
+  // The gap of unneeded pages the reads merge runs across (fewer pages than request_pages, or
+  // max_gap_pages).
+  int gap_pages() const { return gap_pages_; }
   // What the cache, staging buffers and windows are charged to (nullptr: none).
   kernels::cuda::MemoryBudget* budget() const { return options_.budget; }
   // The most one read_rows or read_window call stages at once (charged to the budget meanwhile).
@@ -193,26 +206,20 @@ class DiskFeatures {
     int64_t nanoseconds = 0;
     uint64_t needed_bytes = 0;
   };
-  // How read_from_disk merges runs of needed pages into requests: across gaps of at most
-  // gap_pages when that is >= 0, else where one request costs less than two (request_pages).
-  struct Coalescing {
-    int gap_pages = -1;
-    double request_pages = kDefaultRequestPages;
-  };
   // Adds one read's totals to the counters.
   void count(const ReadTotals& totals, int64_t distinct_rows);
 
   // Reads the distinct rows sorted_ids (ascending, no repeats) from disk and hands each row's raw
   // bytes to sink(k, bytes) with k its index in sorted_ids (in parallel: each k once). Extents are
-  // planned with `coalescing` and max_read_bytes; a staging buffer of at most max_staging_bytes is
+  // planned with gap_pages and max_read_bytes; a staging buffer of at most max_staging_bytes is
   // reused round by round, its pages checked in parallel.
   template <typename Sink>
-  ReadTotals read_from_disk(const std::vector<int64_t>& sorted_ids, Coalescing coalescing, uint64_t max_read_bytes,
+  ReadTotals read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages, uint64_t max_read_bytes,
                             uint64_t max_staging_bytes, const Sink& sink);
   void fill_cache(const std::vector<int64_t>& priority, int64_t rows);
   // request_pages of reader_'s disk, measured (storage::measure_reads).
   double measure_request_pages();
-  // ", a request costing 4.8 pages" / ", runs merged across gaps of up to 4 pages": describe()'s tail.
+  // ", runs of pages merged across gaps of up to 3 (a request costing 3.2 pages)": describe()'s tail.
   std::string coalescing_text() const;
 
   std::filesystem::path file_;
@@ -225,7 +232,8 @@ class DiskFeatures {
   DiskFeatureOptions options_;
   const uint32_t* page_sums_ = nullptr;  // nullptr: pages are not checked
   std::unique_ptr<DiskReader> reader_;
-  Coalescing coalescing_;
+  double request_pages_ = kDefaultRequestPages;
+  int gap_pages_ = 0;
 
   // The cache: f32 rows, and per node its row in cache_ or -1. Filled once; read-only afterwards,
   // so concurrent read_rows need no lock. What changes batch by batch lives in the read-ahead

@@ -479,9 +479,9 @@ ReadCeiling measure_reads(DiskReader& reader, uint32_t size, bool sequential, in
 }
 
 double request_pages(const ReadCeiling& random_4k, const ReadCeiling& large) {
-  if (random_4k.reads_per_s() <= 0) return 1;
+  if (random_4k.reads_per_s() <= 0) return 0;
   const double pages = large.bytes_per_s() / static_cast<double>(kDirectAlignment) / random_4k.reads_per_s();
-  return std::max(1.0, pages);
+  return std::max(0.0, pages - 1);
 }
 
 }  // namespace gale::storage

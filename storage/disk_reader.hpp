@@ -88,11 +88,11 @@ struct ReadCeiling {
 ReadCeiling measure_reads(DiskReader& reader, uint32_t size, bool sequential, int depth, double seconds,
                           uint64_t seed, void* staging);
 
-// How many 4 KiB pages the disk streams in the time one request costs: large reads' bytes per
-// second over 4096, divided by random 4 KiB reads per second. With many reads in flight a read of n
-// pages then costs about max(n, request_pages) pages' time: NVMe drives are bound by requests below
-// that size and by bandwidth above it (the H100 / H200 machines: 70-80K random 4 KiB reads/s and
-// 1.5-1.7 GB/s in random 64 KiB reads, so about 5; 1 for a device with no cost per request).
+// What a request costs on top of its pages, in 4 KiB pages read in bulk: with many reads in flight
+// a read of n pages takes about (n + request_pages) x p, p the time of a page in `large` reads.
+// That is a random 4 KiB read's time over p, less the page itself. The H200 machines: 70-80K random
+// 4 KiB reads/s and 1.4-1.75 GB/s in reads of 256 KiB or 1 MiB, so 3.3-4.4; their window reads
+// fit 10.7 us a request and 2.5 us a page (4.3). 0 for a device with no cost per request.
 double request_pages(const ReadCeiling& random_4k, const ReadCeiling& large);
 
 // Opens `file` for reading. Throws InputError naming the file when it cannot be opened, and

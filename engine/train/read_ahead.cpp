@@ -42,12 +42,15 @@ int64_t window_share() {  // GALE_READ_AHEAD_SHARE (>= 2) overrides it, for meas
 constexpr size_t kHorizon = 8;
 
 // Bookkeeping per pool slot (ReadAhead::shape): the plan's row and slot (16; twice while a
-// window's new rows are merged in), free-slot entry (4) and last use (8), and what choosing the
-// rows to drop holds (the candidates' index 8, id 8, first later use 8, and key with index 16: 40).
-constexpr uint64_t kPlanBytesPerSlot = 2 * 16 + 4 + 8 + 40;
+// window's new rows are merged in), free-slot entry (4), last use (8) and fresh row (8), and what
+// choosing the rows to drop holds (the candidates' index 8, id 8, first later use 8, and key with
+// index 16: 40). The pages of a window's fresh rows, which rows ride along on, take at most a fresh
+// row's 8 bytes each (rows of 512 bytes or more; narrower rows share pages).
+constexpr uint64_t kPlanBytesPerSlot = 2 * 16 + 4 + 8 + 8 + 40 + 8;
 // The windows whose ids and slots (12 bytes a row) are held at once: those planned ahead, the one
-// being grown, the one handed over, its copy as the live window, the two read and alive.
-constexpr uint64_t kWindowLists = kHorizon + 5;
+// being grown, the one handed over, its copy as the live window, the two read and alive; and the
+// rows riding along with the window handed over and with the one being read (at most a window's).
+constexpr uint64_t kWindowLists = kHorizon + 7;
 constexpr uint64_t kWindowBytesPerRow = sizeof(int64_t) + sizeof(int32_t);
 
 // The sampling thread's plan of the pool: which row each slot holds once the windows handed over
@@ -66,6 +69,7 @@ class PoolPlan {
   // after w, in order.
   std::vector<int32_t> place(const std::vector<int64_t>& w, const std::vector<int64_t>& live,
                              const std::vector<const std::vector<int64_t>*>& later, int64_t index) {
+    fresh_.clear();
     std::vector<int32_t> slots(w.size(), -1);
     size_t fresh = 0;
     for (size_t k = 0, h = 0; k < w.size(); ++k) {
@@ -73,25 +77,14 @@ class PoolPlan {
       if (h < held_.size() && held_[h].first == w[k]) slots[k] = held_[h].second;
       else ++fresh;
     }
-    // Rows neither window needs may give up their slots (indices into held_, ascending rows);
-    // looked for only where the free slots do not suffice, or nothing is kept.
-    std::vector<size_t> spare;
+    // Rows neither window needs may give up their slots; looked for only where the free slots do
+    // not suffice, or nothing is kept.
     const bool short_of_room = fresh > free_.size();
-    for (size_t h = 0, a = 0, b = 0; (short_of_room || !keep_) && h < held_.size(); ++h) {
-      const int64_t id = held_[h].first;
-      while (a < w.size() && w[a] < id) ++a;
-      while (b < live.size() && live[b] < id) ++b;
-      if ((a < w.size() && w[a] == id) || (b < live.size() && live[b] == id)) continue;
-      spare.push_back(h);
-    }
+    std::vector<size_t> spare = short_of_room || !keep_ ? spare_rows(w, live) : std::vector<size_t>();
     if (fresh > free_.size() + spare.size()) return {};
     const size_t drop = !keep_ ? spare.size() : short_of_room ? fresh - free_.size() : 0;
-    if (drop < spare.size()) spare = choose_drops(spare, drop, later);
-    for (size_t h : spare) {
-      free_.push_back(held_[h].second);
-      held_[h].first = -1;
-    }
-    held_.erase(std::remove_if(held_.begin(), held_.end(), [](const auto& e) { return e.first < 0; }), held_.end());
+    if (drop < spare.size()) spare = choose_drops(spare, drop, later, /*unneeded_only=*/false);
+    release(spare);
     std::vector<std::pair<int64_t, int32_t>> added;
     for (size_t k = 0; k < w.size(); ++k) {
       if (slots[k] < 0) {
@@ -101,18 +94,88 @@ class PoolPlan {
       }
       last_needed_[static_cast<size_t>(slots[k])] = index;
     }
-    std::vector<std::pair<int64_t, int32_t>> merged;
-    merged.reserve(held_.size() + added.size());
-    std::merge(held_.begin(), held_.end(), added.begin(), added.end(), std::back_inserter(merged));
-    held_ = std::move(merged);
+    for (const auto& [id, slot] : added) fresh_.push_back(id);
+    hold(added);
     return slots;
   }
 
+  // Rows of the windows planned after the one placed last (`later`, soonest first) that lie wholly
+  // on the pages its fresh rows are read from and that the pool does not hold: they ride along with
+  // that read (not a page more is read) into free slots, at most `cap`, the soonest windows' first,
+  // so that a later window finds them in the pool instead of reading those pages again. Ascending.
+  // Where the free slots do not suffice, rows that neither w, live nor a later window needs give
+  // theirs up, least recently needed first (Belady's choice: their next use is further off).
+  std::vector<std::pair<int64_t, int32_t>> ride_along(const std::vector<int64_t>& w, const std::vector<int64_t>& live,
+                                                      const std::vector<const std::vector<int64_t>*>& later,
+                                                      const storage::DiskFeatures& disk, size_t cap, int64_t index) {
+    if (fresh_.empty() || cap == 0) return {};
+    std::vector<uint64_t> pages;  // read for the fresh rows: ascending, distinct
+    for (int64_t id : fresh_) {
+      const auto [p, q] = disk.pages_of(id);
+      for (uint64_t x = p; x <= q; ++x)
+        if (pages.empty() || pages.back() < x) pages.push_back(x);
+    }
+    std::vector<int64_t> riders;
+    for (const std::vector<int64_t>* ids : later) {
+      for (size_t i = 0, g = 0, h = 0; i < ids->size() && riders.size() < cap; ++i) {
+        const int64_t id = (*ids)[i];
+        const auto [p, q] = disk.pages_of(id);
+        while (g < pages.size() && pages[g] < p) ++g;
+        if (g == pages.size()) break;
+        bool on = true;  // every page of the row is read
+        for (uint64_t x = p; on && x <= q; ++x) on = g + (x - p) < pages.size() && pages[g + (x - p)] == x;
+        if (!on) continue;
+        while (h < held_.size() && held_[h].first < id) ++h;
+        if (h < held_.size() && held_[h].first == id) continue;
+        riders.push_back(id);
+      }
+      if (riders.size() >= cap) break;
+    }
+    std::sort(riders.begin(), riders.end());
+    riders.erase(std::unique(riders.begin(), riders.end()), riders.end());
+    if (riders.size() > free_.size()) {
+      release(choose_drops(spare_rows(w, live), riders.size() - free_.size(), later, /*unneeded_only=*/true));
+      riders.resize(std::min(riders.size(), free_.size()));  // the soonest windows' riders may go too: rare
+    }
+    std::vector<std::pair<int64_t, int32_t>> placed;
+    placed.reserve(riders.size());
+    for (int64_t id : riders) {
+      placed.emplace_back(id, free_.back());
+      free_.pop_back();
+      last_needed_[static_cast<size_t>(placed.back().second)] = index;
+    }
+    hold(placed);
+    return placed;
+  }
+
  private:
+  // The rows held that neither w nor live needs (indices into held_, ascending rows).
+  std::vector<size_t> spare_rows(const std::vector<int64_t>& w, const std::vector<int64_t>& live) const {
+    std::vector<size_t> spare;
+    for (size_t h = 0, a = 0, b = 0; h < held_.size(); ++h) {
+      const int64_t id = held_[h].first;
+      while (a < w.size() && w[a] < id) ++a;
+      while (b < live.size() && live[b] < id) ++b;
+      if ((a < w.size() && w[a] == id) || (b < live.size() && live[b] == id)) continue;
+      spare.push_back(h);
+    }
+    return spare;
+  }
+
+  // Frees the slots of held_[h] for each h of `rows` (ascending).
+  void release(const std::vector<size_t>& rows) {
+    for (size_t h : rows) {
+      free_.push_back(held_[h].second);
+      held_[h].first = -1;
+    }
+    held_.erase(std::remove_if(held_.begin(), held_.end(), [](const auto& e) { return e.first < 0; }), held_.end());
+  }
+
   // The `drop` of `spare` to drop: rows no later window needs, least recently needed first, then
-  // those the later windows need latest. Ascending, as spare.
+  // (unless unneeded_only: then fewer) those the later windows need latest. Ascending, as spare.
   std::vector<size_t> choose_drops(const std::vector<size_t>& spare, size_t drop,
-                                   const std::vector<const std::vector<int64_t>*>& later) const {
+                                   const std::vector<const std::vector<int64_t>*>& later, bool unneeded_only) const {
+    drop = std::min(drop, spare.size());
     if (drop == 0) return {};
     constexpr int64_t kNever = INT64_MAX;
     std::vector<int64_t> rows(spare.size()), next(spare.size(), kNever);  // next: the first later window needing it
@@ -130,6 +193,12 @@ class PoolPlan {
     std::vector<std::pair<int64_t, size_t>> keyed(spare.size());
     for (size_t i = 0; i < spare.size(); ++i)
       keyed[i] = {next[i] == kNever ? last_needed_[static_cast<size_t>(held_[spare[i]].second)] : kNeeded - next[i], i};
+    if (unneeded_only) {
+      keyed.erase(std::remove_if(keyed.begin(), keyed.end(), [&](const auto& k) { return next[k.second] != kNever; }),
+                  keyed.end());
+      drop = std::min(drop, keyed.size());
+      if (drop == 0) return {};
+    }
     std::nth_element(keyed.begin(), keyed.begin() + static_cast<std::ptrdiff_t>(drop - 1), keyed.end());
     std::vector<size_t> chosen;
     chosen.reserve(drop);
@@ -138,8 +207,17 @@ class PoolPlan {
     return chosen;
   }
 
+  // Adds (row, slot) pairs, ascending rows, to held_.
+  void hold(const std::vector<std::pair<int64_t, int32_t>>& added) {
+    std::vector<std::pair<int64_t, int32_t>> merged;
+    merged.reserve(held_.size() + added.size());
+    std::merge(held_.begin(), held_.end(), added.begin(), added.end(), std::back_inserter(merged));
+    held_ = std::move(merged);
+  }
+
   const bool keep_;
   std::vector<std::pair<int64_t, int32_t>> held_;  // (row, slot), ascending rows
+  std::vector<int64_t> fresh_;                     // the rows the last place() gave new slots, ascending
   std::vector<int32_t> free_;
   std::vector<int64_t> last_needed_;  // per slot
 };
@@ -169,6 +247,14 @@ bool read_ahead_keeps() {
   return keep;
 }
 
+bool read_ahead_rides_along() {
+  static const bool ride = [] {
+    const char* env = std::getenv("GALE_READ_AHEAD_RIDE");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return ride;
+}
+
 ReadAhead::Shape ReadAhead::shape(uint64_t bytes, int64_t num_nodes, int64_t dim) {
   Shape s;
   const uint64_t seen = (static_cast<uint64_t>(num_nodes) / 64 + 1) * sizeof(uint64_t);
@@ -192,11 +278,12 @@ int64_t window_growth(bool gpu_sampled) {
 }
 
 ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
-                     bool keep)
+                     bool keep, bool ride_along)
     : disk_(disk),
       shape_(shape(usable_bytes(disk, bytes), disk.num_nodes(), disk.feature_dim())),
       growth_(std::max<int64_t>(2, growth)),
       keep_(keep),
+      ride_along_(ride_along),
       bookkeeping_(disk.budget(), shape_.bookkeeping_bytes),
       pool_(std::make_shared<storage::RowPool>(disk.budget(), shape_.slots, disk.feature_dim())),
       sampling_([this, first = std::move(first), next = std::move(next)]() mutable { sample_windows(std::move(first), next); }),
@@ -251,6 +338,12 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
       if (w.slots.empty() && !live.empty()) {  // too large beside the live window: read once it is done
         w.slots = plan.place(w.ids, {}, later, handed);
         w.alone = !w.slots.empty();
+      }
+      if (!w.slots.empty() && keep_ && ride_along_) {
+        for (const auto& [id, slot] : plan.ride_along(w.ids, live, later, disk_, static_cast<size_t>(full), handed)) {
+          w.extra_ids.push_back(id);
+          w.extra_slots.push_back(slot);
+        }
       }
       ++handed;
       if (w.slots.empty()) live.clear();  // larger than the pool: its batches read their own rows
@@ -372,7 +465,8 @@ void ReadAhead::read_windows() {
       std::shared_ptr<const storage::WindowRows> rows;
       if (!window.slots.empty()) {
         try {
-          rows = disk_.read_window(pool_, std::move(window.ids), std::move(window.slots));
+          rows = disk_.read_window(pool_, std::move(window.ids), std::move(window.slots), window.extra_ids,
+                                   window.extra_slots);
         } catch (const ResourceError&) {
           rows = nullptr;  // the budget refused its staging: its batches read their own misses
         }

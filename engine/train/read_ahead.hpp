@@ -29,6 +29,12 @@
 // misses (0.79x), where carrying never started. GALE_READ_AHEAD_KEEP=0 keeps only the live windows'
 // rows, for measuring.
 //
+// The pool keeps rows, but the disk reads pages: a page holding rows of two windows would be read
+// by each. So when a window is handed to the reading thread, the rows of the windows planned after
+// it that lie on the pages its new rows are read from, and that the pool does not hold, ride along
+// with its read into free slots (at most a window's worth): the later windows find them in the pool.
+// GALE_READ_AHEAD_RIDE=0 turns that off, for measuring.
+//
 // The read-ahead's memory is `bytes`, charged to the disk tier's budget: the pool's rows, and its
 // bookkeeping, charged at the start (shape): a bit per node for the window being grown, the plan
 // of the pool (each slot's row and when it was last needed, the free slots, the lists that choose
@@ -71,6 +77,9 @@ int64_t window_growth(bool gpu_sampled);
 
 // Whether the pool keeps rows for later windows (the header); false where GALE_READ_AHEAD_KEEP=0.
 bool read_ahead_keeps();
+// Whether later windows' rows ride along with a window's read (the header); false where
+// GALE_READ_AHEAD_RIDE=0.
+bool read_ahead_rides_along();
 
 class ReadAhead {
  public:
@@ -88,11 +97,13 @@ class ReadAhead {
 
   // Starts reading ahead from `first`; `bytes`: what the pool and the bookkeeping may hold
   // together; `growth`: how many times larger each window may be than the last (window_growth);
-  // `keep`: whether the pool keeps rows for later windows (read_ahead_keeps). Where the disk tier's
+  // `keep`: whether the pool keeps rows for later windows (read_ahead_keeps); `ride_along`: whether
+  // later windows' rows on the pages a window reads are read with it (read_ahead_rides_along; only
+  // with keep). Where the disk tier's
   // budget has less room than `bytes` (and a window's staging), the pool is smaller. Throws
   // ResourceError when the budget refuses even the smallest pool.
   ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
-            bool keep = read_ahead_keeps());
+            bool keep = read_ahead_keeps(), bool ride_along = read_ahead_rides_along());
   // Stops the threads (after the read under way) and frees the windows.
   ~ReadAhead();
   ReadAhead(const ReadAhead&) = delete;
@@ -128,6 +139,8 @@ class ReadAhead {
     std::vector<int64_t> ids;    // its distinct misses, ascending
     std::vector<int32_t> slots;  // the pool slot of each; empty: it did not fit (its batches read their own)
     bool alone = false;          // placed as if no window were alive: read once none is
+    std::vector<int64_t> extra_ids;    // later windows' rows read with it (ascending), and their slots
+    std::vector<int32_t> extra_slots;
   };
   struct Placed {  // a segment's place in the sequence
     int64_t epoch = 0, first = 0, end = 0, offset = 0;  // batch b is at offset + b - first
@@ -146,6 +159,7 @@ class ReadAhead {
   const Shape shape_;
   const int64_t growth_;
   const bool keep_;
+  const bool ride_along_;
   const kernels::cuda::BudgetCharge bookkeeping_;
   const std::shared_ptr<storage::RowPool> pool_;
 

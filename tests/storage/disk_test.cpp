@@ -110,8 +110,8 @@ TEST_P(DiskReaderTest, ReadsRandomExtentsOfKnownBytes) {
   read_and_check(*reader, bytes, 10, 200, 1);  // 200 requests per call: more than the queue depth of 16
 }
 
-// measure_reads: whole reads of the asked size, random or in order, counted; request_pages is bulk
-// bytes per second in pages over random 4 KiB reads per second, never below one.
+// measure_reads: whole reads of the asked size, random or in order, counted; request_pages is a
+// random 4 KiB read's time in pages of bulk reads, less the page itself, never below zero.
 TEST_P(DiskReaderTest, MeasuresItsCeilings) {
   TempDir dir;
   const std::string bytes = known_bytes(64 * kPage, 9);
@@ -130,10 +130,10 @@ TEST_P(DiskReaderTest, MeasuresItsCeilings) {
   ReadCeiling small, bulk;
   small.reads = 80000, small.seconds = 1;
   bulk.read_bytes = 1600000000, bulk.seconds = 1;
-  EXPECT_NEAR(request_pages(small, bulk), 1.6e9 / 4096 / 80000, 1e-9);
+  EXPECT_NEAR(request_pages(small, bulk), 1.6e9 / 4096 / 80000 - 1, 1e-9);
   bulk.read_bytes = 100000000;
-  EXPECT_EQ(request_pages(small, bulk), 1.0);
-  EXPECT_EQ(request_pages(ReadCeiling{}, bulk), 1.0);
+  EXPECT_EQ(request_pages(small, bulk), 0.0);
+  EXPECT_EQ(request_pages(ReadCeiling{}, bulk), 0.0);
 }
 
 TEST_P(DiskReaderTest, ReadsPastTheEndAsZeros) {
@@ -424,10 +424,10 @@ TEST(DiskFeatures, StatsAddUp) {
   EXPECT_NE(plain.describe().find("host cache 0 of 5000 rows"), std::string::npos) << plain.describe();
 }
 
-// Requests: runs of needed pages merge where one request costs less than two (a read of n pages
-// costing max(n, request_pages)), so short runs close together merge across unneeded pages and long
-// runs stay apart; a fixed gap merges whatever the runs. The rows are the store's either way.
-TEST(DiskFeatures, RunsMergeWhereOneRequestCostsLessThanTwo) {
+// Requests: runs of needed pages merge across gaps of fewer pages than a request costs (a read of n
+// pages costing n + request_pages), or of at most max_gap_pages when that is given. The rows are the
+// store's either way.
+TEST(DiskFeatures, RunsMergeAcrossGapsShorterThanARequestCosts) {
   TempDir dir;
   const int64_t n = 1000, dim = 128;  // 512-byte rows, 8 to a page; data page d holds rows 8d..8d+7
   write_feature_store(dir / "s.gale", n, dim, DType::kF32, 3);
@@ -444,18 +444,18 @@ TEST(DiskFeatures, RunsMergeWhereOneRequestCostsLessThanTwo) {
     const char* what;
     double request_pages;
     int gap;
+    int expect_gap;
     int64_t requests;
     uint64_t pages;
   };
-  // By cost (5 pages a request): 0-9 and 14-23 apart (24 pages > 10 + 10), 40-48 one read (9 < 5 +
-  // 5 + 5), 60-67 one read (8 < 5 + 5). A fixed 4-page gap joins 0-23 and leaves 60 and 67 apart;
-  // no gap, or a request costing no more than a page, reads the runs alone.
-  for (const Case c : {Case{"cost 5", 5, -1, 4, 10 + 10 + 9 + 8}, Case{"gap 4", 0, 4, 4, 24 + 9 + 1 + 1},
-                       Case{"gap 0", 0, 0, 7, 25}, Case{"cost 1", 1, -1, 7, 25}}) {
+  for (const Case c : {Case{"cost 4", 4, -1, 3, 5, 10 + 10 + 9 + 1 + 1}, Case{"cost 3.5", 3.5, -1, 3, 5, 31},
+                       Case{"cost 7", 7, -1, 6, 3, 24 + 9 + 8}, Case{"cost 0.5", 0.5, -1, 0, 7, 25},
+                       Case{"gap 4", 0, 4, 4, 4, 24 + 9 + 1 + 1}, Case{"gap 0", 7, 0, 0, 7, 25}}) {
     DiskFeatureOptions o;
     o.request_pages = c.request_pages;
     o.max_gap_pages = c.gap;
     DiskFeatures disk(store, {}, o);
+    EXPECT_EQ(disk.gap_pages(), c.expect_gap) << c.what;
     expect_same_rows(disk, store, ids, c.what);
     const DiskFeatureStats s = disk.take_stats();
     EXPECT_EQ(s.read_calls, c.requests) << c.what;
@@ -464,10 +464,12 @@ TEST(DiskFeatures, RunsMergeWhereOneRequestCostsLessThanTwo) {
   }
   DiskFeatureOptions o;
   EXPECT_EQ(DiskFeatures(store, {}, o).request_pages(), kDefaultRequestPages) << "a small file is not probed";
-  EXPECT_NE(DiskFeatures(store, {}, o).describe().find("a request costing 5.0 pages"), std::string::npos);
+  EXPECT_NE(DiskFeatures(store, {}, o).describe().find("gaps of up to 3 (a request costing 4.0 pages)"), std::string::npos)
+      << DiskFeatures(store, {}, o).describe();
   o.request_pages = kMeasureRequestPages;
   DiskFeatures measured(store, {}, o);
-  EXPECT_GE(measured.request_pages(), 1.0);
+  EXPECT_GE(measured.request_pages(), 0.0);
+  EXPECT_GE(measured.gap_pages(), 0);
   expect_same_rows(measured, store, ids, "measured");
   o.request_pages = -2;
   EXPECT_THROW(DiskFeatures(store, {}, o), InputError);
@@ -720,6 +722,44 @@ TEST(DiskFeatures, ReadAheadWindowsServeTheSameRowsWithoutReadingAgain) {
   disk.take_stats();
   disk.read_rows(&outside, 1, one.data(), again.get());
   EXPECT_EQ(disk.take_stats().disk_rows, 1);
+}
+
+// Extra rows read with a window go into their slots of the pool, on the window's pages, without
+// being the window's; a later window whose rows they are reads nothing.
+TEST(DiskFeatures, ExtraRowsRideAlongWithAWindowsRead) {
+  TempDir dir;
+  const int64_t n = 1000, dim = 128;  // 8 rows to a page
+  write_feature_store(dir / "s.gale", n, dim, DType::kF32, 4);
+  const Store store = Store::open(dir / "s.gale");
+  DiskFeatureOptions o;
+  o.max_gap_pages = 0;
+  DiskFeatures disk(store, {}, o);
+  const auto pool = std::make_shared<RowPool>(nullptr, 16, dim);
+  EXPECT_EQ(disk.pages_of(0), std::make_pair(uint64_t{1}, uint64_t{1})) << "the header is the first page";
+  EXPECT_EQ(disk.pages_of(9), std::make_pair(uint64_t{2}, uint64_t{2}));
+  // The window's rows 1 and 17 (pages 1 and 3); rows 2, 3 and 18 ride along.
+  const auto first = disk.read_window(pool, {1, 17}, {0, 1}, {2, 3, 18}, {5, 6, 7});
+  DiskFeatureStats s = disk.take_stats();
+  EXPECT_EQ(s.needed_bytes, 2 * kPage);
+  EXPECT_EQ(s.disk_bytes, 2 * kPage);
+  EXPECT_EQ(s.distinct_disk_rows, 5);
+  EXPECT_EQ(first->rows(), 2);
+  EXPECT_EQ(first->find(2), nullptr) << "a rider is not the window's";
+  for (const auto& [id, slot] : std::vector<std::pair<int64_t, int32_t>>{{1, 0}, {17, 1}, {2, 5}, {3, 6}, {18, 7}})
+    EXPECT_EQ(pool->holds(slot), id);
+  const auto later = disk.read_window(pool, {2, 3, 18}, {5, 6, 7});
+  s = disk.take_stats();
+  EXPECT_EQ(s.read_calls, 0) << "the riders' rows are in the pool";
+  std::vector<float> got(3 * dim), want(3 * dim);
+  const std::vector<int64_t> ids = {18, 2, 3};
+  disk.read_rows(ids.data(), 3, got.data(), later.get());
+  store.read_feature_rows(ids.data(), 3, want.data());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(disk.take_stats().read_calls, 0);
+  EXPECT_THROW(disk.read_window(pool, {1, 17}, {0, 1}, {17}, {2}), InputError) << "both the window's and a rider";
+  EXPECT_THROW(disk.read_window(pool, {1, 17}, {0, 1}, {4}, {1}), InputError) << "a rider in the window's slot";
+  EXPECT_THROW(disk.read_window(pool, {1, 17}, {0, 1}, {4, 3}, {2, 3}), InputError) << "riders not ascending";
+  EXPECT_THROW(disk.read_window(pool, {1, 17}, {0, 1}, {4}, {}), InputError) << "a slot for each rider";
 }
 
 TEST(DiskFeatures, ReadAheadWindowsAreCheckedAndChargedAndRefused) {

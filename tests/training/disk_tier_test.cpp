@@ -185,7 +185,8 @@ TEST(DiskTier, ReadAheadWindowsGrowFasterWhenTheGpuSamples) {
 
 // The read-ahead's windows share one pool of rows: a warm row that windows every so often need
 // stays in the pool while later windows need it, instead of being read again by each window that
-// needs it after one that did not. Every batch still finds its rows in its window, with the store's
+// needs it after one that did not; and later windows' rows on a page a window reads are read with
+// it, so the page is not read again. Every batch still finds its rows in its window, with the store's
 // bits. The pool and the bookkeeping are charged to the disk tier's budget while the read-ahead
 // runs, within its bytes.
 TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
@@ -212,11 +213,12 @@ TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
 
   struct Read {
     int64_t rows = 0, own = 0, windows = 0;  // distinct rows read from disk, rows batches read on their own
+    uint64_t pages = 0;                      // bytes of the distinct pages those rows lie on
   };
   const uint64_t roomy_budget = uint64_t{256} << 20;
   // An epoch through a read-ahead of `ahead_bytes`; `room`: what the budget has beside the disk
   // tier's own charges.
-  const auto read_epoch = [&](bool keep, uint64_t room, uint64_t ahead_bytes) {
+  const auto read_epoch = [&](bool keep, uint64_t room, uint64_t ahead_bytes, bool ride = true) {
     kernels::cuda::MemoryBudget budget(uint64_t{256} << 20, "--host-mem-budget");
     storage::DiskFeatureOptions o;  // no host cache: every row is a miss
     o.budget = &budget;
@@ -229,7 +231,7 @@ TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
     {
       train_parts::ReadAhead ahead(disk, ahead_bytes, /*growth=*/2, {0, 0, batches, inputs},
                                    [](int64_t) -> std::optional<train_parts::ReadAhead::Segment> { return std::nullopt; },
-                                   keep);
+                                   keep, ride);
       if (roomy) EXPECT_GE(budget.in_use(), fixed + planned.pool_bytes + planned.bookkeeping_bytes);
       for (int64_t b = 0; b < batches; ++b) {
         const std::vector<int64_t> ids = inputs(b);
@@ -241,7 +243,7 @@ TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
         ahead.done(0, b);
       }
       const storage::DiskFeatureStats st = disk.take_stats();
-      read = {st.distinct_disk_rows, st.disk_rows, st.windows};
+      read = {st.distinct_disk_rows, st.disk_rows, st.windows, st.needed_bytes};
     }
     EXPECT_EQ(budget.in_use(), fixed) << "the read-ahead gives back what it charged";
     EXPECT_LE(budget.peak(), fixed + room);
@@ -254,6 +256,12 @@ TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
   }
   EXPECT_LT(static_cast<double>(kept.rows), 0.9 * static_cast<double>(alone.rows))
       << "the pool read " << kept.rows << " rows, windows alone " << alone.rows;
+  // Later windows' rows on the pages a window reads ride along: fewer pages read than when each
+  // window reads only its own rows.
+  const Read walking = read_epoch(true, roomy_budget, bytes, /*ride=*/false);
+  EXPECT_EQ(walking.own, 0);
+  EXPECT_LT(static_cast<double>(kept.pages), 0.9 * static_cast<double>(walking.pages))
+      << "riding along read " << kept.pages << " bytes of pages, each window alone " << walking.pages;
   // A budget with less room than the read-ahead's bytes (other charges took part of it) gets a
   // smaller pool, not a refusal: the same rows, read in smaller windows.
   EXPECT_GT(read_epoch(true, storage::DiskFeatures::max_staging_bytes() + bytes / 4, bytes).windows, kept.windows);
