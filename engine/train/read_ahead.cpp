@@ -100,8 +100,9 @@ class PoolPlan {
   }
 
   // Rows of the windows planned after the one placed last (`later`, soonest first) that lie wholly
-  // on the pages its fresh rows are read from and that the pool does not hold: they ride along with
-  // that read (not a page more is read) into free slots, at most `cap`, the soonest windows' first,
+  // on the pages its read covers (its fresh rows' pages and the gaps read through between them) and
+  // that the pool does not hold: they ride along with that read (not a page more is read) into free
+  // slots, at most `cap`, the soonest windows' first,
   // so that a later window finds them in the pool instead of reading those pages again. Ascending.
   // Where the free slots do not suffice, rows that neither w, live nor a later window needs give
   // theirs up, least recently needed first (Belady's choice: their next use is further off).
@@ -109,22 +110,24 @@ class PoolPlan {
                                                       const std::vector<const std::vector<int64_t>*>& later,
                                                       const storage::DiskFeatures& disk, size_t cap, int64_t index) {
     if (fresh_.empty() || cap == 0) return {};
-    std::vector<uint64_t> pages;  // read for the fresh rows: ascending, distinct
+    // The spans of pages read for the fresh rows, runs merged across the disk tier's gap as
+    // read_window will merge them (ascending, disjoint, inclusive): the unneeded pages inside are
+    // read through anyway.
+    std::vector<std::pair<uint64_t, uint64_t>> spans;
+    const uint64_t gap = static_cast<uint64_t>(disk.gap_pages());
     for (int64_t id : fresh_) {
       const auto [p, q] = disk.pages_of(id);
-      for (uint64_t x = p; x <= q; ++x)
-        if (pages.empty() || pages.back() < x) pages.push_back(x);
+      if (!spans.empty() && p <= spans.back().second + 1 + gap) spans.back().second = std::max(spans.back().second, q);
+      else spans.emplace_back(p, q);
     }
     std::vector<int64_t> riders;
     for (const std::vector<int64_t>* ids : later) {
       for (size_t i = 0, g = 0, h = 0; i < ids->size() && riders.size() < cap; ++i) {
         const int64_t id = (*ids)[i];
         const auto [p, q] = disk.pages_of(id);
-        while (g < pages.size() && pages[g] < p) ++g;
-        if (g == pages.size()) break;
-        bool on = true;  // every page of the row is read
-        for (uint64_t x = p; on && x <= q; ++x) on = g + (x - p) < pages.size() && pages[g + (x - p)] == x;
-        if (!on) continue;
+        while (g < spans.size() && spans[g].second < p) ++g;
+        if (g == spans.size()) break;
+        if (p < spans[g].first || q > spans[g].second) continue;  // every page of the row is read
         while (h < held_.size() && held_[h].first < id) ++h;
         if (h < held_.size() && held_[h].first == id) continue;
         riders.push_back(id);

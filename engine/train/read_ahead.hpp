@@ -31,8 +31,9 @@
 //
 // The pool keeps rows, but the disk reads pages: a page holding rows of two windows would be read
 // by each. So when a window is handed to the reading thread, the rows of the windows planned after
-// it that lie on the pages its new rows are read from, and that the pool does not hold, ride along
-// with its read into free slots (at most a window's worth): the later windows find them in the pool.
+// it that lie on the pages its read covers (its new rows' pages and the gaps read through between
+// them), and that the pool does not hold, ride along with its read into free slots, or slots of
+// rows no planned window needs (at most a window's worth): the later windows find them in the pool.
 // GALE_READ_AHEAD_RIDE=0 turns that off, for measuring.
 //
 // The read-ahead's memory is `bytes`, charged to the disk tier's budget: the pool's rows, and its
