@@ -273,7 +273,7 @@ outofcore)
          --batch-size 1024 --eval none --device cuda --gpu-mem-budget ${OOC_GPU:-2G} --epochs ${OOC_EPOCHS:-2} --lr 0.003
          --dropout 0 -q"
   limited() {  # name, limit, binary, args...: one run in a fresh cgroup v2, the page cache dropped first
-    local name=$1 limit=$2 bin=$3; shift 3
+    local name=$1 limit=$2 bin=$3 before=${#summary[@]}; shift 3
     local cg=/sys/fs/cgroup/gale-$name-$$
     mkdir -p $cg && echo "$limit" > $cg/memory.max && { echo 0 > $cg/memory.swap.max 2>/dev/null || true; }
     sync; echo 3 > /proc/sys/vm/drop_caches
@@ -288,9 +288,12 @@ for line in sys.stdin:
     j = json.loads(line)
     keys = ["epoch", "epoch_s", "features", "disk_rows", "host_cache_hits", "read_ahead_hits", "read_ahead_windows",
             "disk_bytes_read", "needed_disk_bytes", "useful_disk_bytes", "disk_read_requests", "disk_read_s", "read_ahead_wait_s", "host_to_gpu_bytes"]
-    print("   ", {k: j[k] for k in keys if k in j})
+    print("   ", {k: j[k] for k in keys if k in j}, "|", j.get("placement", "")[-70:])
 ')")
     rmdir $cg 2>/dev/null
+    # Each run's lines as soon as it ends, too: a call that runs past the device's time limit still
+    # shows what finished.
+    printf '%s\n' "${summary[@]:$before}"
   }
   [ "${OOC_NOLIMIT:-1}" = 1 ] && limited ooc-nolimit max "$dist/bin/gale" $train
   # OOC_READ_AHEAD="0 auto 512M": one limited run per --read-ahead value (default: Gale's own);
@@ -298,7 +301,7 @@ for line in sys.stdin:
   # one limited run per NAME[:VAR=VALUE[,VAR=VALUE...]], Gale started with those variables.
   for ra in ${OOC_READ_AHEAD:-default}; do
     for variant in ${OOC_VARIANTS:-default}; do
-      name=ooc-limit
+      name=ooc-limit${OOC_LIMIT:-3G}
       [ "$ra" = default ] || name=$name-ra$ra
       [ "$variant" = default ] || name=$name-${variant%%:*}
       vars=
