@@ -3,9 +3,10 @@
 // (storage/disk_reader.hpp: O_DIRECT, io_uring or the pread pool) on the store's features.npy:
 // random 4 KiB reads, random 64 KiB reads, and a sequential pass in 1 MiB reads, then what a request
 // costs beyond its pages, in pages of the faster bulk reads (storage::request_pages, which the disk
-// tier's reads are coalesced by). A user sees the ceiling beside what training achieves (the metrics'
-// disk_bytes_read / disk_read_s). Run it with the page cache dropped for a cold disk (O_DIRECT bypasses the cache either way, but the device's
-// own cache may hold a file read just before).
+// tier's reads are coalesced by). A user sees the ceiling beside what training achieves (the
+// metrics' disk_bytes_read / disk_read_s). Run it with the page cache dropped for a cold disk
+// (O_DIRECT bypasses the cache either way, but the device's own cache may hold a file read just
+// before).
 #include <boost/program_options.hpp>
 
 #include <algorithm>
@@ -95,7 +96,8 @@ int run_bench_io(const std::vector<std::string>& args) {
   if (json)
     std::printf("{\"bench\":\"io\",\"request_pages\":%.2f}\n", pages);
   else
-    std::printf("  a request costs %.1f pages read in bulk beyond its own: the disk tier reads through gaps of fewer\n", pages);
+    std::printf("  a request costs %.1f pages read in bulk beyond its own: the disk tier reads through gaps of fewer pages\n",
+                pages);
   return 0;
 }
 

@@ -157,9 +157,7 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
   ReadTotals totals;
   uint64_t last_needed = UINT64_MAX;  // the last page counted in needed_bytes
   for (size_t k = 0; k < sorted_ids.size(); ++k) {
-    const uint64_t begin = data_offset_ + static_cast<uint64_t>(sorted_ids[k]) * row_bytes_;
-    const uint64_t p = begin / kPage;
-    const uint64_t q = (begin + row_bytes_ - 1) / kPage;
+    const auto [p, q] = pages_of(sorted_ids[k]);
     const uint64_t new_from = last_needed == UINT64_MAX ? p : std::max(p, last_needed + 1);
     if (q >= new_from) {
       totals.needed_bytes += (q - new_from + 1) * kPage;

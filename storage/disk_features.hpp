@@ -13,10 +13,9 @@
 // cache are known once those batches are sampled; read_window reads them all in one pass, sorted
 // by offset and coalesced across gaps shorter than what a request costs (so a cold page that
 // several batches of the window need is read once, and dense runs of needed pages become long
-// sequential reads), into slots of
-// a RowPool that the read-ahead's windows share: a window whose rows the pool still holds from an
-// earlier window finds them there instead of reading them again. read_rows serves a batch's rows
-// from its WindowRows.
+// sequential reads), into slots of a RowPool that the read-ahead's windows share: a window whose
+// rows the pool still holds from an earlier window finds them there instead of reading them again.
+// read_rows serves a batch's rows from its WindowRows.
 #pragma once
 
 #include <atomic>
@@ -154,8 +153,8 @@ class DiskFeatures {
 
   // The window of `ids` (ascending, distinct) whose rows lie in `pool`'s slots `slots` (ids[k] in
   // slots[k]; distinct slots): rows their slot already holds stay, the rest are read into their
-  // slots in one pass sorted by offset and coalesced (gap_pages). The caller
-  // guarantees that no live window uses a slot it gives another row. Throws as read_rows does
+  // slots in one pass sorted by offset and coalesced (gap_pages). The caller guarantees that no
+  // live window uses a slot it gives another row. Throws as read_rows does
   // (then the slots being read hold nothing); InputError for ids or slots out of order or range.
   // `extra_ids` / `extra_slots` (ascending, distinct, slots apart from the window's): rows read
   // into the pool with the window, which it does not serve (later windows' rows on the pages it

@@ -42,11 +42,11 @@ int64_t window_share() {  // GALE_READ_AHEAD_SHARE (>= 2) overrides it, for meas
 constexpr size_t kHorizon = 8;
 
 // Bookkeeping per pool slot (ReadAhead::shape): the plan's row and slot (16; twice while a
-// window's new rows are merged in), free-slot entry (4), last use (8) and fresh row (8), and what
+// window's new rows are merged in), free-slot entry (4), last use (8) and fresh row (8), what
 // choosing the rows to drop holds (the candidates' index 8, id 8, first later use 8, and key with
-// index 16: 40). The pages of a window's fresh rows, which rows ride along on, take at most a fresh
-// row's 8 bytes each (rows of 512 bytes or more; narrower rows share pages).
-constexpr uint64_t kPlanBytesPerSlot = 2 * 16 + 4 + 8 + 8 + 40 + 8;
+// index 16: 40), and the spans of pages a window's read covers, which rows ride along on (16, at
+// most one per fresh row).
+constexpr uint64_t kPlanBytesPerSlot = 2 * 16 + 4 + 8 + 8 + 40 + 16;
 // The windows whose ids and slots (12 bytes a row) are held at once: those planned ahead, the one
 // being grown, the one handed over, its copy as the live window, the two read and alive; and the
 // rows riding along with the window handed over and with the one being read (at most a window's).
@@ -102,8 +102,8 @@ class PoolPlan {
   // Rows of the windows planned after the one placed last (`later`, soonest first) that lie wholly
   // on the pages its read covers (its fresh rows' pages and the gaps read through between them) and
   // that the pool does not hold: they ride along with that read (not a page more is read) into free
-  // slots, at most `cap`, the soonest windows' first,
-  // so that a later window finds them in the pool instead of reading those pages again. Ascending.
+  // slots, at most `cap`, the soonest windows' first, so that a later window finds them in the pool
+  // instead of reading those pages again. Ascending.
   // Where the free slots do not suffice, rows that neither w, live nor a later window needs give
   // theirs up, least recently needed first (Belady's choice: their next use is further off).
   std::vector<std::pair<int64_t, int32_t>> ride_along(const std::vector<int64_t>& w, const std::vector<int64_t>& live,

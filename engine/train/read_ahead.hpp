@@ -100,9 +100,8 @@ class ReadAhead {
   // together; `growth`: how many times larger each window may be than the last (window_growth);
   // `keep`: whether the pool keeps rows for later windows (read_ahead_keeps); `ride_along`: whether
   // later windows' rows on the pages a window reads are read with it (read_ahead_rides_along; only
-  // with keep). Where the disk tier's
-  // budget has less room than `bytes` (and a window's staging), the pool is smaller. Throws
-  // ResourceError when the budget refuses even the smallest pool.
+  // with keep). Where the disk tier's budget has less room than `bytes` (and a window's staging),
+  // the pool is smaller. Throws ResourceError when the budget refuses even the smallest pool.
   ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
             bool keep = read_ahead_keeps(), bool ride_along = read_ahead_rides_along());
   // Stops the threads (after the read under way) and frees the windows.
