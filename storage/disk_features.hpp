@@ -45,9 +45,9 @@ struct DiskFeatureOptions {
   // Two runs of needed pages are read in one request, the unneeded pages between them read through,
   // where that costs less than a request of its own: with many reads in flight a request costs
   // about its pages plus request_pages more (storage::request_pages), so runs merge across gaps of
-  // fewer than request_pages pages. 0: measured at open when features.npy is at least 1 GiB (0.2 s
-  // of random 4 KiB and 256 KiB reads), else kDefaultRequestPages; kMeasureRequestPages: measured
-  // whatever the file's size.
+  // fewer than request_pages pages. 0: measured at open when features.npy is at least 1 GiB (0.4 s
+  // of random 4 KiB and 256 KiB reads, the median of five rounds), else kDefaultRequestPages;
+  // kMeasureRequestPages: measured whatever the file's size.
   double request_pages = 0;
   // >= 0: merge across gaps of at most this many pages instead (for measuring; GALE_READ_GAP_PAGES
   // sets it in training).

@@ -40,6 +40,15 @@ int64_t window_share() {  // GALE_READ_AHEAD_SHARE (>= 2) overrides it, for meas
 // The windows planned ahead of the one handed to the reading thread, whose misses rank what the
 // pool keeps (bench/readahead_sim.py --pool-horizon: 8 read 0.56x, 4 0.65x, the whole future 0.50x).
 constexpr size_t kHorizon = 8;
+// The rows riding along with a window's read: at most this many full windows' worth.
+// GALE_READ_AHEAD_RIDE_CAP overrides it, for measuring.
+int64_t ride_cap() {
+  static const int64_t cap = [] {
+    const char* env = std::getenv("GALE_READ_AHEAD_RIDE_CAP");
+    return env != nullptr && std::atoll(env) >= 1 ? static_cast<int64_t>(std::atoll(env)) : int64_t{1};
+  }();
+  return cap;
+}
 
 // Bookkeeping per pool slot (ReadAhead::shape): the plan's row and slot (16; twice while a
 // window's new rows are merged in), free-slot entry (4), last use (8) and fresh row (8), what
@@ -99,21 +108,27 @@ class PoolPlan {
     return slots;
   }
 
-  // Rows of the windows planned after the one placed last (`later`, soonest first) that lie wholly
-  // on the pages its read covers (its fresh rows' pages and the gaps read through between them) and
-  // that the pool does not hold: they ride along with that read (not a page more is read) into free
-  // slots, at most `cap`, the soonest windows' first, so that a later window finds them in the pool
-  // instead of reading those pages again. Ascending.
+  // Rows of the windows planned after the one placed last (`later`, soonest first) that the pool
+  // does not hold and that lie on the pages its read covers (its fresh rows' pages and the gaps
+  // read through between them), or near enough to them that reading them now likely costs less
+  // than a request of their own would later: across gaps of up to one page fewer than the disk
+  // tier's gap (chain_gap) from those pages, or from another rider's, so the spans grow by chains
+  // of rows. They ride along with that read into free slots,
+  // at most `cap`, the soonest windows' first, so that a later window finds them in the pool
+  // instead of reading their pages again, in requests of their own. Ascending.
   // Where the free slots do not suffice, rows that neither w, live nor a later window needs give
   // theirs up, least recently needed first (Belady's choice: their next use is further off).
+  // `chain` false: only rows wholly on the pages read for the fresh rows ride (the eighth
+  // session's rule, for measuring).
   std::vector<std::pair<int64_t, int32_t>> ride_along(const std::vector<int64_t>& w, const std::vector<int64_t>& live,
                                                       const std::vector<const std::vector<int64_t>*>& later,
-                                                      const storage::DiskFeatures& disk, size_t cap, int64_t index) {
+                                                      const storage::DiskFeatures& disk, size_t cap, int64_t index,
+                                                      bool chain) {
     if (fresh_.empty() || cap == 0) return {};
     // The spans of pages read for the fresh rows, runs merged across the disk tier's gap as
     // read_window will merge them (ascending, disjoint, inclusive): the unneeded pages inside are
     // read through anyway.
-    std::vector<std::pair<uint64_t, uint64_t>> spans;
+    Spans spans;
     const uint64_t gap = static_cast<uint64_t>(disk.gap_pages());
     for (int64_t id : fresh_) {
       const auto [p, q] = disk.pages_of(id);
@@ -122,17 +137,9 @@ class PoolPlan {
     }
     std::vector<int64_t> riders;
     for (const std::vector<int64_t>* ids : later) {
-      for (size_t i = 0, g = 0, h = 0; i < ids->size() && riders.size() < cap; ++i) {
-        const int64_t id = (*ids)[i];
-        const auto [p, q] = disk.pages_of(id);
-        while (g < spans.size() && spans[g].second < p) ++g;
-        if (g == spans.size()) break;
-        if (p < spans[g].first || q > spans[g].second) continue;  // every page of the row is read
-        while (h < held_.size() && held_[h].first < id) ++h;
-        if (h < held_.size() && held_[h].first == id) continue;
-        riders.push_back(id);
-      }
       if (riders.size() >= cap) break;
+      if (chain) join_chained(*ids, disk, cap, &spans, &riders);
+      else join_within(*ids, disk, spans, cap, &riders);
     }
     std::sort(riders.begin(), riders.end());
     riders.erase(std::unique(riders.begin(), riders.end()), riders.end());
@@ -152,6 +159,105 @@ class PoolPlan {
   }
 
  private:
+  using Spans = std::vector<std::pair<uint64_t, uint64_t>>;  // pages, inclusive, ascending, disjoint
+
+  // Whether the pool holds `id`; `h` walks held_ along ascending ids.
+  bool held(int64_t id, size_t* h) const {
+    while (*h < held_.size() && held_[*h].first < id) ++*h;
+    return *h < held_.size() && held_[*h].first == id;
+  }
+
+  // Appends to `riders` the rows of `ids` (ascending) that are not held and lie wholly inside a
+  // span, up to `cap` riders in all.
+  void join_within(const std::vector<int64_t>& ids, const storage::DiskFeatures& disk, const Spans& spans, size_t cap,
+                   std::vector<int64_t>* riders) const {
+    for (size_t i = 0, g = 0, h = 0; i < ids.size() && riders->size() < cap; ++i) {
+      const auto [p, q] = disk.pages_of(ids[i]);
+      while (g < spans.size() && spans[g].second < p) ++g;
+      if (g == spans.size()) break;
+      if (p < spans[g].first || q > spans[g].second) continue;
+      if (!held(ids[i], &h)) riders->push_back(ids[i]);
+    }
+  }
+
+  // The gap of unneeded pages a rider may chain across: one page fewer than the disk tier's, whose
+  // gap weighs a page read through against a request of its own; a rider's request would come
+  // later and might have merged into its own window's run. On the CPU machine's R-MAT 20 (gap 3)
+  // chains across 2 cost the least in the disk's affine model, against 0, 1 and 3 (4 GB-like),
+  // and 1 a little less than 2 (8 GB-like); docs/performance.md. GALE_READ_AHEAD_CHAIN_GAP
+  // overrides it, for measuring.
+  static uint64_t chain_gap(const storage::DiskFeatures& disk) {
+    static const int64_t forced = [] {
+      const char* env = std::getenv("GALE_READ_AHEAD_CHAIN_GAP");
+      return env != nullptr && std::atoll(env) >= 0 ? static_cast<int64_t>(std::atoll(env)) : int64_t{-1};
+    }();
+    return static_cast<uint64_t>(forced >= 0 ? forced : std::max(0, disk.gap_pages() - 1));
+  }
+
+  // Appends to `riders` the rows of `ids` (ascending) that are not held and whose pages lie within
+  // chain_gap of a span or of a row joined before them, in a pass up the pages and one down, up to
+  // `cap` riders in all; the spans grow by the rows joined (merged across that gap).
+  void join_chained(const std::vector<int64_t>& ids, const storage::DiskFeatures& disk, size_t cap, Spans* spans,
+                    std::vector<int64_t>* riders) const {
+    if (spans->empty()) return;
+    const uint64_t gap = chain_gap(disk);
+    std::vector<char> joined(ids.size(), 0), is_held(ids.size(), 0);
+    for (size_t i = 0, h = 0; i < ids.size(); ++i) is_held[i] = held(ids[i], &h);
+    size_t count = riders->size();
+    {  // up the pages: `reach` is the last page read at or before the row's
+      uint64_t reach = 0;
+      bool any = false;
+      for (size_t i = 0, g = 0; i < ids.size() && count < cap; ++i) {
+        const auto [p, q] = disk.pages_of(ids[i]);
+        for (; g < spans->size() && (*spans)[g].first <= q; ++g) {
+          reach = any ? std::max(reach, (*spans)[g].second) : (*spans)[g].second;
+          any = true;
+        }
+        if (!any || p > reach + 1 + gap || is_held[i]) continue;
+        joined[i] = 1;
+        ++count;
+        reach = std::max(reach, q);
+      }
+    }
+    {  // down the pages: `reach` is the first page read at or after the row's
+      uint64_t reach = 0;
+      bool any = false;
+      size_t g = spans->size();
+      for (size_t i = ids.size(); i-- > 0 && count < cap;) {
+        const auto [p, q] = disk.pages_of(ids[i]);
+        for (; g > 0 && (*spans)[g - 1].second >= p; --g) {
+          reach = any ? std::min(reach, (*spans)[g - 1].first) : (*spans)[g - 1].first;
+          any = true;
+        }
+        if (joined[i]) {
+          reach = any ? std::min(reach, p) : p;
+          any = true;
+          continue;
+        }
+        if (!any || q + 1 + gap < reach || is_held[i]) continue;
+        joined[i] = 1;
+        ++count;
+        reach = p;
+      }
+    }
+    Spans grown;
+    grown.reserve(spans->size() + count - riders->size());
+    const auto add = [&](uint64_t p, uint64_t q) {
+      if (!grown.empty() && p <= grown.back().second + 1 + gap) grown.back().second = std::max(grown.back().second, q);
+      else grown.emplace_back(p, q);
+    };
+    size_t g = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!joined[i]) continue;
+      const auto [p, q] = disk.pages_of(ids[i]);
+      for (; g < spans->size() && (*spans)[g].first <= p; ++g) add((*spans)[g].first, (*spans)[g].second);
+      add(p, q);
+      riders->push_back(ids[i]);
+    }
+    for (; g < spans->size(); ++g) add((*spans)[g].first, (*spans)[g].second);
+    *spans = std::move(grown);
+  }
+
   // The rows held that neither w nor live needs (indices into held_, ascending rows).
   std::vector<size_t> spare_rows(const std::vector<int64_t>& w, const std::vector<int64_t>& live) const {
     std::vector<size_t> spare;
@@ -258,6 +364,14 @@ bool read_ahead_rides_along() {
   return ride;
 }
 
+bool read_ahead_chains_riders() {
+  static const bool chain = [] {
+    const char* env = std::getenv("GALE_READ_AHEAD_CHAIN");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return chain;
+}
+
 ReadAhead::Shape ReadAhead::shape(uint64_t bytes, int64_t num_nodes, int64_t dim) {
   Shape s;
   const uint64_t seen = (static_cast<uint64_t>(num_nodes) / 64 + 1) * sizeof(uint64_t);
@@ -281,12 +395,13 @@ int64_t window_growth(bool gpu_sampled) {
 }
 
 ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
-                     bool keep, bool ride_along)
+                     bool keep, bool ride_along, bool chain)
     : disk_(disk),
       shape_(shape(usable_bytes(disk, bytes), disk.num_nodes(), disk.feature_dim())),
       growth_(std::max<int64_t>(2, growth)),
       keep_(keep),
       ride_along_(ride_along),
+      chain_(chain),
       bookkeeping_(disk.budget(), shape_.bookkeeping_bytes),
       pool_(std::make_shared<storage::RowPool>(disk.budget(), shape_.slots, disk.feature_dim())),
       sampling_([this, first = std::move(first), next = std::move(next)]() mutable { sample_windows(std::move(first), next); }),
@@ -343,7 +458,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
         w.alone = !w.slots.empty();
       }
       if (!w.slots.empty() && keep_ && ride_along_) {
-        for (const auto& [id, slot] : plan.ride_along(w.ids, live, later, disk_, static_cast<size_t>(full), handed)) {
+        for (const auto& [id, slot] : plan.ride_along(w.ids, live, later, disk_, static_cast<size_t>(full * ride_cap()), handed, chain_)) {
           w.extra_ids.push_back(id);
           w.extra_slots.push_back(slot);
         }

@@ -214,11 +214,12 @@ TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
   struct Read {
     int64_t rows = 0, own = 0, windows = 0;  // distinct rows read from disk, rows batches read on their own
     uint64_t pages = 0;                      // bytes of the distinct pages those rows lie on
+    int64_t requests = 0;                    // reads issued
   };
   const uint64_t roomy_budget = uint64_t{256} << 20;
   // An epoch through a read-ahead of `ahead_bytes`; `room`: what the budget has beside the disk
   // tier's own charges.
-  const auto read_epoch = [&](bool keep, uint64_t room, uint64_t ahead_bytes, bool ride = true) {
+  const auto read_epoch = [&](bool keep, uint64_t room, uint64_t ahead_bytes, bool ride = true, bool chain = true) {
     kernels::cuda::MemoryBudget budget(uint64_t{256} << 20, "--host-mem-budget");
     storage::DiskFeatureOptions o;  // no host cache: every row is a miss
     o.budget = &budget;
@@ -231,7 +232,7 @@ TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
     {
       train_parts::ReadAhead ahead(disk, ahead_bytes, /*growth=*/2, {0, 0, batches, inputs},
                                    [](int64_t) -> std::optional<train_parts::ReadAhead::Segment> { return std::nullopt; },
-                                   keep, ride);
+                                   keep, ride, chain);
       if (roomy) EXPECT_GE(budget.in_use(), fixed + planned.pool_bytes + planned.bookkeeping_bytes);
       for (int64_t b = 0; b < batches; ++b) {
         const std::vector<int64_t> ids = inputs(b);
@@ -243,7 +244,7 @@ TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
         ahead.done(0, b);
       }
       const storage::DiskFeatureStats st = disk.take_stats();
-      read = {st.distinct_disk_rows, st.disk_rows, st.windows, st.needed_bytes};
+      read = {st.distinct_disk_rows, st.disk_rows, st.windows, st.needed_bytes, st.read_calls};
     }
     EXPECT_EQ(budget.in_use(), fixed) << "the read-ahead gives back what it charged";
     EXPECT_LE(budget.peak(), fixed + room);
@@ -259,9 +260,14 @@ TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
   // Later windows' rows on the pages a window reads ride along: fewer pages read than when each
   // window reads only its own rows.
   const Read walking = read_epoch(true, roomy_budget, bytes, /*ride=*/false);
+  const Read within = read_epoch(true, roomy_budget, bytes, /*ride=*/true, /*chain=*/false);
   EXPECT_EQ(walking.own, 0);
-  EXPECT_LT(static_cast<double>(kept.pages), 0.9 * static_cast<double>(walking.pages))
-      << "riding along read " << kept.pages << " bytes of pages, each window alone " << walking.pages;
+  EXPECT_EQ(within.own, 0);
+  EXPECT_LT(static_cast<double>(within.pages), 0.9 * static_cast<double>(walking.pages))
+      << "riding along read " << within.pages << " bytes of pages, each window alone " << walking.pages;
+  // Rows near those pages ride too, chained: fewer requests than riders on the pages read alone.
+  EXPECT_LT(static_cast<double>(kept.requests), 0.9 * static_cast<double>(within.requests))
+      << "chained riders took " << kept.requests << " requests, riders on the pages read " << within.requests;
   // A budget with less room than the read-ahead's bytes (other charges took part of it) gets a
   // smaller pool, not a refusal: the same rows, read in smaller windows.
   EXPECT_GT(read_epoch(true, storage::DiskFeatures::max_staging_bytes() + bytes / 4, bytes).windows, kept.windows);
