@@ -53,9 +53,11 @@ int64_t ride_cap() {
 // Bookkeeping per pool slot (ReadAhead::shape): the plan's row and slot (16; twice while a
 // window's new rows are merged in), free-slot entry (4), last use (8) and fresh row (8), what
 // choosing the rows to drop holds (the candidates' index 8, id 8, first later use 8, and key with
-// index 16: 40), and the spans of pages a window's read covers, which rows ride along on (16, at
-// most one per fresh row).
-constexpr uint64_t kPlanBytesPerSlot = 2 * 16 + 4 + 8 + 8 + 40 + 16;
+// index 16: 40), the spans of pages a window's read covers, which rows ride along on, and their
+// copy as chained riders grow them (16 bytes a span, at most one per fresh row or rider, so up to
+// half the slots each: 16 a slot for both), and a later window's rows' two flags while they are
+// chained (2 bytes a row of a window, a quarter of the slots: under 1 a slot).
+constexpr uint64_t kPlanBytesPerSlot = 2 * 16 + 4 + 8 + 8 + 40 + 16 + 1;
 // The windows whose ids and slots (12 bytes a row) are held at once: those planned ahead, the one
 // being grown, the one handed over, its copy as the live window, the two read and alive; and the
 // rows riding along with the window handed over and with the one being read (at most a window's).
