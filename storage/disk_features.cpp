@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include <tbb/parallel_for.h>
+#include <tbb/task_group.h>
 
 #include "kernels/error.hpp"
 #include "storage/npy.hpp"
@@ -194,36 +195,23 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
     total += e.bytes();
     largest = std::max(largest, e.bytes());
   }
-  const uint64_t staging_bytes = std::max(largest, std::min(total, max_staging_bytes));
-  Staging staging(options_.budget, staging_bytes);
+  // Two halves of the staging buffer: while the pages of one round are checked and their rows
+  // handed to the sink (in parallel, on TBB's threads), the disk reads the next round into the other
+  // half, so neither the disk nor the checks wait for the other. An extent larger than a half gets a
+  // half of its own size.
+  const uint64_t half = std::max(largest, std::min(total, max_staging_bytes) / 2);
+  Staging staging(options_.budget, total <= half ? total : 2 * half);  // one round: no second half
 
   std::vector<ReadRequest> requests;
   std::vector<uint64_t> offset_in_staging(extents.size());
-  size_t row = 0;
-  for (size_t first = 0; first < extents.size();) {
-    // One round: as many extents as the staging buffer holds, read in one call.
-    requests.clear();
-    uint64_t used = 0;
-    size_t last = first;
-    while (last < extents.size() && (last == first || used + extents[last].bytes() <= staging_bytes)) {
-      offset_in_staging[last] = used;
-      requests.push_back(ReadRequest{extents[last].first_page * kPage,
-                                     static_cast<uint32_t>(extents[last].bytes()), staging.data() + used});
-      used += extents[last].bytes();
-      ++last;
-    }
-    const auto start = std::chrono::steady_clock::now();
-    reader_->read(requests.data(), requests.size());
-    totals.nanoseconds +=
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-    totals.bytes += used;
-    totals.calls += static_cast<int64_t>(requests.size());
-
+  // Checks round [first, last)'s pages, read into `buffer`, and hands its rows [row_begin, row_end)
+  // to the sink.
+  const auto process = [&](const char* buffer, size_t first, size_t last, size_t row_begin, size_t row_end) {
     if (page_sums_ != nullptr) {
       tbb::parallel_for(first, last, [&](size_t x) {
         for (uint64_t p = extents[x].first_page; p <= extents[x].last_page; ++p) {
           const uint64_t at = p * kPage;
-          const char* bytes = staging.data() + offset_in_staging[x] + (p - extents[x].first_page) * kPage;
+          const char* bytes = buffer + offset_in_staging[x] + (p - extents[x].first_page) * kPage;
           if (page_sum(bytes, std::min(kPage, file_size_ - at)) != page_sums_[p])
             throw CorruptStoreError(file_.string() + ": page checksum mismatch at byte offset " + std::to_string(at) +
                                     " (page " + std::to_string(p) +
@@ -231,14 +219,50 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
         }
       });
     }
-    const size_t row_begin = row;
-    while (row < sorted_ids.size() && extent_of[row] < last) ++row;
-    tbb::parallel_for(row_begin, row, [&](size_t k) {
+    tbb::parallel_for(row_begin, row_end, [&](size_t k) {
       const Extent& e = extents[extent_of[k]];
       const uint64_t begin = data_offset_ + static_cast<uint64_t>(sorted_ids[k]) * row_bytes_;
-      sink(k, staging.data() + offset_in_staging[extent_of[k]] + (begin - e.first_page * kPage));
+      sink(k, buffer + offset_in_staging[extent_of[k]] + (begin - e.first_page * kPage));
     });
-    first = last;
+  };
+  tbb::task_group checking;  // the round being checked, at most one
+  try {
+    size_t row = 0;
+    for (size_t first = 0, round = 0; first < extents.size(); ++round) {
+      // One round: as many extents as a half holds, read in one call.
+      char* buffer = staging.data() + (round % 2) * half;
+      requests.clear();
+      uint64_t used = 0;
+      size_t last = first;
+      while (last < extents.size() && (last == first || used + extents[last].bytes() <= half)) {
+        offset_in_staging[last] = used;
+        requests.push_back(ReadRequest{extents[last].first_page * kPage, static_cast<uint32_t>(extents[last].bytes()),
+                                       buffer + used});
+        used += extents[last].bytes();
+        ++last;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      reader_->read(requests.data(), requests.size());
+      totals.nanoseconds +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+      totals.bytes += used;
+      totals.calls += static_cast<int64_t>(requests.size());
+      checking.wait();  // the round before, in the other half (rethrows its error)
+      const size_t row_begin = row;
+      while (row < sorted_ids.size() && extent_of[row] < last) ++row;
+      checking.run([&process, buffer, first, last, row_begin, row_end = row] {
+        process(buffer, first, last, row_begin, row_end);
+      });
+      first = last;
+    }
+    checking.wait();
+  } catch (...) {
+    // The staging buffer outlives the round being checked; its error, if any, gives way to this one.
+    try {
+      checking.wait();
+    } catch (...) {
+    }
+    throw;
   }
   return totals;
 }

@@ -210,8 +210,9 @@ class DiskFeatures {
 
   // Reads the distinct rows sorted_ids (ascending, no repeats) from disk and hands each row's raw
   // bytes to sink(k, bytes) with k its index in sorted_ids (in parallel: each k once). Extents are
-  // planned with gap_pages and max_read_bytes; a staging buffer of at most max_staging_bytes is
-  // reused round by round, its pages checked in parallel.
+  // planned with gap_pages and max_read_bytes; a staging buffer of at most max_staging_bytes (or
+  // twice the largest extent) is read into half by half, round by round: one half's pages are
+  // checked and its rows handed over, in parallel, while the disk reads the next round into the other.
   template <typename Sink>
   ReadTotals read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages, uint64_t max_read_bytes,
                             uint64_t max_staging_bytes, const Sink& sink);

@@ -576,6 +576,63 @@ TEST(DiskFeatures, FlippedByteIsReportedWithItsPage) {
   EXPECT_NO_THROW(blind.read_rows(&bad_row, 1, out.data()));
 }
 
+// A read larger than the staging buffer goes in rounds, each half of the buffer read while the
+// other's pages are checked: every row still arrives bit for bit, every page is checked, and a bad
+// page in a late round stops the read naming its offset, with the budget given back.
+TEST(DiskFeatures, ReadsOfManyRoundsServeTheSameRowsAndCheckEveryPage) {
+  TempDir dir;
+  const int64_t n = 100000, dim = 128;  // 51 MB of features: rounds of 16 MiB halves
+  ASSERT_GT(static_cast<uint64_t>(n * dim * 4), 3 * DiskFeatures::max_staging_bytes() / 2);
+  write_feature_store(dir / "s.gale", n, dim, DType::kF32, 33);
+  const std::string file = dir / "s.gale/features.npy";
+  const std::vector<uint32_t> sums = sums_of(file);
+  const Store store = Store::open(dir / "s.gale");
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<int64_t> scattered = random_ids(n, 60000, 4);
+  {
+    MemoryBudget budget(uint64_t{1} << 30, "--host-mem-budget");
+    DiskFeatureOptions o;
+    o.page_sums = sums.data();
+    o.budget = &budget;
+    DiskFeatures disk(store, {}, o);
+    expect_same_rows(disk, store, all, "every row, in order");
+    expect_same_rows(disk, store, scattered, "random rows");
+    EXPECT_LE(budget.peak() - budget.in_use(), DiskFeatures::max_staging_bytes()) << "staging stays within its bound";
+    const DiskFeatureStats st = disk.take_stats();
+    EXPECT_GE(st.disk_bytes, static_cast<uint64_t>(n * dim * 4)) << "every page of the file was read";
+    // And a full cache, filled in rounds of its own.
+    DiskFeatureOptions cached = o;
+    cached.cache_bytes = static_cast<uint64_t>(n * dim * 4);
+    DiskFeatures filled(store, priority_of(n, 3), cached);
+    EXPECT_EQ(filled.cached_rows(), n);
+    expect_same_rows(filled, store, scattered, "cached rows");
+  }
+  const int64_t bad_row = n - 1000;  // in the last round
+  const uint64_t bad_byte = 4096 + static_cast<uint64_t>(bad_row) * dim * 4 + 5;
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(bad_byte));
+    char c;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x01);
+    f.seekp(static_cast<std::streamoff>(bad_byte));
+    f.write(&c, 1);
+  }
+  MemoryBudget budget(uint64_t{1} << 30, "--host-mem-budget");
+  DiskFeatureOptions o;
+  o.page_sums = sums.data();
+  o.budget = &budget;
+  DiskFeatures disk(store, {}, o);
+  const uint64_t before = budget.in_use();
+  std::vector<float> out(all.size() * static_cast<size_t>(dim));
+  const std::string message = error_of([&] { disk.read_rows(all.data(), n, out.data()); });
+  EXPECT_NE(message.find("page checksum mismatch at byte offset " + std::to_string(bad_byte / kPage * kPage)),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(budget.in_use(), before) << "the staging buffer was given back";
+}
+
 TEST(DiskFeatures, BudgetTooSmallForTheCacheIsRefused) {
   TempDir dir;
   const int64_t n = 2000, dim = 100;
