@@ -519,6 +519,17 @@ TEST(DiskFeatures, ConcurrentCallsAgreeWithSerialOnes) {
   EXPECT_EQ(s.cache_hits + s.disk_rows, s.rows_requested);
 }
 
+// XORs the byte at `offset` of `file` with `mask`.
+void flip_bits(const std::string& file, uint64_t offset, char mask) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ mask);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
 TEST(DiskFeatures, FlippedByteIsReportedWithItsPage) {
   TempDir dir;
   const int64_t n = 3000, dim = 100;
@@ -530,15 +541,7 @@ TEST(DiskFeatures, FlippedByteIsReportedWithItsPage) {
   const int64_t bad_row = 1234;
   const uint64_t bad_byte = 4096 + static_cast<uint64_t>(bad_row) * dim * 4 + 17;
   const uint64_t bad_page = bad_byte / kPage;
-  {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(bad_byte));
-    char c;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x10);
-    f.seekp(static_cast<std::streamoff>(bad_byte));
-    f.write(&c, 1);
-  }
+  flip_bits(file, bad_byte, 0x10);
 
   DiskFeatureOptions o;
   o.page_sums = sums.data();
@@ -610,15 +613,7 @@ TEST(DiskFeatures, ReadsOfManyRoundsServeTheSameRowsAndCheckEveryPage) {
   }
   const int64_t bad_row = n - 1000;  // in the last round
   const uint64_t bad_byte = 4096 + static_cast<uint64_t>(bad_row) * dim * 4 + 5;
-  {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(bad_byte));
-    char c;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x01);
-    f.seekp(static_cast<std::streamoff>(bad_byte));
-    f.write(&c, 1);
-  }
+  flip_bits(file, bad_byte, 0x01);
   MemoryBudget budget(uint64_t{1} << 30, "--host-mem-budget");
   DiskFeatureOptions o;
   o.page_sums = sums.data();
