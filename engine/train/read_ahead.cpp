@@ -40,15 +40,6 @@ int64_t window_share() {  // GALE_READ_AHEAD_SHARE (>= 2) overrides it, for meas
 // The windows planned ahead of the one handed to the reading thread, whose misses rank what the
 // pool keeps (bench/readahead_sim.py --pool-horizon: 8 read 0.56x, 4 0.65x, the whole future 0.50x).
 constexpr size_t kHorizon = 8;
-// The rows riding along with a window's read: at most this many full windows' worth.
-// GALE_READ_AHEAD_RIDE_CAP overrides it, for measuring.
-int64_t ride_cap() {
-  static const int64_t cap = [] {
-    const char* env = std::getenv("GALE_READ_AHEAD_RIDE_CAP");
-    return env != nullptr && std::atoll(env) >= 1 ? static_cast<int64_t>(std::atoll(env)) : int64_t{1};
-  }();
-  return cap;
-}
 
 // Bookkeeping per pool slot (ReadAhead::shape): the plan's row and slot (16; twice while a
 // window's new rows are merged in), free-slot entry (4), last use (8) and fresh row (8), what
@@ -460,7 +451,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
         w.alone = !w.slots.empty();
       }
       if (!w.slots.empty() && keep_ && ride_along_) {
-        for (const auto& [id, slot] : plan.ride_along(w.ids, live, later, disk_, static_cast<size_t>(full * ride_cap()), handed, chain_)) {
+        for (const auto& [id, slot] : plan.ride_along(w.ids, live, later, disk_, static_cast<size_t>(full), handed, chain_)) {
           w.extra_ids.push_back(id);
           w.extra_slots.push_back(slot);
         }
