@@ -106,9 +106,9 @@ class PoolPlan {
   // read through between them), or near enough to them that reading them now likely costs less
   // than a request of their own would later: across gaps of up to one page fewer than the disk
   // tier's gap (chain_gap) from those pages, or from another rider's, so the spans grow by chains
-  // of rows. They ride along with that read into free slots,
-  // at most `cap`, the soonest windows' first, so that a later window finds them in the pool
-  // instead of reading their pages again, in requests of their own. Ascending.
+  // of rows. They ride along with that read into free slots, at most `cap`, the soonest windows'
+  // first, so that a later window finds them in the pool instead of reading their pages again, in
+  // requests of their own. Ascending.
   // Where the free slots do not suffice, rows that neither w, live nor a later window needs give
   // theirs up, least recently needed first (Belady's choice: their next use is further off).
   // `chain` false: only rows wholly on the pages read for the fresh rows ride (the eighth
