@@ -339,29 +339,26 @@ int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Whether the environment variable `name` leaves a measuring switch on (it is, unless set to 0).
+bool unless_zero(const char* name) {
+  const char* env = std::getenv(name);
+  return env == nullptr || std::string(env) != "0";
+}
+
 }  // namespace
 
 bool read_ahead_keeps() {
-  static const bool keep = [] {
-    const char* env = std::getenv("GALE_READ_AHEAD_KEEP");
-    return env == nullptr || std::string(env) != "0";
-  }();
+  static const bool keep = unless_zero("GALE_READ_AHEAD_KEEP");
   return keep;
 }
 
 bool read_ahead_rides_along() {
-  static const bool ride = [] {
-    const char* env = std::getenv("GALE_READ_AHEAD_RIDE");
-    return env == nullptr || std::string(env) != "0";
-  }();
+  static const bool ride = unless_zero("GALE_READ_AHEAD_RIDE");
   return ride;
 }
 
 bool read_ahead_chains_riders() {
-  static const bool chain = [] {
-    const char* env = std::getenv("GALE_READ_AHEAD_CHAIN");
-    return env == nullptr || std::string(env) != "0";
-  }();
+  static const bool chain = unless_zero("GALE_READ_AHEAD_CHAIN");
   return chain;
 }
 
