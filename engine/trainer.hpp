@@ -219,9 +219,12 @@ struct EpochMetrics {
   // With read-ahead: rows served from its windows, windows read, the bytes of the distinct 4 KiB
   // pages the reads needed (the plan's lower bound reads these at random or passes over them),
   // the seconds batches waited for a window, and the seconds the read-ahead spent sampling ahead.
+  // Its reading thread's waits: for a window to be planned (idle: the sampling behind), and with
+  // one planned, for the windows alive to free its slots (held); the rest of its time it reads.
   int64_t read_ahead_hits = 0, read_ahead_windows = 0;
   uint64_t needed_disk_bytes = 0;
   double read_ahead_wait_s = 0, read_ahead_sample_s = 0;
+  double read_ahead_reader_idle_s = 0, read_ahead_reader_held_s = 0;
   // Mini-batch: input nodes over the epoch, and how many of them the previous batch held, in the
   // trained order and had the sampled order been kept (the match-reorder's gain is the difference).
   int64_t input_nodes = 0, reused_nodes = 0, reused_nodes_sampled_order = 0;

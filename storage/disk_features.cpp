@@ -466,6 +466,10 @@ DiskFeatureStats DiskFeatures::take_stats() {
   s.windows = windows_.exchange(0, std::memory_order_relaxed);
   s.read_ahead_wait_s = static_cast<double>(wait_nanoseconds_.exchange(0, std::memory_order_relaxed)) * 1e-9;
   s.read_ahead_sample_s = static_cast<double>(sampling_nanoseconds_.exchange(0, std::memory_order_relaxed)) * 1e-9;
+  s.read_ahead_reader_idle_s =
+      static_cast<double>(reader_idle_nanoseconds_.exchange(0, std::memory_order_relaxed)) * 1e-9;
+  s.read_ahead_reader_held_s =
+      static_cast<double>(reader_held_nanoseconds_.exchange(0, std::memory_order_relaxed)) * 1e-9;
   return s;
 }
 

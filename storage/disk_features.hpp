@@ -128,6 +128,9 @@ struct DiskFeatureStats {
   int64_t windows = 0;             // windows read
   double read_ahead_wait_s = 0;    // time callers waited for a window to be read (add_wait)
   double read_ahead_sample_s = 0;  // time the read-ahead sampled ahead (add_sampling)
+  // Time the read-ahead's reading thread waited (add_reader_wait): for a window to be planned (the
+  // sampling behind), and with one planned, for the windows alive to free its slots.
+  double read_ahead_reader_idle_s = 0, read_ahead_reader_held_s = 0;
 };
 
 class DiskFeatures {
@@ -172,6 +175,12 @@ class DiskFeatures {
   void add_wait(int64_t nanoseconds) { wait_nanoseconds_.fetch_add(nanoseconds, std::memory_order_relaxed); }
   // Time the read-ahead spent sampling batches and collecting their misses (read_ahead_sample_s).
   void add_sampling(int64_t nanoseconds) { sampling_nanoseconds_.fetch_add(nanoseconds, std::memory_order_relaxed); }
+  // Time the read-ahead's reading thread waited with no window planned (idle) and with one planned
+  // but held back (read_ahead_reader_idle_s, read_ahead_reader_held_s).
+  void add_reader_wait(int64_t idle_nanoseconds, int64_t held_nanoseconds) {
+    reader_idle_nanoseconds_.fetch_add(idle_nanoseconds, std::memory_order_relaxed);
+    reader_held_nanoseconds_.fetch_add(held_nanoseconds, std::memory_order_relaxed);
+  }
 
   // Returns the counters and starts them again from zero.
   DiskFeatureStats take_stats();
@@ -249,7 +258,7 @@ class DiskFeatures {
   std::atomic<int64_t> read_nanoseconds_{0};
   std::atomic<uint64_t> needed_bytes_{0};
   std::atomic<int64_t> read_ahead_hits_{0}, read_ahead_rows_{0}, windows_{0}, wait_nanoseconds_{0},
-      sampling_nanoseconds_{0};
+      sampling_nanoseconds_{0}, reader_idle_nanoseconds_{0}, reader_held_nanoseconds_{0};
 };
 
 }  // namespace gale::storage

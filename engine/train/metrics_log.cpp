@@ -100,6 +100,8 @@ void MetricsLog::epoch(const EpochMetrics& m, const FeaturePlacement& placement)
     j["read_ahead_windows"] = m.read_ahead_windows;
     j["read_ahead_wait_s"] = m.read_ahead_wait_s;
     j["read_ahead_sample_s"] = m.read_ahead_sample_s;
+    j["read_ahead_reader_idle_s"] = m.read_ahead_reader_idle_s;
+    j["read_ahead_reader_held_s"] = m.read_ahead_reader_held_s;
   }
   if (!m.spmm_choices.empty()) {
     nlohmann::json choice = nlohmann::json::object();

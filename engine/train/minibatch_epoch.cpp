@@ -678,6 +678,8 @@ void MiniBatchEpochs::take_disk_stats(EpochMetrics* m) {
   m->read_ahead_windows = d.windows;
   m->read_ahead_wait_s = d.read_ahead_wait_s;
   m->read_ahead_sample_s = d.read_ahead_sample_s;
+  m->read_ahead_reader_idle_s = d.read_ahead_reader_idle_s;
+  m->read_ahead_reader_held_s = d.read_ahead_reader_held_s;
 }
 
 int MiniBatchEpochs::prefetch_depth() const {

@@ -559,12 +559,21 @@ void ReadAhead::read_windows() {
         // may finish out of order, as batches are prepared in parallel), or none at all for a window
         // planned alone.
         std::unique_lock<std::mutex> lock(mutex_);
-        changed_.wait(lock, [&] {
+        const auto ready = [&] {
           if (stop_ || error_) return true;
           if (planned_.empty()) return sampled_all_;
           return windows_.empty() ||
                  (!planned_.front().alone && windows_.size() == 1 && windows_.front().first == newest);
-        });
+        };
+        // The wait, split by what it waited for (read_ahead_reader_idle_s / _held_s).
+        int64_t idle = 0, held = 0;
+        while (!ready()) {
+          const auto t0 = std::chrono::steady_clock::now();
+          const bool planned = !planned_.empty();
+          changed_.wait(lock);
+          (planned ? held : idle) += nanoseconds_since(t0);
+        }
+        disk_.add_reader_wait(idle, held);
         if (stop_ || error_ || planned_.empty()) return;
         window = std::move(planned_.front());
         planned_.pop_front();

@@ -147,8 +147,12 @@ TEST(DiskTier, ReadAheadWindowsTrainBitForBitAsInMemory) {
   const TrainedRun ahead = run(o);
   expect_same_run(memory, ahead);
   int64_t windows = 0, batches = 0;
+  double reader_waits = 0;
   for (const EpochMetrics& m : ahead.epochs) {
     EXPECT_GT(m.read_ahead_windows, 1) << "epoch " << m.epoch;
+    EXPECT_GE(m.read_ahead_reader_idle_s, 0.0);
+    EXPECT_GE(m.read_ahead_reader_held_s, 0.0);
+    reader_waits += m.read_ahead_reader_idle_s + m.read_ahead_reader_held_s;
     windows += m.read_ahead_windows;
     batches += m.batches;
     EXPECT_GT(m.read_ahead_hits, 0);
@@ -161,6 +165,7 @@ TEST(DiskTier, ReadAheadWindowsTrainBitForBitAsInMemory) {
     EXPECT_LE(static_cast<uint64_t>(m.disk_read_requests) * 4096, m.disk_bytes_read) << "a request reads whole pages";
   }
   EXPECT_LE(windows, batches) << "a window holds at least one batch";
+  EXPECT_GT(reader_waits, 0.0) << "the reading thread waits for the first window, at least";
 
   // Without read-ahead every batch reads its own misses: the same run again.
   o.checkpoint_dir = (test_dir() / "no-read-ahead").string();
