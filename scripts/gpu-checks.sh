@@ -287,7 +287,8 @@ import json, sys
 for line in sys.stdin:
     j = json.loads(line)
     keys = ["epoch", "epoch_s", "features", "disk_rows", "host_cache_hits", "read_ahead_hits", "read_ahead_windows",
-            "disk_bytes_read", "needed_disk_bytes", "useful_disk_bytes", "disk_read_requests", "disk_read_s", "read_ahead_wait_s", "host_to_gpu_bytes"]
+            "disk_bytes_read", "needed_disk_bytes", "useful_disk_bytes", "disk_read_requests", "disk_read_s", "read_ahead_wait_s",
+            "read_ahead_sample_s", "read_ahead_reader_idle_s", "read_ahead_reader_held_s", "wait_s", "compute_s", "host_to_gpu_bytes"]
     print("   ", {k: j[k] for k in keys if k in j}, "|", j.get("placement", "")[-70:])
 ')")
     rmdir $cg 2>/dev/null
