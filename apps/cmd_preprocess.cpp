@@ -48,8 +48,9 @@ int run_preprocess(const std::vector<std::string>& args) {
       ("self-loops", po::value(&self_loops), "remove | keep (layers add their own self terms)")
       ("normalize-features", po::value(&normalize), "row: divide each feature row by its sum")
       ("feature-dtype", po::value(&feature_dtype), "f32 | f16 | bf16")
-      ("relabel", po::value(&relabel), "none | degree (order nodes by in-degree) | partition (number the nodes "
-                                       "part by part, with --partitions P)")
+      ("relabel", po::value(&relabel), "none | degree (order nodes by in-degree) | hot (training nodes, then "
+                                       "validation nodes, then the rest, each by in-degree: for features on disk) | "
+                                       "partition (number the nodes part by part, with --partitions P)")
       ("split", po::value(&o.split_name), "OGB split folder name (default: the only one)")
       ("split-fractions", po::value(&split_fractions), "random split when the input has none: TRAIN,VALID")
       ("seed", po::value(&o.seed), "seed for random splits and generators")
@@ -79,8 +80,9 @@ int run_preprocess(const std::vector<std::string>& args) {
     throw InputError("--feature-dtype: expected f32, f16 or bf16, found '" + feature_dtype + "'");
   if (relabel == "none") o.relabel = storage::Relabel::kNone;
   else if (relabel == "degree") o.relabel = storage::Relabel::kDegree;
+  else if (relabel == "hot") o.relabel = storage::Relabel::kHot;
   else if (relabel == "partition") o.relabel = storage::Relabel::kPartition;
-  else throw InputError("--relabel: expected none, degree or partition, found '" + relabel + "'");
+  else throw InputError("--relabel: expected none, degree, hot or partition, found '" + relabel + "'");
   if (self_loops == "remove") o.self_loops = storage::SelfLoops::kRemove;
   else if (self_loops == "keep") o.self_loops = storage::SelfLoops::kKeep;
   else throw InputError("--self-loops: expected remove or keep, found '" + self_loops + "'");

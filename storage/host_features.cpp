@@ -23,8 +23,8 @@ uint64_t in_memory_feature_need(const Store& store) {
 
 std::string row_order_advice(const Store& store) {
   if (store.manifest().relabelled) return "";
-  return "rows in node-id order: a store written with --relabel degree keeps the hot rows together, so the disk "
-         "tier reads fewer pages";
+  return "rows in node-id order: a store written with --relabel hot keeps the rows every epoch reads (the "
+         "training nodes, then the hubs) together, so the disk tier reads fewer pages";
 }
 
 HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(store), budget_(options.budget) {

@@ -756,7 +756,24 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     }
   }
 
-  // 4. The CSR (and, with --relabel degree, a second pass in the new order).
+  // The random split (of the labelled nodes, when the input has none) is drawn over input ids
+  // before any relabelling, so every order gets the same one and --relabel hot can use it.
+  if (nd.has_labels && nd.splits.empty()) {
+    std::vector<int64_t> labelled;
+    for (int64_t v = 0; v < n; ++v)
+      if (nd.labels[v] >= 0) labelled.push_back(v);
+    kernels::CounterRng rng(kernels::derive_key(o.seed, 0x5b11));
+    for (int64_t i = static_cast<int64_t>(labelled.size()) - 1; i > 0; --i)
+      std::swap(labelled[i], labelled[rng.below(static_cast<uint64_t>(i + 1))]);
+    const auto total = static_cast<double>(labelled.size());
+    const auto n_train = static_cast<size_t>(std::llround(total * o.train_fraction));
+    const auto n_valid = std::min(labelled.size() - n_train, static_cast<size_t>(std::llround(total * o.valid_fraction)));
+    nd.splits["train"].assign(labelled.begin(), labelled.begin() + n_train);
+    nd.splits["valid"].assign(labelled.begin() + n_train, labelled.begin() + n_train + n_valid);
+    nd.splits["test"].assign(labelled.begin() + n_train + n_valid, labelled.end());
+  }
+
+  // 4. The CSR (and, with --relabel degree / hot / partition, a second pass in the new order).
   const bool drop_self = o.self_loops == SelfLoops::kRemove;
   CsrSpill csr = drain(&sorter, n, o.dedup, drop_self, weighted, writer.temp_dir());
   report.sorted_runs = sorter.runs();
@@ -787,8 +804,22 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     report.sorted_runs = std::max(report.sorted_runs, again.runs());
   };
   std::vector<int32_t> part;  // with --relabel partition: each stored node's part
+  auto in_degree = [&](int64_t v) { return csr.indptr[v + 1] - csr.indptr[v]; };
   if (o.relabel == Relabel::kDegree) {
-    renumber([&](int64_t a, int64_t b) { return csr.indptr[a + 1] - csr.indptr[a] > csr.indptr[b + 1] - csr.indptr[b]; });
+    renumber([&](int64_t a, int64_t b) { return in_degree(a) > in_degree(b); });
+  } else if (o.relabel == Relabel::kHot) {
+    // Every epoch reads each training node's row (it is a seed) and the high-degree rows (sampled
+    // as neighbours); validation rows at each evaluation. So: training nodes, then validation
+    // nodes, then the rest, each group by decreasing in-degree.
+    std::vector<uint8_t> group(static_cast<size_t>(n), 2);
+    if (auto it = nd.splits.find("valid"); it != nd.splits.end())
+      for (int64_t v : it->second) group[static_cast<size_t>(v)] = 1;
+    if (auto it = nd.splits.find("train"); it != nd.splits.end())
+      for (int64_t v : it->second) group[static_cast<size_t>(v)] = 0;
+    renumber([&](int64_t a, int64_t b) {
+      if (group[a] != group[b]) return group[a] < group[b];
+      return in_degree(a) > in_degree(b);
+    });
   } else if (o.relabel == Relabel::kPartition) {
     // Partition the graph as read (its indices from the temporary file, as int32), then number the
     // nodes part by part; the cut does not depend on the numbering.
@@ -914,20 +945,6 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
                        std::to_string(std::max<int64_t>(n, 1 << 16)) + ", found " + std::to_string(max_label));
     writer.write_array("labels.npy", DType::kI32, {n}, labels.data());
     m.num_classes = max_label + 1;
-    if (nd.splits.empty()) {
-      std::vector<int64_t> labelled;
-      for (int64_t v = 0; v < n; ++v)
-        if (nd.labels[v] >= 0) labelled.push_back(v);
-      kernels::CounterRng rng(kernels::derive_key(o.seed, 0x5b11));
-      for (int64_t i = static_cast<int64_t>(labelled.size()) - 1; i > 0; --i)
-        std::swap(labelled[i], labelled[rng.below(static_cast<uint64_t>(i + 1))]);
-      const auto total = static_cast<double>(labelled.size());
-      const auto n_train = static_cast<size_t>(std::llround(total * o.train_fraction));
-      const auto n_valid = std::min(labelled.size() - n_train, static_cast<size_t>(std::llround(total * o.valid_fraction)));
-      nd.splits["train"].assign(labelled.begin(), labelled.begin() + n_train);
-      nd.splits["valid"].assign(labelled.begin() + n_train, labelled.begin() + n_train + n_valid);
-      nd.splits["test"].assign(labelled.begin() + n_train + n_valid, labelled.end());
-    }
   }
   std::vector<int64_t> stored_of;
   if (!original.empty()) {

@@ -19,10 +19,13 @@ namespace gale::storage {
 
 enum class InputFormat { kAuto, kEdgeList, kOgb, kMatrixMarket, kNpy };
 enum class SelfLoops { kRemove, kKeep };  // layers add their own self terms (GCN, GAT, GIN, SAGE)
-// kDegree: nodes by decreasing in-degree. kPartition: part by part (needs partitions > 0), each
+// kDegree: nodes by decreasing in-degree. kHot: the training split's nodes first, then the
+// validation split's, then the rest, each by decreasing in-degree: the rows an epoch reads for
+// certain (its seeds) and most likely (hubs) lie together at the front of features.npy, for the
+// disk tier. kPartition: part by part (needs partitions > 0), each
 // part's nodes consecutive ids in their input order, the community order that makes a window of
 // consecutive rows share its neighbours (the tensor-core SpMM's tiles, GAR's caches).
-enum class Relabel { kNone, kDegree, kPartition };
+enum class Relabel { kNone, kDegree, kHot, kPartition };
 
 struct PreprocessOptions {
   std::vector<std::string> inputs;     // positional INPUT... (edge list files, an OGB folder, .mtx)

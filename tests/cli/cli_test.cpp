@@ -328,28 +328,34 @@ TEST_F(Cli, AddPageSumsToAnOlderStoreThenVerify) {
 }
 
 // `info --host-mem-budget` says where train would read the features from under that budget, and a
-// store in node-id order that would go to disk is told that --relabel degree reads fewer pages.
+// store in node-id order that would go to disk is told that --relabel hot reads fewer pages.
 TEST_F(Cli, InfoSaysWhereTheFeaturesLiveUnderAGivenBudget) {
   const std::string store = sbm_store();
   const CliRun roomy = gale("info " + store + " --host-mem-budget 1G");
   EXPECT_EQ(roomy.code, 0) << roomy.out;
   EXPECT_NE(roomy.out.find("placement  features in host memory under the --host-mem-budget 1 GiB (as given)"),
             std::string::npos) << roomy.out;
-  EXPECT_EQ(roomy.out.find("--relabel degree"), std::string::npos) << roomy.out;
+  EXPECT_EQ(roomy.out.find("--relabel hot"), std::string::npos) << roomy.out;
   const CliRun tight = gale("info " + store + " --host-mem-budget 64K");
   EXPECT_EQ(tight.code, 0) << tight.out;
   EXPECT_NE(tight.out.find("read from disk (the disk tier) beyond the --host-mem-budget"), std::string::npos) << tight.out;
-  EXPECT_NE(tight.out.find("a store written with --relabel degree keeps the hot rows together"), std::string::npos)
+  EXPECT_NE(tight.out.find("a store written with --relabel hot keeps the rows every epoch reads"), std::string::npos)
       << tight.out;
-  const std::string ordered = path("degree-ordered.gale");
+  const std::string ordered = path("hot-ordered.gale");
   const CliRun relabel = gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,feature-dim=16,seed=3 "
-                              "--relabel degree -o " + ordered);
+                              "--relabel hot -o " + ordered);
   ASSERT_EQ(relabel.code, 0) << relabel.out;
   EXPECT_EQ(relabel.out.find("note:"), std::string::npos) << "a store that fits the host needs no advice";
   const CliRun hot_first = gale("info " + ordered + " --host-mem-budget 64K");
   EXPECT_EQ(hot_first.code, 0) << hot_first.out;
   EXPECT_NE(hot_first.out.find("read from disk"), std::string::npos) << hot_first.out;
-  EXPECT_EQ(hot_first.out.find("--relabel degree"), std::string::npos) << hot_first.out;
+  EXPECT_EQ(hot_first.out.find("--relabel hot"), std::string::npos) << hot_first.out;
+  const CliRun unknown = gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,seed=3 --relabel hottest -o " +
+                              path("unknown-order.gale"));
+  EXPECT_EQ(unknown.code, 2) << unknown.out;
+  EXPECT_NE(unknown.out.find("--relabel: expected none, degree, hot or partition, found 'hottest'"), std::string::npos)
+      << unknown.out;
+  EXPECT_FALSE(fs::exists(path("unknown-order.gale")));
   const CliRun bad = gale("info " + store + " --host-mem-budget lots");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("--host-mem-budget"), std::string::npos) << bad.out;

@@ -228,6 +228,15 @@ void expect_relabelled_copy(const Store& p, const Store& r) {
   EXPECT_EQ(train, std::set<int64_t>(ptrain.begin(), ptrain.end()));
 }
 
+// Writes `plain` to plain.output and the same input relabelled `how` to dir/rel.gale; the report
+// is the relabelled one's.
+PreprocessReport write_plain_and_relabelled(PreprocessOptions plain, Relabel how, const fs::path& dir) {
+  preprocess(plain);
+  plain.output = dir / "rel.gale";
+  plain.relabel = how;
+  return preprocess(plain);
+}
+
 TEST(Preprocess, RelabelByDegreeIsAConsistentPermutation) {
   TempDir dir;
   const Dataset ds;
@@ -235,14 +244,33 @@ TEST(Preprocess, RelabelByDegreeIsAConsistentPermutation) {
   testing::write_text(dir / "edges.csv", ds.edge_text(","));
   PreprocessOptions plain = ds.with_side(dir, "plain.gale");
   plain.inputs = {dir / "edges.csv"};
-  preprocess(plain);
-  PreprocessOptions rel = plain;
-  rel.output = dir / "rel.gale";
-  rel.relabel = Relabel::kDegree;
-  preprocess(rel);
+  write_plain_and_relabelled(plain, Relabel::kDegree, dir.path());
   const Store p = Store::open(dir / "plain.gale"), r = Store::open(dir / "rel.gale");
   expect_relabelled_copy(p, r);
   for (int64_t s = 0; s + 1 < r.num_nodes(); ++s) EXPECT_GE(r.csr().degree(s), r.csr().degree(s + 1));
+}
+
+// --relabel hot: the random split is drawn before the relabelling (the same split as without
+// it), and the stored order is the training nodes, the validation nodes, then the rest, each by
+// decreasing in-degree.
+TEST(Preprocess, RelabelHotPutsTheTrainingThenValidationNodesFirst) {
+  TempDir dir;
+  PreprocessOptions plain;
+  plain.generate = "rmat:scale=11,edge-factor=8,classes=5,feature-dim=4,seed=3";
+  plain.output = dir / "plain.gale";
+  write_plain_and_relabelled(plain, Relabel::kHot, dir.path());
+  const Store p = Store::open(dir / "plain.gale"), r = Store::open(dir / "rel.gale");
+  expect_relabelled_copy(p, r);
+  const auto train = r.split("train"), valid = r.split("valid");
+  ASSERT_GT(train.size(), 0u);
+  ASSERT_GT(valid.size(), 0u);
+  const auto n_train = static_cast<int64_t>(train.size()), n_valid = static_cast<int64_t>(valid.size());
+  // Stored ids 0 .. T-1 are the training split, T .. T+V-1 the validation split.
+  for (int64_t k = 0; k < n_train; ++k) ASSERT_EQ(train[static_cast<size_t>(k)], k);
+  for (int64_t k = 0; k < n_valid; ++k) ASSERT_EQ(valid[static_cast<size_t>(k)], n_train + k);
+  const int64_t bounds[] = {0, n_train, n_train + n_valid, r.num_nodes()};
+  for (int g = 0; g < 3; ++g)
+    for (int64_t s = bounds[g]; s + 1 < bounds[g + 1]; ++s) EXPECT_GE(r.csr().degree(s), r.csr().degree(s + 1)) << s;
 }
 
 // --relabel partition: the same partition as without it (it is computed on the graph as read),
@@ -253,11 +281,7 @@ TEST(Preprocess, RelabelByPartitionNumbersThePartsInTurn) {
   plain.generate = "sbm:nodes=2K,classes=20,avg-degree=10,feature-dim=6,homophily=0.9,seed=4";
   plain.partitions = 20;
   plain.output = dir / "plain.gale";
-  preprocess(plain);
-  PreprocessOptions rel = plain;
-  rel.output = dir / "rel.gale";
-  rel.relabel = Relabel::kPartition;
-  const PreprocessReport report = preprocess(rel);
+  const PreprocessReport report = write_plain_and_relabelled(plain, Relabel::kPartition, dir.path());
   const Store p = Store::open(dir / "plain.gale"), r = Store::open(dir / "rel.gale");
   expect_relabelled_copy(p, r);
   ASSERT_NE(r.partition(), nullptr);
@@ -270,6 +294,8 @@ TEST(Preprocess, RelabelByPartitionNumbersThePartsInTurn) {
     }
   }
   EXPECT_EQ(report.partition_cut, edge_cut(p.csr(), p.partition()));
+  PreprocessOptions rel = plain;
+  rel.relabel = Relabel::kPartition;
   rel.partitions = 0;
   rel.output = dir / "none.gale";
   expect_input_error(rel, "--relabel partition: needs --partitions P");
