@@ -26,7 +26,7 @@
 #                                      run (BEFORE_GALE too, when given): epoch seconds, disk bytes, memory.peak;
 #                                      OOC_READ_AHEAD="0 auto 512M" runs the limited one per --read-ahead value,
 #                                      OOC_NOLIMIT=0 skips the run without a limit, OOC_REUSE=1 keeps a store
-#                                      generated before, OOC_RELABEL=degree generates it hottest first,
+#                                      generated before, OOC_RELABEL=hot (or degree) generates it so ordered,
 #                                      OOC_VARIANTS="NAME:VAR=VALUE,..." runs the limited one per variant
 #                                      with those environment variables (GALE_READ_GAP_PAGES=4, ...)
 #   scripts/gpu-checks.sh DIST scale25 R-MAT scale 25 (33M nodes, 1B entries, 17 GB of 128-d features)
