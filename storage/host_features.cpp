@@ -22,9 +22,11 @@ uint64_t in_memory_feature_need(const Store& store) {
 }
 
 std::string row_order_advice(const Store& store) {
-  if (store.manifest().relabelled) return "";
-  return "rows in node-id order: a store written with --relabel hot keeps the rows every epoch reads (the "
-         "training nodes, then the hubs) together, so the disk tier reads fewer pages";
+  const Manifest& m = store.manifest();
+  const char* order = !m.relabelled ? "node-id" : m.relabel_order == "degree" ? "in-degree" : nullptr;
+  if (order == nullptr) return "";  // hot, partition (chosen for the full-graph kernels), or not recorded
+  return std::string("rows in ") + order + " order: a store written with --relabel hot keeps the rows every epoch "
+         "reads (the training nodes, then the hubs) together, so the disk tier reads fewer pages";
 }
 
 HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(store), budget_(options.budget) {

@@ -93,9 +93,11 @@ uint64_t topology_bytes(const Store& store);
 // Host bytes a training run needs to keep the store's features in memory: the topology, the IO
 // staging reserve and features.npy. Beyond the host budget the features go to the disk tier.
 uint64_t in_memory_feature_need(const Store& store);
-// The `placement` advice for a store whose features would go to disk: rows in node-id order
-// scatter the disk tier's misses over more pages than rows ordered hottest first (R-MAT 20:
-// 33-40% more bytes read; docs/performance.md). Empty for a relabelled store.
+// The `placement` advice for a store whose features would go to disk: rows in node-id or in-degree
+// order scatter an epoch's seeds and misses over more pages than the training nodes first
+// (`--relabel hot`; R-MAT 25 in 8 GB: 3.5 GB read in the first epoch against 10.8-12.1 GB in
+// in-degree order; docs/performance.md). Empty for a store in hot or partition order, or relabelled
+// before the order was recorded.
 std::string row_order_advice(const Store& store);
 
 }  // namespace gale::storage

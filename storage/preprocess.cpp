@@ -963,6 +963,7 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   if (!original.empty()) {
     writer.write_array("relabel.npy", DType::kI64, {n}, original.data());
     m.relabelled = true;
+    m.relabel_order = o.relabel == Relabel::kDegree ? "degree" : o.relabel == Relabel::kHot ? "hot" : "partition";
   }
   writer.commit();
   return report;

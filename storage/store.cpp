@@ -198,6 +198,7 @@ std::string manifest_to_json(const Manifest& m) {
   // Only partitioned stores carry the key, so stores without partition.npy keep their bytes.
   if (m.num_partitions > 0) j["partition_method"] = m.partition_method;
   j["relabelled"] = m.relabelled;
+  if (m.relabelled && !m.relabel_order.empty()) j["relabel_order"] = m.relabel_order;
   // Only stores with page sums carry the key, so a store written before them keeps its bytes.
   if (m.page_size != 0) j["page_size"] = m.page_size;
   nlohmann::json files = nlohmann::json::object();
@@ -257,6 +258,7 @@ Manifest manifest_from_json(const std::string& text, const std::string& source) 
   get("num_partitions", &m.num_partitions);
   get("relabelled", &m.relabelled);
   if (j.contains("partition_method")) get("partition_method", &m.partition_method);
+  if (j.contains("relabel_order")) get("relabel_order", &m.relabel_order);
   if (j.contains("page_size")) {
     get("page_size", &m.page_size);
     if (!j["page_size"].is_number_integer() || m.page_size != kPageSumPage)
@@ -976,7 +978,9 @@ std::string describe_store(const Store& store) {
     }
     o << "\n";
   }
-  if (m.relabelled) o << "relabelled yes (relabel.npy maps stored ids to original ids)\n";
+  if (m.relabelled)
+    o << "relabelled yes" << (m.relabel_order.empty() ? "" : ", " + m.relabel_order + " order")
+      << " (relabel.npy maps stored ids to original ids)\n";
   // The sidecars are summarised in one line rather than listed beside the arrays.
   uint64_t total = 0, sums_total = 0;
   size_t arrays = 0, sidecars = 0;

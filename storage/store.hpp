@@ -57,6 +57,9 @@ struct Manifest {
   int64_t num_partitions = 0;     // 0 when partition.npy is absent
   std::string partition_method;   // "metis", "ldg" or "single"; written only with num_partitions > 0
   bool relabelled = false;        // relabel.npy present
+  // With relabelled: the order preprocess wrote ("degree", "hot" or "partition"); written only
+  // for relabelled stores, and "" in one written before the key.
+  std::string relabel_order;
   std::map<std::string, FileEntry> files;  // relative path -> entry, page-sum sidecars included
   // kPageSumPage when every array file has its page sums (pages/<file>); 0 in a store written
   // before them. Written only when non-zero, so such a store keeps its bytes.

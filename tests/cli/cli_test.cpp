@@ -341,6 +341,15 @@ TEST_F(Cli, InfoSaysWhereTheFeaturesLiveUnderAGivenBudget) {
   EXPECT_NE(tight.out.find("read from disk (the disk tier) beyond the --host-mem-budget"), std::string::npos) << tight.out;
   EXPECT_NE(tight.out.find("a store written with --relabel hot keeps the rows every epoch reads"), std::string::npos)
       << tight.out;
+  // In-degree order gets the advice too: the training nodes' rows still fall on most pages.
+  const std::string by_degree = path("degree-ordered.gale");
+  ASSERT_EQ(gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,feature-dim=16,seed=3 "
+                 "--relabel degree -o " + by_degree).code, 0);
+  const CliRun degree_info = gale("info " + by_degree + " --host-mem-budget 64K");
+  EXPECT_EQ(degree_info.code, 0) << degree_info.out;
+  EXPECT_NE(degree_info.out.find("relabelled yes, degree order"), std::string::npos) << degree_info.out;
+  EXPECT_NE(degree_info.out.find("rows in in-degree order: a store written with --relabel hot"), std::string::npos)
+      << degree_info.out;
   const std::string ordered = path("hot-ordered.gale");
   const CliRun relabel = gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,feature-dim=16,seed=3 "
                               "--relabel hot -o " + ordered);
@@ -350,6 +359,7 @@ TEST_F(Cli, InfoSaysWhereTheFeaturesLiveUnderAGivenBudget) {
   EXPECT_EQ(hot_first.code, 0) << hot_first.out;
   EXPECT_NE(hot_first.out.find("read from disk"), std::string::npos) << hot_first.out;
   EXPECT_EQ(hot_first.out.find("--relabel hot"), std::string::npos) << hot_first.out;
+  EXPECT_NE(hot_first.out.find("relabelled yes, hot order"), std::string::npos) << hot_first.out;
   const CliRun unknown = gale("preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,seed=3 --relabel hottest -o " +
                               path("unknown-order.gale"));
   EXPECT_EQ(unknown.code, 2) << unknown.out;

@@ -261,6 +261,8 @@ TEST(Preprocess, RelabelHotPutsTheTrainingThenValidationNodesFirst) {
   write_plain_and_relabelled(plain, Relabel::kHot, dir.path());
   const Store p = Store::open(dir / "plain.gale"), r = Store::open(dir / "rel.gale");
   expect_relabelled_copy(p, r);
+  EXPECT_EQ(r.manifest().relabel_order, "hot");
+  EXPECT_EQ(p.manifest().relabel_order, "");
   const auto train = r.split("train"), valid = r.split("valid");
   ASSERT_GT(train.size(), 0u);
   ASSERT_GT(valid.size(), 0u);
@@ -549,6 +551,7 @@ TEST(Preprocess, RelabelTiesKeepTheOriginalOrder) {
   preprocess(o);
   const Store s = Store::open(dir / "r.gale");
   EXPECT_TRUE(s.manifest().relabelled);
+  EXPECT_EQ(s.manifest().relabel_order, "degree");
   EXPECT_EQ(std::vector<int64_t>(s.relabel(), s.relabel() + 5), (std::vector<int64_t>{2, 0, 3, 1, 4}));
   EXPECT_EQ(std::vector<int32_t>(s.labels(), s.labels() + 5), (std::vector<int32_t>{2, 0, 3, 1, 4}));
   // Stored row 0 (original 2) holds original sources 1, 3, 4 -> stored 3, 2, 4, sorted.
