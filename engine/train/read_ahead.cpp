@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include <tbb/parallel_for.h>
@@ -37,6 +38,18 @@ int64_t window_share() {  // GALE_READ_AHEAD_SHARE (>= 2) overrides it, for meas
   }();
   return share;
 }
+}  // namespace
+
+int read_ahead_parts() {
+  static const int parts = [] {
+    const char* env = std::getenv("GALE_READ_AHEAD_PARTS");
+    return env != nullptr && std::atoi(env) >= 1 ? std::atoi(env) : 1;
+  }();
+  return parts;
+}
+
+namespace {
+
 // The windows planned ahead of the one handed to the reading thread, whose misses rank what the
 // pool keeps (bench/readahead_sim.py --pool-horizon: 8 read 0.56x, 4 0.65x, the whole future 0.50x).
 constexpr size_t kHorizon = 8;
@@ -53,6 +66,9 @@ constexpr uint64_t kPlanBytesPerSlot = 2 * 16 + 4 + 8 + 8 + 40 + 16 + 1;
 // being grown, the one handed over, its copy as the live window, the two read and alive; and the
 // rows riding along with the window handed over and with the one being read (at most a window's).
 constexpr uint64_t kWindowLists = kHorizon + 7;
+// With parts, the whole window's ids and slots shared by its parts, and the first use of each row
+// of the window being grown: one list more, and a third of one.
+uint64_t window_lists(int parts) { return kWindowLists + (parts > 1 ? 2 : 0); }
 constexpr uint64_t kWindowBytesPerRow = sizeof(int64_t) + sizeof(int32_t);
 
 // The sampling thread's plan of the pool: which row each slot holds once the windows handed over
@@ -150,6 +166,9 @@ class PoolPlan {
     hold(placed);
     return placed;
   }
+
+  // The rows the last place() gave new slots (they will be read), ascending.
+  const std::vector<int64_t>& fresh() const { return fresh_; }
 
  private:
   using Spans = std::vector<std::pair<uint64_t, uint64_t>>;  // pages, inclusive, ascending, disjoint
@@ -362,17 +381,17 @@ bool read_ahead_chains_riders() {
   return chain;
 }
 
-ReadAhead::Shape ReadAhead::shape(uint64_t bytes, int64_t num_nodes, int64_t dim) {
+ReadAhead::Shape ReadAhead::shape(uint64_t bytes, int64_t num_nodes, int64_t dim, int parts) {
   Shape s;
   const uint64_t seen = (static_cast<uint64_t>(num_nodes) / 64 + 1) * sizeof(uint64_t);
   const uint64_t row = storage::RowPool::bytes_per_slot(dim);
-  const uint64_t per_slot = row + kPlanBytesPerSlot + kWindowLists * kWindowBytesPerRow / static_cast<uint64_t>(window_share());
+  const uint64_t per_slot = row + kPlanBytesPerSlot + window_lists(parts) * kWindowBytesPerRow / static_cast<uint64_t>(window_share());
   s.slots = std::clamp<int64_t>(static_cast<int64_t>(bytes > seen ? (bytes - seen) / per_slot : 0), window_share(),
                                 INT32_MAX);
   s.window_rows = s.slots / window_share();
   s.pool_bytes = static_cast<uint64_t>(s.slots) * row;
   s.bookkeeping_bytes = seen + static_cast<uint64_t>(s.slots) * kPlanBytesPerSlot +
-                        kWindowLists * static_cast<uint64_t>(s.window_rows) * kWindowBytesPerRow;
+                        window_lists(parts) * static_cast<uint64_t>(s.window_rows) * kWindowBytesPerRow;
   return s;
 }
 
@@ -385,13 +404,14 @@ int64_t window_growth(bool gpu_sampled) {
 }
 
 ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
-                     bool keep, bool ride_along, bool chain)
+                     bool keep, bool ride_along, bool chain, int parts)
     : disk_(disk),
-      shape_(shape(usable_bytes(disk, bytes), disk.num_nodes(), disk.feature_dim())),
+      shape_(shape(usable_bytes(disk, bytes), disk.num_nodes(), disk.feature_dim(), std::max(1, parts))),
       growth_(std::max<int64_t>(2, growth)),
       keep_(keep),
       ride_along_(ride_along),
       chain_(chain),
+      parts_(std::max(1, parts)),
       bookkeeping_(disk.budget(), shape_.bookkeeping_bytes),
       pool_(std::make_shared<storage::RowPool>(disk.budget(), shape_.slots, disk.feature_dim())),
       sampling_([this, first = std::move(first), next = std::move(next)]() mutable { sample_windows(std::move(first), next); }),
@@ -429,6 +449,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
     std::vector<uint64_t> seen(static_cast<size_t>(disk_.num_nodes() / 64 + 1), 0);
     const int64_t full = std::max<int64_t>(1, shape_.window_rows);
     int64_t limit = std::max<int64_t>(1, full / kFirstWindowShare);
+    const int parts = parts_;
     // Windows planned, not yet handed over; `live`: the rows of the last one handed over, which the
     // batches will read from while the reading thread reads the next.
     PoolPlan plan(shape_.slots, keep_);
@@ -453,13 +474,16 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
           w.extra_slots.push_back(slot);
         }
       }
-      ++handed;
+      w.plan = handed++;
       if (w.slots.empty()) live.clear();  // larger than the pool: its batches read their own rows
       else live = w.ids;
+      std::vector<Planned> pieces;
+      if (parts > 1 && !w.slots.empty() && w.end - w.first > 1) pieces = split_into_parts(std::move(w), plan.fresh());
+      else pieces.push_back(std::move(w));
       std::unique_lock<std::mutex> lock(mutex_);
       changed_.wait(lock, [&] { return stop_ || error_ || planned_.empty(); });
       if (stop_ || error_) return false;
-      planned_.push_back(std::move(w));
+      for (Planned& piece : pieces) planned_.push_back(std::move(piece));
       lock.unlock();
       changed_.notify_all();
       return true;
@@ -519,6 +543,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
           if ((word >> (id & 63) & 1) == 0) {
             word |= uint64_t{1} << (id & 63);
             window.ids.push_back(id);
+            if (parts > 1) window.first_use.push_back(static_cast<int32_t>(position + b - segment.first - window.first));
           }
         }
         sampled.pop_front();
@@ -527,7 +552,14 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
       window.end = position + b - segment.first;
       if (window.end == window.first) break;
       for (int64_t id : window.ids) seen[static_cast<size_t>(id) >> 6] = 0;
-      std::sort(window.ids.begin(), window.ids.end());
+      if (parts > 1) {
+        std::vector<std::pair<int64_t, int32_t>> by_id(window.ids.size());
+        for (size_t i = 0; i < by_id.size(); ++i) by_id[i] = {window.ids[i], window.first_use[i]};
+        std::sort(by_id.begin(), by_id.end());
+        for (size_t i = 0; i < by_id.size(); ++i) std::tie(window.ids[i], window.first_use[i]) = by_id[i];
+      } else {
+        std::sort(window.ids.begin(), window.ids.end());
+      }
       limit = std::min(full, limit * growth_);
       ahead.push_back(std::move(window));
       // The first window goes at once, and so does the oldest when the reading thread has nothing
@@ -548,22 +580,88 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
   }
 }
 
+std::vector<ReadAhead::Planned> ReadAhead::split_into_parts(Planned w, const std::vector<int64_t>& fresh) const {
+  const int64_t batches = w.end - w.first;
+  const int64_t k = std::min<int64_t>(parts_, batches);
+  // The window's rows and its riders, by id: the part whose batches first need each (riders: the
+  // last), whether it will be read (rows the pool holds are not), and the part that reads it.
+  struct Row {
+    int64_t id;
+    int32_t slot;
+    int64_t due;
+    bool rider, read;
+    int64_t part = -1;
+  };
+  std::vector<Row> rows;
+  rows.reserve(w.ids.size() + w.extra_ids.size());
+  for (size_t i = 0, x = 0, f = 0; i < w.ids.size() || x < w.extra_ids.size();) {
+    if (i == w.ids.size() || (x < w.extra_ids.size() && w.extra_ids[x] < w.ids[i])) {
+      rows.push_back(Row{w.extra_ids[x], w.extra_slots[x], k - 1, true, true});
+      ++x;
+      continue;
+    }
+    while (f < fresh.size() && fresh[f] < w.ids[i]) ++f;
+    const bool is_fresh = f < fresh.size() && fresh[f] == w.ids[i];
+    rows.push_back(Row{w.ids[i], w.slots[i], static_cast<int64_t>(w.first_use[i]) * k / batches, false, is_fresh});
+    ++i;
+  }
+  // Part p reads the rows its batches need first, and the rows of later parts that a read of
+  // those would merge (within the disk tier's gap of their runs), so no page is read twice.
+  const uint64_t gap = static_cast<uint64_t>(disk_.gap_pages());
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  for (int64_t p = 0; p < k; ++p) {
+    spans.clear();
+    for (Row& r : rows) {
+      if (r.part >= 0 || r.due != p) continue;
+      r.part = p;
+      if (!r.read) continue;
+      const auto [a, z] = disk_.pages_of(r.id);
+      if (!spans.empty() && a <= spans.back().second + 1 + gap) spans.back().second = std::max(spans.back().second, z);
+      else spans.emplace_back(a, z);
+    }
+    size_t g = 0;
+    for (Row& r : rows) {
+      if (r.part >= 0 || !r.read) continue;
+      const auto [a, z] = disk_.pages_of(r.id);
+      while (g < spans.size() && spans[g].second + 1 + gap < a) ++g;
+      if (g < spans.size() && z + 1 + gap >= spans[g].first) r.part = p;
+    }
+  }
+  std::vector<Planned> out(static_cast<size_t>(k));
+  const auto whole = std::make_shared<const storage::WindowRows>(pool_, w.ids, w.slots);
+  for (int64_t p = 0; p < k; ++p) {
+    Planned& part = out[static_cast<size_t>(p)];
+    part.first = w.first + (p * batches + k - 1) / k;  // the batches whose first-use part is p
+    part.end = w.first + ((p + 1) * batches + k - 1) / k;
+    part.alone = w.alone;
+    part.plan = w.plan;
+    part.whole = whole;
+    part.part = static_cast<int>(p);
+  }
+  for (const Row& r : rows) {
+    Planned& part = out[static_cast<size_t>(r.part)];
+    (r.rider ? part.extra_ids : part.ids).push_back(r.id);
+    (r.rider ? part.extra_slots : part.slots).push_back(r.slot);
+  }
+  return out;
+}
+
 void ReadAhead::read_windows() {
   try {
-    int64_t newest = -1;  // the first position of the last window read
+    int64_t failed_plan = -1;  // a window one of whose parts could not be read: its later parts are not read
     for (;;) {
       Planned window;
       {
         // The next window sampled, once no window is alive but the last one read (whose rows the
         // plan kept in place: the slots the next takes over belong to no live window then; windows
         // may finish out of order, as batches are prepared in parallel), or none at all for a window
-        // planned alone.
+        // planned alone; the parts of the window being read may be alive too.
         std::unique_lock<std::mutex> lock(mutex_);
         const auto ready = [&] {
           if (stop_ || error_) return true;
           if (planned_.empty()) return sampled_all_;
-          return windows_.empty() ||
-                 (!planned_.front().alone && windows_.size() == 1 && windows_.front().first == newest);
+          const int64_t oldest = planned_.front().plan - (planned_.front().alone ? 0 : 1);
+          return std::all_of(windows_.begin(), windows_.end(), [&](const Window& w) { return w.plan >= oldest; });
         };
         // The wait, split by what it waited for (read_ahead_reader_idle_s / _held_s).
         int64_t idle = 0, held = 0;
@@ -580,7 +678,19 @@ void ReadAhead::read_windows() {
       }
       changed_.notify_all();
       std::shared_ptr<const storage::WindowRows> rows;
-      if (!window.slots.empty()) {
+      if (window.whole != nullptr) {  // a part: its batches may need the rows of the parts before it
+        if (window.plan != failed_plan) {
+          try {
+            if (!window.ids.empty() || !window.extra_ids.empty())
+              disk_.read_window(pool_, std::move(window.ids), std::move(window.slots), window.extra_ids,
+                                window.extra_slots);
+            rows = window.whole;
+          } catch (const ResourceError&) {
+            rows = nullptr;  // the budget refused its staging: its batches read their own misses, and so
+            failed_plan = window.plan;  // do those of the parts after it, which need this part's rows
+          }
+        }
+      } else if (!window.slots.empty()) {
         try {
           rows = disk_.read_window(pool_, std::move(window.ids), std::move(window.slots), window.extra_ids,
                                    window.extra_slots);
@@ -588,10 +698,9 @@ void ReadAhead::read_windows() {
           rows = nullptr;  // the budget refused its staging: its batches read their own misses
         }
       }
-      newest = window.first;
       {
         const std::lock_guard<std::mutex> lock(mutex_);
-        windows_.push_back(Window{window.first, window.end, std::move(rows), window.end - window.first});
+        windows_.push_back(Window{window.first, window.end, std::move(rows), window.end - window.first, window.plan});
       }
       changed_.notify_all();
     }

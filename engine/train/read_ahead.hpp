@@ -40,6 +40,14 @@
 // 4 GB it cut the requests 41% but read 1.5x the bytes, in the same time.
 // GALE_READ_AHEAD_RIDE=0 turns riders off, GALE_READ_AHEAD_CHAIN=0 the chains, for measuring.
 //
+// A window's read may be split into parts (read_ahead_parts; off unless GALE_READ_AHEAD_PARTS is
+// set): part p reads the rows first needed by the p-th run of its batches, and every row of the
+// later parts (and every rider) that its read would merge, so a page is still read once; its
+// batches train as soon as it is read, while the next part is read. Where one window holds most of
+// an epoch's misses (R-MAT 25 in 8 GB), its batches otherwise all wait for the whole read. The
+// parts share one map of the whole window's rows; a part that cannot be read leaves its batches,
+// and those of the parts after it, to read their own misses.
+//
 // The read-ahead's memory is `bytes`, charged to the disk tier's budget: the pool's rows, and its
 // bookkeeping, charged at the start (shape): a bit per node for the window being grown, the plan
 // of the pool (each slot's row and when it was last needed, the free slots, the lists that choose
@@ -80,6 +88,13 @@ namespace gale::engine::train_parts {
 // overrides both, for measuring.
 int64_t window_growth(bool gpu_sampled);
 
+// How many parts a window's read is split into, by the batches that first need each row (1: the
+// whole window at once). A part's batches train once it is read, while the next part is read, so
+// a window that holds most of an epoch's misses no longer waits for its whole read; the rows of
+// later parts on the pages a part reads are read with it, so each page is still read once.
+// GALE_READ_AHEAD_PARTS=K (>= 1) sets it; 1 unless set (not yet measured on a GPU).
+int read_ahead_parts();
+
 // Whether the pool keeps rows for later windows (the header); false where GALE_READ_AHEAD_KEEP=0.
 bool read_ahead_keeps();
 // Whether later windows' rows ride along with a window's read (the header); false where
@@ -107,12 +122,13 @@ class ReadAhead {
   // together; `growth`: how many times larger each window may be than the last (window_growth);
   // `keep`: whether the pool keeps rows for later windows (read_ahead_keeps); `ride_along`: whether
   // later windows' rows on the pages a window reads are read with it (read_ahead_rides_along; only
-  // with keep); `chain`: whether rows near those pages ride too, chained (read_ahead_chains_riders).
+  // with keep); `chain`: whether rows near those pages ride too, chained (read_ahead_chains_riders);
+  // `parts`: how many parts each window's read is split into (read_ahead_parts).
   // Where the disk tier's budget has less room than `bytes` (and a window's staging),
   // the pool is smaller. Throws ResourceError when the budget refuses even the smallest pool.
   ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
             bool keep = read_ahead_keeps(), bool ride_along = read_ahead_rides_along(),
-            bool chain = read_ahead_chains_riders());
+            bool chain = read_ahead_chains_riders(), int parts = read_ahead_parts());
   // Stops the threads (after the read under way) and frees the windows.
   ~ReadAhead();
   ReadAhead(const ReadAhead&) = delete;
@@ -135,27 +151,38 @@ class ReadAhead {
     uint64_t pool_bytes = 0;  // charged by the pool (storage::RowPool)
     uint64_t bookkeeping_bytes = 0;
   };
-  static Shape shape(uint64_t bytes, int64_t num_nodes, int64_t dim);
+  static Shape shape(uint64_t bytes, int64_t num_nodes, int64_t dim, int parts = read_ahead_parts());
 
  private:
   struct Window {
     int64_t first = 0, end = 0;  // positions [first, end) in the sequence of batches
     std::shared_ptr<const storage::WindowRows> rows;
     int64_t pending = 0;  // batches not yet done
+    int64_t plan = 0;     // the window's place among those handed over (its parts share it)
   };
-  struct Planned {  // a window sampled, not yet read
+  struct Planned {  // a window sampled, not yet read (or one part of it: read_ahead_parts)
     int64_t first = 0, end = 0;
     std::vector<int64_t> ids;    // its distinct misses, ascending
     std::vector<int32_t> slots;  // the pool slot of each; empty: it did not fit (its batches read their own)
     bool alone = false;          // placed as if no window were alive: read once none is
     std::vector<int64_t> extra_ids;    // later windows' rows read with it (ascending), and their slots
     std::vector<int32_t> extra_slots;
+    int64_t plan = 0;
+    // A part of a window: the whole window's rows, shared by its parts and handed to their batches
+    // once the part is read (the parts are read in order, so each finds every row it needs).
+    std::shared_ptr<const storage::WindowRows> whole;
+    int part = 0;  // 0 .. parts - 1
+    std::vector<int32_t> first_use;  // while planned, with parts: the position of the first batch needing each id
   };
   struct Placed {  // a segment's place in the sequence
     int64_t epoch = 0, first = 0, end = 0, offset = 0;  // batch b is at offset + b - first
   };
 
   void sample_windows(Segment first, const NextSegment& next);
+  // Splits window w (its rows' slots placed; fresh: those of its rows the pool does not hold yet,
+  // ascending) into parts of consecutive batches, each reading the rows its batches
+  // need first and the later parts' rows (and w's riders) on the pages it reads.
+  std::vector<Planned> split_into_parts(Planned w, const std::vector<int64_t>& fresh) const;
   void read_windows();
   // Batch b of epoch's position; waits until the sampling thread has placed that epoch. -1: the
   // sequence ended before it.
@@ -170,6 +197,7 @@ class ReadAhead {
   const bool keep_;
   const bool ride_along_;
   const bool chain_;
+  const int parts_;  // read_ahead_parts
   const kernels::cuda::BudgetCharge bookkeeping_;
   const std::shared_ptr<storage::RowPool> pool_;
 

@@ -224,7 +224,8 @@ TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
   const uint64_t roomy_budget = uint64_t{256} << 20;
   // An epoch through a read-ahead of `ahead_bytes`; `room`: what the budget has beside the disk
   // tier's own charges.
-  const auto read_epoch = [&](bool keep, uint64_t room, uint64_t ahead_bytes, bool ride = true, bool chain = true) {
+  const auto read_epoch = [&](bool keep, uint64_t room, uint64_t ahead_bytes, bool ride = true, bool chain = true,
+                              int parts = 1) {
     kernels::cuda::MemoryBudget budget(uint64_t{256} << 20, "--host-mem-budget");
     storage::DiskFeatureOptions o;  // no host cache: every row is a miss
     o.budget = &budget;
@@ -232,12 +233,12 @@ TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
     const uint64_t fixed = budget.in_use();
     budget.set_limit(fixed + room);
     const bool roomy = room >= ahead_bytes + storage::DiskFeatures::max_staging_bytes();  // the pool as planned
-    const train_parts::ReadAhead::Shape planned = train_parts::ReadAhead::shape(ahead_bytes, n, dim);
+    const train_parts::ReadAhead::Shape planned = train_parts::ReadAhead::shape(ahead_bytes, n, dim, parts);
     Read read;
     {
       train_parts::ReadAhead ahead(disk, ahead_bytes, /*growth=*/2, {0, 0, batches, inputs},
                                    [](int64_t) -> std::optional<train_parts::ReadAhead::Segment> { return std::nullopt; },
-                                   keep, ride, chain);
+                                   keep, ride, chain, parts);
       if (roomy) EXPECT_GE(budget.in_use(), fixed + planned.pool_bytes + planned.bookkeeping_bytes);
       for (int64_t b = 0; b < batches; ++b) {
         const std::vector<int64_t> ids = inputs(b);
@@ -273,6 +274,14 @@ TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
   // Rows near those pages ride too, chained: fewer requests than riders on the pages read alone.
   EXPECT_LT(static_cast<double>(kept.requests), 0.9 * static_cast<double>(within.requests))
       << "chained riders took " << kept.requests << " requests, riders on the pages read " << within.requests;
+  // Each window read in 4 parts, by the batches that first need its rows: every batch finds its
+  // rows (above), each part is read before its batches train, and the later parts' rows on the
+  // pages a part reads are read with it, so the pages read grow little.
+  const Read in_parts = read_epoch(true, roomy_budget, bytes, true, true, /*parts=*/4);
+  EXPECT_EQ(in_parts.own, 0);
+  EXPECT_GT(in_parts.windows, 2 * kept.windows) << "the reads of " << kept.windows << " windows, in parts";
+  EXPECT_LT(static_cast<double>(in_parts.pages), 1.15 * static_cast<double>(kept.pages))
+      << "in parts " << in_parts.pages << " bytes of pages, whole windows " << kept.pages;
   // A budget with less room than the read-ahead's bytes (other charges took part of it) gets a
   // smaller pool, not a refusal: the same rows, read in smaller windows.
   EXPECT_GT(read_epoch(true, storage::DiskFeatures::max_staging_bytes() + bytes / 4, bytes).windows, kept.windows);
