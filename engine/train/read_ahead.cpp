@@ -66,9 +66,10 @@ constexpr uint64_t kPlanBytesPerSlot = 2 * 16 + 4 + 8 + 8 + 40 + 16 + 1;
 // being grown, the one handed over, its copy as the live window, the two read and alive; and the
 // rows riding along with the window handed over and with the one being read (at most a window's).
 constexpr uint64_t kWindowLists = kHorizon + 7;
-// With parts, the whole window's ids and slots shared by its parts, and the first use of each row
-// of the window being grown: one list more, and a third of one.
-uint64_t window_lists(int parts) { return kWindowLists + (parts > 1 ? 2 : 0); }
+// With parts, five lists more: the first use of each row of the windows planned ahead and being
+// grown (4 bytes a row, the kHorizon + 1 of them: three lists), the whole window's ids and slots
+// beside its parts' (one), and what splitting a window holds for a moment (9 bytes a row: one).
+uint64_t window_lists(int parts) { return kWindowLists + (parts > 1 ? 5 : 0); }
 constexpr uint64_t kWindowBytesPerRow = sizeof(int64_t) + sizeof(int32_t);
 
 // The sampling thread's plan of the pool: which row each slot holds once the windows handed over
@@ -583,66 +584,70 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
 std::vector<ReadAhead::Planned> ReadAhead::split_into_parts(Planned w, const std::vector<int64_t>& fresh) const {
   const int64_t batches = w.end - w.first;
   const int64_t k = std::min<int64_t>(parts_, batches);
-  // The window's rows and its riders, by id: the part whose batches first need each (riders: the
-  // last), whether it will be read (rows the pool holds are not), and the part that reads it.
-  struct Row {
-    int64_t id;
-    int32_t slot;
-    int64_t due;
-    bool rider, read;
-    int64_t part = -1;
-  };
-  std::vector<Row> rows;
-  rows.reserve(w.ids.size() + w.extra_ids.size());
-  for (size_t i = 0, x = 0, f = 0; i < w.ids.size() || x < w.extra_ids.size();) {
-    if (i == w.ids.size() || (x < w.extra_ids.size() && w.extra_ids[x] < w.ids[i])) {
-      rows.push_back(Row{w.extra_ids[x], w.extra_slots[x], k - 1, true, true});
-      ++x;
-      continue;
+  // Visits the window's rows and its riders in ascending id (so ascending pages) order.
+  const auto each_row = [&](const auto& visit) {  // visit(rider, index, id)
+    for (size_t i = 0, x = 0; i < w.ids.size() || x < w.extra_ids.size();) {
+      if (i == w.ids.size() || (x < w.extra_ids.size() && w.extra_ids[x] < w.ids[i])) {
+        visit(true, x, w.extra_ids[x]);
+        ++x;
+      } else {
+        visit(false, i, w.ids[i]);
+        ++i;
+      }
     }
+  };
+  // Each row's part (-1: none yet), whether a window row will be read (the pool does not hold it),
+  // and the part whose batches first need it (riders: the last).
+  std::vector<int32_t> part_of(w.ids.size(), -1), rider_part(w.extra_ids.size(), -1);
+  std::vector<char> read(w.ids.size(), 0);
+  for (size_t i = 0, f = 0; i < w.ids.size(); ++i) {
     while (f < fresh.size() && fresh[f] < w.ids[i]) ++f;
-    const bool is_fresh = f < fresh.size() && fresh[f] == w.ids[i];
-    rows.push_back(Row{w.ids[i], w.slots[i], static_cast<int64_t>(w.first_use[i]) * k / batches, false, is_fresh});
-    ++i;
+    read[i] = f < fresh.size() && fresh[f] == w.ids[i];
   }
+  const auto due = [&](bool rider, size_t i) {
+    return rider ? k - 1 : static_cast<int64_t>(w.first_use[i]) * k / batches;
+  };
   // Part p reads the rows its batches need first, and the rows of later parts that a read of
   // those would merge (within the disk tier's gap of their runs), so no page is read twice.
   const uint64_t gap = static_cast<uint64_t>(disk_.gap_pages());
   std::vector<std::pair<uint64_t, uint64_t>> spans;
   for (int64_t p = 0; p < k; ++p) {
     spans.clear();
-    for (Row& r : rows) {
-      if (r.part >= 0 || r.due != p) continue;
-      r.part = p;
-      if (!r.read) continue;
-      const auto [a, z] = disk_.pages_of(r.id);
+    each_row([&](bool rider, size_t i, int64_t id) {
+      int32_t& part = rider ? rider_part[i] : part_of[i];
+      if (part >= 0 || due(rider, i) != p) return;
+      part = static_cast<int32_t>(p);
+      if (!rider && !read[i]) return;
+      const auto [a, z] = disk_.pages_of(id);
       if (!spans.empty() && a <= spans.back().second + 1 + gap) spans.back().second = std::max(spans.back().second, z);
       else spans.emplace_back(a, z);
-    }
+    });
     size_t g = 0;
-    for (Row& r : rows) {
-      if (r.part >= 0 || !r.read) continue;
-      const auto [a, z] = disk_.pages_of(r.id);
+    each_row([&](bool rider, size_t i, int64_t id) {
+      int32_t& part = rider ? rider_part[i] : part_of[i];
+      if (part >= 0 || (!rider && !read[i])) return;
+      const auto [a, z] = disk_.pages_of(id);
       while (g < spans.size() && spans[g].second + 1 + gap < a) ++g;
-      if (g < spans.size() && z + 1 + gap >= spans[g].first) r.part = p;
-    }
+      if (g < spans.size() && z + 1 + gap >= spans[g].first) part = static_cast<int32_t>(p);
+    });
   }
   std::vector<Planned> out(static_cast<size_t>(k));
-  const auto whole = std::make_shared<const storage::WindowRows>(pool_, w.ids, w.slots);
   for (int64_t p = 0; p < k; ++p) {
     Planned& part = out[static_cast<size_t>(p)];
     part.first = w.first + (p * batches + k - 1) / k;  // the batches whose first-use part is p
     part.end = w.first + ((p + 1) * batches + k - 1) / k;
     part.alone = w.alone;
     part.plan = w.plan;
-    part.whole = whole;
     part.part = static_cast<int>(p);
   }
-  for (const Row& r : rows) {
-    Planned& part = out[static_cast<size_t>(r.part)];
-    (r.rider ? part.extra_ids : part.ids).push_back(r.id);
-    (r.rider ? part.extra_slots : part.slots).push_back(r.slot);
-  }
+  each_row([&](bool rider, size_t i, int64_t id) {
+    Planned& part = out[static_cast<size_t>(rider ? rider_part[i] : part_of[i])];
+    (rider ? part.extra_ids : part.ids).push_back(id);
+    (rider ? part.extra_slots : part.slots).push_back(rider ? w.extra_slots[i] : w.slots[i]);
+  });
+  // The whole window's rows, shared by the parts (its lists moved, not copied).
+  const auto whole = std::make_shared<const storage::WindowRows>(pool_, std::move(w.ids), std::move(w.slots));
+  for (Planned& part : out) part.whole = whole;
   return out;
 }
 
