@@ -450,7 +450,6 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
     std::vector<uint64_t> seen(static_cast<size_t>(disk_.num_nodes() / 64 + 1), 0);
     const int64_t full = std::max<int64_t>(1, shape_.window_rows);
     int64_t limit = std::max<int64_t>(1, full / kFirstWindowShare);
-    const int parts = parts_;
     // Windows planned, not yet handed over; `live`: the rows of the last one handed over, which the
     // batches will read from while the reading thread reads the next.
     PoolPlan plan(shape_.slots, keep_);
@@ -479,7 +478,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
       if (w.slots.empty()) live.clear();  // larger than the pool: its batches read their own rows
       else live = w.ids;
       std::vector<Planned> pieces;
-      if (parts > 1 && !w.slots.empty() && w.end - w.first > 1) pieces = split_into_parts(std::move(w), plan.fresh());
+      if (parts_ > 1 && !w.slots.empty() && w.end - w.first > 1) pieces = split_into_parts(std::move(w), plan.fresh());
       else pieces.push_back(std::move(w));
       std::unique_lock<std::mutex> lock(mutex_);
       changed_.wait(lock, [&] { return stop_ || error_ || planned_.empty(); });
@@ -544,7 +543,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
           if ((word >> (id & 63) & 1) == 0) {
             word |= uint64_t{1} << (id & 63);
             window.ids.push_back(id);
-            if (parts > 1) window.first_use.push_back(static_cast<int32_t>(position + b - segment.first - window.first));
+            if (parts_ > 1) window.first_use.push_back(static_cast<int32_t>(position + b - segment.first - window.first));
           }
         }
         sampled.pop_front();
@@ -553,7 +552,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
       window.end = position + b - segment.first;
       if (window.end == window.first) break;
       for (int64_t id : window.ids) seen[static_cast<size_t>(id) >> 6] = 0;
-      if (parts > 1) {
+      if (parts_ > 1) {
         std::vector<std::pair<int64_t, int32_t>> by_id(window.ids.size());
         for (size_t i = 0; i < by_id.size(); ++i) by_id[i] = {window.ids[i], window.first_use[i]};
         std::sort(by_id.begin(), by_id.end());
@@ -638,7 +637,6 @@ std::vector<ReadAhead::Planned> ReadAhead::split_into_parts(Planned w, const std
     part.end = w.first + ((p + 1) * batches + k - 1) / k;
     part.alone = w.alone;
     part.plan = w.plan;
-    part.part = static_cast<int>(p);
   }
   each_row([&](bool rider, size_t i, int64_t id) {
     Planned& part = out[static_cast<size_t>(rider ? rider_part[i] : part_of[i])];

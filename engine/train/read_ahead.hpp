@@ -171,7 +171,6 @@ class ReadAhead {
     // A part of a window: the whole window's rows, shared by its parts and handed to their batches
     // once the part is read (the parts are read in order, so each finds every row it needs).
     std::shared_ptr<const storage::WindowRows> whole;
-    int part = 0;  // 0 .. parts - 1
     std::vector<int32_t> first_use;  // while planned, with parts: the position of the first batch needing each id
   };
   struct Placed {  // a segment's place in the sequence
