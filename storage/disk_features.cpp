@@ -291,12 +291,14 @@ void DiskFeatures::fill_cache(const std::vector<int64_t>& priority, int64_t capa
   cache_charge_ = std::make_unique<kernels::cuda::BudgetCharge>(options_.budget,
                                           cache_bytes + static_cast<uint64_t>(num_nodes_) * sizeof(int32_t));
   std::vector<int32_t> slots(static_cast<size_t>(num_nodes_), -1);
-  cache_.resize(chosen.size() * static_cast<size_t>(dim_));
+  // Left uninitialised (new[] of floats): the fill writes every row, and zero-filling gigabytes
+  // first costs a thread seconds of page faults.
+  cache_.reset(new float[chosen.size() * static_cast<size_t>(dim_)]);
   for (size_t k = 0; k < chosen.size(); ++k) slots[static_cast<size_t>(chosen[k])] = static_cast<int32_t>(k);
 
   const size_t d = static_cast<size_t>(dim_);
   read_from_disk(chosen, kFillGapPages, kFillReadBytes, kFillStagingBytes, [&](size_t k, const char* bytes) {
-    convert_to_f32(dtype_, bytes, cache_.data() + k * d, d);
+    convert_to_f32(dtype_, bytes, cache_.get() + k * d, d);
   });
   slots_ = std::move(slots);
   cached_rows_ = static_cast<int64_t>(chosen.size());
@@ -323,7 +325,7 @@ void DiskFeatures::read_rows(const int64_t* ids, int64_t n, float* out, const Wi
       throw InputError("feature row " + std::to_string(id) + " is not a node id in [0, " +
                        std::to_string(num_nodes_) + ")");
     const int32_t slot = slots_.empty() ? -1 : slots_[static_cast<size_t>(id)];
-    const float* row = slot >= 0 ? cache_.data() + static_cast<size_t>(slot) * d
+    const float* row = slot >= 0 ? cache_.get() + static_cast<size_t>(slot) * d
                                  : window != nullptr ? window->find(id) : nullptr;
     if (row != nullptr) {
       std::memcpy(out + static_cast<size_t>(i) * d, row, d * sizeof(float));
@@ -411,7 +413,7 @@ std::shared_ptr<const WindowRows> DiskFeatures::read_window(const std::shared_pt
   const size_t d = static_cast<size_t>(dim_);
   const ReadTotals totals = read_from_disk(from_disk, gap_pages_, kMaxReadBytes, kMaxStagingBytes,
                                            [&](size_t k, const char* bytes) {
-    convert_to_f32(dtype_, bytes, pool->rows_.data() + static_cast<size_t>(into[k]) * d, d);
+    convert_to_f32(dtype_, bytes, pool->rows_.get() + static_cast<size_t>(into[k]) * d, d);
   });
   for (size_t k = 0; k < from_disk.size(); ++k) pool->holds_[static_cast<size_t>(into[k])] = from_disk[k];
   count(totals, static_cast<int64_t>(from_disk.size()));
@@ -428,7 +430,10 @@ RowPool::RowPool(MemoryBudget* budget, int64_t slots, int64_t dim)
   bytes_ = static_cast<uint64_t>(slots) * bytes_per_slot(dim);
   if (budget_) budget_->charge(bytes_);
   try {
-    rows_.resize(static_cast<size_t>(slots) * static_cast<size_t>(dim));
+    // Uninitialised: a zero-filled pool (gigabytes in a run beyond memory) cost the first epoch
+    // seconds of one thread's page faults before its first read; a slot's pages are touched by the
+    // read that fills it instead, on the threads that convert the rows.
+    rows_.reset(new float[static_cast<size_t>(slots) * static_cast<size_t>(dim)]);
     holds_.assign(static_cast<size_t>(slots), -1);
   } catch (...) {
     if (budget_) budget_->release(bytes_);
@@ -446,7 +451,7 @@ WindowRows::WindowRows(std::shared_ptr<const RowPool> pool, std::vector<int64_t>
 const float* WindowRows::find(int64_t id) const {
   const auto it = std::lower_bound(ids_.begin(), ids_.end(), id);
   if (it == ids_.end() || *it != id) return nullptr;
-  return pool_->rows_.data() + static_cast<size_t>(slots_[static_cast<size_t>(it - ids_.begin())]) *
+  return pool_->rows_.get() + static_cast<size_t>(slots_[static_cast<size_t>(it - ids_.begin())]) *
                                    static_cast<size_t>(pool_->dim_);
 }
 

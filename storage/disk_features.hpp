@@ -90,7 +90,7 @@ class RowPool {
   uint64_t bytes_ = 0;
   int64_t slots_ = 0;
   int64_t dim_ = 0;
-  std::vector<float> rows_;
+  std::unique_ptr<float[]> rows_;  // uninitialised: a slot's row is written by its read before any use
   std::vector<int64_t> holds_;
 };
 
@@ -249,7 +249,7 @@ class DiskFeatures {
   // windows instead.
   int64_t cached_rows_ = 0;
   std::unique_ptr<kernels::cuda::BudgetCharge> cache_charge_;
-  std::vector<float> cache_;
+  std::unique_ptr<float[]> cache_;  // uninitialised until the fill reads every row of it
   std::vector<int32_t> slots_;
 
   std::atomic<int64_t> rows_requested_{0}, cache_hits_{0}, disk_rows_{0}, distinct_disk_rows_{0};
