@@ -85,14 +85,17 @@ namespace gale::engine::train_parts {
 // growth 16 read 13.9 GB in the first epoch against 24.4 GB at 2, and took 18.0 s against 22.7;
 // on the CPU sampler (R-MAT 20) 16 read 22% fewer bytes but batches waited 4.5x as long for the
 // larger windows. So 16 when the GPU samples, 2 when the CPU does; GALE_READ_AHEAD_GROWTH (>= 2)
-// overrides both, for measuring.
+// overrides both, for measuring. With the store written `--relabel hot`, 2, 4 and 16 gave the same
+// 8 GB first epoch (8.75-8.85 s), 16 reading the fewest bytes.
 int64_t window_growth(bool gpu_sampled);
 
 // How many parts a window's read is split into, by the batches that first need each row (1: the
 // whole window at once). A part's batches train once it is read, while the next part is read, so
 // a window that holds most of an epoch's misses no longer waits for its whole read; the rows of
 // later parts on the pages a part reads are read with it, so each page is still read once.
-// GALE_READ_AHEAD_PARTS=K (>= 1) sets it; 1 unless set (not yet measured on a GPU).
+// GALE_READ_AHEAD_PARTS=K (>= 1) sets it, for measuring; 1 unless set. On R-MAT 25 (one H200, 8 and
+// 4 GB) 4 and 8 parts read the same bytes in more requests and did not shorten the epoch: a part
+// waits for its whole window to be sampled (docs/performance.md, twelfth session).
 int read_ahead_parts();
 
 // Whether the pool keeps rows for later windows (the header); false where GALE_READ_AHEAD_KEEP=0.
