@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 
 #include <tbb/parallel_for.h>
 #include <tbb/task_group.h>
@@ -195,20 +196,49 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
     total += e.bytes();
     largest = std::max(largest, e.bytes());
   }
-  // Two halves of the staging buffer: while the pages of one round are checked and their rows
-  // handed to the sink (in parallel, on TBB's threads), the disk reads the next round into the other
-  // half, so neither the disk nor the checks wait for the other. An extent larger than a half gets a
-  // half of its own size.
-  const uint64_t half = std::max(largest, std::min(total, max_staging_bytes) / 2);
-  Staging staging(options_.budget, total <= half ? total : 2 * half);  // one round: no second half
-
-  std::vector<ReadRequest> requests;
+  // Slots of the staging buffer, used in turn by rounds of as many extents as a slot holds: while
+  // the pages of one round are checked and their rows handed to the sink (in parallel, on TBB's
+  // threads), the disk reads the next round into another slot, so neither the disk nor the checks
+  // wait for the other. With overlapping rounds (DiskFeatureOptions::overlap_rounds) the round after
+  // that is read too.
+  // An extent larger than a slot gets a slot of its own size; slots are whole pages (O_DIRECT
+  // reads land on 4096-aligned destinations).
+  const bool overlap = options_.overlap_rounds;
+  const uint64_t slots = overlap ? 3 : 2;
+  const uint64_t slot = std::max(largest, std::min(total, max_staging_bytes) / slots / kPage * kPage);
+  struct Round {
+    size_t first = 0, last = 0;          // its extents
+    size_t row_begin = 0, row_end = 0;   // its rows (sorted_ids[row_begin, row_end))
+    uint64_t bytes = 0;
+  };
+  std::vector<Round> rounds;
   std::vector<uint64_t> offset_in_staging(extents.size());
-  // Checks round [first, last)'s pages, read into `buffer`, and hands its rows [row_begin, row_end)
-  // to the sink.
-  const auto process = [&](const char* buffer, size_t first, size_t last, size_t row_begin, size_t row_end) {
+  for (size_t first = 0, row = 0; first < extents.size();) {
+    Round round;
+    round.first = first;
+    size_t last = first;
+    while (last < extents.size() && (last == first || round.bytes + extents[last].bytes() <= slot)) {
+      offset_in_staging[last] = round.bytes;
+      round.bytes += extents[last].bytes();
+      ++last;
+    }
+    round.last = last;
+    round.row_begin = row;
+    while (row < sorted_ids.size() && extent_of[row] < last) ++row;
+    round.row_end = row;
+    rounds.push_back(round);
+    first = last;
+  }
+  Staging staging(options_.budget, rounds.size() == 1 ? rounds[0].bytes
+                                                      : std::min<uint64_t>(rounds.size(), slots) * slot);
+  const auto buffer_of = [&](size_t r) { return staging.data() + (r % slots) * slot; };
+
+  // Checks round r's pages and hands its rows to the sink.
+  const auto process = [&](size_t r) {
+    const Round& round = rounds[r];
+    const char* buffer = buffer_of(r);
     if (page_sums_ != nullptr) {
-      tbb::parallel_for(first, last, [&](size_t x) {
+      tbb::parallel_for(round.first, round.last, [&](size_t x) {
         for (uint64_t p = extents[x].first_page; p <= extents[x].last_page; ++p) {
           const uint64_t at = p * kPage;
           const char* bytes = buffer + offset_in_staging[x] + (p - extents[x].first_page) * kPage;
@@ -219,45 +249,72 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
         }
       });
     }
-    tbb::parallel_for(row_begin, row_end, [&](size_t k) {
+    tbb::parallel_for(round.row_begin, round.row_end, [&](size_t k) {
       const Extent& e = extents[extent_of[k]];
       const uint64_t begin = data_offset_ + static_cast<uint64_t>(sorted_ids[k]) * row_bytes_;
       sink(k, buffer + offset_in_staging[extent_of[k]] + (begin - e.first_page * kPage));
     });
   };
+  std::vector<ReadRequest> requests(extents.size());
+  const auto prepare = [&](size_t r) {
+    for (size_t x = rounds[r].first; x < rounds[r].last; ++x)
+      requests[x] = ReadRequest{extents[x].first_page * kPage, static_cast<uint32_t>(extents[x].bytes()),
+                                buffer_of(r) + offset_in_staging[x]};
+  };
+  const auto read_round = [this, &requests, &rounds](size_t r) {
+    reader_->read(requests.data() + rounds[r].first, rounds[r].last - rounds[r].first);
+  };
+  // Round r's reads on a thread of their own (the reader takes calls from several threads at once,
+  // each on its own ring, or its workers).
+  const auto launch = [&](size_t r) {
+    prepare(r);
+    return std::async(std::launch::async, read_round, r);
+  };
   tbb::task_group checking;  // the round being checked, at most one
+  // Declared after the staging, so that on an error their destructors wait for the reads in
+  // flight before the staging is freed.
+  std::future<void> reading, next_reading;
   try {
-    size_t row = 0;
-    for (size_t first = 0, round = 0; first < extents.size(); ++round) {
-      // One round: as many extents as a half holds, read in one call.
-      char* buffer = staging.data() + (round % 2) * half;
-      requests.clear();
-      uint64_t used = 0;
-      size_t last = first;
-      while (last < extents.size() && (last == first || used + extents[last].bytes() <= half)) {
-        offset_in_staging[last] = used;
-        requests.push_back(ReadRequest{extents[last].first_page * kPage, static_cast<uint32_t>(extents[last].bytes()),
-                                       buffer + used});
-        used += extents[last].bytes();
-        ++last;
-      }
-      const auto start = std::chrono::steady_clock::now();
-      reader_->read(requests.data(), requests.size());
-      totals.nanoseconds +=
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-      totals.bytes += used;
-      totals.calls += static_cast<int64_t>(requests.size());
-      checking.wait();  // the round before, in the other half (rethrows its error)
-      const size_t row_begin = row;
-      while (row < sorted_ids.size() && extent_of[row] < last) ++row;
-      checking.run([&process, buffer, first, last, row_begin, row_end = row] {
-        process(buffer, first, last, row_begin, row_end);
-      });
-      first = last;
+    // The reads' time: while any round is in flight, from its submission to when it is seen done.
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point busy_until{};
+    std::vector<Clock::time_point> launched(rounds.size());
+    const auto count_read = [&](size_t r) {
+      const Clock::time_point done = Clock::now(), from = std::max(launched[r], busy_until);
+      if (done > from) totals.nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(done - from).count();
+      busy_until = std::max(busy_until, done);
+      totals.bytes += rounds[r].bytes;
+      totals.calls += static_cast<int64_t>(rounds[r].last - rounds[r].first);
+    };
+    const auto go = [&](size_t r) {
+      launched[r] = Clock::now();
+      return launch(r);
+    };
+    if (rounds.size() == 1) {  // read here: nothing to overlap it with
+      launched[0] = Clock::now();
+      prepare(0);
+      read_round(0);
+    } else {
+      reading = go(0);
+    }
+    for (size_t r = 0; r < rounds.size(); ++r) {
+      // With overlap, round r + 1 goes out before round r is awaited: its slot was round r - 2's,
+      // checked already. Without, once round r - 1's check (in the slot it takes) is done.
+      if (overlap && r + 1 < rounds.size()) next_reading = go(r + 1);
+      if (reading.valid()) reading.get();
+      count_read(r);
+      checking.wait();  // the round before, in its own slot (rethrows its error)
+      checking.run([&process, r] { process(r); });
+      if (!overlap && r + 1 < rounds.size()) next_reading = go(r + 1);
+      reading = std::move(next_reading);
     }
     checking.wait();
   } catch (...) {
-    // The staging buffer outlives the round being checked; its error, if any, gives way to this one.
+    // The staging outlives the reads in flight and the round being checked; their errors, if any,
+    // give way to this one.
+    for (std::future<void>* f : {&reading, &next_reading}) {
+      if (f->valid()) f->wait();
+    }
     try {
       checking.wait();
     } catch (...) {

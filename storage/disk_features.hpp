@@ -54,6 +54,12 @@ struct DiskFeatureOptions {
   int max_gap_pages = -1;
   IoEngine engine = IoEngine::kAuto;
   int queue_depth = 64;
+  // A call reads its extents in rounds through a staging buffer. true: the next round's reads go
+  // out while the round before is still in flight (the staging in thirds: one round checked, two
+  // read), so the disk's queue does not drain and refill at every round's end. false: each round
+  // once the one before is read (in halves: one checked, one read). Off unless GALE_READ_OVERLAP=1
+  // in training (not yet measured on the GPU machine's disk); `gale bench io --rows` times both.
+  bool overlap_rounds = false;
   // Charged with the cache, the slot table and the staging buffers of every call; nullptr: none.
   kernels::cuda::MemoryBudget* budget = nullptr;
   // Every page read is checked against XXH32 sums of features.npy's 4 KiB pages
@@ -121,7 +127,9 @@ struct DiskFeatureStats {
   uint64_t disk_bytes = 0;         // bytes of the reads issued
   uint64_t useful_bytes = 0;       // distinct_disk_rows x row bytes (<= disk_bytes)
   int64_t read_calls = 0;          // read requests (extents) issued
-  double read_seconds = 0;         // wall time inside DiskReader::read, summed over calls
+  // Wall time of the reads, summed over calls: in each, from its first read's submission to its
+  // last one's completion (a call's rounds overlap: storage/disk_features.cpp).
+  double read_seconds = 0;
   uint64_t needed_bytes = 0;       // 4 KiB pages holding the distinct rows read, x 4 KiB
   int64_t read_ahead_hits = 0;     // requested rows served from a read-ahead window
   int64_t read_ahead_rows = 0;     // rows of the windows read (from disk, or already in the pool)

@@ -62,11 +62,13 @@ HostFeatures::HostFeatures(const Store& store, const Options& options) : store_(
   DiskFeatureOptions d;
   d.engine = options.engine;
   // For measuring: GALE_READ_GAP_PAGES=G merges runs across gaps of at most G pages instead of by
-  // cost, GALE_READ_REQUEST_PAGES=P plans by cost with P instead of the measured request cost.
+  // cost, GALE_READ_REQUEST_PAGES=P plans by cost with P instead of the measured request cost,
+  // GALE_READ_OVERLAP=1 overlaps a call's rounds of reads (DiskFeatureOptions::overlap_rounds).
   if (const char* gap = std::getenv("GALE_READ_GAP_PAGES"); gap != nullptr && std::atoi(gap) >= 0)
     d.max_gap_pages = std::atoi(gap);
   if (const char* pages = std::getenv("GALE_READ_REQUEST_PAGES"); pages != nullptr && std::atof(pages) > 0)
     d.request_pages = std::atof(pages);
+  if (const char* overlap = std::getenv("GALE_READ_OVERLAP"); overlap != nullptr) d.overlap_rounds = std::atoi(overlap) == 1;
   d.budget = budget_;
   read_ahead_bytes_ = options.read_ahead_bytes != kAutoReadAhead ? options.read_ahead_bytes
                      : budget_ == nullptr                            ? uint64_t{256} << 20

@@ -1410,7 +1410,8 @@ namespace gale {
 namespace {
 
 // gale bench io: the three ceilings with the reader training uses and what a request costs in pages,
-// as a table or JSON rows; a bad queue depth or engine is exit 2 naming the flag.
+// as a table or JSON rows, and with --rows the disk tier's own read; a bad queue depth, engine or
+// fraction is exit 2 naming the flag.
 TEST_F(Cli, BenchIoMeasuresTheDisksCeilingsWithTheTrainingReader) {
   const std::string store = sbm_store();
   const CliRun table = gale("bench io " + store + " --seconds 0.1");
@@ -1426,7 +1427,18 @@ TEST_F(Cli, BenchIoMeasuresTheDisksCeilingsWithTheTrainingReader) {
   ASSERT_EQ(sweep.code, 0) << sweep.out;
   EXPECT_EQ(lines(sweep.out), 9) << sweep.out;  // 4, 8, 16, 32, 64, 128, 256 KiB, the pass, request_pages
   EXPECT_NE(sweep.out.find("\"read\":\"random 256 KiB\""), std::string::npos) << sweep.out;
-  for (const std::string& bad : {"--queue-depth 0", "--io-engine aio", "--seconds 0"}) {
+  // --rows: the disk tier's own read of a fraction of the rows, its rounds one at a time and
+  // overlapped, every page checked.
+  const CliRun rows = gale("bench io " + store + " --seconds 0.05 --rows 0.5");
+  ASSERT_EQ(rows.code, 0) << rows.out;
+  for (const char* row : {"disk tier, 50% of the rows, rounds one at a time:", "disk tier, 50% of the rows, rounds overlapped:",
+                          "GB of needed pages"})
+    EXPECT_NE(rows.out.find(row), std::string::npos) << row << ": " << rows.out;
+  const CliRun rows_json = gale("bench io " + store + " --seconds 0.05 --rows 1 --json");
+  ASSERT_EQ(rows_json.code, 0) << rows_json.out;
+  EXPECT_EQ(lines(rows_json.out), 6) << rows_json.out;
+  EXPECT_NE(rows_json.out.find("\"read\":\"disk tier\",\"overlap_rounds\":true"), std::string::npos) << rows_json.out;
+  for (const std::string& bad : {"--queue-depth 0", "--io-engine aio", "--seconds 0", "--rows 0", "--rows 1.5"}) {
     const CliRun r = gale("bench io " + store + " " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     EXPECT_NE(r.out.find(bad.substr(0, bad.find(' '))), std::string::npos) << bad << ": " << r.out;

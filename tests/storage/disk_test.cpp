@@ -584,7 +584,7 @@ TEST(DiskFeatures, FlippedByteIsReportedWithItsPage) {
 // page in a late round stops the read naming its offset, with the budget given back.
 TEST(DiskFeatures, ReadsOfManyRoundsServeTheSameRowsAndCheckEveryPage) {
   TempDir dir;
-  const int64_t n = 100000, dim = 128;  // 51 MB of features: rounds of 16 MiB halves
+  const int64_t n = 100000, dim = 128;  // 51 MB of features: rounds of 16 MiB halves (or 10.7 MiB thirds)
   ASSERT_GT(static_cast<uint64_t>(n * dim * 4), 3 * DiskFeatures::max_staging_bytes() / 2);
   write_feature_store(dir / "s.gale", n, dim, DType::kF32, 33);
   const std::string file = dir / "s.gale/features.npy";
@@ -593,17 +593,25 @@ TEST(DiskFeatures, ReadsOfManyRoundsServeTheSameRowsAndCheckEveryPage) {
   std::vector<int64_t> all(static_cast<size_t>(n));
   std::iota(all.begin(), all.end(), 0);
   std::vector<int64_t> scattered = random_ids(n, 60000, 4);
-  {
-    MemoryBudget budget(uint64_t{1} << 30, "--host-mem-budget");
+  // Rounds one after another, and overlapped (the next round's reads out while one is in flight).
+  const auto options = [&](MemoryBudget* budget, bool overlap) {
     DiskFeatureOptions o;
     o.page_sums = sums.data();
-    o.budget = &budget;
+    o.budget = budget;
+    o.overlap_rounds = overlap;
+    return o;
+  };
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "rounds overlapped" : "rounds one at a time");
+    MemoryBudget budget(uint64_t{1} << 30, "--host-mem-budget");
+    const DiskFeatureOptions o = options(&budget, overlap);
     DiskFeatures disk(store, {}, o);
     expect_same_rows(disk, store, all, "every row, in order");
     expect_same_rows(disk, store, scattered, "random rows");
     EXPECT_LE(budget.peak() - budget.in_use(), DiskFeatures::max_staging_bytes()) << "staging stays within its bound";
     const DiskFeatureStats st = disk.take_stats();
     EXPECT_GE(st.disk_bytes, static_cast<uint64_t>(n * dim * 4)) << "every page of the file was read";
+    EXPECT_GT(st.read_seconds, 0.0);
     // And a full cache, filled in rounds of its own.
     DiskFeatureOptions cached = o;
     cached.cache_bytes = static_cast<uint64_t>(n * dim * 4);
@@ -614,18 +622,18 @@ TEST(DiskFeatures, ReadsOfManyRoundsServeTheSameRowsAndCheckEveryPage) {
   const int64_t bad_row = n - 1000;  // in the last round
   const uint64_t bad_byte = 4096 + static_cast<uint64_t>(bad_row) * dim * 4 + 5;
   flip_bits(file, bad_byte, 0x01);
-  MemoryBudget budget(uint64_t{1} << 30, "--host-mem-budget");
-  DiskFeatureOptions o;
-  o.page_sums = sums.data();
-  o.budget = &budget;
-  DiskFeatures disk(store, {}, o);
-  const uint64_t before = budget.in_use();
-  std::vector<float> out(all.size() * static_cast<size_t>(dim));
-  const std::string message = error_of([&] { disk.read_rows(all.data(), n, out.data()); });
-  EXPECT_NE(message.find("page checksum mismatch at byte offset " + std::to_string(bad_byte / kPage * kPage)),
-            std::string::npos)
-      << message;
-  EXPECT_EQ(budget.in_use(), before) << "the staging buffer was given back";
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "rounds overlapped" : "rounds one at a time");
+    MemoryBudget budget(uint64_t{1} << 30, "--host-mem-budget");
+    DiskFeatures disk(store, {}, options(&budget, overlap));
+    const uint64_t before = budget.in_use();
+    std::vector<float> out(all.size() * static_cast<size_t>(dim));
+    const std::string message = error_of([&] { disk.read_rows(all.data(), n, out.data()); });
+    EXPECT_NE(message.find("page checksum mismatch at byte offset " + std::to_string(bad_byte / kPage * kPage)),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(budget.in_use(), before) << "the staging buffer was given back";
+  }
 }
 
 TEST(DiskFeatures, BudgetTooSmallForTheCacheIsRefused) {
