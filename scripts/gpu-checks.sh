@@ -20,8 +20,8 @@
 #                                      (default N), N processes (SBM_EPOCHS, SBM_SEEDS)
 #   scripts/gpu-checks.sh DIST identity  scripts/compare-train-runs.sh on the GPU: BEFORE_GALE (a gale binary
 #                                      of an earlier commit, beside the bundle's libraries) against this one
-#   scripts/gpu-checks.sh DIST outofcore  R-MAT scale OOC_SCALE (default 23) with 128-d features: gale bench io,
-#                                      then mini-batch SAGE 3x256 without a limit and inside a cgroup v2 with
+#   scripts/gpu-checks.sh DIST outofcore  R-MAT scale OOC_SCALE (default 23) with 128-d features: gale bench io
+#                                      (and the disk tier's own read of 5% of the rows, both ways), then mini-batch SAGE 3x256 without a limit and inside a cgroup v2 with
 #                                      memory.max = OOC_LIMIT (default 3G), the page cache dropped before each
 #                                      run (BEFORE_GALE too, when given): epoch seconds, disk bytes, memory.peak;
 #                                      OOC_READ_AHEAD="0 auto 512M" runs the limited one per --read-ahead value,
@@ -265,7 +265,7 @@ outofcore)
       > "$logs/ooc-gen.log" 2>&1 || { tail -5 "$logs/ooc-gen.log"; exit 1; }
     summary+=("generated in $((SECONDS - start)) s: $(du -sh $store/features.npy | cut -f1) of features")
     sync; echo 3 > /proc/sys/vm/drop_caches
-    gale bench io $store --seconds 1 --sweep > "$logs/ooc-io.log" 2>&1
+    gale bench io $store --seconds 1 --sweep --rows 0.05 > "$logs/ooc-io.log" 2>&1
     summary+=("$(cat "$logs/ooc-io.log")")
   fi
   fanouts=${OOC_FANOUTS:-15,10,5}
