@@ -21,7 +21,8 @@
 #   scripts/gpu-checks.sh DIST identity  scripts/compare-train-runs.sh on the GPU: BEFORE_GALE (a gale binary
 #                                      of an earlier commit, beside the bundle's libraries) against this one
 #   scripts/gpu-checks.sh DIST outofcore  R-MAT scale OOC_SCALE (default 23) with 128-d features: gale bench io
-#                                      (and the disk tier's own read of 5% of the rows, both ways), then mini-batch SAGE 3x256 without a limit and inside a cgroup v2 with
+#                                      (and the disk tier's own read of 5% of the rows, both ways), then
+#                                      mini-batch SAGE 3x256 without a limit and inside a cgroup v2 with
 #                                      memory.max = OOC_LIMIT (default 3G), the page cache dropped before each
 #                                      run (BEFORE_GALE too, when given): epoch seconds, disk bytes, memory.peak;
 #                                      OOC_READ_AHEAD="0 auto 512M" runs the limited one per --read-ahead value,
