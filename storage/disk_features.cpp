@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <optional>
 
 #include <tbb/parallel_for.h>
 #include <tbb/task_group.h>
@@ -39,17 +40,25 @@ constexpr uint64_t kFillStagingBytes = uint64_t{16} << 20;
 // that 0.4 s of probing would outweigh what it saves; they use kDefaultRequestPages).
 constexpr uint64_t kProbeFileBytes = uint64_t{1} << 30;
 
-// 4096-aligned memory for O_DIRECT reads, charged to the budget first.
+// `bytes` of 4096-aligned memory for O_DIRECT reads (std::free it), uninitialised.
+char* allocate_staging(uint64_t bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, kPage, bytes) != 0)
+    throw ResourceError("cannot allocate " + format_bytes(bytes) + " of disk staging buffers");
+  return static_cast<char*>(p);
+}
+
+// Staging for one call, charged to the budget first.
 class Staging {
  public:
   Staging(MemoryBudget* budget, uint64_t bytes) : budget_(budget), bytes_(bytes) {
     if (budget_) budget_->charge(bytes_);
-    void* p = nullptr;
-    if (posix_memalign(&p, kPage, bytes_) != 0) {
+    try {
+      data_ = allocate_staging(bytes_);
+    } catch (...) {
       if (budget_) budget_->release(bytes_);
-      throw ResourceError("cannot allocate " + format_bytes(bytes_) + " of disk staging buffers");
+      throw;
     }
-    data_ = static_cast<char*>(p);
   }
   ~Staging() {
     std::free(data_);
@@ -161,7 +170,7 @@ uint64_t DiskFeatures::max_staging_bytes() { return kMaxStagingBytes; }
 template <typename Sink>
 DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages,
                                                       uint64_t max_read_bytes, uint64_t max_staging_bytes,
-                                                      const Sink& sink) {
+                                                      const Sink& sink, ReadStaging* external) {
   // Plan: the pages [p, q] of each row, in ascending order, merged into one extent while the gap
   // is <= gap_pages and the extent stays within max_read_bytes. A row never spans two extents; a
   // page shared by two rows is read twice only where the size limit falls between them.
@@ -229,9 +238,14 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
     rounds.push_back(round);
     first = last;
   }
-  Staging staging(options_.budget, rounds.size() == 1 ? rounds[0].bytes
-                                                      : std::min<uint64_t>(rounds.size(), slots) * slot);
-  const auto buffer_of = [&](size_t r) { return staging.data() + (r % slots) * slot; };
+  // The caller's staging where it holds the rounds' slots, else a buffer of this call's own.
+  const uint64_t staging_bytes =
+      rounds.size() == 1 ? rounds[0].bytes : std::min<uint64_t>(rounds.size(), slots) * slot;
+  std::optional<Staging> own;
+  char* const staging =
+      external != nullptr && external->bytes() >= staging_bytes ? external->data()
+                                                                : own.emplace(options_.budget, staging_bytes).data();
+  const auto buffer_of = [&](size_t r) { return staging + (r % slots) * slot; };
 
   // Checks round r's pages and hands its rows to the sink.
   const auto process = [&](size_t r) {
@@ -429,7 +443,8 @@ void DiskFeatures::count(const ReadTotals& totals, int64_t distinct_rows) {
 std::shared_ptr<const WindowRows> DiskFeatures::read_window(const std::shared_ptr<RowPool>& pool,
                                                             std::vector<int64_t> ids, std::vector<int32_t> slots,
                                                             const std::vector<int64_t>& extra_ids,
-                                                            const std::vector<int32_t>& extra_slots) {
+                                                            const std::vector<int32_t>& extra_slots,
+                                                            ReadStaging* staging) {
   if (pool == nullptr || pool->dim_ != dim_) throw InternalError("read_window: a pool of this store's rows expected");
   if (slots.size() != ids.size() || extra_slots.size() != extra_ids.size())
     throw InputError("read_window: " + std::to_string(ids.size()) + " ids but " + std::to_string(slots.size()) +
@@ -471,7 +486,7 @@ std::shared_ptr<const WindowRows> DiskFeatures::read_window(const std::shared_pt
   const ReadTotals totals = read_from_disk(from_disk, gap_pages_, kMaxReadBytes, kMaxStagingBytes,
                                            [&](size_t k, const char* bytes) {
     convert_to_f32(dtype_, bytes, pool->rows_.get() + static_cast<size_t>(into[k]) * d, d);
-  });
+  }, staging);
   for (size_t k = 0; k < from_disk.size(); ++k) pool->holds_[static_cast<size_t>(into[k])] = from_disk[k];
   count(totals, static_cast<int64_t>(from_disk.size()));
   read_ahead_rows_.fetch_add(static_cast<int64_t>(ids.size()), std::memory_order_relaxed);
@@ -500,6 +515,19 @@ RowPool::RowPool(MemoryBudget* budget, int64_t slots, int64_t dim)
 
 RowPool::~RowPool() {
   if (budget_) budget_->release(bytes_);
+}
+
+ReadStaging::ReadStaging(DiskFeatures& disk)
+    : disk_(disk),
+      bytes_(DiskFeatures::max_staging_bytes()),
+      charge_(disk.budget(), bytes_),
+      data_(allocate_staging(bytes_)) {
+  disk_.reader_->register_buffer(data_, bytes_);
+}
+
+ReadStaging::~ReadStaging() {
+  disk_.reader_->unregister_buffer(data_);
+  std::free(data_);
 }
 
 WindowRows::WindowRows(std::shared_ptr<const RowPool> pool, std::vector<int64_t> ids, std::vector<int32_t> slots)

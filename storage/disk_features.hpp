@@ -141,6 +141,8 @@ struct DiskFeatureStats {
   double read_ahead_reader_idle_s = 0, read_ahead_reader_held_s = 0;
 };
 
+class ReadStaging;
+
 class DiskFeatures {
  public:
   // Opens `store`'s features.npy (`store` must outlive this: its page sums are used in place) and fills the cache with the rows of `priority` (node ids,
@@ -170,9 +172,11 @@ class DiskFeatures {
   // `extra_ids` / `extra_slots` (ascending, distinct, slots apart from the window's): rows read
   // into the pool with the window, which it does not serve (later windows' rows on the pages it
   // reads anyway), unless their slot holds them already.
+  // `staging` (nullable): the caller's own staging, used instead of a buffer of the call's own.
   std::shared_ptr<const WindowRows> read_window(const std::shared_ptr<RowPool>& pool, std::vector<int64_t> ids,
                                                 std::vector<int32_t> slots, const std::vector<int64_t>& extra_ids = {},
-                                                const std::vector<int32_t>& extra_slots = {});
+                                                const std::vector<int32_t>& extra_slots = {},
+                                                ReadStaging* staging = nullptr);
   // The first and last 4 KiB page of features.npy that hold row `id`.
   std::pair<uint64_t, uint64_t> pages_of(int64_t id) const {
     const uint64_t begin = data_offset_ + static_cast<uint64_t>(id) * row_bytes_;
@@ -230,10 +234,12 @@ class DiskFeatures {
   // planned with gap_pages and max_read_bytes; a staging buffer of at most max_staging_bytes (or
   // twice the largest extent) is read into half by half, round by round: one half's pages are
   // checked and its rows handed over, in parallel, while the disk reads the next round into the other.
+  // `staging` (nullable): a caller's staging to read into where it is large enough.
   template <typename Sink>
   ReadTotals read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages, uint64_t max_read_bytes,
-                            uint64_t max_staging_bytes, const Sink& sink);
+                            uint64_t max_staging_bytes, const Sink& sink, ReadStaging* staging = nullptr);
   void fill_cache(const std::vector<int64_t>& priority, int64_t rows);
+  friend class ReadStaging;  // registers its buffer with reader_
   // request_pages of reader_'s disk, measured (storage::measure_reads).
   double measure_request_pages();
   // ", runs of pages merged across gaps of up to 3 (a request costing 3.2 pages)": describe()'s tail.
@@ -267,6 +273,29 @@ class DiskFeatures {
   std::atomic<uint64_t> needed_bytes_{0};
   std::atomic<int64_t> read_ahead_hits_{0}, read_ahead_rows_{0}, windows_{0}, wait_nanoseconds_{0},
       sampling_nanoseconds_{0}, reader_idle_nanoseconds_{0}, reader_held_nanoseconds_{0};
+};
+
+// A staging buffer that a caller keeps for many reads (the read-ahead's reading thread, for all its
+// windows; DiskFeatures::read_window): max_staging_bytes() of 4096-aligned memory, charged to the
+// disk tier's budget and registered with its reader while it lives, so that io_uring reads into it
+// use IORING_OP_READ_FIXED (its pages pinned once, not per read; where the kernel refuses the
+// registration, or with the pread engine, plain reads). One call at a time may use it.
+class ReadStaging {
+ public:
+  // Throws ResourceError when the budget (or the allocator) refuses it.
+  explicit ReadStaging(DiskFeatures& disk);
+  ~ReadStaging();
+  ReadStaging(const ReadStaging&) = delete;
+  ReadStaging& operator=(const ReadStaging&) = delete;
+
+  char* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  DiskFeatures& disk_;
+  uint64_t bytes_;
+  kernels::cuda::BudgetCharge charge_;
+  char* data_ = nullptr;
 };
 
 }  // namespace gale::storage

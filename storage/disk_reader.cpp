@@ -96,14 +96,16 @@ class Ring {
   io_uring* get() { return &ring_; }
 
   // Brings the ring's registered buffers up to `generation` (what register_buffer last set).
-  void sync_buffers(const std::vector<iovec>& buffers, uint64_t generation) {
-    if (generation == generation_) return;
+  // Returns false where the kernel refused the registration (the ring then reads without it).
+  bool sync_buffers(const std::vector<iovec>& buffers, uint64_t generation) {
+    if (generation == generation_) return true;
     if (!buffers_.empty()) io_uring_unregister_buffers(&ring_);
     buffers_.clear();
-    if (!buffers.empty() &&
-        io_uring_register_buffers(&ring_, buffers.data(), static_cast<unsigned>(buffers.size())) == 0)
-      buffers_ = buffers;
     generation_ = generation;
+    if (buffers.empty()) return true;
+    if (io_uring_register_buffers(&ring_, buffers.data(), static_cast<unsigned>(buffers.size())) != 0) return false;
+    buffers_ = buffers;
+    return true;
   }
 
   // Index of the registered buffer holding [p, p + len), or -1.
@@ -136,6 +138,16 @@ class UringReader final : public DiskReader {
   void register_buffer(void* data, size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
     buffers_.push_back(iovec{data, bytes});
+    ++generation_;
+  }
+  int64_t fixed_reads() const override { return fixed_.load(std::memory_order_relaxed); }
+  int64_t refused_registrations() const override { return refused_.load(std::memory_order_relaxed); }
+
+  void unregister_buffer(const void* data) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = std::find_if(buffers_.begin(), buffers_.end(), [&](const iovec& b) { return b.iov_base == data; });
+    if (it == buffers_.end()) return;
+    buffers_.erase(it);
     ++generation_;
   }
   void unregister_buffers() override {
@@ -180,7 +192,7 @@ class UringReader final : public DiskReader {
         throw InputError(message);
       }
     }
-    ring->sync_buffers(buffers, generation);
+    if (!ring->sync_buffers(buffers, generation)) refused_.fetch_add(1, std::memory_order_relaxed);
     return ring;
   }
 
@@ -210,6 +222,7 @@ class UringReader final : public DiskReader {
       const uint64_t off = q.offset + progress[i].done;
       const int buf = ring.buffer_of(dest, len);
       if (buf >= 0) {
+        fixed_.fetch_add(1, std::memory_order_relaxed);
         io_uring_prep_read_fixed(sqe, 0, dest, len, off, buf);
       } else {
         io_uring_prep_read(sqe, 0, dest, len, off);
@@ -267,6 +280,7 @@ class UringReader final : public DiskReader {
   }
 
   const unsigned depth_;
+  std::atomic<int64_t> fixed_{0}, refused_{0};
   std::mutex mu_;
   std::vector<std::unique_ptr<Ring>> free_;
   std::vector<iovec> buffers_;
@@ -404,6 +418,7 @@ DiskReader::DiskReader(fs::path path, int fd, bool direct, uint64_t file_size)
 DiskReader::~DiskReader() { ::close(fd_); }
 
 void DiskReader::register_buffer(void*, size_t) {}
+void DiskReader::unregister_buffer(const void*) {}
 void DiskReader::unregister_buffers() {}
 
 std::unique_ptr<DiskReader> open_disk_reader(const fs::path& file, IoEngine engine, int queue_depth) {

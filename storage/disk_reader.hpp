@@ -52,10 +52,17 @@ class DiskReader {
 
   // Optional: io_uring reads whose destination lies inside a registered buffer use
   // IORING_OP_READ_FIXED (no page pinning per read). The buffer must stay alive until
-  // unregister_buffers() or the reader's end. A no-op for pread; a registration the kernel refuses
-  // (RLIMIT_MEMLOCK) silently falls back to plain reads.
+  // unregister_buffer(data), unregister_buffers() or the reader's end. A no-op for pread; a
+  // registration the kernel refuses (RLIMIT_MEMLOCK) silently falls back to plain reads. Each ring
+  // takes up the registrations when a read() call takes it, so a call under way keeps the ones it
+  // started with.
   virtual void register_buffer(void* data, size_t bytes);
+  virtual void unregister_buffer(const void* data);
   virtual void unregister_buffers();
+  // Reads submitted into a registered buffer (IORING_OP_READ_FIXED), and registrations the kernel
+  // refused, since open; 0 for pread.
+  virtual int64_t fixed_reads() const { return 0; }
+  virtual int64_t refused_registrations() const { return 0; }
 
   // Whether the file was opened with O_DIRECT (false where the filesystem refused it).
   bool direct() const { return direct_; }

@@ -355,6 +355,16 @@ uint64_t usable_bytes(const storage::DiskFeatures& disk, uint64_t bytes) {
   return std::min(bytes, room > staging ? room - staging : 0);
 }
 
+// The reading thread's own staging (usable_bytes left room for it), or null where the budget has
+// none now: each read then stages on its own, as read_rows does.
+std::unique_ptr<storage::ReadStaging> own_staging(storage::DiskFeatures& disk) {
+  try {
+    return std::make_unique<storage::ReadStaging>(disk);
+  } catch (const ResourceError&) {
+    return nullptr;
+  }
+}
+
 int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -415,6 +425,7 @@ ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth
       parts_(std::max(1, parts)),
       bookkeeping_(disk.budget(), shape_.bookkeeping_bytes),
       pool_(std::make_shared<storage::RowPool>(disk.budget(), shape_.slots, disk.feature_dim())),
+      staging_(own_staging(disk)),
       sampling_([this, first = std::move(first), next = std::move(next)]() mutable { sample_windows(std::move(first), next); }),
       reading_([this] { read_windows(); }) {}
 
@@ -686,7 +697,7 @@ void ReadAhead::read_windows() {
           try {
             if (!window.ids.empty() || !window.extra_ids.empty())
               disk_.read_window(pool_, std::move(window.ids), std::move(window.slots), window.extra_ids,
-                                window.extra_slots);
+                                window.extra_slots, staging_.get());
             rows = window.whole;
           } catch (const ResourceError&) {
             rows = nullptr;  // the budget refused its staging: its batches read their own misses, and so
@@ -696,7 +707,7 @@ void ReadAhead::read_windows() {
       } else if (!window.slots.empty()) {
         try {
           rows = disk_.read_window(pool_, std::move(window.ids), std::move(window.slots), window.extra_ids,
-                                   window.extra_slots);
+                                   window.extra_slots, staging_.get());
         } catch (const ResourceError&) {
           rows = nullptr;  // the budget refused its staging: its batches read their own misses
         }

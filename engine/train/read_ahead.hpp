@@ -49,7 +49,8 @@
 // and those of the parts after it, to read their own misses.
 //
 // The read-ahead's memory is `bytes`, charged to the disk tier's budget: the pool's rows, and its
-// bookkeeping, charged at the start (shape): a bit per node for the window being grown, the plan
+// bookkeeping, charged at the start (shape), and beside them the staging its reads go through
+// (storage::ReadStaging, registered with io_uring once for every window): a bit per node for the window being grown, the plan
 // of the pool (each slot's row and when it was last needed, the free slots, the lists that choose
 // what it drops), and the ids and slots of the windows planned ahead and alive.
 //
@@ -202,6 +203,9 @@ class ReadAhead {
   const int parts_;  // read_ahead_parts
   const kernels::cuda::BudgetCharge bookkeeping_;
   const std::shared_ptr<storage::RowPool> pool_;
+  // The reading thread's staging for every window (registered with the disk's reader), or null
+  // where the budget refused it (each read then stages on its own).
+  const std::unique_ptr<storage::ReadStaging> staging_;
 
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -698,6 +698,53 @@ std::vector<int32_t> first_slots(const std::vector<int64_t>& ids) {
   return slots;
 }
 
+// A caller's own staging (the read-ahead's, for all its windows): charged while it lives, registered
+// with the reader, and read into instead of a buffer of each call's own; the same rows, both with
+// rounds one at a time and overlapped; the reader reads on after it is gone.
+TEST(DiskFeatures, ReadStagingIsChargedAndServesWindowReadsOfManyRounds) {
+  TempDir dir;
+  const int64_t n = 40000, dim = 128;  // 20 MB of features: two or more rounds in 32 MiB of staging
+  write_feature_store(dir / "s.gale", n, dim, DType::kF32, 41);
+  const Store store = Store::open(dir / "s.gale");
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  std::iota(all.begin(), all.end(), 0);
+  const size_t d = static_cast<size_t>(dim);
+  std::vector<float> want(all.size() * d);
+  store.read_feature_rows(all.data(), n, want.data());
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "rounds overlapped" : "rounds one at a time");
+    MemoryBudget budget(uint64_t{1} << 30, "--host-mem-budget");
+    DiskFeatureOptions o;
+    o.budget = &budget;
+    o.overlap_rounds = overlap;
+    DiskFeatures disk(store, {}, o);
+    const uint64_t before = budget.in_use();
+    {
+      ReadStaging staging(disk);
+      EXPECT_EQ(staging.bytes(), DiskFeatures::max_staging_bytes());
+      EXPECT_EQ(budget.in_use(), before + staging.bytes()) << "charged while it lives";
+      auto pool = std::make_shared<RowPool>(&budget, n, dim);
+      const uint64_t peak = budget.peak();
+      std::vector<int32_t> slots(all.size());
+      std::iota(slots.begin(), slots.end(), 0);
+      const auto window = disk.read_window(pool, all, slots, {}, {}, &staging);
+      EXPECT_EQ(budget.peak(), peak) << "no staging of the call's own";
+      if (std::string(disk.reader().engine_name()) == "io_uring")  // registered, or refused (RLIMIT_MEMLOCK)
+        EXPECT_TRUE(disk.reader().fixed_reads() > 0 || disk.reader().refused_registrations() > 0)
+            << disk.reader().fixed_reads() << " fixed reads, " << disk.reader().refused_registrations() << " refused";
+      const DiskFeatureStats s = disk.take_stats();
+      EXPECT_GE(s.disk_bytes, static_cast<uint64_t>(n * dim * 4));
+      std::vector<float> got(all.size() * d);
+      disk.read_rows(all.data(), n, got.data(), window.get());
+      EXPECT_EQ(got, want) << "every row served from the window, the store's bits";
+    }
+    EXPECT_EQ(budget.in_use(), before) << "given back";
+    std::vector<float> again(all.size() * d);
+    disk.read_rows(all.data(), n, again.data());
+    EXPECT_EQ(again, want) << "read on, the staging unregistered";
+  }
+}
+
 TEST(DiskFeatures, ReadAheadWindowsServeTheSameRowsWithoutReadingAgain) {
   TempDir dir;
   const int64_t n = 6000, dim = 100;
