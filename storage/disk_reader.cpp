@@ -149,11 +149,13 @@ class UringReader final : public DiskReader {
     if (it == buffers_.end()) return;
     buffers_.erase(it);
     ++generation_;
+    sync_idle_rings();
   }
   void unregister_buffers() override {
     std::lock_guard<std::mutex> lock(mu_);
     buffers_.clear();
     ++generation_;
+    sync_idle_rings();
   }
 
   void read(const ReadRequest* requests, size_t n) override {
@@ -163,12 +165,22 @@ class UringReader final : public DiskReader {
     // A ring whose submission failed may still hold reads in flight: it is destroyed, never reused.
     if (outcome.ring_usable) {
       std::lock_guard<std::mutex> lock(mu_);
+      // A buffer unregistered during the call stays pinned by this ring until it syncs: now.
+      if (!ring->sync_buffers(buffers_, generation_)) refused_.fetch_add(1, std::memory_order_relaxed);
       free_.push_back(std::move(ring));
     }
     if (outcome.error) std::rethrow_exception(outcome.error);
   }
 
  private:
+  // An unregistered buffer's pages stay pinned (resident, and counted by a cgroup, though the
+  // budget has let them go) while any ring still has them registered: the idle rings drop them at
+  // once, a ring in use when its call ends. Holds mu_.
+  void sync_idle_rings() {
+    for (const std::unique_ptr<Ring>& ring : free_)
+      if (!ring->sync_buffers(buffers_, generation_)) refused_.fetch_add(1, std::memory_order_relaxed);
+  }
+
   // A ring for this call: an idle one, or a new one when every ring is busy in another thread.
   std::unique_ptr<Ring> take_ring() {
     std::unique_ptr<Ring> ring;
