@@ -278,9 +278,13 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
   const auto read_round = [this, &requests, &rounds](size_t r) {
     reader_->read(requests.data() + rounds[r].first, rounds[r].last - rounds[r].first);
   };
-  // Round r's reads on a thread of their own (the reader takes calls from several threads at once,
-  // each on its own ring, or its workers).
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::time_point> launched(rounds.size());
+  // Overlapped rounds go out on threads of their own (the reader takes calls from several threads at
+  // once, each on its own ring, or its workers); otherwise each round is read here.
+  const bool ahead = overlap && rounds.size() > 1;
   const auto launch = [&](size_t r) {
+    launched[r] = Clock::now();
     prepare(r);
     return std::async(std::launch::async, read_round, r);
   };
@@ -290,9 +294,7 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
   std::future<void> reading, next_reading;
   try {
     // The reads' time: while any round is in flight, from its submission to when it is seen done.
-    using Clock = std::chrono::steady_clock;
     Clock::time_point busy_until{};
-    std::vector<Clock::time_point> launched(rounds.size());
     const auto count_read = [&](size_t r) {
       const Clock::time_point done = Clock::now(), from = std::max(launched[r], busy_until);
       if (done > from) totals.nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(done - from).count();
@@ -300,27 +302,22 @@ DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>
       totals.bytes += rounds[r].bytes;
       totals.calls += static_cast<int64_t>(rounds[r].last - rounds[r].first);
     };
-    const auto go = [&](size_t r) {
-      launched[r] = Clock::now();
-      return launch(r);
-    };
-    if (rounds.size() == 1) {  // read here: nothing to overlap it with
-      launched[0] = Clock::now();
-      prepare(0);
-      read_round(0);
-    } else {
-      reading = go(0);
-    }
+    if (ahead) reading = launch(0);
     for (size_t r = 0; r < rounds.size(); ++r) {
-      // With overlap, round r + 1 goes out before round r is awaited: its slot was round r - 2's,
-      // checked already. Without, once round r - 1's check (in the slot it takes) is done.
-      if (overlap && r + 1 < rounds.size()) next_reading = go(r + 1);
-      if (reading.valid()) reading.get();
+      if (ahead) {
+        // Round r + 1 goes out before round r is awaited: its slot was round r - 2's, checked already.
+        if (r + 1 < rounds.size()) next_reading = launch(r + 1);
+        reading.get();
+        reading = std::move(next_reading);
+      } else {
+        // Its slot was round r - 2's, checked already; round r - 1 is being checked in the other.
+        launched[r] = Clock::now();
+        prepare(r);
+        read_round(r);
+      }
       count_read(r);
       checking.wait();  // the round before, in its own slot (rethrows its error)
       checking.run([&process, r] { process(r); });
-      if (!overlap && r + 1 < rounds.size()) next_reading = go(r + 1);
-      reading = std::move(next_reading);
     }
     checking.wait();
   } catch (...) {

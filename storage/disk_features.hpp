@@ -127,8 +127,8 @@ struct DiskFeatureStats {
   uint64_t disk_bytes = 0;         // bytes of the reads issued
   uint64_t useful_bytes = 0;       // distinct_disk_rows x row bytes (<= disk_bytes)
   int64_t read_calls = 0;          // read requests (extents) issued
-  // Wall time of the reads, summed over calls: in each, from its first read's submission to its
-  // last one's completion (a call's rounds overlap: storage/disk_features.cpp).
+  // Wall time of the reads, summed over calls: in each, the time some round of its reads was in
+  // flight (with DiskFeatureOptions::overlap_rounds two may be at once, counted once).
   double read_seconds = 0;
   uint64_t needed_bytes = 0;       // 4 KiB pages holding the distinct rows read, x 4 KiB
   int64_t read_ahead_hits = 0;     // requested rows served from a read-ahead window
@@ -232,8 +232,9 @@ class DiskFeatures {
   // Reads the distinct rows sorted_ids (ascending, no repeats) from disk and hands each row's raw
   // bytes to sink(k, bytes) with k its index in sorted_ids (in parallel: each k once). Extents are
   // planned with gap_pages and max_read_bytes; a staging buffer of at most max_staging_bytes (or
-  // twice the largest extent) is read into half by half, round by round: one half's pages are
-  // checked and its rows handed over, in parallel, while the disk reads the next round into the other.
+  // two or three times the largest extent) is read into slot by slot, round by round: one slot's
+  // pages are checked and its rows handed over, in parallel, while the disk reads the next round
+  // into another (and, with DiskFeatureOptions::overlap_rounds, the round after that into a third).
   // `staging` (nullable): a caller's staging to read into where it is large enough.
   template <typename Sink>
   ReadTotals read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages, uint64_t max_read_bytes,

@@ -166,7 +166,7 @@ class UringReader final : public DiskReader {
     if (outcome.ring_usable) {
       std::lock_guard<std::mutex> lock(mu_);
       // A buffer unregistered during the call stays pinned by this ring until it syncs: now.
-      if (!ring->sync_buffers(buffers_, generation_)) refused_.fetch_add(1, std::memory_order_relaxed);
+      sync(*ring, buffers_, generation_);
       free_.push_back(std::move(ring));
     }
     if (outcome.error) std::rethrow_exception(outcome.error);
@@ -177,8 +177,11 @@ class UringReader final : public DiskReader {
   // budget has let them go) while any ring still has them registered: the idle rings drop them at
   // once, a ring in use when its call ends. Holds mu_.
   void sync_idle_rings() {
-    for (const std::unique_ptr<Ring>& ring : free_)
-      if (!ring->sync_buffers(buffers_, generation_)) refused_.fetch_add(1, std::memory_order_relaxed);
+    for (const std::unique_ptr<Ring>& ring : free_) sync(*ring, buffers_, generation_);
+  }
+  // Ring::sync_buffers, counting a refusal.
+  void sync(Ring& ring, const std::vector<iovec>& buffers, uint64_t generation) {
+    if (!ring.sync_buffers(buffers, generation)) refused_.fetch_add(1, std::memory_order_relaxed);
   }
 
   // A ring for this call: an idle one, or a new one when every ring is busy in another thread.
@@ -204,7 +207,7 @@ class UringReader final : public DiskReader {
         throw InputError(message);
       }
     }
-    if (!ring->sync_buffers(buffers, generation)) refused_.fetch_add(1, std::memory_order_relaxed);
+    sync(*ring, buffers, generation);
     return ring;
   }
 
@@ -223,6 +226,7 @@ class UringReader final : public DiskReader {
     std::vector<size_t> again;
     size_t next = 0;
     unsigned in_flight = 0;
+    int64_t fixed = 0;  // added to fixed_ once, as the call ends
     std::exception_ptr error;
 
     auto submit_one = [&](size_t i) {
@@ -234,7 +238,7 @@ class UringReader final : public DiskReader {
       const uint64_t off = q.offset + progress[i].done;
       const int buf = ring.buffer_of(dest, len);
       if (buf >= 0) {
-        fixed_.fetch_add(1, std::memory_order_relaxed);
+        ++fixed;
         io_uring_prep_read_fixed(sqe, 0, dest, len, off, buf);
       } else {
         io_uring_prep_read(sqe, 0, dest, len, off);
@@ -260,6 +264,7 @@ class UringReader final : public DiskReader {
       const int rc = io_uring_submit_and_wait(r, 1);
       if (rc < 0) {
         if (rc == -EINTR || rc == -EAGAIN) continue;
+        fixed_.fetch_add(fixed, std::memory_order_relaxed);
         return Outcome{false, read_error(path(), requests[0].offset, -rc)};
       }
       io_uring_cqe* cqe;
@@ -288,6 +293,7 @@ class UringReader final : public DiskReader {
       }
       io_uring_cq_advance(r, seen);
     }
+    fixed_.fetch_add(fixed, std::memory_order_relaxed);
     return Outcome{true, error};
   }
 

@@ -53,9 +53,10 @@ class DiskReader {
   // Optional: io_uring reads whose destination lies inside a registered buffer use
   // IORING_OP_READ_FIXED (no page pinning per read). The buffer must stay alive until
   // unregister_buffer(data), unregister_buffers() or the reader's end. A no-op for pread; a
-  // registration the kernel refuses (RLIMIT_MEMLOCK) silently falls back to plain reads. Each ring
-  // takes up the registrations when a read() call takes it, so a call under way keeps the ones it
-  // started with.
+  // registration the kernel refuses (RLIMIT_MEMLOCK) silently falls back to plain reads. A call
+  // under way keeps the registrations its ring started with; idle rings drop an unregistered
+  // buffer at once, a busy one when its call ends, and every ring takes up new ones when a call
+  // takes it.
   virtual void register_buffer(void* data, size_t bytes);
   virtual void unregister_buffer(const void* data);
   virtual void unregister_buffers();

@@ -49,10 +49,11 @@
 // and those of the parts after it, to read their own misses.
 //
 // The read-ahead's memory is `bytes`, charged to the disk tier's budget: the pool's rows, and its
-// bookkeeping, charged at the start (shape), and beside them the staging its reads go through
-// (storage::ReadStaging, registered with io_uring once for every window): a bit per node for the window being grown, the plan
+// bookkeeping, charged at the start (shape): a bit per node for the window being grown, the plan
 // of the pool (each slot's row and when it was last needed, the free slots, the lists that choose
-// what it drops), and the ids and slots of the windows planned ahead and alive.
+// what it drops), and the ids and slots of the windows planned ahead and alive. Beside `bytes`, in
+// the room the pool leaves for it, the reading thread keeps one staging buffer for every window's
+// read (storage::ReadStaging, registered with io_uring once).
 //
 // The batches run on across epochs: the next epoch's first window is sampled
 // and read while this epoch's last one trains, so an epoch does not begin by waiting for a pass
