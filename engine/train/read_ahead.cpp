@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <iterator>
 #include <string>
@@ -27,6 +28,20 @@ int64_t sample_chunk() {
 }
 // The first window's share of the full window's rows (each next one window_growth times the last).
 constexpr int64_t kFirstWindowShare = 16;
+// The first window's batches at most; each next may have window_growth times the last's, up to
+// kMaxWindowBatches. A window's batches are all sampled before its read starts, and training waits
+// for the first. Where the host cache holds nearly every row a batch needs, a window bounded by rows
+// alone grew over the whole run: R-MAT 23 (`--relabel hot`, one H200) with every row cached sampled
+// all three epochs' batches, 2.4 s, before the first batch trained (docs/performance.md, thirteenth
+// session). 128 and 2,048 leave R-MAT 25's first epoch in 8 GB as it was (its windows of 88 and
+// 1,400 batches end on rows first); windows of 32 batches growing 1.25 times read 1.9x the bytes
+// there, and the epoch took 13.7 s against 9.0 (rows alone, growth 16, on another H200 that day).
+constexpr int64_t kFirstWindowBatches = 128;
+constexpr int64_t kMaxWindowBatches = 2048;
+// `limit` grown by `growth` (at least by one).
+int64_t grown(int64_t limit, double growth) {
+  return std::max(limit + 1, static_cast<int64_t>(std::ceil(static_cast<double>(limit) * growth)));
+}
 // A full window's own rows: a quarter of the pool's slots (the header). bench/readahead_sim.py
 // --pool on R-MAT 20 (4 GB-like memory): a quarter read 0.50x the rows of windows that keep
 // nothing, a half 0.61x, three quarters 0.71x.
@@ -406,19 +421,19 @@ ReadAhead::Shape ReadAhead::shape(uint64_t bytes, int64_t num_nodes, int64_t dim
   return s;
 }
 
-int64_t window_growth(bool gpu_sampled) {
-  static const int64_t forced = [] {
+double window_growth(bool gpu_sampled) {
+  static const double forced = [] {
     const char* env = std::getenv("GALE_READ_AHEAD_GROWTH");
-    return env != nullptr && std::atoll(env) >= 2 ? static_cast<int64_t>(std::atoll(env)) : int64_t{0};
+    return env != nullptr && std::atof(env) >= kMinWindowGrowth ? std::atof(env) : 0.0;
   }();
-  return forced > 0 ? forced : gpu_sampled ? 16 : 2;
+  return forced > 0 ? forced : gpu_sampled ? 16.0 : 2.0;
 }
 
-ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
+ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, double growth, Segment first, NextSegment next,
                      bool keep, bool ride_along, bool chain, int parts)
     : disk_(disk),
       shape_(shape(usable_bytes(disk, bytes), disk.num_nodes(), disk.feature_dim(), std::max(1, parts))),
-      growth_(std::max<int64_t>(2, growth)),
+      growth_(std::max(kMinWindowGrowth, growth)),
       keep_(keep),
       ride_along_(ride_along),
       chain_(chain),
@@ -461,6 +476,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
     std::vector<uint64_t> seen(static_cast<size_t>(disk_.num_nodes() / 64 + 1), 0);
     const int64_t full = std::max<int64_t>(1, shape_.window_rows);
     int64_t limit = std::max<int64_t>(1, full / kFirstWindowShare);
+    int64_t batch_limit = kFirstWindowBatches;
     // Windows planned, not yet handed over; `live`: the rows of the last one handed over, which the
     // batches will read from while the reading thread reads the next.
     PoolPlan plan(shape_.slots, keep_);
@@ -548,7 +564,9 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
         const std::vector<int64_t>& misses = sampled.front();
         int64_t fresh = 0;
         for (int64_t id : misses) fresh += (seen[static_cast<size_t>(id) >> 6] >> (id & 63) & 1) == 0;
-        if (position + b - segment.first > window.first && static_cast<int64_t>(window.ids.size()) + fresh > limit) break;
+        const int64_t at = position + b - segment.first;
+        if (at > window.first && (static_cast<int64_t>(window.ids.size()) + fresh > limit || at - window.first >= batch_limit))
+          break;
         for (int64_t id : misses) {
           uint64_t& word = seen[static_cast<size_t>(id) >> 6];
           if ((word >> (id & 63) & 1) == 0) {
@@ -571,7 +589,8 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
       } else {
         std::sort(window.ids.begin(), window.ids.end());
       }
-      limit = std::min(full, limit * growth_);
+      limit = std::min(full, grown(limit, growth_));
+      batch_limit = std::min(kMaxWindowBatches, grown(batch_limit, growth_));
       ahead.push_back(std::move(window));
       // The first window goes at once, and so does the oldest when the reading thread has nothing
       // queued: planning further ahead never makes it wait. Otherwise up to kHorizon windows are

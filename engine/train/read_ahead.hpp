@@ -20,7 +20,9 @@
 // hands to the reading thread next, so their misses rank what the pool keeps, and hands the next
 // one over early whenever the reading thread has nothing queued. The first window of a read-ahead
 // is a sixteenth of a full one, and each next one up to `growth` times the last, so training starts
-// after a short read.
+// after a short read; a window also ends after a number of batches that grows likewise (128 at
+// first, 2,048 at most), so where few rows miss the cache training does not wait for the whole run
+// to be sampled.
 //
 // Simulated on R-MAT 20 with the memory of a 4 GB run (bench/readahead_sim.py --pool 0.25
 // --pool-horizon 8), the pool reads 0.56x the rows of two windows that keep nothing, against 0.72x
@@ -86,10 +88,13 @@ namespace gale::engine::train_parts {
 // window is sampled. Measured on R-MAT 25 in 8 GB (one H200, GPU sampler; docs/performance.md):
 // growth 16 read 13.9 GB in the first epoch against 24.4 GB at 2, and took 18.0 s against 22.7;
 // on the CPU sampler (R-MAT 20) 16 read 22% fewer bytes but batches waited 4.5x as long for the
-// larger windows. So 16 when the GPU samples, 2 when the CPU does; GALE_READ_AHEAD_GROWTH (>= 2)
-// overrides both, for measuring. With the store written `--relabel hot`, 2, 4 and 16 gave the same
-// 8 GB first epoch (8.75-8.85 s), 16 reading the fewest bytes.
-int64_t window_growth(bool gpu_sampled);
+// larger windows. So 16 when the GPU samples, 2 when the CPU does; GALE_READ_AHEAD_GROWTH (>= 1.05,
+// fractions too) overrides both, for measuring. With the store written `--relabel hot`, 2, 4 and 16
+// gave the same 8 GB first epoch (8.75-8.85 s), 16 reading the fewest bytes; 1.25 (windows of 32
+// batches at first) read 6.65 GB against 3.51 and took 13.7 s against 9.0 (thirteenth session, two H200s).
+double window_growth(bool gpu_sampled);
+// The least growth (GALE_READ_AHEAD_GROWTH below it is ignored).
+constexpr double kMinWindowGrowth = 1.05;
 
 // How many parts a window's read is split into, by the batches that first need each row (1: the
 // whole window at once). A part's batches train once it is read, while the next part is read, so
@@ -131,7 +136,7 @@ class ReadAhead {
   // `parts`: how many parts each window's read is split into (read_ahead_parts).
   // Where the disk tier's budget has less room than `bytes` (and a window's staging),
   // the pool is smaller. Throws ResourceError when the budget refuses even the smallest pool.
-  ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, int64_t growth, Segment first, NextSegment next,
+  ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, double growth, Segment first, NextSegment next,
             bool keep = read_ahead_keeps(), bool ride_along = read_ahead_rides_along(),
             bool chain = read_ahead_chains_riders(), int parts = read_ahead_parts());
   // Stops the threads (after the read under way) and frees the windows.
@@ -197,7 +202,7 @@ class ReadAhead {
 
   storage::DiskFeatures& disk_;
   const Shape shape_;
-  const int64_t growth_;
+  const double growth_;
   const bool keep_;
   const bool ride_along_;
   const bool chain_;
