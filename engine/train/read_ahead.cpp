@@ -392,6 +392,14 @@ bool unless_zero(const char* name) {
 
 }  // namespace
 
+int64_t read_ahead_lead() {
+  static const int64_t lead = [] {
+    const char* env = std::getenv("GALE_READ_AHEAD_LEAD");
+    return env != nullptr && std::atoll(env) > 0 ? static_cast<int64_t>(std::atoll(env)) : int64_t{0};
+  }();
+  return lead;
+}
+
 bool read_ahead_keeps() {
   static const bool keep = unless_zero("GALE_READ_AHEAD_KEEP");
   return keep;
@@ -430,7 +438,7 @@ double window_growth(bool gpu_sampled) {
 }
 
 ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, double growth, Segment first, NextSegment next,
-                     bool keep, bool ride_along, bool chain, int parts)
+                     bool keep, bool ride_along, bool chain, int parts, int64_t lead)
     : disk_(disk),
       shape_(shape(usable_bytes(disk, bytes), disk.num_nodes(), disk.feature_dim(), std::max(1, parts))),
       growth_(std::max(kMinWindowGrowth, growth)),
@@ -438,6 +446,7 @@ ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, double growth,
       ride_along_(ride_along),
       chain_(chain),
       parts_(std::max(1, parts)),
+      lead_(std::max<int64_t>(0, lead)),
       bookkeeping_(disk.budget(), shape_.bookkeeping_bytes),
       pool_(std::make_shared<storage::RowPool>(disk.budget(), shape_.slots, disk.feature_dim())),
       staging_(own_staging(disk)),
@@ -545,8 +554,19 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
         }
         if (sampled.empty()) {
           {
-            const std::lock_guard<std::mutex> lock(mutex_);
+            std::unique_lock<std::mutex> lock(mutex_);
             if (stop_ || error_) return;
+            // With a lead: while windows are planned ahead and the reading thread has one queued,
+            // sample no further than the lead past the batches prepared; once the reading thread
+            // wants the next window, hand it over and go on.
+            if (lead_ > 0 && !ahead.empty()) {
+              const int64_t to = position + next_sample - segment.first;
+              changed_.wait(lock, [&] { return stop_ || error_ || planned_.empty() || to - prepared_ < lead_; });
+              if (stop_ || error_) return;
+              const bool wants = planned_.empty();
+              lock.unlock();
+              if (wants && !hand_over()) return;
+            }
           }
           const auto t0 = std::chrono::steady_clock::now();
           const int64_t n = std::min(sample_chunk(), segment.end - next_sample);
@@ -786,8 +806,10 @@ void ReadAhead::done(int64_t epoch, int64_t b) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto it = window_at(lock, epoch, b);
-    if (--it->pending > 0) return;
-    windows_.erase(it);
+    const bool notify = lead_ > 0;  // the sampling thread may wait for batches to be prepared
+    if (notify) prepared_ = std::max(prepared_, position(lock, epoch, b) + 1);
+    if (--it->pending > 0 && !notify) return;
+    if (it->pending == 0) windows_.erase(it);
   }
   changed_.notify_all();
 }

@@ -105,6 +105,14 @@ constexpr double kMinWindowGrowth = 1.05;
 // waits for its whole window to be sampled (docs/performance.md, twelfth session).
 int read_ahead_parts();
 
+// How many batches past those prepared so far the sampling thread may sample while windows are
+// planned ahead and the reading thread has one queued (0: as far as its 8 windows reach).
+// GALE_READ_AHEAD_LEAD=N sets it, for measuring: in a run of several epochs on one GPU the first
+// epoch's training ran beside the sampling of nearly every later batch (R-MAT 25 in 8 GB, one
+// H200: training 5.76 s against 4.61 s in memory, beside 7.42 s of sampling). 0 unless set; not
+// yet measured with windows bounded in batches.
+int64_t read_ahead_lead();
+
 // Whether the pool keeps rows for later windows (the header); false where GALE_READ_AHEAD_KEEP=0.
 bool read_ahead_keeps();
 // Whether later windows' rows ride along with a window's read (the header); false where
@@ -133,12 +141,14 @@ class ReadAhead {
   // `keep`: whether the pool keeps rows for later windows (read_ahead_keeps); `ride_along`: whether
   // later windows' rows on the pages a window reads are read with it (read_ahead_rides_along; only
   // with keep); `chain`: whether rows near those pages ride too, chained (read_ahead_chains_riders);
-  // `parts`: how many parts each window's read is split into (read_ahead_parts).
+  // `parts`: how many parts each window's read is split into (read_ahead_parts); `lead`: how far
+  // past the batches prepared the sampling may run while windows wait ahead (read_ahead_lead).
   // Where the disk tier's budget has less room than `bytes` (and a window's staging),
   // the pool is smaller. Throws ResourceError when the budget refuses even the smallest pool.
   ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, double growth, Segment first, NextSegment next,
             bool keep = read_ahead_keeps(), bool ride_along = read_ahead_rides_along(),
-            bool chain = read_ahead_chains_riders(), int parts = read_ahead_parts());
+            bool chain = read_ahead_chains_riders(), int parts = read_ahead_parts(),
+            int64_t lead = read_ahead_lead());
   // Stops the threads (after the read under way) and frees the windows.
   ~ReadAhead();
   ReadAhead(const ReadAhead&) = delete;
@@ -206,7 +216,8 @@ class ReadAhead {
   const bool keep_;
   const bool ride_along_;
   const bool chain_;
-  const int parts_;  // read_ahead_parts
+  const int parts_;     // read_ahead_parts
+  const int64_t lead_;  // read_ahead_lead
   const kernels::cuda::BudgetCharge bookkeeping_;
   const std::shared_ptr<storage::RowPool> pool_;
   // The reading thread's staging for every window (registered with the disk's reader), or null
@@ -219,6 +230,7 @@ class ReadAhead {
   std::deque<Planned> planned_;   // sampled, waiting for the reading thread (at most one)
   bool sampled_all_ = false;      // the sampling thread has placed every segment and planned every window
   std::deque<Window> windows_;    // read and alive, oldest first
+  int64_t prepared_ = 0;          // past the furthest position done (kept only with a lead)
   bool stop_ = false;
   std::exception_ptr error_;
   std::thread sampling_, reading_;  // last: started once everything above exists

@@ -28,6 +28,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/predict.hpp"
@@ -345,6 +346,58 @@ TEST(ReadAhead, TheFirstWindowIsReadyBeforeTheLaterBatchesAreSampled) {
     }
   }
   EXPECT_EQ(sampled.load(), batches);
+}
+
+// With a lead, the sampling thread runs no further than that many batches past those prepared while
+// windows wait ahead of the reading thread (so a first epoch's training does not run beside the
+// sampling of the later epochs); every batch still finds its rows, with the store's bits.
+TEST(ReadAhead, ALeadBoundsHowFarTheSamplingRunsAhead) {
+  const storage::Store store = storage::Store::open(sbm_store());
+  const int64_t n = store.num_nodes(), dim = store.feature_dim();
+  const auto ids_of = [n](int64_t b) {
+    std::mt19937_64 rng(static_cast<uint64_t>(b) * 0x9E3779B97F4A7C15ULL + 7);
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 60; ++i) ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(n)));
+    return ids;
+  };
+  const int64_t batches = 240;
+  // Windows of ~750 rows (~12 batches); the furthest batch sampled past those done, over the epoch.
+  const auto furthest_ahead = [&](int64_t lead) {
+    kernels::cuda::MemoryBudget budget(uint64_t{256} << 20, "--host-mem-budget");
+    storage::DiskFeatureOptions o;
+    o.budget = &budget;
+    storage::DiskFeatures disk(store, {}, o);
+    std::atomic<int64_t> done{0}, furthest{0};
+    const auto inputs = [&](int64_t b) {
+      const int64_t ahead = b - done.load();
+      for (int64_t f = furthest.load(); ahead > f && !furthest.compare_exchange_weak(f, ahead);) {
+      }
+      return ids_of(b);
+    };
+    const uint64_t bytes = uint64_t{4400} * (8 + 4 * static_cast<uint64_t>(dim));
+    train_parts::ReadAhead ahead(disk, bytes, /*growth=*/2, {0, 0, batches, inputs},
+                                 [](int64_t) -> std::optional<train_parts::ReadAhead::Segment> { return std::nullopt; },
+                                 true, true, true, 1, lead);
+    for (int64_t b = 0; b < batches; ++b) {
+      const std::vector<int64_t> ids = ids_of(b);
+      const std::shared_ptr<const storage::WindowRows> window = ahead.window_of(0, b);
+      std::vector<float> got(ids.size() * static_cast<size_t>(dim)), want(got.size());
+      disk.read_rows(ids.data(), static_cast<int64_t>(ids.size()), got.data(), window.get());
+      store.read_feature_rows(ids.data(), static_cast<int64_t>(ids.size()), want.data());
+      EXPECT_EQ(got, want) << "batch " << b << ", lead " << lead;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // training, slower than sampling
+      ahead.done(0, b);
+      done.store(b + 1);
+    }
+    EXPECT_EQ(disk.take_stats().disk_rows, 0) << "every row was read ahead";
+    return furthest.load();
+  };
+  // Without a lead the sampling runs the 8 planned windows ahead (about 140 batches here); with one
+  // of 8, the lead, a chunk and the windows alive, queued and being grown (about 50).
+  const int64_t free_run = furthest_ahead(0), led = furthest_ahead(8);
+  EXPECT_GT(free_run, 80) << "8 windows of ~12 batches planned ahead";
+  EXPECT_LT(static_cast<double>(led), 0.6 * static_cast<double>(free_run))
+      << "with a lead of 8: " << led << " batches ahead, without " << free_run;
 }
 
 // One pre-sampled epoch reads each training seed once (the identity "sampler" below returns the
