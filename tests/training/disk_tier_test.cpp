@@ -184,6 +184,27 @@ TEST(DiskTier, ReadAheadWindowsTrainBitForBitAsInMemory) {
   EXPECT_LT(static_cast<int64_t>(m.useful_disk_bytes / (64 * sizeof(float))), m.read_ahead_hits);
 }
 
+// Batch b's input rows for the read-ahead's tests: `draws` of them, every third from 600 warm rows
+// where `warm`, the rest from every row; a pure function of b, as the read-ahead samples batches in
+// parallel.
+std::vector<int64_t> drawn_rows(int64_t b, int64_t n, int draws, bool warm, uint64_t salt) {
+  std::mt19937_64 rng(static_cast<uint64_t>(b) * 0x9E3779B97F4A7C15ULL + salt);
+  std::vector<int64_t> ids;
+  for (int i = 0; i < draws; ++i)
+    ids.push_back(warm && i % 3 == 0 ? static_cast<int64_t>(rng() % 600) * 37 % n
+                                     : static_cast<int64_t>(rng() % static_cast<uint64_t>(n)));
+  return ids;
+}
+
+// Batch b's rows `ids` read through its window (or read on their own, without one) are the store's.
+void expect_store_rows(storage::DiskFeatures& disk, const storage::Store& store, const std::vector<int64_t>& ids,
+                       const storage::WindowRows* window, int64_t b) {
+  std::vector<float> got(ids.size() * static_cast<size_t>(store.feature_dim())), want(got.size());
+  disk.read_rows(ids.data(), static_cast<int64_t>(ids.size()), got.data(), window);
+  store.read_feature_rows(ids.data(), static_cast<int64_t>(ids.size()), want.data());
+  EXPECT_EQ(got, want) << "batch " << b;
+}
+
 // A read-ahead window may be 16 times the last when the GPU samples (measured on R-MAT 25: the
 // first epoch in 8 GB read 13.9 GB instead of 24.4), twice on the CPU, whose slower sampling of a
 // large window leaves the disk idle while batches wait.
@@ -202,15 +223,8 @@ TEST(DiskTier, ReadAheadWindowsGrowFasterWhenTheGpuSamples) {
 TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
   const storage::Store store = storage::Store::open(sbm_store());
   const int64_t n = store.num_nodes(), dim = store.feature_dim();
-  // Batch b: 100 draws, a third from 600 warm rows, the rest from every row (a pure function of b:
-  // the read-ahead samples batches in parallel).
-  const auto inputs = [n](int64_t b) {
-    std::mt19937_64 rng(static_cast<uint64_t>(b) * 0x9E3779B97F4A7C15ULL + 1);
-    std::vector<int64_t> ids;
-    for (int i = 0; i < 100; ++i)
-      ids.push_back(i % 3 == 0 ? static_cast<int64_t>(rng() % 600) * 37 % n : static_cast<int64_t>(rng() % static_cast<uint64_t>(n)));
-    return ids;
-  };
+  // Batch b: 100 draws, a third from 600 warm rows, the rest from every row.
+  const auto inputs = [n](int64_t b) { return drawn_rows(b, n, 100, /*warm=*/true, 1); };
   const int64_t batches = 150;
   // The bytes of 4,400 rows: a pool of ~3,000 (the rest is bookkeeping), full windows of ~750
   // rows, about 8 batches each, 18 an epoch.
@@ -246,12 +260,7 @@ TEST(ReadAhead, ThePoolKeepsRowsLaterWindowsNeed) {
                                    keep, ride, chain, parts);
       if (roomy) EXPECT_GE(budget.in_use(), fixed + planned.pool_bytes + planned.bookkeeping_bytes);
       for (int64_t b = 0; b < batches; ++b) {
-        const std::vector<int64_t> ids = inputs(b);
-        const std::shared_ptr<const storage::WindowRows> window = ahead.window_of(0, b);
-        std::vector<float> got(ids.size() * static_cast<size_t>(dim)), want(got.size());
-        disk.read_rows(ids.data(), static_cast<int64_t>(ids.size()), got.data(), window.get());
-        store.read_feature_rows(ids.data(), static_cast<int64_t>(ids.size()), want.data());
-        EXPECT_EQ(got, want) << "batch " << b;
+        expect_store_rows(disk, store, inputs(b), ahead.window_of(0, b).get(), b);
         ahead.done(0, b);
       }
       const storage::DiskFeatureStats st = disk.take_stats();
@@ -354,12 +363,7 @@ TEST(ReadAhead, TheFirstWindowIsReadyBeforeTheLaterBatchesAreSampled) {
 TEST(ReadAhead, ALeadBoundsHowFarTheSamplingRunsAhead) {
   const storage::Store store = storage::Store::open(sbm_store());
   const int64_t n = store.num_nodes(), dim = store.feature_dim();
-  const auto ids_of = [n](int64_t b) {
-    std::mt19937_64 rng(static_cast<uint64_t>(b) * 0x9E3779B97F4A7C15ULL + 7);
-    std::vector<int64_t> ids;
-    for (int i = 0; i < 60; ++i) ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(n)));
-    return ids;
-  };
+  const auto ids_of = [n](int64_t b) { return drawn_rows(b, n, 60, /*warm=*/false, 7); };
   const int64_t batches = 240;
   // Windows of ~750 rows (~12 batches); the furthest batch sampled past those done, over the epoch.
   const auto furthest_ahead = [&](int64_t lead) {
@@ -379,12 +383,7 @@ TEST(ReadAhead, ALeadBoundsHowFarTheSamplingRunsAhead) {
                                  [](int64_t) -> std::optional<train_parts::ReadAhead::Segment> { return std::nullopt; },
                                  true, true, true, 1, lead);
     for (int64_t b = 0; b < batches; ++b) {
-      const std::vector<int64_t> ids = ids_of(b);
-      const std::shared_ptr<const storage::WindowRows> window = ahead.window_of(0, b);
-      std::vector<float> got(ids.size() * static_cast<size_t>(dim)), want(got.size());
-      disk.read_rows(ids.data(), static_cast<int64_t>(ids.size()), got.data(), window.get());
-      store.read_feature_rows(ids.data(), static_cast<int64_t>(ids.size()), want.data());
-      EXPECT_EQ(got, want) << "batch " << b << ", lead " << lead;
+      expect_store_rows(disk, store, ids_of(b), ahead.window_of(0, b).get(), b);
       std::this_thread::sleep_for(std::chrono::milliseconds(2));  // training, slower than sampling
       ahead.done(0, b);
       done.store(b + 1);
