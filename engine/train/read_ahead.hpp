@@ -109,8 +109,10 @@ int read_ahead_parts();
 // planned ahead and the reading thread has one queued (0: as far as its 8 windows reach).
 // GALE_READ_AHEAD_LEAD=N sets it, for measuring: in a run of several epochs on one GPU the first
 // epoch's training ran beside the sampling of nearly every later batch (R-MAT 25 in 8 GB, one
-// H200: training 5.76 s against 4.61 s in memory, beside 7.42 s of sampling). 0 unless set; not
-// yet measured with windows bounded in batches.
+// H200: training 5.76 s against 4.61 s in memory, beside 7.42 s of sampling). 0 unless set: on the
+// CPU (R-MAT 20) a lead of 40 moved the sampling into the later epochs but read 1.2x the bytes in
+// the first epoch and 1.9-2.4x in the later ones, as the pool's choices see less of the future; not
+// yet measured on the GPU.
 int64_t read_ahead_lead();
 
 // Whether the pool keeps rows for later windows (the header); false where GALE_READ_AHEAD_KEEP=0.
