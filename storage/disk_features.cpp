@@ -51,26 +51,14 @@ char* allocate_staging(uint64_t bytes) {
 // Staging for one call, charged to the budget first.
 class Staging {
  public:
-  Staging(MemoryBudget* budget, uint64_t bytes) : budget_(budget), bytes_(bytes) {
-    if (budget_) budget_->charge(bytes_);
-    try {
-      data_ = allocate_staging(bytes_);
-    } catch (...) {
-      if (budget_) budget_->release(bytes_);
-      throw;
-    }
-  }
-  ~Staging() {
-    std::free(data_);
-    if (budget_) budget_->release(bytes_);
-  }
+  Staging(MemoryBudget* budget, uint64_t bytes) : charge_(budget, bytes), data_(allocate_staging(bytes)) {}
+  ~Staging() { std::free(data_); }
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
   char* data() const { return data_; }
 
  private:
-  MemoryBudget* budget_;
-  uint64_t bytes_;
+  kernels::cuda::BudgetCharge charge_;  // first: released if the allocation throws
   char* data_ = nullptr;
 };
 

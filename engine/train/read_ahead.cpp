@@ -806,10 +806,10 @@ void ReadAhead::done(int64_t epoch, int64_t b) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto it = window_at(lock, epoch, b);
-    const bool notify = lead_ > 0;  // the sampling thread may wait for batches to be prepared
-    if (notify) prepared_ = std::max(prepared_, position(lock, epoch, b) + 1);
-    if (--it->pending > 0 && !notify) return;
-    if (it->pending == 0) windows_.erase(it);
+    const bool last = --it->pending == 0;
+    if (last) windows_.erase(it);
+    if (lead_ > 0) prepared_ = std::max(prepared_, position(lock, epoch, b) + 1);  // the sampling may wait on it
+    else if (!last) return;
   }
   changed_.notify_all();
 }
