@@ -619,13 +619,17 @@ void MiniBatchEpochs::start_read_ahead(int local, int64_t epoch, int64_t first) 
                                 return read_ahead_inputs(r, cpu, *epoch_plan, key, b);
                               }};
   };
+  const bool gpu_sampled = replicas_[local].gpu_batches != nullptr;
+  ReadAhead::Segment first_segment = segment(epoch, first);
+  const int64_t lead = read_ahead_lead(gpu_sampled, epoch + 1 < opt.epochs, first_segment.end);
   at.ahead = std::make_unique<ReadAhead>(
-      *host->disk(), host->read_ahead_bytes() / static_cast<uint64_t>(replicas_.size()),
-      window_growth(replicas_[local].gpu_batches != nullptr), segment(epoch, first),
+      *host->disk(), host->read_ahead_bytes() / static_cast<uint64_t>(replicas_.size()), window_growth(gpu_sampled),
+      std::move(first_segment),
       [segment, &opt](int64_t e) -> std::optional<ReadAhead::Segment> {
         if (e + 1 >= opt.epochs) return std::nullopt;
         return segment(e + 1, 0);
-      });
+      },
+      read_ahead_keeps(), read_ahead_rides_along(), read_ahead_chains_riders(), read_ahead_parts(), lead);
 }
 
 double MiniBatchEpochs::sampled_accuracy(const std::vector<int64_t>& nodes, int64_t epoch) {
@@ -660,7 +664,9 @@ std::unique_ptr<ReadAhead> MiniBatchEpochs::inference_read_ahead(const scheduler
       *host->disk(), host->read_ahead_bytes(), window_growth(r.gpu_batches != nullptr),
       ReadAhead::Segment{0, 0, plan.num_batches(),
                          [&r, &cpu, &plan, key](int64_t b) { return read_ahead_inputs(r, cpu, plan, key, b); }},
-      [](int64_t) -> std::optional<ReadAhead::Segment> { return std::nullopt; });
+      [](int64_t) -> std::optional<ReadAhead::Segment> { return std::nullopt; }, read_ahead_keeps(),
+      read_ahead_rides_along(), read_ahead_chains_riders(), read_ahead_parts(),
+      read_ahead_lead(r.gpu_batches != nullptr, /*later_epochs=*/false, plan.num_batches()));
 }
 
 void MiniBatchEpochs::take_disk_stats(EpochMetrics* m) {

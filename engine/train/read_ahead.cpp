@@ -38,6 +38,10 @@ constexpr int64_t kFirstWindowShare = 16;
 // there, and the epoch took 13.7 s against 9.0 (rows alone, growth 16, on another H200 that day).
 constexpr int64_t kFirstWindowBatches = 128;
 constexpr int64_t kMaxWindowBatches = 2048;
+// How close (in batches) training may come to the end of the windows handed over before the
+// window being sampled is cut and handed over (read_ahead_cuts_when_caught_up): two chunks of
+// sampling, so its read can start before training reaches it.
+constexpr int64_t kCatchUpMargin = 16;
 // `limit` grown by `growth` (at least by one).
 int64_t grown(int64_t limit, double growth) {
   return std::max(limit + 1, static_cast<int64_t>(std::ceil(static_cast<double>(limit) * growth)));
@@ -392,12 +396,13 @@ bool unless_zero(const char* name) {
 
 }  // namespace
 
-int64_t read_ahead_lead() {
-  static const int64_t lead = [] {
+int64_t read_ahead_lead(bool gpu_sampled, bool later_epochs, int64_t epoch_batches) {
+  static const int64_t forced = [] {  // -1: not set
     const char* env = std::getenv("GALE_READ_AHEAD_LEAD");
-    return env != nullptr && std::atoll(env) > 0 ? static_cast<int64_t>(std::atoll(env)) : int64_t{0};
+    return env != nullptr && std::atoll(env) >= 0 ? static_cast<int64_t>(std::atoll(env)) : int64_t{-1};
   }();
-  return lead;
+  if (forced >= 0) return forced;
+  return gpu_sampled && later_epochs ? std::max<int64_t>(1, epoch_batches / 2) : 0;
 }
 
 bool read_ahead_keeps() {
@@ -413,6 +418,11 @@ bool read_ahead_rides_along() {
 bool read_ahead_chains_riders() {
   static const bool chain = unless_zero("GALE_READ_AHEAD_CHAIN");
   return chain;
+}
+
+bool read_ahead_cuts_when_caught_up() {
+  static const bool cut = unless_zero("GALE_READ_AHEAD_CATCH_UP");
+  return cut;
 }
 
 ReadAhead::Shape ReadAhead::shape(uint64_t bytes, int64_t num_nodes, int64_t dim, int parts) {
@@ -438,7 +448,7 @@ double window_growth(bool gpu_sampled) {
 }
 
 ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, double growth, Segment first, NextSegment next,
-                     bool keep, bool ride_along, bool chain, int parts, int64_t lead)
+                     bool keep, bool ride_along, bool chain, int parts, int64_t lead, bool catch_up)
     : disk_(disk),
       shape_(shape(usable_bytes(disk, bytes), disk.num_nodes(), disk.feature_dim(), std::max(1, parts))),
       growth_(std::max(kMinWindowGrowth, growth)),
@@ -447,6 +457,7 @@ ReadAhead::ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, double growth,
       chain_(chain),
       parts_(std::max(1, parts)),
       lead_(std::max<int64_t>(0, lead)),
+      catch_up_(catch_up),
       bookkeeping_(disk.budget(), shape_.bookkeeping_bytes),
       pool_(std::make_shared<storage::RowPool>(disk.budget(), shape_.slots, disk.feature_dim())),
       staging_(own_staging(disk)),
@@ -492,6 +503,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
     std::deque<Planned> ahead;
     std::vector<int64_t> live;
     int64_t handed = 0;
+    int64_t handed_end = 0;  // the position past the last window handed over
     // Hands the oldest planned window over with its slots in the pool. Waits until the reading
     // thread has taken the one before. false: stopped.
     const auto hand_over = [&] {
@@ -511,6 +523,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
         }
       }
       w.plan = handed++;
+      handed_end = w.end;
       if (w.slots.empty()) live.clear();  // larger than the pool: its batches read their own rows
       else live = w.ids;
       std::vector<Planned> pieces;
@@ -528,6 +541,14 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
     const auto reader_waits = [&] {
       const std::lock_guard<std::mutex> lock(mutex_);
       return planned_.empty();
+    };
+    // Whether training is about to run out of batches read (within kCatchUpMargin of the last window
+    // handed over) while the reading thread has nothing to read: the next window should go now,
+    // however few batches it has, or training waits for its sampling (catch_up_).
+    const auto caught_up = [&] {
+      if (!catch_up_ || handed == 0) return false;
+      const std::lock_guard<std::mutex> lock(mutex_);
+      return planned_.empty() && !reader_busy_ && handed_end - prepared_ <= kCatchUpMargin;
     };
     int64_t b = segment.first;
     bool more = true;
@@ -568,6 +589,7 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
               if (wants && !hand_over()) return;
             }
           }
+          if (!ahead.empty() && caught_up() && !hand_over()) return;  // a planned window goes at once
           const auto t0 = std::chrono::steady_clock::now();
           const int64_t n = std::min(sample_chunk(), segment.end - next_sample);
           std::vector<std::vector<int64_t>> chunk(static_cast<size_t>(n));
@@ -585,7 +607,8 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
         int64_t fresh = 0;
         for (int64_t id : misses) fresh += (seen[static_cast<size_t>(id) >> 6] >> (id & 63) & 1) == 0;
         const int64_t at = position + b - segment.first;
-        if (at > window.first && (static_cast<int64_t>(window.ids.size()) + fresh > limit || at - window.first >= batch_limit))
+        if (at > window.first && (static_cast<int64_t>(window.ids.size()) + fresh > limit || at - window.first >= batch_limit ||
+                                  (ahead.empty() && caught_up())))
           break;
         for (int64_t id : misses) {
           uint64_t& word = seen[static_cast<size_t>(id) >> 6];
@@ -615,7 +638,8 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
       // The first window goes at once, and so does the oldest when the reading thread has nothing
       // queued: planning further ahead never makes it wait. Otherwise up to kHorizon windows are
       // planned past the one handed over next.
-      while (!ahead.empty() && (handed == 0 || ahead.size() > kHorizon || (ahead.size() > 1 && reader_waits())))
+      while (!ahead.empty() &&
+             (handed == 0 || ahead.size() > kHorizon || (ahead.size() > 1 && reader_waits()) || caught_up()))
         if (!hand_over()) return;
     }
     while (!ahead.empty())
@@ -728,6 +752,7 @@ void ReadAhead::read_windows() {
         if (stop_ || error_ || planned_.empty()) return;
         window = std::move(planned_.front());
         planned_.pop_front();
+        reader_busy_ = true;
       }
       changed_.notify_all();
       std::shared_ptr<const storage::WindowRows> rows;
@@ -754,6 +779,7 @@ void ReadAhead::read_windows() {
       {
         const std::lock_guard<std::mutex> lock(mutex_);
         windows_.push_back(Window{window.first, window.end, std::move(rows), window.end - window.first, window.plan});
+        reader_busy_ = false;
       }
       changed_.notify_all();
     }
@@ -808,8 +834,8 @@ void ReadAhead::done(int64_t epoch, int64_t b) {
     const auto it = window_at(lock, epoch, b);
     const bool last = --it->pending == 0;
     if (last) windows_.erase(it);
-    if (lead_ > 0) prepared_ = std::max(prepared_, position(lock, epoch, b) + 1);  // the sampling may wait on it
-    else if (!last) return;
+    prepared_ = std::max(prepared_, position(lock, epoch, b) + 1);  // read by the sampling (catch_up_, lead_)
+    if (lead_ == 0 && !last) return;  // only a lead waits on it
   }
   changed_.notify_all();
 }

@@ -22,7 +22,11 @@
 // is a sixteenth of a full one, and each next one up to `growth` times the last, so training starts
 // after a short read; a window also ends after a number of batches that grows likewise (128 at
 // first, 2,048 at most), so where few rows miss the cache training does not wait for the whole run
-// to be sampled.
+// to be sampled. And once training comes within a few batches of the end of the windows handed over
+// while the reading thread has nothing to read, the window being sampled goes at once, however few
+// batches it holds (read_ahead_cuts_when_caught_up). Where the GPU samples a run of several epochs,
+// the sampling runs at most half an epoch past the batches prepared (read_ahead_lead), so the
+// first epoch's training does not run beside the sampling of the later ones.
 //
 // Simulated on R-MAT 20 with the memory of a 4 GB run (bench/readahead_sim.py --pool 0.25
 // --pool-horizon 8), the pool reads 0.56x the rows of two windows that keep nothing, against 0.72x
@@ -106,14 +110,26 @@ constexpr double kMinWindowGrowth = 1.05;
 int read_ahead_parts();
 
 // How many batches past those prepared so far the sampling thread may sample while windows are
-// planned ahead and the reading thread has one queued (0: as far as its 8 windows reach).
-// GALE_READ_AHEAD_LEAD=N sets it, for measuring: in a run of several epochs on one GPU the first
-// epoch's training ran beside the sampling of nearly every later batch (R-MAT 25 in 8 GB, one
-// H200: training 5.76 s against 4.61 s in memory, beside 7.42 s of sampling). 0 unless set: on the
-// CPU (R-MAT 20) a lead of 40 moved the sampling into the later epochs but read 1.2x the bytes in
-// the first epoch and 1.9-2.4x in the later ones, as the pool's choices see less of the future; not
-// yet measured on the GPU.
-int64_t read_ahead_lead();
+// planned ahead and the reading thread has one queued (0: as far as its 8 windows reach). Without
+// a lead, in a run of several epochs on one GPU the first epoch's training ran beside the sampling
+// of nearly every later batch (R-MAT 25 in 8 GB, one H200: training 6.7-6.9 s against 4.3 s in
+// memory, beside 7.5-7.7 s of sampling). Half an epoch's batches when the GPU samples a run of
+// several epochs: there (R-MAT 25 in 8 GB, two runs beside one in memory on one H200, windows cut
+// when training catches up) the first epoch took 8.20 s with a lead of 1,500 batches against
+// 9.05-9.26 s without, reading 5.73 GB against 4.23 (the pool's choices see less of the future),
+// and the three epochs together took the same (18.4 s against 18.3-18.8); a lead of 600 took 8.57
+// s. 0 when the CPU samples (R-MAT 20: a lead of 40 read 1.2x the bytes in the first epoch and
+// 1.9-2.4x in the later ones, and the epochs did not separate on 2 cores) and for one pass
+// (inference). GALE_READ_AHEAD_LEAD=N (0: none) overrides it, for measuring.
+int64_t read_ahead_lead(bool gpu_sampled, bool later_epochs, int64_t epoch_batches);
+
+// Whether the window being sampled is cut and handed over as soon as training comes within a few
+// batches of the end of those handed over while the reading thread has nothing to read, however
+// few batches it holds (and a window planned ahead goes at once then, without waiting for the one
+// after it to be planned). Without it a window waits for its rows or batches to fill it, and
+// for the next window's sampling: where the host cache holds nearly every row, training waited
+// for all but the first window's batches of the run. false where GALE_READ_AHEAD_CATCH_UP=0.
+bool read_ahead_cuts_when_caught_up();
 
 // Whether the pool keeps rows for later windows (the header); false where GALE_READ_AHEAD_KEEP=0.
 bool read_ahead_keeps();
@@ -144,13 +160,14 @@ class ReadAhead {
   // later windows' rows on the pages a window reads are read with it (read_ahead_rides_along; only
   // with keep); `chain`: whether rows near those pages ride too, chained (read_ahead_chains_riders);
   // `parts`: how many parts each window's read is split into (read_ahead_parts); `lead`: how far
-  // past the batches prepared the sampling may run while windows wait ahead (read_ahead_lead).
+  // past the batches prepared the sampling may run while windows wait ahead (read_ahead_lead);
+  // `catch_up`: whether a window is cut when training catches up (read_ahead_cuts_when_caught_up).
   // Where the disk tier's budget has less room than `bytes` (and a window's staging),
   // the pool is smaller. Throws ResourceError when the budget refuses even the smallest pool.
   ReadAhead(storage::DiskFeatures& disk, uint64_t bytes, double growth, Segment first, NextSegment next,
             bool keep = read_ahead_keeps(), bool ride_along = read_ahead_rides_along(),
             bool chain = read_ahead_chains_riders(), int parts = read_ahead_parts(),
-            int64_t lead = read_ahead_lead());
+            int64_t lead = 0, bool catch_up = read_ahead_cuts_when_caught_up());
   // Stops the threads (after the read under way) and frees the windows.
   ~ReadAhead();
   ReadAhead(const ReadAhead&) = delete;
@@ -220,6 +237,7 @@ class ReadAhead {
   const bool chain_;
   const int parts_;     // read_ahead_parts
   const int64_t lead_;  // read_ahead_lead
+  const bool catch_up_;  // read_ahead_cuts_when_caught_up
   const kernels::cuda::BudgetCharge bookkeeping_;
   const std::shared_ptr<storage::RowPool> pool_;
   // The reading thread's staging for every window (registered with the disk's reader), or null
@@ -232,7 +250,8 @@ class ReadAhead {
   std::deque<Planned> planned_;   // sampled, waiting for the reading thread (at most one)
   bool sampled_all_ = false;      // the sampling thread has placed every segment and planned every window
   std::deque<Window> windows_;    // read and alive, oldest first
-  int64_t prepared_ = 0;          // past the furthest position done (kept only with a lead)
+  int64_t prepared_ = 0;          // past the furthest position done
+  bool reader_busy_ = false;      // the reading thread is reading a window
   bool stop_ = false;
   std::exception_ptr error_;
   std::thread sampling_, reading_;  // last: started once everything above exists
