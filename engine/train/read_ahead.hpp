@@ -117,8 +117,8 @@ int read_ahead_parts();
 // several epochs: there (R-MAT 25 in 8 GB, two runs beside one in memory on one H200, windows cut
 // when training catches up) the first epoch took 8.20 s with a lead of 1,500 batches against
 // 9.05-9.26 s without, reading 5.73 GB against 4.23 (the pool's choices see less of the future),
-// and the three epochs together took the same (18.4 s against 18.3-18.8); a lead of 600 took 8.57
-// s. 0 when the CPU samples (R-MAT 20: a lead of 40 read 1.2x the bytes in the first epoch and
+// and the three epochs together took no longer (18.4 s against 18.8-19.2); a lead of 600 took
+// 8.57 s. 0 when the CPU samples (R-MAT 20: a lead of 40 read 1.2x the bytes in the first epoch and
 // 1.9-2.4x in the later ones, and the epochs did not separate on 2 cores) and for one pass
 // (inference). GALE_READ_AHEAD_LEAD=N (0: none) overrides it, for measuring.
 int64_t read_ahead_lead(bool gpu_sampled, bool later_epochs, int64_t epoch_batches);
