@@ -636,8 +636,9 @@ void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
       batch_limit = std::min(kMaxWindowBatches, grown(batch_limit, growth_));
       ahead.push_back(std::move(window));
       // The first window goes at once, and so does the oldest when the reading thread has nothing
-      // queued: planning further ahead never makes it wait. Otherwise up to kHorizon windows are
-      // planned past the one handed over next.
+      // queued (planning further ahead never makes it wait), or when training has caught up with
+      // the windows handed over. Otherwise up to kHorizon windows are planned past the one handed
+      // over next.
       while (!ahead.empty() &&
              (handed == 0 || ahead.size() > kHorizon || (ahead.size() > 1 && reader_waits()) || caught_up()))
         if (!hand_over()) return;
