@@ -40,7 +40,7 @@ constexpr int64_t kFirstWindowBatches = 128;
 constexpr int64_t kMaxWindowBatches = 2048;
 // How close (in batches) training may come to the end of the windows handed over before the
 // window being sampled is cut and handed over (read_ahead_cuts_when_caught_up): two chunks of
-// sampling, so its read can start before training reaches it.
+// sampling at the default chunk (sample_chunk), so its read can start before training reaches it.
 constexpr int64_t kCatchUpMargin = 16;
 // `limit` grown by `growth` (at least by one).
 int64_t grown(int64_t limit, double growth) {
