@@ -4,6 +4,8 @@
 // coalesced 128-byte requests, which is what a UVA gather needs to approach the link's bandwidth.
 #include <cuda_runtime.h>
 
+#include <cub/device/device_select.cuh>
+
 #include <algorithm>
 
 #include "kernels/cuda/check.hpp"
@@ -64,6 +66,11 @@ __global__ void match_assign_kernel(int32_t* row_of, const int64_t* ids, int64_t
     row_of[ids[i]] = value < 0 ? value : static_cast<int32_t>(i);
 }
 
+struct Uncached {
+  const int32_t* cache_slot;
+  __device__ bool operator()(int64_t id) const { return cache_slot[id] < 0; }
+};
+
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 8192)); }
 
 bool aligned(const ConstMatrixView& m) {
@@ -96,6 +103,19 @@ void match_advance_cuda(int32_t* row_of, const int64_t* prev_ids, int64_t prev_n
   if (prev_n > 0) match_assign_kernel<<<grid_for(prev_n), kThreads, 0, stream>>>(row_of, prev_ids, prev_n, -1);
   if (n > 0) match_assign_kernel<<<grid_for(n), kThreads, 0, stream>>>(row_of, ids, n, 0);
   GALE_CHECK_CUDA(cudaGetLastError());
+}
+
+size_t uncached_ids_scratch_bytes(int64_t n) {
+  size_t bytes = 0;
+  GALE_CHECK_CUDA(cub::DeviceSelect::If(nullptr, bytes, static_cast<const int64_t*>(nullptr),
+                                        static_cast<int64_t*>(nullptr), static_cast<int64_t*>(nullptr), n,
+                                        Uncached{nullptr}));
+  return std::max<size_t>(bytes, 1);
+}
+
+void uncached_ids_cuda(const int32_t* cache_slot, const int64_t* ids, int64_t n, int64_t* out, int64_t* count,
+                       void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  GALE_CHECK_CUDA(cub::DeviceSelect::If(scratch, scratch_bytes, ids, out, count, n, Uncached{cache_slot}, stream));
 }
 
 }  // namespace gale::kernels

@@ -44,6 +44,10 @@ void tiered_gather_cpu(const TieredGatherArgs& a);
 void match_rows_cpu(const int32_t* row_of, const int64_t* ids, int64_t n, int32_t* rows);
 void match_advance_cpu(int32_t* row_of, const int64_t* prev_ids, int64_t prev_n, const int64_t* ids, int64_t n);
 
+// The ids[0..n) whose rows the GPU cache lacks (cache_slot[id] < 0), in their order, into out (room
+// for n); returns how many. The read-ahead's sampling thread asks the host only for these.
+int64_t uncached_ids_cpu(const int32_t* cache_slot, const int64_t* ids, int64_t n, int64_t* out);
+
 }  // namespace gale::kernels
 
 struct CUstream_st;
@@ -57,5 +61,10 @@ void tiered_gather_cuda(const TieredGatherArgs& a, cudaStream_t stream);
 void match_rows_cuda(const int32_t* row_of, const int64_t* ids, int64_t n, int32_t* rows, cudaStream_t stream);
 void match_advance_cuda(int32_t* row_of, const int64_t* prev_ids, int64_t prev_n, const int64_t* ids, int64_t n,
                         cudaStream_t stream);
+// uncached_ids_cpu's twin (CUB's stable select): writes the count to *count (device). scratch:
+// uncached_ids_scratch_bytes(n) bytes of device memory. Stream-ordered, never synchronises.
+size_t uncached_ids_scratch_bytes(int64_t n);
+void uncached_ids_cuda(const int32_t* cache_slot, const int64_t* ids, int64_t n, int64_t* out, int64_t* count,
+                       void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
 }  // namespace gale::kernels

@@ -51,4 +51,11 @@ void match_advance_cpu(int32_t* row_of, const int64_t* prev_ids, int64_t prev_n,
   });
 }
 
+int64_t uncached_ids_cpu(const int32_t* cache_slot, const int64_t* ids, int64_t n, int64_t* out) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (cache_slot[ids[i]] < 0) out[count++] = ids[i];
+  return count;
+}
+
 }  // namespace gale::kernels

@@ -42,6 +42,12 @@ struct DeviceSampledBatch {
   int64_t num_seeds() const { return blocks.back().num_dst; }
 };
 
+// A batch's input nodes alone (FusedMapSampler::sample_input_nodes): ids[0..count) on the device.
+struct DeviceInputNodes {
+  kernels::cuda::DeviceBuffer<int64_t> ids;
+  int64_t count = 0;
+};
+
 // Copies a block / a batch to host memory and waits for `stream` (tests, CPU fallbacks, debugging).
 Block to_host_and_wait(const DeviceBlock& block, cudaStream_t stream);
 SampledBatch to_host_and_wait(const DeviceSampledBatch& batch, cudaStream_t stream);

@@ -149,7 +149,7 @@ struct SampleArgs {
   const int64_t* block_indptr = nullptr;
   uint64_t hop_key = 0;
   int32_t* scratch = nullptr;      // the block's indices, holding offsets until the rewrite
-  int64_t* picked = nullptr;       // sampled global ids, per destination in graph order
+  int64_t* picked = nullptr;       // sampled global ids, per destination in graph order (null: not kept)
   HashTable table;
   unsigned long long* counter = nullptr;
   int64_t* src_ids = nullptr;
@@ -159,13 +159,14 @@ struct SampleArgs {
   int64_t rows = 0;
 };
 
-// Records a pick and enters it in the map. A graph index outside [0, rows) (a damaged topology)
-// is flagged instead of entered: -1 would read as the empty key, and the next hop's count would
-// otherwise be the first to notice, which the last hop does not have.
-// With block weights the pick's edge weight (graph entry `entry`) goes beside it.
-__device__ __forceinline__ void record_pick(const SampleArgs& a, int64_t* slot, int64_t g, int64_t entry) {
-  *slot = g;
-  if (a.picked_weights) a.picked_weights[slot - a.picked] = a.weights[entry];
+// Records pick `at` (its entry in the block) and enters it in the map. A graph index outside
+// [0, rows) (a damaged topology) is flagged instead of entered: -1 would read as the empty key, and
+// the next hop's count would otherwise be the first to notice, which the last hop does not have.
+// With block weights the pick's edge weight (graph entry `entry`) goes beside it. Sampling only
+// the input nodes (sample_input_nodes), `picked` is null and the pick goes into the map alone.
+__device__ __forceinline__ void record_pick(const SampleArgs& a, int64_t at, int64_t g, int64_t entry) {
+  if (a.picked != nullptr) a.picked[at] = g;
+  if (a.picked_weights) a.picked_weights[at] = a.weights[entry];
   if (g < 0 || g >= a.rows) {
     atomicOr(a.errors, static_cast<unsigned long long>(kNodeOutOfRange));
     return;
@@ -174,7 +175,7 @@ __device__ __forceinline__ void record_pick(const SampleArgs& a, int64_t* slot, 
 }
 
 // Every neighbour of a row at or below the fanout, in graph order.
-__device__ __forceinline__ void take_whole_row(const SampleArgs& a, int64_t begin, int64_t degree, int64_t* picked,
+__device__ __forceinline__ void take_whole_row(const SampleArgs& a, int64_t begin, int64_t degree, int64_t picked,
                                                int lane) {
   for (int64_t j = lane; j < degree; j += kWarp) record_pick(a, picked + j, a.graph_indices[begin + j], begin + j);
 }
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     const int64_t out = a.block_indptr[i];
     const int64_t take = a.block_indptr[i + 1] - out;
     const int32_t* nbrs = a.graph_indices + begin;
-    int64_t* picked = a.picked + out;
+    const int64_t picked = out;  // the destination's first entry
     if (take == degree) {
       take_whole_row(a, begin, degree, picked, lane);
       continue;
@@ -270,7 +271,7 @@ constexpr int64_t kCandidateTakeMax = 64;
 // radix select's nine passes computing every priority. False, with nothing written, when the row has a bad weight (the radix select
 // flags it) or too many candidates: the caller then runs the radix select.
 __device__ bool weighted_candidates(const SampleArgs& a, uint64_t key, const float* weights, const int32_t* nbrs,
-                                    int64_t begin, int64_t degree, int64_t take, int64_t* picked,
+                                    int64_t begin, int64_t degree, int64_t take, int64_t picked,
                                     unsigned long long* cand_key, int64_t* cand_entry, int lane) {
   if (take > kCandidateTakeMax) return false;
   float total = 0.0f;
@@ -371,7 +372,7 @@ __global__ void __launch_bounds__(kThreads) weighted_sample_kernel(SampleArgs a)
     const int64_t take = a.block_indptr[i + 1] - out;
     const int32_t* nbrs = a.graph_indices + begin;
     const float* weights = a.weights + begin;
-    int64_t* picked = a.picked + out;
+    const int64_t picked = out;  // the destination's first entry
     if (take == degree) {
       take_whole_row(a, begin, degree, picked, lane);
       continue;
@@ -519,6 +520,20 @@ FusedMapSampler::FusedMapSampler(kernels::CsrView graph, std::vector<int> fanout
 
 DeviceSampledBatch FusedMapSampler::sample(const int64_t* seeds_device, int64_t num_seeds, uint64_t key,
                                            cudaStream_t stream) const {
+  return run(seeds_device, num_seeds, key, stream, /*inputs_only=*/false);
+}
+
+DeviceInputNodes FusedMapSampler::sample_input_nodes(const int64_t* seeds_device, int64_t num_seeds, uint64_t key,
+                                                     cudaStream_t stream) const {
+  DeviceSampledBatch batch = run(seeds_device, num_seeds, key, stream, /*inputs_only=*/true);
+  DeviceInputNodes out;
+  out.count = batch.num_input_nodes();
+  out.ids = std::move(batch.blocks.front().src_ids);
+  return out;  // the other buffers go back to the pool on `stream`
+}
+
+DeviceSampledBatch FusedMapSampler::run(const int64_t* seeds_device, int64_t num_seeds, uint64_t key,
+                                        cudaStream_t stream, bool inputs_only) const {
   if (num_seeds < 0) throw InputError("FusedMapSampler: negative seed count");
   if (num_seeds > 0 && seeds_device == nullptr) throw InputError("FusedMapSampler: null seeds");
   if (num_seeds > kMaxLocalIds) throw InputError("FusedMapSampler: too many seeds for 32-bit local ids");
@@ -571,8 +586,8 @@ DeviceSampledBatch FusedMapSampler::sample(const int64_t* seeds_device, int64_t 
     const int64_t bound = n + entries;  // at most this many distinct keys
     block.indices = DeviceBuffer<int32_t>(pool, static_cast<size_t>(entries), stream);
     block.src_ids = DeviceBuffer<int64_t>(pool, static_cast<size_t>(bound), stream);
-    DeviceBuffer<int64_t> picked(pool, static_cast<size_t>(entries), stream);
-    if (block_weights_) block.weights = DeviceBuffer<float>(pool, static_cast<size_t>(entries), stream);
+    DeviceBuffer<int64_t> picked(pool, inputs_only ? 0 : static_cast<size_t>(entries), stream);
+    if (block_weights_ && !inputs_only) block.weights = DeviceBuffer<float>(pool, static_cast<size_t>(entries), stream);
     HashTable table;
     table.log2_size = std::max(4, ceil_log2(2 * std::max<int64_t>(bound, 1)));
     const size_t slots = size_t{1} << table.log2_size;
@@ -596,7 +611,7 @@ DeviceSampledBatch FusedMapSampler::sample(const int64_t* seeds_device, int64_t 
       args.block_indptr = block.indptr.data();
       args.hop_key = kernels::derive_key(key, static_cast<uint64_t>(hop));
       args.scratch = block.indices.data();
-      args.picked = picked.data();
+      args.picked = inputs_only ? nullptr : picked.data();
       args.table = table;
       args.counter = state.data() + kCounter;
       args.src_ids = block.src_ids.data();
@@ -605,7 +620,7 @@ DeviceSampledBatch FusedMapSampler::sample(const int64_t* seeds_device, int64_t 
       const unsigned sample_blocks = static_cast<unsigned>(
           std::clamp<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, kMaxBlocks));
       args.weights = graph_.weights;
-      if (block_weights_) args.picked_weights = block.weights.data();
+      if (block_weights_ && !inputs_only) args.picked_weights = block.weights.data();
       if (sampling_ == Sampling::kWeighted) {
         weighted_sample_kernel<<<sample_blocks, kThreads, 0, stream>>>(args);
       } else {
@@ -613,8 +628,8 @@ DeviceSampledBatch FusedMapSampler::sample(const int64_t* seeds_device, int64_t 
       }
       GALE_CHECK_CUDA(cudaGetLastError());
     }
-    // 5. Global ids to local ids.
-    if (entries > 0) {
+    // 5. Global ids to local ids (sampling only the input nodes: no entries to rewrite).
+    if (entries > 0 && !inputs_only) {
       rewrite_kernel<<<blocks_for(entries), kThreads, 0, stream>>>(picked.data(), entries, table,
                                                                    block.indices.data());
       GALE_CHECK_CUDA(cudaGetLastError());

@@ -78,8 +78,17 @@ class FusedMapSampler {
   // ResourceError when the pool's budget is exceeded. May be called
   // from several threads at once (each call has its own scratch) on different streams.
   DeviceSampledBatch sample(const int64_t* seeds_device, int64_t num_seeds, uint64_t key, cudaStream_t stream) const;
+  // Only the input layer's sources of sample()'s batch (the same set; the order past the seeds
+  // varies as sample()'s does), for a reader that needs to know which rows a batch will read but
+  // not its blocks: the picks go into the map alone, and no entry is rewritten to its local id
+  // (step 5 skipped; no block weights). The same errors as sample().
+  DeviceInputNodes sample_input_nodes(const int64_t* seeds_device, int64_t num_seeds, uint64_t key,
+                                      cudaStream_t stream) const;
 
  private:
+  DeviceSampledBatch run(const int64_t* seeds_device, int64_t num_seeds, uint64_t key, cudaStream_t stream,
+                         bool inputs_only) const;
+
   kernels::CsrView graph_;
   std::vector<int> fanouts_;
   kernels::cuda::MemoryPool* pool_;

@@ -223,8 +223,26 @@ class FusedMapSamplerTest : public gale::testing::CudaFixture<::testing::TestWit
     const SampledBatch got = sample_on_gpu(gpu, seeds, key);
     std::string what = weights != nullptr ? "weighted, fanouts" : "fanouts";
     for (int f : fanouts) what += " " + std::to_string(f);
-    expect_matches_cpu(got, expected, g, fanouts, seeds, what + ", " + std::to_string(num_seeds) + " seeds, key " +
-                                                             std::to_string(key));
+    what += ", " + std::to_string(num_seeds) + " seeds, key " + std::to_string(key);
+    expect_matches_cpu(got, expected, g, fanouts, seeds, what);
+    // sample_input_nodes: the CPU's input nodes as a set, the seeds first and in order.
+    const std::vector<int64_t> inputs = input_nodes_on_gpu(gpu, seeds, key);
+    const std::vector<int64_t>& cpu_inputs = expected.input_nodes();
+    ASSERT_EQ(inputs.size(), cpu_inputs.size()) << what << ", input nodes alone";
+    EXPECT_TRUE(std::equal(seeds.begin(), seeds.end(), inputs.begin())) << what << ", input nodes alone";
+    EXPECT_EQ(std::set<int64_t>(inputs.begin(), inputs.end()), std::set<int64_t>(cpu_inputs.begin(), cpu_inputs.end()))
+        << what << ", input nodes alone";
+  }
+
+  std::vector<int64_t> input_nodes_on_gpu(const FusedMapSampler& sampler, const std::vector<int64_t>& seeds,
+                                          uint64_t key) {
+    DeviceBuffer<int64_t> d_seeds = kernels::cuda::to_device(*pool_, seeds, *stream_);
+    const DeviceInputNodes inputs =
+        sampler.sample_input_nodes(d_seeds.data(), static_cast<int64_t>(seeds.size()), key, *stream_);
+    std::vector<int64_t> out(static_cast<size_t>(inputs.count));
+    kernels::cuda::copy_to_host(out.data(), inputs.ids.data(), out.size(), *stream_);
+    stream_->synchronize();
+    return out;
   }
 
   DeviceBuffer<int64_t> d_indptr_;
@@ -275,6 +293,7 @@ TEST_P(FusedMapSamplerTest, NoSeedsGiveEmptyBlocks) {
     EXPECT_EQ(b.num_src, 0);
     EXPECT_EQ(b.num_edges, 0);
   }
+  EXPECT_EQ(sampler.sample_input_nodes(nullptr, 0, 1, *stream_).count, 0);
 }
 
 // Node 0's 1999 in-neighbours, 10 drawn per key over 3000 keys: each should be drawn with
@@ -316,6 +335,8 @@ TEST_P(FusedMapSamplerTest, BadSeedsAreInputErrors) {
        {std::vector<int64_t>{1, 50}, std::vector<int64_t>{-1}, std::vector<int64_t>{4, 2, 4}}) {
     DeviceBuffer<int64_t> d_seeds = kernels::cuda::to_device(*pool_, seeds, *stream_);
     EXPECT_THROW(sampler.sample(d_seeds.data(), static_cast<int64_t>(seeds.size()), 1, *stream_), InputError);
+    EXPECT_THROW(sampler.sample_input_nodes(d_seeds.data(), static_cast<int64_t>(seeds.size()), 1, *stream_),
+                 InputError);
   }
   // The stream is still usable after the errors.
   const std::vector<int64_t> good = {4, 2};
@@ -333,6 +354,7 @@ TEST_P(FusedMapSamplerTest, DamagedTopologyIsAnInputError) {
       const std::vector<int64_t> seeds = {0};
       DeviceBuffer<int64_t> d_seeds = kernels::cuda::to_device(*pool_, seeds, *stream_);
       EXPECT_THROW(sampler.sample(d_seeds.data(), 1, 1, *stream_), InputError) << "index " << bad;
+      EXPECT_THROW(sampler.sample_input_nodes(d_seeds.data(), 1, 1, *stream_), InputError) << "index " << bad;
     }
   }
 }
