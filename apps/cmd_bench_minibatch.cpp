@@ -15,6 +15,8 @@
 // Benchmarks are programs, never assertions on time (shared/STYLE.md).
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -192,16 +194,22 @@ struct BatchFlags {
 int bench_sample(const std::vector<std::string>& args) {
   BatchFlags f;
   std::string samplers_text = "gpu,cpu", topology = "auto", sampling_text = "uniform";
+  int concurrent = 8;
   po::options_description desc(
       "usage: gale bench sample STORE|--generate SPEC [options]\n\n"
       "Times the neighbour samplers per mini-batch of training seeds: the GPU fused-map sampler\n"
       "(sampling and building the blocks' operands on GPU 0, waiting for the device after each batch)\n"
       "and the CPU sampler (sampling and building the blocks' host operands). Median ms per batch\n"
-      "after --warmup batches, sampled edges and input nodes per batch, million edges per second.\n\n"
+      "after --warmup batches, sampled edges and input nodes per batch, million edges per second.\n"
+      "The read-ahead's two ways of learning a batch's input nodes on the GPU, --concurrent batches at\n"
+      "once from as many threads (ms per batch = a round's wall time / its batches): gpu-blocks samples\n"
+      "the blocks and copies the input nodes to the host; gpu-inputs samples the input nodes alone\n"
+      "(GpuBatches::sample_input_nodes, no GPU cache to leave out).\n\n"
       "options");
   f.add_to(desc, "sampler", "one JSON object per sampler instead of the table");
   desc.add_options()
-      ("samplers", po::value(&samplers_text), "comma separated, from gpu, cpu (default gpu,cpu)")
+      ("samplers", po::value(&samplers_text), "comma separated, from gpu, gpu-blocks, gpu-inputs, cpu (default gpu,cpu)")
+      ("concurrent", po::value(&concurrent), "batches at once for gpu-blocks and gpu-inputs (default 8, the read-ahead's)")
       ("topology", po::value(&topology),
        "GPU sampler's graph: gpu (in GPU memory) | host (pinned host memory, read over UVA) | "
        "auto (on the GPU when it fits a quarter of 90% of its memory, as training decides; default)")
@@ -213,14 +221,16 @@ int bench_sample(const std::vector<std::string>& args) {
   if (!parse_command_line(args, desc, pos, &vm)) return 0;
   const std::vector<int> fanouts = parse_fanouts(f.fanouts_text);
   check_counts(f.batch_size, f.batches, f.warmup);
-  const std::vector<std::string> samplers = parse_names(samplers_text, "--samplers", {"gpu", "cpu"});
+  const std::vector<std::string> samplers =
+      parse_names(samplers_text, "--samplers", {"gpu", "gpu-blocks", "gpu-inputs", "cpu"});
+  if (concurrent < 1) throw InputError("--concurrent: expected at least 1, found " + std::to_string(concurrent));
   if (sampling_text != "uniform" && sampling_text != "weighted")
     throw InputError("--neighbor-sampling: expected uniform or weighted, found '" + sampling_text + "'");
   const sampler::Sampling sampling =
       sampling_text == "weighted" ? sampler::Sampling::kWeighted : sampler::Sampling::kUniform;
   if (topology != "gpu" && topology != "host" && topology != "auto")
     throw InputError("--topology: expected gpu, host or auto, found '" + topology + "'");
-  const bool with_gpu = std::find(samplers.begin(), samplers.end(), "gpu") != samplers.end();
+  const bool with_gpu = std::any_of(samplers.begin(), samplers.end(), [](const std::string& n) { return n != "cpu"; });
   BenchStore::check(f.store_path, f.generate, "bench sample");
   const Device gpu = with_gpu ? require_gpu("bench sample: the gpu sampler", "; --samplers cpu runs without one")
                               : Device::cpu();
@@ -240,21 +250,49 @@ int bench_sample(const std::vector<std::string>& args) {
     std::printf("seeds: %s, batch size %lld, fanouts %s, %s draws; median of %d batches after %d warm-up\n",
                 sequence.describe().c_str(), static_cast<long long>(f.batch_size), f.fanouts_text.c_str(),
                 sampling_text.c_str(), f.batches, f.warmup);
-    std::printf("%-7s %10s %13s %13s %10s  %s\n", "sampler", "ms/batch", "edges/batch", "inputs/batch", "Medges/s",
+    std::printf("%-10s %10s %13s %13s %10s  %s\n", "sampler", "ms/batch", "edges/batch", "inputs/batch", "Medges/s",
                 "topology");
   }
   for (const std::string& name : samplers) {
     std::vector<double> times, edges, inputs;
     std::string where;
     std::string device = "cpu";
-    if (name == "gpu") {
+    if (name != "cpu") {
       device = engine::device_name(gpu);
       const uint64_t topology_bytes = topology == "gpu"    ? std::numeric_limits<uint64_t>::max()
                                       : topology == "host" ? 0
                                                            : engine::GpuBatches::topology_room(gpu, 0);
       const engine::GpuBatches gpu_sampler(store, gpu, fanouts, topology_bytes, sampling);
       where = gpu_sampler.describe();
-      for (int i = 0; i < total; ++i) {
+      // The read-ahead's ways, a round of `concurrent` batches at a time.
+      for (int i = 0; name != "gpu" && i < total; i += concurrent) {
+        const int n = std::min(concurrent, total - i);
+        std::vector<int64_t> counts(static_cast<size_t>(n)), keys(static_cast<size_t>(n));
+        std::vector<std::vector<int64_t>> seeds(static_cast<size_t>(n));  // sequence[] reuses its plan
+        for (int j = 0; j < n; ++j) {
+          const BatchSequence::Batch b = sequence[i + j];
+          seeds[static_cast<size_t>(j)].assign(b.seeds, b.seeds + b.n);
+          keys[static_cast<size_t>(j)] = static_cast<int64_t>(b.key);
+        }
+        const auto t0 = Clock::now();
+        tbb::parallel_for(0, n, [&](int j) {
+          const std::vector<int64_t>& b = seeds[static_cast<size_t>(j)];
+          const auto key = static_cast<uint64_t>(keys[static_cast<size_t>(j)]);
+          const auto len = static_cast<int64_t>(b.size());
+          counts[static_cast<size_t>(j)] =
+              name == "gpu-inputs"
+                  ? static_cast<int64_t>(gpu_sampler.sample_input_nodes(b.data(), len, key, nullptr).size())
+                  : static_cast<int64_t>(
+                        gpu_sampler.sample(b.data(), len, key, /*input_nodes_on_host=*/true).input_nodes_host().size());
+        });
+        const double ms = ms_since(t0) / n;
+        for (int j = 0; j < n; ++j) {
+          if (i + j < f.warmup) continue;
+          times.push_back(ms);
+          inputs.push_back(static_cast<double>(counts[static_cast<size_t>(j)]));
+        }
+      }
+      for (int i = 0; name == "gpu" && i < total; ++i) {
         const BatchSequence::Batch b = sequence[i];
         const auto t0 = Clock::now();
         engine::GpuBatch batch = gpu_sampler.sample(b.seeds, b.n, b.key, /*input_nodes_on_host=*/false);
@@ -299,7 +337,7 @@ int bench_sample(const std::vector<std::string>& args) {
                   {"edges_per_batch", mean(edges)}, {"input_nodes_per_batch", mean(inputs)},
                   {"medges_per_s", medges}});
     } else {
-      std::printf("%-7s %10.3f %13.0f %13.0f %10.1f  %s\n", name.c_str(), ms, mean(edges), mean(inputs), medges,
+      std::printf("%-10s %10.3f %13.0f %13.0f %10.1f  %s\n", name.c_str(), ms, mean(edges), mean(inputs), medges,
                   where.c_str());
       std::fflush(stdout);
     }

@@ -176,6 +176,13 @@ bool BatchFeatures::on_gpu(int64_t id) const {
   return false;
 }
 
+const int32_t* BatchFeatures::gpu_cache_slots() const {
+#if GALE_WITH_CUDA
+  if (staged()) return impl_->tiers->cache_slots();
+#endif
+  return nullptr;
+}
+
 StagedRows BatchFeatures::stage(const std::vector<int64_t>& nodes, const RowReader& read) {
   if (!staged()) throw InternalError("BatchFeatures::stage: the features are not staged");
   StagedRows out;

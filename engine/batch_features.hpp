@@ -109,6 +109,9 @@ class BatchFeatures {
   // Features on disk: whether batches need stage(), and whether the GPU caches `id`.
   bool staged() const;
   bool on_gpu(int64_t id) const;
+  // Staged features: on_gpu's answer for every node as the GPU holds it (device memory, per node:
+  // its GPU cache row or -1), null when the cache is empty; null too when not staged.
+  const int32_t* gpu_cache_slots() const;
   // Reads with read(ids, count, out) the rows of `nodes` (a batch's input nodes, in the order
   // load_async will get them) that the GPU does not cache, into pinned memory; pass the result
   // to load / load_async. Callable from several threads at once.

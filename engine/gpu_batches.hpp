@@ -80,6 +80,13 @@ class GpuBatches {
   // Returns once the sizes are known; the GPU may still be writing the last hop.
   GpuBatch sample(const int64_t* seeds, int64_t n, uint64_t key, bool input_nodes_on_host) const;
 
+  // The input nodes sample() would give these seeds and key (the same set, in another order past
+  // the seeds) whose rows `cache_slot` lacks (device memory, per node id: its GPU cache row or -1;
+  // null: every input node), on the host, with no blocks built (FusedMapSampler::
+  // sample_input_nodes): what the read-ahead's sampling thread needs of a batch. Thread-safe.
+  std::vector<int64_t> sample_input_nodes(const int64_t* seeds, int64_t n, uint64_t key,
+                                          const int32_t* cache_slot) const;
+
   // The batch's operands, built on the IO stream (see the header comment). Consumes the batch's
   // device buffers; call once per batch, from the thread that trains.
   GpuBatch::Operands operands(GpuBatch& batch, bool edge_map) const;

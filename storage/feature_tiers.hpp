@@ -67,6 +67,9 @@ class FeatureTiers {
   bool on_gpu(int64_t id) const {
     return placement_ == Placement::kDevice || (on_gpu_[static_cast<size_t>(id) >> 6] >> (id & 63) & 1) != 0;
   }
+  // The cache's row of each node on the device (-1: not cached), the gather's cache_slot; null
+  // when the cache holds no row (or every row is resident: ask on_gpu).
+  const int32_t* cache_slots() const { return cached_rows_ > 0 ? slot_.data() : nullptr; }
   std::string describe() const;  // "all 2.1M rows on the GPU (800 MiB)" / "cache 1.2M of 33M rows (...)"
 
   // out (n x dim, device) = features of ids[0..n) (device); prev_rows (device, nullable): each

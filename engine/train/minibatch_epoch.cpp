@@ -156,14 +156,29 @@ size_t bucket_bytes_limit() {
 }
 
 // Batch b's input nodes that the host will read, sampled as the pipeline's prepare samples them
-// (for the read-ahead's sampling thread): all of them, or behind a GPU cache those it lacks.
+// (for the read-ahead's sampling thread): all of them, or behind a GPU cache those it lacks. The
+// GPU sampler builds no blocks for it and leaves out the cached rows on the GPU
+// (GpuBatches::sample_input_nodes), unless GALE_READ_AHEAD_INPUTS_ONLY=0 (for measuring).
+bool read_ahead_inputs_only() {
+  static const bool on = [] {
+    const char* env = std::getenv("GALE_READ_AHEAD_INPUTS_ONLY");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return on;
+}
 std::vector<int64_t> read_ahead_inputs(const Replica& r, const sampler::NeighborSampler& sampler,
                                        const scheduler::EpochPlan& plan, uint64_t epoch_key, int64_t b) {
   const int64_t len = plan.batch_length(b);
   if (len == 0) return {};
-  std::vector<int64_t> inputs =
-      sample_input_nodes(r, sampler, plan.batch(b), len, kernels::derive_key(epoch_key, static_cast<uint64_t>(b)));
-  if (r.batch_features && r.batch_features->staged())
+  const uint64_t key = kernels::derive_key(epoch_key, static_cast<uint64_t>(b));
+  const bool staged = r.batch_features && r.batch_features->staged();
+  if (r.gpu_batches && read_ahead_inputs_only()) {
+    const UseDevice use(r.dev);
+    return r.gpu_batches->sample_input_nodes(plan.batch(b), len, key,
+                                             staged ? r.batch_features->gpu_cache_slots() : nullptr);
+  }
+  std::vector<int64_t> inputs = sample_input_nodes(r, sampler, plan.batch(b), len, key);
+  if (staged)
     inputs.erase(std::remove_if(inputs.begin(), inputs.end(), [&](int64_t id) { return r.batch_features->on_gpu(id); }),
                  inputs.end());
   return inputs;

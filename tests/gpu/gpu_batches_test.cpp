@@ -3,6 +3,8 @@
 //   - graph_norms_cuda vs graph_norms, bit for bit (blocks with empty rows and hubs; the full
 //     graph's indptr in device memory and in mapped pinned host memory);
 //   - the match map (match_rows_cuda, match_advance_cuda) vs its CPU twins over a run of batches;
+//   - uncached_ids_cuda vs uncached_ids_cpu; GpuBatches::sample_input_nodes vs the CPU sampler's
+//     input nodes less a random cache's rows;
 //   - GraphOperand::from_device_block vs the host GraphOperand of the same block;
 //   - GpuBatches vs the CPU NeighborSampler on an R-MAT store: per destination the same global
 //     sources in the same order, the same CSC and norms keyed by global id, seeds and input nodes
@@ -176,6 +178,39 @@ TEST_F(GpuBatchesTest, MatchMapFollowsItsCpuTwinOverARunOfBatches) {
     if (step > 0) EXPECT_GT(std::count_if(rows.begin(), rows.end(), [](int32_t r) { return r >= 0; }), 0);
     prev = ids;
     prev_gpu = ids_gpu;
+  }
+}
+
+// uncached_ids_cuda (CUB's stable select) vs uncached_ids_cpu: the same ids in the same order, for
+// caches holding none, some and all of the nodes.
+TEST_F(GpuBatchesTest, UncachedIdsFollowTheirCpuTwin) {
+  DeviceContext& ctx = DeviceContext::get(0);
+  constexpr int64_t kNodes = 70000;
+  for (uint64_t step = 0; step < 4; ++step) {
+    std::vector<int32_t> slot(kNodes, -1);
+    int32_t rows = 0;
+    for (int64_t v = 0; v < kNodes; ++v)
+      if (step == 3 || (step > 0 && kernels::random_below(step + 31, static_cast<uint64_t>(v), 3 * step) == 0))
+        slot[static_cast<size_t>(v)] = rows++;
+    std::vector<int64_t> ids;
+    for (int64_t v = 0; v < kNodes; ++v)
+      if (kernels::random_below(step + 5, static_cast<uint64_t>(v), 4) != 0) ids.push_back(v);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937_64(step));
+    const int64_t n = static_cast<int64_t>(ids.size());
+    std::vector<int64_t> want(ids.size());
+    want.resize(static_cast<size_t>(kernels::uncached_ids_cpu(slot.data(), ids.data(), n, want.data())));
+
+    const Tensor slot_gpu = upload(slot, DType::kI32), ids_gpu = upload(ids, DType::kI64);
+    Tensor out = Tensor::empty(n + 1, 1, DType::kI64, Device::cuda(0));
+    Tensor scratch = Tensor::empty(static_cast<int64_t>(kernels::uncached_ids_scratch_bytes(n)), 1, DType::kU8, Device::cuda(0));
+    kernels::uncached_ids_cuda(slot_gpu.data<int32_t>(), ids_gpu.data<int64_t>(), n, out.data<int64_t>(),
+                               out.data<int64_t>() + n, scratch.data<uint8_t>(), kernels::uncached_ids_scratch_bytes(n),
+                               ctx.stream());
+    const std::vector<int64_t> got = fetch(out.data<int64_t>(), n + 1);
+    ASSERT_EQ(got[static_cast<size_t>(n)], static_cast<int64_t>(want.size())) << "step " << step;
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << "step " << step;
+    if (step == 0) EXPECT_EQ(static_cast<int64_t>(want.size()), n);
+    if (step == 3) EXPECT_TRUE(want.empty());
   }
 }
 
@@ -386,6 +421,49 @@ TEST_F(GpuBatchesTest, SampledOperandsEqualTheCpuSamplersWithTopologyOnTheGpuAnd
       if (b == 1) EXPECT_EQ(static_cast<int64_t>(batch.input_nodes_host().size()), batch.num_input_nodes());
       if (b != 1) EXPECT_TRUE(batch.input_nodes_host().empty());
       expect_like_cpu(gpu, std::move(batch), seeds, 1000 + b, store, fanouts);
+    }
+  }
+}
+
+// sample_input_nodes: the CPU sampler's input nodes of the same seeds and key, as a set, less the
+// rows a GPU cache holds (a third of the nodes); all of them without a cache. Topology on the GPU
+// and on the host; several threads at once.
+TEST_F(GpuBatchesTest, InputNodesAloneAreTheCpuSamplersLessTheCachedRows) {
+  const storage::Store& store = rmat_store();
+  const std::vector<int> fanouts = {15, 10, 5};
+  const sampler::NeighborSampler cpu(store.csr(), fanouts);
+  std::vector<int32_t> slot(static_cast<size_t>(store.num_nodes()), -1);
+  int32_t rows = 0;
+  for (int64_t v = 0; v < store.num_nodes(); ++v)
+    if (kernels::random_below(91, static_cast<uint64_t>(v), 3) == 0) slot[static_cast<size_t>(v)] = rows++;
+  const Tensor slot_gpu = upload(slot, DType::kI32);
+  for (const uint64_t topology_bytes : {uint64_t{1} << 34, uint64_t{0}}) {
+    const GpuBatches gpu(store, Device::cuda(0), fanouts, topology_bytes);
+    constexpr int kBatches = 8;
+    std::vector<std::vector<int64_t>> all(kBatches), uncached(kBatches);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (int b = t; b < kBatches; b += 4) {
+          const std::vector<int64_t> seeds = seeds_of(static_cast<uint64_t>(b), store.num_nodes());
+          all[b] = gpu.sample_input_nodes(seeds.data(), 300, 300 + b, nullptr);
+          uncached[b] = gpu.sample_input_nodes(seeds.data(), 300, 300 + b, slot_gpu.data<int32_t>());
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int b = 0; b < kBatches; ++b) {
+      const std::vector<int64_t> seeds = seeds_of(static_cast<uint64_t>(b), store.num_nodes());
+      std::vector<int64_t> want = cpu.sample(seeds.data(), 300, 300 + b).input_nodes();
+      std::vector<int64_t> want_uncached(want.size());
+      want_uncached.resize(static_cast<size_t>(
+          kernels::uncached_ids_cpu(slot.data(), want.data(), static_cast<int64_t>(want.size()), want_uncached.data())));
+      const std::string at = gpu.describe() + ", batch " + std::to_string(b);
+      EXPECT_TRUE(std::equal(seeds.begin(), seeds.end(), all[b].begin())) << at;
+      for (auto* v : {&want, &want_uncached, &all[b], &uncached[b]}) std::sort(v->begin(), v->end());
+      EXPECT_EQ(all[b], want) << at;
+      EXPECT_EQ(uncached[b], want_uncached) << at;
+      EXPECT_LT(uncached[b].size(), all[b].size()) << at;
     }
   }
 }
