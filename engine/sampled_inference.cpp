@@ -65,7 +65,7 @@ SampledPredictions sampled_predictions(const CheckpointState& state, const std::
   std::vector<int64_t> nodes(static_cast<size_t>(n));
   std::iota(nodes.begin(), nodes.end(), int64_t{0});
   report->sampled_batches =
-      batches.sampled_logits(std::move(nodes), kInferenceKey, [&](const int64_t* seeds, int64_t count, const Tensor& rows) {
+      batches.sampled_logits(nodes, kInferenceKey, [&](const int64_t* seeds, int64_t count, const Tensor& rows) {
         const int64_t width = rows.cols();
         for (int64_t i = 0; i < count; ++i) {
           const float* row = rows.f32() + i * width;

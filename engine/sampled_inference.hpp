@@ -1,7 +1,8 @@
 // engine/sampled_inference.hpp — gale predict's sampled inference: every node's logits from
 // mini-batch inference with given fanouts, through the training pipeline's batch sources (the
 // CPU or GPU sampler, the GPU feature tiers, the host's features in memory or on the disk tier;
-// engine/train/minibatch_epoch.hpp), over batches of consecutive node ids. Each draw is keyed on a
+// engine/train/minibatch_epoch.hpp), over batches that deal the node ids round them (batch b of B:
+// ids b, b + B, b + 2B, ...; scheduler::EpochPlan::strided). Each draw is keyed on a
 // fixed key and the batch's number, so two runs sample the same neighbourhoods, and a run with its
 // features on disk predicts exactly what one with them in memory predicts. An estimate of the
 // full-neighbourhood prediction (exact when each fanout covers every neighbour).

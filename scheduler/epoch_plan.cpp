@@ -101,7 +101,24 @@ EpochPlan EpochPlan::in_order(std::vector<int64_t> seeds, int64_t batch_size) {
   return EpochPlan(std::move(seeds), batch_size);
 }
 
+EpochPlan EpochPlan::strided(const std::vector<int64_t>& seeds, int64_t batch_size) {
+  check_batch_size(batch_size);
+  const auto n = static_cast<int64_t>(seeds.size());
+  const int64_t batches = (n + batch_size - 1) / batch_size;
+  std::vector<int64_t> order;
+  order.reserve(seeds.size());
+  std::vector<int64_t> starts = {0};
+  for (int64_t b = 0; b < batches; ++b) {
+    for (int64_t i = b; i < n; i += batches) order.push_back(seeds[static_cast<size_t>(i)]);
+    starts.push_back(static_cast<int64_t>(order.size()));
+  }
+  EpochPlan plan(std::move(order), batch_size);
+  plan.starts_ = std::move(starts);
+  return plan;
+}
+
 int64_t EpochPlan::begin(int64_t b, int r) const {
+  if (!starts_.empty()) return starts_[static_cast<size_t>(b + (r > rank_ ? 1 : 0))];
   const int64_t n = static_cast<int64_t>(order_.size());
   if (pools_) return std::min(n, (b + (r > rank_ ? 1 : 0)) * batch_size_);
   const int64_t step = batch_size_ * workers_;
@@ -109,6 +126,7 @@ int64_t EpochPlan::begin(int64_t b, int r) const {
 }
 
 int64_t EpochPlan::step_length(int64_t b) const {
+  if (!starts_.empty()) return starts_[static_cast<size_t>(b + 1)] - starts_[static_cast<size_t>(b)];
   if (pools_) {
     int64_t total = 0;
     for (int64_t size : pool_sizes_) total += std::clamp<int64_t>(size - b * batch_size_, 0, batch_size_);

@@ -658,8 +658,8 @@ double MiniBatchEpochs::sampled_accuracy(const std::vector<int64_t>& nodes, int6
   return static_cast<double>(correct) / static_cast<double>(nodes.size());
 }
 
-int64_t MiniBatchEpochs::sampled_logits(std::vector<int64_t> nodes, uint64_t key, const LogitsSink& sink) {
-  Worker worker(*this, 0, 0, key, scheduler::EpochPlan::in_order(std::move(nodes), run_.opt().batch_size), 0, 0.0,
+int64_t MiniBatchEpochs::sampled_logits(const std::vector<int64_t>& nodes, uint64_t key, const LogitsSink& sink) {
+  Worker worker(*this, 0, 0, key, scheduler::EpochPlan::strided(nodes, run_.opt().batch_size), 0, 0.0,
                 nullptr, nullptr);
   const std::unique_ptr<ReadAhead> ahead = inference_read_ahead(worker.plan, key);  // gone before the worker
   worker.read_ahead = ahead.get();

@@ -53,13 +53,14 @@ class MiniBatchEpochs {
   double sampled_accuracy(const std::vector<int64_t>& nodes, int64_t epoch);
 
   // Sampled inference (gale predict --fanouts, engine/sampled_inference.hpp): `nodes` through the
-  // lead replica's pipeline in batches of consecutive entries (the run's batch size), each forward
+  // lead replica's pipeline in batches of the run's batch size, the entries dealt round them
+  // (scheduler::EpochPlan::strided: no batch of hubs alone in a store numbered by degree), each forward
   // in evaluation mode with every draw keyed on `key` and the batch's number only. `sink` takes
   // each batch's seeds and their logits (one host row per seed), in order. Returns the batches.
   // Features on disk: a read-ahead samples these batches ahead and reads their misses in sorted
   // passes, window by window, as training's does.
   using LogitsSink = std::function<void(const int64_t* seeds, int64_t count, const Tensor& logits)>;
-  int64_t sampled_logits(std::vector<int64_t> nodes, uint64_t key, const LogitsSink& sink);
+  int64_t sampled_logits(const std::vector<int64_t>& nodes, uint64_t key, const LogitsSink& sink);
 
   // Where the lead replica's batches come from, for the metrics.
   FeaturePlacement placement() const;

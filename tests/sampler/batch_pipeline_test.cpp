@@ -2,9 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
+#include "kernels/error.hpp"
 #include "scheduler/epoch_plan.hpp"
 
 namespace gale::scheduler {
@@ -34,6 +36,31 @@ TEST(EpochPlan, InOrderBatchesAreConsecutiveSeedsAsGiven) {
     EXPECT_EQ(plan.batch_length(b), b < 3 ? 300 : 100);
     EXPECT_EQ(plan.step_length(b), plan.batch_length(b));
   }
+}
+
+// Dealt round: batch b of B holds seeds[b], seeds[b + B], ...; every seed once; the batches' sizes
+// differ by at most one; W consecutive batches hold runs of W consecutive seeds.
+TEST(EpochPlan, StridedDealsTheSeedsRoundTheBatches) {
+  for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{999}, int64_t{1000}, int64_t{1001}}) {
+    std::vector<int64_t> ids(static_cast<size_t>(n));
+    std::iota(ids.begin(), ids.end(), 100);
+    const EpochPlan plan = EpochPlan::strided(ids, 300);
+    const int64_t batches = (n + 299) / 300;
+    ASSERT_EQ(plan.num_batches(), batches) << n;
+    std::vector<int> seen(static_cast<size_t>(n), 0);
+    for (int64_t b = 0; b < batches; ++b) {
+      const int64_t len = plan.batch_length(b);
+      EXPECT_EQ(plan.step_length(b), len);
+      EXPECT_GE(len, n / batches);
+      EXPECT_LE(len, n / batches + 1);
+      for (int64_t i = 0; i < len; ++i) {
+        EXPECT_EQ(plan.batch(b)[i], 100 + b + i * batches) << n << " " << b << " " << i;
+        seen[static_cast<size_t>(plan.batch(b)[i] - 100)]++;
+      }
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), n);
+  }
+  EXPECT_THROW(EpochPlan::strided({1, 2}, 0), InputError);
 }
 
 TEST(BatchPipeline, DeliversEverySeedExactlyOnceInPlanOrderForAnyPrefetch) {
