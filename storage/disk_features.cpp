@@ -153,7 +153,15 @@ double DiskFeatures::measure_request_pages() {
   return costs[kRounds / 2];
 }
 
-uint64_t DiskFeatures::max_staging_bytes() { return kMaxStagingBytes; }
+uint64_t DiskFeatures::max_staging_bytes() {
+  // GALE_READ_STAGING_MIB (at least 8) overrides it, for measuring: each of a read's rounds fills
+  // half the staging, and the disk's queue drains at the end of a round.
+  static const uint64_t bytes = [] {
+    const char* env = std::getenv("GALE_READ_STAGING_MIB");
+    return env != nullptr && std::atoll(env) >= 8 ? static_cast<uint64_t>(std::atoll(env)) << 20 : kMaxStagingBytes;
+  }();
+  return bytes;
+}
 
 template <typename Sink>
 DiskFeatures::ReadTotals DiskFeatures::read_from_disk(const std::vector<int64_t>& sorted_ids, int gap_pages,
@@ -407,7 +415,7 @@ void DiskFeatures::read_rows(const int64_t* ids, int64_t n, float* out, const Wi
   }
   first_miss.push_back(misses.size());
 
-  const ReadTotals totals = read_from_disk(distinct, gap_pages_, kMaxReadBytes, kMaxStagingBytes,
+  const ReadTotals totals = read_from_disk(distinct, gap_pages_, kMaxReadBytes, max_staging_bytes(),
                                            [&](size_t k, const char* bytes) {
     for (size_t m = first_miss[k]; m < first_miss[k + 1]; ++m)
       convert_to_f32(dtype_, bytes, out + static_cast<size_t>(misses[m].second) * d, d);
@@ -468,7 +476,7 @@ std::shared_ptr<const WindowRows> DiskFeatures::read_window(const std::shared_pt
     into.push_back(slot);
   }
   const size_t d = static_cast<size_t>(dim_);
-  const ReadTotals totals = read_from_disk(from_disk, gap_pages_, kMaxReadBytes, kMaxStagingBytes,
+  const ReadTotals totals = read_from_disk(from_disk, gap_pages_, kMaxReadBytes, max_staging_bytes(),
                                            [&](size_t k, const char* bytes) {
     convert_to_f32(dtype_, bytes, pool->rows_.get() + static_cast<size_t>(into[k]) * d, d);
   }, staging);

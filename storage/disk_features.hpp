@@ -214,7 +214,8 @@ class DiskFeatures {
   int gap_pages() const { return gap_pages_; }
   // What the cache, staging buffers and windows are charged to (nullptr: none).
   kernels::cuda::MemoryBudget* budget() const { return options_.budget; }
-  // The most one read_rows or read_window call stages at once (charged to the budget meanwhile).
+  // The most one read_rows or read_window call stages at once (charged to the budget meanwhile):
+  // 32 MiB, or GALE_READ_STAGING_MIB, for measuring.
   static uint64_t max_staging_bytes();
 
  private:
