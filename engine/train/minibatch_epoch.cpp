@@ -659,8 +659,13 @@ double MiniBatchEpochs::sampled_accuracy(const std::vector<int64_t>& nodes, int6
 }
 
 int64_t MiniBatchEpochs::sampled_logits(const std::vector<int64_t>& nodes, uint64_t key, const LogitsSink& sink) {
-  Worker worker(*this, 0, 0, key, scheduler::EpochPlan::strided(nodes, run_.opt().batch_size), 0, 0.0,
-                nullptr, nullptr);
+  // GALE_PREDICT_ORDER=consecutive: batches of consecutive entries (before), for measuring.
+  const char* order = std::getenv("GALE_PREDICT_ORDER");
+  const int64_t batch_size = run_.opt().batch_size;
+  Worker worker(*this, 0, 0, key,
+                order != nullptr && std::string(order) == "consecutive" ? scheduler::EpochPlan::in_order(nodes, batch_size)
+                                                                        : scheduler::EpochPlan::strided(nodes, batch_size),
+                0, 0.0, nullptr, nullptr);
   const std::unique_ptr<ReadAhead> ahead = inference_read_ahead(worker.plan, key);  // gone before the worker
   worker.read_ahead = ahead.get();
   worker.run_inference([&](int64_t b, const PreparedBatch&, const Tensor& logits) {
