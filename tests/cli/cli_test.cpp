@@ -1206,6 +1206,23 @@ TEST_F(Cli, BenchSampleOnTheGpuWithoutOneNamesTheWayOut) {
   EXPECT_EQ(lines(r.out), 1) << r.out;
 }
 
+// The read-ahead's ways of sampling (gpu-blocks, gpu-inputs) need a GPU too, and --concurrent a
+// positive count, each a one-line error naming the flag.
+TEST_F(Cli, BenchSampleReadAheadWaysNameTheirFlags) {
+  const CliRun none = gale(std::string("bench sample ") + kBenchGraph + " --samplers cpu --concurrent 0");
+  EXPECT_EQ(none.code, 2) << none.out;
+  EXPECT_NE(none.out.find("--concurrent: expected at least 1, found 0"), std::string::npos) << none.out;
+  EXPECT_EQ(lines(none.out), 1) << none.out;
+  const CliRun unknown = gale(std::string("bench sample ") + kBenchGraph + " --samplers gpu-lookahead");
+  EXPECT_EQ(unknown.code, 2) << unknown.out;
+  EXPECT_NE(unknown.out.find("--samplers"), std::string::npos) << unknown.out;
+  EXPECT_NE(unknown.out.find("gpu-inputs"), std::string::npos) << unknown.out;
+  const CliRun inputs = gale(std::string("bench sample ") + kBenchGraph + " --samplers gpu-inputs --batches 8 --warmup 0");
+  if (inputs.code == 0) GTEST_SKIP() << "a GPU is present: the gpu-inputs sampler ran";
+  EXPECT_EQ(inputs.code, 4) << inputs.out;
+  EXPECT_NE(inputs.out.find("--samplers cpu"), std::string::npos) << inputs.out;
+}
+
 TEST_F(Cli, BenchPipelineTrainsOnTheCpu) {
   const CliRun r = gale("bench pipeline --generate rmat:scale=10,edge-factor=4,classes=4,feature-dim=16 --device cpu "
                         "--epochs 1 --warmup 0 --layers 2 --fanouts 5,5 --hidden 16 --batch-size 256 --json");
