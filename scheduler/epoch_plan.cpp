@@ -107,26 +107,26 @@ EpochPlan EpochPlan::strided(const std::vector<int64_t>& seeds, int64_t batch_si
   const int64_t batches = (n + batch_size - 1) / batch_size;
   std::vector<int64_t> order;
   order.reserve(seeds.size());
-  std::vector<int64_t> starts = {0};
-  for (int64_t b = 0; b < batches; ++b) {
+  for (int64_t b = 0; b < batches; ++b)
     for (int64_t i = b; i < n; i += batches) order.push_back(seeds[static_cast<size_t>(i)]);
-    starts.push_back(static_cast<int64_t>(order.size()));
-  }
   EpochPlan plan(std::move(order), batch_size);
-  plan.starts_ = std::move(starts);
+  plan.strided_ = true;
   return plan;
 }
 
 int64_t EpochPlan::begin(int64_t b, int r) const {
-  if (!starts_.empty()) return starts_[static_cast<size_t>(b + (r > rank_ ? 1 : 0))];
   const int64_t n = static_cast<int64_t>(order_.size());
+  if (strided_) {  // with n = q B + e (B batches), the first e batches hold q + 1 seeds, the others q
+    const int64_t at = b + (r > rank_ ? 1 : 0), q = n / num_batches_, extra = n % num_batches_;
+    return at * q + std::min(at, extra);
+  }
   if (pools_) return std::min(n, (b + (r > rank_ ? 1 : 0)) * batch_size_);
   const int64_t step = batch_size_ * workers_;
   return b * step + step_length(b) * r / workers_;
 }
 
 int64_t EpochPlan::step_length(int64_t b) const {
-  if (!starts_.empty()) return starts_[static_cast<size_t>(b + 1)] - starts_[static_cast<size_t>(b)];
+  if (strided_) return begin(b, rank_ + 1) - begin(b, rank_);
   if (pools_) {
     int64_t total = 0;
     for (int64_t size : pool_sizes_) total += std::clamp<int64_t>(size - b * batch_size_, 0, batch_size_);

@@ -66,7 +66,7 @@ class EpochPlan {
   bool pools_ = false;
   std::vector<int64_t> pool_sizes_;  // partition-aware: every worker's pool size
   int64_t num_batches_ = 0;
-  std::vector<int64_t> starts_;  // strided: batch b is order_[starts_[b], starts_[b + 1])
+  bool strided_ = false;  // strided(): batches of sizes n / B rounded up, then down (begin)
 };
 
 // Partition-aware pools: part p goes to worker p % workers; then seeds move from pools above
