@@ -96,6 +96,8 @@ struct Problem {
   // their terms' absolute values (the backward of |grad_out|; the coefficients are not negative),
   // and bounds of grad_el's and grad_er's (below).
   std::vector<float> grad_z_magnitude, grad_el_magnitude, grad_er_magnitude;
+  // The scale of each output sum's rounding: the same aggregation over |z| (alpha is not negative).
+  std::vector<float> out_magnitude;
 
   int64_t width() const { return s.heads * s.f; }
 
@@ -107,6 +109,11 @@ struct Problem {
     out.assign(static_cast<size_t>(g.rows * D), kNaN);
     gat_aggregate_cpu(g.csr(), s, alpha.data(), alpha_self.data(), p, key, {z.data(), g.cols, D, z_ld},
                       matrix(out.data(), g.rows, D));
+    std::vector<float> abs_z(z.size());
+    for (size_t i = 0; i < z.size(); ++i) abs_z[i] = std::fabs(z[i]);
+    out_magnitude.assign(out.size(), kNaN);
+    gat_aggregate_cpu(g.csr(), s, alpha.data(), alpha_self.data(), p, key, {abs_z.data(), g.cols, D, z_ld},
+                      matrix(out_magnitude.data(), g.rows, D));
     grad_z.assign(static_cast<size_t>(g.cols * D), kNaN);
     grad_el.assign(static_cast<size_t>(g.cols * H), kNaN);
     grad_er.assign(static_cast<size_t>(g.rows * H), kNaN);
@@ -218,7 +225,7 @@ class GatCudaTest : public gale::testing::CudaFixture<> {
     DeviceBuffer<float> out = poisoned(pr.g.rows * D);
     gat_aggregate_cuda(d.csr, pr.s, cpu_alpha.data(), cpu_alpha_self.data(), pr.p, pr.key, z,
                        {out.data(), pr.g.rows, D, D}, *stream_);
-    expect_close(download(out), pr.out, 1e-4f, "aggregate out");
+    expect_close_to_sum(download(out), pr.out, pr.out_magnitude, 1e-4f, "aggregate out");
 
     DeviceBuffer<float> f_alpha = poisoned(E * H), f_alpha_self = poisoned(pr.g.rows * H);
     DeviceBuffer<float> f_out = poisoned(pr.g.rows * D);
@@ -226,7 +233,7 @@ class GatCudaTest : public gale::testing::CudaFixture<> {
                      {f_out.data(), pr.g.rows, D, D}, *stream_);
     expect_close(download(f_alpha), pr.alpha, 1e-4f, "fused alpha");
     expect_close(download(f_alpha_self), pr.alpha_self, 1e-4f, "fused alpha_self");
-    expect_close(download(f_out), pr.out, 1e-4f, "fused out");
+    expect_close_to_sum(download(f_out), pr.out, pr.out_magnitude, 1e-4f, "fused out");
   }
 
   // gat_backward_cuda against the CPU, fed the CPU's alpha; the workspace comes from the pool and
