@@ -201,7 +201,9 @@ TEST_F(GpuBatchesTest, UncachedIdsFollowTheirCpuTwin) {
     want.resize(static_cast<size_t>(kernels::uncached_ids_cpu(slot.data(), ids.data(), n, want.data())));
 
     const Tensor slot_gpu = upload(slot, DType::kI32), ids_gpu = upload(ids, DType::kI64);
-    Tensor out = Tensor::empty(n + 1, 1, DType::kI64, Device::cuda(0));
+    // -1 everywhere first: the kernel writes the selected ids and the count, and nothing between
+    // (and compute-sanitizer's initcheck sees no read of unwritten memory in the fetch below).
+    Tensor out = upload(std::vector<int64_t>(static_cast<size_t>(n) + 1, -1), DType::kI64);
     Tensor scratch = Tensor::empty(static_cast<int64_t>(kernels::uncached_ids_scratch_bytes(n)), 1, DType::kU8, Device::cuda(0));
     kernels::uncached_ids_cuda(slot_gpu.data<int32_t>(), ids_gpu.data<int64_t>(), n, out.data<int64_t>(),
                                out.data<int64_t>() + n, scratch.data<uint8_t>(), kernels::uncached_ids_scratch_bytes(n),
@@ -209,6 +211,8 @@ TEST_F(GpuBatchesTest, UncachedIdsFollowTheirCpuTwin) {
     const std::vector<int64_t> got = fetch(out.data<int64_t>(), n + 1);
     ASSERT_EQ(got[static_cast<size_t>(n)], static_cast<int64_t>(want.size())) << "step " << step;
     EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << "step " << step;
+    EXPECT_TRUE(std::all_of(got.begin() + static_cast<int64_t>(want.size()), got.end() - 1, [](int64_t v) { return v == -1; }))
+        << "step " << step << ": written past the count";
     if (step == 0) EXPECT_EQ(static_cast<int64_t>(want.size()), n);
     if (step == 3) EXPECT_TRUE(want.empty());
   }
