@@ -78,9 +78,12 @@ tests)
   run_suite racecheck-dense $cs --tool racecheck "$dist/bin/gale_gpu_dense_tests" --gtest_filter=-*TunedGemms*
   run_suite racecheck-training $cs --tool racecheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*:*GpuMaxkHubPlan*:*GpuTensorCoreStep*:*GpuWide*
   run_suite racecheck-feature-tiers $cs --tool racecheck "$dist/bin/gale_gpu_feature_tiers_tests" --gtest_filter=-*MiniBatch*
-  for t in maxk gat sampler transpose gather batches tensor runtime; do
+  for t in maxk gat transpose gather batches tensor runtime; do
     run_suite "racecheck-$t" $cs --tool racecheck "$dist/bin/gale_gpu_${t}_tests"
   done
+  # The sampler's two statistical tests (200,000 draws each, the kernels of the others) ran past
+  # 170 s each under racecheck (2026-11-30): left to memcheck and initcheck.
+  run_suite racecheck-sampler $cs --tool racecheck "$dist/bin/gale_gpu_sampler_tests" --gtest_filter=-*NeighbourFrequenciesAreUniform*
   # Reads of device memory no kernel or copy wrote, and barriers misused.
   run_suite initcheck-spmm $cs --tool initcheck "$dist/bin/gale_gpu_spmm_tests"
   run_suite initcheck-training $cs --tool initcheck "$dist/bin/gale_gpu_training_tests" --gtest_filter=*GpuModelStep*:*GpuMaxkHubPlan*:*GpuTensorCoreStep*:*GpuWide*
