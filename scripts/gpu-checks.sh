@@ -29,7 +29,10 @@
 #                                      OOC_NOLIMIT=0 skips the run without a limit, OOC_REUSE=1 keeps a store
 #                                      generated before, OOC_RELABEL=hot (or degree) generates it so ordered,
 #                                      OOC_VARIANTS="NAME:VAR=VALUE,..." runs the limited one per variant
-#                                      with those environment variables (GALE_READ_GAP_PAGES=4, ...)
+#                                      with those environment variables (GALE_READ_GAP_PAGES=4, ...),
+#                                      OOC_PREDICT=1 then trains one epoch with --eval auto and a checkpoint
+#                                      and runs gale predict --fanouts, both limited (R-MAT 25 as issue 36
+#                                      asks: OOC_SCALE=25 OOC_RELABEL=hot OOC_LIMIT=8G OOC_GPU=10G)
 #   scripts/gpu-checks.sh DIST scale25 R-MAT scale 25 (33M nodes, 1B entries, 17 GB of 128-d features)
 #                                      generated, then mini-batch SAGE under a 10 GB GPU budget
 # Each prints a short summary table last. Logs go to $OUT (or /tmp) when set.
@@ -282,7 +285,9 @@ outofcore)
     mkdir -p $cg && echo "$limit" > $cg/memory.max && { echo 0 > $cg/memory.swap.max 2>/dev/null || true; }
     sync; echo 3 > /proc/sys/vm/drop_caches
     local t0=$SECONDS
-    sh -c "echo \$\$ > $cg/cgroup.procs && exec $bin $* --metrics $logs/$name.jsonl" > "$logs/$name.log" 2>&1
+    local metrics="--metrics $logs/$name.jsonl"
+    [ "${1:-}" = predict ] && metrics=  # predict writes no metrics
+    sh -c "echo \$\$ > $cg/cgroup.procs && exec $bin $* $metrics" > "$logs/$name.log" 2>&1
     local rc=$?
     summary+=("$(printf '%-14s limit %-5s exit %3d  %4ds  memory.peak %s  %s' "$name" "$limit" $rc $((SECONDS - t0)) \
       "$(numfmt --to=iec < $cg/memory.peak 2>/dev/null)" "$(tail -1 "$logs/$name.log" | cut -c1-120)")")
@@ -316,6 +321,15 @@ for line in sys.stdin:
     done
   done
   [ -n "${BEFORE_GALE:-}" ] && limited ooc-before ${OOC_LIMIT:-3G} "$BEFORE_GALE" $train
+  if [ -n "${OOC_PREDICT:-}" ]; then  # a checkpoint of one epoch with sampled evaluation, then predict, both limited
+    rm -rf /tmp/ooc-ck /tmp/ooc-pred.npy
+    ck_train=${train/--epochs ${OOC_EPOCHS:-2}/--epochs 1}
+    ck_train=${ck_train/--eval none/--eval auto}
+    limited ooc-evalauto ${OOC_LIMIT:-3G} "$dist/bin/gale" $ck_train --checkpoint-dir /tmp/ooc-ck
+    limited ooc-predict ${OOC_LIMIT:-3G} "$dist/bin/gale" predict $store --checkpoint /tmp/ooc-ck --fanouts $fanouts \
+      --device cuda --gpu-mem-budget ${OOC_GPU:-2G} --out /tmp/ooc-pred.npy
+    summary+=("predictions: $(python3 -c "import numpy as np; p = np.load('/tmp/ooc-pred.npy', mmap_mode='r'); print(p.shape, p.dtype, int(p.min()), int(p.max()))" 2>&1)")
+  fi
   ;;
 scale25)
   df -h /tmp | tail -1; free -g | head -2
