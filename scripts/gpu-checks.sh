@@ -276,9 +276,11 @@ outofcore)
     summary+=("$(cat "$logs/ooc-io.log")")
   fi
   fanouts=${OOC_FANOUTS:-15,10,5}
-  train="train $store --model sage --layers $(echo $fanouts | tr ',' '\n' | wc -l) --hidden 256 --fanouts $fanouts
-         --batch-size 1024 --eval none --device cuda --gpu-mem-budget ${OOC_GPU:-2G} --epochs ${OOC_EPOCHS:-2} --lr 0.003
-         --dropout 0 -q"
+  train_args() {  # epochs, --eval mode
+    echo "train $store --model sage --layers $(echo $fanouts | tr ',' '\n' | wc -l) --hidden 256 --fanouts $fanouts
+          --batch-size 1024 --eval $2 --device cuda --gpu-mem-budget ${OOC_GPU:-2G} --epochs $1 --lr 0.003 --dropout 0 -q"
+  }
+  train=$(train_args ${OOC_EPOCHS:-2} none)
   limited() {  # name, limit, binary, args...: one run in a fresh cgroup v2, the page cache dropped first
     local name=$1 limit=$2 bin=$3 before=${#summary[@]}; shift 3
     local cg=/sys/fs/cgroup/gale-$name-$$
@@ -323,9 +325,7 @@ for line in sys.stdin:
   [ -n "${BEFORE_GALE:-}" ] && limited ooc-before ${OOC_LIMIT:-3G} "$BEFORE_GALE" $train
   if [ -n "${OOC_PREDICT:-}" ]; then  # a checkpoint of one epoch with sampled evaluation, then predict, both limited
     rm -rf /tmp/ooc-ck /tmp/ooc-pred.npy
-    ck_train=${train/--epochs ${OOC_EPOCHS:-2}/--epochs 1}
-    ck_train=${ck_train/--eval none/--eval auto}
-    limited ooc-evalauto ${OOC_LIMIT:-3G} "$dist/bin/gale" $ck_train --checkpoint-dir /tmp/ooc-ck
+    limited ooc-evalauto ${OOC_LIMIT:-3G} "$dist/bin/gale" $(train_args 1 auto) --checkpoint-dir /tmp/ooc-ck
     limited ooc-predict ${OOC_LIMIT:-3G} "$dist/bin/gale" predict $store --checkpoint /tmp/ooc-ck --fanouts $fanouts \
       --device cuda --gpu-mem-budget ${OOC_GPU:-2G} --out /tmp/ooc-pred.npy
     summary+=("predictions: $(python3 -c "import numpy as np; p = np.load('/tmp/ooc-pred.npy', mmap_mode='r'); print(p.shape, p.dtype, int(p.min()), int(p.max()))" 2>&1)")
