@@ -4,6 +4,10 @@
 #include <string>
 #include <utility>
 
+#include <tbb/blocked_range.h>
+#include <tbb/enumerable_thread_specific.h>
+#include <tbb/parallel_for.h>
+
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
 
@@ -39,42 +43,63 @@ EpochPlan::EpochPlan(const std::vector<int64_t>& seeds, int64_t batch_size, uint
 }
 
 void EpochPlan::balance_steps(const int64_t* indptr) {
-  const auto degree = [indptr](int64_t v) { return indptr[v + 1] - indptr[v]; };
-  std::vector<int64_t> by_degree, step_seeds;
-  std::vector<std::vector<int64_t>> slices(static_cast<size_t>(workers_));
-  std::vector<int64_t> room(static_cast<size_t>(workers_));
-  for (int64_t b = 0; b < num_batches_; ++b) {
-    const int64_t first = begin(b, 0), len = step_length(b);
-    step_seeds.assign(order_.begin() + first, order_.begin() + first + len);
-    // Positions in the step, largest in-degree first (ties: shuffled order).
-    by_degree.resize(static_cast<size_t>(len));
-    for (int64_t i = 0; i < len; ++i) by_degree[static_cast<size_t>(i)] = i;
-    std::stable_sort(by_degree.begin(), by_degree.end(), [&](int64_t x, int64_t y) {
-      return degree(step_seeds[static_cast<size_t>(x)]) > degree(step_seeds[static_cast<size_t>(y)]);
-    });
-    for (int r = 0; r < workers_; ++r) {
-      slices[static_cast<size_t>(r)].clear();
-      room[static_cast<size_t>(r)] = begin(b, r + 1) - begin(b, r);
+  // Steps are dealt independently (each rewrites only its own range of order_), so they run in
+  // parallel: on R-MAT 23's 839K seeds one thread took 0.1-0.25 s a plan, outside every worker's
+  // time and so outside their seeds per second, but inside the epoch.
+  struct Scratch {
+    std::vector<std::pair<int64_t, int64_t>> by_degree;  // (-in-degree, position in the step)
+    std::vector<int64_t> step_seeds;
+    std::vector<std::vector<int64_t>> slices;
+    std::vector<int64_t> room;
+  };
+  tbb::enumerable_thread_specific<Scratch> scratch;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, num_batches_, 16), [&](const tbb::blocked_range<int64_t>& steps) {
+    Scratch& s = scratch.local();
+    s.slices.resize(static_cast<size_t>(workers_));
+    s.room.resize(static_cast<size_t>(workers_));
+    for (int64_t b = steps.begin(); b < steps.end(); ++b) {
+      const int64_t first = begin(b, 0), len = step_length(b);
+      s.step_seeds.assign(order_.begin() + first, order_.begin() + first + len);
+      // Positions in the step, largest in-degree first (ties: shuffled order, as a stable sort).
+      s.by_degree.resize(static_cast<size_t>(len));
+      for (int64_t i = 0; i < len; ++i) {
+        const int64_t v = s.step_seeds[static_cast<size_t>(i)];
+        s.by_degree[static_cast<size_t>(i)] = {indptr[v] - indptr[v + 1], i};
+      }
+      std::sort(s.by_degree.begin(), s.by_degree.end());
+      for (int r = 0; r < workers_; ++r) {
+        s.slices[static_cast<size_t>(r)].clear();
+        s.room[static_cast<size_t>(r)] = begin(b, r + 1) - begin(b, r);
+      }
+      // Snake order over the slices with room left (a full slice is passed over).
+      int r = 0, direction = 1;
+      const auto advance = [&] {
+        r += direction;
+        if (r == workers_) r = workers_ - 1, direction = -1;
+        if (r < 0) r = 0, direction = 1;
+      };
+      for (const auto& [negative_degree, i] : s.by_degree) {
+        while (s.room[static_cast<size_t>(r)] == 0) advance();
+        s.slices[static_cast<size_t>(r)].push_back(i);
+        --s.room[static_cast<size_t>(r)];
+        advance();
+      }
+      int64_t at = first;
+      for (std::vector<int64_t>& slice : s.slices) {
+        std::sort(slice.begin(), slice.end());  // the shuffled order within a slice
+        for (int64_t i : slice) order_[static_cast<size_t>(at++)] = s.step_seeds[static_cast<size_t>(i)];
+      }
     }
-    // Snake order over the slices with room left (a full slice is passed over).
-    int r = 0, direction = 1;
-    const auto advance = [&] {
-      r += direction;
-      if (r == workers_) r = workers_ - 1, direction = -1;
-      if (r < 0) r = 0, direction = 1;
-    };
-    for (int64_t i : by_degree) {
-      while (room[static_cast<size_t>(r)] == 0) advance();
-      slices[static_cast<size_t>(r)].push_back(i);
-      --room[static_cast<size_t>(r)];
-      advance();
-    }
-    int64_t at = first;
-    for (std::vector<int64_t>& slice : slices) {
-      std::sort(slice.begin(), slice.end());  // the shuffled order within a slice
-      for (int64_t i : slice) order_[static_cast<size_t>(at++)] = step_seeds[static_cast<size_t>(i)];
-    }
-  }
+  });
+}
+
+EpochPlan EpochPlan::for_rank(int rank) const {
+  if (rank < 0 || rank >= workers_)
+    throw InternalError("EpochPlan::for_rank: rank " + std::to_string(rank) + " of " + std::to_string(workers_) + " workers");
+  if (pools_) throw InternalError("EpochPlan::for_rank: a partition-aware plan holds one worker's pool only");
+  EpochPlan p = *this;
+  p.rank_ = rank;
+  return p;
 }
 
 EpochPlan::EpochPlan(const std::vector<std::vector<int64_t>>& pools, int64_t batch_size, uint64_t seed, int64_t epoch,

@@ -44,6 +44,10 @@ class EpochPlan {
   // while W consecutive batches still take runs of W consecutive seeds, which lie together on disk.
   static EpochPlan strided(const std::vector<int64_t>& seeds, int64_t batch_size);
 
+  // The same sliced plan for another worker (one plan built per epoch serves every worker of a
+  // process: building it deals every step's seeds).
+  EpochPlan for_rank(int rank) const;
+
   int64_t num_batches() const { return num_batches_; }
   // This worker's seeds of step b (batch_length may be 0).
   const int64_t* batch(int64_t b) const { return order_.data() + begin(b, rank_); }

@@ -610,6 +610,21 @@ scheduler::EpochPlan MiniBatchEpochs::plan(int64_t epoch, int rank) const {
                                                           rank, balance_steps() ? run_.store().indptr() : nullptr);
 }
 
+scheduler::EpochPlan MiniBatchEpochs::first_plan(int64_t epoch) {
+  const int rank = run_.first_rank();
+  std::optional<scheduler::EpochPlan> made;
+  if (next_plan_.valid()) {
+    scheduler::EpochPlan ready = next_plan_.get();
+    if (next_plan_epoch_ == epoch) made = std::move(ready);
+  }
+  if (!made) made = plan(epoch, rank);
+  if (epoch + 1 < run_.opt().epochs) {
+    next_plan_epoch_ = epoch + 1;
+    next_plan_ = std::async(std::launch::async, [this, epoch, rank] { return plan(epoch + 1, rank); });
+  }
+  return std::move(*made);
+}
+
 ReadAhead* MiniBatchEpochs::read_ahead_for(int local, int64_t epoch, int64_t first) {
   storage::HostFeatures* host = replicas_.host_features();
   if (host == nullptr || !host->on_disk() || host->read_ahead_bytes() == 0) return nullptr;
@@ -863,11 +878,18 @@ MiniBatchEpochEnd MiniBatchEpochs::train_epoch(int64_t epoch, uint64_t epoch_key
   std::vector<double> priors(static_cast<size_t>(world), 0.0);
   if (start != nullptr && !start->loss_sums.empty()) priors = start->loss_sums;
   EpochTally tally(world);
-  m->batches = plan(epoch, 0).num_batches();
+  // One plan for the process's workers: a sliced plan is the same for every rank but its slice,
+  // and dealing its steps is the costly part (a partition-aware plan is one rank's pool).
+  const scheduler::EpochPlan lead_plan = first_plan(epoch);
+  const auto plan_for = [&](int w) {
+    const int rank = run_.first_rank() + w;
+    return w == 0 ? lead_plan : run_.seeds_by_partition() ? plan(epoch, rank) : lead_plan.for_rank(rank);
+  };
+  m->batches = lead_plan.num_batches();
   MiniBatchEpochEnd end;
   for (;;) {
     run_workers(run_, replicas_, [&](int w) {
-      Worker worker(*this, w, epoch, epoch_key, plan(epoch, run_.first_rank() + w), segment_first,
+      Worker worker(*this, w, epoch, epoch_key, plan_for(w), segment_first,
                     priors[static_cast<size_t>(run_.first_rank() + w)], &checkpoints, read_ahead_for(w, epoch, segment_first));
       done[static_cast<size_t>(w)] = worker.run_epoch();
       // A pipeline that ended inside the epoch read some batches after its last step: their

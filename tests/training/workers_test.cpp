@@ -127,6 +127,66 @@ TEST(Workers, StepSlicesBalancedByInDegreeKeepEachStepsSeeds) {
   }
 }
 
+// The steps are dealt in parallel; each must come out as the sequential dealing (a stable sort
+// by in-degree, snake order) makes it, and for_rank must give each rank its own plan.
+TEST(Workers, StepsDealtInParallelMatchTheSequentialDealingAndForRank) {
+  const int64_t n = 200000;
+  std::vector<int64_t> indptr(static_cast<size_t>(n) + 1, 0);
+  for (int64_t v = 0; v < n; ++v)  // many equal in-degrees, so ties are common
+    indptr[static_cast<size_t>(v) + 1] = indptr[static_cast<size_t>(v)] + (v * 7919 % 13 == 0 ? 50 + v % 11 : v % 5);
+  std::vector<int64_t> ids;
+  for (int64_t v = 0; v < n; v += 3) ids.push_back(v);
+  const auto degree = [&](int64_t v) { return indptr[static_cast<size_t>(v) + 1] - indptr[static_cast<size_t>(v)]; };
+  for (const int workers : {2, 3, 4}) {
+    const int64_t batch = 37;  // steps of 74-148 seeds: hundreds of steps, the last one short
+    const scheduler::EpochPlan cut(ids, batch, 5, 1, workers, 0);
+    std::vector<int64_t> expected = cut.order();  // the sequential dealing, step by step
+    const int64_t step = batch * workers;
+    for (int64_t first = 0; first < static_cast<int64_t>(expected.size()); first += step) {
+      const int64_t len = std::min<int64_t>(step, static_cast<int64_t>(expected.size()) - first);
+      const std::vector<int64_t> seeds(expected.begin() + first, expected.begin() + first + len);
+      std::vector<int64_t> by_degree(static_cast<size_t>(len));
+      for (int64_t i = 0; i < len; ++i) by_degree[static_cast<size_t>(i)] = i;
+      std::stable_sort(by_degree.begin(), by_degree.end(), [&](int64_t x, int64_t y) {
+        return degree(seeds[static_cast<size_t>(x)]) > degree(seeds[static_cast<size_t>(y)]);
+      });
+      std::vector<std::vector<int64_t>> slices(static_cast<size_t>(workers));
+      std::vector<int64_t> room(static_cast<size_t>(workers));
+      for (int r = 0; r < workers; ++r) room[static_cast<size_t>(r)] = len * (r + 1) / workers - len * r / workers;
+      int r = 0, direction = 1;
+      const auto advance = [&] {
+        r += direction;
+        if (r == workers) r = workers - 1, direction = -1;
+        if (r < 0) r = 0, direction = 1;
+      };
+      for (int64_t i : by_degree) {
+        while (room[static_cast<size_t>(r)] == 0) advance();
+        slices[static_cast<size_t>(r)].push_back(i);
+        --room[static_cast<size_t>(r)];
+        advance();
+      }
+      int64_t at = first;
+      for (std::vector<int64_t>& slice : slices) {
+        std::sort(slice.begin(), slice.end());
+        for (int64_t i : slice) expected[static_cast<size_t>(at++)] = seeds[static_cast<size_t>(i)];
+      }
+    }
+    const scheduler::EpochPlan balanced(ids, batch, 5, 1, workers, 0, indptr.data());
+    EXPECT_EQ(balanced.order(), expected) << workers << " workers";
+    for (int rank = 0; rank < workers; ++rank) {
+      const scheduler::EpochPlan own(ids, batch, 5, 1, workers, rank, indptr.data());
+      const scheduler::EpochPlan shared = balanced.for_rank(rank);
+      ASSERT_EQ(shared.num_batches(), own.num_batches());
+      for (int64_t b = 0; b < own.num_batches(); ++b) {
+        ASSERT_EQ(shared.batch_length(b), own.batch_length(b)) << "rank " << rank << ", step " << b;
+        EXPECT_TRUE(std::equal(own.batch(b), own.batch(b) + own.batch_length(b), shared.batch(b)))
+            << "rank " << rank << ", step " << b;
+      }
+    }
+    EXPECT_THROW(balanced.for_rank(workers), InternalError);
+  }
+}
+
 TEST(Workers, TwoWorkersEndWhereOneWorkerOnTheCombinedBatchEnds) {
   std::vector<double> one_loss, two_loss;
   const TrainOptions one = options(1, 32, 3, "one");
