@@ -43,6 +43,7 @@ export LD_LIBRARY_PATH="$dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$dist/bin:$PATH"
 export GALE="$dist/bin/gale"  # the binary the mpirun tests start
 logs=${OUT:-/tmp}
+mkdir -p "$logs" || { echo "$0: OUT=$logs: cannot create it" >&2; exit 2; }
 here=$(cd "$(dirname "$0")/.." && pwd)
 nvidia-smi -L || true
 summary=()
