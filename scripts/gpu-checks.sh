@@ -213,6 +213,8 @@ multigpu|mpi)
 import json, statistics, sys
 logs = sys.argv[1]
 base = None
+# seeds/s: the epoch's seeds (every worker's rate x its own time) over the epoch's seconds, the rate
+# a user sees (bench/multigpu_scaling.sh prints it beside the workers' own rates).
 print(f"{'gpus':>4} {'epoch s':>8} {'seeds/s':>10} {'speedup':>8} {'allreduce s':>11} {'per-worker seeds/s':>30}")
 for g in sys.argv[2:]:
     try:
@@ -222,7 +224,8 @@ for g in sys.argv[2:]:
     rows = rows[1:] or rows
     ep = statistics.median(r["epoch_s"] for r in rows)
     per = rows[-1].get("worker_seeds_per_s", [])
-    thr = sum(per)
+    thr = statistics.median(sum(x * t for x, t in zip(r.get("worker_seeds_per_s", []), r.get("worker_stage_s", {}).get("wall", [])))
+                            / r["epoch_s"] for r in rows)
     base = base or thr
     print(f"{g:>4} {ep:8.3f} {thr:10.0f} {thr / base:7.2f}x {statistics.median(r.get('allreduce_s', 0) for r in rows):11.3f} "
           f"{' '.join(f'{x:.0f}' for x in per):>30}")
