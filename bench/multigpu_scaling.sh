@@ -30,7 +30,8 @@
 # step by in-degree, 0.1-0.25 s an epoch on one thread, hid there); and every worker's seconds by stage per epoch
 # (median): prepare (sampling and host feature reads), of which host feature reads, load, io (GPU
 # time of the IO stream), compute (the step's host time, which includes enqueueing the sums and
-# reading the votes), wait (for a prepared batch), allreduce (GPU time of NCCL sums), wall. A stage
+# reading the votes), wait (for a prepared batch), allreduce (GPU time of NCCL sums), sum_wait (GPU
+# time the compute stream stalled for the sums: what they and the slowest worker cost), wall. A stage
 # that grows from 1 to N GPUs is where the workers get in each other's way.
 # Exit status: 0 when every run succeeded, 1 when one failed (the table marks it), 2 for bad usage.
 set -uo pipefail
@@ -214,7 +215,7 @@ for n in names:
           f"{workers_rate:10.0f} {workers_speed:7.2f}x {med(r.get('allreduce_s', 0) for r in rows):11.3f}  "
           f"{' '.join(f'{x:.0f}' for x in per)}")
 
-stages = ["prepare", "host_features", "load", "io", "compute", "wait", "allreduce", "vote_wait", "wall"]
+stages = ["prepare", "host_features", "load", "io", "compute", "wait", "allreduce", "sum_wait", "vote_wait", "wall"]
 print(f"\n== every worker's seconds per epoch by stage (median over epochs 2..)")
 print(f"{'run':24} {'rank':>4} " + " ".join(f"{s:>13}" for s in stages))
 for n in names:

@@ -44,6 +44,10 @@ class Communicator {
   // Seconds spent in sums since the last call (GPU time of the communication stream with NCCL,
   // wall time in-process), and the reset. May wait for the device.
   virtual double take_seconds() = 0;
+  // Seconds the compute stream stalled in wait() since the last call, and the reset: GPU time from
+  // the work before the wait to the sums' end, where they had not ended (NCCL: one GPU's sum waits
+  // for the slowest worker's backward). 0 where wait() blocks nothing. May wait for the device.
+  virtual double take_wait_seconds() { return 0; }
   // Makes every worker's pending and later calls throw ResourceError naming `reason`.
   virtual void abort(const std::string& reason) = 0;
 };

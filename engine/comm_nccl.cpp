@@ -106,7 +106,14 @@ class NcclCommunicator final : public Communicator {
 
   void wait() override {
     done_.record(stream_);
-    DeviceContext::get(device_.ordinal).stream().wait(done_);
+    kernels::cuda::Stream& compute = DeviceContext::get(device_.ordinal).stream();
+    if (waited_ == stalls_.size())
+      stalls_.emplace_back(kernels::cuda::Event(device_.ordinal, kernels::cuda::Event::Timing::kEnabled),
+                           kernels::cuda::Event(device_.ordinal, kernels::cuda::Event::Timing::kEnabled));
+    auto& stall = stalls_[waited_++];
+    stall.first.record(compute);  // reached when the compute stream's earlier work is done
+    compute.wait(done_);
+    stall.second.record(compute);  // ... and this one when the sums are done too
   }
 
   std::vector<uint64_t> all_gather(const std::vector<uint64_t>& values) override {
@@ -117,6 +124,13 @@ class NcclCommunicator final : public Communicator {
     double ms = 0;
     for (size_t i = 0; i < used_; ++i) ms += kernels::cuda::elapsed_ms(spans_[i].first, spans_[i].second);
     used_ = 0;
+    return ms * 1e-3;
+  }
+
+  double take_wait_seconds() override {
+    double ms = 0;
+    for (size_t i = 0; i < waited_; ++i) ms += kernels::cuda::elapsed_ms(stalls_[i].first, stalls_[i].second);
+    waited_ = 0;
     return ms * 1e-3;
   }
 
@@ -141,6 +155,8 @@ class NcclCommunicator final : public Communicator {
   kernels::cuda::Event ready_, done_;  // compute -> communication and back; one worker thread uses them
   std::vector<std::pair<kernels::cuda::Event, kernels::cuda::Event>> spans_;  // each sum's, timed
   size_t used_ = 0;                                                            // this epoch's
+  std::vector<std::pair<kernels::cuda::Event, kernels::cuda::Event>> stalls_;  // around each wait(), on the compute stream
+  size_t waited_ = 0;                                                          // this epoch's
 };
 
 }  // namespace

@@ -184,6 +184,9 @@ struct WorkerStageSeconds {
   double reorder_s = 0;        // the match-reorder stage
   double allreduce_s = 0;      // GPU time of the gradient sums (NCCL), 0 on the CPU or alone
   double allreduce_host_s = 0, vote_wait_s = 0;  // of compute: enqueueing the sums, reading the votes
+  // GPU time the compute stream stalled waiting for the sums (the update's wait, inside the next
+  // step's forward): the part of allreduce, and of the slowest worker's lead, that the step shows.
+  double sum_wait_s = 0;
   double wall_s = 0;
 };
 

@@ -80,6 +80,7 @@ struct WorkerEpoch {
   // Host seconds the steps spent enqueueing the gradient sums, and waiting for the lagged read of
   // the stop votes (worker 0's are reported: where a worker's host, not its GPU, holds it up).
   double allreduce_host_s = 0, vote_wait_s = 0;
+  double sum_wait_s = 0;  // GPU time the compute stream stalled for the sums (Communicator::take_wait_seconds)
   // Host seconds the prepare stage spent reading or staging the batches' features (summed over
   // the batches prepared concurrently, like times.prepare_s, which includes them).
   double host_features_s = 0;
@@ -119,7 +120,8 @@ struct WorkerEpoch {
             double_word(times.reorder_s),
             double_word(allreduce_host_s),
             double_word(vote_wait_s),
-            double_word(gpu_sample_s)};
+            double_word(gpu_sample_s),
+            double_word(sum_wait_s)};
   }
 };
 
@@ -522,6 +524,7 @@ struct MiniBatchEpochs::Worker {
     out.host_features_s = static_cast<double>(host_feature_ns.load()) * 1e-9;
     out.gpu_sample_s = static_cast<double>(gpu_sample_ns.load()) * 1e-9;
     if (r.comm) out.allreduce_s = r.comm->take_seconds();
+    if (r.comm) out.sum_wait_s = r.comm->take_wait_seconds();
     synchronize(r.dev);
     out.wall_s = since(t0);
     if (r.comm) gather_records();
@@ -833,6 +836,7 @@ struct EpochTally {
       st.allreduce_host_s += word_double(rec[21]);
       st.vote_wait_s += word_double(rec[22]);
       st.gpu_sample_s += word_double(rec[23]);
+      st.sum_wait_s += word_double(rec[24]);
       st.wall_s += word_double(rec[2]);
     }
     m->sample_s += w0.times.prepare_s;

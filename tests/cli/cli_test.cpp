@@ -212,6 +212,7 @@ TEST_F(Cli, TwoCpuWorkersTrainAndReportEachOnesThroughput) {
   EXPECT_EQ(j["worker_seeds_per_s"].size(), 2u);
   EXPECT_EQ(j["worker_stage_s"]["compute"].size(), 2u);  // every stage, every worker
   EXPECT_EQ(j["worker_stage_s"]["wall"].size(), 2u);
+  EXPECT_EQ(j["worker_stage_s"]["sum_wait"], nlohmann::json::array({0.0, 0.0}));  // CPU workers' sums block: no stall
   EXPECT_EQ(j["worker_threads"], "shared");  // CPU workers keep TBB's arenas unless asked
   EXPECT_TRUE(j.contains("allreduce_s"));
   EXPECT_TRUE(j.contains("replica_checksum"));

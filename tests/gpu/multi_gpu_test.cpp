@@ -74,6 +74,9 @@ TEST_F(MultiGpu, EveryThreadPolicyKeepsReplicasIdenticalAndReportsEachWorkersSta
       for (const WorkerStageSeconds& w : m.worker_stages) {
         EXPECT_GT(w.io_s, 0.0) << policy;
         EXPECT_GT(w.allreduce_s, 0.0) << policy;
+        // The compute stream's stall for the sums: timed on the GPU, never negative, within the epoch.
+        EXPECT_GE(w.sum_wait_s, 0.0) << policy;
+        EXPECT_LT(w.sum_wait_s, w.wall_s) << policy;
         EXPECT_GT(w.compute_s, 0.0) << policy;
         EXPECT_LE(w.compute_s + w.wait_s, w.wall_s * 1.01) << policy;
       }
