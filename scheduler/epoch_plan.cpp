@@ -32,13 +32,13 @@ void check_batch_size(int64_t batch_size) {
 
 EpochPlan::EpochPlan(const std::vector<int64_t>& seeds, int64_t batch_size, uint64_t seed, int64_t epoch, int workers,
                      int rank, const int64_t* indptr)
-    : order_(seeds), batch_size_(batch_size), workers_(workers), rank_(rank) {
+    : order_(std::make_shared<std::vector<int64_t>>(seeds)), batch_size_(batch_size), workers_(workers), rank_(rank) {
   check_batch_size(batch_size);
   if (workers < 1 || rank < 0 || rank >= workers)
     throw InternalError("EpochPlan: rank " + std::to_string(rank) + " of " + std::to_string(workers) + " workers");
-  shuffle(&order_, kernels::derive_key(seed ^ 0x5eed5eedULL, static_cast<uint64_t>(epoch)));
+  shuffle(order_.get(), kernels::derive_key(seed ^ 0x5eed5eedULL, static_cast<uint64_t>(epoch)));
   const int64_t step = batch_size * workers;
-  num_batches_ = (static_cast<int64_t>(order_.size()) + step - 1) / step;
+  num_batches_ = (static_cast<int64_t>(order_->size()) + step - 1) / step;
   if (workers > 1 && indptr != nullptr) balance_steps(indptr);
 }
 
@@ -59,7 +59,7 @@ void EpochPlan::balance_steps(const int64_t* indptr) {
     s.room.resize(static_cast<size_t>(workers_));
     for (int64_t b = steps.begin(); b < steps.end(); ++b) {
       const int64_t first = begin(b, 0), len = step_length(b);
-      s.step_seeds.assign(order_.begin() + first, order_.begin() + first + len);
+      s.step_seeds.assign(order_->begin() + first, order_->begin() + first + len);
       // Positions in the step, largest in-degree first (ties: shuffled order, as a stable sort).
       s.by_degree.resize(static_cast<size_t>(len));
       for (int64_t i = 0; i < len; ++i) {
@@ -87,7 +87,7 @@ void EpochPlan::balance_steps(const int64_t* indptr) {
       int64_t at = first;
       for (std::vector<int64_t>& slice : s.slices) {
         std::sort(slice.begin(), slice.end());  // the shuffled order within a slice
-        for (int64_t i : slice) order_[static_cast<size_t>(at++)] = s.step_seeds[static_cast<size_t>(i)];
+        for (int64_t i : slice) (*order_)[static_cast<size_t>(at++)] = s.step_seeds[static_cast<size_t>(i)];
       }
     }
   });
@@ -107,8 +107,8 @@ EpochPlan::EpochPlan(const std::vector<std::vector<int64_t>>& pools, int64_t bat
     : batch_size_(batch_size), workers_(static_cast<int>(pools.size())), rank_(rank), pools_(true) {
   check_batch_size(batch_size);
   if (rank < 0 || rank >= workers_) throw InternalError("EpochPlan: rank " + std::to_string(rank) + " of the pools");
-  order_ = pools[static_cast<size_t>(rank)];
-  shuffle(&order_, kernels::derive_key(kernels::derive_key(seed ^ 0x5eed5eedULL, static_cast<uint64_t>(epoch)),
+  order_ = std::make_shared<std::vector<int64_t>>(pools[static_cast<size_t>(rank)]);
+  shuffle(order_.get(), kernels::derive_key(kernels::derive_key(seed ^ 0x5eed5eedULL, static_cast<uint64_t>(epoch)),
                                        0x9001ULL + static_cast<uint64_t>(rank)));
   for (const auto& p : pools) {
     pool_sizes_.push_back(static_cast<int64_t>(p.size()));
@@ -117,9 +117,9 @@ EpochPlan::EpochPlan(const std::vector<std::vector<int64_t>>& pools, int64_t bat
 }
 
 EpochPlan::EpochPlan(std::vector<int64_t> order, int64_t batch_size)
-    : order_(std::move(order)), batch_size_(batch_size), workers_(1), rank_(0) {
+    : order_(std::make_shared<std::vector<int64_t>>(std::move(order))), batch_size_(batch_size), workers_(1), rank_(0) {
   check_batch_size(batch_size);
-  num_batches_ = (static_cast<int64_t>(order_.size()) + batch_size - 1) / batch_size;
+  num_batches_ = (static_cast<int64_t>(order_->size()) + batch_size - 1) / batch_size;
 }
 
 EpochPlan EpochPlan::in_order(std::vector<int64_t> seeds, int64_t batch_size) {
@@ -140,7 +140,7 @@ EpochPlan EpochPlan::strided(const std::vector<int64_t>& seeds, int64_t batch_si
 }
 
 int64_t EpochPlan::begin(int64_t b, int r) const {
-  const int64_t n = static_cast<int64_t>(order_.size());
+  const int64_t n = static_cast<int64_t>(order_->size());
   if (strided_) {  // with n = q B + e (B batches), the first e batches hold q + 1 seeds, the others q
     const int64_t at = b + (r > rank_ ? 1 : 0), q = n / num_batches_, extra = n % num_batches_;
     return at * q + std::min(at, extra);
@@ -158,7 +158,7 @@ int64_t EpochPlan::step_length(int64_t b) const {
     return total;
   }
   const int64_t step = batch_size_ * workers_;
-  return std::min<int64_t>(step, static_cast<int64_t>(order_.size()) - b * step);
+  return std::min<int64_t>(step, static_cast<int64_t>(order_->size()) - b * step);
 }
 
 std::vector<std::vector<int64_t>> balance_seed_pools(const std::vector<int64_t>& seeds, const int32_t* partition,

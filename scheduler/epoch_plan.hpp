@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace gale::scheduler {
@@ -45,16 +46,17 @@ class EpochPlan {
   static EpochPlan strided(const std::vector<int64_t>& seeds, int64_t batch_size);
 
   // The same sliced plan for another worker (one plan built per epoch serves every worker of a
-  // process: building it deals every step's seeds).
+  // process: building it deals every step's seeds). Copies of a plan share its order, which is
+  // not changed once built, so handing a plan to each worker copies no seeds.
   EpochPlan for_rank(int rank) const;
 
   int64_t num_batches() const { return num_batches_; }
   // This worker's seeds of step b (batch_length may be 0).
-  const int64_t* batch(int64_t b) const { return order_.data() + begin(b, rank_); }
+  const int64_t* batch(int64_t b) const { return order_->data() + begin(b, rank_); }
   int64_t batch_length(int64_t b) const { return begin(b, rank_ + 1) - begin(b, rank_); }
   // All workers' seeds of step b together (what the loss of the step averages over).
   int64_t step_length(int64_t b) const;
-  const std::vector<int64_t>& order() const { return order_; }
+  const std::vector<int64_t>& order() const { return *order_; }
 
  private:
   // Offset in order_ of slice r of step b (sliced), or of this worker's batch b (pools; r is
@@ -64,7 +66,7 @@ class EpochPlan {
   // Deals each step's seeds to the slices by in-degree (the header).
   void balance_steps(const int64_t* indptr);
 
-  std::vector<int64_t> order_;
+  std::shared_ptr<std::vector<int64_t>> order_;  // filled by the constructors only; copies share it
   int64_t batch_size_;
   int workers_, rank_;
   bool pools_ = false;
