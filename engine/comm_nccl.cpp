@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "engine/comm.hpp"
 #include "engine/comm_group.hpp"
@@ -23,6 +25,21 @@ void check_nccl(ncclResult_t r, const char* call) {
     throw DeviceError(std::string("NCCL: ") + call + ": " + ncclGetErrorString(r));
 }
 #define GALE_CHECK_NCCL(call) check_nccl((call), #call)
+
+// GALE_SUMS, for measuring what the sums cost a step (never for training: the replicas diverge):
+// "skip" enqueues no NCCL call, "nowait" sums but the compute stream does not wait for them.
+enum class SumsMode { kNormal, kSkip, kNoWait };
+SumsMode sums_mode() {
+  static const SumsMode mode = [] {
+    const char* env = std::getenv("GALE_SUMS");
+    if (env == nullptr) return SumsMode::kNormal;
+    const std::string v(env);
+    if (v == "skip") return SumsMode::kSkip;
+    if (v == "nowait") return SumsMode::kNoWait;
+    return SumsMode::kNormal;
+  }();
+  return mode;
+}
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -91,14 +108,16 @@ class NcclCommunicator final : public Communicator {
                           kernels::cuda::Event(device_.ordinal, kernels::cuda::Event::Timing::kEnabled));
     auto& span = spans_[used_++];
     span.first.record(stream_);
-    GALE_CHECK_NCCL(ncclGroupStart());
-    for (Tensor* t : tensors) {
-      if (t->device() != device_ || t->dtype() != DType::kF32)
-        throw InternalError("NCCL all-reduce: f32 tensors on the worker's GPU only");
-      GALE_CHECK_NCCL(ncclAllReduce(t->f32(), t->f32(), static_cast<size_t>(t->numel()), ncclFloat, ncclSum,
-                                    group_->comms[static_cast<size_t>(local_)], stream_));
+    if (sums_mode() != SumsMode::kSkip) {
+      GALE_CHECK_NCCL(ncclGroupStart());
+      for (Tensor* t : tensors) {
+        if (t->device() != device_ || t->dtype() != DType::kF32)
+          throw InternalError("NCCL all-reduce: f32 tensors on the worker's GPU only");
+        GALE_CHECK_NCCL(ncclAllReduce(t->f32(), t->f32(), static_cast<size_t>(t->numel()), ncclFloat, ncclSum,
+                                      group_->comms[static_cast<size_t>(local_)], stream_));
+      }
+      GALE_CHECK_NCCL(ncclGroupEnd());
     }
-    GALE_CHECK_NCCL(ncclGroupEnd());
     span.second.record(stream_);
     group_->sent[static_cast<size_t>(local_)].record(stream_);
     group_->issued_ns[static_cast<size_t>(local_)].store(now_ns());
@@ -112,7 +131,7 @@ class NcclCommunicator final : public Communicator {
                            kernels::cuda::Event(device_.ordinal, kernels::cuda::Event::Timing::kEnabled));
     auto& stall = stalls_[waited_++];
     stall.first.record(compute);  // reached when the compute stream's earlier work is done
-    compute.wait(done_);
+    if (sums_mode() != SumsMode::kNoWait) compute.wait(done_);
     stall.second.record(compute);  // ... and this one when the sums are done too
   }
 

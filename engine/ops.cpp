@@ -79,6 +79,20 @@ struct OpProfile::Impl {
 #endif
   };
   std::vector<Mark> marks;
+#if GALE_WITH_CUDA
+  // Collected marks' events, reused: a profile of every op of an epoch creates its events once.
+  std::vector<std::unique_ptr<kernels::cuda::Event>> spare_events;
+  std::unique_ptr<kernels::cuda::Event> event(int device) {
+    for (size_t i = spare_events.size(); i-- > 0;) {
+      if (spare_events[i]->device() != device) continue;
+      std::unique_ptr<kernels::cuda::Event> e = std::move(spare_events[i]);
+      spare_events[i] = std::move(spare_events.back());
+      spare_events.pop_back();
+      return e;
+    }
+    return std::make_unique<kernels::cuda::Event>(device, kernels::cuda::Event::Timing::kEnabled);
+  }
+#endif
   double totals[kOpKinds] = {};
   std::vector<OpProfile::Entry> by_name;
 
@@ -91,7 +105,11 @@ struct OpProfile::Impl {
   void collect() {
     for (Mark& m : marks) {
 #if GALE_WITH_CUDA
-      if (m.start) m.cpu_ms = kernels::cuda::elapsed_ms(*m.start, *m.end);
+      if (m.start) {
+        m.cpu_ms = kernels::cuda::elapsed_ms(*m.start, *m.end);
+        spare_events.push_back(std::move(m.start));
+        spare_events.push_back(std::move(m.end));
+      }
 #endif
       totals[static_cast<int>(m.kind)] += m.cpu_ms;
       auto it = std::find_if(by_name.begin(), by_name.end(),
@@ -125,6 +143,11 @@ void OpProfile::reset() {
   impl_->by_name.clear();
 }
 
+OpProfile::Scope::Scope(OpProfile* profile) : previous_(active_profile) {
+  if (profile != nullptr) active_profile = profile->impl_.get();
+}
+OpProfile::Scope::~Scope() { active_profile = previous_; }
+
 OpTimer::OpTimer(OpKind kind, const Device& device, std::string name, const OpShape& shape)
     : profile_(active_profile) {
   if (profile_ == nullptr) return;
@@ -136,8 +159,8 @@ OpTimer::OpTimer(OpKind kind, const Device& device, std::string name, const OpSh
   if (device.is_cuda()) {
 #if GALE_WITH_CUDA
     DeviceContext& ctx = DeviceContext::get(device.ordinal);
-    m.start = std::make_unique<kernels::cuda::Event>(device.ordinal, kernels::cuda::Event::Timing::kEnabled);
-    m.end = std::make_unique<kernels::cuda::Event>(device.ordinal, kernels::cuda::Event::Timing::kEnabled);
+    m.start = profile_->event(device.ordinal);
+    m.end = profile_->event(device.ordinal);
     m.start->record(ctx.stream());
 #endif
   } else {

@@ -76,6 +76,20 @@ class OpProfile {
   void reset();
 
   struct Impl;
+
+  // Makes `profile` the calling thread's live one until the scope ends, then restores the one
+  // before: for a pipeline stage that may run on any thread of a pool.
+  class Scope {
+   public:
+    explicit Scope(OpProfile* profile);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Impl* previous_;
+  };
+
  private:
   std::unique_ptr<Impl> impl_;
 };

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -235,6 +237,7 @@ struct MiniBatchEpochs::Worker {
   // GALE_UPDATE_OVERLAP=0 finishes each update in its own step, for measuring.
   const bool overlap_update;
   int64_t pending_update = -1;  // the step whose update is still to finish
+  ops::OpProfile* const op_profile;  // GALE_OP_PROFILE's, or null
 
   // Training (ckpt given) or, with ckpt null, sampled evaluation of `plan_`'s batches.
   Worker(const MiniBatchEpochs& e, int local_, int64_t epoch_, uint64_t key, scheduler::EpochPlan plan_, int64_t first,
@@ -260,7 +263,8 @@ struct MiniBatchEpochs::Worker {
         prefetch(e.prefetch_depth()),
         votes(ckpt != nullptr && r.comm != nullptr && run.step_stops()),
         votes_checkpoints(votes && run.lead_process() && local_ == 0 && opt.checkpoint_interval_s > 0),
-        overlap_update(r.comm != nullptr && update_overlap()) {
+        overlap_update(r.comm != nullptr && update_overlap()),
+        op_profile(e.op_profiles_.empty() ? nullptr : e.op_profiles_[static_cast<size_t>(local_)].get()) {
     out.loss_sum = loss_sum;
     if (votes) {
       vote_reads.emplace(r.dev, static_cast<int>(lag + 1), 2);
@@ -475,6 +479,7 @@ struct MiniBatchEpochs::Worker {
   // with overlap_update, inside step b + 1's forward.
   void consume(int64_t b, std::unique_ptr<PreparedBatch>& p) {
     const UseDevice use_here(r.dev);
+    const ops::OpProfile::Scope profiled(op_profile);
     if (overlap_update) {
       step_gradients(b, p, [this] {
         finish_update();
@@ -527,8 +532,47 @@ struct MiniBatchEpochs::Worker {
     if (r.comm) out.sum_wait_s = r.comm->take_wait_seconds();
     synchronize(r.dev);
     out.wall_s = since(t0);
+    if (op_profile != nullptr) print_op_profile();
     if (r.comm) gather_records();
     return out;
+  }
+
+  // GALE_OP_PROFILE's table of the epoch's steps: per op (a GEMM's batch-sized dimensions as N),
+  // calls and GPU milliseconds, and the total per kind of op.
+  void print_op_profile() {
+    std::vector<std::pair<std::string, std::pair<int64_t, double>>> ops;
+    double kinds[3] = {};
+    for (const ops::OpProfile::Entry& e : op_profile->table()) {
+      std::string name;
+      for (size_t i = 0; i < e.name.size();) {  // numbers of 1000 and more (rows of a batch) -> N
+        size_t j = i;
+        while (j < e.name.size() && std::isdigit(static_cast<unsigned char>(e.name[j]))) ++j;
+        if (j == i) {
+          name += e.name[i++];
+          continue;
+        }
+        name += j - i >= 4 ? std::string("N") : e.name.substr(i, j - i);
+        i = j;
+      }
+      kinds[std::min<int>(2, static_cast<int>(e.kind))] += e.ms;
+      auto it = std::find_if(ops.begin(), ops.end(), [&](const auto& o) { return o.first == name; });
+      if (it == ops.end()) it = ops.insert(ops.end(), {name, {0, 0.0}});
+      it->second.first += e.calls;
+      it->second.second += e.ms;
+    }
+    std::sort(ops.begin(), ops.end(), [](const auto& x, const auto& y) { return x.second.second > y.second.second; });
+    char line[256];
+    std::snprintf(line, sizeof line, "op-profile worker %d epoch %lld: kinds %.2f %.2f %.2f ms\n", local,
+                  static_cast<long long>(epoch), kinds[0], kinds[1], kinds[2]);
+    std::string text = line;
+    for (size_t i = 0; i < ops.size() && i < 40; ++i) {
+      std::snprintf(line, sizeof line, "op-profile worker %d epoch %lld: %-44s %7lld calls %9.2f ms\n", local,
+                    static_cast<long long>(epoch), ops[i].first.c_str(), static_cast<long long>(ops[i].second.first),
+                    ops[i].second.second);
+      text += line;
+    }
+    std::fputs(text.c_str(), stderr);
+    op_profile->reset();
   }
 
   // Sampled inference (no checkpoints given): the plan's batches through the same pipeline, each
@@ -588,6 +632,10 @@ MiniBatchEpochs::MiniBatchEpochs(const TrainRun& run, Replicas& replicas)
   if (opt.model.edge_weights) full_degree_ = kernels::weighted_in_degree(run.store().csr());
   if (run.seeds_by_partition())
     seed_pools_ = scheduler::balance_seed_pools(run.train_ids(), run.store().partition(), run.world());
+  if (const char* env = std::getenv("GALE_OP_PROFILE"); env != nullptr && std::string(env) == "1") {
+    const ops::OpProfile::Scope keep(nullptr);  // a profile is live only inside its worker's steps
+    for (int w = 0; w < run.workers(); ++w) op_profiles_.push_back(std::make_unique<ops::OpProfile>());
+  }
 }
 
 MiniBatchEpochs::~MiniBatchEpochs() = default;

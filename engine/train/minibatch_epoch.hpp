@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/ops.hpp"
 #include "engine/train/checkpoints.hpp"
 #include "engine/train/metrics_log.hpp"
 #include "engine/train/read_ahead.hpp"
@@ -100,6 +101,9 @@ class MiniBatchEpochs {
     int64_t epoch = 0, first = 0;  // where the worker's next pipeline must begin to go on with it
   };
   std::vector<ReadAheadAt> read_aheads_;  // per worker; last: its threads sample through the members above
+  // GALE_OP_PROFILE=1 (for measuring): each worker's ops of its steps timed on its compute stream,
+  // printed per epoch to stderr; one profile per worker, its events reused from epoch to epoch.
+  std::vector<std::unique_ptr<ops::OpProfile>> op_profiles_;
   std::future<scheduler::EpochPlan> next_plan_;  // first_plan's, for epoch next_plan_epoch_ (waited for when destroyed)
   int64_t next_plan_epoch_ = -1;
 };
