@@ -13,6 +13,8 @@
 #include <string>
 #include <thread>
 
+#include <tbb/task_arena.h>
+
 #include "engine/devices.hpp"
 #include "engine/gpu_batches.hpp"
 #include "engine/graph.hpp"
@@ -665,15 +667,32 @@ scheduler::EpochPlan MiniBatchEpochs::first_plan(int64_t epoch) {
   const int rank = run_.first_rank();
   std::optional<scheduler::EpochPlan> made;
   if (next_plan_.valid()) {
+    // An epoch that must wait for its plan gets the next one made by twice the threads.
+    if (next_plan_.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+      plan_threads_ = std::min(2 * plan_threads_, tbb::this_task_arena::max_concurrency());
     scheduler::EpochPlan ready = next_plan_.get();
     if (next_plan_epoch_ == epoch) made = std::move(ready);
   }
   if (!made) made = plan(epoch, rank);
   if (epoch + 1 < run_.opt().epochs) {
     next_plan_epoch_ = epoch + 1;
-    next_plan_ = std::async(std::launch::async, [this, epoch, rank] { return plan(epoch + 1, rank); });
+    const int threads = plan_threads();
+    next_plan_ = std::async(std::launch::async, [this, epoch, rank, threads] {
+      if (threads == 0) return plan(epoch + 1, rank);
+      tbb::task_arena arena(threads, /*reserved_for_masters=*/1);  // this thread and threads - 1 of TBB's
+      return arena.execute([&] { return plan(epoch + 1, rank); });
+    });
   }
   return std::move(*made);
+}
+
+int MiniBatchEpochs::plan_threads() const {
+  // GALE_PLAN_THREADS=N fixes them (0: TBB's whole arena, as before), for measuring.
+  static const int fixed = [] {
+    const char* env = std::getenv("GALE_PLAN_THREADS");
+    return env != nullptr && *env != '\0' && std::atoi(env) >= 0 ? std::atoi(env) : -1;
+  }();
+  return fixed >= 0 ? fixed : plan_threads_;
 }
 
 ReadAhead* MiniBatchEpochs::read_ahead_for(int local, int64_t epoch, int64_t first) {

@@ -79,6 +79,8 @@ class MiniBatchEpochs {
   // then the next epoch's plan starts on a thread of its own (a sliced plan shuffles every seed
   // and deals every step: 25-40 ms on R-MAT 23's 839K seeds, 3-7% of a 2-GPU epoch).
   scheduler::EpochPlan first_plan(int64_t epoch);
+  // The threads that make the next epoch's plan beside this epoch's steps (0: TBB's whole arena).
+  int plan_threads() const;
   // The disk tier's counters of the epoch into m (nothing unless the features are on disk).
   void take_disk_stats(EpochMetrics* m);
   // Worker `local`'s read-ahead for its pipeline from batch `first` of `epoch` (nullptr when the
@@ -106,6 +108,10 @@ class MiniBatchEpochs {
   std::vector<std::unique_ptr<ops::OpProfile>> op_profiles_;
   std::future<scheduler::EpochPlan> next_plan_;  // first_plan's, for epoch next_plan_epoch_ (waited for when destroyed)
   int64_t next_plan_epoch_ = -1;
+  // One thread at first: dealing in TBB's whole arena took cores from the steps' host threads (2
+  // processes on 2 H200s: epochs 1.3% longer than with one thread). Doubled whenever an epoch had
+  // to wait for its plan.
+  int plan_threads_ = 1;
 };
 
 }  // namespace gale::engine::train_parts
