@@ -91,6 +91,22 @@ void Model::to(const Device& device) {
   }
   for (auto& norm : norms_) norm->to(device);
   device_ = device;
+  pack_gradients();
+}
+
+void Model::pack_gradients() {
+  // In the order backward finishes them (last layer first): the gradients of consecutive layers,
+  // summed in one bucket by data-parallel workers, are then one run of memory, one NCCL sum.
+  std::vector<Parameter*> order;
+  for (size_t l = layers_.size(); l-- > 0;)
+    for (Parameter* p : layer_parameters(l)) order.push_back(p);
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (Parameter* p : order) shapes.emplace_back(p->grad.rows(), p->grad.cols());
+  std::vector<Tensor> packed = Tensor::packed_zeros(shapes, DType::kF32, device_);
+  for (size_t i = 0; i < order.size(); ++i) {
+    ops::copy(order[i]->grad, &packed[i]);
+    order[i]->grad = std::move(packed[i]);
+  }
 }
 
 Tensor Model::forward(const std::vector<const GraphOperand*>& graphs, const Tensor& x, bool training,

@@ -62,6 +62,8 @@ class Model {
   const ModelConfig& config() const { return config_; }
 
   // Moves every parameter and gradient to `device` (graphs and inputs must then live there too).
+  // The gradients are packed in one buffer there, in the order backward finishes them (last
+  // layer's first; Tensor::packed_zeros), so a bucket of consecutive ones is one sum.
   void to(const Device& device);
   const Device& device() const { return device_; }
   // Kernel choices for the layers (--spmm, --tf32); the model's identity does not depend on them.
@@ -121,6 +123,7 @@ class Model {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::unique_ptr<BatchNorm>> norms_;  // one per hidden layer with Norm::kBatch, else none
   std::vector<Parameter*> layer_parameters(size_t l);
+  void pack_gradients();
   // Hidden layer l's normalisation of its output h, then ReLU when that is the activation (which
   // the layer fuses itself without a normalisation); nothing without one.
   void normalize(size_t l, Tensor* h, bool training);

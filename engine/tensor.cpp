@@ -144,6 +144,43 @@ kernels::ConstMatrixView Tensor::view() const {
   return {f32(), rows_, cols_, cols_};
 }
 
+std::vector<Tensor> Tensor::packed_zeros(const std::vector<std::pair<int64_t, int64_t>>& shapes, DType dtype,
+                                         Device device) {
+  const auto aligned = [](size_t bytes) { return (bytes + kPackAlign - 1) / kPackAlign * kPackAlign; };
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (const auto& [rows, cols] : shapes) {
+    GALE_ASSERT(rows >= 0 && cols >= 0);
+    offsets.push_back(total);
+    total = aligned(total + static_cast<size_t>(rows * cols) * dtype_size(dtype));
+  }
+  GALE_ASSERT(total % dtype_size(dtype) == 0);
+  const Tensor all = zeros(static_cast<int64_t>(total / dtype_size(dtype)), 1, dtype, device);
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Tensor t = all;
+    t.offset_ = all.offset_ + offsets[i];
+    t.rows_ = shapes[i].first;
+    t.cols_ = shapes[i].second;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+bool Tensor::packed_before(const Tensor& next) const {
+  const size_t end = offset_ + nbytes();
+  return defined() && storage_ == next.storage_ && dtype_ == next.dtype_ && offset_ % kPackAlign == 0 &&
+         next.offset_ == (end + kPackAlign - 1) / kPackAlign * kPackAlign;
+}
+
+Tensor Tensor::packed_through(const Tensor& last) const {
+  GALE_ASSERT(defined() && storage_ == last.storage_ && dtype_ == last.dtype_ && last.offset_ >= offset_);
+  Tensor t = *this;
+  t.rows_ = static_cast<int64_t>((last.offset_ + last.nbytes() - offset_) / dtype_size(dtype_));
+  t.cols_ = 1;
+  return t;
+}
+
 Tensor Tensor::rows_slice(int64_t begin, int64_t end) const {
   GALE_ASSERT(0 <= begin && begin <= end && end <= rows_);
   Tensor t = *this;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/device.hpp"
@@ -52,6 +53,17 @@ class Tensor {
 
   // Rows [begin, end) as a view sharing storage.
   Tensor rows_slice(int64_t begin, int64_t end) const;
+
+  // Tensors packed one after another in one zero-filled storage, each starting at a multiple of
+  // kPackAlign bytes (a model's gradients: one sum, one pass can then cover several).
+  static constexpr size_t kPackAlign = 256;
+  static std::vector<Tensor> packed_zeros(const std::vector<std::pair<int64_t, int64_t>>& shapes, DType dtype,
+                                          Device device);
+  // Whether `next` is the tensor packed right after this one.
+  bool packed_before(const Tensor& next) const;
+  // This tensor through `last` (packed after it, at any distance), with the padding between them,
+  // as one n x 1 view. The padding holds zeros unless written through such a view.
+  Tensor packed_through(const Tensor& last) const;
   Tensor clone() const;
   // A copy on `device` (this tensor itself when it is already there). Copies to the host wait
   // for the device; copies to a device are ordered on its compute stream.

@@ -145,6 +145,16 @@ int64_t vote_lag() {
   return lag;
 }
 
+// Whether a bucket's packed gradients go as one sum (Worker::flush), unless GALE_MERGE_SUMS=0 (one
+// sum per tensor, in one NCCL group, as before), for measuring.
+bool merge_sums() {
+  static const bool merge = [] {
+    const char* env = std::getenv("GALE_MERGE_SUMS");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return merge;
+}
+
 // Worker::overlap_update, unless GALE_UPDATE_OVERLAP=0 (read per worker, so tests can compare).
 bool update_overlap() {
   const char* env = std::getenv("GALE_UPDATE_OVERLAP");
@@ -224,6 +234,9 @@ struct MiniBatchEpochs::Worker {
   std::vector<std::vector<Parameter*>> by_layer;
   std::vector<Tensor*> bucket;
   size_t bucket_bytes = 0;
+  std::vector<std::pair<Tensor*, Tensor*>> runs;  // flush's: the bucket's runs of packed tensors
+  std::vector<Tensor> merged;
+  std::vector<Tensor*> sums;
   const int64_t lag = vote_lag();
   const int prefetch;  // MiniBatchEpochs::prefetch_depth
   const bool votes, votes_checkpoints;
@@ -303,7 +316,18 @@ struct MiniBatchEpochs::Worker {
   void flush() {
     if (bucket.empty()) return;
     const auto t_sum = Clock::now();
-    r.comm->all_reduce_sum(bucket);
+    // Gradients packed one after another (Model::pack_gradients) go as one tensor, padding
+    // included (zeros, whose sum stays zero): one NCCL sum for the run instead of one each.
+    runs.clear();
+    for (Tensor* t : bucket) {
+      if (!runs.empty() && merge_sums() && runs.back().second->packed_before(*t)) runs.back().second = t;
+      else runs.emplace_back(t, t);
+    }
+    merged.clear();
+    for (const auto& [first, last] : runs) merged.push_back(first == last ? *first : first->packed_through(*last));
+    sums.clear();
+    for (Tensor& t : merged) sums.push_back(&t);
+    r.comm->all_reduce_sum(sums);
     out.allreduce_host_s += since(t_sum);
     bucket.clear();
     bucket_bytes = 0;
