@@ -766,7 +766,8 @@ OpShape loss_traffic(const Tensor& logits, const Tensor& rows, const Tensor* gra
 
 }  // namespace
 
-LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad) {
+LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad,
+                                 int64_t grad_over) {
   LossResult r;
   if (logits.device().is_cpu()) {
     check_loss_args(logits, labels, rows, grad);
@@ -779,12 +780,12 @@ LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, con
       GALE_ASSERT(y[ids[i]] >= 0 && y[ids[i]] < logits.cols());
     }
     r.loss = kernels::softmax_cross_entropy_cpu(logits.view(), y, ids, n, grad ? grad->view() : kernels::MatrixView{},
-                                                &r.correct);
+                                                &r.correct, grad_over);
     return r;
   }
   // The GPU computes into 16 bytes of device memory, which come back to the host here.
   Tensor results = Tensor::empty(16, 1, DType::kU8, logits.device());
-  softmax_cross_entropy_async(logits, labels, rows, grad, &results, 0);
+  softmax_cross_entropy_async(logits, labels, rows, grad, &results, 0, grad_over);
   const Tensor host = results.to(Device::cpu());  // waits for the device
   std::memcpy(&r.loss, host.data<unsigned char>(), 8);
   std::memcpy(&r.correct, host.data<unsigned char>() + 8, 8);
@@ -792,12 +793,12 @@ LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, con
 }
 
 void softmax_cross_entropy_async(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad,
-                                 Tensor* results, int64_t slot) {
+                                 Tensor* results, int64_t slot, int64_t grad_over) {
   same_device(logits, *results, "softmax_cross_entropy_async");
   GALE_ASSERT(results->dtype() == DType::kU8 && slot >= 0 && static_cast<int64_t>(results->nbytes()) >= 16 * (slot + 1));
   unsigned char* out = results->data<unsigned char>() + 16 * slot;
   if (logits.device().is_cpu()) {
-    const LossResult r = softmax_cross_entropy(logits, labels, rows, grad);
+    const LossResult r = softmax_cross_entropy(logits, labels, rows, grad, grad_over);
     std::memcpy(out, &r.loss, 8);
     std::memcpy(out + 8, &r.correct, 8);
     return;
@@ -811,7 +812,7 @@ void softmax_cross_entropy_async(const Tensor& logits, const Tensor& labels, con
   kernels::softmax_cross_entropy_cuda(logits.view(), labels.data<int32_t>(), rows.data<int64_t>(), n,
                                       grad ? grad->view() : kernels::MatrixView{}, reinterpret_cast<double*>(out),
                                       reinterpret_cast<int64_t*>(out + 8), scratch.data<unsigned char>(), ws,
-                                      stream(logits));
+                                      stream(logits), grad_over);
 #else
   no_cuda();
 #endif

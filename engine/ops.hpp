@@ -257,11 +257,14 @@ struct LossResult {
 // Softmax cross-entropy over the logits rows listed in `rows` (i64 ids, n x 1), labels indexed by
 // logits row (i32, logits.rows x 1), all on the logits' device. grad (may be null) receives
 // d loss / d logits for every row. Waits for the device to return the two numbers.
-LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad);
+// grad_over > 0: the gradient is the sum's over grad_over rows instead of the mean's over `rows`
+// (kernels::softmax_cross_entropy_cpu; a data-parallel worker's share of its step).
+LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad,
+                                 int64_t grad_over = 0);
 // The same without waiting: the mean loss (f64) and the hit count (i64) are written in stream order
 // to bytes [16 slot, 16 slot + 16) of `results` (a u8 tensor on the logits' device), to be read
 // once for many batches (a training step then never blocks the host).
 void softmax_cross_entropy_async(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad,
-                                 Tensor* results, int64_t slot);
+                                 Tensor* results, int64_t slot, int64_t grad_over = 0);
 
 }  // namespace gale::engine::ops

@@ -82,9 +82,11 @@ struct AdamParams {
 // row); log-sum-exp shifted by the row maximum, in double. grad (null data: no gradient) gets
 // d loss / d logits for every row: zero for rows not listed, k contributions for a row listed k
 // times (torch's cross_entropy over an index with repeats). `correct`, when non-null, counts the
-// listed rows whose first maximum is the label. Rows and labels must be in range.
+// listed rows whose first maximum is the label. Rows and labels must be in range. grad_over > 0:
+// the gradient is that of the sum over the listed rows divided by grad_over instead of n_rows (a
+// data-parallel worker's share of a step's mean over all workers' rows); the loss stays the mean.
 double softmax_cross_entropy_cpu(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
-                                 MatrixView grad, int64_t* correct);
+                                 MatrixView grad, int64_t* correct, int64_t grad_over = 0);
 
 // torch.optim.Adam: g += wd * w; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
@@ -225,8 +227,9 @@ size_t softmax_cross_entropy_workspace_bytes(int64_t logits_rows, int64_t n_rows
 // its label out of range makes the loss NaN (the kernel cannot throw) instead of reading out of
 // bounds. `workspace` holds softmax_cross_entropy_workspace_bytes(logits.rows, n_rows) bytes,
 // 256-byte aligned as the pool returns, and must not be reused until the stream has passed this call.
+// grad_over: as the CPU's.
 void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
                                 MatrixView grad, double* loss_out, int64_t* correct_out, void* workspace,
-                                size_t workspace_bytes, cudaStream_t stream);
+                                size_t workspace_bytes, cudaStream_t stream, int64_t grad_over = 0);
 
 }  // namespace gale::kernels

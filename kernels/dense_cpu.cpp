@@ -230,12 +230,13 @@ void dropout_backward(ConstMatrixView grad_out, MatrixView grad_in, float p, uin
 }
 
 double softmax_cross_entropy_cpu(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
-                                 MatrixView grad, int64_t* correct) {
+                                 MatrixView grad, int64_t* correct, int64_t grad_over) {
   const int64_t c = logits.cols;
   if (grad.data) {
     for (int64_t r = 0; r < grad.rows; ++r) std::fill(grad.row(r), grad.row(r) + c, 0.0f);
   }
   const double inv_n = n_rows == 0 ? 0.0 : 1.0 / static_cast<double>(n_rows);
+  const double grad_scale = grad_over > 0 ? 1.0 / static_cast<double>(grad_over) : inv_n;
   double loss = 0.0;
   int64_t right = 0;
   for (int64_t i = 0; i < n_rows; ++i) {
@@ -259,7 +260,7 @@ double softmax_cross_entropy_cpu(ConstMatrixView logits, const int32_t* labels, 
       float* g = grad.row(r);
       for (int64_t k = 0; k < c; ++k) {
         const double p = std::exp(static_cast<double>(z[k]) - mx - log_sum);
-        g[k] += static_cast<float>((p - (k == y ? 1.0 : 0.0)) * inv_n);
+        g[k] += static_cast<float>((p - (k == y ? 1.0 : 0.0)) * grad_scale);
       }
     }
   }

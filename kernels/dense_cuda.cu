@@ -626,7 +626,7 @@ __global__ void ce_count_kernel(const int32_t* labels, const int64_t* rows, int6
 // accumulates it) and, for a listed row, its loss and hit by row, which the reduction reads
 // through the listing.
 template <int G>
-__global__ void ce_rows_kernel(ConstMatrixView logits, const int32_t* labels, const int32_t* multiplicity, double inv_n,
+__global__ void ce_rows_kernel(ConstMatrixView logits, const int32_t* labels, const int32_t* multiplicity, double grad_scale,
                                MatrixView grad, double* row_loss, int32_t* row_hit) {
   const CeGroup<G> grp;
   for (int64_t r = ce_first_row<G>(); r < logits.rows; r += ce_row_stride<G>()) {
@@ -642,7 +642,7 @@ __global__ void ce_rows_kernel(ConstMatrixView logits, const int32_t* labels, co
     const RowStats s = row_stats(grp, z, logits.cols, kept);
     const double inv_sum = exp(-s.log_sum);
     const auto write = [&](int64_t k, double p) {
-      const float d = static_cast<float>((p - (k == y ? 1.0 : 0.0)) * inv_n);
+      const float d = static_cast<float>((p - (k == y ? 1.0 : 0.0)) * grad_scale);
       float acc = 0.0f;
       for (int32_t j = 0; j < listed; ++j) acc += d;
       g[k] = acc;
@@ -1323,7 +1323,7 @@ size_t softmax_cross_entropy_workspace_bytes(int64_t logits_rows, int64_t n_rows
 
 void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
                                 MatrixView grad, double* loss_out, int64_t* correct_out, void* workspace,
-                                size_t workspace_bytes, cudaStream_t stream) {
+                                size_t workspace_bytes, cudaStream_t stream, int64_t grad_over) {
   require(logits.cols > 0, "softmax_cross_entropy_cuda: logits need at least one column");
   require(n_rows >= 0, "softmax_cross_entropy_cuda: negative row count " + std::to_string(n_rows));
   require(loss_out != nullptr, "softmax_cross_entropy_cuda: loss_out is null");
@@ -1348,6 +1348,7 @@ void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, c
   auto* partial_loss = reinterpret_cast<double*>(base);
   auto* partial_hits = reinterpret_cast<int64_t*>(base + section(static_cast<size_t>(kReduceMaxBlocks) * 8));
   const double inv_n = n_rows == 0 ? 0.0 : 1.0 / static_cast<double>(n_rows);
+  const double grad_scale = grad_over > 0 ? 1.0 / static_cast<double>(grad_over) : inv_n;
 
   const int64_t* by_row = nullptr;
   if (want_grad && logits.rows > 0) {
@@ -1359,7 +1360,7 @@ void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, c
     with_ce_group(logits.cols, [&](auto group) {
       constexpr int G = decltype(group)::value;
       ce_rows_kernel<G><<<blocks_for(logits.rows, kThreads / G), kThreads, 0, stream>>>(
-          logits, labels, multiplicity, inv_n, grad, row_loss, row_hit);
+          logits, labels, multiplicity, grad_scale, grad, row_loss, row_hit);
     });
     check_launch();
     by_row = rows;

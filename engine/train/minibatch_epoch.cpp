@@ -466,12 +466,11 @@ struct MiniBatchEpochs::Worker {
     Tensor grad = Tensor::empty(len, logits.cols(), DType::kF32, r.dev);
     const Tensor batch_labels = p->seeds.defined() ? ops::gather_rows(r.labels_all, p->seeds)
                                                    : Tensor::from_host(p->labels.data(), len, 1, DType::kI32, r.dev);
-    ops::softmax_cross_entropy_async(logits, batch_labels, seed_rows(len), &grad, &step_losses, b);
+    // The loss of a step is the mean over every worker's seeds: this worker's gradient is its sum
+    // over the step's seeds (one pass: an axpy of its own cost a kernel a step).
+    ops::softmax_cross_entropy_async(logits, batch_labels, seed_rows(len), &grad, &step_losses, b, plan.step_length(b));
     out.seeds += len;
     logits = Tensor();
-    // The loss of a step is the mean over every worker's seeds: weigh this worker's mean.
-    const int64_t step = plan.step_length(b);
-    if (step != len) ops::axpy(grad, static_cast<float>(len) / static_cast<float>(step) - 1.0f, &grad);
     r.model->backward(std::move(grad),
                       r.comm ? Model::GradHook([this](const std::vector<Parameter*>& ps) { sum_layer(ps); })
                              : Model::GradHook());

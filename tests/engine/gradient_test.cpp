@@ -20,6 +20,7 @@
 #include "engine/graph.hpp"
 #include "engine/layers/layers.hpp"
 #include "engine/model.hpp"
+#include "kernels/dense.hpp"
 #include "kernels/random.hpp"
 
 namespace gale::engine {
@@ -975,6 +976,26 @@ TEST(SoftmaxCrossEntropy, MatchesHandComputation) {
   EXPECT_NEAR(loss, expect, 1e-6);
   EXPECT_EQ(correct, 1);
   EXPECT_NEAR(grad.f32()[1], 0.5 * (std::exp(2 - lse(1, 2, 0.5)) - 1), 1e-6);
+}
+
+// A data-parallel worker's share of a step (grad_over rows in all): the gradient of the sum over
+// its rows divided by grad_over, i.e. its own mean's gradient times listed / grad_over; the loss it
+// reports stays its own rows' mean.
+TEST(SoftmaxCrossEntropy, AShareOfAStepsMeanScalesTheGradientNotTheLoss) {
+  const int64_t rows = 6, classes = 5;
+  const auto v = random_vector(static_cast<size_t>(rows * classes), 81);
+  const std::vector<float> z(v.begin(), v.end());
+  const int32_t labels[] = {0, 4, 2, 3, 1, 1};
+  const std::vector<int64_t> listed = {0, 2, 3, 5};
+  std::vector<float> own(static_cast<size_t>(rows * classes)), share(own.size());
+  const kernels::ConstMatrixView logits{z.data(), rows, classes, classes};
+  const double own_loss = kernels::softmax_cross_entropy_cpu(logits, labels, listed.data(), 4,
+                                                             kernels::MatrixView{own.data(), rows, classes, classes}, nullptr);
+  const double share_loss = kernels::softmax_cross_entropy_cpu(
+      logits, labels, listed.data(), 4, kernels::MatrixView{share.data(), rows, classes, classes}, nullptr, 10);
+  EXPECT_EQ(share_loss, own_loss);
+  for (size_t i = 0; i < own.size(); ++i) EXPECT_NEAR(share[i], own[i] * 0.4f, 1e-7f) << i;
+  for (int64_t c = 0; c < classes; ++c) EXPECT_EQ(share[1 * classes + c], 0.0f);  // row 1 is not listed
 }
 
 // Rows not listed get a zero gradient even in a dirty buffer; huge logits stay finite; the

@@ -658,14 +658,15 @@ TEST_F(DenseCudaGemm, TunedGemmsMatchTheCpu) {
 
 // The CPU twin on plain arrays: the semantics the CUDA op must reproduce.
 double cpu_softmax_cross_entropy(const std::vector<float>& logits, int64_t n, int64_t c, const int32_t* labels,
-                                 const std::vector<int64_t>& rows, std::vector<float>* grad, int64_t* correct) {
+                                 const std::vector<int64_t>& rows, std::vector<float>* grad, int64_t* correct,
+                                 int64_t grad_over = 0) {
   MatrixView g;
   if (grad) {
     grad->assign(static_cast<size_t>(n * c), 0.0f);
     g = matrix(grad->data(), n, c);
   }
   return softmax_cross_entropy_cpu(matrix(logits.data(), n, c), labels, rows.data(),
-                                   static_cast<int64_t>(rows.size()), g, correct);
+                                   static_cast<int64_t>(rows.size()), g, correct, grad_over);
 }
 
 class DenseCudaSoftmax : public DenseCuda {
@@ -678,7 +679,7 @@ class DenseCudaSoftmax : public DenseCuda {
 
   // Runs the CUDA loss on host inputs; grad is skipped when with_grad is false.
   Result run(const std::vector<float>& logits, int64_t n, int64_t c, const std::vector<int32_t>& labels,
-             const std::vector<int64_t>& rows, bool with_grad) {
+             const std::vector<int64_t>& rows, bool with_grad, int64_t grad_over = 0) {
     DeviceBuffer<float> logits_d = cuda::to_device(*pool_, logits, *stream_);
     DeviceBuffer<int32_t> labels_d = cuda::to_device(*pool_, labels, *stream_);
     DeviceBuffer<int64_t> rows_d = cuda::to_device(*pool_, rows, *stream_);
@@ -694,7 +695,7 @@ class DenseCudaSoftmax : public DenseCuda {
     const MatrixView grad_view = with_grad ? MatrixView{grad_d.data(), n, c, c} : MatrixView{};
     softmax_cross_entropy_cuda(ConstMatrixView{logits_d.data(), n, c, c}, labels_d.data(), rows_d.data(),
                                static_cast<int64_t>(rows.size()), grad_view, loss_d.data(), correct_d.data(),
-                               ws.data(), ws.size(), *stream_);
+                               ws.data(), ws.size(), *stream_, grad_over);
     return {download(loss_d)[0], download(correct_d)[0], download(grad_d)};
   }
 };
@@ -741,6 +742,23 @@ TEST_F(DenseCudaSoftmax, LossGradAndCorrectMatchTheCpu) {
         const Result again = run(logits, n, c, labels, rows, false);
         EXPECT_EQ(std::memcmp(&again.loss, &got.loss, sizeof(double)), 0) << "loss differs between runs";
         EXPECT_EQ(again.correct, got.correct);
+
+        // A worker's share of a step over more rows than it lists (grad_over): the CPU's too.
+        if (kind == 0) {
+          const int64_t over = 2 * static_cast<int64_t>(rows.size()) + 3;
+          std::vector<float> share_want;
+          cpu_softmax_cross_entropy(logits, n, c, labels.data(), rows, &share_want, nullptr, over);
+          const Result share = run(logits, n, c, labels, rows, true, over);
+          EXPECT_EQ(std::memcmp(&share.loss, &got.loss, sizeof(double)), 0) << "the loss stays the listed rows' mean";
+          int64_t share_mismatches = 0;
+          for (size_t i = 0; i < share_want.size(); ++i) {
+            if (!within(share.grad[i], share_want[i], 1e-7) && ++share_mismatches <= 3) {
+              ADD_FAILURE() << "grad_over " << over << ": grad[" << i / c << "][" << i % c << "]: got " << share.grad[i]
+                            << ", want " << share_want[i];
+            }
+          }
+          EXPECT_EQ(share_mismatches, 0);
+        }
       }
     }
   }
