@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include <tbb/info.h>
 #include <tbb/task_arena.h>
 
 #include "engine/devices.hpp"
@@ -146,13 +147,10 @@ int64_t vote_lag() {
 }
 
 // Whether a bucket's packed gradients go as one sum (Worker::flush), unless GALE_MERGE_SUMS=0 (one
-// sum per tensor, in one NCCL group, as before), for measuring.
+// sum per tensor, in one NCCL group, as before), for measuring; read per worker, so tests can compare.
 bool merge_sums() {
-  static const bool merge = [] {
-    const char* env = std::getenv("GALE_MERGE_SUMS");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  return merge;
+  const char* env = std::getenv("GALE_MERGE_SUMS");
+  return env == nullptr || std::string(env) != "0";
 }
 
 // Worker::overlap_update, unless GALE_UPDATE_OVERLAP=0 (read per worker, so tests can compare).
@@ -234,6 +232,7 @@ struct MiniBatchEpochs::Worker {
   std::vector<std::vector<Parameter*>> by_layer;
   std::vector<Tensor*> bucket;
   size_t bucket_bytes = 0;
+  const bool merge = merge_sums();
   std::vector<std::pair<Tensor*, Tensor*>> runs;  // flush's: the bucket's runs of packed tensors
   std::vector<Tensor> merged;
   std::vector<Tensor*> sums;
@@ -320,7 +319,7 @@ struct MiniBatchEpochs::Worker {
     // included (zeros, whose sum stays zero): one NCCL sum for the run instead of one each.
     runs.clear();
     for (Tensor* t : bucket) {
-      if (!runs.empty() && merge_sums() && runs.back().second->packed_before(*t)) runs.back().second = t;
+      if (!runs.empty() && merge && runs.back().second->packed_before(*t)) runs.back().second = t;
       else runs.emplace_back(t, t);
     }
     merged.clear();
@@ -699,7 +698,7 @@ scheduler::EpochPlan MiniBatchEpochs::first_plan(int64_t epoch) {
   if (!made) made = plan(epoch, rank);
   if (epoch + 1 < run_.opt().epochs) {
     next_plan_epoch_ = epoch + 1;
-    const int threads = plan_threads();
+    const int threads = std::min(plan_threads(), tbb::info::default_concurrency());
     next_plan_ = std::async(std::launch::async, [this, epoch, rank, threads] {
       if (threads == 0) return plan(epoch + 1, rank);
       tbb::task_arena arena(threads, /*reserved_for_masters=*/1);  // this thread and threads - 1 of TBB's
@@ -710,11 +709,10 @@ scheduler::EpochPlan MiniBatchEpochs::first_plan(int64_t epoch) {
 }
 
 int MiniBatchEpochs::plan_threads() const {
-  // GALE_PLAN_THREADS=N fixes them (0: TBB's whole arena, as before), for measuring.
-  static const int fixed = [] {
-    const char* env = std::getenv("GALE_PLAN_THREADS");
-    return env != nullptr && *env != '\0' && std::atoi(env) >= 0 ? std::atoi(env) : -1;
-  }();
+  // GALE_PLAN_THREADS=N fixes them (0: TBB's whole arena, as before), for measuring; read per
+  // epoch, so tests can compare.
+  const char* env = std::getenv("GALE_PLAN_THREADS");
+  const int fixed = env != nullptr && *env != '\0' && std::atoi(env) >= 0 ? std::atoi(env) : -1;
   return fixed >= 0 ? fixed : plan_threads_;
 }
 

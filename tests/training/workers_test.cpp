@@ -253,6 +253,44 @@ TEST(Workers, FinishingEachUpdateInsideTheNextForwardChangesNoBit) {
   }
 }
 
+// How the next epoch's plan is made (one thread, four, TBB's whole arena) and whether a bucket's
+// packed gradients go as one sum or tensor by tensor change where work runs, never a bit: 3
+// workers (one without seeds in the last step), SAGE with batch norm, four epochs.
+TEST(Workers, ThePlansThreadsAndMergedSumsChangeNoBit) {
+  std::vector<std::vector<double>> losses;
+  std::vector<std::vector<std::vector<float>>> weights;
+  const std::vector<std::pair<const char*, const char*>> settings = {{"1", "1"}, {"0", "1"}, {"4", "0"}};
+  for (const auto& [threads, merge] : settings) {
+    TrainOptions o = options(3, 29, 4, std::string("plan-") + threads + "-" + merge);
+    o.model.norm = Norm::kBatch;
+    ::setenv("GALE_PLAN_THREADS", threads, 1);
+    ::setenv("GALE_MERGE_SUMS", merge, 1);
+    losses.emplace_back();
+    train(o, [&](const EpochMetrics& m) { losses.back().push_back(m.loss); });
+    weights.push_back(final_weights(o));
+  }
+  ::unsetenv("GALE_PLAN_THREADS");
+  ::unsetenv("GALE_MERGE_SUMS");
+  ASSERT_EQ(losses[0].size(), 4u);
+  for (size_t i = 1; i < settings.size(); ++i) {
+    EXPECT_EQ(losses[i], losses[0]) << i;
+    EXPECT_EQ(weights[i], weights[0]) << i;
+  }
+}
+
+// GALE_OP_PROFILE=1 prints each worker's ops of its steps per epoch, by kind and by op.
+TEST(Workers, TheOpProfilePrintsEveryWorkersOpsPerEpoch) {
+  const TrainOptions o = options(2, 16, 2, "op-profile");
+  ::setenv("GALE_OP_PROFILE", "1", 1);
+  ::testing::internal::CaptureStderr();
+  train(o);
+  const std::string text = ::testing::internal::GetCapturedStderr();
+  ::unsetenv("GALE_OP_PROFILE");
+  for (const char* line : {"op-profile worker 0 epoch 0: kinds ", "op-profile worker 1 epoch 1: kinds ",
+                           "op-profile worker 0 epoch 1: softmax_cross_entropy ", "op-profile worker 1 epoch 0: adam "})
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text.substr(0, 2000);
+}
+
 // Every worker reports its own seconds by stage, in rank order; the parts fit inside its epoch.
 TEST(Workers, EveryWorkerReportsItsStageSeconds) {
   const TrainOptions o = options(2, 16, 2, "stages");
