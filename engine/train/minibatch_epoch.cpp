@@ -233,8 +233,7 @@ struct MiniBatchEpochs::Worker {
   std::vector<Tensor*> bucket;
   size_t bucket_bytes = 0;
   const bool merge = merge_sums();
-  std::vector<std::pair<Tensor*, Tensor*>> runs;  // flush's: the bucket's runs of packed tensors
-  std::vector<Tensor> merged;
+  std::vector<Tensor> merged;  // flush's: the bucket's runs of packed tensors, one view each
   std::vector<Tensor*> sums;
   const int64_t lag = vote_lag();
   const int prefetch;  // MiniBatchEpochs::prefetch_depth
@@ -317,13 +316,11 @@ struct MiniBatchEpochs::Worker {
     const auto t_sum = Clock::now();
     // Gradients packed one after another (Model::pack_gradients) go as one tensor, padding
     // included (zeros, whose sum stays zero): one NCCL sum for the run instead of one each.
-    runs.clear();
-    for (Tensor* t : bucket) {
-      if (!runs.empty() && merge && runs.back().second->packed_before(*t)) runs.back().second = t;
-      else runs.emplace_back(t, t);
-    }
     merged.clear();
-    for (const auto& [first, last] : runs) merged.push_back(first == last ? *first : first->packed_through(*last));
+    for (size_t first = 0, last = 0; first < bucket.size(); first = ++last) {
+      while (merge && last + 1 < bucket.size() && bucket[last]->packed_before(*bucket[last + 1])) ++last;
+      merged.push_back(bucket[first]->packed_through(*bucket[last]));
+    }
     sums.clear();
     for (Tensor& t : merged) sums.push_back(&t);
     r.comm->all_reduce_sum(sums);
@@ -691,14 +688,14 @@ scheduler::EpochPlan MiniBatchEpochs::first_plan(int64_t epoch) {
   if (next_plan_.valid()) {
     // An epoch that must wait for its plan gets the next one made by twice the threads.
     if (next_plan_.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
-      plan_threads_ = std::min(2 * plan_threads_, tbb::this_task_arena::max_concurrency());
+      plan_threads_ = std::min(2 * plan_threads_, tbb::info::default_concurrency());
     scheduler::EpochPlan ready = next_plan_.get();
     if (next_plan_epoch_ == epoch) made = std::move(ready);
   }
   if (!made) made = plan(epoch, rank);
   if (epoch + 1 < run_.opt().epochs) {
     next_plan_epoch_ = epoch + 1;
-    const int threads = std::min(plan_threads(), tbb::info::default_concurrency());
+    const int threads = std::min(plan_threads(), tbb::info::default_concurrency());  // GALE_PLAN_THREADS too
     next_plan_ = std::async(std::launch::async, [this, epoch, rank, threads] {
       if (threads == 0) return plan(epoch + 1, rank);
       tbb::task_arena arena(threads, /*reserved_for_masters=*/1);  // this thread and threads - 1 of TBB's
