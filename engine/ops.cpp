@@ -818,6 +818,45 @@ void softmax_cross_entropy_async(const Tensor& logits, const Tensor& labels, con
 #endif
 }
 
+void softmax_cross_entropy_seeds_async(const Tensor& logits, const Tensor& labels, const Tensor& label_ids, Tensor* grad,
+                                       Tensor* results, int64_t slot, int64_t grad_over) {
+  same_device(logits, labels, "softmax_cross_entropy_seeds");
+  same_device(logits, *results, "softmax_cross_entropy_seeds");
+  same_device(logits, *grad, "softmax_cross_entropy_seeds");
+  same_shape(logits, *grad, "softmax_cross_entropy_seeds");
+  GALE_ASSERT(labels.dtype() == DType::kI32);
+  GALE_ASSERT(label_ids.defined() ? label_ids.dtype() == DType::kI64 && label_ids.numel() == logits.rows()
+                                  : labels.numel() == logits.rows());
+  if (label_ids.defined()) same_device(logits, label_ids, "softmax_cross_entropy_seeds");
+  GALE_ASSERT(results->dtype() == DType::kU8 && slot >= 0 && static_cast<int64_t>(results->nbytes()) >= 16 * (slot + 1));
+  unsigned char* out = results->data<unsigned char>() + 16 * slot;
+  const int64_t* ids = label_ids.defined() ? label_ids.data<int64_t>() : nullptr;
+  const OpTimer timer(OpKind::kOther, logits.device(), "softmax_cross_entropy",
+                      traffic(static_cast<double>(2 * logits.nbytes() + (ids ? label_ids.nbytes() : 0) +
+                                                  static_cast<size_t>(logits.rows()) * sizeof(int32_t))));
+  if (logits.device().is_cpu()) {
+    const int32_t* y = labels.data<int32_t>();
+    for (int64_t i = 0; i < logits.rows(); ++i) {
+      const int64_t id = ids ? ids[i] : i;
+      GALE_ASSERT(id >= 0 && id < labels.numel() && y[id] >= 0 && y[id] < logits.cols());
+    }
+    LossResult r;
+    r.loss = kernels::softmax_cross_entropy_seeds_cpu(logits.view(), y, ids, grad->view(), &r.correct, grad_over);
+    std::memcpy(out, &r.loss, 8);
+    std::memcpy(out + 8, &r.correct, 8);
+    return;
+  }
+#if GALE_WITH_CUDA
+  const size_t ws = kernels::softmax_cross_entropy_workspace_bytes(logits.rows(), logits.rows());
+  Tensor scratch = Tensor::empty(static_cast<int64_t>(ws), 1, DType::kU8, logits.device());
+  kernels::softmax_cross_entropy_seeds_cuda(logits.view(), labels.data<int32_t>(), ids, labels.numel(), grad->view(),
+                                            reinterpret_cast<double*>(out), reinterpret_cast<int64_t*>(out + 8),
+                                            scratch.data<unsigned char>(), ws, stream(logits), grad_over);
+#else
+  no_cuda();
+#endif
+}
+
 // ---- MaxK --------------------------------------------------------------------------------------
 
 kernels::CbsrView Cbsr::view() {

@@ -266,5 +266,11 @@ LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, con
 // once for many batches (a training step then never blocks the host).
 void softmax_cross_entropy_async(const Tensor& logits, const Tensor& labels, const Tensor& rows, Tensor* grad,
                                  Tensor* results, int64_t slot, int64_t grad_over = 0);
+// A training step's form of it: every logits row is a seed, in order; row i's label is
+// labels[label_ids[i]] (i64 ids into the whole graph's i32 labels), or labels[i] when label_ids is
+// undefined (then labels has one per row). The gradient is required. On the GPU, two launches and no
+// gather of the labels (kernels::softmax_cross_entropy_seeds_cuda).
+void softmax_cross_entropy_seeds_async(const Tensor& logits, const Tensor& labels, const Tensor& label_ids, Tensor* grad,
+                                       Tensor* results, int64_t slot, int64_t grad_over = 0);
 
 }  // namespace gale::engine::ops

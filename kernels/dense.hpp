@@ -87,6 +87,10 @@ struct AdamParams {
 // data-parallel worker's share of a step's mean over all workers' rows); the loss stays the mean.
 double softmax_cross_entropy_cpu(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
                                  MatrixView grad, int64_t* correct, int64_t grad_over = 0);
+// Its seeds form, twin of softmax_cross_entropy_seeds_cuda: every logits row listed once, in order,
+// row i's label labels[label_ids[i]] (labels[i] without ids). Ids and labels must be in range.
+double softmax_cross_entropy_seeds_cpu(ConstMatrixView logits, const int32_t* labels, const int64_t* label_ids,
+                                       MatrixView grad, int64_t* correct, int64_t grad_over = 0);
 
 // torch.optim.Adam: g += wd * w; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
@@ -231,5 +235,16 @@ size_t softmax_cross_entropy_workspace_bytes(int64_t logits_rows, int64_t n_rows
 void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
                                 MatrixView grad, double* loss_out, int64_t* correct_out, void* workspace,
                                 size_t workspace_bytes, cudaStream_t stream, int64_t grad_over = 0);
+
+// A training step's loss in two launches: every logits row is a seed, listed once in order (rows 0
+// .. logits.rows - 1), and row i's label is labels[label_ids[i]] (labels[i] when label_ids is null),
+// read straight from the whole graph's labels (n_labels of them) by the batch's seed ids. The same
+// outputs as softmax_cross_entropy_cuda over those rows and gathered labels (grad required), bit for
+// bit; an id or label out of range makes the loss NaN and that row's gradient zero. The workspace:
+// softmax_cross_entropy_workspace_bytes(logits.rows, logits.rows).
+void softmax_cross_entropy_seeds_cuda(ConstMatrixView logits, const int32_t* labels, const int64_t* label_ids,
+                                      int64_t n_labels, MatrixView grad, double* loss_out, int64_t* correct_out,
+                                      void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                      int64_t grad_over = 0);
 
 }  // namespace gale::kernels

@@ -268,6 +268,18 @@ double softmax_cross_entropy_cpu(ConstMatrixView logits, const int32_t* labels, 
   return loss * inv_n;
 }
 
+double softmax_cross_entropy_seeds_cpu(ConstMatrixView logits, const int32_t* labels, const int64_t* label_ids,
+                                       MatrixView grad, int64_t* correct, int64_t grad_over) {
+  const auto n = static_cast<size_t>(logits.rows);
+  std::vector<int64_t> rows(n);
+  std::vector<int32_t> by_row(n);
+  for (size_t i = 0; i < n; ++i) {
+    rows[i] = static_cast<int64_t>(i);
+    by_row[i] = labels[label_ids != nullptr ? label_ids[i] : static_cast<int64_t>(i)];
+  }
+  return softmax_cross_entropy_cpu(logits, by_row.data(), rows.data(), logits.rows, grad, correct, grad_over);
+}
+
 void adam_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamParams& p) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));

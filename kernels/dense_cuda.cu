@@ -625,18 +625,37 @@ __global__ void ce_count_kernel(const int32_t* labels, const int64_t* rows, int6
 // listed k times, the CPU's per-listing float contribution added k times in float, as the CPU
 // accumulates it) and, for a listed row, its loss and hit by row, which the reduction reads
 // through the listing.
+//
+// Without multiplicity (softmax_cross_entropy_seeds_cuda) every row is listed once, its label
+// labels[label_ids[r]] (labels[r] without ids); a row whose label is out of range gets a zero
+// gradient and a NaN loss.
 template <int G>
-__global__ void ce_rows_kernel(ConstMatrixView logits, const int32_t* labels, const int32_t* multiplicity, double grad_scale,
-                               MatrixView grad, double* row_loss, int32_t* row_hit) {
+__global__ void ce_rows_kernel(ConstMatrixView logits, const int32_t* labels, const int64_t* label_ids, int64_t n_labels,
+                               const int32_t* multiplicity, double grad_scale, MatrixView grad, double* row_loss,
+                               int32_t* row_hit) {
   const CeGroup<G> grp;
   for (int64_t r = ce_first_row<G>(); r < logits.rows; r += ce_row_stride<G>()) {
     float* g = grad.data + r * grad.ld;
-    const int32_t listed = multiplicity[r];
+    int32_t listed = 1;
+    int32_t y = -1;
+    if (multiplicity != nullptr) {
+      listed = multiplicity[r];
+      if (listed > 0) y = labels[r];
+    } else {  // group-uniform: every lane reads the same id and label
+      const int64_t id = label_ids != nullptr ? label_ids[r] : r;
+      if (id >= 0 && id < n_labels) y = labels[id];
+      if (y < 0 || y >= logits.cols) {
+        listed = 0;
+        if (grp.sub == 0) {
+          row_loss[r] = NAN;
+          row_hit[r] = 0;
+        }
+      }
+    }
     if (listed == 0) {
       for (int64_t k = grp.sub; k < grad.cols; k += G) g[k] = 0.0f;
       continue;
     }
-    const int32_t y = labels[r];
     const float* z = logits.data + r * logits.ld;
     double kept[CeGroup<G>::kKept];
     const RowStats s = row_stats(grp, z, logits.cols, kept);
@@ -1321,6 +1340,65 @@ size_t softmax_cross_entropy_workspace_bytes(int64_t logits_rows, int64_t n_rows
          2 * section(static_cast<size_t>(kReduceMaxBlocks) * 8);
 }
 
+namespace {
+
+// The loss kernels' scratch, carved from one workspace of softmax_cross_entropy_workspace_bytes.
+struct CeScratch {
+  double* row_loss;
+  int32_t* row_hit;
+  int32_t* multiplicity;
+  double* partial_loss;
+  int64_t* partial_hits;
+};
+CeScratch ce_scratch(void* workspace, size_t workspace_bytes, int64_t logits_rows, int64_t n_rows, const char* what) {
+  const size_t needed = softmax_cross_entropy_workspace_bytes(logits_rows, n_rows);
+  require(workspace_bytes >= needed, std::string(what) + ": workspace of " + std::to_string(workspace_bytes) +
+                                         " bytes, " + std::to_string(needed) + " needed");
+  const size_t rows = static_cast<size_t>(std::max<int64_t>(0, logits_rows));
+  const size_t room = std::max(static_cast<size_t>(n_rows), rows);
+  auto* base = static_cast<unsigned char*>(workspace);
+  CeScratch s{};
+  s.row_loss = reinterpret_cast<double*>(base);
+  base += section(room * sizeof(double));
+  s.row_hit = reinterpret_cast<int32_t*>(base);
+  base += section(room * sizeof(int32_t));
+  s.multiplicity = reinterpret_cast<int32_t*>(base);
+  base += section(rows * sizeof(int32_t));
+  s.partial_loss = reinterpret_cast<double*>(base);
+  s.partial_hits = reinterpret_cast<int64_t*>(base + section(static_cast<size_t>(kReduceMaxBlocks) * 8));
+  return s;
+}
+
+// The listings' mean loss and hits into loss_out / correct_out: ce_reduce_kernel's two passes, or
+// its first alone, scaled, when one block covers the listings (the same bits: the second pass
+// would add that one partial to zeros).
+void ce_reduce(const CeScratch& s, const int64_t* by_row, int64_t logits_rows, int64_t n_rows, double* loss_out,
+               int64_t* correct_out, cudaStream_t stream) {
+  const double inv_n = n_rows == 0 ? 0.0 : 1.0 / static_cast<double>(n_rows);
+  const int64_t chunk = reduce_chunk(n_rows);
+  const int64_t blocks = std::max<int64_t>(1, (n_rows + chunk - 1) / chunk);
+  if (blocks == 1) {
+    ce_reduce_kernel<int32_t><<<1, kReduceThreads, 0, stream>>>(s.row_loss, s.row_hit, by_row, s.multiplicity,
+                                                                logits_rows, n_rows, chunk, inv_n, loss_out,
+                                                                correct_out);
+    check_launch();
+    return;
+  }
+  ce_reduce_kernel<int32_t><<<static_cast<unsigned>(blocks), kReduceThreads, 0, stream>>>(
+      s.row_loss, s.row_hit, by_row, s.multiplicity, logits_rows, n_rows, chunk, 1.0, s.partial_loss, s.partial_hits);
+  check_launch();
+  ce_reduce_kernel<int64_t><<<1, kReduceThreads, 0, stream>>>(s.partial_loss, s.partial_hits, nullptr, nullptr, 0,
+                                                              blocks, blocks, inv_n, loss_out, correct_out);
+  check_launch();
+}
+
+double ce_grad_scale(int64_t n_rows, int64_t grad_over) {
+  if (grad_over > 0) return 1.0 / static_cast<double>(grad_over);
+  return n_rows == 0 ? 0.0 : 1.0 / static_cast<double>(n_rows);
+}
+
+}  // namespace
+
 void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, const int64_t* rows, int64_t n_rows,
                                 MatrixView grad, double* loss_out, int64_t* correct_out, void* workspace,
                                 size_t workspace_bytes, cudaStream_t stream, int64_t grad_over) {
@@ -1333,34 +1411,20 @@ void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, c
             "softmax_cross_entropy_cuda: grad is " + std::to_string(grad.rows) + " x " + std::to_string(grad.cols) +
                 ", logits " + std::to_string(logits.rows) + " x " + std::to_string(logits.cols));
   }
-  const size_t needed = softmax_cross_entropy_workspace_bytes(logits.rows, n_rows);
-  require(workspace_bytes >= needed, "softmax_cross_entropy_cuda: workspace of " + std::to_string(workspace_bytes) +
-                                         " bytes, " + std::to_string(needed) + " needed");
-  const size_t logits_rows = static_cast<size_t>(std::max<int64_t>(0, logits.rows));
-  const size_t room = std::max(static_cast<size_t>(n_rows), logits_rows);
-  auto* base = static_cast<unsigned char*>(workspace);
-  auto* row_loss = reinterpret_cast<double*>(base);
-  base += section(room * sizeof(double));
-  auto* row_hit = reinterpret_cast<int32_t*>(base);
-  base += section(room * sizeof(int32_t));
-  auto* multiplicity = reinterpret_cast<int32_t*>(base);
-  base += section(logits_rows * sizeof(int32_t));
-  auto* partial_loss = reinterpret_cast<double*>(base);
-  auto* partial_hits = reinterpret_cast<int64_t*>(base + section(static_cast<size_t>(kReduceMaxBlocks) * 8));
-  const double inv_n = n_rows == 0 ? 0.0 : 1.0 / static_cast<double>(n_rows);
-  const double grad_scale = grad_over > 0 ? 1.0 / static_cast<double>(grad_over) : inv_n;
-
+  const CeScratch s = ce_scratch(workspace, workspace_bytes, logits.rows, n_rows, "softmax_cross_entropy_cuda");
   const int64_t* by_row = nullptr;
   if (want_grad && logits.rows > 0) {
-    GALE_CHECK_CUDA(cudaMemsetAsync(multiplicity, 0, logits_rows * sizeof(int32_t), stream));
+    const size_t logits_rows = static_cast<size_t>(logits.rows);
+    GALE_CHECK_CUDA(cudaMemsetAsync(s.multiplicity, 0, logits_rows * sizeof(int32_t), stream));
     if (n_rows > 0) {
-      ce_count_kernel<<<blocks_for(n_rows), kThreads, 0, stream>>>(labels, rows, n_rows, logits, multiplicity);
+      ce_count_kernel<<<blocks_for(n_rows), kThreads, 0, stream>>>(labels, rows, n_rows, logits, s.multiplicity);
       check_launch();
     }
     with_ce_group(logits.cols, [&](auto group) {
       constexpr int G = decltype(group)::value;
       ce_rows_kernel<G><<<blocks_for(logits.rows, kThreads / G), kThreads, 0, stream>>>(
-          logits, labels, multiplicity, grad_scale, grad, row_loss, row_hit);
+          logits, labels, nullptr, logits.rows, s.multiplicity, ce_grad_scale(n_rows, grad_over), grad, s.row_loss,
+          s.row_hit);
     });
     check_launch();
     by_row = rows;
@@ -1368,19 +1432,33 @@ void softmax_cross_entropy_cuda(ConstMatrixView logits, const int32_t* labels, c
     with_ce_group(logits.cols, [&](auto group) {
       constexpr int G = decltype(group)::value;
       ce_loss_kernel<G><<<blocks_for(n_rows, kThreads / G), kThreads, 0, stream>>>(logits, labels, rows, n_rows,
-                                                                                   row_loss, row_hit);
+                                                                                   s.row_loss, s.row_hit);
     });
     check_launch();
   }
-  const int64_t chunk = reduce_chunk(n_rows);
-  const int64_t blocks = std::max<int64_t>(1, (n_rows + chunk - 1) / chunk);
-  ce_reduce_kernel<int32_t><<<static_cast<unsigned>(blocks), kReduceThreads, 0, stream>>>(
-      row_loss, row_hit, by_row, multiplicity, logits.rows, n_rows, chunk, 1.0, partial_loss, partial_hits);
-  check_launch();
-  ce_reduce_kernel<int64_t><<<1, kReduceThreads, 0, stream>>>(partial_loss, partial_hits, nullptr, nullptr, 0, blocks,
-                                                              blocks, inv_n, loss_out,
-                                                              correct_out != nullptr ? correct_out : nullptr);
-  check_launch();
+  ce_reduce(s, by_row, logits.rows, n_rows, loss_out, correct_out, stream);
+}
+
+void softmax_cross_entropy_seeds_cuda(ConstMatrixView logits, const int32_t* labels, const int64_t* label_ids,
+                                      int64_t n_labels, MatrixView grad, double* loss_out, int64_t* correct_out,
+                                      void* workspace, size_t workspace_bytes, cudaStream_t stream, int64_t grad_over) {
+  require(logits.cols > 0, "softmax_cross_entropy_seeds_cuda: logits need at least one column");
+  require(loss_out != nullptr, "softmax_cross_entropy_seeds_cuda: loss_out is null");
+  require(grad.data != nullptr && grad.rows == logits.rows && grad.cols == logits.cols,
+          "softmax_cross_entropy_seeds_cuda: grad is " + std::to_string(grad.rows) + " x " + std::to_string(grad.cols) +
+              ", logits " + std::to_string(logits.rows) + " x " + std::to_string(logits.cols));
+  const CeScratch s =
+      ce_scratch(workspace, workspace_bytes, logits.rows, logits.rows, "softmax_cross_entropy_seeds_cuda");
+  if (logits.rows > 0) {
+    with_ce_group(logits.cols, [&](auto group) {
+      constexpr int G = decltype(group)::value;
+      ce_rows_kernel<G><<<blocks_for(logits.rows, kThreads / G), kThreads, 0, stream>>>(
+          logits, labels, label_ids, n_labels, nullptr, ce_grad_scale(logits.rows, grad_over), grad, s.row_loss,
+          s.row_hit);
+    });
+    check_launch();
+  }
+  ce_reduce(s, nullptr, logits.rows, logits.rows, loss_out, correct_out, stream);
 }
 
 }  // namespace gale::kernels

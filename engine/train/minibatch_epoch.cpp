@@ -460,11 +460,16 @@ struct MiniBatchEpochs::Worker {
     Tensor logits = forward(p.get(), kernels::derive_key(epoch_key ^ 0xb47c4ULL, static_cast<uint64_t>(b)),
                             /*training=*/true, before_weights);
     Tensor grad = Tensor::empty(len, logits.cols(), DType::kF32, r.dev);
-    const Tensor batch_labels = p->seeds.defined() ? ops::gather_rows(r.labels_all, p->seeds)
-                                                   : Tensor::from_host(p->labels.data(), len, 1, DType::kI32, r.dev);
     // The loss of a step is the mean over every worker's seeds: this worker's gradient is its sum
-    // over the step's seeds (one pass: an axpy of its own cost a kernel a step).
-    ops::softmax_cross_entropy_async(logits, batch_labels, seed_rows(len), &grad, &step_losses, b, plan.step_length(b));
+    // over the step's seeds (one pass: an axpy of its own cost a kernel a step). GPU-sampled, the
+    // labels are read by the seeds' ids from the whole graph's (no gather of their own).
+    if (p->seeds.defined()) {
+      ops::softmax_cross_entropy_seeds_async(logits, r.labels_all, p->seeds, &grad, &step_losses, b,
+                                             plan.step_length(b));
+    } else {
+      ops::softmax_cross_entropy_seeds_async(logits, Tensor::from_host(p->labels.data(), len, 1, DType::kI32, r.dev),
+                                             Tensor(), &grad, &step_losses, b, plan.step_length(b));
+    }
     out.seeds += len;
     logits = Tensor();
     r.model->backward(std::move(grad),

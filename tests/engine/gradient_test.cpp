@@ -998,6 +998,42 @@ TEST(SoftmaxCrossEntropy, AShareOfAStepsMeanScalesTheGradientNotTheLoss) {
   for (int64_t c = 0; c < classes; ++c) EXPECT_EQ(share[1 * classes + c], 0.0f);  // row 1 is not listed
 }
 
+// A step's seeds form: every logits row listed once, its label read through an id into the whole
+// graph's labels; the same values as the listing form over the gathered labels, also through ops.
+TEST(SoftmaxCrossEntropy, TheSeedsFormReadsLabelsThroughTheSeedsIds) {
+  const int64_t rows = 4, classes = 5;
+  const auto v = random_vector(static_cast<size_t>(rows * classes), 82);
+  const std::vector<float> z(v.begin(), v.end());
+  const std::vector<int32_t> all = {3, 0, 4, 2, 1, 1, 0, 2, 4};
+  const std::vector<int64_t> ids = {7, 2, 2, 0};
+  const int32_t gathered[] = {2, 4, 4, 3};
+  const int64_t listed[] = {0, 1, 2, 3};
+  const kernels::ConstMatrixView logits{z.data(), rows, classes, classes};
+  std::vector<float> want(static_cast<size_t>(rows * classes)), got(want.size(), 9.0f);
+  int64_t want_correct = 0, got_correct = -1;
+  const double want_loss = kernels::softmax_cross_entropy_cpu(
+      logits, gathered, listed, rows, kernels::MatrixView{want.data(), rows, classes, classes}, &want_correct, 7);
+  const double got_loss = kernels::softmax_cross_entropy_seeds_cpu(
+      logits, all.data(), ids.data(), kernels::MatrixView{got.data(), rows, classes, classes}, &got_correct, 7);
+  EXPECT_EQ(got_loss, want_loss);
+  EXPECT_EQ(got_correct, want_correct);
+  EXPECT_EQ(got, want);
+
+  Tensor grad = Tensor::zeros(rows, classes);
+  Tensor results = Tensor::empty(32, 1, DType::kU8);
+  ops::softmax_cross_entropy_seeds_async(Tensor::from_vector(z, rows, classes),
+                                         Tensor::from_host(all.data(), 9, 1, DType::kI32, Device::cpu()),
+                                         Tensor::from_host(ids.data(), rows, 1, DType::kI64, Device::cpu()), &grad,
+                                         &results, 1, 7);
+  double ops_loss = 0;
+  int64_t ops_correct = -1;
+  std::memcpy(&ops_loss, results.data<unsigned char>() + 16, 8);
+  std::memcpy(&ops_correct, results.data<unsigned char>() + 24, 8);
+  EXPECT_EQ(ops_loss, want_loss);
+  EXPECT_EQ(ops_correct, want_correct);
+  EXPECT_EQ(std::vector<float>(grad.f32(), grad.f32() + rows * classes), want);
+}
+
 // Rows not listed get a zero gradient even in a dirty buffer; huge logits stay finite; the
 // gradient is the derivative of the returned loss.
 TEST(SoftmaxCrossEntropy, GradientIsTheLossDerivativeAndUnlistedRowsAreZero) {

@@ -782,6 +782,91 @@ TEST_F(DenseCudaSoftmax, AnOutOfRangeLabelMakesTheLossNan) {
   for (int64_t k = 0; k < 7; ++k) EXPECT_EQ(got.grad[5 * 7 + k], 0.0f) << "the bad row gets no gradient";
 }
 
+// The step's form: every logits row a seed, its label read through the seed's id from the whole
+// graph's labels. The same bits as the listing form over rows 0 .. n - 1 and the gathered labels,
+// and the CPU twin's values.
+TEST_F(DenseCudaSoftmax, TheSeedsFormMatchesTheListingFormBitForBit) {
+  uint64_t key = 4100;
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{8193}, int64_t{70001}}) {
+    for (int64_t c : {int64_t{7}, int64_t{47}, int64_t{65}, int64_t{129}}) {
+      if (n > 10000 && c > 47) continue;
+      for (const bool with_ids : {true, false}) {
+        SCOPED_TRACE(std::to_string(n) + " rows, " + std::to_string(c) + " classes, ids " + std::to_string(with_ids));
+        const std::vector<float> logits = random_values(++key, static_cast<size_t>(n * c), -3.0f, 3.0f);
+        const int64_t n_labels = with_ids ? 3 * n + 5 : n;
+        std::vector<int32_t> all(static_cast<size_t>(n_labels));
+        for (int32_t& y : all) y = static_cast<int32_t>(random_below(++key, 0, static_cast<uint64_t>(c)));
+        std::vector<int64_t> ids(static_cast<size_t>(n));
+        std::vector<int32_t> gathered(static_cast<size_t>(n));
+        std::vector<int64_t> rows(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          ids[i] = with_ids ? static_cast<int64_t>(random_below(++key, 0, static_cast<uint64_t>(n_labels))) : i;
+          gathered[i] = all[static_cast<size_t>(ids[i])];
+          rows[i] = i;
+        }
+        const int64_t over = 2 * n + 1;
+        const Result want = run(logits, n, c, gathered, rows, true, over);
+
+        DeviceBuffer<float> logits_d = cuda::to_device(*pool_, logits, *stream_);
+        DeviceBuffer<int32_t> all_d = cuda::to_device(*pool_, all, *stream_);
+        DeviceBuffer<int64_t> ids_d = cuda::to_device(*pool_, ids, *stream_);
+        DeviceBuffer<float> grad_d(*pool_, static_cast<size_t>(n * c), *stream_);
+        cuda::fill(grad_d.data(), grad_d.size(), kNaN, *stream_);
+        DeviceBuffer<double> loss_d(*pool_, 1, *stream_);
+        DeviceBuffer<int64_t> correct_d(*pool_, 1, *stream_);
+        const size_t ws_bytes = softmax_cross_entropy_workspace_bytes(n, n);
+        DeviceBuffer<uint8_t> ws(*pool_, ws_bytes, *stream_);
+        cuda::fill(ws.data(), ws.size(), uint8_t{0xff}, *stream_);
+        softmax_cross_entropy_seeds_cuda(ConstMatrixView{logits_d.data(), n, c, c}, all_d.data(),
+                                         with_ids ? ids_d.data() : nullptr, n_labels, MatrixView{grad_d.data(), n, c, c},
+                                         loss_d.data(), correct_d.data(), ws.data(), ws.size(), *stream_, over);
+        const double loss = download(loss_d)[0];
+        EXPECT_EQ(std::memcmp(&loss, &want.loss, sizeof(double)), 0) << loss << " vs " << want.loss;
+        EXPECT_EQ(download(correct_d)[0], want.correct);
+        const std::vector<float> grad = download(grad_d);
+        EXPECT_EQ(std::memcmp(grad.data(), want.grad.data(), grad.size() * sizeof(float)), 0);
+
+        std::vector<float> cpu_grad(static_cast<size_t>(n * c));
+        int64_t cpu_correct = 0;
+        const double cpu_loss =
+            softmax_cross_entropy_seeds_cpu(matrix(logits.data(), n, c), all.data(), with_ids ? ids.data() : nullptr,
+                                            matrix(cpu_grad.data(), n, c), &cpu_correct, over);
+        EXPECT_TRUE(within(loss, cpu_loss, 1e-12));
+        EXPECT_EQ(download(correct_d)[0], cpu_correct);
+        int64_t mismatches = 0;
+        for (size_t i = 0; i < grad.size(); ++i) mismatches += within(grad[i], cpu_grad[i], 1e-7) ? 0 : 1;
+        EXPECT_EQ(mismatches, 0);
+      }
+    }
+  }
+}
+
+TEST_F(DenseCudaSoftmax, TheSeedsFormGivesAnOutOfRangeIdOrLabelANanLoss) {
+  const int64_t n = 37, c = 7;
+  const std::vector<float> logits = random_values(3, static_cast<size_t>(n * c), -1.0f, 1.0f);
+  std::vector<int32_t> all(50, 2);
+  all[11] = 7;  // one past the last class
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[i] = i;
+  for (const int64_t bad : {int64_t{11}, int64_t{50}, int64_t{-1}}) {
+    SCOPED_TRACE("id " + std::to_string(bad));
+    ids[4] = bad;
+    DeviceBuffer<float> logits_d = cuda::to_device(*pool_, logits, *stream_);
+    DeviceBuffer<int32_t> all_d = cuda::to_device(*pool_, all, *stream_);
+    DeviceBuffer<int64_t> ids_d = cuda::to_device(*pool_, ids, *stream_);
+    DeviceBuffer<float> grad_d(*pool_, static_cast<size_t>(n * c), *stream_);
+    DeviceBuffer<double> loss_d(*pool_, 1, *stream_);
+    const size_t ws_bytes = softmax_cross_entropy_workspace_bytes(n, n);
+    DeviceBuffer<uint8_t> ws(*pool_, ws_bytes, *stream_);
+    softmax_cross_entropy_seeds_cuda(ConstMatrixView{logits_d.data(), n, c, c}, all_d.data(), ids_d.data(), 50,
+                                     MatrixView{grad_d.data(), n, c, c}, loss_d.data(), nullptr, ws.data(), ws.size(),
+                                     *stream_);
+    EXPECT_TRUE(std::isnan(download(loss_d)[0]));
+    const std::vector<float> grad = download(grad_d);
+    for (int64_t k = 0; k < c; ++k) EXPECT_EQ(grad[4 * c + k], 0.0f) << "the bad row gets no gradient";
+  }
+}
+
 TEST_F(DenseCudaSoftmax, TooSmallAWorkspaceIsRefused) {
   DeviceBuffer<float> logits(*pool_, 37 * 7, *stream_);
   DeviceBuffer<double> loss(*pool_, 1, *stream_);
