@@ -187,6 +187,9 @@ struct WorkerStageSeconds {
   // GPU time the compute stream stalled waiting for the sums (the update's wait, inside the next
   // step's forward): the part of allreduce, and of the slowest worker's lead, that the step shows.
   double sum_wait_s = 0;
+  // Of wait: the first batch's (the pipeline filling); after the last step is enqueued, the
+  // worker's wait for its device to finish and for the losses (the epoch's drain).
+  double fill_s = 0, drain_s = 0;
   double wall_s = 0;
 };
 

@@ -44,6 +44,7 @@ struct PipelineTimes {
   double load_s = 0;      // serial load stage (host time; the work it enqueues runs asynchronously)
   double consume_s = 0;
   double wait_s = 0;      // consume stage idle, waiting for a prepared batch
+  double first_wait_s = 0;  // of wait_s: the wait for the first batch (the pipeline filling)
   ReuseCounts reuse;      // the match's expected reuse (nodes and reuse 0 without a node-set function)
   int64_t consumed_end = 0;  // window 0 or 1: one past the last batch consumed (plan order)
 };
@@ -132,6 +133,7 @@ PipelineTimes run_batch_pipeline(int64_t num_batches, int prefetch, int window, 
                   }
                   const auto t0 = Clock::now();
                   times.wait_s += seconds(last_consume_end, t0);
+                  if (times.consume_s == 0) times.first_wait_s = seconds(last_consume_end, t0);
                   consume(batch->first, batch->second);
                   times.consumed_end = batch->first + 1;
                   batch.reset();   // free it now, not when the whole window is done

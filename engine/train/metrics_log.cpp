@@ -26,7 +26,8 @@ nlohmann::json worker_stages(const std::vector<WorkerStageSeconds>& workers) {
       {"compute", &WorkerStageSeconds::compute_s},     {"wait", &WorkerStageSeconds::wait_s},
       {"reorder", &WorkerStageSeconds::reorder_s},     {"allreduce", &WorkerStageSeconds::allreduce_s},
       {"allreduce_host", &WorkerStageSeconds::allreduce_host_s}, {"vote_wait", &WorkerStageSeconds::vote_wait_s},
-      {"sum_wait", &WorkerStageSeconds::sum_wait_s},
+      {"sum_wait", &WorkerStageSeconds::sum_wait_s},   {"fill", &WorkerStageSeconds::fill_s},
+      {"drain", &WorkerStageSeconds::drain_s},
       {"wall", &WorkerStageSeconds::wall_s}};
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [name, field] : stages) {

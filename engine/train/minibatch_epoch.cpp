@@ -86,6 +86,7 @@ struct WorkerEpoch {
   // the stop votes (worker 0's are reported: where a worker's host, not its GPU, holds it up).
   double allreduce_host_s = 0, vote_wait_s = 0;
   double sum_wait_s = 0;  // GPU time the compute stream stalled for the sums (Communicator::take_wait_seconds)
+  double drain_s = 0;     // after the pipeline: the last update, the losses' read, the device's backlog
   // Host seconds the prepare stage spent reading or staging the batches' features (summed over
   // the batches prepared concurrently, like times.prepare_s, which includes them).
   double host_features_s = 0;
@@ -126,7 +127,9 @@ struct WorkerEpoch {
             double_word(allreduce_host_s),
             double_word(vote_wait_s),
             double_word(gpu_sample_s),
-            double_word(sum_wait_s)};
+            double_word(sum_wait_s),
+            double_word(times.first_wait_s),
+            double_word(drain_s)};
   }
 };
 
@@ -548,6 +551,7 @@ struct MiniBatchEpochs::Worker {
         [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { load(b, p); },
         [&](int64_t b, std::unique_ptr<PreparedBatch>& p) { consume(b, p); },
         scheduler::PipelineRange{first_batch, !run.step_stops() ? nullptr : votes ? &agreed : opt.stop});
+    const auto t_drain = Clock::now();
     finish_update();  // the last step's
     out.loss_sum = add_losses(out.loss_sum, first_batch, out.times.consumed_end);
     if (r.batch_features) out.features = r.batch_features->take_stats();
@@ -558,6 +562,7 @@ struct MiniBatchEpochs::Worker {
     if (r.comm) out.sum_wait_s = r.comm->take_wait_seconds();
     synchronize(r.dev);
     out.wall_s = since(t0);
+    out.drain_s = since(t_drain);
     if (op_profile != nullptr) print_op_profile();
     if (r.comm) gather_records();
     return out;
@@ -927,6 +932,8 @@ struct EpochTally {
       st.vote_wait_s += word_double(rec[22]);
       st.gpu_sample_s += word_double(rec[23]);
       st.sum_wait_s += word_double(rec[24]);
+      st.fill_s += word_double(rec[25]);
+      st.drain_s += word_double(rec[26]);
       st.wall_s += word_double(rec[2]);
     }
     m->sample_s += w0.times.prepare_s;

@@ -212,6 +212,13 @@ TEST_F(Cli, TwoCpuWorkersTrainAndReportEachOnesThroughput) {
   EXPECT_EQ(j["worker_seeds_per_s"].size(), 2u);
   EXPECT_EQ(j["worker_stage_s"]["compute"].size(), 2u);  // every stage, every worker
   EXPECT_EQ(j["worker_stage_s"]["wall"].size(), 2u);
+  for (const char* part : {"fill", "drain"}) {  // of wait, and after the steps: within the worker's wall
+    for (size_t w = 0; w < 2; ++w) {
+      EXPECT_GE(j["worker_stage_s"][part][w].get<double>(), 0.0) << part;
+      EXPECT_LE(j["worker_stage_s"][part][w].get<double>(), j["worker_stage_s"]["wall"][w].get<double>()) << part;
+    }
+  }
+  EXPECT_LE(j["worker_stage_s"]["fill"][0].get<double>(), j["worker_stage_s"]["wait"][0].get<double>());
   EXPECT_EQ(j["worker_stage_s"]["sum_wait"], nlohmann::json::array({0.0, 0.0}));  // CPU workers' sums block: no stall
   EXPECT_EQ(j["worker_threads"], "shared");  // CPU workers keep TBB's arenas unless asked
   EXPECT_TRUE(j.contains("allreduce_s"));
