@@ -103,12 +103,16 @@ struct OpProfile::Impl {
   }
 
   void collect() {
-    for (Mark& m : marks) {
+    for (size_t i = 0; i < marks.size(); ++i) {
+      Mark& m = marks[i];
+      double gap = 0;
 #if GALE_WITH_CUDA
       if (m.start) {
         m.cpu_ms = kernels::cuda::elapsed_ms(*m.start, *m.end);
-        spare_events.push_back(std::move(m.start));
-        spare_events.push_back(std::move(m.end));
+        // The idle time since the op before ended (a nested op starts before it: no gap).
+        const Mark* before = i > 0 ? &marks[i - 1] : nullptr;
+        if (before != nullptr && before->end && before->end->device() == m.start->device())
+          gap = std::max(0.0, static_cast<double>(kernels::cuda::elapsed_ms(*before->end, *m.start)));
       }
 #endif
       totals[static_cast<int>(m.kind)] += m.cpu_ms;
@@ -117,8 +121,16 @@ struct OpProfile::Impl {
       if (it == by_name.end()) it = by_name.insert(by_name.end(), OpProfile::Entry{m.name, m.kind, 0, 0, m.shape});
       it->shape.bytes += (m.shape.bytes - it->shape.bytes) / static_cast<double>(it->calls + 1);  // the running mean
       it->ms += m.cpu_ms;
+      it->gap_ms += gap;
       ++it->calls;
     }
+#if GALE_WITH_CUDA
+    for (Mark& m : marks) {
+      if (!m.start) continue;
+      spare_events.push_back(std::move(m.start));
+      spare_events.push_back(std::move(m.end));
+    }
+#endif
     marks.clear();
   }
 };

@@ -71,6 +71,9 @@ class OpProfile {
     double ms = 0;
     int64_t calls = 0;
     OpShape shape;  // one call's; `bytes` the mean of the calls'
+    // On a GPU: milliseconds the stream sat with nothing to run between the previous op's end and
+    // each call's start (the host late, or the stream waiting for another: a gather, the sums).
+    double gap_ms = 0;
   };
   std::vector<Entry> table();
   void reset();

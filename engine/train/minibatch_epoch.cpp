@@ -572,7 +572,8 @@ struct MiniBatchEpochs::Worker {
   // calls and GPU milliseconds, and the total per kind of op.
   void print_op_profile() {
     std::vector<std::pair<std::string, std::pair<int64_t, double>>> ops;
-    double kinds[3] = {};
+    std::vector<std::pair<std::string, double>> gaps;  // the stream's idle time before each op, by name
+    double kinds[3] = {}, idle = 0;
     for (const ops::OpProfile::Entry& e : op_profile->table()) {
       std::string name;
       for (size_t i = 0; i < e.name.size();) {  // numbers of 1000 and more (rows of a batch) -> N
@@ -590,12 +591,22 @@ struct MiniBatchEpochs::Worker {
       if (it == ops.end()) it = ops.insert(ops.end(), {name, {0, 0.0}});
       it->second.first += e.calls;
       it->second.second += e.ms;
+      auto gap = std::find_if(gaps.begin(), gaps.end(), [&](const auto& g) { return g.first == name; });
+      if (gap == gaps.end()) gap = gaps.insert(gaps.end(), {name, 0.0});
+      gap->second += e.gap_ms;
+      idle += e.gap_ms;
     }
     std::sort(ops.begin(), ops.end(), [](const auto& x, const auto& y) { return x.second.second > y.second.second; });
+    std::sort(gaps.begin(), gaps.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
     char line[256];
-    std::snprintf(line, sizeof line, "op-profile worker %d epoch %lld: kinds %.2f %.2f %.2f ms\n", local,
-                  static_cast<long long>(epoch), kinds[0], kinds[1], kinds[2]);
+    std::snprintf(line, sizeof line, "op-profile worker %d epoch %lld: kinds %.2f %.2f %.2f ms, idle between ops %.2f ms\n",
+                  local, static_cast<long long>(epoch), kinds[0], kinds[1], kinds[2], idle);
     std::string text = line;
+    for (size_t i = 0; i < gaps.size() && i < 12; ++i) {
+      std::snprintf(line, sizeof line, "op-profile worker %d epoch %lld: idle before %-38s %9.2f ms\n", local,
+                    static_cast<long long>(epoch), gaps[i].first.c_str(), gaps[i].second);
+      text += line;
+    }
     for (size_t i = 0; i < ops.size() && i < 40; ++i) {
       std::snprintf(line, sizeof line, "op-profile worker %d epoch %lld: %-44s %7lld calls %9.2f ms\n", local,
                     static_cast<long long>(epoch), ops[i].first.c_str(), static_cast<long long>(ops[i].second.first),

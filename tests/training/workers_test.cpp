@@ -287,7 +287,8 @@ TEST(Workers, TheOpProfilePrintsEveryWorkersOpsPerEpoch) {
   const std::string text = ::testing::internal::GetCapturedStderr();
   ::unsetenv("GALE_OP_PROFILE");
   for (const char* line : {"op-profile worker 0 epoch 0: kinds ", "op-profile worker 1 epoch 1: kinds ",
-                           "op-profile worker 0 epoch 1: softmax_cross_entropy ", "op-profile worker 1 epoch 0: adam "})
+                           "op-profile worker 0 epoch 1: softmax_cross_entropy ", "op-profile worker 1 epoch 0: adam ",
+                           "op-profile worker 0 epoch 0: idle before "})
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text.substr(0, 2000);
 }
 
