@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "engine/tensor.hpp"
@@ -271,7 +272,8 @@ struct LaggedReads::Impl {
   std::vector<std::vector<float>> host;  // the CPU's slots
 #if GALE_WITH_CUDA
   kernels::cuda::PinnedBuffer pinned;  // slots x values floats
-  std::vector<kernels::cuda::Event> copied;
+  std::vector<kernels::cuda::Event> made, copied;  // per slot: its tensor made (compute), copied (side)
+  std::optional<kernels::cuda::Stream> side;
 #endif
 };
 
@@ -284,11 +286,19 @@ LaggedReads::LaggedReads(const Device& device, int slots, int64_t values) : impl
   }
 #if GALE_WITH_CUDA
   impl_->pinned = kernels::cuda::PinnedBuffer(static_cast<size_t>(slots * values) * sizeof(float));
-  for (int i = 0; i < slots; ++i) impl_->copied.emplace_back(device.ordinal);
+  impl_->side.emplace(device.ordinal);
+  for (int i = 0; i < slots; ++i) {
+    impl_->made.emplace_back(device.ordinal);
+    impl_->copied.emplace_back(device.ordinal);
+  }
 #endif
 }
 
-LaggedReads::~LaggedReads() = default;
+LaggedReads::~LaggedReads() {
+#if GALE_WITH_CUDA
+  if (impl_->side) impl_->side->synchronize();  // no copy may land in the freed page-locked slots
+#endif
+}
 
 void LaggedReads::copy(int slot, const Tensor& t) {
   GALE_ASSERT(t.numel() == impl_->values && t.dtype() == DType::kF32 && t.device() == impl_->device);
@@ -297,10 +307,14 @@ void LaggedReads::copy(int slot, const Tensor& t) {
     return;
   }
 #if GALE_WITH_CUDA
-  const cudaStream_t s = DeviceContext::get(impl_->device.ordinal).stream().get();
+  // The copy waits for the compute stream's work so far on the side stream: a copy to the host
+  // on the compute stream held every later kernel behind it (measured: 5-10 us of a step).
+  const auto i = static_cast<size_t>(slot);
+  impl_->made[i].record(DeviceContext::get(impl_->device.ordinal).stream().get());
+  impl_->side->wait(impl_->made[i]);
   float* dst = static_cast<float*>(impl_->pinned.host()) + slot * impl_->values;
-  kernels::cuda::copy_to_host(dst, t.data<float>(), static_cast<size_t>(impl_->values), s);
-  impl_->copied[static_cast<size_t>(slot)].record(s);
+  kernels::cuda::copy_to_host(dst, t.data<float>(), static_cast<size_t>(impl_->values), *impl_->side);
+  impl_->copied[i].record(*impl_->side);
 #endif
 }
 

@@ -125,10 +125,12 @@ class IoTimer {
 
 // Small f32 tensors read on the host some steps after they were made, without waiting for the
 // device's later work: copy(slot, t) queues t's values into page-locked slot `slot` behind the
-// work so far on t's device (compute stream); read(slot) waits for that copy alone. On the CPU the
-// copy happens at once; read's pointer holds the slot's values until its next copy. Data-parallel
-// workers read their summed stop votes this way: reading a step's vote two steps later costs no
-// wait (nor an allocation), where a plain read would drain the queue each step.
+// work so far on t's device (compute stream), on a side stream of its own, so the compute stream
+// never waits for the copy; read(slot) waits for that copy alone. t must not change until then
+// (the caller reads a slot before it copies into it again). On the CPU the copy happens at once;
+// read's pointer holds the slot's values until its next copy. Data-parallel workers read their
+// summed stop votes this way: reading a step's vote two steps later costs no wait (nor an
+// allocation), where a plain read would drain the queue each step.
 class LaggedReads {
  public:
   LaggedReads(const Device& device, int slots, int64_t values);

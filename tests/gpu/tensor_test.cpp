@@ -58,7 +58,8 @@ TEST_F(GpuTensor, AllocationsAreChargedToThePoolAndReturned) {
 }
 
 // What the data-parallel workers' stop votes rely on: each slot returns the values its tensor held
-// when copied, though the tensor is overwritten right after and other slots are copied since.
+// when copied (the work before the copy included), with later work queued behind it and other slots
+// copied since; a slot's tensor is rewritten only after the slot was read, as the workers do.
 TEST_F(GpuTensor, LaggedReadsReturnEachSlotsValuesAsCopied) {
   const Device gpu = Device::cuda(0);
   LaggedReads reads(gpu, 3, 2);
@@ -66,15 +67,17 @@ TEST_F(GpuTensor, LaggedReadsReturnEachSlotsValuesAsCopied) {
     const float* v = reads.read(slot);
     return std::vector<float>(v, v + 2);
   };
-  Tensor t = Tensor::zeros(1, 2, DType::kF32, gpu);
-  for (int step = 0; step < 7; ++step) {
-    t.fill(static_cast<float>(step));
-    reads.copy(step % 3, t);
-    Tensor busy = Tensor::zeros(4096, 1024, DType::kF32, gpu);  // later work on the same stream
+  std::vector<Tensor> t;
+  for (int slot = 0; slot < 3; ++slot) t.push_back(Tensor::zeros(1, 2, DType::kF32, gpu));
+  for (int step = 0; step < 8; ++step) {
+    Tensor busy = Tensor::zeros(4096, 1024, DType::kF32, gpu);  // work before the values on the stream
     busy.fill(1.0f);
+    t[static_cast<size_t>(step % 3)].fill(static_cast<float>(step));
+    reads.copy(step % 3, t[static_cast<size_t>(step % 3)]);
+    busy.fill(2.0f);  // later work on the same stream
     if (step >= 2) EXPECT_EQ(values((step - 2) % 3), std::vector<float>(2, static_cast<float>(step - 2))) << step;
   }
-  t.fill(-1.0f);
+  EXPECT_EQ(values(7 % 3), std::vector<float>(2, 7.0f));
   EXPECT_EQ(values(6 % 3), std::vector<float>(2, 6.0f));
 }
 
