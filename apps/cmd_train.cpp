@@ -15,6 +15,7 @@
 
 #include "apps/commands.hpp"
 #include "engine/devices.hpp"
+#include "engine/local_processes.hpp"
 #include "engine/ops.hpp"
 #include "engine/processes.hpp"
 #include "engine/trainer.hpp"
@@ -166,6 +167,7 @@ int run_train(const std::vector<std::string>& args) {
   std::string edge_weights = "auto", neighbor_sampling = "uniform", norm = "none", lr_schedule = "constant";
   float min_lr = 0.0f;
   int cpu_workers = 0;
+  std::string processes;
   int layers = 2;
   int64_t hidden = 16, epochs = 200;
   int heads = 8;
@@ -202,6 +204,9 @@ int run_train(const std::vector<std::string>& args) {
                                                            "the features on the GPU), a MaxK hidden layer's input gradients")
       ("gpus", po::value(&gpus), "data-parallel training on these GPUs, one worker each: all | 0,1,... (mini-batch)")
       ("workers", po::value(&cpu_workers), "data-parallel CPU workers (--device cpu, mini-batch)")
+      ("processes", po::value(&processes), "start the run as N processes on this host, without mpirun: N | per-gpu (one "
+                                           "per GPU of --gpus, the faster layout on one host); each takes its share of "
+                                           "--gpus, or --workers CPU workers of its own")
       ("check-replicas", po::bool_switch(&o.check_replicas), "compare the workers' weight checksums after every epoch")
       ("comm-timeout", po::value(&o.comm_timeout_s), "under mpirun: seconds a gradient sum or exchange may wait for the "
                                                      "other processes before the run ends (exit code 5)")
@@ -323,6 +328,15 @@ int run_train(const std::vector<std::string>& args) {
   o.exec.spmm = parse_spmm_kind(spmm);
   o.match = !no_match;
   o.devices = parse_workers(gpus, cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o.device);
+  if (!processes.empty()) {
+    const int count = parse_processes(processes, o.devices, o.full_graph);
+    // The processes started run this same command line; only the one the user started launches.
+    if (count > 1 && !engine::local::started_by_launcher()) {
+      std::vector<std::string> command{"train"};
+      command.insert(command.end(), args.begin(), args.end());
+      return engine::local::launch(count, command);
+    }
+  }
   // On a run put on the CPU by name, GPU-only options would do nothing: say so, as predict does.
   // (--device auto on a machine without a GPU keeps them, so one command line serves both.)
   if (o.device.is_cpu() && (vm.count("device") > 0 || vm.count("workers") > 0)) {

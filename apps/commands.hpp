@@ -57,6 +57,10 @@ Device parse_device(const std::string& text);
 // on the command line. Throws InputError naming the flag (DeviceError for --gpus all without GPUs).
 std::vector<Device> parse_workers(const std::string& gpus, int cpu_workers, bool workers_given, bool device_given,
                                   Device* device);
+// --processes N|per-gpu: how many processes the run starts on this host (per-gpu: one per device of
+// --gpus); N must divide --gpus' devices. full_graph: the run trains on the whole graph, which takes
+// one process. Throws InputError naming the flag, also under mpirun (which starts the processes).
+int parse_processes(const std::string& text, const std::vector<Device>& devices, bool full_graph);
 // --spmm: "auto", "fused-gar", "fused-gas" (the training kernels; "cusparse" is a benchmark baseline only).
 kernels::SpmmKind parse_spmm_kind(const std::string& text);
 // `gale predict`'s --spmm: parse_spmm_kind's kinds, or `sampled:S[:fastrand|:bucket]` (ES-SpMM's

@@ -6,6 +6,8 @@
 
 #include "apps/commands.hpp"
 #include "engine/devices.hpp"
+#include "engine/local_processes.hpp"
+#include "engine/processes.hpp"
 #include "kernels/error.hpp"
 #include "sampler/neighbor_sampler.hpp"
 #include "storage/text_reader.hpp"
@@ -132,6 +134,29 @@ std::vector<std::string> split_list(const std::string& text, char separator) {
     at = end + 1;
   }
   return out;
+}
+
+int parse_processes(const std::string& text, const std::vector<Device>& devices, bool full_graph) {
+  if (engine::Processes::launched() && !engine::local::started_by_launcher())
+    throw InputError("--processes: this run was started by mpirun, which starts the processes itself; use one of them");
+  const bool gpus = !devices.empty() && devices.front().is_cuda();
+  int count = 0;
+  if (text == "per-gpu") {
+    if (!gpus) throw InputError("--processes per-gpu: one process per GPU needs --gpus (this run trains on the CPU)");
+    count = static_cast<int>(devices.size());
+  } else {
+    const char* end = text.data() + text.size();
+    const auto [at, ec] = std::from_chars(text.data(), end, count);
+    if (ec != std::errc() || at != end || count < 1 || count > 1024)
+      throw InputError("--processes: expected a number of processes (1 to 1024) or per-gpu, found '" + text + "'");
+  }
+  if (count > 1 && full_graph)
+    throw InputError("--processes " + text + ": several processes train mini-batches (give --fanouts); a full-graph "
+                     "run trains in one");
+  if (gpus && devices.size() % static_cast<size_t>(count) != 0)
+    throw InputError("--processes " + text + ": the " + std::to_string(devices.size()) + " GPUs of --gpus do not "
+                     "divide among " + std::to_string(count) + " processes");
+  return count;
 }
 
 std::vector<Device> parse_workers(const std::string& gpus, int cpu_workers, bool workers_given, bool device_given,

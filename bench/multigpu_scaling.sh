@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Multi-GPU scaling of mini-batch training (issue 38): SAGE 3x256, fanouts 15,10,5, batch 1024
 # per GPU, --eval none, on 1, 2 and 4 GPUs, in one process (one worker thread per GPU, --gpus
-# LIST) and as one process per GPU (mpirun --bind-to none, --gpus all, CUDA_VISIBLE_DEVICES),
+# LIST), as one process per GPU (mpirun --bind-to none, --gpus all, CUDA_VISIBLE_DEVICES), and as
+# one process per GPU that gale starts itself (--processes per-gpu, no mpirun),
 # for each worker-thread policy (GALE_WORKER_THREADS: pinned, arenas, shared; engine/worker_arena.hpp).
 #
 # usage: bench/multigpu_scaling.sh DIST|GALE STORE [-- GALE_TRAIN_OPTIONS...]
@@ -12,7 +13,8 @@
 #
 # Environment (every one optional):
 #   MGS_GPUS="1 2 4"            worker counts; counts above the machine's GPUs are skipped, 1 always runs
-#   MGS_LAYOUTS="threads procs" threads: one process; procs: N processes of one GPU each (needs mpirun)
+#   MGS_LAYOUTS="threads procs launched"  threads: one process; procs: N processes of one GPU each
+#                               (needs mpirun); launched: the same started by gale train --processes
 #   MGS_POLICIES="pinned shared"  GALE_WORKER_THREADS values, each layout and count run under each
 #   MGS_EPOCHS=4                epochs per run (>= 2): the first warms up, the table takes the median of the rest
 #   MGS_CHECK_REPLICAS=1        --check-replicas (0: off)
@@ -61,13 +63,13 @@ if [ -e "$store" ] && [ ! -f "$store/manifest.json" ]; then
 fi
 
 gpus_wanted=${MGS_GPUS:-1 2 4}
-layouts=${MGS_LAYOUTS:-threads procs}
+layouts=${MGS_LAYOUTS:-threads procs launched}
 policies=${MGS_POLICIES:-pinned shared}
 epochs=${MGS_EPOCHS:-4}
 cpu=${MGS_CPU:-0}
 dry=${MGS_DRY_RUN:-0}
 for g in $gpus_wanted; do [[ $g =~ ^[1-9][0-9]*$ ]] || { echo "$0: MGS_GPUS: expected counts such as '1 2 4', found '$g'" >&2; exit 2; }; done
-for l in $layouts; do [[ $l =~ ^(threads|procs)$ ]] || { echo "$0: MGS_LAYOUTS: expected threads and/or procs, found '$l'" >&2; exit 2; }; done
+for l in $layouts; do [[ $l =~ ^(threads|procs|launched)$ ]] || { echo "$0: MGS_LAYOUTS: expected threads, procs and/or launched, found '$l'" >&2; exit 2; }; done
 for p in $policies; do [[ $p =~ ^(pinned|arenas|shared)$ ]] || { echo "$0: MGS_POLICIES: expected pinned, arenas or shared, found '$p'" >&2; exit 2; }; done
 if ! [[ $epochs =~ ^[0-9]+$ ]] || [ "$epochs" -lt 2 ]; then echo "$0: MGS_EPOCHS: expected 2 or more (the first warms up), found '$epochs'" >&2; exit 2; fi
 command -v python3 > /dev/null || { echo "$0: python3 is needed for the tables" >&2; exit 2; }
@@ -147,7 +149,7 @@ run() {  # name, policy, command...: one run, its metrics in $out/NAME.jsonl
 for policy in $policies; do
   for n in "${counts[@]}"; do
     for layout in $layouts; do
-      [ "$layout" = procs ] && [ "$n" -eq 1 ] && continue  # one process of one GPU is the threads run
+      [ "$layout" != threads ] && [ "$n" -eq 1 ] && continue  # one process of one GPU is the threads run
       name=$layout-$policy-$n
       if [ "$cpu" = 1 ]; then
         workers=(--device cpu --workers "$n") one=(--device cpu)
@@ -161,6 +163,11 @@ for policy in $policies; do
           prof=(env HOSTPROF_OUT="$out/prof-$name" HOSTPROF_US=1000 LD_PRELOAD="$hostprof_lib")
         fi
         run "$name" "$policy" "${prof[@]}" "$gale" "${common[@]}" "${workers[@]}" "${extra[@]}"
+      elif [ "$layout" = launched ] && [ "$cpu" = 1 ]; then
+        run "$name" "$policy" "$gale" "${common[@]}" "${one[@]}" --processes "$n" "${extra[@]}"
+      elif [ "$layout" = launched ]; then
+        run "$name" "$policy" env CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))" "$gale" "${common[@]}" "${one[@]}" \
+          --processes per-gpu "${extra[@]}"
       elif [ "$cpu" = 1 ]; then
         run "$name" "$policy" mpirun -np "$n" --bind-to none -x GALE_WORKER_THREADS "${forwarded[@]}" "$gale" "${common[@]}" "${one[@]}" "${extra[@]}"
       else

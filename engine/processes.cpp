@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/local_processes.hpp"
 #include "kernels/error.hpp"
 
 namespace gale::engine {
@@ -115,7 +116,7 @@ class Processes::Deadline {
 bool Processes::launched() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
     if (std::getenv(var) != nullptr) return true;
-  return false;
+  return local::started_by_launcher();
 }
 
 Processes& Processes::get() {
@@ -124,9 +125,15 @@ Processes& Processes::get() {
 }
 
 Processes::Processes() {
-  if (!launched()) {
+  const std::optional<local::Link> link = local::link_from_environment();
+  if (!launched() || link) {
     char name[256] = {};
     host_ = ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+    if (link) {  // started by gale train --processes: one host, the launcher carries the collectives
+      rank_ = local_rank_ = link->rank;
+      size_ = local_size_ = link->size;
+      link_fd_ = link->fd;
+    }
     return;
   }
   int provided = 0;
@@ -158,6 +165,14 @@ Processes::~Processes() {
   }
 }
 
+local::Link Processes::link() const {
+  local::Link l;
+  l.rank = rank_;
+  l.size = size_;
+  l.fd = link_fd_;
+  return l;
+}
+
 std::string Processes::name() const { return "rank " + std::to_string(rank_) + " (" + host_ + ")"; }
 
 void Processes::set_timeout(double seconds) {
@@ -168,6 +183,11 @@ void Processes::set_timeout(double seconds) {
 void Processes::broadcast(void* data, size_t bytes, const std::string& what) {
   if (!distributed()) return;
   const Deadline deadline(*this, what);
+  if (link_fd_ >= 0) {
+    const std::vector<uint8_t> rank0 = local::exchange(link(), local::Kind::kBroadcast, data, bytes);
+    if (bytes > 0) std::memcpy(data, rank0.data(), bytes);
+    return;
+  }
   check_mpi(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast");
 }
 
@@ -178,6 +198,7 @@ std::vector<uint8_t> Processes::all_gather(const void* data, size_t bytes, const
     return out;
   }
   const Deadline deadline(*this, what);
+  if (link_fd_ >= 0) return local::exchange(link(), local::Kind::kGather, data, bytes);
   check_mpi(MPI_Allgather(data, static_cast<int>(bytes), MPI_BYTE, out.data(), static_cast<int>(bytes), MPI_BYTE,
                           MPI_COMM_WORLD),
             "MPI_Allgather");
@@ -194,6 +215,11 @@ void Processes::unwatch(int id) {
 }
 
 void Processes::fail(int code) {
+  if (link_fd_ >= 0 && distributed()) {  // the launcher stops the others
+    std::fflush(stderr);
+    local::report_failure(link(), code);
+    std::_Exit(code);
+  }
   if (!mpi_ || !distributed()) return;
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, code);

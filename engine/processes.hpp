@@ -4,7 +4,8 @@
 // A plain start is one process. Under `mpirun -np H gale train ...` (OpenMPI's OMPI_COMM_WORLD_SIZE,
 // or PMI_SIZE / PMIX_RANK of other launchers, in the environment) the first call to get() starts
 // MPI and the run has H processes: one per host, or one per GPU (GALE_GPUS_PER_PROCESS, see
-// place_devices). MPI only carries small things: the NCCL unique id, the options' fingerprint,
+// place_devices). `gale train --processes N` starts N processes on this host itself, without MPI
+// (engine/local_processes.hpp): their collectives go through the process that started them. MPI only carries small things: the NCCL unique id, the options' fingerprint,
 // per-epoch metrics and CPU workers' gradient sums; NCCL carries the GPUs' tensors.
 //
 // Failures end the whole run, never hang it:
@@ -25,6 +26,10 @@
 #include "kernels/device.hpp"
 
 namespace gale::engine {
+
+namespace local {
+struct Link;
+}
 
 class Processes {
  public:
@@ -71,7 +76,10 @@ class Processes {
   // The watchdog's deadline around a blocking collective.
   class Deadline;
 
+  local::Link link() const;
+
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int link_fd_ = -1;  // started by gale train --processes: the socket to the launcher
   std::string host_;
   bool mpi_ = false;
   double timeout_s_ = 600;

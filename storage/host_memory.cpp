@@ -257,15 +257,18 @@ std::string describe(const HostMemory& m) {
          (m.cgroup_page_cache > 0 ? ", " + format_bytes(m.cgroup_page_cache) + " of it page cache)" : ")");
 }
 
-std::unique_ptr<kernels::cuda::MemoryBudget> make_host_budget(uint64_t bytes, const std::string& text) {
+std::unique_ptr<kernels::cuda::MemoryBudget> make_host_budget(uint64_t bytes, const std::string& text, int sharing) {
   if (bytes > 0) return std::make_unique<kernels::cuda::MemoryBudget>(bytes, "--host-mem-budget", text);
   const HostMemory memory = detect_host_memory();
-  const uint64_t limit = default_host_budget(memory);
+  const uint64_t share = static_cast<uint64_t>(std::max(1, sharing));
+  const uint64_t limit = default_host_budget(memory) / share;
   if (limit == 0 && memory.mem_available == 0 && memory.cgroup_limit == 0)
     return std::make_unique<kernels::cuda::MemoryBudget>(kernels::cuda::MemoryBudget::kUnlimited, "--host-mem-budget",
                                                          "unlimited (neither MemAvailable nor a cgroup limit could be read)");
   return std::make_unique<kernels::cuda::MemoryBudget>(
-      limit, "--host-mem-budget", kernels::cuda::format_bytes(limit) + " (the default: " + describe(memory) + ", less a reserve)");
+      limit, "--host-mem-budget",
+      kernels::cuda::format_bytes(limit) + " (the default: " + describe(memory) + ", less a reserve" +
+          (share > 1 ? ", shared by the run's " + std::to_string(share) + " processes on this host" : std::string()) + ")");
 }
 
 }  // namespace gale::storage

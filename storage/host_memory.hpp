@@ -55,8 +55,9 @@ uint64_t default_host_budget(const HostMemory& m);
 
 // A run's --host-mem-budget: `bytes` as the user gave them (`text` for messages), or, for 0, the
 // default above (unlimited when neither MemAvailable nor a cgroup limit can be read; a default of
-// 0 refuses every charge, naming the flag).
-std::unique_ptr<kernels::cuda::MemoryBudget> make_host_budget(uint64_t bytes, const std::string& text);
+// 0 refuses every charge, naming the flag), split evenly among `sharing` processes of the run on
+// this host, which all measured the same memory at start-up. A given budget is each process's.
+std::unique_ptr<kernels::cuda::MemoryBudget> make_host_budget(uint64_t bytes, const std::string& text, int sharing = 1);
 
 // "MemAvailable 21.3 GiB, cgroup v2 limit 8 GiB (1.2 GiB used)", "..., cgroup v1 no limit",
 // "..., no cgroup memory controller found"; MemAvailable 0 reads "MemAvailable unknown".

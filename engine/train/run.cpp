@@ -122,7 +122,8 @@ TrainRun::TrainRun(const TrainOptions& options) : opt_(options), procs_(&Process
   }
 
   // The host budget before the store opens: what the process may use is measured before it maps anything.
-  host_budget_ = storage::make_host_budget(opt_.host_mem_budget, opt_.host_mem_budget_text);
+  // The processes of the run on this host (mpirun's, or --processes) share the default.
+  host_budget_ = storage::make_host_budget(opt_.host_mem_budget, opt_.host_mem_budget_text, procs_->local_size());
 
   store_ = storage::Store::open(opt_.store);
   if (!store_.has_features()) throw InputError(opt_.store + ": the store has no features.npy; training needs node features");

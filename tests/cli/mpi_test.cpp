@@ -22,8 +22,7 @@
 #include <vector>
 
 #include "engine/devices.hpp"
-
-extern char** environ;
+#include "tests/cli/background.hpp"
 
 namespace gale {
 namespace {
@@ -34,68 +33,19 @@ using Clock = std::chrono::steady_clock;
 // The binary under test: $GALE when set (a bundle on a GPU machine), else this build's.
 const std::string kGale = std::getenv("GALE") ? std::getenv("GALE") : std::string(GALE_BINARY_DIR) + "/bin/gale";
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing_support::read_file;
 
 // One mpirun, started in the background with its output in a file.
-class Launch {
+class Launch : public testing_support::Background {
  public:
-  Launch(const std::string& mpirun_args, const fs::path& log) : log_(log) {
-    // --bind-to none: each process runs threads (sampling, the pipeline) beyond its first core.
-    const std::string cmd = "exec mpirun --oversubscribe --bind-to none " + mpirun_args + " > " + log.string() + " 2>&1";
-    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
-    if (::posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0) pid_ = -1;
-  }
-  ~Launch() {
-    if (pid_ > 0 && code_ == kRunning) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  bool started() const { return pid_ > 0; }
-  // The exit code once mpirun has ended, waiting at most `limit`; -1 if still running then.
-  int wait(std::chrono::seconds limit) {
-    const auto end = Clock::now() + limit;
-    while (code_ == kRunning && Clock::now() < end) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return code_ == kRunning ? -1 : code_;
-  }
-  std::string output() const { return read_file(log_); }
-
- private:
-  static constexpr int kRunning = -1000;
-  pid_t pid_ = -1;
-  int code_ = kRunning;
-  fs::path log_;
+  // --bind-to none: each process runs threads (sampling, the pipeline) beyond its first core.
+  Launch(const std::string& mpirun_args, const fs::path& log)
+      : Background("mpirun --oversubscribe --bind-to none " + mpirun_args, log) {}
 };
 
 // The pid of the gale process of `rank` whose command line mentions `marker`, or -1.
 pid_t rank_pid(int rank, const std::string& marker) {
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmdline = read_file(e.path() / "cmdline");
-    for (char& c : cmdline)
-      if (c == '\0') c = ' ';
-    if (cmdline.find("gale train") == std::string::npos || cmdline.find(marker) == std::string::npos) continue;
-    std::string env = read_file(e.path() / "environ");
-    for (char& c : env)
-      if (c == '\0') c = '\n';
-    if (env.find("\nOMPI_COMM_WORLD_RANK=" + std::to_string(rank) + "\n") != std::string::npos ||
-        env.rfind("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + "\n", 0) == 0)
-      return static_cast<pid_t>(std::stol(name));
-  }
-  return -1;
+  return testing_support::find_gale_process(marker, "OMPI_COMM_WORLD_RANK=" + std::to_string(rank));
 }
 
 #if GALE_MPI_TEST_GPUS
@@ -128,14 +78,7 @@ class Mpi : public ::testing::Test {
 #if GALE_MPI_TEST_GPUS
     if (all_gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs";
 #endif
-    dir_ = fs::temp_directory_path() / ("gale-mpi-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    store_ = (dir_ / "sbm.gale").string();
-    const std::string cmd = kGale + " preprocess --generate sbm:nodes=2000,classes=4,avg-degree=8,feature-dim=16,seed=3 -o " +
-                            store_ + " > /dev/null 2>&1";
-    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    store_ = testing_support::fresh_dir_with_store(kGale, "gale-mpi", &dir_);
     ASSERT_EQ(std::system("mpirun --version > /dev/null 2>&1"), 0) << "mpirun (openmpi-bin) is not installed";
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -152,15 +95,7 @@ class Mpi : public ::testing::Test {
     return kGale + " train " + store_ + " -q --fanouts 5,5 --batch-size 128 " + more;
   }
   // Each line of a metrics file that reports an epoch.
-  static std::vector<nlohmann::json> epochs(const std::string& file) {
-    std::vector<nlohmann::json> out;
-    std::ifstream in(file);
-    for (std::string line; std::getline(in, line);) {
-      nlohmann::json j = nlohmann::json::parse(line);
-      if (j.contains("epoch")) out.push_back(j);
-    }
-    return out;
-  }
+  static std::vector<nlohmann::json> epochs(const std::string& file) { return testing_support::metrics_epochs(file); }
   // Starts a long run of 2 processes and waits for its first epoch; `extra` goes to both ranks.
   std::unique_ptr<Launch> long_run(const std::string& extra, const std::string& metrics) {
     auto run = std::make_unique<Launch>("-np 2 " + train(workers(1) + " --epochs 1000000 --metrics " + metrics + " " + extra),
@@ -328,6 +263,13 @@ TEST_F(Mpi, ARankThatFailsStopsTheRunWithItsError) {
   EXPECT_NE(run.output().find("missing.gale"), std::string::npos) << run.output();
 }
 
+// gale train --processes starts the processes itself: under mpirun, which already did, it is refused.
+TEST_F(Mpi, ProcessesUnderMpirunIsRefused) {
+  Launch run("-np 1 " + train(workers(1) + " --epochs 1 --processes 2"), dir_ / "log");
+  EXPECT_EQ(run.wait(std::chrono::seconds(60)), 2) << run.output();
+  EXPECT_NE(run.output().find("--processes: this run was started by mpirun"), std::string::npos) << run.output();
+}
+
 TEST_F(Mpi, RanksWithDifferentOptionsAreRefused) {
   Launch run("-np 1 " + train(workers(1) + " --epochs 3") + " : -np 1 " + train(workers(1) + " --epochs 4"),
              dir_ / "log");
@@ -351,10 +293,8 @@ TEST_F(Mpi, SigtermToOneRankStopsBothAndTheResumeIsExact) {
 // checkpoint, usually inside an epoch, and ends bit for bit where a run that was never killed ends.
 TEST_F(Mpi, AKilledRunResumesFromItsIntervalCheckpointExactly) {
   interrupt_and_resume("--checkpoint-interval 0.001", SIGKILL, 2);
-  const auto a = epochs(path("split.jsonl")), b = epochs(path("whole.jsonl"));
-  ASSERT_GE(a.size(), 40u);  // epochs trained after the last checkpoint, before the kill, report twice
-  EXPECT_EQ(a.back()["loss"].get<double>(), b.back()["loss"].get<double>());
-  EXPECT_EQ(a.back()["test_acc"].get<double>(), b.back()["test_acc"].get<double>());
+  ASSERT_GE(epochs(path("split.jsonl")).size(), 40u);  // epochs trained after the last checkpoint, before the kill, report twice
+  testing_support::expect_same_last_epoch(path("split.jsonl"), path("whole.jsonl"));
 }
 
 TEST_F(Mpi, KillingARankEndsTheOthersWithinAMinute) {
@@ -362,10 +302,7 @@ TEST_F(Mpi, KillingARankEndsTheOthersWithinAMinute) {
   auto run = long_run("", metrics);
   const pid_t victim = rank_pid(1, metrics);
   ASSERT_GT(victim, 0) << run->output();
-  const auto t0 = Clock::now();
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
-  const int code = run->wait(std::chrono::seconds(90));
-  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(60));
+  const int code = testing_support::signal_and_wait(*run, victim, SIGKILL);
   EXPECT_NE(code, 0) << run->output();
   EXPECT_NE(code, -1) << "the run still goes on 90 s after its rank 1 was killed";
   EXPECT_NE(run->output().find("rank 1"), std::string::npos) << run->output();
@@ -376,15 +313,7 @@ TEST_F(Mpi, ARankThatStopsAnsweringTimesOutWithExitCode5) {
   const std::string metrics = path("stop.jsonl");
   auto run = long_run("--comm-timeout 3", metrics);
   const pid_t victim = rank_pid(1, metrics);
-  ASSERT_GT(victim, 0) << run->output();
-  const auto t0 = Clock::now();
-  ASSERT_EQ(::kill(victim, SIGSTOP), 0);  // alive but silent: mpirun alone would wait forever
-  const int code = run->wait(std::chrono::seconds(90));
-  if (code == -1) ::kill(victim, SIGKILL);
-  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(60));
-  EXPECT_EQ(code, 5) << run->output();
-  EXPECT_NE(run->output().find("rank 0 ("), std::string::npos) << run->output();
-  EXPECT_NE(run->output().find("--comm-timeout 3 s"), std::string::npos) << run->output();
+  testing_support::expect_silent_rank_times_out(*run, victim);  // alive but silent: mpirun alone would wait forever
   EXPECT_EQ(rank_pid(1, metrics), -1) << "the stopped rank outlived the run";
 }
 

@@ -33,11 +33,18 @@ if command -v mpirun > /dev/null; then
     "$fake" "$tmp/store"
 fi
 MGS_DRY_RUN=1 MGS_CPU=1 MGS_GPUS="1 2" expect_exit 0 'preprocess --generate rmat:scale=23,' "$fake" "$tmp/store"
+MGS_DRY_RUN=1 MGS_CPU=1 MGS_GPUS="1 2" MGS_LAYOUTS=launched expect_exit 0 'GALE_WORKER_THREADS=pinned .* train .*--device cpu --processes 2' \
+  "$fake" "$tmp/store"
+if command -v nvidia-smi > /dev/null; then
+  MGS_DRY_RUN=1 MGS_GPUS="1 2" MGS_LAYOUTS=launched expect_exit 0 'CUDA_VISIBLE_DEVICES=0,1 .* train .*--gpus all --processes per-gpu' \
+    "$fake" "$tmp/store"
+fi
 
 if [ -n "$gale" ] && command -v mpirun > /dev/null && command -v python3 > /dev/null; then
   MGS_CPU=1 MGS_GPUS="1 2" MGS_EPOCHS=2 MGS_SCALE=10 MGS_POLICIES="pinned shared" \
     expect_exit 0 'threads  pinned        2 .*x' "$gale" "$tmp/rmat.gale"
   grep -qE '^procs +shared +2 ' "$tmp/stdout" || fail "no procs row: $(cat "$tmp/stdout")"
+  grep -qE '^launched +pinned +2 ' "$tmp/stdout" || fail "no launched row: $(cat "$tmp/stdout")"
   grep -qE '^threads-pinned-2 +1 ' "$tmp/stdout" || fail "no stage row of worker 1: $(cat "$tmp/stdout")"
   grep -qE "threads: arenas; cpu: cpus [0-9,-]+ \([0-9]+ threads\)" "$tmp/stdout" || fail "no worker cpus: $(cat "$tmp/stdout")"
 else

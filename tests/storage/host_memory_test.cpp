@@ -240,5 +240,19 @@ TEST(HostMemory, ThisMachineHasMemoryAvailableAndABudgetWithinIt) {
   RecordProperty("host_memory", describe(m));
 }
 
+// The run's processes on one host (mpirun's, or gale train --processes) split the default budget:
+// each measured the same memory at start-up. A budget given on the command line is each one's.
+TEST(HostMemory, TheDefaultBudgetIsSplitAmongTheHostsProcesses) {
+  const auto given = make_host_budget(uint64_t{1} << 30, "1G", 4);
+  EXPECT_EQ(given->limit(), uint64_t{1} << 30);
+  const auto shared = make_host_budget(0, "", 2);
+  if (shared->limit() == kernels::cuda::MemoryBudget::kUnlimited) GTEST_SKIP() << "no MemAvailable or cgroup limit here";
+  EXPECT_NE(shared->limit_text().find("shared by the run's 2 processes on this host"), std::string::npos)
+      << shared->limit_text();
+  const auto alone = make_host_budget(0, "", 1);
+  EXPECT_EQ(alone->limit_text().find("shared by"), std::string::npos) << alone->limit_text();
+  EXPECT_LT(shared->limit(), alone->limit() * 3 / 4);  // about half (MemAvailable moves between reads)
+}
+
 }  // namespace
 }  // namespace gale::storage
