@@ -177,6 +177,26 @@ TEST_F(Mpi, TwoProcessesEndWhereTwoWorkersOfOneProcessEnd) {
   EXPECT_EQ(out.find("best valid_acc"), out.rfind("best valid_acc")) << out;
 }
 
+#if GALE_MPI_TEST_GPUS
+// `gale train --processes per-gpu` without mpirun: one process per GPU, started by gale itself,
+// ends where one process of both GPUs ends (to float tolerance, as above), replicas identical.
+TEST_F(Mpi, ProcessesStartedByGaleEndWhereOneProcessOfTwoGpusEnds) {
+  const std::string one = path("one.jsonl"), two = path("two.jsonl");
+  const std::string common = " --dropout 0 --check-replicas --epochs 3 --metrics ";
+  ASSERT_EQ(std::system((train(workers(2) + common + one) + " > /dev/null 2>&1").c_str()), 0);
+  testing_support::Background run(train("--gpus all --processes per-gpu" + common + two), dir_ / "log");
+  ASSERT_EQ(run.wait(std::chrono::seconds(120)), 0) << run.output();
+  const auto a = epochs(one), b = epochs(two);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t e = 0; e < a.size(); ++e) {
+    EXPECT_NEAR(a[e]["loss"].get<double>(), b[e]["loss"].get<double>(), 1e-3 * a[e]["loss"].get<double>()) << "epoch " << e;
+    EXPECT_EQ(b[e]["processes"], 2);
+    EXPECT_EQ(b[e]["workers"], 2);
+  }
+}
+#endif
+
 #if !GALE_MPI_TEST_GPUS
 // Rank 0 writes the checkpoints; on --resume every rank reads them and the run goes on as if it
 // had never stopped.
