@@ -84,7 +84,6 @@ struct Copy {
   pid_t pid = -1;
   int fd = -1;
   bool ended = false;  // reaped
-  int code = 0;        // its exit code once ended (128 + N when ended by signal N)
   std::vector<unsigned char> in;  // bytes read, not yet a whole message
   bool pending = false;           // a whole message waits for the others'
   Header header;
@@ -147,7 +146,7 @@ class Launcher {
       if (pid < 0) {
         ::close(pair[0]);
         ::close(pair[1]);
-        stop_others(static_cast<int>(ExitCode::kResource), r);
+        stop_others(static_cast<int>(ExitCode::kResource));
         throw ResourceError(std::string("--processes: fork failed: ") + std::strerror(errno));
       }
       if (pid == 0) {  // the copy: its end of the pair survives exec, the launcher's ends do not
@@ -197,12 +196,12 @@ class Launcher {
         if (n <= 0) {  // the copy is ending
           const int code = reap(c);
           const bool expected = code == 0 || (forwarded && (code == 128 + SIGINT || code == 128 + SIGTERM));
-          if (!expected) return stop_others(code, which[i]);
+          if (!expected) return stop_others(code);
           if (result == 0) result = code;
           continue;
         }
         c.in.insert(c.in.end(), buffer, buffer + n);
-        if (const int code = parse(c); code != 0) return stop_others(code, which[i]);
+        if (const int code = parse(c); code != 0) return stop_others(code);
       }
       if (const int code = answer(); code != 0) return code;
     }
@@ -243,7 +242,7 @@ class Launcher {
       for (size_t r = 0; r < copies_.size(); ++r) {
         if (!copies_[r].ended) continue;
         std::fprintf(stderr, "gale: error: --processes: process %zu ended while the others waited for it\n", r);
-        return stop_others(static_cast<int>(ExitCode::kPeer), r);
+        return stop_others(static_cast<int>(ExitCode::kPeer));
       }
     }
     if (waiting < copies_.size()) return 0;
@@ -251,7 +250,7 @@ class Launcher {
     for (const Copy& c : copies_) {
       if (c.header.kind != first.kind || c.header.bytes != first.bytes) {
         std::fprintf(stderr, "gale: error: --processes: the processes' collectives differ (process %d)\n", index(c));
-        return stop_others(static_cast<int>(ExitCode::kInternal), static_cast<size_t>(index(c)));
+        return stop_others(static_cast<int>(ExitCode::kInternal));
       }
     }
     std::vector<unsigned char> reply;
@@ -274,15 +273,14 @@ class Launcher {
     while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
     }
     c.ended = true;
-    c.code = exit_code(status);
-    if (WIFSIGNALED(status) && !(c.code == 128 + SIGINT || c.code == 128 + SIGTERM))
+    const int code = exit_code(status);  // 128 + N when ended by signal N
+    if (WIFSIGNALED(status) && !(code == 128 + SIGINT || code == 128 + SIGTERM))
       std::fprintf(stderr, "gale: error: --processes: process %d was killed by signal %d\n", index(c), WTERMSIG(status));
-    return c.code;
+    return code;
   }
 
-  // Process `who` failed with `code`: the others get SIGTERM, SIGKILL 10 s later; all are reaped.
-  int stop_others(int code, size_t who) {
-    (void)who;
+  // A process failed with `code`: the others get SIGTERM, SIGKILL 10 s later; all are reaped.
+  int stop_others(int code) {
     stop_all(SIGTERM);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     for (Copy& c : copies_) {
@@ -304,7 +302,7 @@ class Launcher {
   }
   int fail(int code, const std::string& why) {
     std::fprintf(stderr, "gale: error: --processes: %s\n", why.c_str());
-    return stop_others(code, copies_.size());
+    return stop_others(code);
   }
   void stop_all(int sig) {
     for (Copy& c : copies_) {

@@ -5,8 +5,9 @@
 // or PMI_SIZE / PMIX_RANK of other launchers, in the environment) the first call to get() starts
 // MPI and the run has H processes: one per host, or one per GPU (GALE_GPUS_PER_PROCESS, see
 // place_devices). `gale train --processes N` starts N processes on this host itself, without MPI
-// (engine/local_processes.hpp): their collectives go through the process that started them. MPI only carries small things: the NCCL unique id, the options' fingerprint,
-// per-epoch metrics and CPU workers' gradient sums; NCCL carries the GPUs' tensors.
+// (engine/local_processes.hpp): their collectives go through the process that started them. MPI
+// only carries small things: the NCCL unique id, the options' fingerprint, per-epoch metrics and
+// CPU workers' gradient sums; NCCL carries the GPUs' tensors.
 //
 // Failures end the whole run, never hang it:
 //   - a process that fails reports "rank R (host): ..." and calls fail(), which takes every other

@@ -466,13 +466,9 @@ struct MiniBatchEpochs::Worker {
     // The loss of a step is the mean over every worker's seeds: this worker's gradient is its sum
     // over the step's seeds (one pass: an axpy of its own cost a kernel a step). GPU-sampled, the
     // labels are read by the seeds' ids from the whole graph's (no gather of their own).
-    if (p->seeds.defined()) {
-      ops::softmax_cross_entropy_seeds_async(logits, r.labels_all, p->seeds, &grad, &step_losses, b,
-                                             plan.step_length(b));
-    } else {
-      ops::softmax_cross_entropy_seeds_async(logits, Tensor::from_host(p->labels.data(), len, 1, DType::kI32, r.dev),
-                                             Tensor(), &grad, &step_losses, b, plan.step_length(b));
-    }
+    const Tensor labels = p->seeds.defined() ? r.labels_all
+                                             : Tensor::from_host(p->labels.data(), len, 1, DType::kI32, r.dev);
+    ops::softmax_cross_entropy_seeds_async(logits, labels, p->seeds, &grad, &step_losses, b, plan.step_length(b));
     out.seeds += len;
     logits = Tensor();
     r.model->backward(std::move(grad),
@@ -571,8 +567,12 @@ struct MiniBatchEpochs::Worker {
   // GALE_OP_PROFILE's table of the epoch's steps: per op (a GEMM's batch-sized dimensions as N),
   // calls and GPU milliseconds, and the total per kind of op.
   void print_op_profile() {
-    std::vector<std::pair<std::string, std::pair<int64_t, double>>> ops;
-    std::vector<std::pair<std::string, double>> gaps;  // the stream's idle time before each op, by name
+    struct Row {
+      std::string name;
+      int64_t calls = 0;
+      double ms = 0, gap_ms = 0;  // gap: the stream's idle time before the op's calls
+    };
+    std::vector<Row> ops;
     double kinds[3] = {}, idle = 0;
     for (const ops::OpProfile::Entry& e : op_profile->table()) {
       std::string name;
@@ -587,30 +587,28 @@ struct MiniBatchEpochs::Worker {
         i = j;
       }
       kinds[std::min<int>(2, static_cast<int>(e.kind))] += e.ms;
-      auto it = std::find_if(ops.begin(), ops.end(), [&](const auto& o) { return o.first == name; });
-      if (it == ops.end()) it = ops.insert(ops.end(), {name, {0, 0.0}});
-      it->second.first += e.calls;
-      it->second.second += e.ms;
-      auto gap = std::find_if(gaps.begin(), gaps.end(), [&](const auto& g) { return g.first == name; });
-      if (gap == gaps.end()) gap = gaps.insert(gaps.end(), {name, 0.0});
-      gap->second += e.gap_ms;
+      auto it = std::find_if(ops.begin(), ops.end(), [&](const Row& o) { return o.name == name; });
+      if (it == ops.end()) it = ops.insert(ops.end(), Row{name});
+      it->calls += e.calls;
+      it->ms += e.ms;
+      it->gap_ms += e.gap_ms;
       idle += e.gap_ms;
     }
-    std::sort(ops.begin(), ops.end(), [](const auto& x, const auto& y) { return x.second.second > y.second.second; });
-    std::sort(gaps.begin(), gaps.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
     char line[256];
     std::snprintf(line, sizeof line, "op-profile worker %d epoch %lld: kinds %.2f %.2f %.2f ms, idle between ops %.2f ms\n",
                   local, static_cast<long long>(epoch), kinds[0], kinds[1], kinds[2], idle);
     std::string text = line;
-    for (size_t i = 0; i < gaps.size() && i < 12; ++i) {
+    std::sort(ops.begin(), ops.end(), [](const Row& x, const Row& y) { return x.gap_ms > y.gap_ms; });
+    for (size_t i = 0; i < ops.size() && i < 12; ++i) {
       std::snprintf(line, sizeof line, "op-profile worker %d epoch %lld: idle before %-38s %9.2f ms\n", local,
-                    static_cast<long long>(epoch), gaps[i].first.c_str(), gaps[i].second);
+                    static_cast<long long>(epoch), ops[i].name.c_str(), ops[i].gap_ms);
       text += line;
     }
+    std::sort(ops.begin(), ops.end(), [](const Row& x, const Row& y) { return x.ms > y.ms; });
     for (size_t i = 0; i < ops.size() && i < 40; ++i) {
       std::snprintf(line, sizeof line, "op-profile worker %d epoch %lld: %-44s %7lld calls %9.2f ms\n", local,
-                    static_cast<long long>(epoch), ops[i].first.c_str(), static_cast<long long>(ops[i].second.first),
-                    ops[i].second.second);
+                    static_cast<long long>(epoch), ops[i].name.c_str(), static_cast<long long>(ops[i].calls),
+                    ops[i].ms);
       text += line;
     }
     std::fputs(text.c_str(), stderr);
