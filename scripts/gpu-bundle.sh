@@ -12,7 +12,7 @@ cmake --build "$build" -j "$(nproc)"
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 # The CLI and the GPU suites only (the CPU suites run in CI), stripped: the bundle travels.
-cp "$build"/bin/gale "$build"/bin/gale_gpu_* "$out/bin/"
+cp "$build"/bin/gale "$build"/bin/gale_gpu_* "$build"/bin/gale_launchcost "$out/bin/"
 strip "$out"/bin/*
 cp -r tests/data "$out/data"
 cp "$build"/lib/libgale_hostprof.so "$out/lib/"  # bench/hostprof: preloaded, never linked

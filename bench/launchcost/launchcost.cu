@@ -1,0 +1,183 @@
+// bench/launchcost — host time of the CUDA calls a training step makes, with one thread driving
+// one GPU and with one thread per GPU at once (what `gale train --gpus 0,1` does in one process).
+//
+//   gale_launchcost [GPUS] [CALLS]    (GPUS: 1 or more, default every visible GPU; CALLS: 20000)
+//
+// For each kind of call, each thread enqueues CALLS of them on its own stream and device and times
+// only the enqueueing (the stream is drained every 256 calls, untimed, so the launch queue never
+// fills). Kinds: an empty kernel; Gale's GEMM (kernels::gemm_cuda through cuBLASLt, a sampled
+// block's 6144 x 256 x 256) and a bare cublasLtMatmul with its descriptors made once; an event
+// record; a pool allocation and its free; a 1 MiB memset. Prints microseconds per call, alone and
+// with every thread at once, and the ratio: a ratio above 1 is a lock the threads share.
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/dense.hpp"
+
+namespace {
+
+void check(cudaError_t s, const char* what) {
+  if (s != cudaSuccess) {
+    std::fprintf(stderr, "launchcost: %s: %s\n", what, cudaGetErrorString(s));
+    std::exit(1);
+  }
+}
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "launchcost: %s: cuBLAS status %d\n", what, static_cast<int>(s));
+    std::exit(1);
+  }
+}
+
+__global__ void empty_kernel(float* p) {
+  if (p != nullptr && threadIdx.x == 1024) p[0] = 0.0f;  // never true: keeps the launch real
+}
+
+constexpr int64_t kM = 6144, kN = 256, kK = 256;
+constexpr size_t kWorkspace = size_t{32} << 20;
+
+// One GPU's state: its stream, operands, handles and pool.
+struct Worker {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  float *a = nullptr, *b = nullptr, *c = nullptr;
+  void* workspace = nullptr;
+  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulHeuristicResult_t algo{};
+  cudaMemPool_t pool = nullptr;
+  cudaEvent_t event = nullptr;
+
+  void open(int d) {
+    device = d;
+    check(cudaSetDevice(d), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaMalloc(&a, kM * kK * sizeof(float)), "cudaMalloc");
+    check(cudaMalloc(&b, kK * kN * sizeof(float)), "cudaMalloc");
+    check(cudaMalloc(&c, kM * kN * sizeof(float)), "cudaMalloc");
+    check(cudaMalloc(&workspace, kWorkspace), "cudaMalloc");
+    check(cudaMemset(a, 0, kM * kK * sizeof(float)), "cudaMemset");
+    check(cudaMemset(b, 0, kK * kN * sizeof(float)), "cudaMemset");
+    check(cublasCreate(&blas), "cublasCreate");
+    check(cublasSetStream(blas, stream), "cublasSetStream");
+    check(cublasLtCreate(&lt), "cublasLtCreate");
+    check(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    check(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, kN, kK, kN), "layout");
+    check(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, kK, kM, kK), "layout");
+    check(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, kN, kM, kN), "layout");
+    cublasLtMatmulPreference_t pref = nullptr;
+    check(cublasLtMatmulPreferenceCreate(&pref), "pref");
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
+                                               sizeof(kWorkspace)),
+          "pref");
+    int count = 0;
+    check(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &algo, &count), "heuristic");
+    cublasLtMatmulPreferenceDestroy(pref);
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = d;
+    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+    uint64_t keep = ~uint64_t{0};
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "pool attribute");
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+  }
+};
+
+struct Kind {
+  const char* name;
+  std::function<void(Worker&)> call;
+};
+
+// Microseconds per call of `call` on w, the queue drained every 256 calls outside the timing.
+double time_calls(Worker& w, const Kind& kind, int calls) {
+  check(cudaSetDevice(w.device), "cudaSetDevice");
+  for (int i = 0; i < 64; ++i) kind.call(w);
+  check(cudaStreamSynchronize(w.stream), "sync");
+  double seconds = 0;
+  for (int done = 0; done < calls;) {
+    const int n = std::min(256, calls - done);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) kind.call(w);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    check(cudaStreamSynchronize(w.stream), "sync");
+    done += n;
+  }
+  return 1e6 * seconds / calls;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int visible = 0;
+  check(cudaGetDeviceCount(&visible), "cudaGetDeviceCount");
+  const int gpus = argc > 1 ? std::atoi(argv[1]) : visible;
+  const int calls = argc > 2 ? std::atoi(argv[2]) : 20000;
+  if (gpus < 1 || gpus > visible || calls < 256) {
+    std::fprintf(stderr, "launchcost: expected GPUS in 1..%d and CALLS >= 256\n", visible);
+    return 2;
+  }
+  std::vector<Worker> workers(static_cast<size_t>(gpus));
+  for (int d = 0; d < gpus; ++d) workers[static_cast<size_t>(d)].open(d);
+  const float one = 1.0f, zero = 0.0f;
+  const std::vector<Kind> kinds = {
+      {"empty kernel", [](Worker& w) { empty_kernel<<<1, 32, 0, w.stream>>>(nullptr); }},
+      {"gale gemm (cuBLASLt)",
+       [](Worker& w) {
+         gale::kernels::gemm_cuda(w.blas, false, false, kM, kN, kK, 1.0f, w.a, kK, w.b, kN, 0.0f, w.c, kN,
+                                  false, w.workspace, kWorkspace);
+       }},
+      {"cublasLtMatmul, made once",
+       [&](Worker& w) {
+         check(cublasLtMatmul(w.lt, w.desc, &one, w.b, w.la, w.a, w.lb, &zero, w.c, w.lc, w.c, w.lc, &w.algo.algo,
+                              w.workspace, kWorkspace, w.stream),
+               "cublasLtMatmul");
+       }},
+      {"cublasGemmEx",
+       [&](Worker& w) {
+         check(cublasGemmEx(w.blas, CUBLAS_OP_N, CUBLAS_OP_N, kN, kM, kK, &one, w.b, CUDA_R_32F, kN, w.a,
+                            CUDA_R_32F, kK, &zero, w.c, CUDA_R_32F, kN, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+       }},
+      {"event record", [](Worker& w) { check(cudaEventRecord(w.event, w.stream), "cudaEventRecord"); }},
+      {"pool alloc + free",
+       [](Worker& w) {
+         void* p = nullptr;
+         check(cudaMallocFromPoolAsync(&p, 1 << 20, w.pool, w.stream), "cudaMallocFromPoolAsync");
+         check(cudaFreeAsync(p, w.stream), "cudaFreeAsync");
+       }},
+      {"memset 1 MiB", [](Worker& w) { check(cudaMemsetAsync(w.c, 0, 1 << 20, w.stream), "cudaMemsetAsync"); }},
+  };
+  std::printf("%-28s %12s %12s %8s   (%d GPUs, %d calls each)\n", "call", "alone us", "together us", "ratio",
+              gpus, calls);
+  for (const Kind& kind : kinds) {
+    const double alone = time_calls(workers[0], kind, calls);
+    std::vector<double> each(static_cast<size_t>(gpus));
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int d = 0; d < gpus; ++d) {
+      threads.emplace_back([&, d] {
+        ready.fetch_add(1);
+        while (ready.load() < gpus) std::this_thread::yield();
+        each[static_cast<size_t>(d)] = time_calls(workers[static_cast<size_t>(d)], kind, calls);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    const double together = *std::max_element(each.begin(), each.end());
+    std::printf("%-28s %12.2f %12.2f %8.2f\n", kind.name, alone, together, together / alone);
+  }
+  return 0;
+}
