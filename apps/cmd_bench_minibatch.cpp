@@ -524,6 +524,7 @@ int bench_pipeline(const std::vector<std::string>& args) {
   if (vm.count("prefetch") && o.prefetch < 1)
     throw InputError("--prefetch: expected at least 1, found " + std::to_string(o.prefetch));
   if (o.reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
+  if (asks_for_several_gpus(gpus_text, "")) engine::load_kernels_eagerly();  // as train does
   o.device = parse_device(device_text);
   o.devices = parse_workers(gpus_text, cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o.device);
   BenchStore::check(store_path, generate, "bench pipeline");

@@ -310,6 +310,8 @@ int run_train(const std::vector<std::string>& args) {
     o.full_graph = false;
     o.fanouts = parse_fanouts(fanouts);
   }
+  // Before anything starts CUDA (parse_device does for auto): the driver reads it once.
+  if (asks_for_several_gpus(gpus, processes)) engine::load_kernels_eagerly();
   o.device = parse_device(device);
   if (!checkpoint_interval.empty()) o.checkpoint_interval_s = parse_duration(checkpoint_interval, "--checkpoint-interval");
   if (!gpu_budget.empty()) {

@@ -2,6 +2,9 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <iterator>
 #include <iostream>
 
 #include "apps/commands.hpp"
@@ -157,6 +160,20 @@ int parse_processes(const std::string& text, const std::vector<Device>& devices,
     throw InputError("--processes " + text + ": the " + std::to_string(devices.size()) + " GPUs of --gpus do not "
                      "divide among " + std::to_string(count) + " processes");
   return count;
+}
+
+bool asks_for_several_gpus(const std::string& gpus, const std::string& processes) {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "GALE_LOCAL_SIZE"}) {  // one process of several
+    const char* value = std::getenv(var);
+    if (value != nullptr && std::atoi(value) > 1) return true;
+  }
+  if (gpus.empty()) return false;
+  if (!processes.empty() && processes != "1") return true;  // it starts processes, which inherit the choice
+  if (gpus != "all") return split_list(gpus, ',').size() > 1;
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) return split_list(visible, ',').size() > 1;
+  std::error_code ec;  // the driver's list of the machine's GPUs
+  const std::filesystem::directory_iterator listed("/proc/driver/nvidia/gpus", ec);
+  return !ec && std::distance(listed, std::filesystem::directory_iterator()) > 1;
 }
 
 std::vector<Device> parse_workers(const std::string& gpus, int cpu_workers, bool workers_given, bool device_given,

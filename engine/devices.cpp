@@ -37,6 +37,22 @@ int gpu_count() {
 #endif
 }
 
+bool load_kernels_eagerly() {
+#if GALE_WITH_CUDA
+  return kernels::cuda::request_eager_module_loading();
+#else
+  return false;
+#endif
+}
+
+std::string kernel_loading() {
+#if GALE_WITH_CUDA
+  return gpu_count() > 0 ? kernels::cuda::module_loading() : "";
+#else
+  return "";
+#endif
+}
+
 void require(const Device& device) {
   if (device.is_cpu()) return;
 #if GALE_WITH_CUDA

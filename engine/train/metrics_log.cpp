@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "engine/devices.hpp"
 #include "kernels/error.hpp"
 
 namespace gale::engine::train_parts {
@@ -61,6 +62,7 @@ void MetricsLog::epoch(const EpochMetrics& m, const FeaturePlacement& placement)
   if (run_.lead_device().is_cuda()) {
     j["gpu_peak_bytes"] = m.gpu_peak_bytes;
     j["gpu_allocations"] = {{"calls", m.gpu_allocations}, {"reused", m.gpu_allocations_reused}};
+    j["kernel_loading"] = kernel_loading();
   }
   if (!opt.full_graph) {
     j["input_nodes"] = m.input_nodes;

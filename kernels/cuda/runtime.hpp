@@ -31,6 +31,19 @@ int device_count() noexcept;
 // Throws DeviceError "no CUDA device N (found M)" unless `ordinal` names a present device.
 void require_device(int ordinal);
 
+// How the CUDA driver loads the kernels of Gale and of its libraries (cuBLAS, cuSPARSE, NCCL):
+// lazily, each one at its first launch (CUDA's default), or eagerly, all of them when a GPU's
+// context is made. Eager loading costs about 2 s of start-up and 0.45 GiB of each GPU's memory
+// (outside the pool's budget), and makes a data-parallel epoch on 2 H200s about 1% shorter, in one
+// process and as processes; a run on one GPU gains nothing (docs/performance.md, twentieth
+// session). The driver reads CUDA_MODULE_LOADING once, when the process's first CUDA call starts
+// it: request_eager_module_loading sets it to EAGER only before that call, and never overrides a
+// value the user set. Returns whether it set it.
+bool request_eager_module_loading();
+// "eager" or "lazy" as the driver loads now (starting it if it has not started); "" without a
+// driver.
+std::string module_loading();
+
 struct DeviceInfo {
   std::string name;             // "NVIDIA H100 80GB HBM3"
   uint64_t total_memory = 0;    // bytes

@@ -197,6 +197,29 @@ TEST_F(Mpi, ProcessesStartedByGaleEndWhereOneProcessOfTwoGpusEnds) {
 }
 #endif
 
+#if GALE_MPI_TEST_GPUS
+// A run on several GPUs has CUDA load every kernel up front (engine::load_kernels_eagerly), in one
+// process and in each process of several; a run on one GPU keeps CUDA's lazy loading, and so does a
+// run whose user set CUDA_MODULE_LOADING.
+TEST_F(Mpi, RunsOnSeveralGpusLoadKernelsEagerlyAndOthersAsTheyWere) {
+  const auto loading = [&](const std::string& prefix, const std::string& options) {
+    const std::string metrics = path("loading.jsonl");
+    fs::remove(metrics);
+    const std::string command = prefix + train(options + " --epochs 1 --metrics " + metrics);
+    EXPECT_EQ(std::system((command + " > " + path("loading.log") + " 2>&1").c_str()), 0) << read_file(path("loading.log"));
+    const auto rows = epochs(metrics);
+    return rows.empty() ? std::string("no epoch") : rows.front().value("kernel_loading", std::string("absent"));
+  };
+  EXPECT_EQ(loading("", "--gpus all"), "eager");
+  EXPECT_EQ(loading("", "--gpus 0,1"), "eager");
+  EXPECT_EQ(loading("", "--gpus all --processes per-gpu"), "eager");
+  EXPECT_EQ(loading("mpirun -np 2 --oversubscribe --bind-to none ", "--gpus all"), "eager");
+  EXPECT_EQ(loading("", "--gpus 1"), "lazy");
+  EXPECT_EQ(loading("", "--device cuda"), "lazy");
+  EXPECT_EQ(loading("CUDA_MODULE_LOADING=LAZY ", "--gpus 0,1"), "lazy");
+}
+#endif
+
 #if !GALE_MPI_TEST_GPUS
 // Rank 0 writes the checkpoints; on --resume every rank reads them and the run goes on as if it
 // had never stopped.
