@@ -157,7 +157,7 @@ BatchFeatures::~BatchFeatures() {
 #if GALE_WITH_CUDA
   // The last gathers may still read the staged buffers: wait for them before the pool frees them.
   for (const auto& slot : impl_->pool)
-    if (slot->pending) slot->read->synchronize();
+    if (slot->pending) slot->read->synchronize_unchecked();
 #endif
 }
 

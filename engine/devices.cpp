@@ -312,7 +312,7 @@ LaggedReads::LaggedReads(const Device& device, int slots, int64_t values) : impl
 
 LaggedReads::~LaggedReads() {
 #if GALE_WITH_CUDA
-  if (impl_->side) impl_->side->synchronize();  // no copy may land in the freed page-locked slots
+  if (impl_->side) impl_->side->synchronize_unchecked();  // no copy may land in the freed page-locked slots
 #endif
 }
 

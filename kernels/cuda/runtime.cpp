@@ -136,6 +136,10 @@ void Stream::wait(const Event& event) const {
 
 void Stream::synchronize() const { GALE_CHECK_CUDA(cudaStreamSynchronize(stream_)); }
 
+void Stream::synchronize_unchecked() const noexcept {
+  if (cudaStreamSynchronize(stream_) != cudaSuccess) (void)cudaGetLastError();
+}
+
 // --- Event ---------------------------------------------------------------------------------------
 
 Event::Event(int device, Timing timing) : device_(device) {
@@ -173,6 +177,10 @@ bool Event::ready() const {
 }
 
 void Event::synchronize() const { GALE_CHECK_CUDA(cudaEventSynchronize(event_)); }
+
+void Event::synchronize_unchecked() const noexcept {
+  if (cudaEventSynchronize(event_) != cudaSuccess) (void)cudaGetLastError();
+}
 
 float elapsed_ms(const Event& start, const Event& end) {
   end.synchronize();  // cudaEventElapsedTime answers cudaErrorNotReady until `end` has completed

@@ -96,6 +96,9 @@ class Stream {
   void wait(const Event& event) const;
   // Blocks the host until all work on this stream has finished.
   void synchronize() const;
+  // The same for destructors: an error (the device failing already, which whoever meets it first
+  // reports) is cleared, not thrown, so unwinding from that failure never ends in std::terminate.
+  void synchronize_unchecked() const noexcept;
 
  private:
   void reset() noexcept;
@@ -125,6 +128,8 @@ class Event {
   bool ready() const;
   // Blocks the host until the captured work has finished.
   void synchronize() const;
+  // The same for destructors (as Stream::synchronize_unchecked).
+  void synchronize_unchecked() const noexcept;
 
  private:
   void reset() noexcept;

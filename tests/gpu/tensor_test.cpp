@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
+#include "tests/gpu/fault_device.hpp"
 
 namespace gale::engine {
 namespace {
@@ -79,6 +81,31 @@ TEST_F(GpuTensor, LaggedReadsReturnEachSlotsValuesAsCopied) {
   }
   EXPECT_EQ(values(7 % 3), std::vector<float>(2, 7.0f));
   EXPECT_EQ(values(6 % 3), std::vector<float>(2, 6.0f));
+}
+
+// A worker that fails on a faulting device unwinds through its LaggedReads (and BatchFeatures):
+// their destructors wait for their copies, and a wait that fails there must not throw, which would
+// end the process with SIGABRT instead of the failure's one-line error and exit code. In a child
+// process (the fault breaks every later CUDA call), which must end with the code it chose.
+TEST_F(GpuTensor, LaggedReadsEndQuietlyOnAFaultingDevice) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const Device gpu = Device::cuda(0);
+        {
+          LaggedReads reads(gpu, 2, 2);
+          const Tensor t = Tensor::zeros(1, 2, DType::kF32, gpu);
+          reads.copy(0, t);
+          testing_support::fault_device(DeviceContext::get(0).stream());
+          try {
+            reads.copy(1, t);  // the side stream's copy waits on the faulting work
+          } catch (const Error&) {  // or the fault shows here already: either way it unwinds next
+          }
+          (void)cudaDeviceSynchronize();  // the fault has happened: every wait now fails
+        }
+        std::_Exit(7);
+      },
+      ::testing::ExitedWithCode(7), "");
 }
 
 // Layer outputs beyond the host budget (issue 36): a MappedHostTable charged to the budget when it
