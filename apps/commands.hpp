@@ -59,8 +59,9 @@ std::vector<Device> parse_workers(const std::string& gpus, int cpu_workers, bool
                                   Device* device);
 // Whether a run's --gpus and --processes (as written) and its environment make it train on several
 // GPUs: two or more listed, `all` on a machine with several (counted without starting CUDA: from
-// CUDA_VISIBLE_DEVICES, else the driver's /proc list), processes to start, or this process one of
-// several (mpirun's, gale's). Decided before CUDA starts, for engine::load_kernels_eagerly.
+// CUDA_VISIBLE_DEVICES, else the driver's /proc list), processes to start, or this process started
+// by mpirun or by gale's launcher (engine::Processes::launched). Decided before CUDA starts, for
+// engine::load_kernels_eagerly.
 bool asks_for_several_gpus(const std::string& gpus, const std::string& processes);
 // --processes N|per-gpu: how many processes the run starts on this host (per-gpu: one per device of
 // --gpus); N must divide --gpus' devices. full_graph: the run trains on the whole graph, which takes

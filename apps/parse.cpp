@@ -163,10 +163,7 @@ int parse_processes(const std::string& text, const std::vector<Device>& devices,
 }
 
 bool asks_for_several_gpus(const std::string& gpus, const std::string& processes) {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "GALE_LOCAL_SIZE"}) {  // one process of several
-    const char* value = std::getenv(var);
-    if (value != nullptr && std::atoi(value) > 1) return true;
-  }
+  if (engine::Processes::launched()) return true;  // one process of a run of several (mpirun's, gale's)
   if (gpus.empty()) return false;
   if (!processes.empty() && processes != "1") return true;  // it starts processes, which inherit the choice
   if (gpus != "all") return split_list(gpus, ',').size() > 1;

@@ -37,17 +37,15 @@ int gpu_count() {
 #endif
 }
 
-bool load_kernels_eagerly() {
+void load_kernels_eagerly() {
 #if GALE_WITH_CUDA
-  return kernels::cuda::request_eager_module_loading();
-#else
-  return false;
+  kernels::cuda::request_eager_module_loading();
 #endif
 }
 
 std::string kernel_loading() {
 #if GALE_WITH_CUDA
-  return gpu_count() > 0 ? kernels::cuda::module_loading() : "";
+  return kernels::cuda::module_loading();
 #else
   return "";
 #endif

@@ -26,10 +26,9 @@ int gpu_count();
 void require(const Device& device);
 
 // For a run on several GPUs: asks CUDA to load every kernel when a GPU's context is made instead
-// of at each kernel's first launch (kernels/cuda/runtime.hpp says what it costs and gains). Only
-// before anything has touched a GPU, and never over the user's CUDA_MODULE_LOADING; returns
-// whether it asked (never without CUDA).
-bool load_kernels_eagerly();
+// of at each kernel's first launch (kernels/cuda/runtime.hpp says what it costs and gains). Call it
+// before anything touches a GPU; the user's CUDA_MODULE_LOADING stands.
+void load_kernels_eagerly();
 // How CUDA loads kernels in this process: "eager", "lazy", or "" (no CUDA or no driver).
 std::string kernel_loading();
 

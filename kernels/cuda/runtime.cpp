@@ -14,14 +14,7 @@
 
 namespace gale::kernels::cuda {
 
-namespace {
-// Set by the first CUDA call this file makes (device_count, module_loading); a request after it
-// would not be read by the driver.
-std::atomic<bool> driver_started{false};
-}  // namespace
-
 int device_count() noexcept {
-  driver_started.store(true);
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     // No driver or no GPU (cudaErrorNoDevice, cudaErrorInsufficientDriver): a CPU-only machine.
@@ -32,24 +25,25 @@ int device_count() noexcept {
   return count;
 }
 
-bool request_eager_module_loading() {
-  if (driver_started.load() || std::getenv("CUDA_MODULE_LOADING") != nullptr) return false;
-  return ::setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0) == 0;
+void request_eager_module_loading() {
+  if (std::getenv("CUDA_MODULE_LOADING") == nullptr) ::setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
 }
 
 std::string module_loading() {
-  driver_started.store(true);
-  void* entry = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &entry, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess || entry == nullptr) {
-    (void)cudaGetLastError();
-    return "";
-  }
-  int mode = 0;  // CUmoduleLoadingMode: 1 eager, 2 lazy (cuda.h, not included: Gale links no libcuda)
-  if (reinterpret_cast<int (*)(int*)>(entry)(&mode) != 0) return "";
-  return mode == 1 ? "eager" : mode == 2 ? "lazy" : "";
+  static const std::string mode = [] {  // fixed once the driver has started
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &entry, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || entry == nullptr) {
+      (void)cudaGetLastError();
+      return std::string();
+    }
+    int loading = 0;  // CUmoduleLoadingMode: 1 eager, 2 lazy (cuda.h, not included: Gale links no libcuda)
+    if (reinterpret_cast<int (*)(int*)>(entry)(&loading) != 0) return std::string();
+    return std::string(loading == 1 ? "eager" : loading == 2 ? "lazy" : "");
+  }();
+  return mode;
 }
 
 void require_device(int ordinal) {

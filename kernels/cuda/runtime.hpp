@@ -37,11 +37,10 @@ void require_device(int ordinal);
 // (outside the pool's budget), and makes a data-parallel epoch on 2 H200s about 1% shorter, in one
 // process and as processes; a run on one GPU gains nothing (docs/performance.md, twentieth
 // session). The driver reads CUDA_MODULE_LOADING once, when the process's first CUDA call starts
-// it: request_eager_module_loading sets it to EAGER only before that call, and never overrides a
-// value the user set. Returns whether it set it.
-bool request_eager_module_loading();
-// "eager" or "lazy" as the driver loads now (starting it if it has not started); "" without a
-// driver.
+// it: request_eager_module_loading sets it to EAGER, unless the user set it, and must come before
+// the process's first CUDA call (later it changes nothing).
+void request_eager_module_loading();
+// "eager" or "lazy" as the driver loads (starting it if it has not started); "" without a driver.
 std::string module_loading();
 
 struct DeviceInfo {
