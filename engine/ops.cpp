@@ -484,19 +484,32 @@ void copy_into_columns(const Tensor& src, Tensor* dst, int64_t col) {
 #endif
 }
 
-void zero_block(Tensor* t, int64_t row0, int64_t row1, int64_t col0, int64_t col1) {
-  GALE_ASSERT(t->dtype() == DType::kF32);
-  GALE_ASSERT(0 <= row0 && row0 <= row1 && row1 <= t->rows() && 0 <= col0 && col0 <= col1 && col1 <= t->cols());
-  if (row0 == row1 || col0 == col1) return;
-  const OpTimer timer(OpKind::kOther, t->device(), "zero_block",
-                      traffic(static_cast<double>((row1 - row0) * (col1 - col0)) * sizeof(float)));
-  const kernels::MatrixView block{t->f32() + row0 * t->cols() + col0, row1 - row0, col1 - col0, t->cols()};
-  if (t->device().is_cpu()) return kernels::fill_block(block, 0.0f);
+Tensor side_by_side(int64_t rows, int64_t cols, std::initializer_list<PlacedBlock> blocks, const Device& device) {
+  GALE_ASSERT(blocks.size() <= static_cast<size_t>(kernels::kMaxSideBySide));
+  kernels::ColumnBlock views[kernels::kMaxSideBySide];
+  int count = 0;
+  double read = 0;
+  for (const PlacedBlock& b : blocks) {
+    GALE_ASSERT(b.src->dtype() == DType::kF32 && b.src->device() == device);
+    GALE_ASSERT(b.src->rows() <= rows && b.col >= 0 && b.col + b.src->cols() <= cols);
+    for (int k = 0; k < count; ++k)
+      GALE_ASSERT(b.col >= views[k].col + views[k].x.cols || b.col + b.src->cols() <= views[k].col);
+    views[count++] = kernels::ColumnBlock{b.src->view(), b.col};
+    read += static_cast<double>(b.src->nbytes());
+  }
+  Tensor out = Tensor::empty(rows, cols, DType::kF32, device);
+  if (out.nbytes() == 0) return out;
+  const OpTimer timer(OpKind::kOther, device, "side_by_side", traffic(read + static_cast<double>(out.nbytes())));
+  if (device.is_cpu()) {
+    kernels::side_by_side(views, count, out.view());
+    return out;
+  }
 #if GALE_WITH_CUDA
-  kernels::fill_block_cuda(block, 0.0f, stream(*t));
+  kernels::side_by_side_cuda(views, count, out.view(), stream(out));
 #else
   no_cuda();
 #endif
+  return out;
 }
 
 void axpy_columns(const Tensor& x, int64_t col, float alpha, Tensor* y) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <utility>
@@ -138,11 +139,19 @@ void zero(Tensor* t);
 void zero_many(const std::vector<Tensor*>& tensors);
 void copy(const Tensor& src, Tensor* dst);  // same shape and dtype, same device
 // Column blocks of f32 tensors, for operands laid side by side: dst's rows [0, src.rows()) and
-// columns [col, col + src.cols()) = src; t's rows [row0, row1) and columns [col0, col1) = 0;
+// columns [col, col + src.cols()) = src;
 // y += alpha x[:, col, col + y.cols()) over y's rows (x.rows() == y.rows()).
 void copy_into_columns(const Tensor& src, Tensor* dst, int64_t col);
-void zero_block(Tensor* t, int64_t row0, int64_t row1, int64_t col0, int64_t col1);
 void axpy_columns(const Tensor& x, int64_t col, float alpha, Tensor* y);
+// A new rows x cols f32 tensor on `device` holding each block's tensor at its rows [0, src->rows())
+// and columns [col, col + src->cols()), zero everywhere else (kernels::side_by_side): operands
+// laid side by side in one pass, one launch on a GPU. Blocks must not overlap; at most
+// kernels::kMaxSideBySide.
+struct PlacedBlock {
+  const Tensor* src = nullptr;
+  int64_t col = 0;
+};
+Tensor side_by_side(int64_t rows, int64_t cols, std::initializer_list<PlacedBlock> blocks, const Device& device);
 // out[i] = src[ids[i]] for every row id (i64, n x 1) of a 4-byte dtype (f32 or i32), bit for bit.
 Tensor gather_rows(const Tensor& src, const Tensor& ids);
 // a <- a op(b) for a square op(b) (cols x cols), in place: row panels go through a scratch of at

@@ -29,6 +29,17 @@ void axpy(ConstMatrixView x, float alpha, MatrixView y);
 // out[r][c] = value over the view (a column block of a wider matrix, say).
 void fill_block(MatrixView out, float value);
 
+// Operands laid side by side in one pass: out[r][c] = x[r][c - col] for the block whose columns
+// [col, col + x.cols) hold c when r < x.rows, else 0. Blocks must not overlap and must lie within
+// out's columns; at most kMaxSideBySide of them. Where a layer built such an operand from a copy
+// per block and a fill per gap (one launch each on a GPU), this is one.
+struct ColumnBlock {
+  ConstMatrixView x;
+  int64_t col = 0;
+};
+constexpr int kMaxSideBySide = 4;
+void side_by_side(const ColumnBlock* blocks, int count, MatrixView out);
+
 // out = max(x, 0); may alias.
 void relu_forward(ConstMatrixView x, MatrixView out);
 // grad_in = grad_out * (y > 0), where y is the forward output; may alias grad_out.
@@ -163,6 +174,7 @@ void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream
 // One thread per element or four (16-byte stores where aligned): a narrow column block of many
 // rows (2 floats of 2M rows) takes ~0.02 ms where cudaMemset2DAsync took 0.67.
 void fill_block_cuda(MatrixView out, float value, cudaStream_t stream);
+void side_by_side_cuda(const ColumnBlock* blocks, int count, MatrixView out, cudaStream_t stream);
 // Deterministic: each column is reduced over rows in double in an order fixed by the shape alone
 // (no atomics), so two calls give bit-identical results on any GPU. Rows are summed in chunks in
 // parallel and the chunks' partial sums added in order, in a workspace (CUB style: the caller

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/dense.hpp"
+#include "kernels/error.hpp"
 #include "kernels/random.hpp"
 
 namespace gale::kernels {
@@ -62,6 +63,18 @@ void add_bias(MatrixView out, const float* bias) {
 
 void fill_block(MatrixView out, float value) {
   for_rows(out.rows, out.cols, [&](int64_t r) { std::fill(out.row(r), out.row(r) + out.cols, value); });
+}
+
+void side_by_side(const ColumnBlock* blocks, int count, MatrixView out) {
+  GALE_ASSERT(count >= 0 && count <= kMaxSideBySide);
+  for_rows(out.rows, out.cols, [&](int64_t r) {
+    float* row = out.row(r);
+    std::fill(row, row + out.cols, 0.0f);
+    for (int b = 0; b < count; ++b) {
+      const ColumnBlock& k = blocks[b];
+      if (r < k.x.rows) std::copy(k.x.row(r), k.x.row(r) + k.x.cols, row + k.col);
+    }
+  });
 }
 
 void add_bias_relu(MatrixView out, const float* bias) {

@@ -138,6 +138,27 @@ struct FillBlock {
   }
 };
 
+// side_by_side_cuda: each element from the block whose columns hold it, or 0.
+struct SideBySide {
+  ColumnBlock blocks[kMaxSideBySide];
+  int count;
+  MatrixView out;
+  __device__ float value(int64_t r, int64_t c) const {
+    for (int b = 0; b < count; ++b) {
+      const ColumnBlock& k = blocks[b];
+      if (c >= k.col && c < k.col + k.x.cols) return r < k.x.rows ? k.x.data[r * k.x.ld + (c - k.col)] : 0.0f;
+    }
+    return 0.0f;
+  }
+  template <int V>
+  __device__ void apply(int64_t r, int64_t c) const {
+    Pack<V> x;
+#pragma unroll
+    for (int i = 0; i < V; ++i) x.v[i] = value(r, c + i);
+    store<V>(at(out, r, c), x);
+  }
+};
+
 struct Axpy {
   ConstMatrixView x;
   float alpha;
@@ -1021,6 +1042,17 @@ void add_bias_relu_cuda(MatrixView out, const float* bias, cudaStream_t stream) 
 
 void fill_block_cuda(MatrixView out, float value, cudaStream_t stream) {
   launch_map(out.rows, out.cols, float4_rows(out.data, out.ld), FillBlock{out, value}, stream);
+}
+
+void side_by_side_cuda(const ColumnBlock* blocks, int count, MatrixView out, cudaStream_t stream) {
+  GALE_ASSERT(count >= 0 && count <= kMaxSideBySide);
+  SideBySide op{};
+  for (int b = 0; b < count; ++b) op.blocks[b] = blocks[b];
+  op.count = count;
+  op.out = out;
+  // The blocks are read an element at a time (their widths, 47 say, break float4 rows); the
+  // output is written in 16-byte stores where its rows allow.
+  launch_map(out.rows, out.cols, float4_rows(out.data, out.ld), op, stream);
 }
 
 void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream) {

@@ -469,11 +469,11 @@ class AggregateLinear {
   // while the same kernel writes gh (a gh beside grad's last column was read as it was written).
   Tensor backward_pair(const GraphOperand& g, Tensor grad, bool need_input_grad) {
     const int64_t in = lin_.in(), out = lin_.out(), half = pair_half(), n = 2 * half;
-    Tensor pair = Tensor::empty(g.num_src(), n, DType::kF32, grad.device());
-    ops::copy_into_columns(grad, &pair, 0);
-    ops::zero_block(&pair, g.num_dst(), g.num_src(), 0, out);
-    ops::zero_block(&pair, 0, g.num_src(), out, half);
-    ops::zero_block(&pair, 0, g.num_src(), half + out, n);
+    Tensor pair;  // [grad | 0 | 0 | 0], gh's columns written below
+    {
+      const Tensor grad_dst = grad.rows_slice(0, g.num_dst());
+      pair = ops::side_by_side(g.num_src(), n, {{&grad_dst, 0}}, grad.device());
+    }
     grad = Tensor();
     x_dst_ = Tensor();
     const Tensor& p = pair;
@@ -494,11 +494,8 @@ class AggregateLinear {
       maxk_ = ops::Cbsr();
       return Tensor();
     }
-    Tensor w = Tensor::empty(in, n, DType::kF32, pair.device());  // [W_root | 0 | W | 0], the pair's columns
-    ops::copy_into_columns(root_->weight().value, &w, 0);
-    ops::zero_block(&w, 0, in, out, half);
-    ops::copy_into_columns(lin_.weight().value, &w, half);
-    ops::zero_block(&w, 0, in, half + out, n);
+    // [W_root | 0 | W | 0], the pair's columns
+    const Tensor w = ops::side_by_side(in, n, {{&root_->weight().value, 0}, {&lin_.weight().value, half}}, pair.device());
     Tensor gx = Tensor::empty(g.num_src(), in, DType::kF32, pair.device());
     if (cbsr_linear_ && maxk_.values.defined()) {
       ops::cbsr_gemm_grad(maxk_, {{pair, w}}, &gx, new_input_grad_sums(gx));  // at the kept positions only

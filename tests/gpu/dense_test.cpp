@@ -258,6 +258,40 @@ TEST_F(DenseCuda, FillBlockIsBitIdentical) {
   });
 }
 
+// Blocks of awkward widths and fewer rows than the output laid side by side into a poisoned output
+// (tight and padded): every element written, the blocks' values bit for bit, zeros elsewhere, the
+// padding left alone; from one block up to kMaxSideBySide.
+TEST_F(DenseCuda, SideBySideIsBitIdentical) {
+  uint64_t key = 380;
+  for (int64_t rows : kRows) {
+    for (int count = 1; count <= kMaxSideBySide; ++count) {
+      for (int64_t pad : {0, 1, 4}) {
+        // Widths 47, 1, 33, 7 (the first block's 47 of SAGE's last layer), each at a column a
+        // 16-float piece after the last, the rest gaps of zeros.
+        const int64_t widths[kMaxSideBySide] = {47, 1, 33, 7};
+        std::vector<Matrix> sources;
+        sources.reserve(kMaxSideBySide);
+        std::vector<ColumnBlock> host_blocks, device_blocks;
+        int64_t col = 0;
+        for (int b = 0; b < count; ++b) {
+          const int64_t src_rows = std::max<int64_t>(1, rows - b * 3);
+          sources.push_back(random_matrix(++key, src_rows, widths[b], widths[b] + (b % 2)));
+          Matrix& m = sources.back();
+          host_blocks.push_back({m.host_view(), col});
+          device_blocks.push_back({m.device_view(), col});
+          col = (col + widths[b] + 15) / 16 * 16;
+        }
+        const int64_t cols = col + 3, ld = cols + pad;
+        SCOPED_TRACE(std::to_string(count) + " blocks into " + shape_name(rows, cols, ld));
+        Matrix out = poisoned_matrix(rows, cols, ld);
+        side_by_side(host_blocks.data(), count, out.host_view());
+        side_by_side_cuda(device_blocks.data(), count, out.device_view(), *stream_);
+        expect_matches(out, 0.0, "side_by_side");
+      }
+    }
+  }
+}
+
 TEST_F(DenseCuda, DropoutMasksAreBitIdenticalToTheCpu) {
   uint64_t key = 400;
   for (float p : {0.0f, 0.1f, 0.5f, 0.9f}) {

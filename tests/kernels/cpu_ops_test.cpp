@@ -325,6 +325,26 @@ TEST(Dense, BiasColumnSumAndActivations) {
   }
 }
 
+// SAGE's last layer lays [grad | 0 | gh | 0] and [W_root | 0 | W | 0] out side by side: each
+// block at its columns for its own rows, every other element zero, whatever the output held.
+TEST(Dense, SideBySidePlacesEachBlockAndZeroesTheRest) {
+  const int64_t rows = 9, cols = 96;
+  const std::vector<float> a = random_floats(5 * 47, 43), b = random_floats(9 * 40, 44);
+  std::vector<float> out(static_cast<size_t>(rows * cols), std::numeric_limits<float>::quiet_NaN());
+  const ColumnBlock blocks[] = {{matrix(a.data(), 5, 47), 0}, {matrix(b.data(), 9, 40), 48}};
+  side_by_side(blocks, 2, matrix(out.data(), rows, cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      float want = 0.0f;
+      if (c < 47 && r < 5) want = a[static_cast<size_t>(r * 47 + c)];
+      if (c >= 48 && c < 88) want = b[static_cast<size_t>(r * 40 + c - 48)];
+      ASSERT_EQ(out[static_cast<size_t>(r * cols + c)], want) << r << "," << c;
+    }
+  }
+  side_by_side(nullptr, 0, matrix(out.data(), rows, cols));  // no blocks: all zero
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float v) { return v == 0.0f; }));
+}
+
 TEST(Dense, ReluBitMaskGivesTheSameBackwardAsTheOutput) {
   for (int64_t cols : {1, 31, 32, 33, 100}) {
     const int64_t rows = 17;
