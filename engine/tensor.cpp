@@ -41,7 +41,9 @@ struct Tensor::Storage {
       try {
         ctx.order_compute_after_io();
       } catch (...) {
-        ctx.io_stream().synchronize();  // never throw from a destructor; order the free the slow way
+        // Never throw from a destructor (std::terminate): order the free the slow way, and where
+        // even that wait fails the device is failing already, which the caller reports.
+        ctx.io_stream().synchronize_unchecked();
       }
     }
     ctx.pool().deallocate(ptr, size, ctx.stream());

@@ -108,6 +108,23 @@ TEST_F(GpuTensor, LaggedReadsEndQuietlyOnAFaultingDevice) {
       ::testing::ExitedWithCode(7), "");
 }
 
+// The same for a tensor of the IO stream (a batch's features): its free is ordered after the IO
+// stream's work by an event, and where recording that event fails the destructor waits instead,
+// with a wait that must not throw either.
+TEST_F(GpuTensor, IoTensorsAreFreedQuietlyOnAFaultingDevice) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        {
+          const Tensor t = Tensor::empty_io(64, 4, DType::kF32, Device::cuda(0));
+          testing_support::fault_device(DeviceContext::get(0).io_stream());
+          (void)cudaDeviceSynchronize();  // the fault has happened: every record and wait now fails
+        }
+        std::_Exit(7);
+      },
+      ::testing::ExitedWithCode(7), "");
+}
+
 // Layer outputs beyond the host budget (issue 36): a MappedHostTable charged to the budget when it
 // fits, else in an unlinked scratch file of the spill directory; either way the rows written are
 // the rows gathered and read back, and nothing is left in the directory or charged afterwards.
