@@ -462,28 +462,6 @@ void zero_many(const std::vector<Tensor*>& tensors) {
 #endif
 }
 
-void copy_into_columns(const Tensor& src, Tensor* dst, int64_t col) {
-  same_device(src, *dst, "copy_into_columns");
-  GALE_ASSERT(src.dtype() == DType::kF32 && dst->dtype() == DType::kF32);
-  GALE_ASSERT(src.rows() <= dst->rows() && col >= 0 && col + src.cols() <= dst->cols());
-  if (src.nbytes() == 0) return;
-  const OpTimer timer(OpKind::kOther, src.device(), "copy_into_columns", traffic(src, 2));
-  float* to = dst->f32() + col;
-  if (src.device().is_cpu()) {
-    for (int64_t r = 0; r < src.rows(); ++r)
-      std::memcpy(to + r * dst->cols(), src.f32() + r * src.cols(), static_cast<size_t>(src.cols()) * sizeof(float));
-    return;
-  }
-#if GALE_WITH_CUDA
-  kernels::cuda::copy_rows_on_device(to, static_cast<size_t>(dst->cols()) * sizeof(float), src.f32(),
-                                     static_cast<size_t>(src.cols()) * sizeof(float),
-                                     static_cast<size_t>(src.cols()) * sizeof(float), static_cast<size_t>(src.rows()),
-                                     stream(src));
-#else
-  no_cuda();
-#endif
-}
-
 Tensor side_by_side(int64_t rows, int64_t cols, std::initializer_list<PlacedBlock> blocks, const Device& device) {
   GALE_ASSERT(blocks.size() <= static_cast<size_t>(kernels::kMaxSideBySide));
   kernels::ColumnBlock views[kernels::kMaxSideBySide];

@@ -138,15 +138,13 @@ void zero(Tensor* t);
 // Zeroes f32 tensors of one device (a model's gradients): one launch on a GPU.
 void zero_many(const std::vector<Tensor*>& tensors);
 void copy(const Tensor& src, Tensor* dst);  // same shape and dtype, same device
-// Column blocks of f32 tensors, for operands laid side by side: dst's rows [0, src.rows()) and
-// columns [col, col + src.cols()) = src;
-// y += alpha x[:, col, col + y.cols()) over y's rows (x.rows() == y.rows()).
-void copy_into_columns(const Tensor& src, Tensor* dst, int64_t col);
+// y += alpha x[:, col, col + y.cols()) over y's rows (x.rows() == y.rows()): a column block of a
+// side-by-side operand handed back.
 void axpy_columns(const Tensor& x, int64_t col, float alpha, Tensor* y);
 // A new rows x cols f32 tensor on `device` holding each block's tensor at its rows [0, src->rows())
 // and columns [col, col + src->cols()), zero everywhere else (kernels::side_by_side): operands
-// laid side by side in one pass, one launch on a GPU. Blocks must not overlap; at most
-// kernels::kMaxSideBySide.
+// laid side by side, or padded with zero rows or columns, in one pass, one launch on a GPU. Blocks
+// must not overlap; at most kernels::kMaxSideBySide.
 struct PlacedBlock {
   const Tensor* src = nullptr;
   int64_t col = 0;

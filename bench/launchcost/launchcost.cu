@@ -18,26 +18,16 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <thread>
 #include <vector>
 
+#include "kernels/cuda/check.hpp"
 #include "kernels/dense.hpp"
+#include "kernels/error.hpp"
 
 namespace {
-
-void check(cudaError_t s, const char* what) {
-  if (s != cudaSuccess) {
-    std::fprintf(stderr, "launchcost: %s: %s\n", what, cudaGetErrorString(s));
-    std::exit(1);
-  }
-}
-void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    std::fprintf(stderr, "launchcost: %s: cuBLAS status %d\n", what, static_cast<int>(s));
-    std::exit(1);
-  }
-}
 
 __global__ void empty_kernel(float* p) {
   if (p != nullptr && threadIdx.x == 1024) p[0] = 0.0f;  // never true: keeps the launch real
@@ -62,37 +52,36 @@ struct Worker {
 
   void open(int d) {
     device = d;
-    check(cudaSetDevice(d), "cudaSetDevice");
-    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaMalloc(&a, kM * kK * sizeof(float)), "cudaMalloc");
-    check(cudaMalloc(&b, kK * kN * sizeof(float)), "cudaMalloc");
-    check(cudaMalloc(&c, kM * kN * sizeof(float)), "cudaMalloc");
-    check(cudaMalloc(&workspace, kWorkspace), "cudaMalloc");
-    check(cudaMemset(a, 0, kM * kK * sizeof(float)), "cudaMemset");
-    check(cudaMemset(b, 0, kK * kN * sizeof(float)), "cudaMemset");
-    check(cublasCreate(&blas), "cublasCreate");
-    check(cublasSetStream(blas, stream), "cublasSetStream");
-    check(cublasLtCreate(&lt), "cublasLtCreate");
-    check(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
-    check(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, kN, kK, kN), "layout");
-    check(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, kK, kM, kK), "layout");
-    check(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, kN, kM, kN), "layout");
+    GALE_CHECK_CUDA(cudaSetDevice(d));
+    GALE_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    GALE_CHECK_CUDA(cudaMalloc(&a, kM * kK * sizeof(float)));
+    GALE_CHECK_CUDA(cudaMalloc(&b, kK * kN * sizeof(float)));
+    GALE_CHECK_CUDA(cudaMalloc(&c, kM * kN * sizeof(float)));
+    GALE_CHECK_CUDA(cudaMalloc(&workspace, kWorkspace));
+    GALE_CHECK_CUDA(cudaMemset(a, 0, kM * kK * sizeof(float)));
+    GALE_CHECK_CUDA(cudaMemset(b, 0, kK * kN * sizeof(float)));
+    GALE_CHECK_CUBLAS(cublasCreate(&blas));
+    GALE_CHECK_CUBLAS(cublasSetStream(blas, stream));
+    GALE_CHECK_CUBLAS(cublasLtCreate(&lt));
+    GALE_CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, kN, kK, kN));
+    GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, kK, kM, kK));
+    GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, kN, kM, kN));
     cublasLtMatmulPreference_t pref = nullptr;
-    check(cublasLtMatmulPreferenceCreate(&pref), "pref");
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
-                                               sizeof(kWorkspace)),
-          "pref");
+    GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
+                                               sizeof(kWorkspace)));
     int count = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &algo, &count), "heuristic");
+    GALE_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &algo, &count));
     cublasLtMatmulPreferenceDestroy(pref);
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = d;
-    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+    GALE_CHECK_CUDA(cudaMemPoolCreate(&pool, &props));
     uint64_t keep = ~uint64_t{0};
-    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "pool attribute");
-    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    GALE_CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    GALE_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   }
 };
 
@@ -103,16 +92,16 @@ struct Kind {
 
 // Microseconds per call of `call` on w, the queue drained every 256 calls outside the timing.
 double time_calls(Worker& w, const Kind& kind, int calls) {
-  check(cudaSetDevice(w.device), "cudaSetDevice");
+  GALE_CHECK_CUDA(cudaSetDevice(w.device));
   for (int i = 0; i < 64; ++i) kind.call(w);
-  check(cudaStreamSynchronize(w.stream), "sync");
+  GALE_CHECK_CUDA(cudaStreamSynchronize(w.stream));
   double seconds = 0;
   for (int done = 0; done < calls;) {
     const int n = std::min(256, calls - done);
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i) kind.call(w);
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    check(cudaStreamSynchronize(w.stream), "sync");
+    GALE_CHECK_CUDA(cudaStreamSynchronize(w.stream));
     done += n;
   }
   return 1e6 * seconds / calls;
@@ -120,9 +109,9 @@ double time_calls(Worker& w, const Kind& kind, int calls) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   int visible = 0;
-  check(cudaGetDeviceCount(&visible), "cudaGetDeviceCount");
+  GALE_CHECK_CUDA(cudaGetDeviceCount(&visible));
   const int gpus = argc > 1 ? std::atoi(argv[1]) : visible;
   const int calls = argc > 2 ? std::atoi(argv[2]) : 20000;
   if (gpus < 1 || gpus > visible || calls < 256) {
@@ -141,24 +130,22 @@ int main(int argc, char** argv) {
        }},
       {"cublasLtMatmul, made once",
        [&](Worker& w) {
-         check(cublasLtMatmul(w.lt, w.desc, &one, w.b, w.la, w.a, w.lb, &zero, w.c, w.lc, w.c, w.lc, &w.algo.algo,
-                              w.workspace, kWorkspace, w.stream),
-               "cublasLtMatmul");
+         GALE_CHECK_CUBLAS(cublasLtMatmul(w.lt, w.desc, &one, w.b, w.la, w.a, w.lb, &zero, w.c, w.lc, w.c, w.lc, &w.algo.algo,
+                              w.workspace, kWorkspace, w.stream));
        }},
       {"cublasGemmEx",
        [&](Worker& w) {
-         check(cublasGemmEx(w.blas, CUBLAS_OP_N, CUBLAS_OP_N, kN, kM, kK, &one, w.b, CUDA_R_32F, kN, w.a,
-                            CUDA_R_32F, kK, &zero, w.c, CUDA_R_32F, kN, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmEx");
+         GALE_CHECK_CUBLAS(cublasGemmEx(w.blas, CUBLAS_OP_N, CUBLAS_OP_N, kN, kM, kK, &one, w.b, CUDA_R_32F, kN, w.a,
+                            CUDA_R_32F, kK, &zero, w.c, CUDA_R_32F, kN, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
        }},
-      {"event record", [](Worker& w) { check(cudaEventRecord(w.event, w.stream), "cudaEventRecord"); }},
+      {"event record", [](Worker& w) { GALE_CHECK_CUDA(cudaEventRecord(w.event, w.stream)); }},
       {"pool alloc + free",
        [](Worker& w) {
          void* p = nullptr;
-         check(cudaMallocFromPoolAsync(&p, 1 << 20, w.pool, w.stream), "cudaMallocFromPoolAsync");
-         check(cudaFreeAsync(p, w.stream), "cudaFreeAsync");
+         GALE_CHECK_CUDA(cudaMallocFromPoolAsync(&p, 1 << 20, w.pool, w.stream));
+         GALE_CHECK_CUDA(cudaFreeAsync(p, w.stream));
        }},
-      {"memset 1 MiB", [](Worker& w) { check(cudaMemsetAsync(w.c, 0, 1 << 20, w.stream), "cudaMemsetAsync"); }},
+      {"memset 1 MiB", [](Worker& w) { GALE_CHECK_CUDA(cudaMemsetAsync(w.c, 0, 1 << 20, w.stream)); }},
   };
   std::printf("%-28s %12s %12s %8s   (%d GPUs, %d calls each)\n", "call", "alone us", "together us", "ratio",
               gpus, calls);
@@ -167,16 +154,33 @@ int main(int argc, char** argv) {
     std::vector<double> each(static_cast<size_t>(gpus));
     std::atomic<int> ready{0};
     std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> failed(static_cast<size_t>(gpus));
     for (int d = 0; d < gpus; ++d) {
       threads.emplace_back([&, d] {
         ready.fetch_add(1);
         while (ready.load() < gpus) std::this_thread::yield();
-        each[static_cast<size_t>(d)] = time_calls(workers[static_cast<size_t>(d)], kind, calls);
+        try {
+          each[static_cast<size_t>(d)] = time_calls(workers[static_cast<size_t>(d)], kind, calls);
+        } catch (...) {
+          failed[static_cast<size_t>(d)] = std::current_exception();
+        }
       });
     }
     for (std::thread& t : threads) t.join();
+    for (const std::exception_ptr& e : failed)
+      if (e) std::rethrow_exception(e);
     const double together = *std::max_element(each.begin(), each.end());
     std::printf("%-28s %12.2f %12.2f %8.2f\n", kind.name, alone, together, together / alone);
   }
   return 0;
+}
+
+// A failing CUDA or cuBLAS call ends the bench with its one-line error.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const gale::Error& e) {
+    std::fprintf(stderr, "launchcost: %s\n", e.what());
+    return 1;
+  }
 }

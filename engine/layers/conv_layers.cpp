@@ -29,12 +29,7 @@ Parameter make_bias(const std::string& name, int64_t out) {
 }
 
 // `t` with zero rows appended up to `rows` (a block's root gradient covers only its destinations).
-Tensor pad_rows(const Tensor& t, int64_t rows) {
-  Tensor out = Tensor::zeros(rows, t.cols(), DType::kF32, t.device());
-  Tensor head = out.rows_slice(0, t.rows());
-  ops::axpy(t, 1.0f, &head);
-  return out;
-}
+Tensor pad_rows(const Tensor& t, int64_t rows) { return ops::side_by_side(rows, t.cols(), {{&t, 0}}, t.device()); }
 
 // Which normalised aggregation a layer applies, forward over the CSR and backward over the CSC.
 enum class Norm { kGcn, kMean, kSum };
@@ -112,9 +107,7 @@ void aggregate(const GraphOperand& g, Norm norm, float self_scale, const Tensor&
 // w (rows x cols) with zero columns after it up to `cols` columns (w itself when it has them).
 Tensor padded_columns(const Tensor& w, int64_t cols) {
   if (w.cols() == cols) return w;
-  Tensor p = Tensor::zeros(w.rows(), cols, DType::kF32, w.device());
-  ops::copy_into_columns(w, &p, 0);
-  return p;
+  return ops::side_by_side(w.rows(), cols, {{&w, 0}}, w.device());
 }
 
 // The scales of `aggregate` on the CBSR aggregations' arguments (SpgemmCbsrArgs, SspmmCbsrArgs).
@@ -410,13 +403,10 @@ class AggregateLinear {
   Tensor stacked_input(const GraphOperand& g, const Tensor& x) {
     if (kept_.s.defined() && kept_for(g, x)) return kept_.s;
     const int64_t in = lin_.in();
-    Tensor s = Tensor::empty(g.num_dst(), 2 * in, DType::kF32, x.device());
-    {
-      Tensor a = Tensor::empty(g.num_dst(), in, DType::kF32, x.device());
-      aggregate(g, norm_, self_scale_, x, &a, exec_);
-      ops::copy_into_columns(a, &s, 0);
-    }
-    ops::copy_into_columns(x.rows_slice(0, g.num_dst()), &s, in);
+    Tensor a = Tensor::empty(g.num_dst(), in, DType::kF32, x.device());
+    aggregate(g, norm_, self_scale_, x, &a, exec_);
+    const Tensor x_dst = x.rows_slice(0, g.num_dst());
+    const Tensor s = ops::side_by_side(g.num_dst(), 2 * in, {{&a, 0}, {&x_dst, in}}, x.device());
     kept_ = {g.id(), x, Tensor(), s};
     return s;
   }

@@ -26,7 +26,7 @@ int device_count() noexcept {
 }
 
 void request_eager_module_loading() {
-  if (std::getenv("CUDA_MODULE_LOADING") == nullptr) ::setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+  ::setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);  // the user's own value stands
 }
 
 std::string module_loading() {
