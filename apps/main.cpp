@@ -16,6 +16,7 @@
 
 #include "apps/commands.hpp"
 #include "engine/processes.hpp"
+#include "engine/worker_arena.hpp"
 #include "kernels/error.hpp"
 
 namespace {
@@ -52,6 +53,8 @@ int report(const std::string& prefix, const std::string& message, gale::ExitCode
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, so it goes last: joins TBB's threads once every arena of the command is gone.
+  const gale::engine::TbbThreadsJoinedAtExit tbb_threads;
   // A file-size limit (ulimit -f) then fails the write with EFBIG, reported as exit 4 naming the
   // file, instead of killing the process mid-write.
   ::signal(SIGXFSZ, SIG_IGN);

@@ -16,6 +16,7 @@
 // GPU. GALE_WORKER_THREADS picks the policy, for measuring what it buys (engine/train/replicas.cpp).
 #pragma once
 
+#include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
 #include <functional>
@@ -86,6 +87,27 @@ class WorkerArena {
   CpuList cpus_;
   tbb::task_arena arena_;
   std::unique_ptr<Pinning> pinning_;
+};
+
+// TBB's worker threads, joined when this object goes (a program declares it first in main, so it
+// goes last, after every arena). Those threads run the pipelines' stages, so each may hold
+// thread-local cuBLASLt and cuSPARSE handles and the CUDA runtime's per-thread state. Left alone,
+// oneTBB lets them exit while the process's static destructors run, and a thread whose
+// thread-local destructors reach a library already torn down ended finished runs in "free():
+// invalid pointer" and SIGABRT (one process on 2 H200s, 4 runs in 60, after the last
+// epoch's metrics were written). Joined first, they end while everything they hold is alive.
+class TbbThreadsJoinedAtExit {
+ public:
+  TbbThreadsJoinedAtExit() = default;
+  ~TbbThreadsJoinedAtExit() { (void)join(); }
+  TbbThreadsJoinedAtExit(const TbbThreadsJoinedAtExit&) = delete;
+  TbbThreadsJoinedAtExit& operator=(const TbbThreadsJoinedAtExit&) = delete;
+
+  // Joins them now. False, joining none, while an arena (or another thread in TBB) still lives.
+  bool join() noexcept { return tbb::finalize(handle_, std::nothrow); }
+
+ private:
+  tbb::task_scheduler_handle handle_{tbb::attach{}};
 };
 
 }  // namespace gale::engine

@@ -2,7 +2,8 @@
 // epoch after epoch, two GPUs end where one GPU on the combined batches ends (to float
 // tolerance), the model still learns Cora, and two GPUs stop, checkpoint and resume inside an
 // epoch bit for bit (their votes travel with the step's NCCL sums); under every thread policy
-// each worker reports its stages. Skips with a reason below two GPUs.
+// each worker reports its stages; after a run, TBB's threads can be joined (as `gale` joins them at
+// exit). Skips with a reason below two GPUs.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 
 #include "engine/devices.hpp"
 #include "engine/trainer.hpp"
+#include "engine/worker_arena.hpp"
 #include "tests/training/checkpoint_weights.hpp"
 #include "tests/training/cora_options.hpp"
 #include "tests/training/resume_checks.hpp"
@@ -105,6 +107,24 @@ TEST_F(MultiGpu, TwoGpusLearnCora) {
   TrainOptions o = options(2, 512, "cora");
   o.checkpoint_dir.clear();
   EXPECT_GE(train(o).test_acc_at_best_valid, 0.76);
+}
+
+// `gale` joins TBB's worker threads before main returns (apps/main.cpp): they hold thread-local
+// cuBLASLt and cuSPARSE handles and the CUDA runtime's per-thread state from the pipelines' stages,
+// and left to exit during the static destructors, some ended a finished 2-GPU run in SIGABRT. The
+// join needs every arena of the run gone: after 2 GPUs in one process, tbb::finalize joins them.
+TEST_F(MultiGpu, NoArenaOutlivesATwoGpuRunSoTbbsThreadsCanBeJoinedAtExit) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        TbbThreadsJoinedAtExit threads;
+        TrainOptions o = options(2, 32, "joined-at-exit");
+        o.epochs = 1;
+        o.eval = TrainOptions::Eval::kNone;
+        train(o);
+        std::exit(threads.join() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 // Two GPUs, bit for bit from run to run: one thread, and the CPU sampler (the GPU sampler numbers

@@ -4,6 +4,7 @@
 // identical; a communicator that is aborted stops every worker's sums instead of hanging them;
 // finishing each step's update inside the next step's forward changes no bit.
 #include <gtest/gtest.h>
+#include <tbb/task_arena.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "engine/comm.hpp"
 #include "engine/processes.hpp"
 #include "engine/trainer.hpp"
+#include "engine/worker_arena.hpp"
 #include "kernels/error.hpp"
 #include "scheduler/epoch_plan.hpp"
 #include "storage/preprocess.hpp"
@@ -326,6 +328,31 @@ TEST(Workers, ThreadPoliciesTrainTheSameWeights) {
   ::unsetenv("GALE_WORKER_THREADS");
   EXPECT_EQ(weights[1], weights[0]);
   EXPECT_EQ(weights[2], weights[0]);
+}
+
+// `gale` joins TBB's worker threads before main returns (apps/main.cpp), so their thread-local
+// library handles die before the libraries do: that join can only happen once no arena of the run
+// is left. After a run of 2 workers in arenas of their own, tbb::finalize joins every thread; while
+// an arena lives it refuses, so the check can fail.
+TEST(Workers, NoArenaOutlivesARunSoTbbsThreadsCanBeJoinedAtExit) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        TbbThreadsJoinedAtExit threads;
+        ::setenv("GALE_WORKER_THREADS", "pinned", 1);
+        train(options(2, 16, 1, "joined-at-exit"));
+        std::exit(threads.join() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(
+      {
+        TbbThreadsJoinedAtExit threads;
+        tbb::task_arena arena(2);
+        arena.initialize();
+        arena.execute([] {});
+        std::exit(threads.join() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(1), "");
 }
 
 // Batch normalisation: each replica normalises its own slice and keeps its own running
