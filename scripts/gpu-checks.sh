@@ -8,7 +8,8 @@
 #   scripts/gpu-checks.sh DIST minibatch  Gale vs the PyTorch GPU-sampling anchor, then Gale's mini-batch
 #                                      epoch by sampler, feature placement, match and reorder window
 #   scripts/gpu-checks.sh DIST multigpu  the multi-GPU tests, then mini-batch SAGE 3x256 on R-MAT scale 23
-#                                      with 1, 2, ... GPUs (MG_GPUS="1 2 4"): seeds per second and speedup
+#                                      with 1, 2, ... GPUs (MG_GPUS="1 2 4"): seeds per second and speedup;
+#                                      MG_EXIT_RUNS=N repeats the one-process 2-GPU run N times, each to exit 0
 #   scripts/gpu-checks.sh DIST mpi     the mpirun tests on GPUs, then the multigpu R-MAT runs (MG_GPUS) and
 #                                      MG_PROCS="2 4" processes of one GPU each under mpirun
 #   scripts/gpu-checks.sh DIST scaling  bench/multigpu_scaling.sh on /tmp/rmat-mg.gale (the multigpu store,
@@ -239,6 +240,12 @@ for g in sys.argv[2:]:
     print(f"{g:>4} {ep:8.3f} {thr:10.0f} {thr / base:7.2f}x {statistics.median(r.get('allreduce_s', 0) for r in rows):11.3f} "
           f"{' '.join(f'{x:.0f}' for x in per):>30}")
 PY
+  # MG_EXIT_RUNS=N: the 2-GPU run of one process again N times, 2 epochs each, every one required
+  # to exit 0 (before 88d61e7, 5 runs in 82 ended a finished run in SIGABRT at exit).
+  for i in $(seq 1 "${MG_EXIT_RUNS:-0}"); do
+    run_suite "mg-exit-$i" gale train /tmp/rmat-mg.gale --model sage --layers 3 --hidden 256 --fanouts 15,10,5 \
+      --batch-size 1024 --epochs 2 --eval none --gpus 0,1 --lr 0.003 --dropout 0 -q
+  done
   ;;
 scaling)
   OUT=$logs "$here/bench/multigpu_scaling.sh" "$dist" /tmp/rmat-mg.gale 2>&1 | tee "$logs/scaling.log"
