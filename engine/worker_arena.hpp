@@ -94,8 +94,8 @@ class WorkerArena {
 // thread-local cuBLASLt and cuSPARSE handles and the CUDA runtime's per-thread state. Left alone,
 // oneTBB lets them exit while the process's static destructors run, and a thread whose
 // thread-local destructors reach a library already torn down ended finished runs in "free():
-// invalid pointer" and SIGABRT (one process on 2 H200s, 4 runs in 60, after the last
-// epoch's metrics were written). Joined first, they end while everything they hold is alive.
+// invalid pointer" and SIGABRT (one process on 2 H200s, 5 runs in 82, after the last epoch's
+// metrics were written). Joined first, they end while everything they hold is alive.
 class TbbThreadsJoinedAtExit {
  public:
   TbbThreadsJoinedAtExit() = default;

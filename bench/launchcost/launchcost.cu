@@ -69,8 +69,8 @@ struct Worker {
     GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, kN, kM, kN));
     cublasLtMatmulPreference_t pref = nullptr;
     GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-    GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace,
-                                               sizeof(kWorkspace)));
+    GALE_CHECK_CUBLAS(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace, sizeof(kWorkspace)));
     int count = 0;
     GALE_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &algo, &count));
     cublasLtMatmulPreferenceDestroy(pref);
@@ -130,13 +130,14 @@ int run(int argc, char** argv) {
        }},
       {"cublasLtMatmul, made once",
        [&](Worker& w) {
-         GALE_CHECK_CUBLAS(cublasLtMatmul(w.lt, w.desc, &one, w.b, w.la, w.a, w.lb, &zero, w.c, w.lc, w.c, w.lc, &w.algo.algo,
-                              w.workspace, kWorkspace, w.stream));
+         GALE_CHECK_CUBLAS(cublasLtMatmul(w.lt, w.desc, &one, w.b, w.la, w.a, w.lb, &zero, w.c, w.lc, w.c, w.lc,
+                                          &w.algo.algo, w.workspace, kWorkspace, w.stream));
        }},
       {"cublasGemmEx",
        [&](Worker& w) {
          GALE_CHECK_CUBLAS(cublasGemmEx(w.blas, CUBLAS_OP_N, CUBLAS_OP_N, kN, kM, kK, &one, w.b, CUDA_R_32F, kN, w.a,
-                            CUDA_R_32F, kK, &zero, w.c, CUDA_R_32F, kN, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                        CUDA_R_32F, kK, &zero, w.c, CUDA_R_32F, kN, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
        }},
       {"event record", [](Worker& w) { GALE_CHECK_CUDA(cudaEventRecord(w.event, w.stream)); }},
       {"pool alloc + free",
@@ -175,12 +176,13 @@ int run(int argc, char** argv) {
   return 0;
 }
 
-// A failing CUDA or cuBLAS call ends the bench with its one-line error.
+// A failing CUDA or cuBLAS call ends the bench with its one-line error and its error's exit code
+// (kernels/error.hpp), as gale's own commands do.
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const gale::Error& e) {
     std::fprintf(stderr, "launchcost: %s\n", e.what());
-    return 1;
+    return static_cast<int>(e.code());
   }
 }
