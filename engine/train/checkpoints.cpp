@@ -1,5 +1,9 @@
 #include "engine/train/checkpoints.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "engine/devices.hpp"
@@ -29,6 +33,22 @@ std::string identity_difference(const std::string& there, const std::string& her
   return diff;
 }
 
+// --checkpoint-dir must be a directory that takes files, or a path where save_checkpoint can make
+// one (its nearest existing ancestor a writable directory): checked before the first epoch, not
+// found out when that epoch ends and its checkpoint cannot be written.
+void require_writable_checkpoint_dir(const std::filesystem::path& dir, const std::string& text) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path existing = dir;
+  while (!existing.empty() && !fs::exists(existing, ec)) existing = existing.parent_path();
+  if (existing.empty()) existing = ".";
+  const std::string head = "--checkpoint-dir " + text + ": ";
+  if (!fs::is_directory(existing, ec))
+    throw InputError(head + (existing == dir ? std::string("not a directory") : existing.string() + " is not a directory"));
+  if (::access(existing.c_str(), W_OK | X_OK) != 0)
+    throw InputError(head + "cannot write in " + existing.string() + ": " + std::strerror(errno));
+}
+
 // A host copy of t that training will not write (Tensor::to keeps a host tensor as it is).
 Tensor host_copy(const Tensor& t) { return t.device().is_cpu() ? t.clone() : t.to(Device::cpu()); }
 
@@ -43,6 +63,7 @@ CheckpointPolicy::CheckpointPolicy(const TrainRun& run, Replica& lead, const Tra
 
 ResumePoint CheckpointPolicy::start(Replicas& replicas, TrainResult* result) {
   const TrainOptions& opt = run_.opt();
+  if (writes_) require_writable_checkpoint_dir(dir_, opt.checkpoint_dir);
   if (writes_ && !opt.resume && !opt.overwrite_checkpoints) {
     for (const char* name : {"latest.ckpt", "best.ckpt"})
       if (std::filesystem::exists(dir_ / name))

@@ -50,7 +50,7 @@ void check_train_options(const TrainOptions& o) {
   if (!o.full_graph && static_cast<int>(o.fanouts.size()) != m.layers)
     throw InputError("--fanouts: expected one fanout per layer (" + std::to_string(m.layers) + "), found " +
                      std::to_string(o.fanouts.size()));
-  if (!o.full_graph && o.batch_size < 1)
+  if (o.batch_size < 1)  // whole-graph training has no batches, but a negative size is no size
     throw InputError("--batch-size: expected at least 1, found " + std::to_string(o.batch_size));
   if (o.reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
   if (o.prefetch < 0) throw InputError("--prefetch: expected at least 1");

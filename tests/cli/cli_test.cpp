@@ -150,7 +150,8 @@ TEST_F(Cli, BadFlagValuesAreNamed) {
            "--weight-decay nan", "--weight-decay -1", "--model gin --gin-eps nan", "--model gat --attn-dropout nan",
            "--checkpoint-dir ''", "--metrics ''", "--config " + path("conf.d"), "--hidden 99999999999",
            "--model gat --hidden 64 --heads 99999", "--device cpu --tf32", "--device cpu --gpu-mem-budget 8G",
-           "--device cpu --fanouts 5,5 --feature-gpu-mem 1G", "--fanouts 5,5 --prefetch 0", "--cache-rank hot"}) {
+           "--device cpu --fanouts 5,5 --feature-gpu-mem 1G", "--fanouts 5,5 --prefetch 0", "--cache-rank hot",
+           "--batch-size -5", "--batch-size 0"}) {
     const CliRun r = gale("train " + store + " -q " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     const std::string flag = bad.substr(bad.rfind("--"), bad.find(' ', bad.rfind("--")) - bad.rfind("--"));
@@ -465,6 +466,26 @@ TEST_F(Cli, CheckpointsOfAnEarlierRunAreNotReplacedSilently) {
   EXPECT_EQ(lines(other.out), 1) << other.out;
   EXPECT_EQ(gale(run + " --hidden 16 --overwrite-checkpoints").code, 0);
   EXPECT_NE(slurp(path("ck/best.ckpt")), before);
+}
+
+// A --checkpoint-dir that cannot take files is refused before the first epoch (it was found out when
+// that epoch's checkpoint failed to write), and nothing is made.
+TEST_F(Cli, CheckpointDirThatCannotBeWrittenIsRefusedBeforeTraining) {
+  const std::string store = sbm_store();
+  write("plain", "a file, not a directory\n");
+  for (const auto& [dir, says] : std::vector<std::pair<std::string, std::string>>{
+           {path("plain"), ": not a directory"}, {path("plain") + "/ck", ": " + path("plain") + " is not a directory"}}) {
+    const CliRun r = gale("train " + store + " --model gcn --hidden 8 --epochs 1 --device cpu --checkpoint-dir " + dir);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("--checkpoint-dir " + dir + says), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("epoch 1/1"), std::string::npos) << r.out;  // before training, not after
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+  }
+  EXPECT_EQ(slurp(path("plain")), "a file, not a directory\n");
+  // A directory still to be made, beneath one that exists, is made by the first checkpoint.
+  ASSERT_EQ(gale("train " + store + " -q --model gcn --hidden 8 --epochs 1 --device cpu --checkpoint-dir " +
+                 path("new/deeper")).code, 0);
+  EXPECT_TRUE(fs::exists(path("new/deeper/best.ckpt")));
 }
 
 // predict checks its outputs before any work and writes both or neither.
