@@ -62,6 +62,9 @@ namespace {
 void copy_between(void* dst, const Device& to, const void* src, const Device& from, size_t bytes) {
   if (bytes == 0) return;
   const Device& cuda = to.is_cuda() ? to : from;
+  // The copy runs on that GPU's stream, which CUDA takes only while its GPU is current: the calling
+  // thread's may be another (the main thread moving a tensor to GPU 1).
+  const kernels::cuda::DeviceGuard guard(cuda.ordinal);
   DeviceContext& ctx = DeviceContext::get(cuda.ordinal);
   const cudaMemcpyKind kind = from.is_cpu() ? cudaMemcpyHostToDevice
                               : to.is_cpu() ? cudaMemcpyDeviceToHost
@@ -100,6 +103,7 @@ Tensor Tensor::zeros(int64_t rows, int64_t cols, DType dtype, Device device) {
     std::memset(t.base(), 0, t.nbytes());
   } else {
 #if GALE_WITH_CUDA
+    const kernels::cuda::DeviceGuard guard(device.ordinal);  // as copy_between
     DeviceContext& ctx = DeviceContext::get(device.ordinal);
     GALE_CHECK_CUDA(cudaMemsetAsync(t.base(), 0, t.nbytes(), ctx.stream()));
 #endif

@@ -30,12 +30,12 @@ inline std::string call_name(const char* call) {
                                           int line) {
   const std::string message = call_name(call) + " failed: " + cudaGetErrorString(err) + " (" +
                               cudaGetErrorName(err) + ") at " + file + ":" + std::to_string(line);
-  if (err == cudaErrorMemoryAllocation) {
-    // Out of memory is not sticky: clear it so the next cudaGetLastError() does not report it
-    // again for an unrelated launch.
-    (void)cudaGetLastError();
-    throw ResourceError(message);
-  }
+  // The failed call also left its error as the thread's last error. This report is its one report:
+  // clear it, so that the next cudaGetLastError() (every launch's check) does not blame an
+  // unrelated kernel where a caller goes on (out of memory, a lost op time, a failed probe). A
+  // sticky error (the device itself is failing) stays: every later call reports that.
+  (void)cudaGetLastError();
+  if (err == cudaErrorMemoryAllocation) throw ResourceError(message);
   throw DeviceError(message);
 }
 

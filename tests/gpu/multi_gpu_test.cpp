@@ -3,7 +3,8 @@
 // tolerance), the model still learns Cora, and two GPUs stop, checkpoint and resume inside an
 // epoch bit for bit (their votes travel with the step's NCCL sums); under every thread policy
 // each worker reports its stages; after a run, TBB's threads can be joined (as `gale` joins them at
-// exit). Skips with a reason below two GPUs.
+// exit); tensors move between GPUs from any thread. Skips with a reason below two GPUs.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <filesystem>
 
 #include "engine/devices.hpp"
+#include "engine/tensor.hpp"
 #include "engine/trainer.hpp"
 #include "engine/worker_arena.hpp"
 #include "tests/training/checkpoint_weights.hpp"
@@ -107,6 +109,20 @@ TEST_F(MultiGpu, TwoGpusLearnCora) {
   TrainOptions o = options(2, 512, "cora");
   o.checkpoint_dir.clear();
   EXPECT_GE(train(o).test_acc_at_best_valid, 0.76);
+}
+
+// A tensor moves to, from and between GPUs whichever GPU is the calling thread's current one: the
+// copy (or the zero fill) makes its GPU current for the call and restores the thread's.
+TEST_F(MultiGpu, TensorsMoveToAndBetweenGpusThatAreNotTheThreadsCurrentOne) {
+  const UseDevice use(Device::cuda(0));
+  const std::vector<float> a = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -0.5f};
+  const Tensor on1 = Tensor::from_vector(a, 2, 3).to(Device::cuda(1));
+  EXPECT_EQ(on1.to(Device::cpu()).to_vector(), a);
+  EXPECT_EQ(on1.to(Device::cuda(0)).to(Device::cpu()).to_vector(), a);  // GPU 1 to GPU 0
+  EXPECT_EQ(Tensor::zeros(2, 3, DType::kF32, Device::cuda(1)).to(Device::cpu()).to_vector(), std::vector<float>(6, 0.0f));
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, 0);
 }
 
 // `gale` joins TBB's worker threads before main returns (apps/main.cpp): they hold thread-local

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cuda/buffer.hpp"
+#include "kernels/cuda/check.hpp"
 #include "kernels/cuda/fill.hpp"
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/random.hpp"
@@ -277,6 +278,24 @@ TEST_F(GpuRuntime, EventsTimeStreamWorkAndOrderOtherStreams) {
 
 // A high-priority stream (the training step's) gets the device's greatest priority, a normal one
 // (the sampler's, the feature loads') the default, and work on both still completes in order.
+// A failed call is reported once: its DeviceError. The error it left as the thread's last error is
+// cleared, so the next launch's check (cudaGetLastError) does not blame an unrelated kernel where the
+// caller goes on (seen in the multi-GPU suite: one test's failed copy failed the next test's gather).
+TEST_F(GpuRuntime, AFailedCallIsReportedOnceAndNotAgainByTheNextLaunch) {
+  MemoryPool pool(0);
+  Stream stream(0);
+  DeviceBuffer<float> x(pool, 1024, stream);
+  const auto bad_direction = static_cast<cudaMemcpyKind>(42);
+  EXPECT_THROW(GALE_CHECK_CUDA(cudaMemcpyAsync(x.data(), x.data(), 16, bad_direction, stream)), DeviceError);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  fill(x.data(), 1024, 3.0f, stream);  // its launch check reads the last error
+  std::vector<float> back(1024);
+  copy_to_host(back.data(), x.data(), 1024, stream);
+  stream.synchronize();
+  EXPECT_EQ(back.front(), 3.0f);
+  EXPECT_EQ(back.back(), 3.0f);
+}
+
 TEST_F(GpuRuntime, HighPriorityStreamsTakeTheDevicesGreatestPriority) {
   int least = 0, greatest = 0;
   ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
