@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "kernels/error.hpp"
 #if GALE_WITH_CUDA
@@ -61,6 +62,16 @@ namespace {
 // the host waits when the destination is host memory.
 void copy_between(void* dst, const Device& to, const void* src, const Device& from, size_t bytes) {
   if (bytes == 0) return;
+  if (to.is_cuda() && from.is_cuda() && to.ordinal != from.ordinal) {
+    // Stream-ordered pool memory is reachable only from its own GPU (no pool grants its peers
+    // access: the sums between GPUs are NCCL's), so a copy from one GPU to another, which nothing
+    // on a hot path makes, goes through host memory.
+    std::vector<unsigned char> host(bytes);
+    copy_between(host.data(), Device::cpu(), src, from, bytes);
+    copy_between(dst, to, host.data(), Device::cpu(), bytes);
+    DeviceContext::get(to.ordinal).synchronize();  // `host` must outlive the copy
+    return;
+  }
   const Device& cuda = to.is_cuda() ? to : from;
   // The copy runs on that GPU's stream, which CUDA takes only while its GPU is current: the calling
   // thread's may be another (the main thread moving a tensor to GPU 1).
