@@ -532,33 +532,42 @@ void require_int32_nodes(int64_t n) {
                      " nodes; partitioning takes graphs below 2^31 nodes (int32 indices)");
 }
 
-}  // namespace
+// ----- the stages of preprocess() -------------------------------------------------------------
 
-PreprocessReport preprocess(const PreprocessOptions& o) {
-  PreprocessReport report;
-  GeneratorSpec gen;
-  const bool generating = !o.generate.empty();
-  if (generating) {
-    gen = parse_generator(o.generate);
-    if (!gen.seed_given) gen.seed = o.seed;
+// What the options say to read: a generator, or files of one format.
+struct Source {
+  bool generating = false;
+  GeneratorSpec gen;                          // when generating
+  InputFormat format = InputFormat::kAuto;   // kAuto when generating
+  fs::path ogb_dir;                           // an OGB folder's root
+};
+
+// Checks the options against each other and against the inputs' existence, before anything is
+// read or written.
+Source check_options(const PreprocessOptions& o) {
+  Source in;
+  in.generating = !o.generate.empty();
+  if (in.generating) {
+    in.gen = parse_generator(o.generate);
+    if (!in.gen.seed_given) in.gen.seed = o.seed;
     if (!o.inputs.empty() || !o.edges_npy.empty())
       throw InputError("--generate: takes no INPUT files or --edges");
   }
-  if (!generating && o.inputs.empty() && o.edges_npy.empty())
+  if (!in.generating && o.inputs.empty() && o.edges_npy.empty())
     throw InputError("preprocess: expected INPUT files, --edges FILE.npy or --generate");
   if (!o.inputs.empty() && !o.edges_npy.empty())
     throw InputError("--edges: the INPUT files already give the edges; pass one or the other");
-  for (const auto& in : o.inputs) {
-    if (!fs::exists(in)) throw InputError(in + ": no such file or directory");
+  for (const auto& file : o.inputs) {
+    if (!fs::exists(file)) throw InputError(file + ": no such file or directory");
   }
-  const InputFormat format = generating ? InputFormat::kAuto : detect(o);
-  report.format = generating ? "generated " + gen.kind : format_name(format);
-  if (!generating && format != InputFormat::kNpy && o.inputs.empty())
+  in.format = in.generating ? InputFormat::kAuto : detect(o);
+  const InputFormat format = in.format;
+  if (!in.generating && format != InputFormat::kNpy && o.inputs.empty())
     throw InputError(std::string("preprocess: the ") + format_name(format) + " format reads INPUT files, not --edges");
-  if (!o.weights_npy.empty() && (generating || format != InputFormat::kNpy))
+  if (!o.weights_npy.empty() && (in.generating || format != InputFormat::kNpy))
     throw InputError("--weights: weighs NumPy edges (--edges FILE.npy); " +
-                     std::string(generating ? "--generate takes weights=uniform"
-                                            : "an edge list's third column or a Matrix Market file's values give weights"));
+                     std::string(in.generating ? "--generate takes weights=uniform"
+                                               : "an edge list's third column or a Matrix Market file's values give weights"));
   if (o.num_nodes && *o.num_nodes < 1) throw InputError("--num-nodes: expected a positive count");
   if (format == InputFormat::kOgb && ogb_file(o.inputs[0], "raw/edge.csv").empty())
     throw InputError(o.inputs[0] + ": not an OGB node-property folder (no raw/edge.csv.gz)");
@@ -570,104 +579,133 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     throw InputError("--partitions: expected a positive part count, found " + std::to_string(o.partitions));
   if (o.relabel == Relabel::kPartition && o.partitions == 0)
     throw InputError("--relabel partition: needs --partitions P (the parts whose nodes become consecutive ids)");
-
   if (!o.temp_dir.empty() && !fs::is_directory(o.temp_dir))
     throw InputError(std::string("--temp-dir: expected an existing directory for the sorted runs, found ") +
                      (fs::exists(o.temp_dir) ? "a file at " : "no directory at ") + o.temp_dir);
-  // Fails early (before any parsing) when the store exists without --force.
-  StoreWriter writer(o.output, o.overwrite);
-  const fs::path sort_parent = o.temp_dir.empty() ? writer.temp_dir().parent_path() : fs::path(o.temp_dir);
+  if (format == InputFormat::kOgb) in.ogb_dir = o.inputs[0];
+  return in;
+}
 
-  // 1. Node data, and the node count when the input states it.
-  NodeData nd;
-  if (o.num_nodes) {
-    nd.num_nodes = *o.num_nodes;
-    nd.num_nodes_source = "--num-nodes";
+// An OGB folder's split: split/<name>/{train,valid,test}.csv.gz, by --split or the only one.
+void read_ogb_split(const PreprocessOptions& o, const fs::path& ogb_dir, NodeData* nd) {
+  const fs::path split_root = ogb_dir / "split";
+  if (!fs::is_directory(split_root)) {
+    if (!o.split_name.empty()) throw InputError("--split " + o.split_name + ": " + ogb_dir.string() + " has no split/ folder");
+    return;
   }
-  const fs::path ogb_dir = format == InputFormat::kOgb ? fs::path(o.inputs[0]) : fs::path();
-  if (generating) {
-    nd.num_nodes = generator_nodes(gen);
-    nd.num_nodes_source = "--generate";
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(split_root))
+    if (e.is_directory()) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  std::string name = o.split_name;
+  if (name.empty()) {
+    if (names.size() > 1) {
+      std::string all;
+      for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+      throw InputError(split_root.string() + ": several splits (" + all + "); pick one with --split NAME");
+    }
+    if (!names.empty()) name = names[0];
+  } else if (std::find(names.begin(), names.end(), name) == names.end()) {
+    throw InputError("--split " + name + ": no folder " + (split_root / name).string());
+  }
+  if (name.empty()) return;
+  for (const char* part : {"train", "valid", "test"}) {
+    const std::string f = ogb_file(split_root / name, std::string(part) + ".csv");
+    if (f.empty()) throw InputError((split_root / name).string() + ": missing " + part + ".csv.gz");
+    nd->splits[part] = read_id_lines(f);
+    nd->split_sources[part] = f;
+  }
+}
+
+// An OGB folder's node count, features, labels and split (the NumPy flags take precedence).
+void read_ogb_node_data(const PreprocessOptions& o, const fs::path& ogb_dir, const fs::path& scratch, NodeData* nd) {
+  const std::string count_file = ogb_file(ogb_dir, "raw/num-node-list.csv");
+  if (!count_file.empty() && !nd->num_nodes) {
+    const auto counts = read_id_lines(count_file);
+    if (counts.size() != 1) throw InputError(count_file + ": expected one node count (one graph)");
+    nd->num_nodes = counts[0];
+    nd->num_nodes_source = count_file;
+  }
+  const std::string feat = ogb_file(ogb_dir, "raw/node-feat.csv");
+  if (!feat.empty() && o.features_npy.empty()) read_text_features(feat, scratch, nd);
+  const std::string lab = ogb_file(ogb_dir, "raw/node-label.csv");
+  if (!lab.empty() && o.labels_npy.empty()) read_text_labels(lab, nd);
+  read_ogb_split(o, ogb_dir, nd);
+}
+
+// Stage 1: the node data, and the node count when the input states it (a generator's spec, --num-nodes, an
+// OGB count file, else the features' or labels' rows). `in` outlives `nd` (a generator's features
+// are drawn from its spec as they are written).
+void read_node_data(const PreprocessOptions& o, const Source& in, const fs::path& scratch, NodeData* nd) {
+  if (o.num_nodes) {
+    nd->num_nodes = *o.num_nodes;
+    nd->num_nodes_source = "--num-nodes";
+  }
+  if (in.generating) {
+    const GeneratorSpec& gen = in.gen;
+    nd->num_nodes = generator_nodes(gen);
+    nd->num_nodes_source = "--generate";
     if (gen.feature_dim > 0) {
-      nd.feature_dim = gen.feature_dim;
-      nd.feature_rows = *nd.num_nodes;
-      nd.generator = &gen;
-      nd.feature_source = "--generate";
+      nd->feature_dim = gen.feature_dim;
+      nd->feature_rows = *nd->num_nodes;
+      nd->generator = &gen;
+      nd->feature_source = "--generate";
     }
     if (gen.classes > 0) {
-      nd.has_labels = true;
-      nd.label_source = "--generate";
-      nd.labels.resize(static_cast<size_t>(*nd.num_nodes));
-      for (int64_t v = 0; v < *nd.num_nodes; ++v) nd.labels[v] = generated_label(gen, v);
+      nd->has_labels = true;
+      nd->label_source = "--generate";
+      nd->labels.resize(static_cast<size_t>(*nd->num_nodes));
+      for (int64_t v = 0; v < *nd->num_nodes; ++v) nd->labels[v] = generated_label(gen, v);
     }
-  } else if (format == InputFormat::kOgb) {
-    const std::string count_file = ogb_file(ogb_dir, "raw/num-node-list.csv");
-    if (!count_file.empty() && !nd.num_nodes) {
-      const auto counts = read_id_lines(count_file);
-      if (counts.size() != 1) throw InputError(count_file + ": expected one node count (one graph)");
-      nd.num_nodes = counts[0];
-      nd.num_nodes_source = count_file;
-    }
-    const std::string feat = ogb_file(ogb_dir, "raw/node-feat.csv");
-    if (!feat.empty() && o.features_npy.empty()) read_text_features(feat, writer.temp_dir(), &nd);
-    const std::string lab = ogb_file(ogb_dir, "raw/node-label.csv");
-    if (!lab.empty() && o.labels_npy.empty()) read_text_labels(lab, &nd);
-    const fs::path split_root = ogb_dir / "split";
-    if (fs::is_directory(split_root)) {
-      std::vector<std::string> names;
-      for (const auto& e : fs::directory_iterator(split_root))
-        if (e.is_directory()) names.push_back(e.path().filename().string());
-      std::sort(names.begin(), names.end());
-      std::string name = o.split_name;
-      if (name.empty()) {
-        if (names.size() > 1) {
-          std::string all;
-          for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
-          throw InputError(split_root.string() + ": several splits (" + all + "); pick one with --split NAME");
-        }
-        if (!names.empty()) name = names[0];
-      } else if (std::find(names.begin(), names.end(), name) == names.end()) {
-        throw InputError("--split " + name + ": no folder " + (split_root / name).string());
-      }
-      if (!name.empty()) {
-        for (const char* part : {"train", "valid", "test"}) {
-          const std::string f = ogb_file(split_root / name, std::string(part) + ".csv");
-          if (f.empty()) throw InputError((split_root / name).string() + ": missing " + part + ".csv.gz");
-          nd.splits[part] = read_id_lines(f);
-          nd.split_sources[part] = f;
-        }
-      }
-    } else if (!o.split_name.empty()) {
-      throw InputError("--split " + o.split_name + ": " + ogb_dir.string() + " has no split/ folder");
-    }
+  } else if (in.format == InputFormat::kOgb) {
+    read_ogb_node_data(o, in.ogb_dir, scratch, nd);
   } else if (!o.split_name.empty()) {
     throw InputError("--split: only OGB folders have named splits");
   }
-  if (!o.features_npy.empty()) read_npy_features(o.features_npy, &nd);
-  if (!o.labels_npy.empty()) read_npy_labels(o.labels_npy, &nd);
+  if (!o.features_npy.empty()) read_npy_features(o.features_npy, nd);
+  if (!o.labels_npy.empty()) read_npy_labels(o.labels_npy, nd);
   const std::pair<const char*, const std::string*> id_files[] = {
       {"train", &o.train_ids}, {"valid", &o.valid_ids}, {"test", &o.test_ids}};
   for (const auto& [name, file] : id_files) {
     if (file->empty()) continue;
-    nd.splits[name] = read_ids(*file);
-    nd.split_sources[name] = *file;
+    nd->splits[name] = read_ids(*file);
+    nd->split_sources[name] = *file;
   }
-  if (!nd.num_nodes && nd.has_features()) {
-    nd.num_nodes = nd.feature_rows;
-    nd.num_nodes_source = nd.feature_source;
+  if (!nd->num_nodes && nd->has_features()) {
+    nd->num_nodes = nd->feature_rows;
+    nd->num_nodes_source = nd->feature_source;
   }
-  if (!nd.num_nodes && nd.has_labels) {
-    nd.num_nodes = static_cast<int64_t>(nd.labels.size());
-    nd.num_nodes_source = nd.label_source;
+  if (!nd->num_nodes && nd->has_labels) {
+    nd->num_nodes = static_cast<int64_t>(nd->labels.size());
+    nd->num_nodes_source = nd->label_source;
   }
+}
 
-  // 2. Edges, checked against the node count as they stream in.
-  EdgeSorter sorter(o.mem_budget, sort_parent);
+// What the edge readers saw.
+struct EdgesRead {
   bool weighted = false;
   int64_t max_id = -1;
-  int64_t read_edges = 0;  // as the input states them: before reverses, de-duplication, self loops
-  int64_t limit = nd.num_nodes ? *nd.num_nodes : INT64_MAX;
-  std::string limit_source = nd.num_nodes_source;
+  int64_t count = 0;  // as the input states them: before reverses, de-duplication, self loops
+};
+
+// An OGB folder's edge count, shipped beside its edges: a download cut at a line boundary reads
+// as a smaller graph, so the `read` edges are checked against it.
+void check_ogb_edge_count(const fs::path& ogb_dir, int64_t read) {
+  const std::string count_file = ogb_file(ogb_dir, "raw/num-edge-list.csv");
+  if (count_file.empty()) return;
+  const auto counts = read_id_lines(count_file);
+  if (counts.size() != 1) throw InputError(count_file + ": expected one edge count (one graph)");
+  if (counts[0] != read)
+    throw InputError(ogb_file(ogb_dir, "raw/edge.csv") + ": expected " + std::to_string(counts[0]) + " edges as " +
+                     count_file + " says, found " + std::to_string(read));
+}
+
+// Stage 2: the edges into the sorter, each checked against the node count as it streams in (a
+// Matrix Market file states the count in its size line, which then takes over).
+EdgesRead read_edges(const PreprocessOptions& o, const Source& in, NodeData* nd, EdgeSorter* sorter) {
+  EdgesRead read;
+  int64_t limit = nd->num_nodes ? *nd->num_nodes : INT64_MAX;
+  std::string limit_source = nd->num_nodes_source;
   AddEdge add;
   add.check = [&](int64_t s, int64_t d) -> std::string {
     if (s < 0 || d < 0) return "negative node id " + std::to_string(std::min(s, d));
@@ -679,134 +717,155 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     return std::string();
   };
   add.add = [&](int64_t s, int64_t d, float w) {
-    max_id = std::max(max_id, std::max(s, d));
-    ++read_edges;
-    sorter.add(s, d, w);
-    if (o.undirected && s != d) sorter.add(d, s, w);
+    read.max_id = std::max(read.max_id, std::max(s, d));
+    ++read.count;
+    sorter->add(s, d, w);
+    if (o.undirected && s != d) sorter->add(d, s, w);
   };
-  if (generating) {
-    weighted = gen.weights;
+  if (in.generating) {
+    const GeneratorSpec& gen = in.gen;
+    read.weighted = gen.weights;
     generate_edges(gen, [&](int64_t s, int64_t d) {
-      ++read_edges;
+      ++read.count;
       const float w = gen.weights ? generated_weight(gen, s, d) : 1.0f;
-      sorter.add(s, d, w);
-      if (s != d) sorter.add(d, s, w);  // generated graphs are undirected
+      sorter->add(s, d, w);
+      if (s != d) sorter->add(d, s, w);  // generated graphs are undirected
     });
-    max_id = *nd.num_nodes - 1;
-  } else if (format == InputFormat::kOgb) {
-    const std::string edges = ogb_file(ogb_dir, "raw/edge.csv");
+    read.max_id = *nd->num_nodes - 1;
+  } else if (in.format == InputFormat::kOgb) {
     int columns = 2;  // OGB edge files are "src,dst"
-    const int64_t before = read_edges;
-    read_edge_list(edges, &columns, add);
-    // OGB ships the edge count beside the edges: a download cut at a line boundary reads as a
-    // smaller graph, so the count is checked.
-    const std::string count_file = ogb_file(ogb_dir, "raw/num-edge-list.csv");
-    if (!count_file.empty()) {
-      const auto counts = read_id_lines(count_file);
-      if (counts.size() != 1) throw InputError(count_file + ": expected one edge count (one graph)");
-      if (counts[0] != read_edges - before)
-        throw InputError(edges + ": expected " + std::to_string(counts[0]) + " edges as " + count_file + " says, found " +
-                         std::to_string(read_edges - before));
-    }
-  } else if (format == InputFormat::kMatrixMarket) {
-    read_edges = read_matrix_market(o.inputs[0], &weighted, &nd, add, [&] {
-      limit = *nd.num_nodes;
-      limit_source = nd.num_nodes_source;
+    read_edge_list(ogb_file(in.ogb_dir, "raw/edge.csv"), &columns, add);
+    check_ogb_edge_count(in.ogb_dir, read.count);
+  } else if (in.format == InputFormat::kMatrixMarket) {
+    read.count = read_matrix_market(o.inputs[0], &read.weighted, nd, add, [&] {
+      limit = *nd->num_nodes;
+      limit_source = nd->num_nodes_source;
     });
-  } else if (format == InputFormat::kNpy) {
+  } else if (in.format == InputFormat::kNpy) {
     const std::string file = !o.edges_npy.empty() ? o.edges_npy : o.inputs.at(0);
     read_npy_edges(file, o.weights_npy, add);
-    weighted = !o.weights_npy.empty();
+    read.weighted = !o.weights_npy.empty();
   } else {
     int columns = 0;
-    for (const auto& in : o.inputs) read_edge_list(in, &columns, add);
-    weighted = columns == 3;
+    for (const auto& file : o.inputs) read_edge_list(file, &columns, add);
+    read.weighted = columns == 3;
   }
-  report.input_edges = read_edges;
-  const int64_t n = nd.num_nodes ? *nd.num_nodes : max_id + 1;
+  return read;
+}
+
+// The node count: the one the input states, else the largest edge id + 1.
+int64_t node_count(const NodeData& nd, const EdgesRead& read) {
+  const int64_t n = nd.num_nodes ? *nd.num_nodes : read.max_id + 1;
   if (n <= 0) throw InputError("preprocess: the graph has no nodes");
   // Ids are positions 0..N-1. Sparse ids (hashes, timestamps) would make a CSR mostly of empty
   // rows, or an allocation that cannot succeed; the user should renumber or state N.
-  if (!nd.num_nodes && n > (int64_t{1} << 26) && n / 64 > report.input_edges)
-    throw InputError("preprocess: largest node id " + std::to_string(max_id) + " is far above the " +
-                     std::to_string(report.input_edges) +
-                     " edges read: node ids must be 0..N-1 (renumber them, or give --num-nodes)");
+  if (!nd.num_nodes && n > (int64_t{1} << 26) && n / 64 > read.count)
+    throw InputError("preprocess: largest node id " + std::to_string(read.max_id) + " is far above the " +
+                     std::to_string(read.count) + " edges read: node ids must be 0..N-1 (renumber them, or give --num-nodes)");
+  return n;
+}
 
-  // 3. Node arrays must agree with the node count.
-  if (nd.has_features() && nd.feature_rows != n)
-    throw InputError(nd.feature_source + ": " + std::to_string(nd.feature_rows) + " feature rows for " + std::to_string(n) +
-                     " nodes (" + (nd.num_nodes_source.empty() ? "largest edge id + 1" : nd.num_nodes_source) + ")");
-  if (nd.has_labels && static_cast<int64_t>(nd.labels.size()) != n)
-    throw InputError(nd.label_source + ": " + std::to_string(nd.labels.size()) + " labels for " + std::to_string(n) +
-                     " nodes (" + (nd.num_nodes_source.empty() ? "largest edge id + 1" : nd.num_nodes_source) + ")");
-  // Splits in range and disjoint: a node trained on and evaluated on would inflate every figure.
-  std::vector<const std::string*> split_of(nd.splits.size() > 1 ? static_cast<size_t>(n) : 0, nullptr);
-  for (const auto& [name, ids] : nd.splits) {
+// Stage 3: the node arrays agree with the node count, and the splits are in range and disjoint (a
+// node trained on and evaluated on would inflate every figure).
+void check_node_arrays(NodeData* nd, int64_t n) {
+  const std::string count_source = nd->num_nodes_source.empty() ? "largest edge id + 1" : nd->num_nodes_source;
+  if (nd->has_features() && nd->feature_rows != n)
+    throw InputError(nd->feature_source + ": " + std::to_string(nd->feature_rows) + " feature rows for " + std::to_string(n) +
+                     " nodes (" + count_source + ")");
+  if (nd->has_labels && static_cast<int64_t>(nd->labels.size()) != n)
+    throw InputError(nd->label_source + ": " + std::to_string(nd->labels.size()) + " labels for " + std::to_string(n) +
+                     " nodes (" + count_source + ")");
+  std::vector<const std::string*> split_of(nd->splits.size() > 1 ? static_cast<size_t>(n) : 0, nullptr);
+  for (const auto& [name, ids] : nd->splits) {
     for (size_t k = 0; k < ids.size(); ++k) {
       if (ids[k] >= n)
-        throw InputError(id_location(nd.split_sources[name], k) + "node id " + std::to_string(ids[k]) +
+        throw InputError(id_location(nd->split_sources[name], k) + "node id " + std::to_string(ids[k]) +
                          " out of range for " + std::to_string(n) + " nodes");
       if (split_of.empty()) continue;
       const std::string*& owner = split_of[static_cast<size_t>(ids[k])];
       if (owner != nullptr && *owner != name)
-        throw InputError(id_location(nd.split_sources[name], k) + "node id " + std::to_string(ids[k]) + " is in split '" +
-                         name + "' and in split '" + *owner + "' (" + nd.split_sources[*owner] +
+        throw InputError(id_location(nd->split_sources[name], k) + "node id " + std::to_string(ids[k]) + " is in split '" +
+                         name + "' and in split '" + *owner + "' (" + nd->split_sources[*owner] +
                          "); expected disjoint splits");
       owner = &name;
     }
   }
+}
 
-  // The random split (of the labelled nodes, when the input has none) is drawn over input ids
-  // before any relabelling, so every order gets the same one and --relabel hot can use it.
-  if (nd.has_labels && nd.splits.empty()) {
-    std::vector<int64_t> labelled;
-    for (int64_t v = 0; v < n; ++v)
-      if (nd.labels[v] >= 0) labelled.push_back(v);
-    kernels::CounterRng rng(kernels::derive_key(o.seed, 0x5b11));
-    for (int64_t i = static_cast<int64_t>(labelled.size()) - 1; i > 0; --i)
-      std::swap(labelled[i], labelled[rng.below(static_cast<uint64_t>(i + 1))]);
-    const auto total = static_cast<double>(labelled.size());
-    const auto n_train = static_cast<size_t>(std::llround(total * o.train_fraction));
-    const auto n_valid = std::min(labelled.size() - n_train, static_cast<size_t>(std::llround(total * o.valid_fraction)));
-    nd.splits["train"].assign(labelled.begin(), labelled.begin() + n_train);
-    nd.splits["valid"].assign(labelled.begin() + n_train, labelled.begin() + n_train + n_valid);
-    nd.splits["test"].assign(labelled.begin() + n_train + n_valid, labelled.end());
-  }
+// A random split of the labelled nodes when the input has none, drawn over input ids before any
+// relabelling, so every order gets the same one and --relabel hot can use it.
+void draw_random_split(const PreprocessOptions& o, int64_t n, NodeData* nd) {
+  if (!nd->has_labels || !nd->splits.empty()) return;
+  std::vector<int64_t> labelled;
+  for (int64_t v = 0; v < n; ++v)
+    if (nd->labels[v] >= 0) labelled.push_back(v);
+  kernels::CounterRng rng(kernels::derive_key(o.seed, 0x5b11));
+  for (int64_t i = static_cast<int64_t>(labelled.size()) - 1; i > 0; --i)
+    std::swap(labelled[i], labelled[rng.below(static_cast<uint64_t>(i + 1))]);
+  const auto total = static_cast<double>(labelled.size());
+  const auto n_train = static_cast<size_t>(std::llround(total * o.train_fraction));
+  const auto n_valid = std::min(labelled.size() - n_train, static_cast<size_t>(std::llround(total * o.valid_fraction)));
+  nd->splits["train"].assign(labelled.begin(), labelled.begin() + n_train);
+  nd->splits["valid"].assign(labelled.begin() + n_train, labelled.begin() + n_train + n_valid);
+  nd->splits["test"].assign(labelled.begin() + n_train + n_valid, labelled.end());
+}
 
-  // 4. The CSR (and, with --relabel degree / hot / partition, a second pass in the new order).
-  const bool drop_self = o.self_loops == SelfLoops::kRemove;
-  CsrSpill csr = drain(&sorter, n, o.dedup, drop_self, weighted, writer.temp_dir());
-  report.sorted_runs = sorter.runs();
-  std::vector<int64_t> original;  // stored id -> original id
-  // Numbers the nodes in the order `less` sorts the input ids (ties in input order) and builds the
-  // graph again under the new ids, every edge re-sorted.
-  auto renumber = [&](auto less) {
-    original.resize(static_cast<size_t>(n));
-    std::iota(original.begin(), original.end(), 0);
-    std::stable_sort(original.begin(), original.end(), less);
-    std::vector<int64_t> stored(static_cast<size_t>(n));
-    for (int64_t s = 0; s < n; ++s) stored[original[s]] = s;
-    EdgeSorter again(o.mem_budget, sort_parent);
-    File fi = open_temp(csr.indices_file, "rb");
-    File fw = weighted ? open_temp(csr.weights_file, "rb") : nullptr;
-    for (int64_t d = 0; d < n; ++d) {
-      for (int64_t k = csr.indptr[d]; k < csr.indptr[d + 1]; ++k) {
-        int64_t s;
-        float w = 1.0f;
-        if (std::fread(&s, sizeof(s), 1, fi.get()) != 1 || (fw && std::fread(&w, sizeof(w), 1, fw.get()) != 1))
-          throw ResourceError(csr.indices_file.string() + ": short read of temporary edge files");
-        again.add(stored[s], stored[d], w);
-      }
+// The graph in stored order.
+struct StoredGraph {
+  CsrSpill csr;
+  std::vector<int64_t> original;  // stored id -> input id; empty without a relabelling
+  std::vector<int32_t> part;      // each stored node's part, with --relabel partition
+
+  int64_t input_id(int64_t stored) const { return original.empty() ? stored : original[stored]; }
+};
+
+// Where the CSR's sorts run: the edges they may hold in memory, the folder of their sorted runs,
+// and the store's temporary folder for the drained CSR's raw files.
+struct SortPlace {
+  uint64_t mem_budget;
+  fs::path runs;
+  fs::path scratch;
+};
+
+// Numbers the nodes in the order `less` sorts the input ids (ties in input order) and builds the
+// graph again under the new ids, every edge re-sorted.
+template <typename Less>
+void renumber(StoredGraph* g, int64_t n, bool weighted, const SortPlace& place, Less less, PreprocessReport* report) {
+  CsrSpill& csr = g->csr;
+  std::vector<int64_t>& original = g->original;
+  original.resize(static_cast<size_t>(n));
+  std::iota(original.begin(), original.end(), 0);
+  std::stable_sort(original.begin(), original.end(), less);
+  std::vector<int64_t> stored(static_cast<size_t>(n));
+  for (int64_t s = 0; s < n; ++s) stored[original[s]] = s;
+  EdgeSorter again(place.mem_budget, place.runs);
+  File fi = open_temp(csr.indices_file, "rb");
+  File fw = weighted ? open_temp(csr.weights_file, "rb") : nullptr;
+  for (int64_t d = 0; d < n; ++d) {
+    for (int64_t k = csr.indptr[d]; k < csr.indptr[d + 1]; ++k) {
+      int64_t s;
+      float w = 1.0f;
+      if (std::fread(&s, sizeof(s), 1, fi.get()) != 1 || (fw && std::fread(&w, sizeof(w), 1, fw.get()) != 1))
+        throw ResourceError(csr.indices_file.string() + ": short read of temporary edge files");
+      again.add(stored[s], stored[d], w);
     }
-    fi.reset();
-    fw.reset();
-    csr = drain(&again, n, false, false, weighted, writer.temp_dir());
-    report.sorted_runs = std::max(report.sorted_runs, again.runs());
-  };
-  std::vector<int32_t> part;  // with --relabel partition: each stored node's part
-  auto in_degree = [&](int64_t v) { return csr.indptr[v + 1] - csr.indptr[v]; };
+  }
+  fi.reset();
+  fw.reset();
+  csr = drain(&again, n, false, false, weighted, place.scratch);
+  report->sorted_runs = std::max(report->sorted_runs, again.runs());
+}
+
+// Stage 4: the CSR, and with --relabel degree / hot / partition a second pass in the new order.
+StoredGraph build_graph(const PreprocessOptions& o, const NodeData& nd, EdgeSorter* sorter, int64_t n, bool weighted,
+                        const SortPlace& place, PreprocessReport* report) {
+  StoredGraph g;
+  g.csr = drain(sorter, n, o.dedup, o.self_loops == SelfLoops::kRemove, weighted, place.scratch);
+  report->sorted_runs = sorter->runs();
+  const std::vector<int64_t>& indptr = g.csr.indptr;  // the input order's, read while renumbering
+  auto in_degree = [&indptr](int64_t v) { return indptr[v + 1] - indptr[v]; };
   if (o.relabel == Relabel::kDegree) {
-    renumber([&](int64_t a, int64_t b) { return in_degree(a) > in_degree(b); });
+    renumber(&g, n, weighted, place, [&](int64_t a, int64_t b) { return in_degree(a) > in_degree(b); }, report);
   } else if (o.relabel == Relabel::kHot) {
     // Every epoch reads each training node's row (it is a seed) and the high-degree rows (sampled
     // as neighbours); validation rows at each evaluation. So: training nodes, then validation
@@ -816,40 +875,42 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
       for (int64_t v : it->second) group[static_cast<size_t>(v)] = 1;
     if (auto it = nd.splits.find("train"); it != nd.splits.end())
       for (int64_t v : it->second) group[static_cast<size_t>(v)] = 0;
-    renumber([&](int64_t a, int64_t b) {
+    renumber(&g, n, weighted, place, [&](int64_t a, int64_t b) {
       if (group[a] != group[b]) return group[a] < group[b];
       return in_degree(a) > in_degree(b);
-    });
+    }, report);
   } else if (o.relabel == Relabel::kPartition) {
     // Partition the graph as read (its indices from the temporary file, as int32), then number the
     // nodes part by part; the cut does not depend on the numbering.
     require_int32_nodes(n);
-    std::vector<int32_t> indices(static_cast<size_t>(csr.nnz));
+    std::vector<int32_t> indices(static_cast<size_t>(g.csr.nnz));
     size_t next = 0;
-    for_raw_chunks(csr.indices_file, csr.nnz, [&](const int64_t* values, size_t m) {
+    for_raw_chunks(g.csr.indices_file, g.csr.nnz, [&](const int64_t* values, size_t m) {
       for (size_t i = 0; i < m; ++i) indices[next++] = static_cast<int32_t>(values[i]);
     });
-    const kernels::CsrView graph{n, n, csr.indptr.data(), indices.data(), nullptr};
-    const std::vector<int32_t> input_part = partition_graph(graph, o.partitions, o.mem_budget, o.seed, &report.partition_method);
-    report.partition_cut = edge_cut(graph, input_part.data());
+    const kernels::CsrView graph{n, n, g.csr.indptr.data(), indices.data(), nullptr};
+    const std::vector<int32_t> input_part = partition_graph(graph, o.partitions, o.mem_budget, o.seed, &report->partition_method);
+    report->partition_cut = edge_cut(graph, input_part.data());
     indices = {};
-    renumber([&](int64_t a, int64_t b) { return input_part[a] < input_part[b]; });
-    part.resize(static_cast<size_t>(n));
-    for (int64_t s = 0; s < n; ++s) part[static_cast<size_t>(s)] = input_part[static_cast<size_t>(original[s])];
+    renumber(&g, n, weighted, place, [&](int64_t a, int64_t b) { return input_part[a] < input_part[b]; }, report);
+    g.part.resize(static_cast<size_t>(n));
+    for (int64_t s = 0; s < n; ++s) g.part[static_cast<size_t>(s)] = input_part[static_cast<size_t>(g.original[s])];
   }
-  auto orig = [&](int64_t s) { return original.empty() ? s : original[s]; };
+  return g;
+}
 
+// The graph's arrays (the raw temporary files become graph/indices.npy and graph/weights.npy,
+// int32 ids when the node count allows) and its counts in the manifest.
+void write_topology(StoreWriter& writer, const CsrSpill& csr, int64_t n, bool weighted) {
   const bool narrow = n < (int64_t{1} << 31);
   writer.write_array("graph/indptr.npy", DType::kI64, {n + 1}, csr.indptr.data());
-  {
-    NpyWriter& w = writer.begin_array("graph/indices.npy", narrow ? DType::kI32 : DType::kI64, {csr.nnz});
-    copy_raw(csr.indices_file, csr.nnz, narrow, &w);
-    writer.end_array("graph/indices.npy");
-  }
+  NpyWriter& w = writer.begin_array("graph/indices.npy", narrow ? DType::kI32 : DType::kI64, {csr.nnz});
+  copy_raw(csr.indices_file, csr.nnz, narrow, &w);
+  writer.end_array("graph/indices.npy");
   fs::remove(csr.indices_file);
   if (weighted) {
-    NpyWriter& w = writer.begin_array("graph/weights.npy", DType::kF32, {csr.nnz});
-    copy_raw_floats(csr.weights_file, csr.nnz, &w);
+    NpyWriter& ww = writer.begin_array("graph/weights.npy", DType::kF32, {csr.nnz});
+    copy_raw_floats(csr.weights_file, csr.nnz, &ww);
     writer.end_array("graph/weights.npy");
     fs::remove(csr.weights_file);
   }
@@ -857,101 +918,110 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
   m.num_nodes = n;
   m.num_edges = csr.nnz;
   m.weighted = weighted;
-  report.num_nodes = n;
-  report.num_edges = csr.nnz;
+}
 
-  // 4b. Partition over stored ids, reading the indices just written (mapped, not copied), unless
-  // the relabelling has partitioned already.
-  if (o.partitions > 0) {
-    if (part.empty()) {
-      require_int32_nodes(n);
-      const fs::path indices_file = writer.temp_dir() / "graph/indices.npy";
-      const MappedArray indices(indices_file, read_npy_header(indices_file.string()));
-      const kernels::CsrView graph{n, n, csr.indptr.data(), indices.as<int32_t>(), nullptr};
-      part = partition_graph(graph, o.partitions, o.mem_budget, o.seed, &report.partition_method);
-      report.partition_cut = edge_cut(graph, part.data());
-    }
-    writer.write_array("partition.npy", DType::kI32, {n}, part.data());
-    m.num_partitions = o.partitions;
-    m.partition_method = report.partition_method;
+// partition.npy over stored ids: the relabelling's parts, else a partition of the indices just
+// written (mapped, not copied).
+void write_partition(const PreprocessOptions& o, StoreWriter& writer, StoredGraph* g, int64_t n, PreprocessReport* report) {
+  if (g->part.empty()) {
+    require_int32_nodes(n);
+    const fs::path indices_file = writer.temp_dir() / "graph/indices.npy";
+    const MappedArray indices(indices_file, read_npy_header(indices_file.string()));
+    const kernels::CsrView graph{n, n, g->csr.indptr.data(), indices.as<int32_t>(), nullptr};
+    g->part = partition_graph(graph, o.partitions, o.mem_budget, o.seed, &report->partition_method);
+    report->partition_cut = edge_cut(graph, g->part.data());
   }
+  writer.write_array("partition.npy", DType::kI32, {n}, g->part.data());
+  Manifest& m = writer.manifest();
+  m.num_partitions = o.partitions;
+  m.partition_method = report->partition_method;
+}
 
-  // 5. Features, row by row in stored order, in parallel chunks written sequentially.
-  if (nd.has_features()) {
-    const int64_t d = nd.feature_dim;
-    NpyWriter& w = writer.begin_array("features.npy", o.feature_dtype, {n, d});
-    const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / (d * 4));
-    std::vector<float> rows;
-    std::vector<char> out;
-    const size_t item = dtype_size(o.feature_dtype);
-    // The largest value the stored dtype holds (f16: 65504); beyond it a value would become inf.
-    const float largest = o.feature_dtype == DType::kF16 ? 65504.0f : std::numeric_limits<float>::max();
-    for (int64_t begin = 0; begin < n; begin += chunk) {
-      const int64_t end = std::min(n, begin + chunk);
-      rows.resize(static_cast<size_t>((end - begin) * d));
-      out.resize(rows.size() * item);
-      std::atomic<int64_t> bad_row{n};  // the first input row with a value that is not finite there
-      tbb::parallel_for(tbb::blocked_range<int64_t>(begin, end, 256), [&](const tbb::blocked_range<int64_t>& r) {
-        for (int64_t s = r.begin(); s < r.end(); ++s) {
-          float* row = rows.data() + (s - begin) * d;
-          nd.feature_row(orig(s), row);
-          for (int64_t k = 0; k < d; ++k) {
-            if (std::fabs(row[k]) <= largest) continue;  // false for NaN too
-            for (int64_t seen = bad_row.load(); orig(s) < seen && !bad_row.compare_exchange_weak(seen, orig(s));) {
-            }
-            break;
+// Stage 5: features.npy, row by row in stored order, in parallel chunks written sequentially; every
+// value finite and within the stored dtype's range.
+void write_features(const PreprocessOptions& o, const NodeData& nd, const StoredGraph& g, int64_t n, StoreWriter& writer) {
+  const int64_t d = nd.feature_dim;
+  NpyWriter& w = writer.begin_array("features.npy", o.feature_dtype, {n, d});
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{8} << 20) / (d * 4));
+  std::vector<float> rows;
+  std::vector<char> out;
+  const size_t item = dtype_size(o.feature_dtype);
+  // The largest value the stored dtype holds (f16: 65504); beyond it a value would become inf.
+  const float largest = o.feature_dtype == DType::kF16 ? 65504.0f : std::numeric_limits<float>::max();
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    const int64_t end = std::min(n, begin + chunk);
+    rows.resize(static_cast<size_t>((end - begin) * d));
+    out.resize(rows.size() * item);
+    std::atomic<int64_t> bad_row{n};  // the first input row with a value that is not finite there
+    tbb::parallel_for(tbb::blocked_range<int64_t>(begin, end, 256), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t s = r.begin(); s < r.end(); ++s) {
+        const int64_t v = g.input_id(s);
+        float* row = rows.data() + (s - begin) * d;
+        nd.feature_row(v, row);
+        for (int64_t k = 0; k < d; ++k) {
+          if (std::fabs(row[k]) <= largest) continue;  // false for NaN too
+          for (int64_t seen = bad_row.load(); v < seen && !bad_row.compare_exchange_weak(seen, v);) {
           }
-          if (o.normalize_features_row) {
-            // As PyG's examples: x / x.sum(1).clamp(min=1), summed in double in column order.
-            double sum = 0;
-            for (int64_t k = 0; k < d; ++k) sum += row[k];
-            const float denom = static_cast<float>(std::max(sum, 1.0));
-            for (int64_t k = 0; k < d; ++k) row[k] /= denom;
-          }
-          convert_from_f32(o.feature_dtype, row, out.data() + (s - begin) * d * item, static_cast<size_t>(d));
+          break;
         }
-      });
-      if (bad_row.load() < n) {
-        std::vector<float> row(static_cast<size_t>(d));
-        nd.feature_row(bad_row.load(), row.data());
-        int64_t k = 0;
-        while (k + 1 < d && std::fabs(row[k]) <= largest) ++k;
-        throw InputError(nd.feature_source + ": expected finite features" +
-                         (o.feature_dtype == DType::kF16 ? " within float16's range (--feature-dtype)" : "") +
-                         ", found " + std::to_string(row[k]) + " at node " + std::to_string(bad_row.load()) +
-                         ", column " + std::to_string(k));
+        if (o.normalize_features_row) {
+          // As PyG's examples: x / x.sum(1).clamp(min=1), summed in double in column order.
+          double sum = 0;
+          for (int64_t k = 0; k < d; ++k) sum += row[k];
+          const float denom = static_cast<float>(std::max(sum, 1.0));
+          for (int64_t k = 0; k < d; ++k) row[k] /= denom;
+        }
+        convert_from_f32(o.feature_dtype, row, out.data() + (s - begin) * d * item, static_cast<size_t>(d));
       }
-      w.write(out.data(), out.size());
+    });
+    if (bad_row.load() < n) {
+      std::vector<float> row(static_cast<size_t>(d));
+      nd.feature_row(bad_row.load(), row.data());
+      int64_t k = 0;
+      while (k + 1 < d && std::fabs(row[k]) <= largest) ++k;
+      throw InputError(nd.feature_source + ": expected finite features" +
+                       (o.feature_dtype == DType::kF16 ? " within float16's range (--feature-dtype)" : "") + ", found " +
+                       std::to_string(row[k]) + " at node " + std::to_string(bad_row.load()) + ", column " +
+                       std::to_string(k));
     }
-    writer.end_array("features.npy");
-    if (!nd.text_file.empty()) fs::remove(nd.text_file);  // the mapping stays valid until unmapped
-    m.feature_dim = d;
-    m.feature_dtype = dtype_name(o.feature_dtype);
+    w.write(out.data(), out.size());
   }
+  writer.end_array("features.npy");
+  if (!nd.text_file.empty()) fs::remove(nd.text_file);  // the mapping stays valid until unmapped
+  Manifest& m = writer.manifest();
+  m.feature_dim = d;
+  m.feature_dtype = dtype_name(o.feature_dtype);
+}
 
-  // 6. Labels and splits (a random split of the labelled nodes when the input has none).
-  if (nd.has_labels) {
-    std::vector<int32_t> labels(static_cast<size_t>(n));
-    int32_t max_label = -1;
-    for (int64_t s = 0; s < n; ++s) {
-      labels[s] = nd.labels[orig(s)];
-      max_label = std::max(max_label, labels[s]);
-    }
-    if (max_label < 0) throw InputError(nd.label_source + ": no node is labelled (every label is -1)");
-    // Class ids are 0 .. C-1; one far beyond the node count is a wrong column or a sentinel, and
-    // would size the model's last layer by it.
-    if (max_label >= std::max<int64_t>(n, 1 << 16))
-      throw InputError(nd.label_source + ": expected class ids 0 .. C-1 with C at most " +
-                       std::to_string(std::max<int64_t>(n, 1 << 16)) + ", found " + std::to_string(max_label));
-    writer.write_array("labels.npy", DType::kI32, {n}, labels.data());
-    m.num_classes = max_label + 1;
+// labels.npy in stored order; class ids 0 .. C-1.
+void write_labels(const NodeData& nd, const StoredGraph& g, int64_t n, StoreWriter& writer) {
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  int32_t max_label = -1;
+  for (int64_t s = 0; s < n; ++s) {
+    labels[s] = nd.labels[g.input_id(s)];
+    max_label = std::max(max_label, labels[s]);
   }
+  if (max_label < 0) throw InputError(nd.label_source + ": no node is labelled (every label is -1)");
+  // One far beyond the node count is a wrong column or a sentinel, and would size the model's last
+  // layer by it.
+  if (max_label >= std::max<int64_t>(n, 1 << 16))
+    throw InputError(nd.label_source + ": expected class ids 0 .. C-1 with C at most " +
+                     std::to_string(std::max<int64_t>(n, 1 << 16)) + ", found " + std::to_string(max_label));
+  writer.write_array("labels.npy", DType::kI32, {n}, labels.data());
+  writer.manifest().num_classes = max_label + 1;
+}
+
+// splits/<name>.npy in stored ids (sorted, each id once), and relabel.npy (stored id -> input id)
+// when the nodes were numbered anew.
+void write_splits_and_relabelling(const PreprocessOptions& o, const NodeData& nd, const StoredGraph& g, int64_t n,
+                                  StoreWriter& writer) {
+  Manifest& m = writer.manifest();
   std::vector<int64_t> stored_of;
-  if (!original.empty()) {
+  if (!g.original.empty()) {
     stored_of.resize(static_cast<size_t>(n));
-    for (int64_t s = 0; s < n; ++s) stored_of[original[s]] = s;
+    for (int64_t s = 0; s < n; ++s) stored_of[g.original[s]] = s;
   }
-  for (auto& [name, ids] : nd.splits) {
+  for (const auto& [name, ids] : nd.splits) {
     std::vector<int64_t> out(ids);
     if (!stored_of.empty())
       for (auto& v : out) v = stored_of[v];
@@ -960,11 +1030,40 @@ PreprocessReport preprocess(const PreprocessOptions& o) {
     writer.write_array("splits/" + name + ".npy", DType::kI64, {static_cast<int64_t>(out.size())}, out.data());
     m.splits[name] = static_cast<int64_t>(out.size());
   }
-  if (!original.empty()) {
-    writer.write_array("relabel.npy", DType::kI64, {n}, original.data());
-    m.relabelled = true;
-    m.relabel_order = o.relabel == Relabel::kDegree ? "degree" : o.relabel == Relabel::kHot ? "hot" : "partition";
-  }
+  if (g.original.empty()) return;
+  writer.write_array("relabel.npy", DType::kI64, {n}, g.original.data());
+  m.relabelled = true;
+  m.relabel_order = o.relabel == Relabel::kDegree ? "degree" : o.relabel == Relabel::kHot ? "hot" : "partition";
+}
+
+}  // namespace
+
+PreprocessReport preprocess(const PreprocessOptions& o) {
+  const Source in = check_options(o);
+  PreprocessReport report;
+  report.format = in.generating ? "generated " + in.gen.kind : format_name(in.format);
+  // Fails early (before any parsing) when the store exists without --force.
+  StoreWriter writer(o.output, o.overwrite);
+  const SortPlace place{o.mem_budget, o.temp_dir.empty() ? writer.temp_dir().parent_path() : fs::path(o.temp_dir),
+                        writer.temp_dir()};
+
+  NodeData nd;
+  read_node_data(o, in, writer.temp_dir(), &nd);
+  EdgeSorter sorter(o.mem_budget, place.runs);
+  const EdgesRead read = read_edges(o, in, &nd, &sorter);
+  report.input_edges = read.count;
+  const int64_t n = node_count(nd, read);
+  check_node_arrays(&nd, n);
+  draw_random_split(o, n, &nd);
+
+  StoredGraph g = build_graph(o, nd, &sorter, n, read.weighted, place, &report);
+  write_topology(writer, g.csr, n, read.weighted);
+  report.num_nodes = n;
+  report.num_edges = g.csr.nnz;
+  if (o.partitions > 0) write_partition(o, writer, &g, n, &report);
+  if (nd.has_features()) write_features(o, nd, g, n, writer);
+  if (nd.has_labels) write_labels(nd, g, n, writer);
+  write_splits_and_relabelling(o, nd, g, n, writer);
   writer.commit();
   return report;
 }
