@@ -463,6 +463,10 @@ int run_train(const std::vector<std::string>& args) {
   }
   apply_placement_flags(f, vm, &o);
   if (!f.checkpoint_interval.empty()) o.checkpoint_interval_s = parse_duration(f.checkpoint_interval, "--checkpoint-interval");
+  apply_run_flags(f, vm, &o);
+  // Every value check that needs neither the store nor a device, as a library caller gets them;
+  // before any process starts, so that a bad value is one line from the launcher.
+  engine::check_train_options(o);
   if (!f.processes.empty()) {
     const int count = parse_processes(f.processes, o.devices, o.full_graph);
     // The processes started run this same command line; only the one the user started launches.
@@ -472,10 +476,7 @@ int run_train(const std::vector<std::string>& args) {
       return engine::local::launch(count, command);
     }
   }
-  apply_run_flags(f, vm, &o);
   engine::ops::set_gemm_tuning(f.tune_gemm);
-  // Every value check that needs neither the store nor a device, as a library caller gets them.
-  engine::check_train_options(o);
 
   const bool show = !f.quiet;
   Progress progress(show && ::isatty(STDERR_FILENO), o.eval != engine::TrainOptions::Eval::kNone);

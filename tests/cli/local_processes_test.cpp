@@ -156,6 +156,9 @@ TEST_F(LocalProcesses, AFailingProcessOrABadValueEndsTheRunWithItsCode) {
   Started bad_layers(train("--processes 2 --layers 3 --epochs 2"), dir_ / "log1");  // 3 layers, 2 fanouts
   EXPECT_EQ(bad_layers.wait(std::chrono::seconds(60)), 2) << bad_layers.output();
   EXPECT_NE(bad_layers.output().find("--fanouts"), std::string::npos) << bad_layers.output();
+  // Refused before any process starts: one line, the launcher's, not a started rank's.
+  EXPECT_EQ(bad_layers.output().find('\n'), bad_layers.output().size() - 1) << bad_layers.output();
+  EXPECT_EQ(bad_layers.output().find("rank "), std::string::npos) << bad_layers.output();
   Started missing("train " + path("missing.gale") + " -q --device cpu --fanouts 5,5 --processes 2 --metrics " + path("m.jsonl"),
               dir_ / "log2");
   EXPECT_EQ(missing.wait(std::chrono::seconds(60)), 2) << missing.output();
