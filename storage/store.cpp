@@ -518,6 +518,146 @@ MappedArray& MappedArray::operator=(MappedArray&& o) noexcept {
 // ---------------------------------------------------------------------------------------------
 // Store
 
+namespace {
+
+// A listed array file, mapped: present, of the recorded size, with an npy header that matches the
+// manifest's dtype and shape and leaves its data aligned to its elements.
+MappedArray map_listed_array(const fs::path& store, const std::string& rel, const FileEntry& e) {
+  const fs::path file = store / rel;
+  std::error_code ec;
+  const uint64_t size = fs::file_size(file, ec);
+  if (ec) throw CorruptStoreError(file.string() + ": missing (listed in the manifest)");
+  if (size != e.size)
+    throw CorruptStoreError(file.string() + ": expected " + std::to_string(e.size) + " bytes, found " +
+                            std::to_string(size) + " (truncated or replaced)");
+  const bool sidecar = is_page_sums_path(rel);
+  NpyHeader h;
+  try {
+    h = read_npy_header(file.string(), sidecar);
+  } catch (const InputError& err) {
+    throw CorruptStoreError(err.what());
+  }
+  DType want;
+  const bool dtype_ok = sidecar ? e.dtype == kPageSumsDtype && h.descr == kPageSumsDescr
+                                : parse_dtype(e.dtype, &want) && want == h.dtype && h.descr != kPageSumsDescr;
+  if (!dtype_ok || h.shape != e.shape || h.fortran_order)
+    throw CorruptStoreError(file.string() + ": expected " + e.dtype + " " + shape_text(e.shape) +
+                            " as the manifest says, found " + h.descr + " " + shape_text(h.shape) +
+                            (h.fortran_order ? " in Fortran order" : "") + " in the npy header");
+  if (h.data_offset % dtype_size(h.dtype) != 0)  // Gale pads every header to 64 bytes
+    throw CorruptStoreError(file.string() + ": data starts at byte " + std::to_string(h.data_offset) +
+                            ", not a multiple of its " + std::to_string(dtype_size(h.dtype)) + "-byte elements");
+  const uint64_t data_bytes = static_cast<uint64_t>(h.count()) * dtype_size(h.dtype);
+  if (h.data_offset + data_bytes != size)
+    throw CorruptStoreError(file.string() + ": expected " + std::to_string(h.data_offset + data_bytes) +
+                            " bytes for its npy header's shape, found " + std::to_string(size));
+  return MappedArray(file, h);
+}
+
+// The manifest's file list against its counts and flags, before any file is opened: each array's
+// shape and dtype (the typed accessors, labels() as int32, relabel() as int64, ... rely on them),
+// the files a flag promises, the splits, and a page-sums sidecar of the right length beside every
+// array when page_size is set.
+class ManifestCheck {
+ public:
+  ManifestCheck(const fs::path& store, const Manifest& m) : store_(store), file_((store / "manifest.json").string()), m_(m) {}
+
+  void run() const {
+    const int64_t n = m_.num_nodes, e = m_.num_edges;
+    require("graph/indptr.npy");
+    require("graph/indices.npy");
+    expect_shape("graph/indptr.npy", {n + 1});
+    expect_shape("graph/indices.npy", {e});
+    expect_dtype("graph/indptr.npy", "i64");
+    const std::string idx_dtype = m_.files.at("graph/indices.npy").dtype;
+    if (idx_dtype != "i32" && idx_dtype != "i64")
+      throw CorruptStoreError((store_ / "graph/indices.npy").string() + ": expected dtype i32 or i64, found " + idx_dtype);
+    expect_presence("graph/weights.npy", m_.weighted, "weighted");
+    expect_presence("features.npy", m_.feature_dim > 0, "feature_dim");
+    expect_presence("partition.npy", m_.num_partitions > 0, "num_partitions");
+    expect_presence("relabel.npy", m_.relabelled, "relabelled");
+    if (m_.feature_dim > 0) {
+      DType ft;
+      if (!parse_dtype(m_.feature_dtype, &ft) || !(ft == DType::kF32 || ft == DType::kF16 || ft == DType::kBF16))
+        throw CorruptStoreError(file_ + ": expected feature_dtype f32, f16 or bf16, found '" + m_.feature_dtype + "'");
+    }
+    splits();
+    for (const auto& [rel, entry] : m_.files) array(rel, entry);
+    for (const auto& [rel, entry] : m_.files) page_sums(rel, entry);
+  }
+
+ private:
+  void require(const std::string& rel) const {
+    if (!m_.files.count(rel)) throw CorruptStoreError(file_ + ": no entry for required file " + rel);
+  }
+  void expect_shape(const std::string& rel, const std::vector<int64_t>& shape) const {
+    if (m_.files.at(rel).shape != shape)
+      throw CorruptStoreError((store_ / rel).string() + ": expected shape " + shape_text(shape) + ", found " +
+                              shape_text(m_.files.at(rel).shape));
+  }
+  void expect_dtype(const std::string& rel, const std::string& dtype) const {
+    if (m_.files.at(rel).dtype != dtype)
+      throw CorruptStoreError((store_ / rel).string() + ": expected dtype " + dtype + ", found " + m_.files.at(rel).dtype);
+  }
+  // A manifest flag and the file it describes must agree.
+  void expect_presence(const std::string& rel, bool flag, const char* key) const {
+    if (flag != (m_.files.count(rel) > 0))
+      throw CorruptStoreError(file_ + ": expected " + rel + (flag ? " to be listed" : " to be absent") + " because " + key +
+                              " is " + (flag ? "set" : "unset") + ", found it " + (flag ? "missing" : "listed"));
+  }
+  void splits() const {
+    for (const auto& [name, size] : m_.splits) {
+      const std::string rel = "splits/" + name + ".npy";
+      if (!m_.files.count(rel))
+        throw CorruptStoreError(file_ + ": expected " + rel + " for split '" + name + "', found no entry");
+      if (m_.files.at(rel).shape != std::vector<int64_t>{size})
+        throw CorruptStoreError((store_ / rel).string() + ": expected " + std::to_string(size) +
+                                " node ids as the manifest's splits say, found shape " + shape_text(m_.files.at(rel).shape));
+    }
+  }
+  void array(const std::string& rel, const FileEntry& entry) const {
+    const int64_t n = m_.num_nodes;
+    if (rel == "graph/weights.npy") { expect_shape(rel, {m_.num_edges}); expect_dtype(rel, "f32"); }
+    else if (rel == "features.npy") { expect_shape(rel, {n, m_.feature_dim}); expect_dtype(rel, m_.feature_dtype); }
+    else if (rel == "labels.npy") { expect_shape(rel, {n}); expect_dtype(rel, "i32"); }
+    else if (rel == "partition.npy") { expect_shape(rel, {n}); expect_dtype(rel, "i32"); }
+    else if (rel == "relabel.npy") { expect_shape(rel, {n}); expect_dtype(rel, "i64"); }
+    else if (rel.rfind("splits/", 0) == 0) {
+      // Ids in [0, N): check_values().
+      if (entry.dtype != "i64" || entry.shape.size() != 1)
+        throw CorruptStoreError((store_ / rel).string() + ": expected a 1-D i64 array of node ids, found " + entry.dtype +
+                                " " + shape_text(entry.shape));
+      if (!m_.splits.count(fs::path(rel).stem().string()))
+        throw CorruptStoreError((store_ / rel).string() + ": expected a matching entry in the manifest's splits, found none");
+    }
+  }
+  // Every array file has its sidecar, of one u32 per page; every sidecar its file.
+  void page_sums(const std::string& rel, const FileEntry& entry) const {
+    if (is_page_sums_path(rel)) {
+      const std::string of = rel.substr(std::string("pages/").size());
+      if (!m_.files.count(of) || is_page_sums_path(of))
+        throw CorruptStoreError(file_ + ": expected " + rel + " to be the page sums of a listed file, found no " + of);
+      return;
+    }
+    if (m_.page_size == 0) return;
+    const std::string sums = page_sums_path(rel);
+    if (!m_.files.count(sums))
+      throw CorruptStoreError(file_ + ": expected " + sums + " (the page sums of " + rel +
+                              ") to be listed because page_size is set, found no entry");
+    const FileEntry& se = m_.files.at(sums);
+    const std::vector<int64_t> want{static_cast<int64_t>(page_count(entry.size))};
+    if (se.dtype != kPageSumsDtype || se.shape != want)
+      throw CorruptStoreError((store_ / sums).string() + ": expected " + kPageSumsDtype + " " + shape_text(want) +
+                              " (one sum per 4096-byte page of " + rel + "), found " + se.dtype + " " + shape_text(se.shape));
+  }
+
+  const fs::path& store_;
+  const std::string file_;  // manifest.json's path, for messages
+  const Manifest& m_;
+};
+
+}  // namespace
+
 Store Store::open(const fs::path& path) {
   if (!fs::is_directory(path))
     throw InputError(path.string() + (fs::exists(path) ? ": not a store (a store is a directory made by gale preprocess)"
@@ -531,138 +671,9 @@ Store Store::open(const fs::path& path) {
   text << in.rdbuf();
   s.manifest_ = manifest_from_json(text.str(), manifest_file.string());
   const Manifest& m = s.manifest_;
-
-  // Every listed file: present, of the recorded size, with a header matching dtype and shape.
-  auto open_array = [&](const std::string& rel) -> MappedArray {
-    const fs::path file = path / rel;
-    const FileEntry& e = m.files.at(rel);
-    std::error_code ec;
-    const uint64_t size = fs::file_size(file, ec);
-    if (ec) throw CorruptStoreError(file.string() + ": missing (listed in the manifest)");
-    if (size != e.size)
-      throw CorruptStoreError(file.string() + ": expected " + std::to_string(e.size) + " bytes, found " +
-                              std::to_string(size) + " (truncated or replaced)");
-    const bool sidecar = is_page_sums_path(rel);
-    NpyHeader h;
-    try {
-      h = read_npy_header(file.string(), sidecar);
-    } catch (const InputError& err) {
-      throw CorruptStoreError(err.what());
-    }
-    DType want;
-    const bool dtype_ok = sidecar ? e.dtype == kPageSumsDtype && h.descr == kPageSumsDescr
-                                  : parse_dtype(e.dtype, &want) && want == h.dtype && h.descr != kPageSumsDescr;
-    if (!dtype_ok || h.shape != e.shape || h.fortran_order)
-      throw CorruptStoreError(file.string() + ": expected " + e.dtype + " " + shape_text(e.shape) +
-                              " as the manifest says, found " + h.descr + " " + shape_text(h.shape) +
-                              (h.fortran_order ? " in Fortran order" : "") + " in the npy header");
-    if (h.data_offset % dtype_size(h.dtype) != 0)  // Gale pads every header to 64 bytes
-      throw CorruptStoreError(file.string() + ": data starts at byte " + std::to_string(h.data_offset) +
-                              ", not a multiple of its " + std::to_string(dtype_size(h.dtype)) + "-byte elements");
-    const uint64_t data_bytes = static_cast<uint64_t>(h.count()) * dtype_size(h.dtype);
-    if (h.data_offset + data_bytes != size)
-      throw CorruptStoreError(file.string() + ": expected " + std::to_string(h.data_offset + data_bytes) +
-                              " bytes for its npy header's shape, found " + std::to_string(size));
-    return MappedArray(file, h);
-  };
-  auto require = [&](const std::string& rel) {
-    if (!m.files.count(rel)) throw CorruptStoreError(manifest_file.string() + ": no entry for required file " + rel);
-  };
-  auto expect_shape = [&](const std::string& rel, std::vector<int64_t> shape) {
-    if (m.files.at(rel).shape != shape)
-      throw CorruptStoreError((path / rel).string() + ": expected shape " + shape_text(shape) + ", found " +
-                              shape_text(m.files.at(rel).shape));
-  };
-  // The typed accessors (labels() as int32, relabel() as int64, ...) rely on these dtypes.
-  auto expect_dtype = [&](const std::string& rel, const std::string& dtype) {
-    if (m.files.at(rel).dtype != dtype)
-      throw CorruptStoreError((path / rel).string() + ": expected dtype " + dtype + ", found " + m.files.at(rel).dtype);
-  };
-  // A manifest flag and the file it describes must agree.
-  auto expect_presence = [&](const std::string& rel, bool flag, const char* key) {
-    if (flag != (m.files.count(rel) > 0))
-      throw CorruptStoreError(manifest_file.string() + ": expected " + rel + (flag ? " to be listed" : " to be absent") +
-                              " because " + key + " is " + (flag ? "set" : "unset") + ", found it " +
-                              (flag ? "missing" : "listed"));
-  };
-  const int64_t n = m.num_nodes, e = m.num_edges;
-  require("graph/indptr.npy");
-  require("graph/indices.npy");
-  expect_shape("graph/indptr.npy", {n + 1});
-  expect_shape("graph/indices.npy", {e});
-  expect_dtype("graph/indptr.npy", "i64");
-  const std::string idx_dtype = m.files.at("graph/indices.npy").dtype;
-  if (idx_dtype != "i32" && idx_dtype != "i64")
-    throw CorruptStoreError((path / "graph/indices.npy").string() + ": expected dtype i32 or i64, found " + idx_dtype);
-  s.indices64_ = idx_dtype == "i64";
-  expect_presence("graph/weights.npy", m.weighted, "weighted");
-  expect_presence("features.npy", m.feature_dim > 0, "feature_dim");
-  expect_presence("partition.npy", m.num_partitions > 0, "num_partitions");
-  expect_presence("relabel.npy", m.relabelled, "relabelled");
-  if (m.feature_dim > 0) {
-    DType ft;
-    if (!parse_dtype(m.feature_dtype, &ft) || !(ft == DType::kF32 || ft == DType::kF16 || ft == DType::kBF16))
-      throw CorruptStoreError(manifest_file.string() + ": expected feature_dtype f32, f16 or bf16, found '" +
-                              m.feature_dtype + "'");
-  }
-  for (const auto& [name, size] : m.splits) {
-    const std::string rel = "splits/" + name + ".npy";
-    if (!m.files.count(rel))
-      throw CorruptStoreError(manifest_file.string() + ": expected " + rel + " for split '" + name + "', found no entry");
-    if (m.files.at(rel).shape != std::vector<int64_t>{size})
-      throw CorruptStoreError((path / rel).string() + ": expected " + std::to_string(size) +
-                              " node ids as the manifest's splits say, found shape " + shape_text(m.files.at(rel).shape));
-  }
-  for (const auto& [rel, entry] : m.files) {
-    if (rel == "graph/weights.npy") { expect_shape(rel, {e}); expect_dtype(rel, "f32"); }
-    else if (rel == "features.npy") { expect_shape(rel, {n, m.feature_dim}); expect_dtype(rel, m.feature_dtype); }
-    else if (rel == "labels.npy") { expect_shape(rel, {n}); expect_dtype(rel, "i32"); }
-    else if (rel == "partition.npy") { expect_shape(rel, {n}); expect_dtype(rel, "i32"); }
-    else if (rel == "relabel.npy") { expect_shape(rel, {n}); expect_dtype(rel, "i64"); }
-    else if (rel.rfind("splits/", 0) == 0) {
-      // Ids in [0, N): check_values().
-      if (entry.dtype != "i64" || entry.shape.size() != 1)
-        throw CorruptStoreError((path / rel).string() + ": expected a 1-D i64 array of node ids, found " + entry.dtype +
-                                " " + shape_text(entry.shape));
-      if (!m.splits.count(fs::path(rel).stem().string()))
-        throw CorruptStoreError((path / rel).string() + ": expected a matching entry in the manifest's splits, found none");
-    }
-  }
-  // Page sums: every array file has its sidecar, of one u32 per page; every sidecar its file.
-  for (const auto& [rel, entry] : m.files) {
-    if (is_page_sums_path(rel)) {
-      const std::string of = rel.substr(std::string("pages/").size());
-      if (!m.files.count(of) || is_page_sums_path(of))
-        throw CorruptStoreError(manifest_file.string() + ": expected " + rel + " to be the page sums of a listed file, found no " +
-                                of);
-      continue;
-    }
-    if (m.page_size == 0) continue;
-    const std::string sums = page_sums_path(rel);
-    if (!m.files.count(sums))
-      throw CorruptStoreError(manifest_file.string() + ": expected " + sums + " (the page sums of " + rel +
-                              ") to be listed because page_size is set, found no entry");
-    const FileEntry& se = m.files.at(sums);
-    const std::vector<int64_t> want{static_cast<int64_t>(page_count(entry.size))};
-    if (se.dtype != kPageSumsDtype || se.shape != want)
-      throw CorruptStoreError((path / sums).string() + ": expected " + kPageSumsDtype + " " + shape_text(want) +
-                              " (one sum per 4096-byte page of " + rel + "), found " + se.dtype + " " + shape_text(se.shape));
-  }
-  for (const auto& [rel, entry] : m.files) {
-    MappedArray a = open_array(rel);
-    if (is_page_sums_path(rel)) {
-      if (m.page_size != 0) s.page_sums_[rel.substr(std::string("pages/").size())] = std::move(a);
-      continue;
-    }
-    if (rel == "graph/indptr.npy") s.indptr_ = std::move(a);
-    else if (rel == "graph/indices.npy") s.indices_ = std::move(a);
-    else if (rel == "graph/weights.npy") s.weights_ = std::move(a);
-    else if (rel == "features.npy") s.features_ = std::move(a);
-    else if (rel == "labels.npy") s.labels_ = std::move(a);
-    else if (rel == "partition.npy") s.partition_ = std::move(a);
-    else if (rel == "relabel.npy") s.relabel_ = std::move(a);
-    else if (rel.rfind("splits/", 0) == 0) s.splits_[fs::path(rel).stem().string()] = std::move(a);
-  }
+  ManifestCheck(path, m).run();
+  s.indices64_ = m.files.at("graph/indices.npy").dtype == "i64";
+  s.map_files();
   // Every page of what the commands read whole, before any value is used: a flipped byte is
   // reported as such even when the value it makes is still in range. features.npy is read by
   // rows and left to check_feature_pages.
@@ -675,12 +686,32 @@ Store Store::open(const fs::path& path) {
       if (m.files.count(rel)) s.check_pages(rel, *a, 0, page_count(m.files.at(rel).size));
     }
   }
+  const int64_t n = m.num_nodes, e = m.num_edges;
   const int64_t* ip = s.indptr();
   if (ip[0] != 0 || ip[n] != e)
     throw CorruptStoreError((path / "graph/indptr.npy").string() + ": expected indptr[0] = 0 and indptr[N] = " +
                             std::to_string(e) + ", found " + std::to_string(ip[0]) + " and " + std::to_string(ip[n]));
   s.check_values();
   return s;
+}
+
+// Maps every listed file into its member (the page sums by the file they cover).
+void Store::map_files() {
+  for (const auto& [rel, entry] : manifest_.files) {
+    MappedArray a = map_listed_array(path_, rel, entry);
+    if (is_page_sums_path(rel)) {
+      if (manifest_.page_size != 0) page_sums_[rel.substr(std::string("pages/").size())] = std::move(a);
+      continue;
+    }
+    if (rel == "graph/indptr.npy") indptr_ = std::move(a);
+    else if (rel == "graph/indices.npy") indices_ = std::move(a);
+    else if (rel == "graph/weights.npy") weights_ = std::move(a);
+    else if (rel == "features.npy") features_ = std::move(a);
+    else if (rel == "labels.npy") labels_ = std::move(a);
+    else if (rel == "partition.npy") partition_ = std::move(a);
+    else if (rel == "relabel.npy") relabel_ = std::move(a);
+    else if (rel.rfind("splits/", 0) == 0) splits_[fs::path(rel).stem().string()] = std::move(a);
+  }
 }
 
 // Every value that indexes something, so that no command reads or writes out of bounds on a

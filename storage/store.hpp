@@ -207,6 +207,8 @@ class Store {
   const int64_t* relabel() const { return relabel_.empty() ? nullptr : relabel_.as<int64_t>(); }
 
  private:
+  // Maps every file the manifest lists (checked against it first) into its member.
+  void map_files();
   // Throws CorruptStoreError naming the file unless indptr is non-decreasing, every index is a
   // node id, every label in [-1, num_classes), every split id a node, every part in range and
   // every original id (relabel.npy) in [0, N).
