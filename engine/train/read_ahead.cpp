@@ -482,169 +482,241 @@ void ReadAhead::fail(std::exception_ptr e) {
   changed_.notify_all();
 }
 
+// The windows the sampling thread has planned and not yet handed over, and the pool's plan for them:
+// each goes over to the reading thread with its rows' slots.
+class ReadAhead::Handover {
+ public:
+  explicit Handover(ReadAhead& ra)
+      : ra_(ra), plan_(ra.shape_.slots, ra.keep_), full_(std::max<int64_t>(1, ra.shape_.window_rows)) {}
+
+  bool empty() const { return ahead_.empty(); }
+  // A window's largest row count.
+  int64_t full() const { return full_; }
+  void plan(Planned window) { ahead_.push_back(std::move(window)); }
+
+  // Hands the oldest planned window over with its slots in the pool. Waits until the reading
+  // thread has taken the one before. false: stopped.
+  bool hand_over() {
+    Planned w = std::move(ahead_.front());
+    ahead_.pop_front();
+    std::vector<const std::vector<int64_t>*> later;
+    for (const Planned& p : ahead_) later.push_back(&p.ids);
+    w.slots = plan_.place(w.ids, live_, later, handed_);
+    if (w.slots.empty() && !live_.empty()) {  // too large beside the live window: read once it is done
+      w.slots = plan_.place(w.ids, {}, later, handed_);
+      w.alone = !w.slots.empty();
+    }
+    if (!w.slots.empty() && ra_.keep_ && ra_.ride_along_) {
+      for (const auto& [id, slot] :
+           plan_.ride_along(w.ids, live_, later, ra_.disk_, static_cast<size_t>(full_), handed_, ra_.chain_)) {
+        w.extra_ids.push_back(id);
+        w.extra_slots.push_back(slot);
+      }
+    }
+    w.plan = handed_++;
+    handed_end_ = w.end;
+    if (w.slots.empty()) live_.clear();  // larger than the pool: its batches read their own rows
+    else live_ = w.ids;
+    std::vector<Planned> pieces;
+    if (ra_.parts_ > 1 && !w.slots.empty() && w.end - w.first > 1) pieces = ra_.split_into_parts(std::move(w), plan_.fresh());
+    else pieces.push_back(std::move(w));
+    std::unique_lock<std::mutex> lock(ra_.mutex_);
+    ra_.changed_.wait(lock, [&] { return ra_.stop_ || ra_.error_ || ra_.planned_.empty(); });
+    if (ra_.stop_ || ra_.error_) return false;
+    for (Planned& piece : pieces) ra_.planned_.push_back(std::move(piece));
+    lock.unlock();
+    ra_.changed_.notify_all();
+    return true;
+  }
+
+  // Whether training is about to run out of batches read (within kCatchUpMargin of the last window
+  // handed over) while the reading thread has nothing to read: the next window should go now,
+  // however few batches it has, or training waits for its sampling (catch_up_).
+  bool caught_up() const {
+    if (!ra_.catch_up_ || handed_ == 0) return false;
+    const std::lock_guard<std::mutex> lock(ra_.mutex_);
+    return ra_.planned_.empty() && !ra_.reader_busy_ && handed_end_ - ra_.prepared_ <= kCatchUpMargin;
+  }
+
+  // The first window goes at once, and so does the oldest when the reading thread has nothing
+  // queued (planning further ahead never makes it wait), or when training has caught up with the
+  // windows handed over. Otherwise up to kHorizon windows are planned past the one handed over
+  // next. false: stopped.
+  bool hand_over_due() {
+    while (!ahead_.empty() && (handed_ == 0 || ahead_.size() > kHorizon || (ahead_.size() > 1 && reader_waits()) || caught_up()))
+      if (!hand_over()) return false;
+    return true;
+  }
+
+  bool hand_over_all() {
+    while (!ahead_.empty())
+      if (!hand_over()) return false;
+    return true;
+  }
+
+ private:
+  // Whether the reading thread has taken every window handed over (it will want the next soon).
+  bool reader_waits() const {
+    const std::lock_guard<std::mutex> lock(ra_.mutex_);
+    return ra_.planned_.empty();
+  }
+
+  ReadAhead& ra_;
+  PoolPlan plan_;
+  const int64_t full_;
+  std::deque<Planned> ahead_;
+  std::vector<int64_t> live_;  // the rows of the last window handed over, which the batches read from
+                               // while the reading thread reads the next
+  int64_t handed_ = 0;
+  int64_t handed_end_ = 0;  // the position past the last window handed over
+};
+
+// The batches in sequence, segment after segment, each as its distinct misses, sampled a chunk at
+// a time ahead of the window being grown.
+class ReadAhead::Batches {
+ public:
+  Batches(ReadAhead& ra, Segment first, const NextSegment& next)
+      : ra_(ra), segment_(std::move(first)), next_(next), b_(segment_.first), next_sample_(segment_.first) {
+    place_segment();
+  }
+
+  // Grows a window from the batches in turn: a batch joins it unless its new rows would overfill it
+  // (`rows` rows, `max_batches` batches; a window has at least one batch, however many rows that is) or
+  // training has caught up with the windows handed over. `seen` marks the window's rows and is
+  // cleared again. false: stopped.
+  bool grow_window(Handover& out, int64_t rows, int64_t max_batches, std::vector<uint64_t>& seen, Planned* window, bool* more) {
+    window->first = at();
+    for (;;) {
+      const std::vector<int64_t>* misses = nullptr;
+      const Next next = front(out, &misses);
+      if (next == Next::kStopped) return false;
+      if (next == Next::kEnd) {
+        *more = false;
+        break;
+      }
+      int64_t fresh = 0;
+      for (int64_t id : *misses) fresh += (seen[static_cast<size_t>(id) >> 6] >> (id & 63) & 1) == 0;
+      const int64_t pos = at();
+      if (pos > window->first && (static_cast<int64_t>(window->ids.size()) + fresh > rows || pos - window->first >= max_batches ||
+                                 (out.empty() && out.caught_up())))
+        break;
+      for (int64_t id : *misses) {
+        uint64_t& word = seen[static_cast<size_t>(id) >> 6];
+        if ((word >> (id & 63) & 1) == 0) {
+          word |= uint64_t{1} << (id & 63);
+          window->ids.push_back(id);
+          if (ra_.parts_ > 1) window->first_use.push_back(static_cast<int32_t>(pos - window->first));
+        }
+      }
+      pop();
+    }
+    window->end = at();
+    for (int64_t id : window->ids) seen[static_cast<size_t>(id) >> 6] = 0;
+    // Ascending ids (with parts, each keeping its first use).
+    if (ra_.parts_ > 1) {
+      std::vector<std::pair<int64_t, int32_t>> by_id(window->ids.size());
+      for (size_t i = 0; i < by_id.size(); ++i) by_id[i] = {window->ids[i], window->first_use[i]};
+      std::sort(by_id.begin(), by_id.end());
+      for (size_t i = 0; i < by_id.size(); ++i) std::tie(window->ids[i], window->first_use[i]) = by_id[i];
+    } else {
+      std::sort(window->ids.begin(), window->ids.end());
+    }
+    return true;
+  }
+
+ private:
+  enum class Next { kBatch, kEnd, kStopped };
+
+  // The current batch's position in the sequence.
+  int64_t at() const { return position_ + b_ - segment_.first; }
+
+  // The current batch's misses (sampling the next chunk when none is left, and the next segment
+  // at a segment's end), or why there is none.
+  Next front(Handover& out, const std::vector<int64_t>** misses) {
+    while (b_ == segment_.end) {  // on into the next epoch
+      std::optional<Segment> after = next_(segment_.epoch);
+      if (!after) return Next::kEnd;
+      position_ += segment_.end - segment_.first;
+      segment_ = std::move(*after);
+      b_ = next_sample_ = segment_.first;
+      sampled_.clear();
+      place_segment();
+    }
+    if (sampled_.empty() && !sample(out)) return Next::kStopped;
+    *misses = &sampled_.front();
+    return Next::kBatch;
+  }
+
+  void pop() {
+    sampled_.pop_front();
+    ++b_;
+  }
+
+  void place_segment() {
+    {
+      const std::lock_guard<std::mutex> lock(ra_.mutex_);
+      ra_.placed_.push_back(Placed{segment_.epoch, segment_.first, segment_.end, position_});
+    }
+    ra_.changed_.notify_all();
+  }
+
+  // Samples the next chunk of the segment's batches. With a lead: while windows are planned ahead
+  // and the reading thread has one queued, sample no further than the lead past the batches
+  // prepared; once the reading thread wants the next window, hand it over and go on. false: stopped.
+  bool sample(Handover& out) {
+    {
+      std::unique_lock<std::mutex> lock(ra_.mutex_);
+      if (ra_.stop_ || ra_.error_) return false;
+      if (ra_.lead_ > 0 && !out.empty()) {
+        const int64_t to = position_ + next_sample_ - segment_.first;
+        ra_.changed_.wait(lock, [&] { return ra_.stop_ || ra_.error_ || ra_.planned_.empty() || to - ra_.prepared_ < ra_.lead_; });
+        if (ra_.stop_ || ra_.error_) return false;
+        const bool wants = ra_.planned_.empty();
+        lock.unlock();
+        if (wants && !out.hand_over()) return false;
+      }
+    }
+    if (!out.empty() && out.caught_up() && !out.hand_over()) return false;  // a planned window goes at once
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t n = std::min(sample_chunk(), segment_.end - next_sample_);
+    std::vector<std::vector<int64_t>> chunk(static_cast<size_t>(n));
+    tbb::parallel_for(int64_t{0}, n, [&](int64_t i) {
+      const std::vector<int64_t> inputs = segment_.sample(next_sample_ + i);
+      ra_.disk_.collect_misses(inputs.data(), static_cast<int64_t>(inputs.size()), &chunk[static_cast<size_t>(i)]);
+    });
+    for (auto& misses : chunk) sampled_.push_back(std::move(misses));
+    next_sample_ += n;
+    ra_.disk_.add_sampling(nanoseconds_since(t0));
+    return true;
+  }
+
+  ReadAhead& ra_;
+  Segment segment_;
+  const NextSegment& next_;
+  int64_t position_ = 0;  // of the segment's batch b: position_ + b - segment_.first
+  int64_t b_;
+  int64_t next_sample_;
+  std::deque<std::vector<int64_t>> sampled_;
+};
+
 void ReadAhead::sample_windows(Segment segment, const NextSegment& next) {
   try {
-    // Each batch's distinct misses, sampled a chunk at a time ahead of the window being grown.
-    std::deque<std::vector<int64_t>> sampled;
-    int64_t next_sample = segment.first;
-    int64_t position = 0;  // of the segment's batch b: position + b - segment.first
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      placed_.push_back(Placed{segment.epoch, segment.first, segment.end, 0});
-    }
-    changed_.notify_all();
+    Handover out(*this);
+    Batches batches(*this, std::move(segment), next);
     std::vector<uint64_t> seen(static_cast<size_t>(disk_.num_nodes() / 64 + 1), 0);
-    const int64_t full = std::max<int64_t>(1, shape_.window_rows);
-    int64_t limit = std::max<int64_t>(1, full / kFirstWindowShare);
-    int64_t batch_limit = kFirstWindowBatches;
-    // Windows planned, not yet handed over; `live`: the rows of the last one handed over, which the
-    // batches will read from while the reading thread reads the next.
-    PoolPlan plan(shape_.slots, keep_);
-    std::deque<Planned> ahead;
-    std::vector<int64_t> live;
-    int64_t handed = 0;
-    int64_t handed_end = 0;  // the position past the last window handed over
-    // Hands the oldest planned window over with its slots in the pool. Waits until the reading
-    // thread has taken the one before. false: stopped.
-    const auto hand_over = [&] {
-      Planned w = std::move(ahead.front());
-      ahead.pop_front();
-      std::vector<const std::vector<int64_t>*> later;
-      for (const Planned& p : ahead) later.push_back(&p.ids);
-      w.slots = plan.place(w.ids, live, later, handed);
-      if (w.slots.empty() && !live.empty()) {  // too large beside the live window: read once it is done
-        w.slots = plan.place(w.ids, {}, later, handed);
-        w.alone = !w.slots.empty();
-      }
-      if (!w.slots.empty() && keep_ && ride_along_) {
-        for (const auto& [id, slot] : plan.ride_along(w.ids, live, later, disk_, static_cast<size_t>(full), handed, chain_)) {
-          w.extra_ids.push_back(id);
-          w.extra_slots.push_back(slot);
-        }
-      }
-      w.plan = handed++;
-      handed_end = w.end;
-      if (w.slots.empty()) live.clear();  // larger than the pool: its batches read their own rows
-      else live = w.ids;
-      std::vector<Planned> pieces;
-      if (parts_ > 1 && !w.slots.empty() && w.end - w.first > 1) pieces = split_into_parts(std::move(w), plan.fresh());
-      else pieces.push_back(std::move(w));
-      std::unique_lock<std::mutex> lock(mutex_);
-      changed_.wait(lock, [&] { return stop_ || error_ || planned_.empty(); });
-      if (stop_ || error_) return false;
-      for (Planned& piece : pieces) planned_.push_back(std::move(piece));
-      lock.unlock();
-      changed_.notify_all();
-      return true;
-    };
-    // Whether the reading thread has taken every window handed over (it will want the next soon).
-    const auto reader_waits = [&] {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      return planned_.empty();
-    };
-    // Whether training is about to run out of batches read (within kCatchUpMargin of the last window
-    // handed over) while the reading thread has nothing to read: the next window should go now,
-    // however few batches it has, or training waits for its sampling (catch_up_).
-    const auto caught_up = [&] {
-      if (!catch_up_ || handed == 0) return false;
-      const std::lock_guard<std::mutex> lock(mutex_);
-      return planned_.empty() && !reader_busy_ && handed_end - prepared_ <= kCatchUpMargin;
-    };
-    int64_t b = segment.first;
-    bool more = true;
-    while (more) {
+    // Windows start small, so that the first read starts soon, and grow to the shape's.
+    int64_t rows = std::max<int64_t>(1, out.full() / kFirstWindowShare);
+    int64_t max_batches = kFirstWindowBatches;
+    for (bool more = true; more;) {
       Planned window;
-      window.first = position + b - segment.first;
-      while (more) {
-        if (b == segment.end) {  // on into the next epoch
-          std::optional<Segment> after = next(segment.epoch);
-          if (!after) {
-            more = false;
-            break;
-          }
-          position += segment.end - segment.first;
-          segment = std::move(*after);
-          b = next_sample = segment.first;
-          sampled.clear();
-          {
-            const std::lock_guard<std::mutex> lock(mutex_);
-            placed_.push_back(Placed{segment.epoch, segment.first, segment.end, position});
-          }
-          changed_.notify_all();
-          continue;
-        }
-        if (sampled.empty()) {
-          {
-            std::unique_lock<std::mutex> lock(mutex_);
-            if (stop_ || error_) return;
-            // With a lead: while windows are planned ahead and the reading thread has one queued,
-            // sample no further than the lead past the batches prepared; once the reading thread
-            // wants the next window, hand it over and go on.
-            if (lead_ > 0 && !ahead.empty()) {
-              const int64_t to = position + next_sample - segment.first;
-              changed_.wait(lock, [&] { return stop_ || error_ || planned_.empty() || to - prepared_ < lead_; });
-              if (stop_ || error_) return;
-              const bool wants = planned_.empty();
-              lock.unlock();
-              if (wants && !hand_over()) return;
-            }
-          }
-          if (!ahead.empty() && caught_up() && !hand_over()) return;  // a planned window goes at once
-          const auto t0 = std::chrono::steady_clock::now();
-          const int64_t n = std::min(sample_chunk(), segment.end - next_sample);
-          std::vector<std::vector<int64_t>> chunk(static_cast<size_t>(n));
-          tbb::parallel_for(int64_t{0}, n, [&](int64_t i) {
-            const std::vector<int64_t> inputs = segment.sample(next_sample + i);
-            disk_.collect_misses(inputs.data(), static_cast<int64_t>(inputs.size()), &chunk[static_cast<size_t>(i)]);
-          });
-          for (auto& misses : chunk) sampled.push_back(std::move(misses));
-          next_sample += n;
-          disk_.add_sampling(nanoseconds_since(t0));
-        }
-        // The batch joins the window unless its new rows would overfill it (a window has at
-        // least one batch, however many rows that is).
-        const std::vector<int64_t>& misses = sampled.front();
-        int64_t fresh = 0;
-        for (int64_t id : misses) fresh += (seen[static_cast<size_t>(id) >> 6] >> (id & 63) & 1) == 0;
-        const int64_t at = position + b - segment.first;
-        if (at > window.first && (static_cast<int64_t>(window.ids.size()) + fresh > limit || at - window.first >= batch_limit ||
-                                  (ahead.empty() && caught_up())))
-          break;
-        for (int64_t id : misses) {
-          uint64_t& word = seen[static_cast<size_t>(id) >> 6];
-          if ((word >> (id & 63) & 1) == 0) {
-            word |= uint64_t{1} << (id & 63);
-            window.ids.push_back(id);
-            if (parts_ > 1) window.first_use.push_back(static_cast<int32_t>(position + b - segment.first - window.first));
-          }
-        }
-        sampled.pop_front();
-        ++b;
-      }
-      window.end = position + b - segment.first;
+      if (!batches.grow_window(out, rows, max_batches, seen, &window, &more)) return;
       if (window.end == window.first) break;
-      for (int64_t id : window.ids) seen[static_cast<size_t>(id) >> 6] = 0;
-      if (parts_ > 1) {
-        std::vector<std::pair<int64_t, int32_t>> by_id(window.ids.size());
-        for (size_t i = 0; i < by_id.size(); ++i) by_id[i] = {window.ids[i], window.first_use[i]};
-        std::sort(by_id.begin(), by_id.end());
-        for (size_t i = 0; i < by_id.size(); ++i) std::tie(window.ids[i], window.first_use[i]) = by_id[i];
-      } else {
-        std::sort(window.ids.begin(), window.ids.end());
-      }
-      limit = std::min(full, grown(limit, growth_));
-      batch_limit = std::min(kMaxWindowBatches, grown(batch_limit, growth_));
-      ahead.push_back(std::move(window));
-      // The first window goes at once, and so does the oldest when the reading thread has nothing
-      // queued (planning further ahead never makes it wait), or when training has caught up with
-      // the windows handed over. Otherwise up to kHorizon windows are planned past the one handed
-      // over next.
-      while (!ahead.empty() &&
-             (handed == 0 || ahead.size() > kHorizon || (ahead.size() > 1 && reader_waits()) || caught_up()))
-        if (!hand_over()) return;
+      rows = std::min(out.full(), grown(rows, growth_));
+      max_batches = std::min(kMaxWindowBatches, grown(max_batches, growth_));
+      out.plan(std::move(window));
+      if (!out.hand_over_due()) return;
     }
-    while (!ahead.empty())
-      if (!hand_over()) return;
+    if (!out.hand_over_all()) return;
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       sampled_all_ = true;

@@ -216,6 +216,8 @@ class ReadAhead {
     int64_t epoch = 0, first = 0, end = 0, offset = 0;  // batch b is at offset + b - first
   };
 
+  class Handover;  // the windows planned, on their way to the reading thread
+  class Batches;   // the batches in sequence, sampled ahead as their misses
   void sample_windows(Segment first, const NextSegment& next);
   // Splits window w (its rows' slots placed; fresh: those of its rows the pool does not hold yet,
   // ascending) into parts of consecutive batches, each reading the rows its batches
