@@ -904,115 +904,119 @@ int64_t cache_rows_within(const Store& store, uint64_t bytes) {
   return static_cast<int64_t>(std::min<uint64_t>((bytes - slots) / row_bytes, static_cast<uint64_t>(store.num_nodes())));
 }
 
-std::string describe_store(const Store& store) {
+namespace {
+
+// min / mean / median / p99 / max of a degree list, and how many nodes have none.
+void describe_degrees(std::vector<int64_t> deg, const char* name, const Manifest& m, std::ostream& o) {
+  if (deg.empty()) return;
+  int64_t empty = 0;
+  for (int64_t d : deg) empty += d == 0;
+  std::sort(deg.begin(), deg.end());
+  const double mean = m.num_nodes > 0 ? static_cast<double>(m.num_edges) / static_cast<double>(m.num_nodes) : 0;
+  const auto at = [&](double q) { return deg[std::min<size_t>(deg.size() - 1, static_cast<size_t>(q * deg.size()))]; };
+  char line[256];
+  std::snprintf(line, sizeof(line), "%-10s min %lld  mean %.2f  median %lld  p99 %lld  max %lld  (%lld nodes with none)\n",
+                name, static_cast<long long>(deg.front()), mean, static_cast<long long>(at(0.5)),
+                static_cast<long long>(at(0.99)), static_cast<long long>(deg.back()), static_cast<long long>(empty));
+  o << line;
+}
+
+// In-degrees from indptr, out-degrees by counting sources (int32 indices only).
+void describe_topology(const Store& store, std::ostream& o) {
   const Manifest& m = store.manifest();
   const int64_t n = m.num_nodes;
-  std::ostringstream o;
-  o << "store      " << store.path().string() << " (format version " << m.format_version << ")\n";
-  o << "nodes      " << n << "\n";
-  o << "edges      " << m.num_edges << (m.weighted ? " (weighted)" : "") << "\n";
-  // Degree statistics: in-degree from indptr, out-degree by counting sources.
-  auto stats = [&](std::vector<int64_t> deg, const char* name) {
-    if (deg.empty()) return;
-    int64_t empty = 0;
-    for (int64_t d : deg) empty += d == 0;
-    std::sort(deg.begin(), deg.end());
-    const double mean = n > 0 ? static_cast<double>(m.num_edges) / static_cast<double>(n) : 0;
-    const auto at = [&](double q) { return deg[std::min<size_t>(deg.size() - 1, static_cast<size_t>(q * deg.size()))]; };
-    char line[256];
-    std::snprintf(line, sizeof(line), "%-10s min %lld  mean %.2f  median %lld  p99 %lld  max %lld  (%lld nodes with none)\n",
-                  name, static_cast<long long>(deg.front()), mean, static_cast<long long>(at(0.5)),
-                  static_cast<long long>(at(0.99)), static_cast<long long>(deg.back()), static_cast<long long>(empty));
-    o << line;
-  };
-  if (n > 0) {
-    const int64_t* ip = store.indptr();
-    std::vector<int64_t> in(static_cast<size_t>(n)), out(static_cast<size_t>(n), 0);
-    for (int64_t v = 0; v < n; ++v) in[v] = ip[v + 1] - ip[v];
-    stats(std::move(in), "in-degree");
-    if (m.files.at("graph/indices.npy").dtype == "i32") {
-      const int32_t* idx = store.indices32();  // in range: open() checked them
-      for (int64_t k = 0; k < m.num_edges; ++k) out[idx[k]]++;
-      stats(std::move(out), "out-degree");
-    } else {
-      o << "out-degree not computed (int64 indices)\n";
-    }
-  }
-  if (const float* w = store.weights(); w != nullptr && m.num_edges > 0) {
-    // Edge weights, so a user can see they were read as meant (the models aggregate with them).
-    double sum = 0;
-    float lo = w[0], hi = w[0];
-    int64_t non_positive = 0;
-    for (int64_t k = 0; k < m.num_edges; ++k) {
-      sum += w[k];
-      lo = std::min(lo, w[k]);
-      hi = std::max(hi, w[k]);
-      non_positive += w[k] <= 0.0f;
-    }
-    char line[256];
-    std::snprintf(line, sizeof(line), "weights    min %.6g  mean %.6g  max %.6g  (%lld not positive)\n", lo,
-                  sum / static_cast<double>(m.num_edges), hi, static_cast<long long>(non_positive));
-    o << line;
-  }
-  o << "indices    " << m.files.at("graph/indices.npy").dtype << "\n";
-  if (m.feature_dim > 0) o << "features   " << m.feature_dim << " x " << m.feature_dtype << "\n";
-  else o << "features   none\n";
-  if (store.has_labels()) {
-    int64_t labelled = 0;
-    std::vector<int64_t> per_class(static_cast<size_t>(m.num_classes), 0);
-    for (int64_t v = 0; v < n; ++v) {
-      const int32_t y = store.labels()[v];  // in [-1, num_classes): open() checked them
-      if (y < 0) continue;
-      ++labelled;
-      ++per_class[static_cast<size_t>(y)];
-    }
-    o << "labels     " << m.num_classes << " classes, " << labelled << " labelled nodes\n";
-    if (!per_class.empty()) {
-      const auto [lo, hi] = std::minmax_element(per_class.begin(), per_class.end());
-      o << "classes    smallest " << *lo << " nodes (class " << (lo - per_class.begin()) << "), largest " << *hi
-        << " nodes (class " << (hi - per_class.begin()) << ")";
-      o << "\n";
-    }
+  if (n <= 0) return;
+  const int64_t* ip = store.indptr();
+  std::vector<int64_t> in(static_cast<size_t>(n)), out(static_cast<size_t>(n), 0);
+  for (int64_t v = 0; v < n; ++v) in[v] = ip[v + 1] - ip[v];
+  describe_degrees(std::move(in), "in-degree", m, o);
+  if (m.files.at("graph/indices.npy").dtype == "i32") {
+    const int32_t* idx = store.indices32();  // in range: open() checked them
+    for (int64_t k = 0; k < m.num_edges; ++k) out[idx[k]]++;
+    describe_degrees(std::move(out), "out-degree", m, o);
   } else {
+    o << "out-degree not computed (int64 indices)\n";
+  }
+}
+
+// Edge weights, so a user can see they were read as meant (the models aggregate with them).
+void describe_weights(const Store& store, std::ostream& o) {
+  const int64_t e = store.manifest().num_edges;
+  const float* w = store.weights();
+  if (w == nullptr || e == 0) return;
+  double sum = 0;
+  float lo = w[0], hi = w[0];
+  int64_t non_positive = 0;
+  for (int64_t k = 0; k < e; ++k) {
+    sum += w[k];
+    lo = std::min(lo, w[k]);
+    hi = std::max(hi, w[k]);
+    non_positive += w[k] <= 0.0f;
+  }
+  char line[256];
+  std::snprintf(line, sizeof(line), "weights    min %.6g  mean %.6g  max %.6g  (%lld not positive)\n", lo,
+                sum / static_cast<double>(e), hi, static_cast<long long>(non_positive));
+  o << line;
+}
+
+// Classes, labelled nodes and the smallest and largest class.
+void describe_labels(const Store& store, std::ostream& o) {
+  const Manifest& m = store.manifest();
+  if (!store.has_labels()) {
     o << "labels     none\n";
+    return;
   }
-  if (m.splits.empty()) {
-    o << "splits     none\n";
-  } else {
-    o << "splits    ";
-    for (const auto& [name, size] : m.splits) o << " " << name << " " << size;
+  int64_t labelled = 0;
+  std::vector<int64_t> per_class(static_cast<size_t>(m.num_classes), 0);
+  for (int64_t v = 0; v < m.num_nodes; ++v) {
+    const int32_t y = store.labels()[v];  // in [-1, num_classes): open() checked them
+    if (y < 0) continue;
+    ++labelled;
+    ++per_class[static_cast<size_t>(y)];
+  }
+  o << "labels     " << m.num_classes << " classes, " << labelled << " labelled nodes\n";
+  if (!per_class.empty()) {
+    const auto [lo, hi] = std::minmax_element(per_class.begin(), per_class.end());
+    o << "classes    smallest " << *lo << " nodes (class " << (lo - per_class.begin()) << "), largest " << *hi
+      << " nodes (class " << (hi - per_class.begin()) << ")";
     o << "\n";
   }
-  if (store.has_partition()) {
-    const int32_t* part = store.partition();  // in range: open() checked them
-    std::vector<int64_t> per_part(static_cast<size_t>(m.num_partitions), 0);
-    for (int64_t v = 0; v < n; ++v) ++per_part[static_cast<size_t>(part[v])];
-    const auto [lo, hi] = std::minmax_element(per_part.begin(), per_part.end());
-    o << "partitions " << m.num_partitions;
-    if (!m.partition_method.empty()) o << " (" << m.partition_method << ")";
-    o << ", nodes per part min " << *lo << " max " << *hi;
-    if (m.files.at("graph/indices.npy").dtype == "i32") {
-      // Entries whose source and destination lie in different parts (self loops excluded).
-      const int64_t* ip = store.indptr();
-      const int32_t* idx = store.indices32();
-      int64_t cut = 0, counted = 0;
-      for (int64_t d = 0; d < n; ++d)
-        for (int64_t k = ip[d]; k < ip[d + 1]; ++k) {
-          if (idx[k] == d) continue;
-          ++counted;
-          cut += part[idx[k]] != part[d];
-        }
-      char line[96];
-      std::snprintf(line, sizeof(line), ", edge cut %lld (%.1f%% of edges)", static_cast<long long>(cut),
-                    counted > 0 ? 100.0 * static_cast<double>(cut) / static_cast<double>(counted) : 0.0);
-      o << line;
-    }
-    o << "\n";
+}
+
+// The parts' sizes and, with int32 indices, the edge cut.
+void describe_partition(const Store& store, std::ostream& o) {
+  if (!store.has_partition()) return;
+  const Manifest& m = store.manifest();
+  const int64_t n = m.num_nodes;
+  const int32_t* part = store.partition();  // in range: open() checked them
+  std::vector<int64_t> per_part(static_cast<size_t>(m.num_partitions), 0);
+  for (int64_t v = 0; v < n; ++v) ++per_part[static_cast<size_t>(part[v])];
+  const auto [lo, hi] = std::minmax_element(per_part.begin(), per_part.end());
+  o << "partitions " << m.num_partitions;
+  if (!m.partition_method.empty()) o << " (" << m.partition_method << ")";
+  o << ", nodes per part min " << *lo << " max " << *hi;
+  if (m.files.at("graph/indices.npy").dtype == "i32") {
+    // Entries whose source and destination lie in different parts (self loops excluded).
+    const int64_t* ip = store.indptr();
+    const int32_t* idx = store.indices32();
+    int64_t cut = 0, counted = 0;
+    for (int64_t d = 0; d < n; ++d)
+      for (int64_t k = ip[d]; k < ip[d + 1]; ++k) {
+        if (idx[k] == d) continue;
+        ++counted;
+        cut += part[idx[k]] != part[d];
+      }
+    char line[96];
+    std::snprintf(line, sizeof(line), ", edge cut %lld (%.1f%% of edges)", static_cast<long long>(cut),
+                  counted > 0 ? 100.0 * static_cast<double>(cut) / static_cast<double>(counted) : 0.0);
+    o << line;
   }
-  if (m.relabelled)
-    o << "relabelled yes" << (m.relabel_order.empty() ? "" : ", " + m.relabel_order + " order")
-      << " (relabel.npy maps stored ids to original ids)\n";
-  // The sidecars are summarised in one line rather than listed beside the arrays.
+  o << "\n";
+}
+
+// The array files, and their page-sum sidecars summarised in one line rather than listed beside them.
+void describe_files(const Store& store, std::ostream& o) {
+  const Manifest& m = store.manifest();
   uint64_t total = 0, sums_total = 0;
   size_t arrays = 0, sidecars = 0;
   for (const auto& [rel, e] : m.files) {
@@ -1037,6 +1041,34 @@ std::string describe_store(const Store& store) {
       << "-byte page)\n";
   else
     o << "page sums  none (gale info --add-page-sums adds them)\n";
+}
+
+}  // namespace
+
+std::string describe_store(const Store& store) {
+  const Manifest& m = store.manifest();
+  std::ostringstream o;
+  o << "store      " << store.path().string() << " (format version " << m.format_version << ")\n";
+  o << "nodes      " << m.num_nodes << "\n";
+  o << "edges      " << m.num_edges << (m.weighted ? " (weighted)" : "") << "\n";
+  describe_topology(store, o);
+  describe_weights(store, o);
+  o << "indices    " << m.files.at("graph/indices.npy").dtype << "\n";
+  if (m.feature_dim > 0) o << "features   " << m.feature_dim << " x " << m.feature_dtype << "\n";
+  else o << "features   none\n";
+  describe_labels(store, o);
+  if (m.splits.empty()) {
+    o << "splits     none\n";
+  } else {
+    o << "splits    ";
+    for (const auto& [name, size] : m.splits) o << " " << name << " " << size;
+    o << "\n";
+  }
+  describe_partition(store, o);
+  if (m.relabelled)
+    o << "relabelled yes" << (m.relabel_order.empty() ? "" : ", " + m.relabel_order + " order")
+      << " (relabel.npy maps stored ids to original ids)\n";
+  describe_files(store, o);
   return o.str();
 }
 
