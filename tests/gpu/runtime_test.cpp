@@ -276,8 +276,6 @@ TEST_F(GpuRuntime, EventsTimeStreamWorkAndOrderOtherStreams) {
   EXPECT_TRUE(end.ready());
 }
 
-// A high-priority stream (the training step's) gets the device's greatest priority, a normal one
-// (the sampler's, the feature loads') the default, and work on both still completes in order.
 // A failed call is reported once: its DeviceError. The error it left as the thread's last error is
 // cleared, so the next launch's check (cudaGetLastError) does not blame an unrelated kernel where the
 // caller goes on (seen in the multi-GPU suite: one test's failed copy failed the next test's gather).
@@ -296,6 +294,8 @@ TEST_F(GpuRuntime, AFailedCallIsReportedOnceAndNotAgainByTheNextLaunch) {
   EXPECT_EQ(back.back(), 3.0f);
 }
 
+// A high-priority stream (the training step's) gets the device's greatest priority, a normal one
+// (the sampler's, the feature loads') the default, and work on both still completes in order.
 TEST_F(GpuRuntime, HighPriorityStreamsTakeTheDevicesGreatestPriority) {
   int least = 0, greatest = 0;
   ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
