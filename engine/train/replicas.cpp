@@ -77,110 +77,158 @@ std::vector<std::string> Replicas::describe_worker_threads() const {
   return out;
 }
 
-void Replicas::place_batch_sources(const TrainRun& run, const sampler::NeighborSampler& cpu_sampler) {
-  const TrainOptions& opt = run.opt();
-  const storage::Store& store = run.store();
-  const uint64_t f32_bytes = static_cast<uint64_t>(run.num_nodes()) * static_cast<uint64_t>(store.feature_dim()) * sizeof(float);
+namespace {
+
+// Where a mini-batch run's GPUs keep the features and the GPU sampler's topology, and how much of
+// each GPU's room they take.
+class GpuRooms {
+ public:
+  GpuRooms(const TrainRun& run, const std::vector<Replica>& replicas) : opt_(run.opt()) {
+    const storage::Store& store = run.store();
+    const uint64_t f32_bytes =
+        static_cast<uint64_t>(run.num_nodes()) * static_cast<uint64_t>(store.feature_dim()) * sizeof(float);
+    // GPUs gather from their feature tiers: every row on the GPU, or a cache there and every row in
+    // pinned host memory, which must fit the host budget beside the topology and some staging. Else
+    // (and on the CPU) the rows come from the host's source, in memory or on disk.
+    const Device& lead = replicas[0].dev;
+    topology_ = storage::topology_bytes(store);
+    tiers_ = lead.is_cuda() && !opt_.features_on_disk &&
+             (feature_room_default(lead) >= f32_bytes ||
+              run.host_budget().in_use() + f32_bytes + topology_ + storage::HostFeatures::kStagingReserve <=
+                  run.host_budget().limit());
+    // Unless every feature row fits in half the GPU's room, the GPU sampler's topology goes to the
+    // GPU when half the room holds it, and the features' GPU cache takes what is left of three
+    // quarters: a row the cache misses costs a gather from pinned host memory (or, beyond the host's
+    // memory, a disk read behind the host's cache, whose budget the topology then leaves alone), and
+    // sampling on the GPU outruns sampling over UVA: R-MAT 25 (4.2 GiB of topology, 17.2 GB of
+    // features, --gpu-mem-budget 10G) with every feature in pinned host memory took 11.7 s an epoch
+    // with the topology read over UVA (H100), 4.9 s with it on the GPU (H200).
+    const bool features_resident = lead.is_cuda() && feature_room_default(lead) >= f32_bytes;
+    topology_on_gpus_ =
+        !features_resident && opt_.gpu_sampler && std::all_of(replicas.begin(), replicas.end(), [&](const Replica& r) {
+          return r.dev.is_cuda() && topology_ <= gpu_room(r.dev, opt_.gpu_mem_budget) / 2;
+        });
+  }
+
+  // Whether every GPU replica gathers from its own feature tiers (else from the host's source).
+  bool tiers() const { return tiers_; }
+  bool topology_on_gpus() const { return topology_on_gpus_; }
+
+  // The GPU room of dev's features: --feature-gpu-mem, else half the room, or what the topology
+  // leaves of three quarters when it is on the GPU too.
+  uint64_t feature_room(const Device& dev) const {
+    if (opt_.feature_gpu_bytes > 0 || !topology_on_gpus_) return feature_room_default(dev);
+    const uint64_t room = gpu_room(dev, opt_.gpu_mem_budget);
+    return std::min(room / 2, room - room / 4 - topology_);
+  }
+  // The room of dev's GPU sampler's topology.
+  uint64_t topology_room(const Device& dev) const {
+    return topology_on_gpus_ ? gpu_room(dev, opt_.gpu_mem_budget) / 2 : GpuBatches::topology_room(dev, opt_.gpu_mem_budget);
+  }
+
+ private:
   // Features may take half of what the GPU budget (or 90% of the card) allows, the topology a
   // quarter (else the GPU sampler reads it from pinned host memory); the rest is for the model,
   // its activations and the batches' blocks.
-  const auto feature_room_default = [&](const Device& dev) {
-    return opt.feature_gpu_bytes > 0 ? opt.feature_gpu_bytes : gpu_room(dev, opt.gpu_mem_budget) / 2;
-  };
-  // GPUs gather from their feature tiers: every row on the GPU, or a cache there and every row in
-  // pinned host memory, which must fit the host budget beside the topology and some staging. Else
-  // (and on the CPU) the rows come from the host's source, in memory or on disk.
-  const Device& lead = replicas_[0].dev;
-  const uint64_t topology = storage::topology_bytes(store);
-  const bool tiers = lead.is_cuda() && !opt.features_on_disk &&
-                     (feature_room_default(lead) >= f32_bytes ||
-                      run.host_budget().in_use() + f32_bytes + topology +
-                              storage::HostFeatures::kStagingReserve <=
-                          run.host_budget().limit());
-  // Unless every feature row fits in half the GPU's room, the GPU sampler's topology goes to the
-  // GPU when half the room holds it, and the features' GPU cache takes what is left of three
-  // quarters: a row the cache misses costs a gather from pinned host memory (or, beyond the host's
-  // memory, a disk read behind the host's cache, whose budget the topology then leaves alone), and
-  // sampling on the GPU outruns sampling over UVA: R-MAT 25 (4.2 GiB of topology, 17.2 GB of
-  // features, --gpu-mem-budget 10G) with every feature in pinned host memory took 11.7 s an epoch
-  // with the topology read over UVA (H100), 4.9 s with it on the GPU (H200).
-  const bool features_resident = lead.is_cuda() && feature_room_default(lead) >= f32_bytes;
-  const bool topology_on_gpus =
-      !features_resident && opt.gpu_sampler && std::all_of(replicas_.begin(), replicas_.end(), [&](const Replica& r) {
-        return r.dev.is_cuda() && topology <= gpu_room(r.dev, opt.gpu_mem_budget) / 2;
-      });
-  const auto feature_room = [&](const Device& dev) {
-    if (opt.feature_gpu_bytes > 0 || !topology_on_gpus) return feature_room_default(dev);
-    const uint64_t room = gpu_room(dev, opt.gpu_mem_budget);
-    return std::min(room / 2, room - room / 4 - topology);
-  };
-  const auto topology_room = [&](const Device& dev) {
-    return topology_on_gpus ? gpu_room(dev, opt.gpu_mem_budget) / 2 : GpuBatches::topology_room(dev, opt.gpu_mem_budget);
-  };
-  // A GPU sampler per GPU replica. Made after the host's source has charged the topology it may pin
-  // (so a budget too small for it is exit 4, never the OOM killer), except the lead's when
-  // pre-sampling needs it first, which is then past that charge too.
-  const auto make_gpu_sampler = [&](Replica& r) {
-    if (r.gpu_batches || !r.dev.is_cuda() || !opt.gpu_sampler) return;
-    const UseDevice use(r.dev);
-    r.gpu_batches = std::make_unique<GpuBatches>(store, r.dev, opt.fanouts, topology_room(r.dev), opt.sampling,
-                                                 opt.model.edge_weights);
-  };
-  // --cache-rank sampled: the counts of one pre-sampled epoch, charged to the host budget while the
-  // caches are filled; made only once the host's source goes to disk.
-  std::vector<uint32_t> reads;
-  std::unique_ptr<kernels::cuda::BudgetCharge> reads_charge;
-  const std::vector<uint32_t>* cache_reads = nullptr;
-  if (!tiers) {
-    // The host's source: in memory, or the disk tier. Behind GPUs its cache skips the rows their
-    // caches hold, and leaves room for the pinned buffers of the batches' staged rows.
-    storage::HostFeatures::Options host;
-    if (opt.cache_rank == TrainOptions::CacheRank::kSampled) {
-      host.reads = [&]() -> const std::vector<uint32_t>* {
-        reads_charge = std::make_unique<kernels::cuda::BudgetCharge>(
-            &run.host_budget(), static_cast<uint64_t>(run.num_nodes()) * sizeof(uint32_t));
-        Replica& lead_replica = replicas_[0];
-        make_gpu_sampler(lead_replica);
-        reads = presample_reads(run.num_nodes(), run.train_ids(), opt.batch_size, opt.seed,
-                                [&](const int64_t* seeds, int64_t n, uint64_t key) {
-                                  return sample_input_nodes(lead_replica, cpu_sampler, seeds, n, key);
-                                });
-        return cache_reads = &reads;
-      };
-    }
-    host.budget = &run.host_budget();
-    host.engine = opt.io_engine;
-    host.force_disk = opt.features_on_disk;
-    host.read_ahead_bytes = opt.read_ahead_bytes;
-    host.topology_on_host = !topology_on_gpus;
-    if (lead.is_cuda()) {
-      host.skip_hottest = storage::cache_rows_within(store, feature_room(lead));
-      // Each GPU beyond the first also keeps kExtraGpuHostReserve of the budget unused: R-MAT 25
-      // on 2 GPUs in an 8 GB cgroup was killed by the OOM killer with the budget one GPU leaves
-      // the cache (peer mappings, NCCL, a second worker's pipeline: not yet broken down).
-      host.keep_free = BatchFeatures::kStagedReserve * static_cast<uint64_t>(replicas_.size()) +
-                       Replicas::kExtraGpuHostReserve * static_cast<uint64_t>(replicas_.size() - 1);
-    }
-    host_features_ = std::make_unique<storage::HostFeatures>(store, host);
+  uint64_t feature_room_default(const Device& dev) const {
+    return opt_.feature_gpu_bytes > 0 ? opt_.feature_gpu_bytes : gpu_room(dev, opt_.gpu_mem_budget) / 2;
   }
+
+  const TrainOptions& opt_;
+  uint64_t topology_ = 0;
+  bool tiers_ = false, topology_on_gpus_ = false;
+};
+
+// A GPU sampler for r, unless it has one, is on the CPU or the run samples on the CPU. Made after
+// the host's source has charged the topology it may pin (so a budget too small for it is exit 4,
+// never the OOM killer), except the lead's when pre-sampling needs it first, which is then past
+// that charge too.
+void make_gpu_sampler(Replica& r, const TrainRun& run, const GpuRooms& rooms) {
+  const TrainOptions& opt = run.opt();
+  if (r.gpu_batches || !r.dev.is_cuda() || !opt.gpu_sampler) return;
+  const UseDevice use(r.dev);
+  r.gpu_batches = std::make_unique<GpuBatches>(run.store(), r.dev, opt.fanouts, rooms.topology_room(r.dev), opt.sampling,
+                                               opt.model.edge_weights);
+}
+
+// --cache-rank sampled: the counts of one pre-sampled epoch, charged to the host budget while the
+// caches are filled; drawn only once the host's source goes to disk.
+struct PresampledReads {
+  std::vector<uint32_t> reads;
+  std::unique_ptr<kernels::cuda::BudgetCharge> charge;
+  const std::vector<uint32_t>* drawn = nullptr;  // &reads once drawn
+};
+
+// The host's feature source: in memory, or the disk tier. Behind GPUs its cache skips the rows
+// their caches hold, and leaves room for the pinned buffers of the batches' staged rows.
+std::unique_ptr<storage::HostFeatures> make_host_source(const TrainRun& run, const GpuRooms& rooms,
+                                                        std::vector<Replica>& replicas,
+                                                        const sampler::NeighborSampler& cpu_sampler,
+                                                        PresampledReads* presampled) {
+  const TrainOptions& opt = run.opt();
+  storage::HostFeatures::Options host;
+  if (opt.cache_rank == TrainOptions::CacheRank::kSampled) {
+    host.reads = [&run, &rooms, &replicas, &cpu_sampler, presampled]() -> const std::vector<uint32_t>* {
+      const TrainOptions& o = run.opt();
+      presampled->charge = std::make_unique<kernels::cuda::BudgetCharge>(
+          &run.host_budget(), static_cast<uint64_t>(run.num_nodes()) * sizeof(uint32_t));
+      Replica& lead = replicas[0];
+      make_gpu_sampler(lead, run, rooms);
+      presampled->reads = presample_reads(run.num_nodes(), run.train_ids(), o.batch_size, o.seed,
+                                          [&](const int64_t* seeds, int64_t n, uint64_t key) {
+                                            return sample_input_nodes(lead, cpu_sampler, seeds, n, key);
+                                          });
+      return presampled->drawn = &presampled->reads;
+    };
+  }
+  host.budget = &run.host_budget();
+  host.engine = opt.io_engine;
+  host.force_disk = opt.features_on_disk;
+  host.read_ahead_bytes = opt.read_ahead_bytes;
+  host.topology_on_host = !rooms.topology_on_gpus();
+  const Device& lead = replicas[0].dev;
+  if (lead.is_cuda()) {
+    host.skip_hottest = storage::cache_rows_within(run.store(), rooms.feature_room(lead));
+    // Each GPU beyond the first also keeps kExtraGpuHostReserve of the budget unused: R-MAT 25
+    // on 2 GPUs in an 8 GB cgroup was killed by the OOM killer with the budget one GPU leaves
+    // the cache (peer mappings, NCCL, a second worker's pipeline: not yet broken down).
+    host.keep_free = BatchFeatures::kStagedReserve * static_cast<uint64_t>(replicas.size()) +
+                     Replicas::kExtraGpuHostReserve * static_cast<uint64_t>(replicas.size() - 1);
+  }
+  return std::make_unique<storage::HostFeatures>(run.store(), host);
+}
+
+// On a partitioned store with several workers in the run: which nodes are `rank`'s own (its
+// parts', whose hot nodes its GPU cache holds first); else empty.
+std::vector<uint8_t> own_nodes(const TrainRun& run, int rank) {
+  std::vector<uint8_t> own;
+  const storage::Store& store = run.store();
+  if (run.world() <= 1 || !store.has_partition()) return own;
+  own.resize(static_cast<size_t>(run.num_nodes()));
+  for (int64_t v = 0; v < run.num_nodes(); ++v) own[static_cast<size_t>(v)] = store.partition()[v] % run.world() == rank;
+  return own;
+}
+
+}  // namespace
+
+void Replicas::place_batch_sources(const TrainRun& run, const sampler::NeighborSampler& cpu_sampler) {
+  const TrainOptions& opt = run.opt();
+  const GpuRooms rooms(run, replicas_);
+  PresampledReads presampled;
+  if (!rooms.tiers()) host_features_ = make_host_source(run, rooms, replicas_, cpu_sampler, &presampled);
   for (Replica& r : replicas_) {
     if (!r.dev.is_cuda()) continue;
-    make_gpu_sampler(r);
+    make_gpu_sampler(r, run, rooms);
     const UseDevice use(r.dev);
-    if (!tiers) {  // a GPU cache, each batch's other rows staged from the host's source
-      r.batch_features = std::make_unique<BatchFeatures>(store, r.dev, feature_room(r.dev), opt.match, *host_features_,
-                                                         &run.host_budget(), cache_reads);
+    if (!rooms.tiers()) {  // a GPU cache, each batch's other rows staged from the host's source
+      r.batch_features = std::make_unique<BatchFeatures>(run.store(), r.dev, rooms.feature_room(r.dev), opt.match,
+                                                         *host_features_, &run.host_budget(), presampled.drawn);
       continue;
     }
     // Workers share one pinned host copy of the features; on a partitioned store each GPU's cache
     // holds its own parts' hot nodes first.
-    std::vector<uint8_t> own;
-    if (run.world() > 1 && store.has_partition()) {
-      const int rank = run.first_rank() + static_cast<int>(&r - replicas_.data());
-      own.resize(static_cast<size_t>(run.num_nodes()));
-      for (int64_t v = 0; v < run.num_nodes(); ++v) own[static_cast<size_t>(v)] = store.partition()[v] % run.world() == rank;
-    }
-    r.batch_features = std::make_unique<BatchFeatures>(store, r.dev, feature_room(r.dev), opt.match,
+    const std::vector<uint8_t> own = own_nodes(run, run.first_rank() + static_cast<int>(&r - replicas_.data()));
+    r.batch_features = std::make_unique<BatchFeatures>(run.store(), r.dev, rooms.feature_room(r.dev), opt.match,
                                                        &r == &replicas_[0] ? nullptr : replicas_[0].batch_features.get(),
                                                        own.empty() ? nullptr : &own, &run.host_budget());
   }

@@ -47,7 +47,7 @@ class Replicas {
   // Mini-batch training: where the batches' features come from, and on GPUs each replica's GPU
   // sampler (unless --sampler cpu). On a GPU the feature tiers take what --feature-gpu-mem says or
   // half of the GPU's room (the topology a quarter, or half when the features do not all fit:
-  // place_batch_sources says why); beyond it, every row in pinned host memory
+  // replicas.cpp's GpuRooms says why); beyond it, every row in pinned host memory
   // (charged to the host budget; the workers of one process share it, and on a partitioned store
   // each GPU caches its own parts' hot nodes first). The CPU, and a GPU whose features fit neither,
   // read them on the host (host_features(): in memory, or the disk tier beyond the host budget).
