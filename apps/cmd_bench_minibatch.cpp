@@ -88,13 +88,6 @@ std::string join(const std::vector<int>& v) {
   return s;
 }
 
-// --batch-size, --batches, --warmup: the checks the three benchmarks share (--fanouts: parse_fanouts).
-void check_counts(int64_t batch_size, int batches, int warmup) {
-  if (batch_size < 1) throw InputError("--batch-size: expected at least 1, found " + std::to_string(batch_size));
-  if (batches < 1) throw InputError("--batches: expected at least 1, found " + std::to_string(batches));
-  if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
-}
-
 // GPU 0, or a DeviceError saying what needed it (`what`) and how to do without (`hint`).
 Device require_gpu(const std::string& what, const std::string& hint) {
 #if GALE_WITH_CUDA
@@ -188,13 +181,60 @@ struct BatchFlags {
   }
 };
 
+// --fanouts, then --batch-size, --batches and --warmup: the checks sample and gather share, in
+// that order. Returns the fanouts.
+std::vector<int> check_batch_flags(const BatchFlags& f) {
+  std::vector<int> fanouts = parse_fanouts(f.fanouts_text);
+  if (f.batch_size < 1) throw InputError("--batch-size: expected at least 1, found " + std::to_string(f.batch_size));
+  if (f.batches < 1) throw InputError("--batches: expected at least 1, found " + std::to_string(f.batches));
+  if (f.warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(f.warmup));
+  return fanouts;
+}
+
+// Parses a benchmark's `args` into `vm`, a lone positional argument being the STORE; false for --help.
+bool parse_bench_args(const std::vector<std::string>& args, const po::options_description& desc,
+                      po::variables_map* vm) {
+  po::positional_options_description pos;
+  pos.add("store", 1);
+  return parse_command_line(args, desc, pos, vm);
+}
+
+// The store flags checked (BenchStore::check), then GPU 0 when `gpu_what` names what needs it (the
+// CPU when it is empty): in that order, so that a bad --generate spec is reported as such on a
+// machine without a GPU.
+Device check_store_and_gpu(const BatchFlags& f, const std::string& bench, const std::string& gpu_what,
+                           const std::string& hint) {
+  BenchStore::check(f.store_path, f.generate, bench);
+  return gpu_what.empty() ? Device::cpu() : require_gpu(gpu_what, hint);
+}
+
+// What sample and gather time on: the graph (`label` as printed), the trainer's batches over it and
+// the GPU (the CPU when sample runs none of its GPU samplers).
+struct BenchGraph {
+  const std::string& label;
+  const storage::Store& store;
+  BatchSequence& sequence;
+  Device gpu;
+};
+
+// The edges of a batch's blocks, summed.
+int64_t total_nnz(const std::vector<engine::GraphOperand>& graphs) {
+  int64_t nnz = 0;
+  for (const engine::GraphOperand& g : graphs) nnz += g.nnz();
+  return nnz;
+}
+
 // ---------------------------------------------------------------------------------------------
 // gale bench sample
 
-int bench_sample(const std::vector<std::string>& args) {
-  BatchFlags f;
+// `gale bench sample`'s flags: the batch flags, then which samplers run and how they draw.
+struct SampleFlags : BatchFlags {
   std::string samplers_text = "gpu,cpu", topology = "auto", sampling_text = "uniform";
   int concurrent = 8;
+};
+
+// The options of `gale bench sample`, bound to `f`.
+po::options_description describe_sample_flags(SampleFlags* f) {
   po::options_description desc(
       "usage: gale bench sample STORE|--generate SPEC [options]\n\n"
       "Times the neighbour samplers per mini-batch of training seeds: the GPU fused-map sampler\n"
@@ -206,151 +246,206 @@ int bench_sample(const std::vector<std::string>& args) {
       "the blocks and copies the input nodes to the host; gpu-inputs samples the input nodes alone\n"
       "(GpuBatches::sample_input_nodes, no GPU cache to leave out).\n\n"
       "options");
-  f.add_to(desc, "sampler", "one JSON object per sampler instead of the table");
+  f->add_to(desc, "sampler", "one JSON object per sampler instead of the table");
   desc.add_options()
-      ("samplers", po::value(&samplers_text), "comma separated, from gpu, gpu-blocks, gpu-inputs, cpu (default gpu,cpu)")
-      ("concurrent", po::value(&concurrent), "batches at once for gpu-blocks and gpu-inputs (default 8, the read-ahead's)")
-      ("topology", po::value(&topology),
+      ("samplers", po::value(&f->samplers_text), "comma separated, from gpu, gpu-blocks, gpu-inputs, cpu (default gpu,cpu)")
+      ("concurrent", po::value(&f->concurrent), "batches at once for gpu-blocks and gpu-inputs (default 8, the read-ahead's)")
+      ("topology", po::value(&f->topology),
        "GPU sampler's graph: gpu (in GPU memory) | host (pinned host memory, read over UVA) | "
        "auto (on the GPU when it fits a quarter of 90% of its memory, as training decides; default)")
-      ("neighbor-sampling", po::value(&sampling_text),
+      ("neighbor-sampling", po::value(&f->sampling_text),
        "uniform (default) | weighted (in proportion to the store's edge weights, as gale train's flag)");
-  po::positional_options_description pos;
-  pos.add("store", 1);
+  return desc;
+}
+
+// What the sample flags ask for, once checked.
+struct SamplePlan {
+  std::vector<int> fanouts;
+  std::vector<std::string> samplers;
+  sampler::Sampling sampling = sampler::Sampling::kUniform;
+  bool with_gpu = false;  // a sampler other than cpu runs: GPU 0 is needed
+};
+
+// Checks the sample flags (an InputError naming the first bad one) and turns them into a SamplePlan.
+SamplePlan check_sample_flags(const SampleFlags& f) {
+  SamplePlan p;
+  p.fanouts = check_batch_flags(f);
+  p.samplers = parse_names(f.samplers_text, "--samplers", {"gpu", "gpu-blocks", "gpu-inputs", "cpu"});
+  if (f.concurrent < 1) throw InputError("--concurrent: expected at least 1, found " + std::to_string(f.concurrent));
+  if (f.sampling_text != "uniform" && f.sampling_text != "weighted")
+    throw InputError("--neighbor-sampling: expected uniform or weighted, found '" + f.sampling_text + "'");
+  p.sampling = f.sampling_text == "weighted" ? sampler::Sampling::kWeighted : sampler::Sampling::kUniform;
+  if (f.topology != "gpu" && f.topology != "host" && f.topology != "auto")
+    throw InputError("--topology: expected gpu, host or auto, found '" + f.topology + "'");
+  p.with_gpu = std::any_of(p.samplers.begin(), p.samplers.end(), [](const std::string& n) { return n != "cpu"; });
+  return p;
+}
+
+// One sampler's measurements over the timed batches: ms, sampled edges (none for the read-ahead's
+// ways, which build no blocks' operands) and input nodes per batch; the device and where its graph
+// lives.
+struct SamplerTimes {
+  std::string name, device = "cpu", where;
+  std::vector<double> times, edges, inputs;
+};
+
+// The read-ahead's ways (gpu-blocks, gpu-inputs), a round of --concurrent batches at a time from as
+// many threads; each batch of a round counts the round's wall time over its batches.
+void time_read_ahead(const SampleFlags& f, const BenchGraph& g, const engine::GpuBatches& gpu_sampler,
+                     SamplerTimes* t) {
+  const std::string& name = t->name;
+  const int total = f.warmup + f.batches;
+  for (int i = 0; i < total; i += f.concurrent) {
+    const int n = std::min(f.concurrent, total - i);
+    std::vector<int64_t> counts(static_cast<size_t>(n)), keys(static_cast<size_t>(n));
+    std::vector<std::vector<int64_t>> seeds(static_cast<size_t>(n));  // sequence[] reuses its plan
+    for (int j = 0; j < n; ++j) {
+      const BatchSequence::Batch b = g.sequence[i + j];
+      seeds[static_cast<size_t>(j)].assign(b.seeds, b.seeds + b.n);
+      keys[static_cast<size_t>(j)] = static_cast<int64_t>(b.key);
+    }
+    const auto t0 = Clock::now();
+    tbb::parallel_for(0, n, [&](int j) {
+      const std::vector<int64_t>& b = seeds[static_cast<size_t>(j)];
+      const auto key = static_cast<uint64_t>(keys[static_cast<size_t>(j)]);
+      const auto len = static_cast<int64_t>(b.size());
+      counts[static_cast<size_t>(j)] =
+          name == "gpu-inputs"
+              ? static_cast<int64_t>(gpu_sampler.sample_input_nodes(b.data(), len, key, nullptr).size())
+              : static_cast<int64_t>(
+                    gpu_sampler.sample(b.data(), len, key, /*input_nodes_on_host=*/true).input_nodes_host().size());
+    });
+    const double ms = ms_since(t0) / n;
+    for (int j = 0; j < n; ++j) {
+      if (i + j < f.warmup) continue;
+      t->times.push_back(ms);
+      t->inputs.push_back(static_cast<double>(counts[static_cast<size_t>(j)]));
+    }
+  }
+}
+
+// The gpu sampler, batch by batch: the blocks sampled and their operands built on the GPU, the
+// host waiting for the device after each.
+void time_gpu_sampler(const BatchFlags& f, const BenchGraph& g, const engine::GpuBatches& gpu_sampler,
+                      SamplerTimes* t) {
+  const int total = f.warmup + f.batches;
+  for (int i = 0; i < total; ++i) {
+    const BatchSequence::Batch b = g.sequence[i];
+    const auto t0 = Clock::now();
+    engine::GpuBatch batch = gpu_sampler.sample(b.seeds, b.n, b.key, /*input_nodes_on_host=*/false);
+    const engine::GpuBatch::Operands ops = gpu_sampler.operands(batch, /*edge_map=*/false);
+    engine::synchronize(g.gpu);
+    const double ms = ms_since(t0);
+    if (i < f.warmup) continue;
+    t->times.push_back(ms);
+    t->edges.push_back(static_cast<double>(total_nnz(ops.graphs)));
+    t->inputs.push_back(static_cast<double>(ops.input_nodes.rows()));
+  }
+}
+
+// The CPU sampler, batch by batch: the blocks sampled and their host operands built.
+void time_cpu_sampler(const BatchFlags& f, const SamplePlan& p, const BenchGraph& g, SamplerTimes* t) {
+  const sampler::NeighborSampler cpu_sampler(g.store.csr(), p.fanouts, p.sampling);
+  const int total = f.warmup + f.batches;
+  for (int i = 0; i < total; ++i) {
+    const BatchSequence::Batch b = g.sequence[i];
+    const auto t0 = Clock::now();
+    const sampler::SampledBatch batch = cpu_sampler.sample(b.seeds, b.n, b.key);
+    std::vector<engine::GraphOperand> graphs;
+    graphs.reserve(batch.blocks.size());
+    for (const sampler::Block& block : batch.blocks)
+      graphs.emplace_back(block.csr(), block.src_ids.data(), g.store.indptr());
+    const double ms = ms_since(t0);
+    if (i < f.warmup) continue;
+    t->times.push_back(ms);
+    t->edges.push_back(static_cast<double>(total_nnz(graphs)));
+    t->inputs.push_back(static_cast<double>(batch.input_nodes().size()));
+  }
+}
+
+// Times the sampler `name` over --warmup, then --batches batches (the GPU's built for it here).
+SamplerTimes time_sampler(const SampleFlags& f, const SamplePlan& p, const BenchGraph& g, const std::string& name) {
+  SamplerTimes t;
+  t.name = name;
+  if (name == "cpu") {
+    t.where = "host memory";
+    time_cpu_sampler(f, p, g, &t);
+    return t;
+  }
+  t.device = engine::device_name(g.gpu);
+  const uint64_t topology_bytes = f.topology == "gpu"    ? std::numeric_limits<uint64_t>::max()
+                                  : f.topology == "host" ? 0
+                                                         : engine::GpuBatches::topology_room(g.gpu, 0);
+  const engine::GpuBatches gpu_sampler(g.store, g.gpu, p.fanouts, topology_bytes, p.sampling);
+  t.where = gpu_sampler.describe();
+  if (name == "gpu") time_gpu_sampler(f, g, gpu_sampler, &t);
+  else time_read_ahead(f, g, gpu_sampler, &t);
+  return t;
+}
+
+// The table's header: the device, the graph, the batches and the column names.
+void print_sample_header(const SampleFlags& f, const SamplePlan& p, const BenchGraph& g) {
+  std::printf("device: %s\ngraph: %s, %lld nodes, %lld edges\n",
+              p.with_gpu ? engine::device_name(g.gpu).c_str() : "cpu", g.label.c_str(),
+              static_cast<long long>(g.store.num_nodes()), static_cast<long long>(g.store.num_edges()));
+  std::printf("seeds: %s, batch size %lld, fanouts %s, %s draws; median of %d batches after %d warm-up\n",
+              g.sequence.describe().c_str(), static_cast<long long>(f.batch_size), f.fanouts_text.c_str(),
+              f.sampling_text.c_str(), f.batches, f.warmup);
+  std::printf("%-10s %10s %13s %13s %10s  %s\n", "sampler", "ms/batch", "edges/batch", "inputs/batch", "Medges/s",
+              "topology");
+}
+
+// One sampler's result: a JSON object with --json, else a row of the table.
+void print_sample_row(const SampleFlags& f, const SamplePlan& p, const BenchGraph& g, const SamplerTimes& t) {
+  const double ms = median(t.times);
+  const double medges = ms > 0 ? mean(t.edges) / (ms * 1e3) : 0.0;
+  if (f.json) {
+    print_json({{"bench", "sample"}, {"device", t.device}, {"graph", g.label}, {"nodes", g.store.num_nodes()},
+                {"edges", g.store.num_edges()}, {"sampler", t.name}, {"topology", t.where},
+                {"fanouts", p.fanouts}, {"sampling", f.sampling_text}, {"batch_size", f.batch_size},
+                {"seeds", g.sequence.num_seeds()},
+                {"batches", f.batches}, {"warmup", f.warmup}, {"ms_per_batch", ms},
+                {"edges_per_batch", mean(t.edges)}, {"input_nodes_per_batch", mean(t.inputs)},
+                {"medges_per_s", medges}});
+  } else {
+    std::printf("%-10s %10.3f %13.0f %13.0f %10.1f  %s\n", t.name.c_str(), ms, mean(t.edges), mean(t.inputs), medges,
+                t.where.c_str());
+    std::fflush(stdout);
+  }
+}
+
+// `gale bench sample`: each sampler timed, then its row printed.
+int bench_sample(const std::vector<std::string>& args) {
+  SampleFlags f;
+  const po::options_description desc = describe_sample_flags(&f);
   po::variables_map vm;
-  if (!parse_command_line(args, desc, pos, &vm)) return 0;
-  const std::vector<int> fanouts = parse_fanouts(f.fanouts_text);
-  check_counts(f.batch_size, f.batches, f.warmup);
-  const std::vector<std::string> samplers =
-      parse_names(samplers_text, "--samplers", {"gpu", "gpu-blocks", "gpu-inputs", "cpu"});
-  if (concurrent < 1) throw InputError("--concurrent: expected at least 1, found " + std::to_string(concurrent));
-  if (sampling_text != "uniform" && sampling_text != "weighted")
-    throw InputError("--neighbor-sampling: expected uniform or weighted, found '" + sampling_text + "'");
-  const sampler::Sampling sampling =
-      sampling_text == "weighted" ? sampler::Sampling::kWeighted : sampler::Sampling::kUniform;
-  if (topology != "gpu" && topology != "host" && topology != "auto")
-    throw InputError("--topology: expected gpu, host or auto, found '" + topology + "'");
-  const bool with_gpu = std::any_of(samplers.begin(), samplers.end(), [](const std::string& n) { return n != "cpu"; });
-  BenchStore::check(f.store_path, f.generate, "bench sample");
-  const Device gpu = with_gpu ? require_gpu("bench sample: the gpu sampler", "; --samplers cpu runs without one")
-                              : Device::cpu();
+  if (!parse_bench_args(args, desc, &vm)) return 0;
+  const SamplePlan p = check_sample_flags(f);
+  const Device gpu = check_store_and_gpu(f, "bench sample", p.with_gpu ? "bench sample: the gpu sampler" : "",
+                                         "; --samplers cpu runs without one");
 
   const BenchStore source(f.store_path, f.generate, "bench sample");
   const storage::Store store = storage::Store::open(source.path());
-  if (sampling == sampler::Sampling::kWeighted && store.weights() == nullptr)
+  if (p.sampling == sampler::Sampling::kWeighted && store.weights() == nullptr)
     throw InputError("--neighbor-sampling weighted: " + source.label() + " has no edge weights (graph/weights.npy; "
                      "--generate takes weights=uniform)");
   BatchSequence sequence(store, f.batch_size, f.seed);
-  const int total = f.warmup + f.batches;
-
-  if (!f.json) {
-    std::printf("device: %s\ngraph: %s, %lld nodes, %lld edges\n", with_gpu ? engine::device_name(gpu).c_str() : "cpu",
-                source.label().c_str(), static_cast<long long>(store.num_nodes()),
-                static_cast<long long>(store.num_edges()));
-    std::printf("seeds: %s, batch size %lld, fanouts %s, %s draws; median of %d batches after %d warm-up\n",
-                sequence.describe().c_str(), static_cast<long long>(f.batch_size), f.fanouts_text.c_str(),
-                sampling_text.c_str(), f.batches, f.warmup);
-    std::printf("%-10s %10s %13s %13s %10s  %s\n", "sampler", "ms/batch", "edges/batch", "inputs/batch", "Medges/s",
-                "topology");
-  }
-  for (const std::string& name : samplers) {
-    std::vector<double> times, edges, inputs;
-    std::string where;
-    std::string device = "cpu";
-    if (name != "cpu") {
-      device = engine::device_name(gpu);
-      const uint64_t topology_bytes = topology == "gpu"    ? std::numeric_limits<uint64_t>::max()
-                                      : topology == "host" ? 0
-                                                           : engine::GpuBatches::topology_room(gpu, 0);
-      const engine::GpuBatches gpu_sampler(store, gpu, fanouts, topology_bytes, sampling);
-      where = gpu_sampler.describe();
-      // The read-ahead's ways, a round of `concurrent` batches at a time.
-      for (int i = 0; name != "gpu" && i < total; i += concurrent) {
-        const int n = std::min(concurrent, total - i);
-        std::vector<int64_t> counts(static_cast<size_t>(n)), keys(static_cast<size_t>(n));
-        std::vector<std::vector<int64_t>> seeds(static_cast<size_t>(n));  // sequence[] reuses its plan
-        for (int j = 0; j < n; ++j) {
-          const BatchSequence::Batch b = sequence[i + j];
-          seeds[static_cast<size_t>(j)].assign(b.seeds, b.seeds + b.n);
-          keys[static_cast<size_t>(j)] = static_cast<int64_t>(b.key);
-        }
-        const auto t0 = Clock::now();
-        tbb::parallel_for(0, n, [&](int j) {
-          const std::vector<int64_t>& b = seeds[static_cast<size_t>(j)];
-          const auto key = static_cast<uint64_t>(keys[static_cast<size_t>(j)]);
-          const auto len = static_cast<int64_t>(b.size());
-          counts[static_cast<size_t>(j)] =
-              name == "gpu-inputs"
-                  ? static_cast<int64_t>(gpu_sampler.sample_input_nodes(b.data(), len, key, nullptr).size())
-                  : static_cast<int64_t>(
-                        gpu_sampler.sample(b.data(), len, key, /*input_nodes_on_host=*/true).input_nodes_host().size());
-        });
-        const double ms = ms_since(t0) / n;
-        for (int j = 0; j < n; ++j) {
-          if (i + j < f.warmup) continue;
-          times.push_back(ms);
-          inputs.push_back(static_cast<double>(counts[static_cast<size_t>(j)]));
-        }
-      }
-      for (int i = 0; name == "gpu" && i < total; ++i) {
-        const BatchSequence::Batch b = sequence[i];
-        const auto t0 = Clock::now();
-        engine::GpuBatch batch = gpu_sampler.sample(b.seeds, b.n, b.key, /*input_nodes_on_host=*/false);
-        const engine::GpuBatch::Operands ops = gpu_sampler.operands(batch, /*edge_map=*/false);
-        engine::synchronize(gpu);
-        const double ms = ms_since(t0);
-        if (i < f.warmup) continue;
-        times.push_back(ms);
-        int64_t nnz = 0;
-        for (const engine::GraphOperand& g : ops.graphs) nnz += g.nnz();
-        edges.push_back(static_cast<double>(nnz));
-        inputs.push_back(static_cast<double>(ops.input_nodes.rows()));
-      }
-    } else {
-      where = "host memory";
-      const sampler::NeighborSampler cpu_sampler(store.csr(), fanouts, sampling);
-      for (int i = 0; i < total; ++i) {
-        const BatchSequence::Batch b = sequence[i];
-        const auto t0 = Clock::now();
-        const sampler::SampledBatch batch = cpu_sampler.sample(b.seeds, b.n, b.key);
-        std::vector<engine::GraphOperand> graphs;
-        graphs.reserve(batch.blocks.size());
-        for (const sampler::Block& block : batch.blocks)
-          graphs.emplace_back(block.csr(), block.src_ids.data(), store.indptr());
-        const double ms = ms_since(t0);
-        if (i < f.warmup) continue;
-        times.push_back(ms);
-        int64_t nnz = 0;
-        for (const engine::GraphOperand& g : graphs) nnz += g.nnz();
-        edges.push_back(static_cast<double>(nnz));
-        inputs.push_back(static_cast<double>(batch.input_nodes().size()));
-      }
-    }
-    const double ms = median(times);
-    const double medges = ms > 0 ? mean(edges) / (ms * 1e3) : 0.0;
-    if (f.json) {
-      print_json({{"bench", "sample"}, {"device", device}, {"graph", source.label()}, {"nodes", store.num_nodes()},
-                  {"edges", store.num_edges()}, {"sampler", name}, {"topology", where},
-                  {"fanouts", fanouts}, {"sampling", sampling_text}, {"batch_size", f.batch_size},
-                  {"seeds", sequence.num_seeds()},
-                  {"batches", f.batches}, {"warmup", f.warmup}, {"ms_per_batch", ms},
-                  {"edges_per_batch", mean(edges)}, {"input_nodes_per_batch", mean(inputs)},
-                  {"medges_per_s", medges}});
-    } else {
-      std::printf("%-10s %10.3f %13.0f %13.0f %10.1f  %s\n", name.c_str(), ms, mean(edges), mean(inputs), medges,
-                  where.c_str());
-      std::fflush(stdout);
-    }
-  }
+  const BenchGraph g{source.label(), store, sequence, gpu};
+  if (!f.json) print_sample_header(f, p, g);
+  for (const std::string& name : p.samplers) print_sample_row(f, p, g, time_sampler(f, p, g, name));
   return 0;
 }
 
 // ---------------------------------------------------------------------------------------------
 // gale bench gather
 
-int bench_gather(const std::vector<std::string>& args) {
-  BatchFlags f;
+// `gale bench gather`'s flags: the batch flags, then the settings to time.
+struct GatherFlags : BatchFlags {
   std::string sizes_text = "all", match_text = "on,off";
+};
+
+// The options of `gale bench gather`, bound to `f`.
+po::options_description describe_gather_flags(GatherFlags* f) {
   po::options_description desc(
       "usage: gale bench gather STORE|--generate SPEC [options]\n\n"
       "Times the tiered feature gather of mini-batches on GPU 0 (engine/batch_features.hpp): the batches\n"
@@ -359,103 +454,164 @@ int bench_gather(const std::vector<std::string>& args) {
       "Median ms per batch after --warmup batches, GB/s of delivered feature bytes, host-to-GPU GB\n"
       "per batch and rows per batch by tier (previous batch, GPU-resident, GPU cache, pinned host).\n\n"
       "options");
-  f.add_to(desc, "setting", "one JSON object per setting instead of the table");
+  f->add_to(desc, "setting", "one JSON object per setting instead of the table");
   desc.add_options()
-      ("feature-gpu-mem", po::value(&sizes_text),
+      ("feature-gpu-mem", po::value(&f->sizes_text),
        "room for features on the GPU, comma separated sizes such as all,256M,1M (default all); "
        "less than all keeps a cache of hot nodes there and every row in pinned host memory")
-      ("match", po::value(&match_text), "reuse the previous batch's rows on the GPU: comma separated on, off "
-                                        "(default on,off)");
-  po::positional_options_description pos;
-  pos.add("store", 1);
-  po::variables_map vm;
-  if (!parse_command_line(args, desc, pos, &vm)) return 0;
-  const std::vector<int> fanouts = parse_fanouts(f.fanouts_text);
-  check_counts(f.batch_size, f.batches, f.warmup);
+      ("match", po::value(&f->match_text), "reuse the previous batch's rows on the GPU: comma separated on, off "
+                                           "(default on,off)");
+  return desc;
+}
+
+// What the gather flags ask for, once checked.
+struct GatherPlan {
+  std::vector<int> fanouts;
   // Each room as the user wrote it ("all" is resolved once the store is open).
   std::vector<std::pair<std::string, std::optional<uint64_t>>> rooms;
-  for (const std::string& item : split_list(sizes_text)) {
-    if (item == "all") rooms.emplace_back(item, std::nullopt);
-    else rooms.emplace_back(item, parse_size(item, "--feature-gpu-mem"));
-  }
   std::vector<bool> matches;
-  for (const std::string& m : parse_names(match_text, "--match", {"on", "off"})) matches.push_back(m == "on");
-  BenchStore::check(f.store_path, f.generate, "bench gather");
-  const Device gpu = require_gpu("bench gather", "");
+};
+
+// Checks the gather flags (an InputError naming the first bad one) and turns them into a GatherPlan.
+GatherPlan check_gather_flags(const GatherFlags& f) {
+  GatherPlan p;
+  p.fanouts = check_batch_flags(f);
+  for (const std::string& item : split_list(f.sizes_text)) {
+    if (item == "all") p.rooms.emplace_back(item, std::nullopt);
+    else p.rooms.emplace_back(item, parse_size(item, "--feature-gpu-mem"));
+  }
+  for (const std::string& m : parse_names(f.match_text, "--match", {"on", "off"})) p.matches.push_back(m == "on");
+  return p;
+}
+
+// Every batch's input nodes on the GPU, and where the sampler's graph lived.
+struct SampledInputs {
+  std::vector<engine::Tensor> inputs;
+  std::string topology;
+};
+
+// The --warmup and --batches batches' input nodes, sampled once (the operands built, then only the
+// ids kept).
+SampledInputs sample_inputs(const BatchFlags& f, const GatherPlan& p, const BenchGraph& g) {
+  SampledInputs s;
+  const engine::GpuBatches gpu_sampler(g.store, g.gpu, p.fanouts, engine::GpuBatches::topology_room(g.gpu, 0));
+  s.topology = gpu_sampler.describe();
+  const int total = f.warmup + f.batches;
+  for (int i = 0; i < total; ++i) {
+    const BatchSequence::Batch b = g.sequence[i];
+    engine::GpuBatch batch = gpu_sampler.sample(b.seeds, b.n, b.key, /*input_nodes_on_host=*/false);
+    s.inputs.push_back(gpu_sampler.operands(batch, /*edge_map=*/false).input_nodes);
+  }
+  engine::synchronize(g.gpu);
+  return s;
+}
+
+// One setting: the room for the features on the GPU (as written, and in bytes) and the match.
+struct GatherSetting {
+  std::string room_text;
+  uint64_t gpu_bytes;
+  bool match;
+};
+
+// One setting's measurements over the timed batches, and where its features were placed.
+struct GatherTimes {
+  double ms = 0;  // median per batch
+  engine::FeatureLoadStats stats;
+  std::string placement;
+};
+
+// Gathers every batch's input features through `features`, the host waiting for the device after
+// each; the warm-up batches are left out of the times and the stats.
+GatherTimes time_gather(const BatchFlags& f, const Device& gpu, const std::vector<engine::Tensor>& inputs,
+                        engine::BatchFeatures* features) {
+  std::vector<double> times;
+  const int total = f.warmup + f.batches;
+  for (int i = 0; i < total; ++i) {
+    if (i == f.warmup) features->take_stats();  // count the timed f.batches only
+    const auto t0 = Clock::now();
+    const engine::Tensor x = features->load_async(inputs[static_cast<size_t>(i)]).take();
+    engine::synchronize(gpu);
+    const double ms = ms_since(t0);
+    if (i >= f.warmup) times.push_back(ms);
+  }
+  GatherTimes t;
+  t.stats = features->take_stats();
+  t.ms = median(times);
+  t.placement = features->describe();
+  return t;
+}
+
+// The table's header: the device, the graph and its features, the batches and the column names.
+void print_gather_header(const GatherFlags& f, const BenchGraph& g, const std::string& topology, uint64_t all_bytes) {
+  std::printf("device: %s\ngraph: %s, %lld nodes, %lld edges, %lld features (%.2f GiB)\n",
+              engine::device_name(g.gpu).c_str(), g.label.c_str(), static_cast<long long>(g.store.num_nodes()),
+              static_cast<long long>(g.store.num_edges()), static_cast<long long>(g.store.feature_dim()),
+              static_cast<double>(all_bytes) / static_cast<double>(1ULL << 30));
+  std::printf("seeds: %s, batch size %lld, fanouts %s, sampled on the GPU (%s); median of %d batches after %d "
+              "warm-up\n",
+              g.sequence.describe().c_str(), static_cast<long long>(f.batch_size), f.fanouts_text.c_str(),
+              topology.c_str(), f.batches, f.warmup);
+  std::printf("rows per batch by tier: previous batch, GPU-resident, GPU cache, pinned host\n");
+  std::printf("%-11s %-5s %10s %9s %12s %10s %10s %10s %10s  %s\n", "feature_gpu", "match", "ms/batch", "GB/s",
+              "h2d_GB/batch", "rows_prev", "rows_dev", "rows_cache", "rows_host", "placement");
+}
+
+// One setting's result: a JSON object with --json, else a row of the table.
+void print_gather_row(const GatherFlags& f, const GatherPlan& p, const BenchGraph& g, const GatherSetting& setting,
+                      const GatherTimes& t) {
+  const engine::FeatureLoadStats& s = t.stats;
+  const double per_batch = 1.0 / f.batches;
+  const double ms = t.ms;
+  const double delivered = static_cast<double>(s.rows) * static_cast<double>(s.row_bytes) * per_batch;
+  const double gbps = ms > 0 ? delivered / (ms * 1e6) : 0.0;
+  const double h2d_gb = static_cast<double>(s.host_to_gpu_bytes()) * per_batch / 1e9;
+  if (f.json) {
+    print_json({{"bench", "gather"}, {"device", engine::device_name(g.gpu)}, {"graph", g.label},
+                {"nodes", g.store.num_nodes()}, {"feature_dim", g.store.feature_dim()},
+                {"feature_gpu_mem", setting.room_text}, {"feature_gpu_bytes", setting.gpu_bytes},
+                {"match", setting.match}, {"placement", t.placement}, {"fanouts", p.fanouts},
+                {"batch_size", f.batch_size}, {"batches", f.batches}, {"warmup", f.warmup}, {"ms_per_batch", ms},
+                {"gbps", gbps}, {"host_to_gpu_gb_per_batch", h2d_gb},
+                {"rows_per_batch", static_cast<double>(s.rows) * per_batch},
+                {"rows_previous_per_batch", static_cast<double>(s.previous) * per_batch},
+                {"rows_device_per_batch", static_cast<double>(s.device) * per_batch},
+                {"rows_cache_per_batch", static_cast<double>(s.cache) * per_batch},
+                {"rows_host_per_batch", static_cast<double>(s.host) * per_batch}});
+  } else {
+    std::printf("%-11s %-5s %10.3f %9.1f %12.4f %10.0f %10.0f %10.0f %10.0f  %s\n", setting.room_text.c_str(),
+                setting.match ? "on" : "off", ms, gbps, h2d_gb, static_cast<double>(s.previous) * per_batch,
+                static_cast<double>(s.device) * per_batch, static_cast<double>(s.cache) * per_batch,
+                static_cast<double>(s.host) * per_batch, t.placement.c_str());
+    std::fflush(stdout);
+  }
+}
+
+// `gale bench gather`: each setting's BatchFeatures lives until its row is printed.
+int bench_gather(const std::vector<std::string>& args) {
+  GatherFlags f;
+  const po::options_description desc = describe_gather_flags(&f);
+  po::variables_map vm;
+  if (!parse_bench_args(args, desc, &vm)) return 0;
+  const GatherPlan p = check_gather_flags(f);
+  const Device gpu = check_store_and_gpu(f, "bench gather", "bench gather", "");
 
   const BenchStore source(f.store_path, f.generate, "bench gather");
   const storage::Store store = storage::Store::open(source.path());
-  if (!store.has_features()) throw InputError(source.path() + ": the store has no features.npy; bench gather needs them");
+  if (!store.has_features())
+    throw InputError(source.path() + ": the store has no features.npy; bench gather needs them");
   const int64_t row_bytes = store.feature_dim() * static_cast<int64_t>(sizeof(float));
   const uint64_t all_bytes = static_cast<uint64_t>(store.num_nodes()) * static_cast<uint64_t>(row_bytes);
   BatchSequence sequence(store, f.batch_size, f.seed);
-  const int total = f.warmup + f.batches;
+  const BenchGraph g{source.label(), store, sequence, gpu};
+  const SampledInputs sampled = sample_inputs(f, p, g);
 
-  // The f.batches' input nodes, sampled once (the operands built, then only the ids kept).
-  std::vector<engine::Tensor> inputs;
-  std::string topology;
-  {
-    const engine::GpuBatches gpu_sampler(store, gpu, fanouts, engine::GpuBatches::topology_room(gpu, 0));
-    topology = gpu_sampler.describe();
-    for (int i = 0; i < total; ++i) {
-      const BatchSequence::Batch b = sequence[i];
-      engine::GpuBatch batch = gpu_sampler.sample(b.seeds, b.n, b.key, /*input_nodes_on_host=*/false);
-      inputs.push_back(gpu_sampler.operands(batch, /*edge_map=*/false).input_nodes);
-    }
-    engine::synchronize(gpu);
-  }
-
-  const std::string device = engine::device_name(gpu);
-  if (!f.json) {
-    std::printf("device: %s\ngraph: %s, %lld nodes, %lld edges, %lld features (%.2f GiB)\n", device.c_str(),
-                source.label().c_str(), static_cast<long long>(store.num_nodes()),
-                static_cast<long long>(store.num_edges()), static_cast<long long>(store.feature_dim()),
-                static_cast<double>(all_bytes) / static_cast<double>(1ULL << 30));
-    std::printf("seeds: %s, batch size %lld, fanouts %s, sampled on the GPU (%s); median of %d batches after %d "
-                "warm-up\n",
-                sequence.describe().c_str(), static_cast<long long>(f.batch_size), f.fanouts_text.c_str(),
-                topology.c_str(), f.batches, f.warmup);
-    std::printf("rows per batch by tier: previous batch, GPU-resident, GPU cache, pinned host\n");
-    std::printf("%-11s %-5s %10s %9s %12s %10s %10s %10s %10s  %s\n", "feature_gpu", "match", "ms/batch", "GB/s",
-                "h2d_GB/batch", "rows_prev", "rows_dev", "rows_cache", "rows_host", "placement");
-  }
-  for (const auto& [room_text, room] : rooms) {
+  if (!f.json) print_gather_header(f, g, sampled.topology, all_bytes);
+  for (const auto& [room_text, room] : p.rooms) {
     const uint64_t gpu_bytes = room ? *room : all_bytes;
-    for (const bool match : matches) {
+    for (const bool match : p.matches) {
       engine::BatchFeatures features(store, gpu, gpu_bytes, match);
-      std::vector<double> times;
-      for (int i = 0; i < total; ++i) {
-        if (i == f.warmup) features.take_stats();  // count the timed f.batches only
-        const auto t0 = Clock::now();
-        const engine::Tensor x = features.load_async(inputs[static_cast<size_t>(i)]).take();
-        engine::synchronize(gpu);
-        const double ms = ms_since(t0);
-        if (i >= f.warmup) times.push_back(ms);
-      }
-      const engine::FeatureLoadStats s = features.take_stats();
-      const double per_batch = 1.0 / f.batches;
-      const double ms = median(times);
-      const double delivered = static_cast<double>(s.rows) * static_cast<double>(s.row_bytes) * per_batch;
-      const double gbps = ms > 0 ? delivered / (ms * 1e6) : 0.0;
-      const double h2d_gb = static_cast<double>(s.host_to_gpu_bytes()) * per_batch / 1e9;
-      if (f.json) {
-        print_json({{"bench", "gather"}, {"device", device}, {"graph", source.label()}, {"nodes", store.num_nodes()},
-                    {"feature_dim", store.feature_dim()}, {"feature_gpu_mem", room_text}, {"feature_gpu_bytes", gpu_bytes},
-                    {"match", match}, {"placement", features.describe()}, {"fanouts", fanouts},
-                    {"batch_size", f.batch_size}, {"batches", f.batches}, {"warmup", f.warmup}, {"ms_per_batch", ms},
-                    {"gbps", gbps}, {"host_to_gpu_gb_per_batch", h2d_gb},
-                    {"rows_per_batch", static_cast<double>(s.rows) * per_batch},
-                    {"rows_previous_per_batch", static_cast<double>(s.previous) * per_batch},
-                    {"rows_device_per_batch", static_cast<double>(s.device) * per_batch},
-                    {"rows_cache_per_batch", static_cast<double>(s.cache) * per_batch},
-                    {"rows_host_per_batch", static_cast<double>(s.host) * per_batch}});
-      } else {
-        std::printf("%-11s %-5s %10.3f %9.1f %12.4f %10.0f %10.0f %10.0f %10.0f  %s\n", room_text.c_str(),
-                    match ? "on" : "off", ms, gbps, h2d_gb, static_cast<double>(s.previous) * per_batch,
-                    static_cast<double>(s.device) * per_batch, static_cast<double>(s.cache) * per_batch,
-                    static_cast<double>(s.host) * per_batch, features.describe().c_str());
-        std::fflush(stdout);
-      }
+      const GatherTimes t = time_gather(f, gpu, sampled.inputs, &features);
+      print_gather_row(f, p, g, {room_text, gpu_bytes, match}, t);
     }
   }
   return 0;
@@ -464,13 +620,20 @@ int bench_gather(const std::vector<std::string>& args) {
 // ---------------------------------------------------------------------------------------------
 // gale bench pipeline
 
-int bench_pipeline(const std::vector<std::string>& args) {
+// `gale bench pipeline`'s flags as given (the ones that map straight onto a TrainOptions field are
+// bound to `o` itself), before they become the run's options.
+struct PipelineFlags {
   engine::TrainOptions o;
   std::string store_path, generate, model = "sage", fanouts_text = "15,10,5", device_text = "auto", budget,
       feature_gpu, sampler_text = "auto", spmm = "auto", gpus_text;
   int layers = 3, heads = 4, epochs = 3, warmup = 1, cpu_workers = 0;
   int64_t hidden = 256;
   bool json = false, no_match = false;
+};
+
+// The options of `gale bench pipeline`, bound to `f`.
+po::options_description describe_pipeline_flags(PipelineFlags* f) {
+  engine::TrainOptions& o = f->o;
   po::options_description desc(
       "usage: gale bench pipeline STORE|--generate SPEC [options]\n\n"
       "Times mini-batch training epochs end to end (engine::train: sampling, feature gather, forward,\n"
@@ -481,139 +644,161 @@ int bench_pipeline(const std::vector<std::string>& args) {
       "options");
   desc.add_options()
       ("help,h", "show this help")
-      ("store", po::value(&store_path), "store directory")
-      ("generate", po::value(&generate), "build this generated graph in a temporary store (deleted after)")
-      ("model", po::value(&model), "gcn | sage | gin | gat (default sage)")
-      ("layers", po::value(&layers), "GNN layers, one per fanout (default 3)")
-      ("hidden", po::value(&hidden), "hidden width; GAT: per head (default 256)")
-      ("heads", po::value(&heads), "GAT heads in hidden layers (default 4)")
-      ("fanouts", po::value(&fanouts_text), "neighbours per hop, seeds' hop first (default 15,10,5)")
+      ("store", po::value(&f->store_path), "store directory")
+      ("generate", po::value(&f->generate), "build this generated graph in a temporary store (deleted after)")
+      ("model", po::value(&f->model), "gcn | sage | gin | gat (default sage)")
+      ("layers", po::value(&f->layers), "GNN layers, one per fanout (default 3)")
+      ("hidden", po::value(&f->hidden), "hidden width; GAT: per head (default 256)")
+      ("heads", po::value(&f->heads), "GAT heads in hidden layers (default 4)")
+      ("fanouts", po::value(&f->fanouts_text), "neighbours per hop, seeds' hop first (default 15,10,5)")
       ("batch-size", po::value(&o.batch_size), "training seeds per batch (default 1024)")
-      ("epochs", po::value(&epochs), "timed epochs (default 3)")
-      ("warmup", po::value(&warmup), "untimed epochs first (default 1)")
-      ("device", po::value(&device_text), "cpu | cuda | cuda:N | auto (default)")
-      ("gpus", po::value(&gpus_text), "data-parallel on these GPUs, one worker each: all | 0,1,... (--batch-size per GPU)")
-      ("workers", po::value(&cpu_workers), "data-parallel CPU workers (--device cpu)")
-      ("gpu-mem-budget", po::value(&budget), "cap on the GPU memory Gale allocates, e.g. 8G")
-      ("feature-gpu-mem", po::value(&feature_gpu), "room for features on the GPU, e.g. 2G (default: half the budget)")
+      ("epochs", po::value(&f->epochs), "timed epochs (default 3)")
+      ("warmup", po::value(&f->warmup), "untimed epochs first (default 1)")
+      ("device", po::value(&f->device_text), "cpu | cuda | cuda:N | auto (default)")
+      ("gpus", po::value(&f->gpus_text), "data-parallel on these GPUs, one worker each: all | 0,1,... (--batch-size per GPU)")
+      ("workers", po::value(&f->cpu_workers), "data-parallel CPU workers (--device cpu)")
+      ("gpu-mem-budget", po::value(&f->budget), "cap on the GPU memory Gale allocates, e.g. 8G")
+      ("feature-gpu-mem", po::value(&f->feature_gpu), "room for features on the GPU, e.g. 2G (default: half the budget)")
       ("reorder-window", po::value(&o.reorder_window), "reorder each window of this many batches for reuse (0: off)")
       ("prefetch", po::value(&o.prefetch), "mini-batches prepared ahead per worker (default 2; 8 when a GPU's "
                                            "batches are staged from disk)")
-      ("no-match", po::bool_switch(&no_match), "do not reuse the previous batch's features on the GPU")
-      ("sampler", po::value(&sampler_text), "auto (the GPU's when training there) | gpu | cpu")
-      ("spmm", po::value(&spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
+      ("no-match", po::bool_switch(&f->no_match), "do not reuse the previous batch's features on the GPU")
+      ("sampler", po::value(&f->sampler_text), "auto (the GPU's when training there) | gpu | cpu")
+      ("spmm", po::value(&f->spmm), "GPU aggregation kernel: auto | fused-gar | fused-gas | memory-aware")
       ("tf32", po::bool_switch(&o.exec.tf32), "GEMMs on TF32 tensor cores")
       ("seed", po::value(&o.seed), "initialisation, sampling and shuffling seed (default 0)")
-      ("json", po::bool_switch(&json), "one JSON object per timed epoch and one for the median instead of the table");
-  po::positional_options_description pos;
-  pos.add("store", 1);
-  po::variables_map vm;
-  if (!parse_command_line(args, desc, pos, &vm)) return 0;
-  if (model != "gcn" && model != "sage" && model != "gin" && model != "gat")
-    throw InputError("--model: expected gcn, sage, gin or gat, found '" + model + "'");
-  if (layers < 1) throw InputError("--layers: expected at least 1, found " + std::to_string(layers));
-  if (hidden < 1) throw InputError("--hidden: expected at least 1, found " + std::to_string(hidden));
-  if (heads < 1) throw InputError("--heads: expected at least 1, found " + std::to_string(heads));
-  o.fanouts = parse_fanouts(fanouts_text);
-  if (static_cast<int>(o.fanouts.size()) != layers)
-    throw InputError("--fanouts: expected one fanout per layer (" + std::to_string(layers) + "), found '" +
-                     fanouts_text + "'");
-  if (o.batch_size < 1) throw InputError("--batch-size: expected at least 1, found " + std::to_string(o.batch_size));
-  if (epochs < 1) throw InputError("--epochs: expected at least 1, found " + std::to_string(epochs));
-  if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
-  if (vm.count("prefetch") && o.prefetch < 1)
-    throw InputError("--prefetch: expected at least 1, found " + std::to_string(o.prefetch));
-  if (o.reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
-  if (asks_for_several_gpus(gpus_text, "")) engine::load_kernels_eagerly();  // as train does
-  o.device = parse_device(device_text);
-  o.devices = parse_workers(gpus_text, cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o.device);
-  BenchStore::check(store_path, generate, "bench pipeline");
-  engine::require(o.device);
-  if (!budget.empty()) {
-    o.gpu_mem_budget = parse_size(budget, "--gpu-mem-budget");
-    if (o.gpu_mem_budget == 0) throw InputError("--gpu-mem-budget: expected a positive size such as 8G");
-    o.gpu_mem_budget_text = budget;
-  }
-  if (!feature_gpu.empty()) {
-    o.feature_gpu_bytes = parse_size(feature_gpu, "--feature-gpu-mem");
-    if (o.feature_gpu_bytes == 0) throw InputError("--feature-gpu-mem: expected a positive size such as 2G");
-  }
-  if (sampler_text == "gpu" || sampler_text == "cpu") {
-    o.gpu_sampler = sampler_text == "gpu";
-    if (o.gpu_sampler && o.device.is_cpu()) throw InputError("--sampler gpu: needs --device cuda (training on the CPU)");
-  } else if (sampler_text != "auto") {
-    throw InputError("--sampler: expected auto, gpu or cpu, found '" + sampler_text + "'");
-  }
-  o.exec.spmm = parse_spmm_kind(spmm);
-  o.match = !no_match;
-  o.model.model = model;
-  o.model.layers = layers;
-  o.model.hidden = hidden;
-  o.model.heads = heads;
-  o.model.dropout = 0.0f;
-  o.model.attn_dropout = 0.0f;
-  o.model.activation = model == "gat" ? engine::Activation::kElu : engine::Activation::kRelu;
-  o.full_graph = false;
-  o.lr = 0.003f;
-  o.epochs = warmup + epochs;
-  o.eval = engine::TrainOptions::Eval::kNone;
+      ("json", po::bool_switch(&f->json), "one JSON object per timed epoch and one for the median instead of the table");
+  return desc;
+}
 
-  const BenchStore source(store_path, generate, "bench pipeline");
-  o.store = source.path();
+// The model's shape, the fanouts and the run's counts checked (the fanouts parsed into `o`).
+void check_pipeline_shape(const PipelineFlags& f, const po::variables_map& vm, engine::TrainOptions* o) {
+  if (f.model != "gcn" && f.model != "sage" && f.model != "gin" && f.model != "gat")
+    throw InputError("--model: expected gcn, sage, gin or gat, found '" + f.model + "'");
+  if (f.layers < 1) throw InputError("--layers: expected at least 1, found " + std::to_string(f.layers));
+  if (f.hidden < 1) throw InputError("--hidden: expected at least 1, found " + std::to_string(f.hidden));
+  if (f.heads < 1) throw InputError("--heads: expected at least 1, found " + std::to_string(f.heads));
+  o->fanouts = parse_fanouts(f.fanouts_text);
+  if (static_cast<int>(o->fanouts.size()) != f.layers)
+    throw InputError("--fanouts: expected one fanout per layer (" + std::to_string(f.layers) + "), found '" +
+                     f.fanouts_text + "'");
+  if (o->batch_size < 1) throw InputError("--batch-size: expected at least 1, found " + std::to_string(o->batch_size));
+  if (f.epochs < 1) throw InputError("--epochs: expected at least 1, found " + std::to_string(f.epochs));
+  if (f.warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(f.warmup));
+  if (vm.count("prefetch") && o->prefetch < 1)
+    throw InputError("--prefetch: expected at least 1, found " + std::to_string(o->prefetch));
+  if (o->reorder_window < 0) throw InputError("--reorder-window: expected 0 (off) or more");
+}
+
+// Where the run trains and what it may use there: devices and workers, then the store flags
+// (BenchStore::check) before the device is required, then the memory budgets, the sampler and the
+// aggregation kernel.
+void apply_pipeline_placement(const PipelineFlags& f, const po::variables_map& vm, engine::TrainOptions* o) {
+  if (asks_for_several_gpus(f.gpus_text, "")) engine::load_kernels_eagerly();  // as train does
+  o->device = parse_device(f.device_text);
+  o->devices = parse_workers(f.gpus_text, f.cpu_workers, vm.count("workers") > 0, vm.count("device") > 0, &o->device);
+  BenchStore::check(f.store_path, f.generate, "bench pipeline");
+  engine::require(o->device);
+  if (!f.budget.empty()) {
+    o->gpu_mem_budget = parse_size(f.budget, "--gpu-mem-budget");
+    if (o->gpu_mem_budget == 0) throw InputError("--gpu-mem-budget: expected a positive size such as 8G");
+    o->gpu_mem_budget_text = f.budget;
+  }
+  if (!f.feature_gpu.empty()) {
+    o->feature_gpu_bytes = parse_size(f.feature_gpu, "--feature-gpu-mem");
+    if (o->feature_gpu_bytes == 0) throw InputError("--feature-gpu-mem: expected a positive size such as 2G");
+  }
+  if (f.sampler_text == "gpu" || f.sampler_text == "cpu") {
+    o->gpu_sampler = f.sampler_text == "gpu";
+    if (o->gpu_sampler && o->device.is_cpu())
+      throw InputError("--sampler gpu: needs --device cuda (training on the CPU)");
+  } else if (f.sampler_text != "auto") {
+    throw InputError("--sampler: expected auto, gpu or cpu, found '" + f.sampler_text + "'");
+  }
+  o->exec.spmm = parse_spmm_kind(f.spmm);
+}
+
+// What the benchmark fixes: the model without dropout, Adam at lr 0.003, mini-batch epochs (the
+// warm-up's, then the timed ones) and no evaluation.
+void set_pipeline_run(const PipelineFlags& f, engine::TrainOptions* o) {
+  o->match = !f.no_match;
+  o->model.model = f.model;
+  o->model.layers = f.layers;
+  o->model.hidden = f.hidden;
+  o->model.heads = f.heads;
+  o->model.dropout = 0.0f;
+  o->model.attn_dropout = 0.0f;
+  o->model.activation = f.model == "gat" ? engine::Activation::kElu : engine::Activation::kRelu;
+  o->full_graph = false;
+  o->lr = 0.003f;
+  o->epochs = f.warmup + f.epochs;
+  o->eval = engine::TrainOptions::Eval::kNone;
+}
+
+// What every row says of the run besides its metrics.
+struct PipelineLabels {
+  std::string device;  // the device, "xN" for N workers, and the processes under mpirun
+  std::string graph;
+  const char* sampler;
+};
+
+// The run's labels, from its options once the store is in place.
+PipelineLabels pipeline_labels(const engine::TrainOptions& o, const BenchStore& source) {
   const engine::Processes& procs = engine::Processes::get();
   const std::string device = engine::device_name(o.device) +
                              (o.devices.size() > 1 ? " x" + std::to_string(o.devices.size()) : "") +
                              (procs.distributed() ? ", " + std::to_string(procs.size()) + " processes" : "");
-  const char* sampler_used = o.device.is_cpu() || !o.gpu_sampler ? "cpu" : "gpu";
-  // Under mpirun rank 0 reports for the run (engine::train calls back on rank 0 only).
-  const bool lead = procs.rank() == 0;
-  if (!json && lead) {
-    std::printf("device: %s\ngraph: %s\n", device.c_str(), source.label().c_str());
-    std::printf("%s, %d layers, hidden %lld, fanouts %s, batch size %lld, %s sampler, match %s, reorder window %d, "
-                "prefetch %s, %s; %d epochs after %d warm-up\n",
-                model.c_str(), layers, static_cast<long long>(hidden), fanouts_text.c_str(),
-                static_cast<long long>(o.batch_size), sampler_used, o.match ? "on" : "off", o.reorder_window,
-                o.prefetch > 0 ? std::to_string(o.prefetch).c_str() : "auto", o.exec.tf32 ? "tf32" : "fp32", epochs, warmup);
-    std::printf("feature rows by tier: previous batch, GPU-resident, GPU cache, pinned host\n");
-    std::printf("%-6s %7s %8s %8s %8s %9s %8s %8s %11s %11s %11s %11s %8s\n", "epoch", "batches", "epoch_s", "sample_s",
-                "io_s", "compute_s", "wait_s", "h2d_GB", "rows_prev", "rows_device", "rows_cache", "rows_host",
-                "peak_GiB");
+  return {device, source.label(), o.device.is_cpu() || !o.gpu_sampler ? "cpu" : "gpu"};
+}
+
+// The table's header: the device, the graph, the run's settings and the column names.
+void print_pipeline_header(const PipelineFlags& f, const PipelineLabels& l) {
+  const engine::TrainOptions& o = f.o;
+  std::printf("device: %s\ngraph: %s\n", l.device.c_str(), l.graph.c_str());
+  std::printf("%s, %d layers, hidden %lld, fanouts %s, batch size %lld, %s sampler, match %s, reorder window %d, "
+              "prefetch %s, %s; %d epochs after %d warm-up\n",
+              f.model.c_str(), f.layers, static_cast<long long>(f.hidden), f.fanouts_text.c_str(),
+              static_cast<long long>(o.batch_size), l.sampler, o.match ? "on" : "off", o.reorder_window,
+              o.prefetch > 0 ? std::to_string(o.prefetch).c_str() : "auto", o.exec.tf32 ? "tf32" : "fp32", f.epochs,
+              f.warmup);
+  std::printf("feature rows by tier: previous batch, GPU-resident, GPU cache, pinned host\n");
+  std::printf("%-6s %7s %8s %8s %8s %9s %8s %8s %11s %11s %11s %11s %8s\n", "epoch", "batches", "epoch_s", "sample_s",
+              "io_s", "compute_s", "wait_s", "h2d_GB", "rows_prev", "rows_device", "rows_cache", "rows_host",
+              "peak_GiB");
+}
+
+// One epoch's row, a JSON object with --json: `epoch` is 1-based among the timed epochs, or 0 for
+// the median row.
+void print_epoch_row(const PipelineFlags& f, const PipelineLabels& l, int64_t epoch, const engine::EpochMetrics& m) {
+  const engine::TrainOptions& o = f.o;
+  const double h2d_gb = static_cast<double>(m.host_to_gpu_bytes) / 1e9;
+  const double peak_gib = static_cast<double>(m.gpu_peak_bytes) / static_cast<double>(1ULL << 30);
+  if (f.json) {
+    Json row = {{"bench", "pipeline"}, {"device", l.device}, {"graph", l.graph}, {"model", f.model},
+                {"layers", f.layers}, {"hidden", f.hidden}, {"fanouts", o.fanouts},
+                {"batch_size", o.batch_size}, {"sampler", l.sampler}, {"match", o.match},
+                {"reorder_window", o.reorder_window}, {"prefetch", o.prefetch}, {"tf32", o.exec.tf32},
+                {"batches", m.batches}, {"epoch_s", m.epoch_s},
+                {"sample_s", m.sample_s}, {"io_s", m.io_s}, {"compute_s", m.compute_s},
+                {"wait_s", m.wait_s}, {"host_to_gpu_gb", h2d_gb}, {"feature_rows", m.feature_rows},
+                {"rows_previous", m.rows_previous}, {"rows_device", m.rows_device},
+                {"rows_cache", m.rows_cache}, {"rows_host", m.rows_host}, {"peak_gib", peak_gib},
+                {"loss", m.loss}};
+    if (epoch > 0) row["epoch"] = epoch;
+    else row.update({{"median", true}, {"epochs", f.epochs}, {"warmup", f.warmup}});
+    print_json(row);
+  } else {
+    std::printf("%-6s %7lld %8.3f %8.3f %8.3f %9.3f %8.3f %8.3f %11lld %11lld %11lld %11lld %8.2f\n",
+                epoch > 0 ? std::to_string(epoch).c_str() : "median",
+                static_cast<long long>(m.batches), m.epoch_s, m.sample_s, m.io_s, m.compute_s, m.wait_s, h2d_gb,
+                static_cast<long long>(m.rows_previous), static_cast<long long>(m.rows_device),
+                static_cast<long long>(m.rows_cache), static_cast<long long>(m.rows_host), peak_gib);
+    std::fflush(stdout);
   }
-  // epoch: 1-based among the timed epochs, or 0 for the median row.
-  const auto report = [&](int64_t epoch, const engine::EpochMetrics& m) {
-    const double h2d_gb = static_cast<double>(m.host_to_gpu_bytes) / 1e9;
-    const double peak_gib = static_cast<double>(m.gpu_peak_bytes) / static_cast<double>(1ULL << 30);
-    if (json) {
-      Json row = {{"bench", "pipeline"}, {"device", device}, {"graph", source.label()}, {"model", model},
-                            {"layers", layers}, {"hidden", hidden}, {"fanouts", o.fanouts},
-                            {"batch_size", o.batch_size}, {"sampler", sampler_used}, {"match", o.match},
-                            {"reorder_window", o.reorder_window}, {"prefetch", o.prefetch}, {"tf32", o.exec.tf32},
-                            {"batches", m.batches}, {"epoch_s", m.epoch_s},
-                            {"sample_s", m.sample_s}, {"io_s", m.io_s}, {"compute_s", m.compute_s},
-                            {"wait_s", m.wait_s}, {"host_to_gpu_gb", h2d_gb}, {"feature_rows", m.feature_rows},
-                            {"rows_previous", m.rows_previous}, {"rows_device", m.rows_device},
-                            {"rows_cache", m.rows_cache}, {"rows_host", m.rows_host}, {"peak_gib", peak_gib},
-                            {"loss", m.loss}};
-      if (epoch > 0) row["epoch"] = epoch;
-      else row.update({{"median", true}, {"epochs", epochs}, {"warmup", warmup}});
-      print_json(row);
-    } else {
-      std::printf("%-6s %7lld %8.3f %8.3f %8.3f %9.3f %8.3f %8.3f %11lld %11lld %11lld %11lld %8.2f\n",
-                  epoch > 0 ? std::to_string(epoch).c_str() : "median",
-                  static_cast<long long>(m.batches), m.epoch_s, m.sample_s, m.io_s, m.compute_s, m.wait_s, h2d_gb,
-                  static_cast<long long>(m.rows_previous), static_cast<long long>(m.rows_device),
-                  static_cast<long long>(m.rows_cache), static_cast<long long>(m.rows_host), peak_gib);
-      std::fflush(stdout);
-    }
-  };
-  std::vector<engine::EpochMetrics> timed;
-  engine::train(o, [&](const engine::EpochMetrics& m) {
-    if (m.epoch < warmup) return;
-    timed.push_back(m);
-    report(m.epoch - warmup + 1, m);
-  });
-  if (timed.empty()) return 0;  // another rank's process
-  // The median of each column on its own (not one epoch's row).
+}
+
+// The median of each column on its own (not one epoch's row).
+engine::EpochMetrics median_epoch(const std::vector<engine::EpochMetrics>& timed) {
   const auto column = [&](auto get) {
     std::vector<double> v;
     for (const engine::EpochMetrics& m : timed) v.push_back(static_cast<double>(get(m)));
@@ -634,7 +819,34 @@ int bench_pipeline(const std::vector<std::string>& args) {
   med.rows_cache = static_cast<int64_t>(column([](const auto& m) { return m.rows_cache; }));
   med.rows_host = static_cast<int64_t>(column([](const auto& m) { return m.rows_host; }));
   med.gpu_peak_bytes = static_cast<uint64_t>(column([](const auto& m) { return m.gpu_peak_bytes; }));
-  report(0, med);
+  return med;
+}
+
+// `gale bench pipeline`: engine::train's epochs, a row per timed epoch as it ends, then the median.
+int bench_pipeline(const std::vector<std::string>& args) {
+  PipelineFlags f;
+  engine::TrainOptions& o = f.o;
+  const po::options_description desc = describe_pipeline_flags(&f);
+  po::variables_map vm;
+  if (!parse_bench_args(args, desc, &vm)) return 0;
+  check_pipeline_shape(f, vm, &o);
+  apply_pipeline_placement(f, vm, &o);
+  set_pipeline_run(f, &o);
+
+  const BenchStore source(f.store_path, f.generate, "bench pipeline");
+  o.store = source.path();
+  const PipelineLabels labels = pipeline_labels(o, source);
+  // Under mpirun rank 0 reports for the run (engine::train calls back on rank 0 only).
+  const bool lead = engine::Processes::get().rank() == 0;
+  if (!f.json && lead) print_pipeline_header(f, labels);
+  std::vector<engine::EpochMetrics> timed;
+  engine::train(o, [&](const engine::EpochMetrics& m) {
+    if (m.epoch < f.warmup) return;
+    timed.push_back(m);
+    print_epoch_row(f, labels, m.epoch - f.warmup + 1, m);
+  });
+  if (timed.empty()) return 0;  // another rank's process
+  print_epoch_row(f, labels, 0, median_epoch(timed));
   return 0;
 }
 
