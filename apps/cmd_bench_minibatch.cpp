@@ -82,12 +82,6 @@ std::vector<std::string> parse_names(const std::string& text, const std::string&
   return out;
 }
 
-std::string join(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
-
 // GPU 0, or a DeviceError saying what needed it (`what`) and how to do without (`hint`).
 Device require_gpu(const std::string& what, const std::string& hint) {
 #if GALE_WITH_CUDA
