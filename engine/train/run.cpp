@@ -96,31 +96,14 @@ std::string identity_json(const TrainOptions& o, const storage::Store& store) {
 TrainRun::TrainRun(const TrainOptions& options) : opt_(options), procs_(&Processes::get()) {
   opt_.exec.deterministic = opt_.deterministic;  // auto's kernels compete only if deterministic
   procs_->set_timeout(opt_.comm_timeout_s);
-  devices_ = place_devices(opt_.devices.empty() ? std::vector<Device>{opt_.device} : opt_.devices,
-                           procs_->local_rank(), procs_->local_size(), procs_->host());
-  world_ = workers() * procs_->size();
-  first_rank_ = procs_->rank() * workers();
-  for (const Device& d : devices_) {
-    require(d);
-    if (d.is_cpu() != devices_[0].is_cpu()) throw InputError("--gpus: workers must all be GPUs or all the CPU");
-    if (d.is_cuda() && std::count(devices_.begin(), devices_.end(), d) > 1)
-      throw InputError("--gpus: GPU " + std::to_string(d.ordinal) + " is listed twice");
-  }
+  place_workers();
   check_train_options(opt_);
   if (world_ > 1 && opt_.full_graph)
     throw InputError(std::string(procs_->distributed() ? "mpirun" : devices_[0].is_cpu() ? "--workers" : "--gpus") +
                      ": several workers train mini-batches; give --fanouts");
   gpu_budget_ = DeviceBudgetLease(devices_, opt_.gpu_mem_budget, opt_.gpu_mem_budget_text,
                                   (opt_.inference ? "the sampled prediction on " : "the training run on ") + opt_.store);
-
-  // Bound both thread pools: --threads, or one thread with --deterministic so results do not
-  // depend on the machine's core count.
-  const int threads = opt_.deterministic ? 1 : opt_.threads;
-  if (threads > 0) {
-    thread_limit_.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(threads));
-    kernels::set_blas_threads(threads);
-  }
-
+  bound_thread_pools();
   // The host budget before the store opens: what the process may use is measured before it maps anything.
   // The processes of the run on this host (mpirun's, or --processes) share the default.
   host_budget_ = storage::make_host_budget(opt_.host_mem_budget, opt_.host_mem_budget_text, procs_->local_size());
@@ -132,6 +115,36 @@ TrainRun::TrainRun(const TrainOptions& options) : opt_(options), procs_(&Process
     opt_.model.edge_weights = uses_edge_weights(opt_.edge_weights, store_, opt_.model.model);
     return;
   }
+  read_labelled_splits();
+  fit_model_to_store();
+  identity_ = identity_json(opt_, store_);
+  if (procs_->distributed()) check_processes_agree();
+}
+
+void TrainRun::place_workers() {
+  devices_ = place_devices(opt_.devices.empty() ? std::vector<Device>{opt_.device} : opt_.devices,
+                           procs_->local_rank(), procs_->local_size(), procs_->host());
+  world_ = workers() * procs_->size();
+  first_rank_ = procs_->rank() * workers();
+  for (const Device& d : devices_) {
+    require(d);
+    if (d.is_cpu() != devices_[0].is_cpu()) throw InputError("--gpus: workers must all be GPUs or all the CPU");
+    if (d.is_cuda() && std::count(devices_.begin(), devices_.end(), d) > 1)
+      throw InputError("--gpus: GPU " + std::to_string(d.ordinal) + " is listed twice");
+  }
+}
+
+void TrainRun::bound_thread_pools() {
+  // Both thread pools: --threads, or one thread with --deterministic so results do not depend on
+  // the machine's core count.
+  const int threads = opt_.deterministic ? 1 : opt_.threads;
+  if (threads > 0) {
+    thread_limit_.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(threads));
+    kernels::set_blas_threads(threads);
+  }
+}
+
+void TrainRun::read_labelled_splits() {
   if (!store_.has_labels()) throw InputError(opt_.store + ": the store has no labels.npy; training needs node labels");
   if (store_.num_classes() < 1)
     throw InputError(opt_.store + ": labels.npy labels no node (every label is -1); training needs labelled nodes");
@@ -147,7 +160,9 @@ TrainRun::TrainRun(const TrainOptions& options) : opt_(options), procs_(&Process
   if (train_ids_.empty()) throw InputError(opt_.store + ": the store has no labelled training nodes (splits/train.npy)");
   // More seeds than there are make the same single batch; buffers are sized by the batch.
   if (!opt_.full_graph) opt_.batch_size = std::min<int64_t>(opt_.batch_size, static_cast<int64_t>(train_ids_.size()));
+}
 
+void TrainRun::fit_model_to_store() {
   opt_.model.in_dim = store_.feature_dim();
   opt_.model.out_dim = store_.num_classes();
   opt_.model.edge_weights = uses_edge_weights(opt_.edge_weights, store_, opt_.model.model);
@@ -156,23 +171,23 @@ TrainRun::TrainRun(const TrainOptions& options) : opt_(options), procs_(&Process
     if (store_.weights() == nullptr)
       throw InputError("--neighbor-sampling weighted: " + opt_.store + " has no edge weights (graph/weights.npy)");
   }
-  identity_ = identity_json(opt_, store_);
-  if (procs_->distributed()) {
-    // Every process must train the same model on the same store with as many workers: compare
-    // each one's worker count and a fingerprint of its options and store with rank 0's.
-    const std::string mine = identity_ + "|" + std::to_string(opt_.epochs) + "|" + std::to_string(opt_.patience) + "|" +
-                             std::to_string(opt_.lr) + "|" + opt_.lr_schedule.text + "|" +
-                             std::to_string(opt_.lr_schedule.min_lr) + "|" + std::to_string(store_.has_partition());
-    const uint64_t fields[2] = {static_cast<uint64_t>(workers()), XXH64(mine.data(), mine.size(), 0)};
-    const std::vector<uint8_t> all = procs_->all_gather(fields, sizeof fields, "comparing the processes' options");
-    const auto* theirs = reinterpret_cast<const uint64_t*>(all.data());
-    for (int p = 1; p < procs_->size(); ++p) {
-      if (theirs[2 * p] != theirs[0])
-        throw InputError("mpirun: rank " + std::to_string(p) + " has " + std::to_string(theirs[2 * p]) +
-                         " workers, rank 0 has " + std::to_string(theirs[0]) + " (every process needs as many GPUs)");
-      if (theirs[2 * p + 1] != theirs[1])
-        throw InputError("mpirun: rank " + std::to_string(p) + "'s model, options or store differ from rank 0's");
-    }
+}
+
+void TrainRun::check_processes_agree() const {
+  // Every process must train the same model on the same store with as many workers: compare
+  // each one's worker count and a fingerprint of its options and store with rank 0's.
+  const std::string mine = identity_ + "|" + std::to_string(opt_.epochs) + "|" + std::to_string(opt_.patience) + "|" +
+                           std::to_string(opt_.lr) + "|" + opt_.lr_schedule.text + "|" +
+                           std::to_string(opt_.lr_schedule.min_lr) + "|" + std::to_string(store_.has_partition());
+  const uint64_t fields[2] = {static_cast<uint64_t>(workers()), XXH64(mine.data(), mine.size(), 0)};
+  const std::vector<uint8_t> all = procs_->all_gather(fields, sizeof fields, "comparing the processes' options");
+  const auto* theirs = reinterpret_cast<const uint64_t*>(all.data());
+  for (int p = 1; p < procs_->size(); ++p) {
+    if (theirs[2 * p] != theirs[0])
+      throw InputError("mpirun: rank " + std::to_string(p) + " has " + std::to_string(theirs[2 * p]) +
+                       " workers, rank 0 has " + std::to_string(theirs[0]) + " (every process needs as many GPUs)");
+    if (theirs[2 * p + 1] != theirs[1])
+      throw InputError("mpirun: rank " + std::to_string(p) + "'s model, options or store differ from rank 0's");
   }
 }
 

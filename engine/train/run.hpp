@@ -73,6 +73,19 @@ class TrainRun {
   kernels::cuda::MemoryBudget& host_budget() const { return *host_budget_; }
 
  private:
+  // The constructor's steps, in its order.
+  // This process's workers on their devices (its slice of --gpus on a shared host), and their ranks.
+  void place_workers();
+  // --threads, or one thread with --deterministic, for TBB and the BLAS.
+  void bound_thread_pools();
+  // The labelled nodes of each split; a store without labels or labelled training nodes is an
+  // InputError. Caps the batch at the training nodes.
+  void read_labelled_splits();
+  // The model's input and output widths, edge weights and weighted sampling from the store.
+  void fit_model_to_store();
+  // Under mpirun: every process has as many workers and the same model, options and store as rank 0.
+  void check_processes_agree() const;
+
   TrainOptions opt_;
   Processes* procs_;
   std::vector<Device> devices_;
