@@ -885,13 +885,11 @@ float time_candidate(cudaStream_t stream, Run&& run) {
   return ms[1];
 }
 
-// Runs p through cuBLASLt with the problem's chosen algorithm (tuning it first when due, see
-// dense.hpp). Returns false, having done nothing, when cuBLASLt has no algorithm for it.
-bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  const cublasLtHandle_t lt = lt_state.handle();
+// p's operation: its compute type, the transposes (cuBLASLt's A is our b), and with a bias the
+// bias (and ReLU) epilogue.
+void describe_product(const LtProduct& p, LtOwned<cublasLtMatmulDesc_t, destroy_desc>& desc) {
   const cublasOperation_t op_b = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  LtOwned<cublasLtMatmulDesc_t, destroy_desc> desc;
   GALE_CHECK_CUBLAS(
       cublasLtMatmulDescCreate(&desc.v, p.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
   GALE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.v, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
@@ -903,17 +901,62 @@ bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cuda
         cublasLtMatmulDescSetAttribute(desc.v, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     GALE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.v, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
   }
-  // Stored shapes (column-major rows x cols) of the operands as cuBLASLt reads them.
-  struct Layouts {
-    LtOwned<cublasLtMatrixLayout_t, destroy_layout> a, b, c;  // cuBLASLt's A (our b), B (our a), C
-  };
-  auto layouts = [&](Layouts& l, int64_t m, int64_t k) {
-    GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l.a.v, CUDA_R_32F, p.trans_b ? k : p.n, p.trans_b ? p.n : k, p.ldb));
-    GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l.b.v, CUDA_R_32F, p.trans_a ? m : k, p.trans_a ? k : m, p.lda));
-    GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l.c.v, CUDA_R_32F, p.n, m, p.ldc));
-  };
-  Layouts exact;
-  layouts(exact, p.m, p.k);
+}
+
+// Stored shapes (column-major rows x cols) of the operands as cuBLASLt reads them.
+struct LtLayouts {
+  LtOwned<cublasLtMatrixLayout_t, destroy_layout> a, b, c;  // cuBLASLt's A (our b), B (our a), C
+};
+
+// p's layouts with m rows and depth k (p's own, or its size class's).
+void make_layouts(const LtProduct& p, int64_t m, int64_t k, LtLayouts& l) {
+  GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l.a.v, CUDA_R_32F, p.trans_b ? k : p.n, p.trans_b ? p.n : k, p.ldb));
+  GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l.b.v, CUDA_R_32F, p.trans_a ? m : k, p.trans_a ? k : m, p.lda));
+  GALE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&l.c.v, CUDA_R_32F, p.n, m, p.ldc));
+}
+
+// The heuristic's first `want` algorithms for the problem of `desc` and `l` within the workspace,
+// best first; none when it has none.
+std::vector<cublasLtMatmulHeuristicResult_t> ask_heuristic(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc,
+                                                           const LtLayouts& l, size_t workspace_bytes, int want) {
+  LtOwned<cublasLtMatmulPreference_t, destroy_pref> pref;
+  GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref.v));
+  GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref.v, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &workspace_bytes, sizeof(workspace_bytes)));
+  std::vector<cublasLtMatmulHeuristicResult_t> found(static_cast<size_t>(want));
+  int count = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc, l.a.v, l.b.v, l.c.v, l.c.v, pref.v, want,
+                                                           found.data(), &count);
+  found.resize(st == CUBLAS_STATUS_SUCCESS ? static_cast<size_t>(count) : 0);
+  return found;
+}
+
+// Times each of choice's candidates (run(i) launches candidate i) and uses the first within 2% of
+// the fastest; a candidate that fails is never chosen.
+template <typename Run>
+void tune(LtChoice& choice, cudaStream_t stream, Run&& run) {
+  std::vector<float> ms(choice.candidates.size());
+  for (size_t i = 0; i < ms.size(); ++i) ms[i] = time_candidate(stream, [&] { return run(i); });
+  float best = -1.0f;
+  for (float t : ms)
+    if (t >= 0.0f && (best < 0.0f || t < best)) best = t;
+  for (size_t i = 0; i < ms.size() && best >= 0.0f; ++i) {
+    if (ms[i] >= 0.0f && ms[i] <= best * 1.02f) {
+      choice.use = static_cast<int>(i);
+      break;
+    }
+  }
+  choice.tuned = true;
+}
+
+// Runs p through cuBLASLt with the problem's chosen algorithm (tuning it first when due, see
+// dense.hpp). Returns false, having done nothing, when cuBLASLt has no algorithm for it.
+bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const cublasLtHandle_t lt = lt_state.handle();
+  LtOwned<cublasLtMatmulDesc_t, destroy_desc> desc;
+  describe_product(p, desc);
+  LtLayouts exact;
+  make_layouts(p, p.m, p.k, exact);
   size_t aligned = std::min({alignment(p.a), alignment(p.b), alignment(p.c)});
   if (p.bias != nullptr) aligned = std::min(aligned, alignment(p.bias));
   const int flags = (p.trans_a ? 1 : 0) | (p.trans_b ? 2 : 0) | (p.bias != nullptr ? 4 : 0) | (p.relu ? 8 : 0) |
@@ -931,62 +974,32 @@ bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cuda
   auto found = lt_state.algos_.find(key);
   if (found == lt_state.algos_.end()) {
     if (lt_state.algos_.size() >= LtState::kMaxProblems) lt_state.algos_.clear();
-    LtOwned<cublasLtMatmulPreference_t, destroy_pref> pref;
-    GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref.v));
-    GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref.v, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &workspace_bytes, sizeof(workspace_bytes)));
     LtChoice choice;
-    choice.candidates.resize(tuning ? kGemmTuneCandidates : 1);
-    int count = 0;
-    Layouts query;
-    if (qm != p.m || qk != p.k) layouts(query, qm, qk);
-    const Layouts& asked = qm != p.m || qk != p.k ? query : exact;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc.v, asked.a.v, asked.b.v, asked.c.v, asked.c.v,
-                                                             pref.v, static_cast<int>(choice.candidates.size()),
-                                                             choice.candidates.data(), &count);
-    choice.candidates.resize(st == CUBLAS_STATUS_SUCCESS ? static_cast<size_t>(count) : 0);
+    LtLayouts query;
+    if (qm != p.m || qk != p.k) make_layouts(p, qm, qk, query);
+    choice.candidates = ask_heuristic(lt, desc.v, qm != p.m || qk != p.k ? query : exact, workspace_bytes,
+                                      tuning ? kGemmTuneCandidates : 1);
     found = lt_state.algos_.emplace(key, std::move(choice)).first;
   }
   LtChoice& choice = found->second;
   if (choice.candidates.empty()) return false;  // no algorithm for this problem: the caller falls back
-  const auto run = [&](int candidate) {
+  const auto run = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(lt, desc.v, &p.alpha, p.b, exact.a.v, p.a, exact.b.v, &p.beta, p.c, exact.c.v, p.c,
-                          exact.c.v, &choice.candidates[static_cast<size_t>(candidate)].algo, workspace,
-                          workspace_bytes, stream);
+                          exact.c.v, &algo, workspace, workspace_bytes, stream);
   };
   const bool tunable = tuning && !choice.tuned && p.beta == 0.0f && choice.candidates.size() > 1;
   if (tunable && !choice.seen) {
     choice.seen = true;
   } else if (tunable) {
-    std::vector<float> ms(choice.candidates.size());
-    for (size_t i = 0; i < ms.size(); ++i) ms[i] = time_candidate(stream, [&] { return run(static_cast<int>(i)); });
-    float best = -1.0f;
-    for (float t : ms)
-      if (t >= 0.0f && (best < 0.0f || t < best)) best = t;
-    for (size_t i = 0; i < ms.size() && best >= 0.0f; ++i) {
-      if (ms[i] >= 0.0f && ms[i] <= best * 1.02f) {
-        choice.use = static_cast<int>(i);
-        break;
-      }
-    }
-    choice.tuned = true;
+    tune(choice, stream, [&](size_t i) { return run(choice.candidates[i].algo); });
   }
-  if (run(choice.use) == CUBLAS_STATUS_SUCCESS) return true;
+  if (run(choice.candidates[static_cast<size_t>(choice.use)].algo) == CUBLAS_STATUS_SUCCESS) return true;
   // The class's algorithm does not take this member of it (cuBLASLt checks before it launches
   // anything): ask the heuristic for this very problem. The answer is not kept, so each such call
   // pays for its own question.
-  LtOwned<cublasLtMatmulPreference_t, destroy_pref> pref;
-  GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref.v));
-  GALE_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref.v, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                         &workspace_bytes, sizeof(workspace_bytes)));
-  cublasLtMatmulHeuristicResult_t own{};
-  int count = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(lt, desc.v, exact.a.v, exact.b.v, exact.c.v, exact.c.v, pref.v, 1, &own, &count) !=
-          CUBLAS_STATUS_SUCCESS ||
-      count == 0)
-    return false;
-  GALE_CHECK_CUBLAS(cublasLtMatmul(lt, desc.v, &p.alpha, p.b, exact.a.v, p.a, exact.b.v, &p.beta, p.c, exact.c.v, p.c,
-                                   exact.c.v, &own.algo, workspace, workspace_bytes, stream));
+  const std::vector<cublasLtMatmulHeuristicResult_t> own = ask_heuristic(lt, desc.v, exact, workspace_bytes, 1);
+  if (own.empty()) return false;
+  GALE_CHECK_CUBLAS(run(own[0].algo));
   return true;
 }
 
