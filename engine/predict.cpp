@@ -132,12 +132,117 @@ ModelConfig checkpoint_config(const CheckpointState& state, const std::filesyste
   return config;
 }
 
+// Seconds from `t` to now.
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// What each way of computing the logits works with, as infer_logits set it up.
+struct Inference {
+  Model& model;
+  const storage::Store& store;
+  const PredictOptions& o;
+  kernels::cuda::MemoryBudget& budget;
+  const storage::HostFeatures& host;
+  const InputRows& host_rows;
+  uint64_t x_bytes;  // the whole feature matrix
+  std::chrono::steady_clock::time_point start;
+  PredictReport* report;
+};
+
+// Just before a layer-wise pass: advises --fanouts (o.on_advice) when features are on disk and tables spill.
+// Layer by layer, a layer's output table that the budget cannot hold spills to a scratch file and
+// is read back at random (R-MAT 21 in 2 GB: 337 s an evaluation); sampled inference spills
+// nothing but samples a neighbourhood per node (a 200K-node SBM on 2 busy CPU cores, nothing
+// spilled: 195 s sampled against 12 s layer by layer), so it is advised only when tables spill.
+void advise_sampled_inference(const Inference& in) {
+  const uint64_t table_bytes =
+      static_cast<uint64_t>(in.store.num_nodes()) * static_cast<uint64_t>(in.model.widest_dim()) * sizeof(float);
+  const uint64_t used = in.budget.in_use() + storage::HostFeatures::kStagingReserve;  // the reads' staging to come
+  if (in.host.on_disk() && in.o.on_advice && used + table_bytes > in.budget.limit())
+    in.o.on_advice("the features are on disk and the layers' tables (" + kernels::cuda::format_bytes(table_bytes) +
+                   " each) exceed --host-mem-budget, so they spill to disk: --fanouts (e.g. 15,10,5) predicts by "
+                   "sampled mini-batch inference instead, which spills nothing (an estimate, like gale train's "
+                   "--eval sampled)");
+}
+
+// The logits layer by layer over chunks of nodes (after any advice), its chunks and time in the report.
+Tensor layerwise_pass(const Inference& in, const LayerwiseOptions& lo) {
+  advise_sampled_inference(in);
+  Tensor logits = layerwise_logits(in.model, in.store, in.host_rows, lo);
+  in.report->layerwise_chunks =
+      static_cast<int64_t>(layerwise_chunks(in.store.indptr(), in.store.num_nodes(), lo.max_rows).size()) - 1;
+  in.report->forward_seconds = seconds_since(in.start);
+  return logits;
+}
+
+// The logits from one forward over the whole graph on the CPU, the feature matrix read whole.
+Tensor whole_graph_on_cpu(const Inference& in) {
+  const ModelConfig& config = in.model.config();
+  const int64_t n = in.store.num_nodes();
+  in.budget.charge(in.x_bytes);  // the whole matrix, for the forward's lifetime
+  Tensor x = Tensor::empty(n, in.store.feature_dim());
+  in.store.read_features(0, n, x.f32());
+  const GraphOperand graph(aggregation_csr(in.store, config));
+  const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
+  Tensor logits = in.model.forward(graphs, x, /*training=*/false, 0);
+  in.report->forward_seconds = seconds_since(in.start);
+  in.budget.release(in.x_bytes);
+  return logits;
+}
+
+// The logits from one forward over the whole graph on the GPU, graph and features copied there first.
+Tensor whole_graph_on_gpu(const Inference& in) {
+  const ModelConfig& config = in.model.config();
+  const int64_t n = in.store.num_nodes();
+  in.budget.charge(in.x_bytes);  // the host copy, until it is on the GPU
+  Tensor x = Tensor::empty(n, in.store.feature_dim());
+  in.store.read_features(0, n, x.f32());
+  const GraphOperand graph =
+      GraphOperand(aggregation_csr(in.store, config)).to(in.o.device, /*edge_map=*/config.model == "gat");
+  const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
+  const Tensor x_device = x.to(in.o.device);
+  x = Tensor();
+  in.budget.release(in.x_bytes);
+  synchronize(in.o.device);
+  const auto ready = std::chrono::steady_clock::now();
+  in.report->prepare_seconds = std::chrono::duration<double>(ready - in.start).count();
+  const Tensor on_device = in.model.forward(graphs, x_device, /*training=*/false, 0);
+  Tensor logits = on_device.to(Device::cpu());
+  in.report->forward_seconds = seconds_since(ready);
+  in.report->spmm_choices = spmm_auto_choices(graph.id());
+  return logits;
+}
+
+// The logits on a GPU (the model moved there): the whole graph at once when it fits, else layer by layer.
+Tensor logits_on_gpu(const Inference& in, bool x_fits) {
+  const ModelConfig& config = in.model.config();
+  const bool attention = config.model == "gat";
+  const UseDevice use(in.o.device);
+  reset_gpu_peak(in.o.device);
+  in.model.to(in.o.device);
+  const uint64_t free = gpu_room_left(in.o.device, in.o.gpu_mem_budget);
+  Tensor logits;
+  if (!x_fits || whole_graph_inference_bytes(in.store.num_nodes(), in.store.num_edges(), in.store.feature_dim(),
+                                             in.model.widest_dim(), attention ? config.heads : 0) +
+                         kLibraryReserveBytes >
+                     free) {
+    LayerwiseOptions lo = layerwise_options_for(free, in.model.widest_dim(), attention);
+    lo.host_budget = &in.budget;  // the layers' host tables; beyond it they spill to --temp-dir
+    lo.spill_dir = spill_dir_for(in.o.temp_dir, in.store);
+    logits = layerwise_pass(in, lo);
+  } else {
+    logits = whole_graph_on_gpu(in);
+  }
+  in.report->gpu_peak_bytes = gpu_peak_bytes(in.o.device);
+  return logits;
+}
+
 // Every node's logits on the host. Over the whole graph at once (on a GPU when its inference fits
 // in what the GPU may hold: the budget, or 90% of the card) when every feature fits the host budget
 // beside the topology; else layer by layer over chunks of nodes (engine/layerwise.hpp), each chunk's
 // input rows read through the host's features (from memory, or the disk tier).
 Tensor infer_logits(Model& model, const storage::Store& store, const PredictOptions& o, PredictReport* report) {
-  const ModelConfig& config = model.config();
   const int64_t n = store.num_nodes();
   const auto budget = storage::make_host_budget(o.host_mem_budget, o.host_mem_budget_text);
   storage::HostFeatures::Options ho;
@@ -145,83 +250,18 @@ Tensor infer_logits(Model& model, const storage::Store& store, const PredictOpti
   ho.engine = o.io_engine;
   storage::HostFeatures host(store, ho);  // checks the rows it keeps in memory, page by page
   report->features = host.describe();
-  // Layer by layer, a layer's output table that the budget cannot hold spills to a scratch file and
-  // is read back at random (R-MAT 21 in 2 GB: 337 s an evaluation); sampled inference spills
-  // nothing but samples a neighbourhood per node (a 200K-node SBM on 2 busy CPU cores, nothing
-  // spilled: 195 s sampled against 12 s layer by layer), so it is advised only when tables spill.
-  const auto advise = [&] {  // just before a layer-wise pass
-    const uint64_t table_bytes = static_cast<uint64_t>(n) * static_cast<uint64_t>(model.widest_dim()) * sizeof(float);
-    const uint64_t used = budget->in_use() + storage::HostFeatures::kStagingReserve;  // the reads' staging to come
-    if (host.on_disk() && o.on_advice && used + table_bytes > budget->limit())
-      o.on_advice("the features are on disk and the layers' tables (" + kernels::cuda::format_bytes(table_bytes) +
-                  " each) exceed --host-mem-budget, so they spill to disk: --fanouts (e.g. 15,10,5) predicts by sampled "
-                  "mini-batch inference instead, which spills nothing (an estimate, like gale train's --eval sampled)");
-  };
   const uint64_t x_bytes = static_cast<uint64_t>(n) * static_cast<uint64_t>(store.feature_dim()) * sizeof(float);
   const bool x_fits = !host.on_disk() && budget->in_use() + x_bytes <= budget->limit();
   const auto start = std::chrono::steady_clock::now();
-  const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  };
-  const bool attention = config.model == "gat";
   const InputRows host_rows = host_input_rows(
       [&](const int64_t* ids, int64_t count, float* out) { host.read_rows(ids, count, out); }, store.feature_dim(),
       o.device, budget.get());
-  if (o.device.is_cpu()) {
-    if (!x_fits) {
-      LayerwiseOptions lo;
-      lo.host_budget = budget.get();
-      advise();
-      Tensor logits = layerwise_logits(model, store, host_rows, lo);
-      report->layerwise_chunks = static_cast<int64_t>(layerwise_chunks(store.indptr(), n, lo.max_rows).size()) - 1;
-      report->forward_seconds = seconds_since(start);
-      return logits;
-    }
-    budget->charge(x_bytes);  // the whole matrix, for the forward's lifetime
-    Tensor x = Tensor::empty(n, store.feature_dim());
-    store.read_features(0, n, x.f32());
-    const GraphOperand graph(aggregation_csr(store, config));
-    const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
-    Tensor logits = model.forward(graphs, x, /*training=*/false, 0);
-    report->forward_seconds = seconds_since(start);
-    budget->release(x_bytes);
-    return logits;
-  }
-  const UseDevice use(o.device);
-  reset_gpu_peak(o.device);
-  model.to(o.device);
-  const uint64_t free = gpu_room_left(o.device, o.gpu_mem_budget);
-  Tensor logits;
-  if (!x_fits || whole_graph_inference_bytes(n, store.num_edges(), store.feature_dim(), model.widest_dim(),
-                                             attention ? config.heads : 0) +
-                         kLibraryReserveBytes >
-                     free) {
-    LayerwiseOptions lo = layerwise_options_for(free, model.widest_dim(), attention);
-    lo.host_budget = budget.get();  // the layers' host tables; beyond it they spill to --temp-dir
-    lo.spill_dir = spill_dir_for(o.temp_dir, store);
-    advise();
-    logits = layerwise_logits(model, store, host_rows, lo);
-    report->layerwise_chunks = static_cast<int64_t>(layerwise_chunks(store.indptr(), n, lo.max_rows).size()) - 1;
-    report->forward_seconds = seconds_since(start);
-  } else {
-    budget->charge(x_bytes);  // the host copy, until it is on the GPU
-    Tensor x = Tensor::empty(n, store.feature_dim());
-    store.read_features(0, n, x.f32());
-    const GraphOperand graph = GraphOperand(aggregation_csr(store, config)).to(o.device, /*edge_map=*/attention);
-    const std::vector<const GraphOperand*> graphs(static_cast<size_t>(config.layers), &graph);
-    const Tensor x_device = x.to(o.device);
-    x = Tensor();
-    budget->release(x_bytes);
-    synchronize(o.device);
-    const auto ready = std::chrono::steady_clock::now();
-    report->prepare_seconds = std::chrono::duration<double>(ready - start).count();
-    const Tensor on_device = model.forward(graphs, x_device, /*training=*/false, 0);
-    logits = on_device.to(Device::cpu());
-    report->forward_seconds = seconds_since(ready);
-    report->spmm_choices = spmm_auto_choices(graph.id());
-  }
-  report->gpu_peak_bytes = gpu_peak_bytes(o.device);
-  return logits;
+  const Inference in{model, store, o, *budget, host, host_rows, x_bytes, start, report};
+  if (!o.device.is_cpu()) return logits_on_gpu(in, x_fits);
+  if (x_fits) return whole_graph_on_cpu(in);
+  LayerwiseOptions lo;
+  lo.host_budget = budget.get();
+  return layerwise_pass(in, lo);
 }
 
 // Every node's logits from its full neighbourhood (infer_logits), by the checkpoint's model.

@@ -6,6 +6,8 @@
 #include <charconv>
 #include <cmath>
 #include <map>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "kernels/error.hpp"
@@ -57,14 +59,9 @@ int64_t scramble(int64_t v, int scale, uint64_t key) {
   return static_cast<int64_t>(x & mask);
 }
 
-}  // namespace
-
-GeneratorSpec parse_generator(const std::string& spec) {
-  GeneratorSpec g;
-  const size_t colon = spec.find(':');
-  g.kind = spec.substr(0, colon);
-  if (g.kind != "rmat" && g.kind != "sbm")
-    throw InputError("--generate: expected rmat:... or sbm:..., found '" + spec + "'");
+// The key=value pairs after "kind:" in `spec` (colon: where the kind ends), by key; a repeated key
+// keeps its last value.
+std::map<std::string, std::string> split_generator_keys(const std::string& spec, size_t colon) {
   std::map<std::string, std::string> kv;
   if (colon != std::string::npos) {
     std::string rest = spec.substr(colon + 1);
@@ -80,67 +77,111 @@ GeneratorSpec parse_generator(const std::string& spec) {
       pos = comma + 1;
     }
   }
-  auto take = [&](const char* key, bool required, double fallback) {
-    auto it = kv.find(key);
-    if (it == kv.end()) {
-      if (required) throw InputError("--generate " + g.kind + ": missing '" + key + "='");
+  return kv;
+}
+
+// A spec's keys, taken one at a time: each is parsed and checked as it is taken and then dropped,
+// so the keys left at the end are the unknown ones.
+class GeneratorKeys {
+ public:
+  GeneratorKeys(std::string kind, std::map<std::string, std::string> kv) : kind_(std::move(kind)), kv_(std::move(kv)) {}
+
+  // A non-negative number with an optional K, M, G suffix; `fallback` when absent and not required.
+  double number(const char* key, bool required, double fallback) {
+    auto it = kv_.find(key);
+    if (it == kv_.end()) {
+      if (required) throw InputError("--generate " + kind_ + ": missing '" + key + "='");
       return fallback;
     }
     const double v = parse_number(key, it->second);
-    kv.erase(it);
+    kv_.erase(it);
     return v;
-  };
+  }
   // Counts, checked before the cast (a double beyond int64 does not convert).
-  auto take_count = [&](const char* key, bool required, double fallback) {
-    const double v = take(key, required, fallback);
-    if (v > 4.0e18) throw InputError("--generate " + g.kind + ": '" + key + "' is too large");
+  int64_t count(const char* key, bool required, double fallback) {
+    const double v = number(key, required, fallback);
+    if (v > 4.0e18) throw InputError("--generate " + kind_ + ": '" + key + "' is too large");
     return static_cast<int64_t>(v);
-  };
+  }
   // Seeds are whole 64-bit numbers; a double would round those above 2^53.
-  if (auto it = kv.find("seed"); it != kv.end()) {
+  std::optional<uint64_t> seed() {
+    auto it = kv_.find("seed");
+    if (it == kv_.end()) return std::nullopt;
     const std::string& v = it->second;
-    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), g.seed);
+    uint64_t seed = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), seed);
     if (ec != std::errc() || p != v.data() + v.size() || v.empty())
       throw InputError("--generate: 'seed' expects a non-negative integer, found '" + v + "'");
+    kv_.erase(it);
+    return seed;
+  }
+  // One of two words, as given (the message lists them in this order); nothing when absent.
+  std::optional<std::string> choice(const char* key, const char* first, const char* second) {
+    auto it = kv_.find(key);
+    if (it == kv_.end()) return std::nullopt;
+    if (it->second != first && it->second != second)
+      throw InputError("--generate " + kind_ + ": '" + key + "' expects " + first + " or " + second + ", found '" +
+                       it->second + "'");
+    const std::string v = it->second;
+    kv_.erase(it);
+    return v;
+  }
+  // Every key was taken.
+  void expect_none_left() const {
+    if (!kv_.empty()) throw InputError("--generate " + kind_ + ": unknown key '" + kv_.begin()->first + "'");
+  }
+
+ private:
+  const std::string kind_;
+  std::map<std::string, std::string> kv_;
+};
+
+// rmat's keys and their ranges (a + b + c below 1).
+void read_rmat_keys(GeneratorKeys* keys, GeneratorSpec* g) {
+  const double scale = keys->number("scale", true, 0);  // checked before the cast: 6e9 does not fit an int
+  if (!(scale >= 1 && scale <= 40)) throw InputError("--generate rmat: 'scale' must be between 1 and 40");
+  g->scale = static_cast<int>(scale);
+  g->edge_factor = keys->number("edge-factor", false, 16);
+  g->a = keys->number("a", false, 0.57);
+  g->b = keys->number("b", false, 0.19);
+  g->c = keys->number("c", false, 0.19);
+  if (g->a + g->b + g->c >= 1.0) throw InputError("--generate rmat: a + b + c must be below 1");
+  // 'feature-dim' as for sbm; 'features' is kept as its older spelling.
+  g->feature_dim = keys->count("feature-dim", false, keys->number("features", false, 0));
+  g->classes = keys->count("classes", false, 0);
+}
+
+// sbm's keys and their ranges (classes at most nodes), the order after the ranges.
+void read_sbm_keys(GeneratorKeys* keys, GeneratorSpec* g) {
+  g->nodes = keys->count("nodes", true, 0);
+  g->classes = keys->count("classes", true, 0);
+  g->avg_degree = keys->number("avg-degree", false, 10);
+  g->feature_dim = keys->count("feature-dim", false, 32);
+  g->homophily = keys->number("homophily", false, 0.8);
+  if (g->nodes < 2) throw InputError("--generate sbm: 'nodes' must be at least 2");
+  if (g->classes < 1 || g->classes > g->nodes) throw InputError("--generate sbm: 'classes' must be between 1 and nodes");
+  if (g->homophily > 1) throw InputError("--generate sbm: 'homophily' must be between 0 and 1");
+  if (g->feature_dim < 1) throw InputError("--generate sbm: 'feature-dim' must be at least 1");
+  if (const auto order = keys->choice("order", "class", "random")) g->class_order = *order == "class";
+}
+
+}  // namespace
+
+GeneratorSpec parse_generator(const std::string& spec) {
+  GeneratorSpec g;
+  const size_t colon = spec.find(':');
+  g.kind = spec.substr(0, colon);
+  if (g.kind != "rmat" && g.kind != "sbm")
+    throw InputError("--generate: expected rmat:... or sbm:..., found '" + spec + "'");
+  GeneratorKeys keys(g.kind, split_generator_keys(spec, colon));
+  if (const auto seed = keys.seed()) {
+    g.seed = *seed;
     g.seed_given = true;
-    kv.erase(it);
   }
-  if (g.kind == "rmat") {
-    const double scale = take("scale", true, 0);  // checked before the cast: 6e9 does not fit an int
-    if (!(scale >= 1 && scale <= 40)) throw InputError("--generate rmat: 'scale' must be between 1 and 40");
-    g.scale = static_cast<int>(scale);
-    g.edge_factor = take("edge-factor", false, 16);
-    g.a = take("a", false, 0.57);
-    g.b = take("b", false, 0.19);
-    g.c = take("c", false, 0.19);
-    if (g.a + g.b + g.c >= 1.0) throw InputError("--generate rmat: a + b + c must be below 1");
-    // 'feature-dim' as for sbm; 'features' is kept as its older spelling.
-    g.feature_dim = take_count("feature-dim", false, take("features", false, 0));
-    g.classes = take_count("classes", false, 0);
-  } else {
-    g.nodes = take_count("nodes", true, 0);
-    g.classes = take_count("classes", true, 0);
-    g.avg_degree = take("avg-degree", false, 10);
-    g.feature_dim = take_count("feature-dim", false, 32);
-    g.homophily = take("homophily", false, 0.8);
-    if (g.nodes < 2) throw InputError("--generate sbm: 'nodes' must be at least 2");
-    if (g.classes < 1 || g.classes > g.nodes) throw InputError("--generate sbm: 'classes' must be between 1 and nodes");
-    if (g.homophily > 1) throw InputError("--generate sbm: 'homophily' must be between 0 and 1");
-    if (g.feature_dim < 1) throw InputError("--generate sbm: 'feature-dim' must be at least 1");
-    if (auto it = kv.find("order"); it != kv.end()) {
-      if (it->second != "class" && it->second != "random")
-        throw InputError("--generate sbm: 'order' expects class or random, found '" + it->second + "'");
-      g.class_order = it->second == "class";
-      kv.erase(it);
-    }
-  }
-  if (auto it = kv.find("weights"); it != kv.end()) {
-    if (it->second != "none" && it->second != "uniform")
-      throw InputError("--generate " + g.kind + ": 'weights' expects none or uniform, found '" + it->second + "'");
-    g.weights = it->second == "uniform";
-    kv.erase(it);
-  }
-  if (!kv.empty()) throw InputError("--generate " + g.kind + ": unknown key '" + kv.begin()->first + "'");
+  if (g.kind == "rmat") read_rmat_keys(&keys, &g);
+  else read_sbm_keys(&keys, &g);
+  if (const auto weights = keys.choice("weights", "none", "uniform")) g.weights = *weights == "uniform";
+  keys.expect_none_left();
   return g;
 }
 

@@ -98,34 +98,47 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + ")";
 }
 
-NpyHeader read_npy_header(const std::string& path, bool page_sums) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open: " + std::strerror(errno));
+namespace {
+
+// The fixed bytes before a header's dict: where the dict starts and how long it is.
+struct NpyPrefix {
+  size_t bytes = 0;       // magic, version and the length field: 10 (v1) or 12 (v2, v3)
+  size_t header_len = 0;  // the dict's length, padding included, as the file states it
+};
+
+// Reads the magic, the version and the dict's length (u16 in v1, u32 in v2 and v3).
+NpyPrefix read_npy_prefix(std::istream& in, const std::string& path) {
   char magic[8];
   if (!in.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0)
     throw InputError(path + ": not a NumPy .npy file (bad magic)");
   const int major = static_cast<unsigned char>(magic[6]);
-  size_t header_len = 0;
-  size_t prefix = 0;
+  NpyPrefix p;
   if (major == 1) {
     unsigned char len[2];
     if (!in.read(reinterpret_cast<char*>(len), 2)) throw InputError(path + ": truncated npy header");
-    header_len = len[0] | (static_cast<size_t>(len[1]) << 8);
-    prefix = 10;
+    p.header_len = len[0] | (static_cast<size_t>(len[1]) << 8);
+    p.bytes = 10;
   } else if (major == 2 || major == 3) {
     unsigned char len[4];
     if (!in.read(reinterpret_cast<char*>(len), 4)) throw InputError(path + ": truncated npy header");
-    header_len = len[0] | (static_cast<size_t>(len[1]) << 8) | (static_cast<size_t>(len[2]) << 16) |
-                 (static_cast<size_t>(len[3]) << 24);
-    prefix = 12;
+    p.header_len = len[0] | (static_cast<size_t>(len[1]) << 8) | (static_cast<size_t>(len[2]) << 16) |
+                   (static_cast<size_t>(len[3]) << 24);
+    p.bytes = 12;
   } else {
     throw InputError(path + ": unsupported npy format version " + std::to_string(major));
   }
+  return p;
+}
+
+// Reads the header's dict text after `prefix`, checking its stated length first, and that it is a
+// dict literal.
+std::string read_npy_dict(std::istream& in, const std::string& path, const NpyPrefix& prefix) {
+  const size_t header_len = prefix.header_len;
   // The length comes from the file: check it against the file's size (and NumPy's own headers, a
   // few hundred bytes) before allocating it, so a damaged length is an error, not gigabytes.
   std::error_code size_error;
   const uint64_t file_size = std::filesystem::file_size(path, size_error);
-  if (size_error || prefix + header_len > file_size)
+  if (size_error || prefix.bytes + header_len > file_size)
     throw InputError(path + ": truncated npy header (it says " + std::to_string(header_len) + " bytes, the file has " +
                      std::to_string(size_error ? 0 : file_size) + ")");
   if (header_len > kMaxNpyHeaderBytes)
@@ -139,21 +152,33 @@ NpyHeader read_npy_header(const std::string& path, bool page_sums) {
   const size_t close_brace = dict.find_last_not_of(" \n");
   if (open_brace == std::string::npos || dict[open_brace] != '{' || dict[close_brace] != '}')
     throw InputError(path + ": expected the npy header to be a dict literal {...}, found '" + quote_token(dict) + "'");
-  NpyHeader h;
-  h.data_offset = prefix + header_len;
-  h.descr = dict_value(dict, "descr", path);
-  if (page_sums && h.descr == kPageSumsDescr) {
-    h.dtype = DType::kI32;
-  } else if (!dtype_of(h.descr, &h.dtype)) {
-    const std::string hint = !h.descr.empty() && h.descr[0] == '>' ? "; convert with arr.astype(arr.dtype.newbyteorder('<'))" : "";
+  return dict;
+}
+
+// The element type a header's descr names ('<u4' only for page sums, read back as kI32).
+DType npy_dtype(const std::string& descr, bool page_sums, const std::string& path) {
+  DType t = DType::kF32;
+  if (page_sums && descr == kPageSumsDescr) {
+    t = DType::kI32;
+  } else if (!dtype_of(descr, &t)) {
+    const std::string hint = !descr.empty() && descr[0] == '>' ? "; convert with arr.astype(arr.dtype.newbyteorder('<'))" : "";
     throw InputError(path + ": expected a little-endian <f4, <f2, <f8, <i4, <i8, |u1 or <u2 (bf16) array, found dtype '" +
-                     h.descr + "'" + hint);
+                     descr + "'" + hint);
   }
-  const std::string fortran = dict_value(dict, "fortran_order", path);
-  if (fortran.find("True") != std::string::npos) h.fortran_order = true;
-  else if (fortran.find("False") == std::string::npos)
+  return t;
+}
+
+// The fortran_order entry's value text, as a flag.
+bool npy_fortran_order(const std::string& fortran, const std::string& path) {
+  if (fortran.find("True") != std::string::npos) return true;
+  if (fortran.find("False") == std::string::npos)
     throw InputError(path + ": expected fortran_order True or False in the npy header, found '" + fortran + "'");
-  const std::string shape = dict_value(dict, "shape", path);
+  return false;
+}
+
+// The shape entry's tuple text ("(2, 3)", "(5,)", "()") as its dimensions.
+std::vector<int64_t> npy_shape(const std::string& shape, const std::string& path) {
+  std::vector<int64_t> dims;
   for (size_t p = 1; p < shape.size();) {
     while (p < shape.size() && (shape[p] == ' ' || shape[p] == ',')) ++p;
     if (p >= shape.size() || shape[p] == ')') break;
@@ -161,16 +186,38 @@ NpyHeader read_npy_header(const std::string& path, bool page_sums) {
     while (end < shape.size() && std::isdigit(static_cast<unsigned char>(shape[end]))) ++end;
     // 18 digits fit an int64 with room to spare; longer is never a real array.
     if (end == p || end - p > 18) throw InputError(path + ": expected a shape of non-negative integers, found " + shape);
-    h.shape.push_back(std::stoll(shape.substr(p, end - p)));
+    dims.push_back(std::stoll(shape.substr(p, end - p)));
     p = end;
   }
-  // The element count and byte size must fit in 63 bits, or later size arithmetic wraps.
+  return dims;
+}
+
+// The element count and byte size must fit in 63 bits, or later size arithmetic wraps.
+// `shape_entry`: the shape's text in the header, for the message.
+void check_addressable(const NpyHeader& h, const std::string& shape_entry, const std::string& path) {
   int64_t bytes = static_cast<int64_t>(dtype_size(h.dtype));
   for (int64_t d : h.shape) {
     if (d != 0 && bytes > std::numeric_limits<int64_t>::max() / d)
-      throw InputError(path + ": npy shape " + shape + " is too large to address");
+      throw InputError(path + ": npy shape " + shape_entry + " is too large to address");
     bytes *= d;
   }
+}
+
+}  // namespace
+
+NpyHeader read_npy_header(const std::string& path, bool page_sums) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open: " + std::strerror(errno));
+  const NpyPrefix prefix = read_npy_prefix(in, path);
+  const std::string dict = read_npy_dict(in, path, prefix);
+  NpyHeader h;
+  h.data_offset = prefix.bytes + prefix.header_len;
+  h.descr = dict_value(dict, "descr", path);
+  h.dtype = npy_dtype(h.descr, page_sums, path);
+  h.fortran_order = npy_fortran_order(dict_value(dict, "fortran_order", path), path);
+  const std::string shape = dict_value(dict, "shape", path);
+  h.shape = npy_shape(shape, path);
+  check_addressable(h, shape, path);
   if (h.fortran_order && h.shape.size() > 1)
     throw InputError(path + ": Fortran-ordered arrays are not supported (save with numpy.ascontiguousarray)");
   return h;

@@ -224,10 +224,8 @@ std::string first_float(const nlohmann::json& j, const std::string& path) {
   return "";
 }
 
-}  // namespace
-
-Manifest manifest_from_json(const std::string& text, const std::string& source) {
-  Manifest m;
+// A manifest's text as JSON, refused when it is not JSON or holds a float anywhere.
+nlohmann::json parse_manifest_json(const std::string& text, const std::string& source) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -236,67 +234,105 @@ Manifest manifest_from_json(const std::string& text, const std::string& source) 
   }
   if (const std::string at = first_float(j, ""); !at.empty())
     throw CorruptStoreError(source + ": expected whole numbers, found a fraction or exponent at '" + quote_token(at) + "'");
-  auto get = [&](const char* key, auto* out) {
-    if (!j.contains(key)) throw CorruptStoreError(source + ": missing key '" + key + "'");
+  return j;
+}
+
+// A parsed manifest's keys into a Manifest, each checked as it is read and then against the
+// others; `source` names the manifest in messages.
+class ManifestReader {
+ public:
+  ManifestReader(const nlohmann::json& j, const std::string& source) : j_(j), source_(source) {}
+
+  Manifest read() const {
+    Manifest m;
+    get("format_version", &m.format_version);
+    if (m.format_version < kOldestStoreFormatVersion || m.format_version > kStoreFormatVersion)
+      throw CorruptStoreError(source_ + ": format version " + std::to_string(m.format_version) + ", this Gale reads versions " +
+                              std::to_string(kOldestStoreFormatVersion) + " to " + std::to_string(kStoreFormatVersion));
+    get("num_nodes", &m.num_nodes);
+    get("num_edges", &m.num_edges);
+    get("weighted", &m.weighted);
+    get("feature_dim", &m.feature_dim);
+    get("feature_dtype", &m.feature_dtype);
+    get("num_classes", &m.num_classes);
+    get("splits", &m.splits);
+    get("num_partitions", &m.num_partitions);
+    get("relabelled", &m.relabelled);
+    if (j_.contains("partition_method")) get("partition_method", &m.partition_method);
+    if (j_.contains("relabel_order")) get("relabel_order", &m.relabel_order);
+    page_size(&m);
+    check_counts(m);
+    files(&m);
+    return m;
+  }
+
+ private:
+  // A required key into `out`, of its type.
+  template <typename T>
+  void get(const char* key, T* out) const {
+    if (!j_.contains(key)) throw CorruptStoreError(source_ + ": missing key '" + key + "'");
     try {
-      j.at(key).get_to(*out);
+      j_.at(key).get_to(*out);
     } catch (const nlohmann::json::exception&) {
-      throw CorruptStoreError(source + ": key '" + key + "' has the wrong type");
+      throw CorruptStoreError(source_ + ": key '" + key + "' has the wrong type");
     }
-  };
-  get("format_version", &m.format_version);
-  if (m.format_version < kOldestStoreFormatVersion || m.format_version > kStoreFormatVersion)
-    throw CorruptStoreError(source + ": format version " + std::to_string(m.format_version) + ", this Gale reads versions " +
-                            std::to_string(kOldestStoreFormatVersion) + " to " + std::to_string(kStoreFormatVersion));
-  get("num_nodes", &m.num_nodes);
-  get("num_edges", &m.num_edges);
-  get("weighted", &m.weighted);
-  get("feature_dim", &m.feature_dim);
-  get("feature_dtype", &m.feature_dtype);
-  get("num_classes", &m.num_classes);
-  get("splits", &m.splits);
-  get("num_partitions", &m.num_partitions);
-  get("relabelled", &m.relabelled);
-  if (j.contains("partition_method")) get("partition_method", &m.partition_method);
-  if (j.contains("relabel_order")) get("relabel_order", &m.relabel_order);
-  if (j.contains("page_size")) {
-    get("page_size", &m.page_size);
-    if (!j["page_size"].is_number_integer() || m.page_size != kPageSumPage)
-      throw CorruptStoreError(source + ": expected page_size " + std::to_string(kPageSumPage) + " (or no key), found " +
-                              j["page_size"].dump());
   }
-  // Version 2 is version 1 with page sums: an older Gale refuses it by its version, not by a sidecar.
-  if ((m.format_version >= 2) != (m.page_size != 0))
-    throw CorruptStoreError(source + ": format version " + std::to_string(m.format_version) +
-                            (m.page_size != 0 ? " has no page sums, found page_size" : " has page sums, found no page_size"));
-  for (const auto& [key, value] : std::map<std::string, int64_t>{{"num_nodes", m.num_nodes},
-                                                                 {"num_edges", m.num_edges},
-                                                                 {"feature_dim", m.feature_dim},
-                                                                 {"num_classes", m.num_classes},
-                                                                 {"num_partitions", m.num_partitions}}) {
-    if (value < 0) throw CorruptStoreError(source + ": expected a non-negative " + key + ", found " + std::to_string(value));
-  }
-  if (m.num_partitions > INT32_MAX)
-    throw CorruptStoreError(source + ": expected num_partitions below 2^31, found " + std::to_string(m.num_partitions));
-  if (!j.contains("files") || !j["files"].is_object()) throw CorruptStoreError(source + ": missing key 'files'");
-  for (const auto& [path, e] : j["files"].items()) {
-    FileEntry f;
-    try {
-      e.at("dtype").get_to(f.dtype);
-      e.at("shape").get_to(f.shape);
-      e.at("size").get_to(f.size);
-      e.at("xxh64").get_to(f.xxh64);
-    } catch (const nlohmann::json::exception&) {
-      throw CorruptStoreError(source + ": malformed entry for file '" + path + "'");
+  // The optional page_size: kPageSumPage or absent, and present exactly when the version has page sums.
+  void page_size(Manifest* m) const {
+    if (j_.contains("page_size")) {
+      get("page_size", &m->page_size);
+      if (!j_.at("page_size").is_number_integer() || m->page_size != kPageSumPage)
+        throw CorruptStoreError(source_ + ": expected page_size " + std::to_string(kPageSumPage) + " (or no key), found " +
+                                j_.at("page_size").dump());
     }
-    if (!is_store_relative(path))
-      throw CorruptStoreError(source + ": expected file paths inside the store, found '" + path + "'");
-    if (!is_hex64(f.xxh64))
-      throw CorruptStoreError(source + ": file '" + path + "': expected an xxh64 of 16 lowercase hex digits, found '" +
-                              f.xxh64 + "'");
-    m.files[path] = f;
+    // Version 2 is version 1 with page sums: an older Gale refuses it by its version, not by a sidecar.
+    if ((m->format_version >= 2) != (m->page_size != 0))
+      throw CorruptStoreError(source_ + ": format version " + std::to_string(m->format_version) +
+                              (m->page_size != 0 ? " has no page sums, found page_size" : " has page sums, found no page_size"));
   }
-  return m;
+  // The counts are non-negative (checked in the std::map's alphabetical order), and num_partitions fits an int32.
+  void check_counts(const Manifest& m) const {
+    for (const auto& [key, value] : std::map<std::string, int64_t>{{"num_nodes", m.num_nodes},
+                                                                   {"num_edges", m.num_edges},
+                                                                   {"feature_dim", m.feature_dim},
+                                                                   {"num_classes", m.num_classes},
+                                                                   {"num_partitions", m.num_partitions}}) {
+      if (value < 0) throw CorruptStoreError(source_ + ": expected a non-negative " + key + ", found " + std::to_string(value));
+    }
+    if (m.num_partitions > INT32_MAX)
+      throw CorruptStoreError(source_ + ": expected num_partitions below 2^31, found " + std::to_string(m.num_partitions));
+  }
+  // The files object's entries, each with its four fields, a path inside the store and a well-formed hash.
+  void files(Manifest* m) const {
+    if (!j_.contains("files") || !j_.at("files").is_object()) throw CorruptStoreError(source_ + ": missing key 'files'");
+    for (const auto& [path, e] : j_.at("files").items()) {
+      FileEntry f;
+      try {
+        e.at("dtype").get_to(f.dtype);
+        e.at("shape").get_to(f.shape);
+        e.at("size").get_to(f.size);
+        e.at("xxh64").get_to(f.xxh64);
+      } catch (const nlohmann::json::exception&) {
+        throw CorruptStoreError(source_ + ": malformed entry for file '" + path + "'");
+      }
+      if (!is_store_relative(path))
+        throw CorruptStoreError(source_ + ": expected file paths inside the store, found '" + path + "'");
+      if (!is_hex64(f.xxh64))
+        throw CorruptStoreError(source_ + ": file '" + path + "': expected an xxh64 of 16 lowercase hex digits, found '" +
+                                f.xxh64 + "'");
+      m->files[path] = f;
+    }
+  }
+
+  const nlohmann::json& j_;
+  const std::string& source_;
+};
+
+}  // namespace
+
+Manifest manifest_from_json(const std::string& text, const std::string& source) {
+  const nlohmann::json j = parse_manifest_json(text, source);
+  return ManifestReader(j, source).read();
 }
 
 // ---------------------------------------------------------------------------------------------
