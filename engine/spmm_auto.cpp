@@ -147,6 +147,122 @@ uint64_t room_left(const Device& device) {
   const kernels::cuda::MemoryBudget& budget = DeviceContext::get(device.ordinal).pool().budget();
   return gpu_room_left(device, budget.unlimited() ? 0 : budget.limit());
 }
+
+// Runs `a` with the kernel chosen before for g's operand, direction and width; false when none was.
+bool run_chosen(const GraphOperand& g, bool csc, kernels::SpmmArgs a) {
+  const ChoiceRegistry::Key key{g.id(), csc, a.out.cols};
+  SpmmKind kind = SpmmKind::kAuto;
+  if (!registry().find(key, &kind)) return false;
+  if (kind == SpmmKind::kTensorCore) a.tc = g.tc_plan(csc);
+  ops::spmm(a, g.device(), kind);
+  return true;
+}
+
+// Points a->tc at g's plan when it fits the budget; else why tc cannot compete ("" : it can).
+std::string take_tc_plan(const GraphOperand& g, bool csc, kernels::SpmmArgs* a) {
+  // Half of what is left: the plan stays for the run, and the step's later tensors need room too.
+  const uint64_t room = room_left(g.device());
+  uint64_t bytes = 0;
+  try {
+    a->tc = g.tc_plan_within(csc, room / 2, &bytes);
+    if (a->tc.item_window == nullptr)
+      return "its plan (" + kernels::cuda::format_bytes(bytes) + ") is over half of the " +
+             kernels::cuda::format_bytes(room) + " the GPU budget leaves";
+  } catch (const InputError& e) {  // a graph the plan's 32-bit ids cannot hold: the others still compete
+    return e.what();
+  }
+  return "";
+}
+
+// GAR, GAS and tc with why each does not compete for `a` under exec's rules ("" : it does); takes
+// tc's plan (a->tc) where tc may compete.
+std::vector<SpmmCandidate> eligible_candidates(const GraphOperand& g, bool csc, const ops::ExecOptions& exec,
+                                               kernels::SpmmArgs* a) {
+  SpmmAutoRules rules;
+  rules.deterministic = exec.deterministic;
+  rules.tf32 = exec.tf32;
+  if (!rules.deterministic && rules.tf32) rules.tc_cannot = take_tc_plan(g, csc, a);
+  std::vector<SpmmCandidate> candidates = spmm_auto_candidates(rules);
+  // An output mask (ReLU's backward, folded in) does not decide who competes: GAR applies it, the
+  // others pay a pass of their own for it (ops::spmm), and the timings include that pass.
+  kernels::SpmmArgs unmasked = *a;
+  unmasked.out_mask = nullptr;
+  unmasked.out_mask_words = 0;
+  for (SpmmCandidate& c : candidates)
+    if (c.excluded.empty()) c.excluded = kernels::spmm_cannot(c.kind, unmasked);
+  return candidates;
+}
+
+// A copy of a's output on `device` when a accumulates into it (an undefined tensor otherwise).
+Tensor copy_of_output(const kernels::SpmmArgs& a, const Device& device, cudaStream_t stream, size_t row_bytes,
+                      size_t out_pitch) {
+  Tensor before;
+  if (a.accumulate) {
+    before = Tensor::empty(a.out.rows, a.out.cols, DType::kF32, device);
+    kernels::cuda::copy_rows_on_device(before.f32(), row_bytes, a.out.data, out_pitch, row_bytes,
+                                       static_cast<size_t>(a.out.rows), stream);
+  }
+  return before;
+}
+
+// The aggregation `a` run, or run and timed by CUDA events, on the device's compute stream. Every
+// call must see the output as the caller left it: with accumulate, a copy puts it back before each
+// call (outside the timed span).
+class TimedSpmm {
+ public:
+  TimedSpmm(const kernels::SpmmArgs& a, const Device& device)
+      : a_(a),
+        device_(device),
+        stream_(DeviceContext::get(device.ordinal).stream()),
+        row_bytes_(static_cast<size_t>(a.out.cols) * sizeof(float)),
+        out_pitch_(static_cast<size_t>(a.out.ld) * sizeof(float)),
+        before_(copy_of_output(a, device, stream_, row_bytes_, out_pitch_)),
+        start_(device.ordinal, kernels::cuda::Event::Timing::kEnabled),
+        end_(device.ordinal, kernels::cuda::Event::Timing::kEnabled) {}
+
+  void run(SpmmKind k) {
+    restore();
+    ops::spmm(a_, device_, k);
+  }
+  float time(SpmmKind k) {
+    restore();
+    start_.record(stream_);
+    ops::spmm(a_, device_, k);
+    end_.record(stream_);
+    return kernels::cuda::elapsed_ms(start_, end_);
+  }
+
+ private:
+  void restore() {
+    if (before_.defined())
+      kernels::cuda::copy_rows_on_device(a_.out.data, out_pitch_, before_.f32(), row_bytes_, row_bytes_,
+                                         static_cast<size_t>(a_.out.rows), stream_);
+  }
+
+  const kernels::SpmmArgs& a_;
+  const Device& device_;
+  const cudaStream_t stream_;
+  const size_t row_bytes_;
+  const size_t out_pitch_;
+  Tensor before_;
+  kernels::cuda::Event start_;
+  kernels::cuda::Event end_;
+};
+
+// Records `kind` as the choice for g's operand, direction (csc) and a's width, and frees tc's plan
+// when it lost and no other choice over that plan went to tc.
+void remember(const GraphOperand& g, bool csc, const kernels::SpmmArgs& a, SpmmKind kind,
+              std::vector<SpmmCandidate> candidates) {
+  SpmmAutoChoice choice;
+  choice.operand = g.id();
+  choice.transpose = csc;
+  choice.width = a.out.cols;
+  choice.kind = kind;
+  choice.candidates = std::move(candidates);
+  const bool tc_lost = a.tc.item_window != nullptr && choice.kind != SpmmKind::kTensorCore;
+  registry().add(std::move(choice));
+  if (tc_lost && !tc_chosen(g, csc)) g.release_tc_plan(csc);  // its device arrays are of no more use
+}
 #endif
 
 }  // namespace
@@ -156,76 +272,12 @@ std::vector<SpmmAutoChoice> spmm_auto_choices(uint64_t operand) { return registr
 void spmm_auto(const GraphOperand& g, bool csc, kernels::SpmmArgs a, const ops::ExecOptions& exec) {
   if (!spmm_auto_measures(g)) return ops::spmm(a, g.device(), SpmmKind::kAuto);
 #if GALE_WITH_CUDA
-  const Device& device = g.device();
-  const ChoiceRegistry::Key key{g.id(), csc, a.out.cols};
-  SpmmKind kind = SpmmKind::kAuto;
-  if (registry().find(key, &kind)) {
-    if (kind == SpmmKind::kTensorCore) a.tc = g.tc_plan(csc);
-    return ops::spmm(a, device, kind);
-  }
-  SpmmAutoRules rules;
-  rules.deterministic = exec.deterministic;
-  rules.tf32 = exec.tf32;
-  if (!rules.deterministic && rules.tf32) {
-    // Half of what is left: the plan stays for the run, and the step's later tensors need room too.
-    const uint64_t room = room_left(device);
-    uint64_t bytes = 0;
-    try {
-      a.tc = g.tc_plan_within(csc, room / 2, &bytes);
-      if (a.tc.item_window == nullptr)
-        rules.tc_cannot = "its plan (" + kernels::cuda::format_bytes(bytes) + ") is over half of the " +
-                          kernels::cuda::format_bytes(room) + " the GPU budget leaves";
-    } catch (const InputError& e) {  // a graph the plan's 32-bit ids cannot hold: the others still compete
-      rules.tc_cannot = e.what();
-    }
-  }
-  std::vector<SpmmCandidate> candidates = spmm_auto_candidates(rules);
-  // An output mask (ReLU's backward, folded in) does not decide who competes: GAR applies it, the
-  // others pay a pass of their own for it (ops::spmm), and the timings include that pass.
-  kernels::SpmmArgs unmasked = a;
-  unmasked.out_mask = nullptr;
-  unmasked.out_mask_words = 0;
-  for (SpmmCandidate& c : candidates)
-    if (c.excluded.empty()) c.excluded = kernels::spmm_cannot(c.kind, unmasked);
-
-  // Every call must see the output as the caller left it: with accumulate, a copy puts it back
-  // before each call (outside the timed span).
-  const cudaStream_t stream = DeviceContext::get(device.ordinal).stream();
-  const size_t row_bytes = static_cast<size_t>(a.out.cols) * sizeof(float);
-  const size_t out_pitch = static_cast<size_t>(a.out.ld) * sizeof(float);
-  Tensor before;
-  if (a.accumulate) {
-    before = Tensor::empty(a.out.rows, a.out.cols, DType::kF32, device);
-    kernels::cuda::copy_rows_on_device(before.f32(), row_bytes, a.out.data, out_pitch, row_bytes,
-                                       static_cast<size_t>(a.out.rows), stream);
-  }
-  const auto restore = [&] {
-    if (before.defined())
-      kernels::cuda::copy_rows_on_device(a.out.data, out_pitch, before.f32(), row_bytes, row_bytes,
-                                         static_cast<size_t>(a.out.rows), stream);
-  };
-  const auto run = [&](SpmmKind k) {
-    restore();
-    ops::spmm(a, device, k);
-  };
-  kernels::cuda::Event start(device.ordinal, kernels::cuda::Event::Timing::kEnabled);
-  kernels::cuda::Event end(device.ordinal, kernels::cuda::Event::Timing::kEnabled);
-  const auto time = [&](SpmmKind k) {
-    restore();
-    start.record(stream);
-    ops::spmm(a, device, k);
-    end.record(stream);
-    return kernels::cuda::elapsed_ms(start, end);
-  };
-  SpmmAutoChoice choice;
-  choice.operand = g.id();
-  choice.transpose = csc;
-  choice.width = a.out.cols;
-  choice.kind = spmm_auto_measure(&candidates, run, time);
-  choice.candidates = std::move(candidates);
-  const bool tc_lost = a.tc.item_window != nullptr && choice.kind != SpmmKind::kTensorCore;
-  registry().add(std::move(choice));
-  if (tc_lost && !tc_chosen(g, csc)) g.release_tc_plan(csc);  // its device arrays are of no more use
+  if (run_chosen(g, csc, a)) return;
+  std::vector<SpmmCandidate> candidates = eligible_candidates(g, csc, exec, &a);
+  TimedSpmm calls(a, g.device());
+  const SpmmKind kind = spmm_auto_measure(
+      &candidates, [&](SpmmKind k) { calls.run(k); }, [&](SpmmKind k) { return calls.time(k); });
+  remember(g, csc, a, kind, std::move(candidates));
 #else
   (void)csc;
   (void)exec;

@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 
 #include "engine/devices.hpp"
 #include "kernels/error.hpp"
@@ -49,6 +51,71 @@ void require_writable_checkpoint_dir(const std::filesystem::path& dir, const std
     throw InputError(head + "cannot write in " + existing.string() + ": " + std::strerror(errno));
 }
 
+// Without --resume or --overwrite-checkpoints, a --checkpoint-dir (`text` as given) that holds
+// an earlier run's checkpoints is refused: they are that run's work.
+void refuse_earlier_checkpoints(const std::filesystem::path& dir, const std::string& text) {
+  for (const char* name : {"latest.ckpt", "best.ckpt"})
+    if (std::filesystem::exists(dir / name))
+      throw InputError("--checkpoint-dir " + text + ": holds an earlier run's " + name +
+                       "; pass --resume to continue that run, --overwrite-checkpoints to start over there, or "
+                       "another directory");
+}
+
+// A checkpoint read `from` must be of this run's model, store and batch setup (`identity`).
+void require_same_run(const CheckpointState& s, const std::filesystem::path& from, const std::string& identity) {
+  if (s.config_json != identity)
+    throw CorruptStoreError(from.string() + ": checkpoint of another model, store or batch setup (" +
+                            identity_difference(s.config_json, identity) +
+                            "); resume with the options it was written with, or use another --checkpoint-dir");
+}
+
+// Sets a replica's parameters, Adam moments and step count, and its buffers, from the checkpoint
+// read from `file`; CorruptStoreError when they do not match its model.
+void restore_replica(const CheckpointState& s, const std::filesystem::path& file, Replica& r, bool lead) {
+  const UseDevice use(r.dev);
+  // Tensor::to keeps a tensor already on the device: every replica after the first takes its
+  // own copy, or CPU replicas would share (and each step) one set of weights and moments.
+  auto own = [&](const Tensor& t) { return !lead && t.device() == r.dev ? t.clone() : t.to(r.dev); };
+  auto params = r.model->parameters();
+  if (s.names.size() != params.size()) throw CorruptStoreError(file.string() + ": parameter count differs from the model");
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (s.names[i] != params[i]->name || s.params[i].rows() != params[i]->value.rows() ||
+        s.params[i].cols() != params[i]->value.cols())
+      throw CorruptStoreError(file.string() + ": parameter " + s.names[i] + " does not match the model");
+    params[i]->value = own(s.params[i]);
+    r.adam->first_moments()[i] = own(s.adam_m[i]);
+    r.adam->second_moments()[i] = own(s.adam_v[i]);
+  }
+  r.adam->set_steps(s.adam_steps);
+  restore_buffers(s, r.model.get(), file);
+}
+
+// The run's bookkeeping (best and improved epochs, plateau reductions) from the checkpoint.
+void restore_progress(const CheckpointState& s, TrainResult* result) {
+  result->best_valid_acc = s.best_valid_acc;
+  result->test_acc_at_best_valid = s.test_acc_at_best_valid;
+  result->best_epoch = s.best_epoch;
+  result->improved_epoch = s.improved_epoch;
+  result->lr_reductions = s.lr_reductions;
+  result->lr_reduced_epoch = s.lr_reduced_epoch;
+}
+
+// Where the checkpoint read from `file` resumes; InputError when it stopped inside an epoch that
+// this run cannot go on with (another number of workers, or a run that does not stop at a step).
+ResumePoint resume_point(const CheckpointState& s, const std::filesystem::path& file, const TrainRun& run) {
+  ResumePoint point;
+  point.epochs_done = s.epoch + 1;
+  point.batch = s.batches_done;
+  point.loss_sums = s.partial_loss_sums;
+  if (point.batch > 0 && (!run.step_stops() || static_cast<int>(point.loss_sums.size()) != run.world())) {
+    const size_t n = point.loss_sums.size();
+    throw InputError(file.string() + ": stopped inside epoch " + std::to_string(point.epochs_done + 1) + " by a run with " +
+                     (n == 1 ? std::string("one worker") : std::to_string(n) + " workers") +
+                     " and no --reorder-window; resume it that way (the epoch's batches cannot be dealt out anew)");
+  }
+  return point;
+}
+
 // A host copy of t that training will not write (Tensor::to keeps a host tensor as it is).
 Tensor host_copy(const Tensor& t) { return t.device().is_cpu() ? t.clone() : t.to(Device::cpu()); }
 
@@ -63,23 +130,24 @@ CheckpointPolicy::CheckpointPolicy(const TrainRun& run, Replica& lead, const Tra
 
 ResumePoint CheckpointPolicy::start(Replicas& replicas, TrainResult* result) {
   const TrainOptions& opt = run_.opt();
-  if (writes_) require_writable_checkpoint_dir(dir_, opt.checkpoint_dir);
-  if (writes_ && !opt.resume && !opt.overwrite_checkpoints) {
-    for (const char* name : {"latest.ckpt", "best.ckpt"})
-      if (std::filesystem::exists(dir_ / name))
-        throw InputError("--checkpoint-dir " + opt.checkpoint_dir + ": holds an earlier run's " + name +
-                         "; pass --resume to continue that run, --overwrite-checkpoints to start over there, or "
-                         "another directory");
+  if (writes_) {
+    require_writable_checkpoint_dir(dir_, opt.checkpoint_dir);
+    if (!opt.resume && !opt.overwrite_checkpoints) refuse_earlier_checkpoints(dir_, opt.checkpoint_dir);
   }
-  ResumePoint point;
-  if (!opt.resume) return point;
+  if (!opt.resume) return ResumePoint();
   const auto file = dir_ / "latest.ckpt";
-  const auto check_identity = [&](const CheckpointState& s, const std::filesystem::path& from) {
-    if (s.config_json != run_.identity())
-      throw CorruptStoreError(from.string() + ": checkpoint of another model, store or batch setup (" +
-                              identity_difference(s.config_json, run_.identity()) +
-                              "); resume with the options it was written with, or use another --checkpoint-dir");
-  };
+  const std::optional<CheckpointState> s = find_resumable(file);
+  if (!s) return ResumePoint();
+  for (Replica& r : replicas) restore_replica(*s, file, r, &r == &replicas.lead());
+  restore_progress(*s, result);
+  ResumePoint point = resume_point(*s, file, run_);
+  if (opt.on_resume && run_.lead_process()) opt.on_resume(point.epochs_done, point.batch);
+  return point;
+}
+
+// The checkpoint to resume, `file` (latest.ckpt), checked to be of this run; none when the
+// directory holds only the first epoch's best.ckpt (this run starts over).
+std::optional<CheckpointState> CheckpointPolicy::find_resumable(const std::filesystem::path& file) const {
   if (!std::filesystem::exists(file)) {
     // best.ckpt is written before latest.ckpt (so that a run killed between them trains that
     // epoch again and rewrites it): a run killed between its first two leaves best.ckpt of the
@@ -87,50 +155,15 @@ ResumePoint CheckpointPolicy::start(Replicas& replicas, TrainResult* result) {
     const auto best = dir_ / "best.ckpt";
     if (!std::filesystem::exists(best)) throw InputError("--resume: no checkpoint at " + file.string());
     const CheckpointState first = load_checkpoint(best);
-    check_identity(first, best);
+    require_same_run(first, best, run_.identity());
     if (first.epoch != 0)
       throw InputError("--resume: no checkpoint at " + file.string() + " (only best.ckpt, of epoch " +
                        std::to_string(first.epoch + 1) + ")");
-    return point;
+    return std::nullopt;
   }
   CheckpointState s = load_checkpoint(file);
-  check_identity(s, file);
-  for (Replica& r : replicas) {
-    const UseDevice use(r.dev);
-    // Tensor::to keeps a tensor already on the device: every replica after the first takes its
-    // own copy, or CPU replicas would share (and each step) one set of weights and moments.
-    const bool first = &r == &replicas.lead();
-    auto own = [&](const Tensor& t) { return !first && t.device() == r.dev ? t.clone() : t.to(r.dev); };
-    auto params = r.model->parameters();
-    if (s.names.size() != params.size()) throw CorruptStoreError(file.string() + ": parameter count differs from the model");
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (s.names[i] != params[i]->name || s.params[i].rows() != params[i]->value.rows() ||
-          s.params[i].cols() != params[i]->value.cols())
-        throw CorruptStoreError(file.string() + ": parameter " + s.names[i] + " does not match the model");
-      params[i]->value = own(s.params[i]);
-      r.adam->first_moments()[i] = own(s.adam_m[i]);
-      r.adam->second_moments()[i] = own(s.adam_v[i]);
-    }
-    r.adam->set_steps(s.adam_steps);
-    restore_buffers(s, r.model.get(), file);
-  }
-  result->best_valid_acc = s.best_valid_acc;
-  result->test_acc_at_best_valid = s.test_acc_at_best_valid;
-  result->best_epoch = s.best_epoch;
-  result->improved_epoch = s.improved_epoch;
-  result->lr_reductions = s.lr_reductions;
-  result->lr_reduced_epoch = s.lr_reduced_epoch;
-  point.epochs_done = s.epoch + 1;
-  point.batch = s.batches_done;
-  point.loss_sums = s.partial_loss_sums;
-  if (point.batch > 0 && (!run_.step_stops() || static_cast<int>(point.loss_sums.size()) != run_.world())) {
-    const size_t n = point.loss_sums.size();
-    throw InputError(file.string() + ": stopped inside epoch " + std::to_string(point.epochs_done + 1) + " by a run with " +
-                     (n == 1 ? std::string("one worker") : std::to_string(n) + " workers") +
-                     " and no --reorder-window; resume it that way (the epoch's batches cannot be dealt out anew)");
-  }
-  if (opt.on_resume && run_.lead_process()) opt.on_resume(point.epochs_done, point.batch);
-  return point;
+  require_same_run(s, file, run_.identity());
+  return s;
 }
 
 void CheckpointPolicy::save_latest(int64_t epoch, int64_t batches_done, std::vector<double> loss_sums) {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "engine/checkpoint.hpp"
@@ -49,6 +50,9 @@ class CheckpointPolicy {
   void wait() { writer_.wait(); }
 
  private:
+  // The checkpoint --resume goes on from (latest.ckpt, `file`), checked to be of this run; none
+  // when only the first epoch's best.ckpt is there.
+  std::optional<CheckpointState> find_resumable(const std::filesystem::path& file) const;
   void save(const std::filesystem::path& file, int64_t epoch, int64_t batches_done, std::vector<double> loss_sums);
 
   const TrainRun& run_;
