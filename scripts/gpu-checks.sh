@@ -19,8 +19,9 @@
 #   scripts/gpu-checks.sh DIST sbm-mg  accuracy on the 1M-node SBM (one part per GPU) at one global batch
 #                                      (1024 x N GPUs): 1 GPU, G GPUs of one process for each G in SBM_GPUS
 #                                      (default N), N processes (SBM_EPOCHS, SBM_SEEDS)
-#   scripts/gpu-checks.sh DIST identity  scripts/compare-train-runs.sh on the GPU: BEFORE_GALE (a gale binary
-#                                      of an earlier commit, beside the bundle's libraries) against this one
+#   scripts/gpu-checks.sh DIST identity  scripts/compare-train-runs.sh and compare-bench-runs.sh on the GPU:
+#                                      BEFORE_GALE (a gale binary of an earlier commit, beside the bundle's
+#                                      libraries) against this one
 #   scripts/gpu-checks.sh DIST outofcore  R-MAT scale OOC_SCALE (default 23) with 128-d features: gale bench io
 #                                      (and the disk tier's own read of 5% of the rows, both ways), then
 #                                      mini-batch SAGE 3x256 without a limit and inside a cgroup v2 with
@@ -297,6 +298,8 @@ identity)
   [ -n "${BEFORE_GALE:-}" ] || { echo "identity: set BEFORE_GALE to the earlier gale binary" >&2; exit 2; }
   "$here/scripts/compare-train-runs.sh" "$BEFORE_GALE" "$dist/bin/gale" /tmp/identity cuda > "$logs/identity.log" 2>&1
   summary+=("identity exit $?:" "$(cat "$logs/identity.log")")
+  "$here/scripts/compare-bench-runs.sh" "$BEFORE_GALE" "$dist/bin/gale" /tmp/identity-bench cuda > "$logs/identity-bench.log" 2>&1
+  summary+=("bench and predict identity exit $?:" "$(cat "$logs/identity-bench.log")")
   ;;
 outofcore)
   store=/tmp/ooc-${OOC_SCALE:-23}${OOC_RELABEL:+-$OOC_RELABEL}.gale
