@@ -80,14 +80,6 @@ double max_abs_difference(const kernels::cuda::CublasHandle& blas, float* a, con
   return std::fabs(value);
 }
 
-// Parses `args` against `desc`, STORE the one positional argument; false after --help.
-bool parse_with_store(const std::vector<std::string>& args, const po::options_description& desc) {
-  po::positional_options_description pos;
-  pos.add("store", 1);
-  po::variables_map vm;
-  return parse_command_line(args, desc, pos, &vm);
-}
-
 void check_runs(int runs, int warmup) {
   if (runs < 1) throw InputError("--runs: expected at least 1, found " + std::to_string(runs));
   if (warmup < 0) throw InputError("--warmup: expected 0 or more, found " + std::to_string(warmup));
@@ -407,7 +399,8 @@ void print_spmm_rows(const BenchGpu& g, const std::vector<Row>& results, bool ha
 int bench_spmm(const std::vector<std::string>& args) {
   SpmmFlags f;
   const po::options_description desc = describe_spmm_flags(&f);
-  if (!parse_with_store(args, desc)) return 0;
+  po::variables_map vm;
+  if (!parse_store_command_line(args, desc, &vm)) return 0;
   const std::vector<int> dims = parse_spmm_widths(f.dims_text);
   check_runs(f.runs, f.warmup);
   bool with_cusparse = false;
@@ -479,8 +472,8 @@ struct EdgeGroups {
       : capacity(kernels::edge_groups_capacity(g.rows, g.nnz)),
         groups(g.pool, static_cast<size_t>(capacity), g.stream),
         count(g.pool, 1, g.stream),
-        workspace(g.pool, kernels::edge_groups_workspace_bytes(g.rows), g.stream) {
-    const size_t workspace_bytes = kernels::edge_groups_workspace_bytes(g.rows);
+        workspace_bytes(kernels::edge_groups_workspace_bytes(g.rows)),
+        workspace(g.pool, workspace_bytes, g.stream) {
     ms = g.time_median([&] {
       kernels::edge_groups_cuda(g.graph, kernels::kMaxkEdgeGroupSize, groups.data(), capacity, count.data(),
                                 workspace.data(), workspace_bytes, g.stream);
@@ -492,6 +485,7 @@ struct EdgeGroups {
   const int64_t capacity;
   DeviceBuffer<kernels::EdgeGroup> groups;
   DeviceBuffer<int64_t> count;
+  const size_t workspace_bytes;
   DeviceBuffer<uint8_t> workspace;
   double ms = 0;
   int64_t total = 0;
@@ -607,7 +601,8 @@ MaxkTimes time_maxk(BenchGpu& g, const EdgeGroups& groups, const MaxkFlags& f, c
 int bench_spmm_maxk(const std::vector<std::string>& args) {
   MaxkFlags f;
   const po::options_description desc = describe_maxk_flags(&f);
-  if (!parse_with_store(args, desc)) return 0;
+  po::variables_map vm;
+  if (!parse_store_command_line(args, desc, &vm)) return 0;
   std::vector<int> dims, ks;
   parse_maxk_shapes(f, &dims, &ks);
   check_runs(f.runs, f.warmup);

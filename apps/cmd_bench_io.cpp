@@ -109,10 +109,8 @@ int run_bench_io(const std::vector<std::string>& args) {
       "rows", po::value(&row_fraction),
       "also the disk tier's own read of this fraction of the rows, drawn at random (e.g. 0.05): sorted, "
       "merged by the request cost, pages checked");
-  po::positional_options_description pos;
-  pos.add("store", 1);
   po::variables_map vm;
-  if (!parse_command_line(args, desc, pos, &vm)) return 0;
+  if (!parse_store_command_line(args, desc, &vm)) return 0;
   if (store_path.empty()) throw InputError("bench io: expected a STORE path");
   if (!(seconds > 0)) throw InputError("--seconds: expected a positive number of seconds");
   if (depth < 1 || depth > 4096) throw InputError("--queue-depth: expected 1 to 4096, found " + std::to_string(depth));

@@ -185,14 +185,6 @@ std::vector<int> check_batch_flags(const BatchFlags& f) {
   return fanouts;
 }
 
-// Parses a benchmark's `args` into `vm`, a lone positional argument being the STORE; false for --help.
-bool parse_bench_args(const std::vector<std::string>& args, const po::options_description& desc,
-                      po::variables_map* vm) {
-  po::positional_options_description pos;
-  pos.add("store", 1);
-  return parse_command_line(args, desc, pos, vm);
-}
-
 // The store flags checked (BenchStore::check), then GPU 0 when `gpu_what` names what needs it (the
 // CPU when it is empty): in that order, so that a bad --generate spec is reported as such on a
 // machine without a GPU.
@@ -413,7 +405,7 @@ int bench_sample(const std::vector<std::string>& args) {
   SampleFlags f;
   const po::options_description desc = describe_sample_flags(&f);
   po::variables_map vm;
-  if (!parse_bench_args(args, desc, &vm)) return 0;
+  if (!parse_store_command_line(args, desc, &vm)) return 0;
   const SamplePlan p = check_sample_flags(f);
   const Device gpu = check_store_and_gpu(f, "bench sample", p.with_gpu ? "bench sample: the gpu sampler" : "",
                                          "; --samplers cpu runs without one");
@@ -585,7 +577,7 @@ int bench_gather(const std::vector<std::string>& args) {
   GatherFlags f;
   const po::options_description desc = describe_gather_flags(&f);
   po::variables_map vm;
-  if (!parse_bench_args(args, desc, &vm)) return 0;
+  if (!parse_store_command_line(args, desc, &vm)) return 0;
   const GatherPlan p = check_gather_flags(f);
   const Device gpu = check_store_and_gpu(f, "bench gather", "bench gather", "");
 
@@ -822,7 +814,7 @@ int bench_pipeline(const std::vector<std::string>& args) {
   engine::TrainOptions& o = f.o;
   const po::options_description desc = describe_pipeline_flags(&f);
   po::variables_map vm;
-  if (!parse_bench_args(args, desc, &vm)) return 0;
+  if (!parse_store_command_line(args, desc, &vm)) return 0;
   check_pipeline_shape(f, vm, &o);
   apply_pipeline_placement(f, vm, &o);
   set_pipeline_run(f, &o);

@@ -298,10 +298,8 @@ void print_result_row(const Result& r, const BenchTrainFlags& f) {
 int run_bench_train(const std::vector<std::string>& args) {
   BenchTrainFlags f;
   const po::options_description desc = describe_bench_train_flags(&f);
-  po::positional_options_description pos;
-  pos.add("store", 1);
   po::variables_map vm;
-  if (!parse_command_line(args, desc, pos, &vm)) return 0;
+  if (!parse_store_command_line(args, desc, &vm)) return 0;
   const std::vector<std::string> models = check_bench_train_flags(f);
   const Device dev = parse_device(f.device_text);
   BenchStore::check(f.store_path, f.generate, "bench train");

@@ -29,10 +29,8 @@ int run_info(const std::vector<std::string>& args) {
       ("host-mem-budget", po::value(&host_budget),
        "say where gale train would read the features from under this host budget (default: train's default)")
       ("store", po::value(&path), "store directory");
-  po::positional_options_description pos;
-  pos.add("store", 1);
   po::variables_map vm;
-  if (!parse_command_line(args, desc, pos, &vm)) return 0;
+  if (!parse_store_command_line(args, desc, &vm)) return 0;
   if (path.empty()) throw InputError("info: expected a STORE path");
   const uint64_t budget_flag = host_budget.empty() ? 0 : parse_size(host_budget, "--host-mem-budget");
   if (add_sums) {

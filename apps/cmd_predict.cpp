@@ -125,10 +125,8 @@ int run_predict(const std::vector<std::string>& args) {
   engine::PredictOptions& o = f.o;
   o.out = "predictions.npy";
   const po::options_description desc = describe_predict_flags(&f);
-  po::positional_options_description pos;
-  pos.add("store", 1);
   po::variables_map vm;
-  if (!parse_command_line(args, desc, pos, &vm)) return 0;
+  if (!parse_store_command_line(args, desc, &vm)) return 0;
   check_paths(o, vm);
   apply_reading_flags(f, vm, &o);
   apply_device_flags(f, vm, &o);

@@ -36,6 +36,11 @@ bool parse_command_line(const std::vector<std::string>& args, const boost::progr
                         const boost::program_options::positional_options_description& pos,
                         boost::program_options::variables_map* vm, bool notify = true);
 
+// The same for a command whose one positional argument is its STORE (the option "store").
+bool parse_store_command_line(const std::vector<std::string>& args,
+                              const boost::program_options::options_description& desc,
+                              boost::program_options::variables_map* vm);
+
 // "16G", "512M", "1024" -> bytes; throws InputError naming `flag`.
 uint64_t parse_size(const std::string& text, const std::string& flag);
 // --io-engine: auto | io_uring | pread (InputError naming the flag otherwise).

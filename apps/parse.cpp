@@ -30,6 +30,13 @@ bool parse_command_line(const std::vector<std::string>& args, const po::options_
   return true;
 }
 
+bool parse_store_command_line(const std::vector<std::string>& args, const po::options_description& desc,
+                              po::variables_map* vm) {
+  po::positional_options_description pos;
+  pos.add("store", 1);
+  return parse_command_line(args, desc, pos, vm);
+}
+
 uint64_t parse_size(const std::string& text, const std::string& flag) {
   uint64_t value = 0;
   const char* begin = text.data();
