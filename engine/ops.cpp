@@ -35,6 +35,24 @@ DeviceContext& context(const Tensor& t) { return DeviceContext::get(t.device().o
 cudaStream_t stream(const Tensor& t) { return context(t).stream(); }
 #endif
 
+#if GALE_WITH_CUDA
+// A GEMM's right operand as the GPU takes it: transposed into a temporary where
+// kernels::weight_transposed_first says that form is faster (the layers' weights, in x out, read
+// as torch.nn.Linear keeps them), else as stored.
+struct RightOperand {
+  const float* data;
+  int64_t ld;
+  bool trans;
+  Tensor copy;  // the transposed copy, freed (stream-ordered) after the product is queued
+};
+RightOperand right_operand(const Tensor& b, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, bool tf32) {
+  if (trans_a || trans_b || !kernels::weight_transposed_first(m, n, k, tf32)) return {b.f32(), b.cols(), trans_b, {}};
+  Tensor copy = Tensor::empty(n, k, DType::kF32, b.device());
+  kernels::transpose_cuda(b.view(), copy.view(), stream(b));
+  return {copy.f32(), k, true, copy};
+}
+#endif
+
 [[noreturn]] void no_cuda() { throw DeviceError("this build has no CUDA backend"); }
 
 thread_local OpProfile::Impl* active_profile = nullptr;
@@ -215,8 +233,9 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float be
   }
 #if GALE_WITH_CUDA
   kernels::cuda::CublasHandle& blas = context(a).blas();
-  kernels::gemm_cuda(blas, trans_a, trans_b, m, n, k, 1.0f, a.f32(), a.cols(), b.f32(), b.cols(), beta, c->f32(), n,
-                     tf32, blas.workspace(), blas.workspace_bytes());
+  const RightOperand right = right_operand(b, trans_a, trans_b, m, n, k, tf32);
+  kernels::gemm_cuda(blas, trans_a, right.trans, m, n, k, 1.0f, a.f32(), a.cols(), right.data, right.ld, beta, c->f32(),
+                     n, tf32, blas.workspace(), blas.workspace_bytes());
 #else
   (void)tf32;
   no_cuda();
@@ -263,8 +282,9 @@ void gemm_bias(const Tensor& a, const Tensor& b, float beta, Tensor* c, const Te
     const OpTimer timer(OpKind::kGemm, a.device(), gemm_name("gemm+bias", m, n, k, false, false),
                         gemm_shape(m, n, k, false, false));
     kernels::cuda::CublasHandle& blas = context(a).blas();
-    if (kernels::gemm_bias_cuda(blas, blas.workspace(), blas.workspace_bytes(), false, false, m, n, k, a.f32(), k,
-                                b.f32(), n, beta, c->f32(), n, bias.f32(), relu, tf32))
+    const RightOperand right = right_operand(b, false, false, m, n, k, tf32);
+    if (kernels::gemm_bias_cuda(blas, blas.workspace(), blas.workspace_bytes(), false, right.trans, m, n, k, a.f32(), k,
+                                right.data, right.ld, beta, c->f32(), n, bias.f32(), relu, tf32))
       return;
   }
 #endif

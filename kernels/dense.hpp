@@ -18,6 +18,23 @@ namespace gale::kernels {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// out (in.cols x in.rows) = in transposed; out must not overlap in.
+void transpose(ConstMatrixView in, MatrixView out);
+
+// Whether the GPU's C = A B (neither transposed) should run on a transposed copy of B, as
+// C = A (B^T)^T (ops::gemm and ops::gemm_bias do so, the copy a temporary of the pool). cuBLASLt's
+// fastest form has both operands' depth contiguous, the layout torch.nn.Linear keeps its weight
+// in; Gale's layers keep W as in x out. Measured on an H200 with cuBLAS 13.0, the heuristic's first
+// algorithm each way, 2M rows: in TF32, 256 outputs of depth 256 1.55 -> 1.11 ms, of depth 100
+// 1.06 -> 0.99, 48 outputs of depth 256 0.78 -> 0.60; in FP32 only narrowing products gain (256
+// outputs of depth 100 3.12 -> 2.80 ms) while square ones lose 3%. Hence: at least
+// kWeightTransposedRows rows (below, the two forms measured within noise of each other either
+// way), a depth of at least 64 in whole 16-byte rows, B within kTransposedWeightBytes, and TF32 or
+// a depth below the width. The choice depends on the shape alone, so a run repeats bit for bit.
+constexpr int64_t kWeightTransposedRows = int64_t{1} << 18;
+constexpr size_t kTransposedWeightBytes = size_t{4} << 20;
+bool weight_transposed_first(int64_t m, int64_t n, int64_t k, bool tf32);
+
 // out[r][c] += bias[c] for every row; add_bias_relu then applies max(., 0) in the same pass.
 void add_bias(MatrixView out, const float* bias);
 void add_bias_relu(MatrixView out, const float* bias);
@@ -168,6 +185,7 @@ bool gemm_bias_cuda(cublasHandle_t handle, void* workspace, size_t workspace_byt
                     int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                     float* c, int64_t ldc, const float* bias, bool relu, bool tf32 = false);
 
+void transpose_cuda(ConstMatrixView in, MatrixView out, cudaStream_t stream);
 void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream);
 void add_bias_relu_cuda(MatrixView out, const float* bias, cudaStream_t stream);
 void axpy_cuda(ConstMatrixView x, float alpha, MatrixView y, cudaStream_t stream);

@@ -54,6 +54,20 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
+void transpose(ConstMatrixView in, MatrixView out) {
+  GALE_ASSERT(out.rows == in.cols && out.cols == in.rows);
+  for_rows(out.rows, out.cols, [&](int64_t r) {
+    for (int64_t c = 0; c < out.cols; ++c) out.data[r * out.ld + c] = in.data[c * in.ld + r];
+  });
+}
+
+bool weight_transposed_first(int64_t m, int64_t n, int64_t k, bool tf32) {
+  if (m < kWeightTransposedRows || k < 64 || k % 4 != 0) return false;
+  if (static_cast<double>(n) * static_cast<double>(k) * sizeof(float) > static_cast<double>(kTransposedWeightBytes))
+    return false;
+  return tf32 || k < n;
+}
+
 void add_bias(MatrixView out, const float* bias) {
   for_rows(out.rows, out.cols, [&](int64_t r) {
     float* row = out.row(r);

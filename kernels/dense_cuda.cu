@@ -1003,6 +1003,25 @@ bool lt_matmul(const LtProduct& p, void* workspace, size_t workspace_bytes, cuda
   return true;
 }
 
+// out (in.cols x in.rows) = in transposed, through 32 x 32 tiles in shared memory (padded against
+// bank conflicts) so that both the reads and the writes are runs along rows.
+constexpr int kTile = 32;
+constexpr int kTileRowsPerPass = 8;
+__global__ void transpose_kernel(ConstMatrixView in, MatrixView out) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
+  for (int j = threadIdx.y; j < kTile; j += kTileRowsPerPass) {
+    const int64_t row = static_cast<int64_t>(blockIdx.y) * kTile + j;
+    if (row < in.rows && col < in.cols) tile[j][threadIdx.x] = in.data[row * in.ld + col];
+  }
+  __syncthreads();
+  const int64_t out_col = static_cast<int64_t>(blockIdx.y) * kTile + threadIdx.x;
+  for (int j = threadIdx.y; j < kTile; j += kTileRowsPerPass) {
+    const int64_t out_row = static_cast<int64_t>(blockIdx.x) * kTile + j;
+    if (out_row < out.rows && out_col < out.cols) out.data[out_row * out.ld + out_col] = tile[threadIdx.x][j];
+  }
+}
+
 }  // namespace
 
 void set_gemm_tuning(bool on) { tuning_on.store(on, std::memory_order_relaxed); }
@@ -1041,6 +1060,14 @@ bool gemm_bias_cuda(cublasHandle_t handle, void* workspace, size_t workspace_byt
   GALE_CHECK_CUBLAS(cublasGetStream(handle, &stream));
   const LtProduct p{trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc, tf32, bias, relu};
   return lt_matmul(p, workspace, workspace_bytes, stream);
+}
+
+void transpose_cuda(ConstMatrixView in, MatrixView out, cudaStream_t stream) {
+  require(out.rows == in.cols && out.cols == in.rows, "transpose: out must be in.cols x in.rows");
+  if (in.rows == 0 || in.cols == 0) return;
+  const dim3 grid(static_cast<unsigned>((in.cols + kTile - 1) / kTile), static_cast<unsigned>((in.rows + kTile - 1) / kTile));
+  transpose_kernel<<<grid, dim3(kTile, kTileRowsPerPass), 0, stream>>>(in, out);
+  check_launch();
 }
 
 void add_bias_cuda(MatrixView out, const float* bias, cudaStream_t stream) {

@@ -645,6 +645,23 @@ TEST_F(DenseCudaGemm, BiasEpilogueMatchesGemmThenBias) {
 }
 TEST_F(DenseCudaGemm, AllTransposesMatchTheCpuInTf32) { run(true, 1e-2); }
 
+// transpose_cuda against the CPU's transpose, bit for bit, on shapes that are and are not whole
+// tiles, from and into padded rows (the padding of the output left as it was).
+TEST_F(DenseCuda, TransposeMatchesTheCpu) {
+  uint64_t key = 1100;
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {32, 32}, {100, 256}, {257, 33}, {7, 1000}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    Matrix in = random_matrix(++key, rows, cols, cols + 3);
+    Matrix out = poisoned_matrix(cols, rows, rows + 1);
+    transpose(ConstMatrixView{in.host.data(), rows, cols, in.ld}, out.host_view());
+    transpose_cuda(ConstMatrixView{in.device.data(), rows, cols, in.ld}, out.device_view(), *stream_);
+    expect_matches(out, 0.0, "transpose");
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(out.host[static_cast<size_t>(c * out.ld + r)], in.host[static_cast<size_t>(r * in.ld + c)]);
+  }
+}
+
 // With GEMM tuning on, a product large enough to tune (16384 x 512 x 512, kGemmTuneMacs) is run
 // with the heuristic's first candidate, then timed over the candidates on its second call, then
 // run with the winner, overwriting (beta 0: the timing runs rerun it in place) and accumulating

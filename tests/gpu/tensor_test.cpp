@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -11,8 +12,10 @@
 
 #include "engine/device_context.hpp"
 #include "engine/devices.hpp"
+#include "engine/ops.hpp"
 #include "engine/tensor.hpp"
 #include "kernels/cuda/runtime.hpp"
+#include "kernels/dense.hpp"
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
 #include "tests/gpu/fault_device.hpp"
@@ -38,6 +41,56 @@ TEST_F(GpuTensor, RoundTripsThroughTheDevice) {
   EXPECT_EQ(copy.to_vector(), values);
   const Tensor rows = dev.rows_slice(5, 9);
   EXPECT_EQ(rows.to_vector(), std::vector<float>(values.begin() + 5 * 129, values.begin() + 9 * 129));
+}
+
+// ops::gemm and ops::gemm_bias on products that run on a transposed copy of the weight
+// (kernels::weight_transposed_first) and on one row fewer (the weight as stored): the CPU's
+// results, in FP32 and TF32, overwriting and accumulating, the weight unchanged.
+TEST_F(GpuTensor, GemmOnATransposedWeightMatchesTheCpu) {
+  auto random = [](uint64_t key, int64_t rows, int64_t cols) {
+    std::vector<float> v(static_cast<size_t>(rows * cols));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = 2.0f * kernels::random_uniform(key, i) - 1.0f;
+    return Tensor::from_vector(v, rows, cols);
+  };
+  struct Shape {
+    int64_t m, n, k;
+  };
+  const Device gpu = Device::cuda(0);
+  uint64_t key = 40;
+  for (const Shape sh : {Shape{kernels::kWeightTransposedRows, 256, 100}, Shape{kernels::kWeightTransposedRows, 48, 256},
+                         Shape{kernels::kWeightTransposedRows - 1, 256, 100}}) {
+    for (bool tf32 : {false, true}) {
+      SCOPED_TRACE(std::to_string(sh.m) + " x " + std::to_string(sh.n) + " x " + std::to_string(sh.k) +
+                   (tf32 ? " tf32" : " fp32") +
+                   (kernels::weight_transposed_first(sh.m, sh.n, sh.k, tf32) ? ", weight transposed" : ", weight as stored"));
+      // TF32 rounds each input to 11 significant bits: over depth 256 of products up to 1 the
+      // errors reach ~0.01 (a few sigma over 12M outputs).
+      const float tol = tf32 ? 3e-2f : 1e-4f;
+      const Tensor a = random(++key, sh.m, sh.k), w = random(++key, sh.k, sh.n), bias = random(++key, 1, sh.n);
+      const Tensor c0 = random(++key, sh.m, sh.n);
+      const Tensor a_d = a.to(gpu), w_d = w.to(gpu), bias_d = bias.to(gpu);
+      auto expect_close = [&](const Tensor& want, const Tensor& got, const char* what) {
+        const std::vector<float> x = want.to_vector(), y = got.to_vector();
+        ASSERT_EQ(x.size(), y.size());
+        size_t far = 0;
+        for (size_t i = 0; i < x.size(); ++i) far += !(std::fabs(x[i] - y[i]) <= tol * (1.0f + std::fabs(x[i])));
+        EXPECT_EQ(far, 0u) << what;
+      };
+      for (float beta : {0.0f, 1.0f}) {
+        Tensor want = c0.clone(), got = c0.to(gpu);
+        ops::gemm(a, false, w, false, beta, &want, tf32);
+        ops::gemm(a_d, false, w_d, false, beta, &got, tf32);
+        expect_close(want, got, beta == 0.0f ? "gemm" : "gemm, accumulating");
+      }
+      for (bool relu : {false, true}) {
+        Tensor want = c0.clone(), got = c0.to(gpu);
+        ops::gemm_bias(a, w, 0.0f, &want, bias, relu, tf32);
+        ops::gemm_bias(a_d, w_d, 0.0f, &got, bias_d, relu, tf32);
+        expect_close(want, got, relu ? "gemm_bias with ReLU" : "gemm_bias");
+      }
+      EXPECT_EQ(w_d.to_vector(), w.to_vector()) << "the weight changed";
+    }
+  }
 }
 
 TEST_F(GpuTensor, ZerosAndFillWriteTheDeviceStorage) {

@@ -296,6 +296,33 @@ TEST(Gemm, MatchesNaiveProductForEveryTransposeCombination) {
   }
 }
 
+// The GPU's C = A B runs on a transposed copy of B only where that form measured faster: many
+// rows, a depth of at least 64 in whole 16-byte rows, a weight within the workspace's tail, and
+// TF32 or a narrowing depth.
+TEST(Gemm, WeightIsTransposedOnlyWhereThatFormMeasuredFaster) {
+  const int64_t rows = kWeightTransposedRows;
+  EXPECT_TRUE(weight_transposed_first(rows, 256, 256, /*tf32=*/true));
+  EXPECT_TRUE(weight_transposed_first(2097152, 48, 256, true));
+  EXPECT_TRUE(weight_transposed_first(rows, 256, 100, false));   // FP32: narrowing depth
+  EXPECT_FALSE(weight_transposed_first(rows, 256, 256, false));  // FP32 square: NN measured 3% faster
+  EXPECT_FALSE(weight_transposed_first(rows - 1, 256, 256, true));
+  EXPECT_FALSE(weight_transposed_first(rows, 256, 47, true));  // depth below 64
+  EXPECT_FALSE(weight_transposed_first(rows, 256, 66, true));  // rows of 66 floats are not whole 16-byte rows
+  EXPECT_TRUE(weight_transposed_first(rows, 1024, 1024, true));  // 4 MiB: the tail holds it
+  EXPECT_FALSE(weight_transposed_first(rows, 1024, 1028, true));
+}
+
+TEST(Dense, TransposeSwapsRowsAndColumnsAndLeavesPaddingAlone) {
+  const int64_t rows = 5, cols = 3;
+  const auto in = random_floats(static_cast<size_t>(rows * (cols + 2)), 7);
+  std::vector<float> out(static_cast<size_t>(cols * (rows + 1)), -9.0f);
+  transpose(ConstMatrixView{in.data(), rows, cols, cols + 2}, MatrixView{out.data(), cols, rows, rows + 1});
+  for (int64_t r = 0; r < cols; ++r) {
+    for (int64_t c = 0; c < rows; ++c) EXPECT_EQ(out[r * (rows + 1) + c], in[c * (cols + 2) + r]);
+    EXPECT_EQ(out[r * (rows + 1) + rows], -9.0f);
+  }
+}
+
 TEST(Dense, BiasColumnSumAndActivations) {
   const int64_t rows = 17, cols = 70;
   auto x = random_floats(static_cast<size_t>(rows * cols), 3);
