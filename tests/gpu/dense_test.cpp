@@ -165,25 +165,30 @@ TEST_F(DenseCuda, ReluBitMasksAreBitIdentical) {
     const std::vector<float> got = download(sums);
     for (int64_t c = 0; c < cols; ++c) ASSERT_TRUE(within(got[c], want[c], 1e-6)) << "sum of column " << c;
   });
-  // Tall: several chunks, several column tiles, in place.
-  const int64_t rows = 9001, cols = 100;
-  Matrix y = random_matrix(++key, rows, cols, cols);
-  const int64_t words = relu_mask_words(cols);
-  std::vector<uint32_t> bits(static_cast<size_t>(rows * words));
-  relu_mask(y.host_view(), bits.data());
-  const DeviceBuffer<uint32_t> bits_d = cuda::to_device(*pool_, bits, *stream_);
-  Matrix g = random_matrix(++key, rows, cols, cols);
-  std::vector<float> want(static_cast<size_t>(cols));
-  relu_backward_mask(g.host_view(), bits.data(), g.host_view());
-  column_sum(g.host_view(), want.data(), false);
-  DeviceBuffer<float> sums(*pool_, static_cast<size_t>(cols), *stream_);
-  const size_t ws_bytes = column_sum_workspace_bytes(rows, cols);
-  DeviceBuffer<unsigned char> ws(*pool_, ws_bytes, *stream_);
-  relu_backward_mask_sum_cuda(g.device_view(), bits_d.data(), g.device_view(), sums.data(), ws.data(), ws_bytes,
-                              *stream_);
-  expect_matches(g, 0.0, "relu_backward_mask with sums, in place");
-  const std::vector<float> got = download(sums);
-  for (int64_t c = 0; c < cols; ++c) ASSERT_TRUE(within(got[c], want[c], 1e-6)) << "tall, sum of column " << c;
+  // Tall: several chunks and column tiles, 100 columns and 256 (16-byte rows), in place.
+  for (const int64_t cols : {100, 256}) {
+    SCOPED_TRACE("tall, " + std::to_string(cols) + " columns");
+    const int64_t rows = 9001;
+    Matrix y = random_matrix(++key, rows, cols, cols);
+    const int64_t words = relu_mask_words(cols);
+    std::vector<uint32_t> bits(static_cast<size_t>(rows * words));
+    relu_mask(y.host_view(), bits.data());
+    DeviceBuffer<uint32_t> bits_d(*pool_, bits.size(), *stream_);
+    relu_mask_cuda(y.device_view(), bits_d.data(), *stream_);
+    ASSERT_EQ(download(bits_d), bits);
+    Matrix g = random_matrix(++key, rows, cols, cols);
+    std::vector<float> want(static_cast<size_t>(cols));
+    relu_backward_mask(g.host_view(), bits.data(), g.host_view());
+    column_sum(g.host_view(), want.data(), false);
+    DeviceBuffer<float> sums(*pool_, static_cast<size_t>(cols), *stream_);
+    const size_t ws_bytes = column_sum_workspace_bytes(rows, cols);
+    DeviceBuffer<unsigned char> ws(*pool_, ws_bytes, *stream_);
+    relu_backward_mask_sum_cuda(g.device_view(), bits_d.data(), g.device_view(), sums.data(), ws.data(), ws_bytes,
+                                *stream_);
+    expect_matches(g, 0.0, "relu_backward_mask with sums, in place");
+    const std::vector<float> got = download(sums);
+    for (int64_t c = 0; c < cols; ++c) ASSERT_TRUE(within(got[c], want[c], 1e-6)) << "tall, sum of column " << c;
+  }
 }
 
 TEST_F(DenseCuda, ReluInPlaceMatches) {
@@ -353,6 +358,11 @@ TEST_F(DenseCuda, ColumnSumIsDeterministicAndMatchesTheCpu) {
   check(100003, 3, 3);  // many row passes per thread, 25 chunks
   check(4099, 300, 301);  // several column tiles, two chunks
   check(4200000, 5, 5);  // the chunk cap: 1024 chunks of 4102 rows
+  // 16-byte rows of 128-512 columns over several chunks.
+  check(9001, 256, 256);
+  check(5000, 512, 516);
+  check(8200, 132, 136);
+  check(4097, 128, 128);
 }
 
 // Batch normalisation's statistics, apply (in place and into another matrix), backward (gamma's and
