@@ -62,9 +62,7 @@ void transpose(ConstMatrixView in, MatrixView out) {
 }
 
 bool weight_transposed_first(int64_t m, int64_t n, int64_t k, bool tf32) {
-  if (m < kWeightTransposedRows || k < 64 || k % 4 != 0) return false;
-  if (static_cast<double>(n) * static_cast<double>(k) * sizeof(float) > static_cast<double>(kTransposedWeightBytes))
-    return false;
+  if (m < kWeightTransposedRows || k < 64 || k % 4 != 0 || n > kTransposedWeightBytes / sizeof(float) / k) return false;
   return tf32 || k < n;
 }
 

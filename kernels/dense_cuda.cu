@@ -1063,7 +1063,7 @@ bool gemm_bias_cuda(cublasHandle_t handle, void* workspace, size_t workspace_byt
 }
 
 void transpose_cuda(ConstMatrixView in, MatrixView out, cudaStream_t stream) {
-  require(out.rows == in.cols && out.cols == in.rows, "transpose: out must be in.cols x in.rows");
+  GALE_ASSERT(out.rows == in.cols && out.cols == in.rows);
   if (in.rows == 0 || in.cols == 0) return;
   const dim3 grid(static_cast<unsigned>((in.cols + kTile - 1) / kTile), static_cast<unsigned>((in.rows + kTile - 1) / kTile));
   transpose_kernel<<<grid, dim3(kTile, kTileRowsPerPass), 0, stream>>>(in, out);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/compare-bench-runs.sh on the CPU: a binary against itself is "same" in every case (exit 0);
-# against a wrapper that changes one field that is not a time ("nodes" in bench sample's row) or
-# one prediction's file, the case says DIFFERENT and the script exits 1; bad usage exits 2.
+# against a wrapper that changes one field that is not a time ("nodes" in bench sample's row), that
+# case says DIFFERENT and the script exits 1; a bad device exits 2.
 # usage: compare_runs_test.sh SCRIPT GALE
 set -uo pipefail
 script=$1 gale=$2

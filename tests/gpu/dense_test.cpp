@@ -138,14 +138,19 @@ TEST_F(DenseCuda, ReluForwardAndBackwardAreBitIdentical) {
 
 TEST_F(DenseCuda, ReluBitMasksAreBitIdentical) {
   uint64_t key = 150;
+  // y's mask from the CPU twin into *bits and from relu_mask_cuda into *bits_d: the same words.
+  auto masks_of = [&](Matrix& y, std::vector<uint32_t>* bits, DeviceBuffer<uint32_t>* bits_d) {
+    bits->assign(static_cast<size_t>(y.rows * relu_mask_words(y.cols)), 0u);
+    relu_mask(y.host_view(), bits->data());
+    *bits_d = DeviceBuffer<uint32_t>(*pool_, bits->size(), *stream_);
+    relu_mask_cuda(y.device_view(), bits_d->data(), *stream_);
+    ASSERT_EQ(download(*bits_d), *bits);
+  };
   for_each_shape([&](int64_t rows, int64_t cols, int64_t ld) {
     Matrix y = random_matrix(++key, rows, cols, ld);
-    const int64_t words = relu_mask_words(cols);
-    std::vector<uint32_t> bits(static_cast<size_t>(rows * words));
-    relu_mask(y.host_view(), bits.data());
-    DeviceBuffer<uint32_t> bits_d(*pool_, bits.size(), *stream_);
-    relu_mask_cuda(y.device_view(), bits_d.data(), *stream_);
-    ASSERT_EQ(download(bits_d), bits);
+    std::vector<uint32_t> bits;
+    DeviceBuffer<uint32_t> bits_d;
+    ASSERT_NO_FATAL_FAILURE(masks_of(y, &bits, &bits_d));
     Matrix g = random_matrix(++key, rows, cols, ld);
     Matrix gi = poisoned_matrix(rows, cols, ld);
     relu_backward_mask(g.host_view(), bits.data(), gi.host_view());
@@ -170,12 +175,9 @@ TEST_F(DenseCuda, ReluBitMasksAreBitIdentical) {
     SCOPED_TRACE("tall, " + std::to_string(cols) + " columns");
     const int64_t rows = 9001;
     Matrix y = random_matrix(++key, rows, cols, cols);
-    const int64_t words = relu_mask_words(cols);
-    std::vector<uint32_t> bits(static_cast<size_t>(rows * words));
-    relu_mask(y.host_view(), bits.data());
-    DeviceBuffer<uint32_t> bits_d(*pool_, bits.size(), *stream_);
-    relu_mask_cuda(y.device_view(), bits_d.data(), *stream_);
-    ASSERT_EQ(download(bits_d), bits);
+    std::vector<uint32_t> bits;
+    DeviceBuffer<uint32_t> bits_d;
+    ASSERT_NO_FATAL_FAILURE(masks_of(y, &bits, &bits_d));
     Matrix g = random_matrix(++key, rows, cols, cols);
     std::vector<float> want(static_cast<size_t>(cols));
     relu_backward_mask(g.host_view(), bits.data(), g.host_view());

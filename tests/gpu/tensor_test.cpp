@@ -19,6 +19,7 @@
 #include "kernels/error.hpp"
 #include "kernels/random.hpp"
 #include "tests/gpu/fault_device.hpp"
+#include "tests/gpu/random_inputs.hpp"
 
 namespace gale::engine {
 namespace {
@@ -48,9 +49,7 @@ TEST_F(GpuTensor, RoundTripsThroughTheDevice) {
 // results, in FP32 and TF32, overwriting and accumulating, the weight unchanged.
 TEST_F(GpuTensor, GemmOnATransposedWeightMatchesTheCpu) {
   auto random = [](uint64_t key, int64_t rows, int64_t cols) {
-    std::vector<float> v(static_cast<size_t>(rows * cols));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = 2.0f * kernels::random_uniform(key, i) - 1.0f;
-    return Tensor::from_vector(v, rows, cols);
+    return Tensor::from_vector(kernels::testing::uniform(key, static_cast<size_t>(rows * cols), -1.0f, 1.0f), rows, cols);
   };
   struct Shape {
     int64_t m, n, k;
