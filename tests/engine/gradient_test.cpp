@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/error.hpp"
@@ -269,11 +270,12 @@ void check_layer(Layer& layer, const TestGraph& g, const Reference& ref, uint64_
 }
 
 // Blocks (9 destinations, 14 sources) and full graphs (11 x 11); narrow and wide outputs so both
-// orders of aggregation and transformation run.
+// orders of aggregation and transformation run; a narrowing layer to 11 columns, whose backward
+// (without a root term) lays A^T grad in rows of 12 (kernels::spmm_gar_row_floats).
 struct Case {
   int64_t dst, src, in, out;
 };
-const Case kCases[] = {{9, 14, 5, 3}, {11, 11, 3, 6}};
+const Case kCases[] = {{9, 14, 5, 3}, {11, 11, 3, 6}, {9, 14, 13, 11}};
 
 TEST(GcnLayer, BackwardMatchesFiniteDifferences) {
   for (const Case& c : kCases) {
@@ -518,10 +520,11 @@ void check_model_gradients(const ModelConfig& cfg, uint64_t seed, const TestGrap
 // parameter gradients as the dense path on the masked input, and that path's input gradient at
 // the kept positions, zero elsewhere.
 TEST(Layers, ALayerOnAMaxKInputEqualsTheDensePathMaskedOnABlock) {
-  for (const int64_t out : {int64_t{3}, int64_t{8}}) {
+  // (in, out): narrowing, square, and narrowing to a width whose gradient rows are padded (11 -> 12).
+  for (const auto& [in, out] : {std::pair<int64_t, int64_t>{8, 3}, {8, 8}, {16, 11}}) {
     for (const std::string kind : {"gcn", "sage", "gin"}) {
-      SCOPED_TRACE(kind + " out " + std::to_string(out));
-      const int64_t in = 8, k = 3;
+      SCOPED_TRACE(kind + " in " + std::to_string(in) + " out " + std::to_string(out));
+      const int64_t k = 3;
       const auto make = [&]() {
         if (kind == "gcn") return make_gcn_layer("l", in, out, 5);
         if (kind == "sage") return make_sage_layer("l", in, out, 5);
