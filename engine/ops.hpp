@@ -155,10 +155,13 @@ Tensor gather_rows(const Tensor& src, const Tensor& ids);
 // a <- a op(b) for a square op(b) (cols x cols), in place: row panels go through a scratch of at
 // most panel_rows rows (0: as many as fit in kGemmPanelBytes), so the product needs no second
 // a-sized tensor. With relu_of (a's shape), each panel is written back through ReLU's backward
-// (kept where relu_of > 0, else 0), which then costs no pass of its own.
+// (kept where relu_of > 0, else 0), which then costs no pass of its own. With column_sums (1 x
+// cols) also = the column sums of what is written (the bias gradient of the layer below the
+// ReLU): bit for bit column_sum of the result, summed on a GPU by the passes that write the
+// panels (panels then of whole column_sum chunks, kernels::column_sum_chunk_rows).
 constexpr int64_t kGemmPanelBytes = int64_t{256} << 20;
 void gemm_in_place(Tensor* a, const Tensor& b, bool trans_b, bool tf32, int64_t panel_rows = 0,
-                   const Tensor* relu_of = nullptr);
+                   const Tensor* relu_of = nullptr, Tensor* column_sums = nullptr);
 
 void relu(const Tensor& x, Tensor* out);  // may alias
 void relu_backward(const Tensor& grad_out, const Tensor& y, Tensor* grad_in);

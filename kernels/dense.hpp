@@ -211,6 +211,17 @@ void relu_backward_mask_cuda(ConstMatrixView grad_out, const uint32_t* bits, Mat
 // the first of them writing grad_in as it reads; deterministic like column_sum_cuda.
 void relu_backward_mask_sum_cuda(ConstMatrixView grad_out, const uint32_t* bits, MatrixView grad_in, float* sums,
                                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// column_sum_cuda over a matrix written in row panels (ops::gemm_in_place), in its two passes: a
+// panel of rows [first_row, first_row + rows) of a total_rows-row matrix (first_row a multiple of
+// column_sum_chunk_rows(total_rows)) gets relu_backward_cuda's values written to grad_in (which may
+// be grad_out; the three views hold just the panel's rows) and their pass-1 sums put in the
+// workspace (column_sum_workspace_bytes(total_rows, cols)); after the last panel
+// column_sum_finish_cuda writes out (+)= the sums: bit for bit column_sum_cuda of the whole.
+int64_t column_sum_chunk_rows(int64_t total_rows);
+void relu_backward_sum_rows_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, int64_t first_row,
+                                 int64_t total_rows, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+void column_sum_finish_cuda(int64_t total_rows, int64_t cols, float* out, bool accumulate, const void* workspace,
+                            size_t workspace_bytes, cudaStream_t stream);
 // Twins of the batch normalisation ops, deterministic like column_sum_cuda (the same reductions,
 // the statistics' two sums and the backward's two in one pass each), in a workspace of batch_norm_workspace_bytes(x.rows, x.cols) bytes (8-byte aligned, not reused
 // until the stream has passed the call).

@@ -352,6 +352,15 @@ struct ReluMaskedValue {
   }
   __device__ void store(int64_t r, int64_t c, const Vals<1>& v) const { grad_in.data[r * grad_in.ld + c] = v.v[0]; }
 };
+// relu_backward's element (ReluBackward), written to grad_in (which may be grad_out) and summed.
+struct ReluValue {
+  ConstMatrixView grad_out, y;
+  MatrixView grad_in;
+  __device__ Vals<1> load(int64_t r, int64_t c) const {
+    return {{y.data[r * y.ld + c] > 0.0f ? grad_out.data[r * grad_out.ld + c] : 0.0f}};
+  }
+  __device__ void store(int64_t r, int64_t c, const Vals<1>& v) const { grad_in.data[r * grad_in.ld + c] = v.v[0]; }
+};
 
 template <int TW, int K, typename Value>
 __global__ void __launch_bounds__(kSumThreads)
@@ -438,18 +447,27 @@ size_t column_sums_workspace_bytes(int64_t rows, int64_t cols, int k) {
          static_cast<size_t>(k) * sizeof(double);
 }
 
-template <int TW, int K, typename Value, typename Finish>
-void launch_column_sum(int64_t rows, int64_t cols, Value value, Finish finish, double* partial, cudaStream_t stream) {
-  const int64_t chunks = column_sum_chunks(rows);
-  const int64_t chunk_rows = (rows + chunks - 1) / chunks;
+// Pass 1 over `rows` rows in `chunks` chunks of chunk_rows, into partial[0, chunks), TW sized to
+// the width.
+template <int TW, int K, typename Value>
+void launch_column_sum_partials(int64_t rows, int64_t cols, Value value, int64_t chunk_rows, int64_t chunks,
+                                double* partial, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((cols + TW - 1) / TW), static_cast<unsigned>(chunks));
   column_sum_partial_kernel<TW, K><<<grid, kSumThreads, 0, stream>>>(rows, cols, value, chunk_rows, partial);
   check_launch();
-  column_sum_finish_kernel<K><<<blocks_for(cols), kThreads, 0, stream>>>(partial, chunks, cols, finish);
-  check_launch();
+}
+template <int K, typename Value>
+void column_sum_partials(int64_t rows, int64_t cols, Value value, int64_t chunk_rows, int64_t chunks, double* partial,
+                         cudaStream_t stream) {
+  if (cols == 1) return launch_column_sum_partials<1, K>(rows, cols, value, chunk_rows, chunks, partial, stream);
+  if (cols <= 2) return launch_column_sum_partials<2, K>(rows, cols, value, chunk_rows, chunks, partial, stream);
+  if (cols <= 4) return launch_column_sum_partials<4, K>(rows, cols, value, chunk_rows, chunks, partial, stream);
+  if (cols <= 8) return launch_column_sum_partials<8, K>(rows, cols, value, chunk_rows, chunks, partial, stream);
+  if (cols <= 16) return launch_column_sum_partials<16, K>(rows, cols, value, chunk_rows, chunks, partial, stream);
+  launch_column_sum_partials<32, K>(rows, cols, value, chunk_rows, chunks, partial, stream);
 }
 
-// K column sums of rows x cols values (a functor above) handed to finish, TW sized to the width.
+// K column sums of rows x cols values (a functor above) handed to finish.
 template <int K, typename Value, typename Finish>
 void column_sums(int64_t rows, int64_t cols, Value value, Finish finish, void* workspace, size_t workspace_bytes,
                  const char* op, cudaStream_t stream) {
@@ -458,12 +476,10 @@ void column_sums(int64_t rows, int64_t cols, Value value, Finish finish, void* w
   require(workspace_bytes >= needed, std::string(op) + ": workspace of " + std::to_string(workspace_bytes) +
                                          " bytes, " + std::to_string(needed) + " needed");
   auto* partial = static_cast<double*>(workspace);
-  if (cols == 1) return launch_column_sum<1, K>(rows, cols, value, finish, partial, stream);
-  if (cols <= 2) return launch_column_sum<2, K>(rows, cols, value, finish, partial, stream);
-  if (cols <= 4) return launch_column_sum<4, K>(rows, cols, value, finish, partial, stream);
-  if (cols <= 8) return launch_column_sum<8, K>(rows, cols, value, finish, partial, stream);
-  if (cols <= 16) return launch_column_sum<16, K>(rows, cols, value, finish, partial, stream);
-  launch_column_sum<32, K>(rows, cols, value, finish, partial, stream);
+  const int64_t chunks = column_sum_chunks(rows);
+  column_sum_partials<K>(rows, cols, value, (rows + chunks - 1) / chunks, chunks, partial, stream);
+  column_sum_finish_kernel<K><<<blocks_for(cols), kThreads, 0, stream>>>(partial, chunks, cols, finish);
+  check_launch();
 }
 
 // ---- Adam -------------------------------------------------------------------------------------
@@ -1324,6 +1340,37 @@ void relu_mask_cuda(ConstMatrixView y, uint32_t* bits, cudaStream_t stream) {
   } else {
     relu_mask_kernel<<<blocks_for(y.rows * words, kWarpsPerMask), kThreads, 0, stream>>>(y, bits, words);
   }
+  check_launch();
+}
+
+int64_t column_sum_chunk_rows(int64_t total_rows) {
+  const int64_t rows = std::max<int64_t>(total_rows, 1), chunks = column_sum_chunks(rows);
+  return (rows + chunks - 1) / chunks;
+}
+
+void relu_backward_sum_rows_cuda(ConstMatrixView grad_out, ConstMatrixView y, MatrixView grad_in, int64_t first_row,
+                                 int64_t total_rows, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const int64_t rows = y.rows, cols = y.cols, chunk_rows = column_sum_chunk_rows(total_rows);
+  require(first_row % chunk_rows == 0 && first_row + rows <= total_rows,
+          "relu_backward_sum_rows_cuda: rows [" + std::to_string(first_row) + ", " + std::to_string(first_row + rows) +
+              ") are not whole chunks of " + std::to_string(chunk_rows) + " within " + std::to_string(total_rows));
+  require(workspace_bytes >= column_sums_workspace_bytes(total_rows, cols, 1),
+          "relu_backward_sum_rows_cuda: workspace of " + std::to_string(workspace_bytes) + " bytes, " +
+              std::to_string(column_sums_workspace_bytes(total_rows, cols, 1)) + " needed");
+  if (rows == 0 || cols == 0) return;
+  double* partial = static_cast<double*>(workspace) + (first_row / chunk_rows) * cols;
+  column_sum_partials<1>(rows, cols, ReluValue{grad_out, y, grad_in}, chunk_rows, (rows + chunk_rows - 1) / chunk_rows,
+                         partial, stream);
+}
+
+void column_sum_finish_cuda(int64_t total_rows, int64_t cols, float* out, bool accumulate, const void* workspace,
+                            size_t workspace_bytes, cudaStream_t stream) {
+  if (cols == 0) return;
+  require(workspace_bytes >= column_sums_workspace_bytes(total_rows, cols, 1),
+          "column_sum_finish_cuda: workspace of " + std::to_string(workspace_bytes) + " bytes, " +
+              std::to_string(column_sums_workspace_bytes(total_rows, cols, 1)) + " needed");
+  column_sum_finish_kernel<1><<<blocks_for(cols), kThreads, 0, stream>>>(
+      static_cast<const double*>(workspace), column_sum_chunks(total_rows), cols, SumInto{out, accumulate, 1.0});
   check_launch();
 }
 

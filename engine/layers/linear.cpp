@@ -52,8 +52,8 @@ Tensor Linear::input_grad(const Tensor& g, bool tf32, Tensor* into) const {
   return gx;
 }
 
-void Linear::input_grad_in_place(Tensor* g, bool tf32, const Tensor* relu_of) const {
-  ops::gemm_in_place(g, weight_.value, /*trans_b=*/true, tf32, /*panel_rows=*/0, relu_of);
+void Linear::input_grad_in_place(Tensor* g, bool tf32, const Tensor* relu_of, Tensor* column_sums) const {
+  ops::gemm_in_place(g, weight_.value, /*trans_b=*/true, tf32, /*panel_rows=*/0, relu_of, column_sums);
 }
 
 Tensor Linear::backward(const Tensor& x, const Tensor& g, bool need_input_grad, bool tf32) {

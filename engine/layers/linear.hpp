@@ -23,8 +23,10 @@ class Linear {
   // g W^T, added into `into` (beta 1) when given, else as a new tensor.
   Tensor input_grad(const Tensor& grad_out, bool tf32, Tensor* into = nullptr) const;
   // g <- g W^T for a square W, without a second g-sized tensor; then through ReLU's backward at
-  // relu_of (the ReLU's output) when given, in the same pass.
-  void input_grad_in_place(Tensor* grad_out, bool tf32, const Tensor* relu_of = nullptr) const;
+  // relu_of (the ReLU's output) when given, in the same pass, which also writes the result's column
+  // sums into column_sums when given (ops::gemm_in_place).
+  void input_grad_in_place(Tensor* grad_out, bool tf32, const Tensor* relu_of = nullptr,
+                           Tensor* column_sums = nullptr) const;
   void add_parameters(std::vector<Parameter*>* out);
   int64_t in() const { return weight_.value.rows(); }
   int64_t out() const { return weight_.value.cols(); }

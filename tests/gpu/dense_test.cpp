@@ -193,6 +193,56 @@ TEST_F(DenseCuda, ReluBitMasksAreBitIdentical) {
   }
 }
 
+// ReLU's backward over row panels with the column sums of what it writes (ops::gemm_in_place's
+// passes): every panel's values are relu_backward's bit for bit, and after the last panel the sums
+// are column_sum_cuda's of the whole written matrix bit for bit, in one chunk, several, and chunks
+// of other than 4096 rows, panels of one chunk and of several, out of place and in place (the
+// panels written over grad_out, as gemm_in_place's scratch is not). A panel that does not start on
+// a chunk is refused.
+TEST_F(DenseCuda, ReluBackwardSumsOverRowPanelsAreColumnSumsBitForBit) {
+  uint64_t key = 170;
+  for (const int64_t rows : {1000, 9001, 20000}) {
+    for (const int64_t cols : {7, 33, 256}) {
+      const int64_t chunk = column_sum_chunk_rows(rows);
+      for (const int64_t chunks_a_panel : {1, 2}) {
+        for (const bool in_place : {false, true}) {
+          SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + ", panels of " +
+                       std::to_string(chunks_a_panel) + " chunks of " + std::to_string(chunk) +
+                       (in_place ? ", in place" : ""));
+          Matrix y = random_matrix(++key, rows, cols, cols);
+          Matrix g = random_matrix(++key, rows, cols, cols);
+          Matrix out = poisoned_matrix(rows, cols, cols);  // the reference on the host; written on the device unless in place
+          relu_backward(g.host_view(), y.host_view(), out.host_view());
+          const size_t ws_bytes = column_sum_workspace_bytes(rows, cols);
+          DeviceBuffer<unsigned char> ws(*pool_, ws_bytes, *stream_);
+          const int64_t panel = chunks_a_panel * chunk;
+          for (int64_t r0 = 0; r0 < rows; r0 += panel) {
+            const int64_t n = std::min(panel, rows - r0);
+            const auto part = [&](Matrix& m) { return MatrixView{m.device.data() + r0 * cols, n, cols, cols}; };
+            relu_backward_sum_rows_cuda(part(g), part(y), part(in_place ? g : out), r0, rows, ws.data(), ws_bytes,
+                                        *stream_);
+          }
+          DeviceBuffer<float> sums(*pool_, static_cast<size_t>(cols), *stream_);
+          column_sum_finish_cuda(rows, cols, sums.data(), /*accumulate=*/false, ws.data(), ws_bytes, *stream_);
+          Matrix& written = in_place ? g : out;
+          if (in_place) g.host = out.host;
+          expect_matches(written, 0.0, "relu_backward over panels");
+          DeviceBuffer<float> want(*pool_, static_cast<size_t>(cols), *stream_);
+          DeviceBuffer<unsigned char> ws2(*pool_, ws_bytes, *stream_);
+          column_sum_cuda(written.device_view(), want.data(), false, ws2.data(), ws_bytes, *stream_);
+          const std::vector<float> a = download(sums), b = download(want);
+          for (int64_t c = 0; c < cols; ++c) ASSERT_TRUE(same_bits(a[c], b[c])) << "column " << c << ": " << a[c] << " against " << b[c];
+        }
+      }
+    }
+  }
+  Matrix m = random_matrix(++key, 9001, 7, 7);
+  const size_t ws_bytes = column_sum_workspace_bytes(9001, 7);
+  DeviceBuffer<unsigned char> ws(*pool_, ws_bytes, *stream_);
+  const MatrixView part{m.device.data() + 7, 100, 7, 7};  // rows [1, 101): not on a chunk of 3001
+  EXPECT_THROW(relu_backward_sum_rows_cuda(part, part, part, 1, 9001, ws.data(), ws_bytes, *stream_), InputError);
+}
+
 TEST_F(DenseCuda, ReluInPlaceMatches) {
   Matrix x = random_matrix(7, 37, 33, 33);
   relu_forward(x.host_view(), x.host_view());

@@ -92,6 +92,42 @@ TEST_F(GpuTensor, GemmOnATransposedWeightMatchesTheCpu) {
   }
 }
 
+// ops::gemm_in_place with the column sums of what it writes (GIN's MLP backward: the first Linear's
+// bias gradient): the product through ReLU's backward as on the CPU, and the sums column_sum's of
+// the result bit for bit on the GPU, with the default panels, with panels smaller than a sum chunk
+// (rounded up to one), over one chunk and several, and without ReLU (a column_sum pass then).
+TEST_F(GpuTensor, GemmInPlaceSumsWhatItWritesAsColumnSumDoes) {
+  auto random = [](uint64_t key, int64_t rows, int64_t cols) {
+    return Tensor::from_vector(kernels::testing::uniform(key, static_cast<size_t>(rows * cols), -1.0f, 1.0f), rows, cols);
+  };
+  const Device gpu = Device::cuda(0);
+  uint64_t key = 60;
+  for (const int64_t rows : {1000, 9001}) {
+    for (const int64_t panel_rows : {int64_t{0}, int64_t{700}, int64_t{5000}}) {
+      for (const bool relu : {true, false}) {
+        SCOPED_TRACE(std::to_string(rows) + " rows, panels of " + std::to_string(panel_rows) + (relu ? ", ReLU" : ""));
+        const Tensor a = random(++key, rows, 48), w = random(++key, 48, 48), y = random(++key, rows, 48);
+        Tensor want = a.clone(), got = a.to(gpu);
+        Tensor want_sums = Tensor::empty(1, 48), got_sums = Tensor::empty(1, 48, DType::kF32, gpu);
+        ops::gemm_in_place(&want, w, /*trans_b=*/true, /*tf32=*/false, panel_rows, relu ? &y : nullptr, &want_sums);
+        const Tensor y_d = y.to(gpu);
+        ops::gemm_in_place(&got, w.to(gpu), true, false, panel_rows, relu ? &y_d : nullptr, &got_sums);
+        const std::vector<float> x = want.to_vector(), z = got.to_vector();
+        size_t far = 0;
+        for (size_t i = 0; i < x.size(); ++i) far += !(std::fabs(x[i] - z[i]) <= 1e-4f * (1.0f + std::fabs(x[i])));
+        EXPECT_EQ(far, 0u) << "the product";
+        Tensor again = Tensor::empty(1, 48, DType::kF32, gpu);
+        ops::column_sum(got, &again, /*accumulate=*/false);
+        const std::vector<float> sums = got_sums.to_vector(), col = again.to_vector(), cpu = want_sums.to_vector();
+        for (int c = 0; c < 48; ++c) {
+          EXPECT_EQ(0, std::memcmp(&sums[c], &col[c], sizeof(float))) << "column " << c << ": " << sums[c] << " against " << col[c];
+          EXPECT_NEAR(sums[c], cpu[c], 1e-3f * (1.0f + std::fabs(cpu[c]))) << "column " << c;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(GpuTensor, ZerosAndFillWriteTheDeviceStorage) {
   Tensor z = Tensor::zeros(1000, 3, DType::kF32, Device::cuda(0));
   EXPECT_EQ(z.to_vector(), std::vector<float>(3000, 0.0f));
