@@ -553,6 +553,25 @@ void axpy_columns(const Tensor& x, int64_t col, float alpha, Tensor* y) {
 #endif
 }
 
+void copy_columns(const Tensor& x, int64_t col, Tensor* y) {
+  same_device(x, *y, "copy_columns");
+  GALE_ASSERT(x.dtype() == DType::kF32 && y->dtype() == DType::kF32);
+  GALE_ASSERT(x.rows() == y->rows() && col >= 0 && col + y->cols() <= x.cols());
+  if (y->nbytes() == 0) return;
+  const OpTimer timer(OpKind::kOther, x.device(), "copy_columns", traffic(*y, 2));
+  // The block laid alone into y (kernels::side_by_side's threads, where cudaMemcpy2D took 0.38 ms
+  // for 2M rows of 47 floats on an H200).
+  kernels::ColumnBlock block{x.view(), 0};
+  block.x.data += col;
+  block.x.cols = y->cols();
+  if (x.device().is_cpu()) return kernels::side_by_side(&block, 1, y->view());
+#if GALE_WITH_CUDA
+  kernels::side_by_side_cuda(&block, 1, y->view(), stream(x));
+#else
+  no_cuda();
+#endif
+}
+
 void copy(const Tensor& src, Tensor* dst) {
   same_device(src, *dst, "copy");
   same_shape(src, *dst, "copy");

@@ -141,6 +141,9 @@ void copy(const Tensor& src, Tensor* dst);  // same shape and dtype, same device
 // y += alpha x[:, col, col + y.cols()) over y's rows (x.rows() == y.rows()): a column block of a
 // side-by-side operand handed back.
 void axpy_columns(const Tensor& x, int64_t col, float alpha, Tensor* y);
+// y = x[:, col, col + y.cols()) over y's rows (x.rows() == y.rows(), f32): a column block of a
+// side-by-side product taken out as a tensor of its own.
+void copy_columns(const Tensor& x, int64_t col, Tensor* y);
 // A new rows x cols f32 tensor on `device` holding each block's tensor at its rows [0, src->rows())
 // and columns [col, col + src->cols()), zero everywhere else (kernels::side_by_side): operands
 // laid side by side, or padded with zero rows or columns, in one pass, one launch on a GPU. Blocks

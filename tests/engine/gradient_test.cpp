@@ -270,12 +270,13 @@ void check_layer(Layer& layer, const TestGraph& g, const Reference& ref, uint64_
 }
 
 // Blocks (9 destinations, 14 sources) and full graphs (11 x 11); narrow and wide outputs so both
-// orders of aggregation and transformation run; a narrowing layer to 11 columns, whose backward
-// (without a root term) lays A^T grad in rows of 12 (kernels::spmm_gar_row_floats).
+// orders of aggregation and transformation run; narrowing layers to 11 columns, whose backward
+// (without a root term) lays A^T grad in rows of 12 (kernels::spmm_gar_row_floats), and whose
+// forward on a full graph (with a root term) forms x W and x W_root in one product.
 struct Case {
   int64_t dst, src, in, out;
 };
-const Case kCases[] = {{9, 14, 5, 3}, {11, 11, 3, 6}, {9, 14, 13, 11}};
+const Case kCases[] = {{9, 14, 5, 3}, {11, 11, 3, 6}, {9, 14, 13, 11}, {12, 12, 13, 11}};
 
 TEST(GcnLayer, BackwardMatchesFiniteDifferences) {
   for (const Case& c : kCases) {

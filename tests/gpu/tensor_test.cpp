@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 #include <vector>
 
 #include "engine/device_context.hpp"
@@ -125,6 +126,22 @@ TEST_F(GpuTensor, GemmInPlaceSumsWhatItWritesAsColumnSumDoes) {
         }
       }
     }
+  }
+}
+
+// ops::copy_columns takes a column block out of a wider tensor bit for bit, as on the CPU, at an
+// unaligned width and offset as well as an aligned one.
+TEST_F(GpuTensor, CopyColumnsTakesTheBlockAsTheCpuDoes) {
+  const Device gpu = Device::cuda(0);
+  const Tensor x = Tensor::from_vector(kernels::testing::uniform(70, 1001 * 96, -1.0f, 1.0f), 1001, 96);
+  const Tensor x_d = x.to(gpu);
+  for (const auto& [col, cols] : {std::pair<int64_t, int64_t>{48, 47}, {3, 33}, {0, 96}}) {
+    Tensor want = Tensor::empty(1001, cols), got = Tensor::empty(1001, cols, DType::kF32, gpu);
+    ops::copy_columns(x, col, &want);
+    ops::copy_columns(x_d, col, &got);
+    const std::vector<float> w = want.to_vector(), g = got.to_vector(), all = x.to_vector();
+    EXPECT_EQ(w, g) << "columns from " << col;
+    EXPECT_EQ(w[static_cast<size_t>(cols) + 1], all[96 + static_cast<size_t>(col) + 1]) << "columns from " << col;
   }
 }
 
